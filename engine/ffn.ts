@@ -1,0 +1,107 @@
+/**
+ * The feed-forward half of a layer: a dense SwiGLU MLP, or a mixture of experts (router → top-k →
+ * experts as they arrive → sum in routing order → plus shared experts). Works on a batch of
+ * tokens so that chunked prefill reads each distinct expert once per chunk.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import type { LayerTensor, ModelConfig } from "./model_config.ts";
+import type { Ops } from "./ops.ts";
+import { type Route, route } from "./routing.ts";
+import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
+
+/** The FFN of every layer of one model, with its scratch buffers. */
+export class FeedForward {
+  #ops: Ops;
+  #cfg: ModelConfig;
+  #experts: ExpertSource;
+  #gate: number;
+  #up: number;
+  #gathered: number;
+  #expertOut: number;
+  #logits: number;
+  #maxBatch: number;
+
+  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, experts: ExpertSource, maxBatch: number) {
+    this.#ops = ops;
+    this.#cfg = cfg;
+    this.#experts = experts;
+    this.#maxBatch = maxBatch;
+    const d = cfg.hiddenSize;
+    const moe = cfg.moe;
+    const inter = Math.max(cfg.intermediateSize, moe?.expertIntermediate ?? 0, moe?.sharedIntermediate ?? 0);
+    this.#gate = arena.alloc("ffn gate", maxBatch * inter * 4);
+    this.#up = arena.alloc("ffn up", maxBatch * inter * 4);
+    this.#gathered = arena.alloc("moe gathered input", maxBatch * d * 4);
+    this.#expertOut = arena.alloc("moe expert outputs", maxBatch * (moe?.topK ?? 1) * d * 4);
+    this.#logits = arena.alloc("moe router logits", maxBatch * (moe?.numExperts ?? 1) * 4);
+  }
+
+  /** out = down(silu(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
+  #mlp(gate: LayerWeights | ExpertWeights, h: number, out: number, nb: number, prefix?: string) {
+    const w = (m: "gate" | "up" | "down") =>
+      prefix ? (gate as LayerWeights).get(`${prefix}_${m}` as LayerTensor) : (gate as ExpertWeights)[m];
+    const g = w("gate"), u = w("up"), down = w("down");
+    const ops = this.#ops;
+    ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
+    ops.siluMul(this.#gate, this.#up, nb * g.rows);
+    ops.matmul({ w: down, x: this.#gate, y: out, nb });
+  }
+
+  /** Dense FFN of a layer: out = MLP(h) for `nb` tokens. */
+  dense(lw: LayerWeights, h: number, out: number, nb: number): void {
+    this.#mlp(lw, h, out, nb, "ffn");
+  }
+
+  /** MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens. */
+  moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number): Route[] {
+    const moe = this.#cfg.moe!;
+    const ops = this.#ops;
+    const d = this.#cfg.hiddenSize;
+    const E = moe.numExperts;
+    if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
+    ops.matmul({ w: lw.get("router"), x: h, y: this.#logits, nb });
+    const logits = ops.f32(this.#logits, nb * E);
+    const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
+    const routes: Route[] = [];
+    for (let b = 0; b < nb; b++) routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias));
+
+    // Distinct experts in first-use order; each is fetched once for the whole batch.
+    const users = new Map<number, number[]>();
+    for (let b = 0; b < nb; b++) {
+      routes[b].ids.forEach((e, k) => {
+        const list = users.get(e) ?? [];
+        list.push(b * moe.topK + k);
+        users.set(e, list);
+      });
+    }
+    const distinct = [...users.keys()];
+    const group = Math.max(1, this.#experts.groupSize);
+    for (let g0 = 0; g0 < distinct.length; g0 += group) {
+      const ids = distinct.slice(g0, g0 + group);
+      this.#experts.hint(layer, ids);
+      for (const e of ids) {
+        const slots = users.get(e)!;
+        const ew = this.#experts.acquire(layer, e);
+        slots.forEach((s, i) => ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d));
+        // The down projection may overwrite the gathered inputs: gate and up have consumed them.
+        this.#mlp(ew, this.#gathered, this.#gathered, slots.length);
+        slots.forEach((s, i) => ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d));
+        this.#experts.release(layer, e);
+      }
+    }
+    // Sum in routing order, whatever order the experts arrived in.
+    ops.f32(out, nb * d).fill(0);
+    for (let b = 0; b < nb; b++) {
+      routes[b].weights.forEach((wk, k) => {
+        ops.axpy(out + b * d * 4, this.#expertOut + (b * moe.topK + k) * d * 4, wk, d);
+      });
+    }
+    if (moe.sharedIntermediate > 0) {
+      this.#mlp(lw, h, this.#gathered, nb, "shared");
+      ops.add(out, this.#gathered, nb * d);
+    }
+    return routes;
+  }
+}

@@ -1,0 +1,220 @@
+/**
+ * Opening a container for inference: plan the memory, size the arena once, start the worker pool
+ * and the reader, pin what the plan pins, and wire the trunk ring and the expert store into the
+ * family's forward pass.
+ *
+ * @module
+ */
+import { openContainer, type Container } from "../io/container.ts";
+import { ExpertCache, type CachePolicy } from "../io/expert_cache.ts";
+import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
+import { checkRecord } from "../io/record_check.ts";
+import { openReader, type BlockReader } from "../io/reader.ts";
+import { TrunkRing } from "../io/trunk_ring.ts";
+import { loadKernelModule } from "../wasm/mod.ts";
+import { Arena } from "./arena.ts";
+import type { ModelConfig } from "./model_config.ts";
+import { createAttention } from "./models/mod.ts";
+import { Ops } from "./ops.ts";
+import { type MemoryPlan, planMemory } from "./planner.ts";
+import { defaultThreads, Pool } from "./pool.ts";
+import { tensorRef, type ExpertSource } from "./weights.ts";
+import { Transformer } from "./transformer.ts";
+
+/** How to run a container. Every option changes speed or memory, never the output. */
+export interface RunOptions {
+  /** Arena budget in bytes (default: the whole model resident). */
+  budget?: number;
+  /** Context length to size the KV cache for (default: min(model max, 4096)). */
+  ctx?: number;
+  /** Compute threads including the main thread (default: all cores). */
+  threads?: number;
+  /** Most prompt tokens per forward call (chunked prefill; default 64). */
+  prefillChunk?: number;
+  /** Expert cache policy (default lfru). */
+  cache?: CachePolicy;
+  /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
+  readaheadDepth?: number;
+  /** Ring slots for unpinned trunk layers (default 2, which enables trunk read-ahead). */
+  ringSlots?: number;
+  /** Read the next unpinned trunk layer while the current one computes (default true). */
+  trunkReadahead?: boolean;
+  /** Cap on expert slots (tests, benchmarks). */
+  expertSlots?: number;
+  /** Check each expert record's CRC32 as it lands. */
+  verify?: boolean;
+  /** Directories holding bank shards: expert e in shard e % n (see tools/split_banks.ts). */
+  shards?: string[];
+  /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
+  io?: "direct" | "buffered" | "fallback";
+  /** No notices on stderr. */
+  quiet?: boolean;
+}
+
+/** An open model: its plan, its forward pass and the counters behind the stats block. */
+export class Model {
+  readonly cfg: ModelConfig;
+  readonly container: Container;
+  readonly plan: MemoryPlan;
+  readonly transformer: Transformer;
+  readonly arena: Arena;
+  readonly pool: Pool;
+  readonly reader: BlockReader;
+  readonly trunk: TrunkRing;
+  /** Null for dense models. */
+  readonly experts: ExpertStore | null;
+  readonly prefillChunk: number;
+  /** Positions the KV cache holds. */
+  readonly maxContext: number;
+  #closed = false;
+
+  private constructor(init: {
+    container: Container;
+    plan: MemoryPlan;
+    arena: Arena;
+    pool: Pool;
+    reader: BlockReader;
+    trunk: TrunkRing;
+    experts: ExpertStore | null;
+    transformer: Transformer;
+    prefillChunk: number;
+    maxContext: number;
+  }) {
+    this.container = init.container;
+    this.cfg = init.container.config;
+    this.plan = init.plan;
+    this.arena = init.arena;
+    this.pool = init.pool;
+    this.reader = init.reader;
+    this.trunk = init.trunk;
+    this.experts = init.experts;
+    this.transformer = init.transformer;
+    this.prefillChunk = init.prefillChunk;
+    this.maxContext = init.maxContext;
+  }
+
+  /** Opens the container at `path` under the memory plan `opts` asks for. */
+  static async open(path: string, opts: RunOptions = {}): Promise<Model> {
+    const container = openContainer(path);
+    const cfg = container.config;
+    const m = container.manifest;
+    const banks = m.experts.filter((b) => b !== null);
+    const ctx = Math.min(opts.ctx ?? 4096, cfg.maxPositions);
+    const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
+    const plan = planMemory({
+      cfg,
+      globalsBytes: m.trunk.globals.region.bytes,
+      layerBytes: m.trunk.layers.map((l) => l.bytes),
+      expertStride: Math.max(0, ...banks.map((b) => b.stride)),
+      totalExperts: banks.reduce((a, b) => a + b.count, 0),
+    }, {
+      budget: opts.budget,
+      ctx,
+      maxBatch: prefillChunk,
+      ringSlots: opts.ringSlots,
+      expertSlots: opts.expertSlots,
+    });
+    const arena = new Arena(plan.arenaBytes);
+    const threads = opts.threads ?? defaultThreads();
+    const pool = await Pool.create(arena, await loadKernelModule(), threads);
+    const reader = openReader(arena.memory, {
+      direct: opts.io !== "buffered" && opts.io !== "fallback",
+      forceFallback: opts.io === "fallback",
+      quiet: opts.quiet,
+    });
+    try {
+      const trunkFile = reader.open(container.trunkPath);
+      const gOff = arena.alloc("globals (embedding, final norm, LM head)", m.trunk.globals.region.bytes);
+      reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
+      const rel = gOff - m.trunk.globals.region.offset;
+      const g = m.trunk.globals.tensors;
+      const global = (t: "embed" | "final_norm") => {
+        const e = g[t];
+        if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
+        return tensorRef(e, rel);
+      };
+      const globals = {
+        embed: global("embed"),
+        finalNorm: global("final_norm"),
+        lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
+      };
+      const trunk = new TrunkRing(arena, reader, trunkFile, m.trunk.layers, {
+        pinned: plan.pinned,
+        slots: plan.ringSlots,
+        readahead: opts.trunkReadahead ?? true,
+      });
+      let experts: ExpertStore | null = null;
+      if (banks.length > 0) {
+        const shards = opts.shards ?? [];
+        const files: (BankFiles | null)[] = m.experts.map((bank) => {
+          if (!bank) return null;
+          const paths = shards.length > 0
+            ? shards.map((dir) => `${dir}/${bank.file}`)
+            : [container.expertBankPath(bank.layer)];
+          return { bank, paths, handles: paths.map((p) => reader.open(p)) };
+        });
+        const cache = new ExpertCache({ slots: plan.expertSlots, policy: opts.cache ?? "lfru" });
+        experts = new ExpertStore(arena, reader, files, plan.expertSlots, cache, {
+          readaheadDepth: opts.readaheadDepth ?? 4,
+          check: (layer, expert, slot, file, fileOffset) => {
+            const bank = m.experts[layer]!;
+            checkRecord(arena.u8(slot, bank.stride), bank, layer, expert, file, fileOffset, opts.verify ?? false);
+          },
+        });
+      }
+      const ops = new Ops(arena, pool);
+      const attention = createAttention(ops, arena, cfg, prefillChunk, ctx);
+      const transformer = new Transformer({
+        cfg,
+        arena,
+        ops,
+        trunk,
+        experts: experts ?? noExperts,
+        globals,
+        attention,
+        maxBatch: prefillChunk,
+      });
+      return new Model({
+        container,
+        plan,
+        arena,
+        pool,
+        reader,
+        trunk,
+        experts,
+        transformer,
+        prefillChunk,
+        maxContext: ctx,
+      });
+    } catch (e) {
+      reader.close();
+      pool.close();
+      throw e;
+    }
+  }
+
+  /** Logits of the last of `tokens` run at positions pos.., or of all of them. */
+  forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    return this.transformer.forward(tokens, pos, allLogits);
+  }
+
+  /** Stops the workers and reader threads. Idempotent. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.trunk.drain();
+    this.experts?.drain();
+    this.reader.close();
+    this.pool.close();
+  }
+}
+
+/** The expert source of a dense model: asking it for an expert is a bug. */
+const noExperts: ExpertSource = {
+  groupSize: 0,
+  hint() {},
+  acquire(layer, expert) {
+    throw new Error(`dense model: no expert ${expert} in layer ${layer}`);
+  },
+  release() {},
+};

@@ -1,0 +1,152 @@
+/**
+ * The normalised model description every part of sluice works from. `engine/config.ts` builds it
+ * from a Hugging Face config.json; the container's manifest stores it; the forward passes read it.
+ * Field names are ours, not any one checkpoint family's.
+ *
+ * @module
+ */
+
+/** Forward-pass families: one file each under engine/models/. */
+export type Family = "llama" | "deepseek_v3";
+
+/** How RoPE pairs the dimensions of a head. */
+export type RopeLayout =
+  /** Pairs (i, i + d/2): Hugging Face Llama, Mixtral, Qwen3. */
+  | "half"
+  /** Pairs (2i, 2i + 1): llama2.c, DeepSeek-V3's checkpoint layout. */
+  | "interleaved";
+
+/** RoPE frequency scaling, already resolved from `rope_scaling`. */
+export type RopeScaling =
+  | { type: "none" }
+  | { type: "linear"; factor: number }
+  | {
+    type: "llama3";
+    factor: number;
+    lowFreqFactor: number;
+    highFreqFactor: number;
+    originalMaxPositions: number;
+  }
+  | {
+    type: "yarn";
+    factor: number;
+    originalMaxPositions: number;
+    betaFast: number;
+    betaSlow: number;
+    mscale: number;
+    mscaleAllDim: number;
+  };
+
+/** Rotary position embedding of the attention. */
+export interface RopeConfig {
+  theta: number;
+  layout: RopeLayout;
+  /** Number of dimensions of a head that rotate (head_dim, or qk_rope_head_dim for MLA). */
+  dim: number;
+  scaling: RopeScaling;
+}
+
+/** Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2). */
+export interface MlaConfig {
+  /** null: q comes from one q_proj; else q_a_proj → norm → q_b_proj. */
+  qLoraRank: number | null;
+  kvLoraRank: number;
+  qkNopeHeadDim: number;
+  qkRopeHeadDim: number;
+  vHeadDim: number;
+}
+
+/** Mixture-of-experts FFN, shared by all MoE layers of the model. */
+export interface MoeConfig {
+  numExperts: number;
+  topK: number;
+  /** Rows of one expert's gate/up matrices. */
+  expertIntermediate: number;
+  /** softmax: Mixtral/Qwen3; sigmoid: DeepSeek-V3 (noaux_tc). */
+  scoring: "softmax" | "sigmoid";
+  /** Divide the chosen weights by their sum. */
+  normTopK: boolean;
+  /** Multiplies the routing weights after normalisation (DeepSeek: routed_scaling_factor). */
+  routedScaling: number;
+  /** Group-limited selection (1 group and topkGroup 1 = plain top-k). */
+  nGroup: number;
+  topkGroup: number;
+  /** Whether a per-expert selection bias (e_score_correction_bias) exists. */
+  selectionBias: boolean;
+  /** Rows of the shared experts' gate/up, 0 when there are none (all shared experts as one MLP). */
+  sharedIntermediate: number;
+}
+
+/** Everything the engine needs to know about a model's math. */
+export interface ModelConfig {
+  family: Family;
+  /** The checkpoint's model_type, kept for messages and export. */
+  modelType: string;
+  vocabSize: number;
+  hiddenSize: number;
+  numLayers: number;
+  numHeads: number;
+  numKvHeads: number;
+  /** Per-head dimension of q/k/v for GQA models. */
+  headDim: number;
+  /** Rows of the dense FFN's gate/up (0 when no layer is dense). */
+  intermediateSize: number;
+  rmsNormEps: number;
+  rope: RopeConfig;
+  maxPositions: number;
+  tieWordEmbeddings: boolean;
+  /** Qwen3: per-head RMSNorm of q and k before RoPE. */
+  qkNorm: boolean;
+  /** Biases on q/k/v projections (Qwen2-style). */
+  attentionBias: boolean;
+  /** "dense" or "moe" for each layer, in order. */
+  layerKinds: ("dense" | "moe")[];
+  moe: MoeConfig | null;
+  mla: MlaConfig | null;
+  /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
+  attnScale: number;
+  bosId: number | null;
+  eosIds: number[];
+}
+
+/** Canonical names of per-layer trunk tensors, as stored in the container. */
+export type LayerTensor =
+  | "attn_norm"
+  | "wq"
+  | "wk"
+  | "wv"
+  | "wo"
+  | "bq"
+  | "bk"
+  | "bv"
+  | "q_norm"
+  | "k_norm"
+  | "wq_a"
+  | "q_a_norm"
+  | "wq_b"
+  | "wkv_a"
+  | "kv_a_norm"
+  | "wkv_b"
+  | "ffn_norm"
+  | "ffn_gate"
+  | "ffn_up"
+  | "ffn_down"
+  | "router"
+  | "router_bias"
+  | "shared_gate"
+  | "shared_up"
+  | "shared_down";
+
+/** Canonical names of the tensors outside the layers. */
+export type GlobalTensor = "embed" | "final_norm" | "lm_head";
+
+/** The three matrices of one expert, in record order. */
+export const EXPERT_MATRICES = ["gate", "up", "down"] as const;
+
+/** One of {@link EXPERT_MATRICES}. */
+export type ExpertMatrix = typeof EXPERT_MATRICES[number];
+
+/** Container name of a per-layer trunk tensor, e.g. `layers.3.wq`. */
+export function layerTensorName(layer: number, tensor: LayerTensor): string {
+  return `layers.${layer}.${tensor}`;
+}

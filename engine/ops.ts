@@ -1,0 +1,158 @@
+/**
+ * The kernel calls the forward passes are written in: arena byte offsets in, arena byte offsets
+ * out. Matmuls and attention are split by rows over the pool; the cheap vector ops run on the
+ * main thread, where a dispatch would cost more than the work.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import type { Job, Pool } from "./pool.ts";
+import { MAX_JOBS } from "./pool_protocol.ts";
+import { matmulJobs, type TensorRef } from "./tensor.ts";
+
+type Fn = (...a: (number | bigint)[]) => number;
+
+/** One matmul of a batch: Y = W · X for `nb` vectors. */
+export interface Matmul {
+  w: TensorRef;
+  x: number;
+  y: number;
+  nb: number;
+}
+
+/** Attention geometry shared by every token of a call. */
+export interface AttentionShape {
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  vHeadDim: number;
+  kStride: number;
+  vStride: number;
+  scale: number;
+}
+
+/** One attention call over consecutive tokens (see {@link Ops.attention}). */
+export interface AttentionCall {
+  shape: AttentionShape;
+  q: number;
+  qStride: number;
+  k: number;
+  v: number;
+  out: number;
+  outStride: number;
+  scores: number;
+  scoresPerToken: number;
+  scoreTokens: number;
+  lengths: number[];
+}
+
+/** Typed kernel calls on one pool. */
+export class Ops {
+  readonly arena: Arena;
+  readonly pool: Pool;
+  #k: Record<string, Fn>;
+
+  constructor(arena: Arena, pool: Pool) {
+    this.arena = arena;
+    this.pool = pool;
+    this.#k = pool.exports as Record<string, Fn>;
+  }
+
+  /** Runs the given matmuls; they must not read each other's outputs. */
+  matmul(...list: Matmul[]): void {
+    const jobs: Job[] = [];
+    let work = 0;
+    for (const m of list) {
+      jobs.push(...matmulJobs(m.w, m.x, m.y, m.nb));
+      work += m.w.rows * m.w.cols * m.nb;
+    }
+    this.#dispatch(jobs, work);
+  }
+
+  #dispatch(jobs: Job[], work: number): void {
+    for (let i = 0; i < jobs.length; i += MAX_JOBS) {
+      this.pool.run(jobs.slice(i, i + MAX_JOBS), work);
+    }
+  }
+
+  /** RMSNorm of `rows` consecutive vectors of `n` floats with one weight vector. */
+  rmsnorm(x: number, w: number, y: number, n: number, rows: number, eps: number): void {
+    this.#k.rmsnorm_rows_f32(BigInt(x), BigInt(w), BigInt(y), n, rows, eps);
+  }
+
+  /** Rotates the first `dim` dims of `heads` heads spaced `stride` floats apart. */
+  rope(
+    x: number,
+    heads: number,
+    stride: number,
+    dim: number,
+    cos: number,
+    sin: number,
+    interleaved: boolean,
+  ): void {
+    this.#k.rope_f32(BigInt(x), heads, stride, dim, BigInt(cos), BigInt(sin), interleaved ? 1 : 0);
+  }
+
+  /** g = silu(g) · u over n floats. */
+  siluMul(g: number, u: number, n: number): void {
+    this.#k.silu_mul_f32(BigInt(g), BigInt(u), n);
+  }
+
+  /** y += x over n floats. */
+  add(y: number, x: number, n: number): void {
+    this.#k.add_f32(BigInt(y), BigInt(x), n);
+  }
+
+  /** y += a · x over n floats. */
+  axpy(y: number, x: number, a: number, n: number): void {
+    this.#k.axpy_f32(BigInt(y), BigInt(x), a, n);
+  }
+
+  /** dst = src over n floats. */
+  copy(dst: number, src: number, n: number): void {
+    this.#k.copy_f32(BigInt(dst), BigInt(src), n);
+  }
+
+  /**
+   * Causal attention for consecutive tokens: token i's query at `q + i·qStride` floats attends to
+   * the first `lengths[i]` cached positions and writes its heads to `out + i·outStride`. `scores`
+   * holds `scoreTokens` buffers of `scoresPerToken` floats, so that many tokens run per dispatch.
+   */
+  attention(a: AttentionCall): void {
+    const { shape: s, lengths } = a;
+    const perDispatch = Math.max(1, Math.min(MAX_JOBS, a.scoreTokens));
+    for (let i0 = 0; i0 < lengths.length; i0 += perDispatch) {
+      const jobs: Job[] = [];
+      let work = 0;
+      for (let i = i0; i < Math.min(lengths.length, i0 + perDispatch); i++) {
+        const T = lengths[i];
+        jobs.push({
+          kernel: "attention_f32",
+          args: [
+            BigInt(a.q + i * a.qStride * 4),
+            BigInt(a.k),
+            BigInt(a.v),
+            BigInt(a.out + i * a.outStride * 4),
+            BigInt(a.scores + (i - i0) * a.scoresPerToken * 4),
+            s.nHeads,
+            s.nKvHeads,
+            s.headDim,
+            s.vHeadDim,
+            T,
+            s.kStride,
+            s.vStride,
+            s.scale,
+          ],
+          rows: s.nHeads,
+        });
+        work += s.nHeads * T * (s.headDim + s.vHeadDim);
+      }
+      this.pool.run(jobs, work);
+    }
+  }
+
+  /** A Float32Array view of the arena. */
+  f32(off: number, n: number): Float32Array {
+    return this.arena.f32(off, n);
+  }
+}

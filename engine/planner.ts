@@ -1,0 +1,184 @@
+/**
+ * The memory plan: how a budget is split between what must stay resident (embeddings, KV cache,
+ * scratch), the trunk (pinned layers + ring slots) and the expert cache. The arena is sized from
+ * it once and never grows.
+ *
+ * Trunk bytes come before expert bytes: every trunk byte is used by every token, an expert byte
+ * by a fraction top_k / experts of them.
+ *
+ * @module
+ */
+import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
+import { alignUp, PAGE } from "./arena.ts";
+import type { ModelConfig } from "./model_config.ts";
+import { CTL_BYTES } from "./pool_protocol.ts";
+
+/** The sizes the planner needs from a container. */
+export interface PlanInput {
+  cfg: ModelConfig;
+  /** Bytes of the resident globals region (embedding, final norm, LM head). */
+  globalsBytes: number;
+  /** Bytes of each layer's trunk run (4 KiB multiples). */
+  layerBytes: number[];
+  /** Record stride of the expert banks (0 for a dense model). */
+  expertStride: number;
+  /** Expert records in the whole model. */
+  totalExperts: number;
+}
+
+/** Knobs of a plan. */
+export interface PlanOptions {
+  /** Arena budget in bytes; undefined = whole model resident. */
+  budget?: number;
+  /** Context length the KV cache is sized for. */
+  ctx: number;
+  /** Most tokens per forward call (prefill chunk). */
+  maxBatch: number;
+  /** Ring slots wanted for unpinned layers (2 enables read-ahead). */
+  ringSlots?: number;
+  /** Cap on expert slots (for tests and benchmarks); the budget still bounds it. */
+  expertSlots?: number;
+}
+
+/** The outcome: every size the engine allocates. */
+export interface MemoryPlan {
+  budget: number;
+  /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
+  fixedBytes: number;
+  kvBytes: number;
+  scratchBytes: number;
+  /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
+  floor: number;
+  pinned: number;
+  ringSlots: number;
+  ringSlotBytes: number;
+  trunkBytes: number;
+  expertSlots: number;
+  expertBytes: number;
+  /** Bytes the arena gets (≤ budget). */
+  arenaBytes: number;
+  /** Bytes one token touches: trunk + top_k records per MoE layer. */
+  workingSetBytes: number;
+  /** Budget at which everything is resident. */
+  wholeModelBytes: number;
+  /** Fraction of layer visits served by pinned layers: pinned / layers. */
+  trunkHitRate: number;
+}
+
+/** Bytes of the KV cache for `ctx` positions. */
+export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
+  const perPos = cfg.mla
+    ? cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim
+    : 2 * cfg.numKvHeads * cfg.headDim;
+  return cfg.numLayers * alignUp(ctx * perPos * 4, PAGE);
+}
+
+/** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
+export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  const d = cfg.hiddenSize;
+  const moe = cfg.moe;
+  const heads = cfg.numHeads;
+  const qDim = cfg.mla ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim) : heads * cfg.headDim;
+  const latent = cfg.mla ? heads * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) : 0;
+  const inter = Math.max(cfg.intermediateSize, moe?.expertIntermediate ?? 0, moe?.sharedIntermediate ?? 0);
+  const floats = maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
+    maxBatch * (3 * qDim + 2 * latent + 2 * cfg.numKvHeads * cfg.headDim + cfg.vocabSize) +
+    Math.min(maxBatch, 8) * heads * ctx +
+    2 * ctx * cfg.rope.dim;
+  // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
+  return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
+    mlaAbsorbedBytes(cfg);
+}
+
+/** Bytes of MLA's per-layer absorbed float32 matrices (W_kbᵀ and W_vb of every head). */
+export function mlaAbsorbedBytes(cfg: ModelConfig): number {
+  if (!cfg.mla) return 0;
+  const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla;
+  return cfg.numLayers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+}
+
+/** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
+export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
+  const { cfg, layerBytes, expertStride, totalExperts } = input;
+  const kvBytes = kvCacheBytes(cfg, opts.ctx);
+  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch);
+  const fixedBytes = input.globalsBytes + kvBytes + scratch;
+  const topK = cfg.moe?.topK ?? 0;
+  const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
+  const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
+  const maxLayer = Math.max(0, ...layerBytes);
+  const floor = fixedBytes + maxLayer + minExperts * expertStride;
+  const wholeModelBytes = fixedBytes + trunkAll + totalExperts * expertStride;
+  const budget = opts.budget ?? wholeModelBytes;
+  if (budget < floor) {
+    throw new Error(
+      `budget ${fmtBytes(budget)} is below the floor of ${fmtBytes(floor)} ` +
+        `(resident ${fmtBytes(fixedBytes)} + one trunk slot ${fmtBytes(maxLayer)} + ` +
+        `${minExperts} expert records of ${fmtBytes(expertStride)})`,
+    );
+  }
+  const forTrunk = budget - fixedBytes - minExperts * expertStride;
+  const wanted = opts.ringSlots ?? 2;
+  let pinned = 0, ringSlots = 0, ringSlotBytes = 0;
+  if (trunkAll <= forTrunk) {
+    pinned = layerBytes.length;
+  } else {
+    // Pin the longest prefix whose pinned bytes plus the ring (sized for the largest remaining
+    // layer) fit: the slot size depends on the prefix, so search the prefix, not the slot.
+    for (const slots of [wanted, 1]) {
+      let prefix = 0;
+      for (let n = 0; n < layerBytes.length; n++) {
+        prefix += n > 0 ? layerBytes[n - 1] : 0;
+        const slotBytes = Math.max(...layerBytes.slice(n));
+        if (prefix + Math.min(slots, layerBytes.length - n) * slotBytes <= forTrunk) {
+          pinned = n;
+          ringSlots = Math.min(slots, layerBytes.length - n);
+          ringSlotBytes = slotBytes;
+        }
+      }
+      if (ringSlots > 0) break;
+    }
+  }
+  const trunkBytes = layerBytes.slice(0, pinned).reduce((a, b) => a + b, 0) + ringSlots * ringSlotBytes;
+  const left = budget - fixedBytes - trunkBytes;
+  let expertSlots = expertStride > 0 ? Math.min(totalExperts, Math.floor(left / expertStride)) : 0;
+  if (opts.expertSlots !== undefined) expertSlots = Math.max(minExperts, Math.min(expertSlots, opts.expertSlots));
+  const expertBytes = expertSlots * expertStride;
+  const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
+  return {
+    budget,
+    fixedBytes,
+    kvBytes,
+    scratchBytes: scratch,
+    floor,
+    pinned,
+    ringSlots,
+    ringSlotBytes,
+    trunkBytes,
+    expertSlots,
+    expertBytes,
+    arenaBytes: fixedBytes + trunkBytes + expertBytes,
+    workingSetBytes: trunkAll + moeLayers * topK * expertStride,
+    wholeModelBytes,
+    trunkHitRate: layerBytes.length ? pinned / layerBytes.length : 1,
+  };
+}
+
+/** "1.5 GiB"-style byte counts for messages. */
+export function fmtBytes(n: number): string {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let u = 0;
+  while (n >= 1024 && u < units.length - 1) {
+    n /= 1024;
+    u++;
+  }
+  return `${u === 0 ? n : n.toFixed(n < 10 ? 2 : 1)} ${units[u]}`;
+}
+
+/** Parses "6G", "512M", "1.5GiB", "4096" (bytes) into bytes. */
+export function parseBytes(s: string): number {
+  const m = /^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$/i.exec(s);
+  if (!m) throw new Error(`cannot read "${s}" as a size (examples: 6G, 512M, 1.5GiB)`);
+  const mult = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 }[m[2].toLowerCase()]!;
+  return Math.floor(parseFloat(m[1]) * mult);
+}

@@ -1,0 +1,191 @@
+/**
+ * The worker pool: the main thread plus N−1 Deno workers, all running the same kernels module on
+ * the shared arena. A dispatch is a list of row-parallel jobs published in a control block inside
+ * the arena and started with one Atomics.notify; no postMessage per operation.
+ *
+ * Results never depend on the thread count: every kernel computes each output row the same way
+ * whatever rows its neighbours got, and a dot product is never split across threads.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import {
+  CTL,
+  CTL_BYTES,
+  CTL_HEADER_BYTES,
+  JOB_SLOTS,
+  MAX_JOB_ARGS,
+  MAX_JOBS,
+  runShare,
+} from "./pool_protocol.ts";
+
+/** One row-parallel kernel call; the pool appends the row range `(r0, r1)` to `args`. */
+export interface Job {
+  /** Exported kernel name. */
+  kernel: string;
+  /** Arguments before the row range: bigint for pointers, number for ints and floats. */
+  args: (number | bigint)[];
+  /** Rows to split. */
+  rows: number;
+}
+
+/** Dispatches whose total work (rows × cols summed) is below this run on the main thread alone. */
+export const MIN_PARALLEL_WORK = 1 << 15;
+
+type KernelFn = (...a: (number | bigint)[]) => unknown;
+
+/** Threads to use by default: all cores (the main thread counts as one). */
+export function defaultThreads(): number {
+  return Math.max(1, navigator.hardwareConcurrency || 1);
+}
+
+/** A pool of kernel threads on one arena. */
+export class Pool {
+  /** Kernel exports of the main thread's instance, for calls that are not worth splitting. */
+  readonly exports: Record<string, KernelFn>;
+  /** Threads that compute, including the main thread. */
+  readonly threads: number;
+  /** Dispatches that used the workers, and those that ran on the main thread alone. */
+  readonly counts = { parallel: 0, serial: 0 };
+  #words: Int32Array;
+  #jobs: Float64Array;
+  #ids: Map<string, number>;
+  #fns: KernelFn[];
+  #workers: Worker[];
+  #closed = false;
+
+  private constructor(
+    exports: Record<string, KernelFn>,
+    names: string[],
+    words: Int32Array,
+    jobs: Float64Array,
+    workers: Worker[],
+  ) {
+    this.exports = exports;
+    this.#ids = new Map(names.map((n, i) => [n, i]));
+    this.#fns = names.map((n) => exports[n]);
+    this.#words = words;
+    this.#jobs = jobs;
+    this.#workers = workers;
+    this.threads = workers.length + 1;
+  }
+
+  /** Instantiates the kernels on `arena` on this thread and on `threads − 1` workers. */
+  static async create(
+    arena: Arena,
+    module: WebAssembly.Module,
+    threads = defaultThreads(),
+  ): Promise<Pool> {
+    if (!Number.isInteger(threads) || threads < 1) {
+      throw new Error(`pool: threads must be a positive integer, got ${threads}`);
+    }
+    const memory = arena.memory;
+    const instance = await WebAssembly.instantiate(module, { env: { memory } });
+    const exports = instance.exports as Record<string, KernelFn>;
+    const names = Object.keys(exports).filter((k) => typeof exports[k] === "function").sort();
+    const ctl = arena.alloc("pool control block", CTL_BYTES);
+    const words = arena.i32(ctl, CTL_HEADER_BYTES / 4);
+    const jobs = new Float64Array(memory.buffer, ctl + CTL_HEADER_BYTES, MAX_JOBS * JOB_SLOTS);
+    const url = new URL("./pool_worker.ts", import.meta.url).href;
+    const workers: Worker[] = [];
+    const ready: Promise<void>[] = [];
+    for (let i = 1; i < threads; i++) {
+      const w = new Worker(url, { type: "module" });
+      workers.push(w);
+      ready.push(
+        new Promise((resolve, reject) => {
+          w.onmessage = (ev) => {
+            if (ev.data === "ready") resolve();
+            else console.error(`pool worker ${i}: ${ev.data?.error ?? ev.data}`);
+          };
+          w.onerror = (ev) => {
+            ev.preventDefault();
+            reject(new Error(`pool worker ${i} failed to start: ${ev.message}`));
+          };
+        }),
+      );
+      w.postMessage({ module, memory, ctl, index: i, participants: threads, names });
+    }
+    await Promise.all(ready);
+    return new Pool(exports, names, words, jobs, workers);
+  }
+
+  /** Runs one row-parallel kernel over `rows` rows; `work` sizes the split decision. */
+  run1(kernel: string, args: (number | bigint)[], rows: number, work = rows): void {
+    this.run([{ kernel, args, rows }], work);
+  }
+
+  /**
+   * Runs `jobs` in order, each split by rows over all threads, and returns when all are done.
+   * Jobs in one dispatch must not depend on each other's outputs.
+   */
+  run(jobs: Job[], work: number): void {
+    if (this.#closed) throw new Error("pool: used after close()");
+    if (jobs.length > MAX_JOBS) throw new Error(`pool: ${jobs.length} jobs > ${MAX_JOBS}`);
+    const table = this.#jobs;
+    for (let j = 0; j < jobs.length; j++) {
+      const { kernel, args, rows } = jobs[j];
+      const id = this.#ids.get(kernel);
+      if (id === undefined) throw new Error(`pool: no kernel named ${kernel}`);
+      if (args.length > MAX_JOB_ARGS) throw new Error(`pool: ${kernel} has too many args`);
+      const base = j * JOB_SLOTS;
+      let mask = 0;
+      for (let i = 0; i < args.length; i++) {
+        const a = args[i];
+        if (typeof a === "bigint") {
+          mask |= 1 << i;
+          table[base + 4 + i] = Number(a);
+        } else table[base + 4 + i] = a;
+      }
+      table[base] = id;
+      table[base + 1] = args.length;
+      table[base + 2] = rows;
+      table[base + 3] = mask;
+    }
+    if (this.#workers.length === 0 || work < MIN_PARALLEL_WORK) {
+      this.counts.serial++;
+      runShare(this.#fns, table, jobs.length, 0, 1);
+      return;
+    }
+    this.counts.parallel++;
+    const w = this.#words;
+    Atomics.store(w, CTL.NJOBS, jobs.length);
+    Atomics.store(w, CTL.DONE, 0);
+    Atomics.add(w, CTL.GEN, 1);
+    Atomics.notify(w, CTL.GEN);
+    runShare(this.#fns, table, jobs.length, 0, this.threads);
+    this.#awaitWorkers();
+    if (Atomics.load(w, CTL.ERROR) !== 0) {
+      Atomics.store(w, CTL.ERROR, 0);
+      // Rerun on this thread so the kernel's own exception, with its stack, is what the caller sees.
+      runShare(this.#fns, table, jobs.length, 0, 1);
+      throw new Error("pool: a worker failed but the rerun on the main thread succeeded");
+    }
+  }
+
+  #awaitWorkers(): void {
+    const w = this.#words;
+    const n = this.#workers.length;
+    let spins = 0;
+    for (;;) {
+      const done = Atomics.load(w, CTL.DONE);
+      if (done >= n) return;
+      if (spins++ < 4000) continue;
+      Atomics.wait(w, CTL.DONE, done, 50);
+    }
+  }
+
+  /** Stops and joins the workers. A worker parked in Atomics.wait survives terminate(), so stop it first. */
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    if (this.#workers.length === 0) return;
+    const w = this.#words;
+    Atomics.store(w, CTL.STOP, 1);
+    Atomics.store(w, CTL.DONE, 0);
+    Atomics.add(w, CTL.GEN, 1);
+    Atomics.notify(w, CTL.GEN);
+    this.#awaitWorkers();
+    for (const worker of this.#workers) worker.terminate();
+  }
+}

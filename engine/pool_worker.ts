@@ -1,0 +1,47 @@
+/**
+ * A pool worker: instantiates the kernels on the shared arena, then waits on the control block's
+ * generation counter and runs its share of each dispatch. Started by engine/pool.ts only.
+ *
+ * @module
+ */
+import { CTL, CTL_HEADER_BYTES, MAX_JOBS, JOB_SLOTS, runShare, SPIN } from "./pool_protocol.ts";
+
+interface Init {
+  module: WebAssembly.Module;
+  memory: WebAssembly.Memory;
+  ctl: number;
+  index: number;
+  participants: number;
+  names: string[];
+}
+
+self.onmessage = async (ev: MessageEvent<Init>) => {
+  const { module, memory, ctl, index, participants, names } = ev.data;
+  const instance = await WebAssembly.instantiate(module, { env: { memory } });
+  const exports = instance.exports as Record<string, (...a: (number | bigint)[]) => unknown>;
+  const fns = names.map((n) => exports[n]);
+  const words = new Int32Array(memory.buffer, ctl, CTL_HEADER_BYTES / 4);
+  const jobs = new Float64Array(memory.buffer, ctl + CTL_HEADER_BYTES, MAX_JOBS * JOB_SLOTS);
+  let seen = Atomics.load(words, CTL.GEN);
+  // "ready" only after reading GEN, or the first dispatch could be missed (PLATFORM.md §7).
+  self.postMessage("ready");
+  for (;;) {
+    let spins = 0;
+    while (Atomics.load(words, CTL.GEN) === seen && spins < SPIN) spins++;
+    if (Atomics.load(words, CTL.GEN) === seen) Atomics.wait(words, CTL.GEN, seen);
+    seen = Atomics.load(words, CTL.GEN);
+    const stop = Atomics.load(words, CTL.STOP) === 1;
+    if (!stop) {
+      try {
+        runShare(fns, jobs, Atomics.load(words, CTL.NJOBS), index, participants);
+      } catch (e) {
+        Atomics.store(words, CTL.ERROR, 1);
+        self.postMessage({ error: String(e) });
+      }
+    }
+    Atomics.add(words, CTL.DONE, 1);
+    Atomics.notify(words, CTL.DONE);
+    if (stop) break;
+  }
+  self.close();
+};

@@ -1,0 +1,75 @@
+/**
+ * Expert selection of the reference MoE layer, written from the published semantics:
+ * Mixtral/Qwen3 (softmax → top-k → optional renormalisation) and DeepSeek-V3 `noaux_tc`
+ * (sigmoid scores, a selection-only bias, group-limited top-k, unbiased weights).
+ *
+ * @module
+ */
+
+import type { MoeConfig } from "../model_config.ts";
+import { sigmoid, softmax } from "./math.ts";
+
+/** Chosen experts in selection order and their mixing weights. */
+export interface ReferenceRoute {
+  experts: number[];
+  weights: number[];
+}
+
+/** Indices of the `k` largest `score[i]` among `allowed`, largest first, ties to the lower index. */
+function topIndices(
+  score: ArrayLike<number>,
+  k: number,
+  allowed: (i: number) => boolean,
+): number[] {
+  const ids: number[] = [];
+  for (let i = 0; i < score.length; i++) if (allowed(i)) ids.push(i);
+  ids.sort((a, b) => score[b] - score[a] || a - b);
+  return ids.slice(0, k);
+}
+
+/**
+ * Routes one token. `logits` are the router outputs (one per expert); `bias` is the selection
+ * bias (e_score_correction_bias) when the model has one.
+ * 1. scores: softmax or sigmoid of the logits;
+ * 2. selection scores: scores + bias;
+ * 3. groups of numExperts/nGroup consecutive experts, each scored by the sum of its two best
+ *    selection scores (its only one when a group has one expert); the best topkGroup groups stay;
+ * 4. the topK best selection scores among the remaining experts are chosen;
+ * 5. weights: the unbiased scores of the chosen experts, divided by their sum when normTopK
+ *    (+1e-20 for sigmoid scoring, as DeepSeek does), times routedScaling.
+ */
+export function routeReference(
+  moe: MoeConfig,
+  logits: ArrayLike<number>,
+  bias?: ArrayLike<number>,
+): ReferenceRoute {
+  const n = moe.numExperts;
+  if (logits.length !== n) throw new Error(`router: ${logits.length} logits for ${n} experts`);
+  if (bias && bias.length !== n) {
+    throw new Error(`router: bias has ${bias.length} values, not ${n}`);
+  }
+  const scores = moe.scoring === "softmax"
+    ? softmax(logits)
+    : Float64Array.from(logits, (v) => sigmoid(v));
+  const sel = Float64Array.from(scores, (s, i) => s + (bias ? bias[i] : 0));
+  if (n % moe.nGroup !== 0) {
+    throw new Error(`router: ${n} experts do not split into ${moe.nGroup} groups`);
+  }
+  const groupSize = n / moe.nGroup;
+  const groupScore = new Float64Array(moe.nGroup);
+  for (let g = 0; g < moe.nGroup; g++) {
+    const members = Array.from(sel.subarray(g * groupSize, (g + 1) * groupSize)).sort((a, b) =>
+      b - a
+    );
+    groupScore[g] = members.slice(0, Math.min(2, groupSize)).reduce((a, b) => a + b, 0);
+  }
+  const keptGroups = new Set(topIndices(groupScore, moe.topkGroup, () => true));
+  const experts = topIndices(sel, moe.topK, (i) => keptGroups.has(Math.floor(i / groupSize)));
+  let weights = experts.map((e) => scores[e]);
+  if (moe.normTopK) {
+    const eps = moe.scoring === "sigmoid" ? 1e-20 : 0;
+    const sum = weights.reduce((a, b) => a + b, 0) + eps;
+    weights = weights.map((w) => w / sum);
+  }
+  return { experts, weights: weights.map((w) => w * moe.routedScaling) };
+}

@@ -1,0 +1,71 @@
+/**
+ * MoE routing: router logits → chosen experts and their weights, for every family sluice runs.
+ * Kept in plain TypeScript: it is a few hundred numbers per layer, and the exact same code serves
+ * the engine and the router lookahead.
+ *
+ * @module
+ */
+import type { MoeConfig } from "./model_config.ts";
+
+/** The experts a token uses in one layer, in routing order, and their weights. */
+export interface Route {
+  ids: number[];
+  weights: number[];
+}
+
+/** Indices of the `k` largest `score` values, descending; ties go to the lower index. */
+export function topK(score: ArrayLike<number>, k: number, allowed?: (i: number) => boolean): number[] {
+  const chosen: number[] = [];
+  const taken = new Uint8Array(score.length);
+  for (let n = 0; n < k; n++) {
+    let best = -1;
+    for (let i = 0; i < score.length; i++) {
+      if (taken[i] || (allowed && !allowed(i))) continue;
+      if (best < 0 || score[i] > score[best]) best = i;
+    }
+    if (best < 0) break;
+    taken[best] = 1;
+    chosen.push(best);
+  }
+  return chosen;
+}
+
+/**
+ * Routes one token. Softmax scoring (Mixtral, Qwen3): softmax over all logits, top-k, optional
+ * renormalisation. Sigmoid scoring (DeepSeek-V3 noaux_tc): sigmoid scores, the selection bias added
+ * for choosing only, group-limited top-k, weights from the unbiased scores.
+ */
+export function route(moe: MoeConfig, logits: ArrayLike<number>, bias?: ArrayLike<number>): Route {
+  const n = moe.numExperts;
+  const prob = new Float64Array(n);
+  if (moe.scoring === "softmax") {
+    let max = -Infinity;
+    for (let i = 0; i < n; i++) max = Math.max(max, logits[i]);
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += prob[i] = Math.exp(logits[i] - max);
+    for (let i = 0; i < n; i++) prob[i] /= sum;
+  } else {
+    for (let i = 0; i < n; i++) prob[i] = 1 / (1 + Math.exp(-logits[i]));
+  }
+  const choice = new Float64Array(n);
+  for (let i = 0; i < n; i++) choice[i] = prob[i] + (bias ? bias[i] : 0);
+  let allowed: ((i: number) => boolean) | undefined;
+  if (moe.nGroup > 1 && moe.topkGroup < moe.nGroup) {
+    const size = n / moe.nGroup;
+    const groupScore = new Float64Array(moe.nGroup);
+    for (let g = 0; g < moe.nGroup; g++) {
+      const best2 = topK(choice.subarray(g * size, (g + 1) * size), 2);
+      for (const i of best2) groupScore[g] += choice[g * size + i];
+    }
+    const keep = new Set(topK(groupScore, moe.topkGroup));
+    allowed = (i) => keep.has(Math.floor(i / size));
+  }
+  const ids = topK(choice, moe.topK, allowed);
+  let weights = ids.map((i) => prob[i]);
+  if (moe.normTopK) {
+    const sum = weights.reduce((a, b) => a + b, 0) + (moe.scoring === "sigmoid" ? 1e-20 : 0);
+    weights = weights.map((w) => w / sum);
+  }
+  if (moe.routedScaling !== 1) weights = weights.map((w) => w * moe.routedScaling);
+  return { ids, weights };
+}

@@ -1,0 +1,104 @@
+/**
+ * The numbers a run reports: timings, expert-cache and trunk-ring counters, bytes read, peak RSS.
+ * One snapshot type for the stderr block and `--json`.
+ *
+ * @module
+ */
+import { fmtBytes } from "./planner.ts";
+import type { Model } from "./model.ts";
+
+/** Timings measured by the generate loop. */
+export interface Timings {
+  loadMs: number;
+  promptTokens: number;
+  promptMs: number;
+  generatedTokens: number;
+  generateMs: number;
+}
+
+/** Everything the stats block prints. */
+export interface RunStats extends Timings {
+  prompt_tok_s: number;
+  generate_tok_s: number;
+  expert_hits: number;
+  expert_misses: number;
+  expert_hit_rate: number;
+  speculative_reads: number;
+  speculative_used: number;
+  lookahead_recall: number | null;
+  bytes_read: number;
+  bytes_read_per_token: number;
+  io_wait_ms: number;
+  compute_ms: number;
+  trunk_hit_rate: number;
+  trunk_pinned: number;
+  trunk_layers: number;
+  budget_bytes: number;
+  arena_bytes: number;
+  peak_rss_bytes: number;
+  threads: number;
+  reader: string;
+}
+
+/** Peak resident set size of this process (VmHWM), or the current RSS where that is unknown. */
+export function peakRss(): number {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(Deno.readTextFileSync("/proc/self/status"));
+    if (m) return Number(m[1]) * 1024;
+  } catch {
+    // Not Linux: fall through to the current RSS.
+  }
+  return Deno.memoryUsage().rss;
+}
+
+/** Collects a snapshot of `model`'s counters with the loop's timings. */
+export function collectStats(model: Model, t: Timings, lookaheadRecall: number | null): RunStats {
+  const cache = model.experts?.cache.stats;
+  const store = model.experts?.stats;
+  const hits = cache?.hits ?? 0, misses = cache?.misses ?? 0;
+  const bytes = (store?.bytesRead ?? 0) + model.trunk.stats.bytes;
+  const ioWait = (store?.waitMs ?? 0) + model.trunk.stats.waitMs;
+  const tokens = t.promptTokens + t.generatedTokens;
+  return {
+    ...t,
+    prompt_tok_s: t.promptMs > 0 ? (t.promptTokens * 1000) / t.promptMs : 0,
+    generate_tok_s: t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0,
+    expert_hits: hits,
+    expert_misses: misses,
+    expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
+    speculative_reads: store?.speculative ?? 0,
+    speculative_used: store?.speculativeUsed ?? 0,
+    lookahead_recall: lookaheadRecall,
+    bytes_read: bytes,
+    bytes_read_per_token: tokens > 0 ? bytes / tokens : 0,
+    io_wait_ms: ioWait,
+    compute_ms: Math.max(0, t.promptMs + t.generateMs - ioWait),
+    trunk_hit_rate: model.plan.trunkHitRate,
+    trunk_pinned: model.plan.pinned,
+    trunk_layers: model.cfg.numLayers,
+    budget_bytes: model.plan.budget,
+    arena_bytes: model.arena.capacity,
+    peak_rss_bytes: peakRss(),
+    threads: model.pool.threads,
+    reader: model.reader.kind,
+  };
+}
+
+/** The human-readable stats block (stderr). */
+export function formatStats(s: RunStats): string {
+  const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
+  const lines = [
+    `load          ${(s.loadMs / 1000).toFixed(2)} s`,
+    `prompt        ${s.promptTokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
+    `generated     ${s.generatedTokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
+    `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${pct(s.expert_hit_rate)})`,
+    `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
+    (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
+    `read          ${fmtBytes(s.bytes_read)} (${fmtBytes(s.bytes_read_per_token)}/token) via ${s.reader}`,
+    `time          io wait ${(s.io_wait_ms / 1000).toFixed(2)} s, compute ${(s.compute_ms / 1000).toFixed(2)} s`,
+    `trunk         ${s.trunk_pinned}/${s.trunk_layers} layers pinned (hit rate ${pct(s.trunk_hit_rate)})`,
+    `memory        budget ${fmtBytes(s.budget_bytes)}, arena ${fmtBytes(s.arena_bytes)}, ` +
+    `peak RSS ${fmtBytes(s.peak_rss_bytes)}, ${s.threads} threads`,
+  ];
+  return lines.join("\n");
+}

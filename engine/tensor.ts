@@ -1,0 +1,63 @@
+/**
+ * Where a weight matrix lives in the arena and how it is stored, plus the kernel call that
+ * multiplies it with activations. The forward passes never look at dtypes themselves.
+ *
+ * @module
+ */
+import type { Job } from "./pool.ts";
+
+/** A weight in the arena: `rows × cols`, row-major [out, in]. */
+export interface TensorRef {
+  /** Byte offset of the data in the arena. */
+  ptr: number;
+  /** Storage format, as in the container manifest (f32, bf16, f16, f8_e4m3, mxfp4, ...). */
+  dtype: string;
+  rows: number;
+  cols: number;
+  /** Byte offset of the scales for block-scaled formats. */
+  scale?: number;
+}
+
+/** Formats with a batched kernel that reads each weight once for all columns. */
+const GEMM: Record<string, string> = { f32: "gemm_f32", bf16: "gemm_bf16" };
+
+/** Single-vector kernels: name and whether the scale pointer comes after the weights. */
+const GEMV: Record<string, { kernel: string; scaled: boolean }> = {
+  f32: { kernel: "gemv_f32", scaled: false },
+  bf16: { kernel: "gemv_bf16", scaled: false },
+  f16: { kernel: "gemv_f16", scaled: false },
+  f8_e4m3: { kernel: "matvec_fp8b128", scaled: true },
+  mxfp4: { kernel: "matvec_mxfp4", scaled: true },
+  int4g32: { kernel: "matvec_int4g32", scaled: true },
+  int8row: { kernel: "matvec_int8row", scaled: true },
+};
+
+/** Whether the engine can multiply with weights stored as `dtype`. */
+export function isMatmulDtype(dtype: string): boolean {
+  return dtype in GEMV;
+}
+
+/**
+ * The jobs computing Y[b] = W · X[b] for `nb` activation vectors laid out one after another
+ * (X is nb × cols floats, Y is nb × rows floats). A batched kernel gives bit-identical columns to
+ * the single-vector one, so batching never changes output.
+ */
+export function matmulJobs(w: TensorRef, x: number, y: number, nb: number): Job[] {
+  const gemm = GEMM[w.dtype];
+  if (gemm && nb > 1) {
+    return [{ kernel: gemm, args: [BigInt(w.ptr), BigInt(x), BigInt(y), w.rows, w.cols, nb], rows: w.rows }];
+  }
+  const g = GEMV[w.dtype];
+  if (!g) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
+  if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
+  const jobs: Job[] = [];
+  for (let b = 0; b < nb; b++) {
+    const xb = BigInt(x + b * w.cols * 4);
+    const yb = BigInt(y + b * w.rows * 4);
+    const args = g.scaled
+      ? [BigInt(w.ptr), BigInt(w.scale!), xb, yb, w.rows, w.cols]
+      : [BigInt(w.ptr), xb, yb, w.rows, w.cols];
+    jobs.push({ kernel: g.kernel, args, rows: w.rows });
+  }
+  return jobs;
+}

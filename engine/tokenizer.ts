@@ -1,0 +1,301 @@
+/**
+ * Tokenizers of a checkpoint directory behind one interface: Hugging Face `tokenizer.json`
+ * (through `@huggingface/tokenizers`) or a tiktoken `tiktoken.model` as shipped by Kimi-K2
+ * (through `js-tiktoken`, with Kimi's pre-tokenizer pattern and added tokens).
+ *
+ * @module
+ */
+
+import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
+import { Tiktoken } from "js-tiktoken/lite";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+
+/** Incremental detokenizer for printing a generation as it happens. */
+export interface DecodeStream {
+  /** Adds one id; returns the text that became printable (may be ""). */
+  push(id: number): string;
+  /** Returns whatever is still held back (an incomplete UTF-8 sequence at the end). */
+  flush(): string;
+}
+
+/** Text ↔ ids for one model. */
+export interface Tokenizer {
+  /** Ids for `text`; `addSpecial` (default true) adds BOS etc. as the tokenizer config says. */
+  encode(text: string, opts?: { addSpecial?: boolean }): number[];
+  /** Text for `ids`; special tokens are kept unless `skipSpecial` is set. */
+  decode(ids: number[], opts?: { skipSpecial?: boolean }): string;
+  /**
+   * A stream decoder. Special tokens are skipped (default), partial UTF-8 is held back, and the
+   * leading-space rule of the decoder applies to the first printed token, like llama2.c.
+   */
+  decodeStream(opts?: { skipSpecial?: boolean }): DecodeStream;
+  bosId: number | null;
+  eosIds: number[];
+  /** Number of ids the tokenizer can produce (base vocabulary plus added tokens). */
+  vocabSize: number;
+  /** The raw Jinja chat template, or null when the checkpoint has none. */
+  chatTemplate: string | null;
+  /** Named special tokens, e.g. `{bos_token: "<s>", eos_token: "</s>"}`. */
+  specialTokens: Record<string, string>;
+}
+
+/**
+ * Kimi-K2's pre-tokenizer (`pat_str` of its tokenization_kimi.py), rewritten for JavaScript's
+ * `u` flag: the class intersections `[…&&[^\p{Han}]]` become a negative lookahead, and `\s`
+ * becomes `\p{White_Space}` because JavaScript's `\s` differs from the Unicode property that
+ * the Rust/Python engines use (it adds U+FEFF and lacks U+0085).
+ */
+export const KIMI_PAT_STR: string = (() => {
+  const notHan = "(?!\\p{Script=Han})";
+  const upper = `(?:${notHan}[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])`;
+  const lower = `(?:${notHan}[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])`;
+  const contraction = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?";
+  const s = "\\p{White_Space}";
+  return [
+    "\\p{Script=Han}+",
+    `[^\\r\\n\\p{L}\\p{N}]?${upper}*${lower}+${contraction}`,
+    `[^\\r\\n\\p{L}\\p{N}]?${upper}+${lower}*${contraction}`,
+    "\\p{N}{1,3}",
+    ` ?[^${s}\\p{L}\\p{N}]+[\\r\\n]*`,
+    `${s}*[\\r\\n]+`,
+    `${s}+(?!\\P{White_Space})`,
+    `${s}+`,
+  ].join("|");
+})();
+
+/** Number of ids Kimi reserves for special tokens right after the BPE ranks. */
+const KIMI_RESERVED_SPECIAL = 256;
+
+type Json = Record<string, unknown>;
+
+function readJson(path: string): Json {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new Error(`${path}: cannot read (${(e as Error).message})`);
+  }
+  try {
+    const v = JSON.parse(text);
+    if (v === null || typeof v !== "object" || Array.isArray(v)) throw new Error("not an object");
+    return v as Json;
+  } catch (e) {
+    throw new Error(`${path}: expected a JSON object (${(e as Error).message})`);
+  }
+}
+
+function readJsonIfExists(path: string): Json {
+  return existsSync(path) ? readJson(path) : {};
+}
+
+/** `"<s>"` or `{content: "<s>", …}` → `"<s>"`. */
+function tokenContent(v: unknown): string | null {
+  if (typeof v === "string") return v;
+  if (v && typeof v === "object" && typeof (v as Json).content === "string") {
+    return (v as Json).content as string;
+  }
+  return null;
+}
+
+/**
+ * The chat template of a tokenizer directory: `chat_template.jinja` when present, else
+ * tokenizer_config.json's `chat_template`, which is a string or a list of `{name, template}`
+ * (the one named "default" is used, as transformers does).
+ */
+export function readChatTemplate(dir: string, config?: Json): string | null {
+  const jinjaPath = join(dir, "chat_template.jinja");
+  if (existsSync(jinjaPath)) return readFileSync(jinjaPath, "utf8");
+  const cfg = config ?? readJsonIfExists(join(dir, "tokenizer_config.json"));
+  const t = cfg.chat_template;
+  if (t === undefined || t === null) return null;
+  if (typeof t === "string") return t;
+  if (Array.isArray(t)) {
+    const named = t.find((x) => x && (x as Json).name === "default") ?? t[0];
+    if (named && typeof (named as Json).template === "string") {
+      return (named as Json).template as string;
+    }
+  }
+  throw new Error(
+    `${join(dir, "tokenizer_config.json")}: chat_template must be a string or a list of ` +
+      `{name, template}`,
+  );
+}
+
+function namedSpecialTokens(...sources: Json[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const src of sources) {
+    for (const [key, value] of Object.entries(src)) {
+      if (!key.endsWith("_token")) continue;
+      const content = tokenContent(value);
+      if (content !== null) out[key] = content;
+    }
+  }
+  return out;
+}
+
+function idList(v: unknown): number[] {
+  if (typeof v === "number") return [v];
+  if (Array.isArray(v)) return v.filter((x): x is number => typeof x === "number");
+  return [];
+}
+
+/** Builds a stream decoder from a whole-sequence decoder (diffing windowed decodes). */
+function streamFrom(decode: (ids: number[]) => string): DecodeStream {
+  // `context` is the chunk printed last; decoding it together with the pending ids and removing
+  // its own text keeps spacing rules that depend on the previous token.
+  let context: number[] = [];
+  let pending: number[] = [];
+  const emit = (force: boolean): string => {
+    const base = decode(context);
+    const text = decode([...context, ...pending]);
+    if (!force && (text.endsWith("\uFFFD") || text.length <= base.length)) return "";
+    context = pending;
+    pending = [];
+    return text.slice(base.length);
+  };
+  return {
+    push(id) {
+      pending.push(id);
+      return emit(false);
+    },
+    flush() {
+      return pending.length > 0 ? emit(true) : "";
+    },
+  };
+}
+
+function loadHfTokenizer(dir: string): Tokenizer {
+  const config = readJsonIfExists(join(dir, "tokenizer_config.json"));
+  const json = readJson(join(dir, "tokenizer.json"));
+  const hf = new HfTokenizer(json, config);
+  const generation = readJsonIfExists(join(dir, "generation_config.json"));
+  const special = namedSpecialTokens(
+    readJsonIfExists(join(dir, "special_tokens_map.json")),
+    config,
+  );
+  const idOf = (name: string): number | null => {
+    const content = special[name];
+    return content === undefined ? null : hf.token_to_id(content) ?? null;
+  };
+  const bosId = idOf("bos_token") ?? idList(generation.bos_token_id)[0] ?? null;
+  const eos = new Set<number>(idList(generation.eos_token_id));
+  const eosTok = idOf("eos_token");
+  if (eosTok !== null) eos.add(eosTok);
+  let vocabSize = 0;
+  for (const id of hf.get_vocab(true).values()) vocabSize = Math.max(vocabSize, id + 1);
+  // tokenizers.js rejects an empty list; the empty sequence decodes to "".
+  const decode = (ids: number[], skip: boolean) =>
+    ids.length === 0 ? "" : hf.decode(ids, { skip_special_tokens: skip });
+  return {
+    encode: (text, opts) => hf.encode(text, { add_special_tokens: opts?.addSpecial ?? true }).ids,
+    decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
+    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
+    bosId,
+    eosIds: [...eos],
+    vocabSize,
+    chatTemplate: readChatTemplate(dir, config),
+    specialTokens: special,
+  };
+}
+
+/** Parses tiktoken's rank file: one `base64-token rank` pair per line. */
+export function parseTiktokenRanks(text: string, path: string): Map<string, number> {
+  const ranks = new Map<string, number>();
+  const lines = text.split("\n");
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i].trim();
+    if (line === "") continue;
+    const parts = line.split(" ");
+    const rank = Number(parts[1]);
+    if (parts.length !== 2 || !Number.isSafeInteger(rank) || rank < 0) {
+      throw new Error(`${path}:${i + 1}: expected "<base64 token> <rank>", got "${line}"`);
+    }
+    ranks.set(parts[0], rank);
+  }
+  return ranks;
+}
+
+function loadTiktokenTokenizer(dir: string): Tokenizer {
+  const path = join(dir, "tiktoken.model");
+  const ranks = parseTiktokenRanks(readFileSync(path, "utf8"), path);
+  const config = readJsonIfExists(join(dir, "tokenizer_config.json"));
+  const generation = readJsonIfExists(join(dir, "generation_config.json"));
+  const numBase = ranks.size;
+  // Kimi: the added tokens of tokenizer_config.json, the rest of the reserved block named
+  // `<|reserved_token_{id}|>`.
+  const specialIds = new Map<string, number>();
+  const addedDecoder = (config.added_tokens_decoder ?? {}) as Record<string, unknown>;
+  for (const [idStr, tok] of Object.entries(addedDecoder)) {
+    const content = tokenContent(tok);
+    const id = Number(idStr);
+    if (content === null || !Number.isSafeInteger(id)) {
+      throw new Error(`${join(dir, "tokenizer_config.json")}: bad added token ${idStr}`);
+    }
+    specialIds.set(content, id);
+  }
+  const taken = new Set(specialIds.values());
+  for (let id = numBase; id < numBase + KIMI_RESERVED_SPECIAL; id++) {
+    if (!taken.has(id)) specialIds.set(`<|reserved_token_${id}|>`, id);
+  }
+  const bpeRanks = [...ranks].map(([tok, rank]) => `! ${rank} ${tok}`).join("\n");
+  const tk = new Tiktoken({
+    pat_str: KIMI_PAT_STR,
+    special_tokens: Object.fromEntries(specialIds),
+    bpe_ranks: bpeRanks,
+  });
+  const specialSet = new Set(specialIds.values());
+  const special = namedSpecialTokens(
+    readJsonIfExists(join(dir, "special_tokens_map.json")),
+    config,
+  );
+  const idOf = (name: string): number | null => {
+    const content = special[name];
+    return content === undefined ? null : specialIds.get(content) ?? null;
+  };
+  const bosId = idOf("bos_token") ?? idList(generation.bos_token_id)[0] ?? null;
+  const eos = new Set<number>(idList(generation.eos_token_id));
+  const eosTok = idOf("eos_token");
+  if (eosTok !== null) eos.add(eosTok);
+  const addBos = config.add_bos_token === true;
+  const addEos = config.add_eos_token === true;
+  let vocabSize = 0;
+  for (const id of [...ranks.values(), ...specialSet]) vocabSize = Math.max(vocabSize, id + 1);
+  const decode = (ids: number[], skip: boolean) =>
+    tk.decode(skip ? ids.filter((id) => !specialSet.has(id)) : ids);
+  return {
+    encode(text, opts) {
+      const ids = tk.encode(text, "all");
+      if (opts?.addSpecial ?? true) {
+        if (addBos && bosId !== null) ids.unshift(bosId);
+        if (addEos && eosTok !== null) ids.push(eosTok);
+      }
+      return ids;
+    },
+    decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
+    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
+    bosId,
+    eosIds: [...eos],
+    vocabSize,
+    chatTemplate: readChatTemplate(dir, config),
+    specialTokens: special,
+  };
+}
+
+/**
+ * Loads the tokenizer of a checkpoint directory: `tokenizer.json` when present, else
+ * `tiktoken.model` (Kimi's format).
+ */
+export function loadTokenizer(dir: string): Promise<Tokenizer> {
+  try {
+    if (existsSync(join(dir, "tokenizer.json"))) return Promise.resolve(loadHfTokenizer(dir));
+    if (existsSync(join(dir, "tiktoken.model"))) {
+      return Promise.resolve(loadTiktokenTokenizer(dir));
+    }
+  } catch (e) {
+    return Promise.reject(e);
+  }
+  return Promise.reject(
+    new Error(`${dir}: no tokenizer found (expected tokenizer.json or tiktoken.model)`),
+  );
+}

@@ -1,0 +1,106 @@
+/**
+ * The forward pass, top to bottom: embedding, then per layer attention and FFN with residual
+ * adds, then the final norm and the LM head. What differs between families is the attention
+ * (engine/models/); everything else is here once.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import { embedRows } from "./embedding.ts";
+import { FeedForward } from "./ffn.ts";
+import type { ModelConfig } from "./model_config.ts";
+import type { Ops } from "./ops.ts";
+import type { Route } from "./routing.ts";
+import type { TensorRef } from "./tensor.ts";
+import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
+
+/** The attention half of a layer, as each family implements it. */
+export interface Attention {
+  /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+}
+
+/** Weights that stay in the arena for the whole run. */
+export interface GlobalWeights {
+  embed: TensorRef;
+  finalNorm: TensorRef;
+  lmHead: TensorRef;
+}
+
+/** Called after each MoE layer with the routes of the batch (stats, traces, lookahead). */
+export type MoeObserver = (layer: number, routes: Route[], h: number, nb: number) => void;
+
+/** What a forward pass needs. */
+export interface TransformerParts {
+  cfg: ModelConfig;
+  arena: Arena;
+  ops: Ops;
+  trunk: TrunkSource;
+  experts: ExpertSource;
+  globals: GlobalWeights;
+  attention: Attention;
+  maxBatch: number;
+}
+
+/** A model's forward pass over its arena. */
+export class Transformer {
+  readonly cfg: ModelConfig;
+  /** Observers of MoE routing (may be empty). */
+  readonly moeObservers: MoeObserver[] = [];
+  #p: TransformerParts;
+  #ffn: FeedForward;
+  #x: number;
+  #h: number;
+  #tmp: number;
+  #logits: number;
+
+  constructor(p: TransformerParts) {
+    this.#p = p;
+    this.cfg = p.cfg;
+    const d = p.cfg.hiddenSize;
+    this.#ffn = new FeedForward(p.ops, p.arena, p.cfg, p.experts, p.maxBatch);
+    this.#x = p.arena.alloc("hidden x", p.maxBatch * d * 4);
+    this.#h = p.arena.alloc("hidden h", p.maxBatch * d * 4);
+    this.#tmp = p.arena.alloc("hidden tmp", p.maxBatch * d * 4);
+    this.#logits = p.arena.alloc("logits", p.maxBatch * p.cfg.vocabSize * 4);
+  }
+
+  /** Most tokens one call may take. */
+  get maxBatch(): number {
+    return this.#p.maxBatch;
+  }
+
+  /**
+   * Runs `tokens` at positions pos..pos+n−1 and returns the logits of the last token, or of every
+   * token when `allLogits` (n × vocab floats). The returned array is a copy.
+   */
+  forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    const { cfg, arena, ops, trunk, globals, attention } = this.#p;
+    const nb = tokens.length;
+    const d = cfg.hiddenSize;
+    const eps = cfg.rmsNormEps;
+    if (nb < 1 || nb > this.maxBatch) throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
+    const x = this.#x, h = this.#h, tmp = this.#tmp;
+    embedRows(arena, globals.embed, tokens, x);
+    for (let layer = 0; layer < cfg.numLayers; layer++) {
+      const lw = trunk.acquire(layer);
+      ops.rmsnorm(x, lw.get("attn_norm").ptr, h, d, nb, eps);
+      attention.forward(layer, lw, h, tmp, nb, pos);
+      ops.add(x, tmp, nb * d);
+      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
+      if (cfg.layerKinds[layer] === "moe") {
+        const routes = this.#ffn.moe(layer, lw, h, tmp, nb);
+        for (const observe of this.moeObservers) observe(layer, routes, h, nb);
+      } else {
+        this.#ffn.dense(lw, h, tmp, nb);
+      }
+      ops.add(x, tmp, nb * d);
+      trunk.release(layer);
+    }
+    const first = allLogits ? 0 : nb - 1;
+    const rows = nb - first;
+    ops.rmsnorm(x + first * d * 4, globals.finalNorm.ptr, h, d, rows, eps);
+    ops.matmul({ w: globals.lmHead, x: h, y: this.#logits, nb: rows });
+    return ops.f32(this.#logits, rows * cfg.vocabSize).slice();
+  }
+}

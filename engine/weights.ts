@@ -1,0 +1,75 @@
+/**
+ * What the forward passes ask for weights through. The trunk ring and the expert cache (io/)
+ * implement these; the forward passes do not know whether a layer is pinned, in a ring slot or
+ * was just read from disk.
+ *
+ * @module
+ */
+import type { ExpertBank, LayerRun, TensorEntry } from "../io/container.ts";
+import type { LayerTensor } from "./model_config.ts";
+import type { TensorRef } from "./tensor.ts";
+
+/** The trunk tensors of one layer, bound to arena addresses. */
+export interface LayerWeights {
+  /** The tensor, or an error naming the layer and tensor when the layer has none. */
+  get(t: LayerTensor): TensorRef;
+  has(t: LayerTensor): boolean;
+}
+
+/** Hands out layers in the cyclic order the forward pass visits them. */
+export interface TrunkSource {
+  /** Blocks until `layer` is in the arena. */
+  acquire(layer: number): LayerWeights;
+  /** The forward pass is done with `layer`; its slot may be reused. */
+  release(layer: number): void;
+}
+
+/** The three matrices of one expert, bound to arena addresses. */
+export interface ExpertWeights {
+  gate: TensorRef;
+  up: TensorRef;
+  down: TensorRef;
+}
+
+/** Hands out experts; reads the missing ones. */
+export interface ExpertSource {
+  /** Most experts one hint may name (all of them stay pinned until released). */
+  readonly groupSize: number;
+  /** The router chose `ids` for `layer`: hold them, and start reading the ones that are missing. */
+  hint(layer: number, ids: readonly number[]): void;
+  /** Blocks until the expert is in the arena and keeps it there until release. */
+  acquire(layer: number, expert: number): ExpertWeights;
+  release(layer: number, expert: number): void;
+}
+
+/** A {@link TensorRef} for a manifest tensor entry whose offsets are relative to `base`. */
+export function tensorRef(entry: TensorEntry, base: number): TensorRef {
+  const rows = entry.shape[0];
+  const cols = entry.shape.length > 1 ? entry.shape.slice(1).reduce((a, b) => a * b, 1) : 1;
+  const ref: TensorRef = { ptr: base + entry.offset, dtype: entry.dtype, rows, cols };
+  if (entry.scale) ref.scale = base + entry.scale.offset;
+  return ref;
+}
+
+/** Binds a layer run that was read to arena offset `base`. */
+export function bindLayer(layer: number, run: LayerRun, base: number): LayerWeights {
+  const refs = new Map<string, TensorRef>();
+  for (const [name, entry] of Object.entries(run.tensors)) refs.set(name, tensorRef(entry, base));
+  return {
+    get(t) {
+      const r = refs.get(t);
+      if (!r) throw new Error(`layer ${layer} has no tensor ${t}`);
+      return r;
+    },
+    has: (t) => refs.has(t),
+  };
+}
+
+/** Binds an expert record that was read to arena offset `base`. */
+export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
+  return {
+    gate: tensorRef(bank.matrices.gate, base),
+    up: tensorRef(bank.matrices.up, base),
+    down: tensorRef(bank.matrices.down, base),
+  };
+}

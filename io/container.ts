@@ -1,0 +1,514 @@
+/**
+ * Reader of a `.sluice` container directory: parses `manifest.json` as untrusted input (bounds on
+ * every field, every region inside its file, no overlaps) and offers positional reads of trunk
+ * tensors and expert records. docs/FORMAT.md describes the layout.
+ *
+ * @module
+ */
+
+import { closeSync, existsSync, openSync, readSync, statSync } from "node:fs";
+import { join } from "node:path";
+import {
+  EXPERT_MATRICES,
+  type ExpertMatrix,
+  type GlobalTensor,
+  type ModelConfig,
+} from "../engine/model_config.ts";
+import { layerTensorsOf } from "../engine/tensor_names.ts";
+import { crc32 } from "./crc32.ts";
+import {
+  BLOCK_ALIGN,
+  FP8_SCALE_BLOCK,
+  isStoredDtype,
+  RECORD_HEADER_BYTES,
+  type RecordHeader,
+  STORED_DTYPE_BYTES,
+  type StoredDtype,
+  TENSOR_ALIGN,
+  verifyRecord,
+} from "./format.ts";
+
+/** Container format name in the manifest. */
+export const CONTAINER_FORMAT = "sluice";
+/** Container format version this reader and the packer implement. */
+export const CONTAINER_VERSION = 1;
+/** Largest manifest accepted. */
+export const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
+/** The trunk file's name. */
+export const TRUNK_FILE = "trunk.bin";
+
+/** Name of the expert bank file of a layer. */
+export function expertBankFile(layer: number): string {
+  return `experts-L${layer}.bin`;
+}
+
+/** One stored tensor. FP8 tensors carry their f32 128×128 block scale in `scale`. */
+export interface TensorEntry {
+  dtype: StoredDtype;
+  shape: number[];
+  offset: number;
+  bytes: number;
+  scale?: TensorEntry;
+}
+
+/** A byte range of a file with the CRC-32 of its bytes (padding included). */
+export interface Region {
+  offset: number;
+  bytes: number;
+  crc32: number;
+}
+
+/** One layer's trunk tensors: a 4 KiB-aligned run of trunk.bin. */
+export interface LayerRun extends Region {
+  /** Canonical layer tensor name → entry; offsets relative to the run start. */
+  tensors: Record<string, TensorEntry>;
+}
+
+/** The routed experts of one MoE layer: `file` holds record e at e × stride. */
+export interface ExpertBank {
+  layer: number;
+  file: string;
+  count: number;
+  /** Bytes per record, a multiple of 4096. */
+  stride: number;
+  /** Dtype of the expert matrices. */
+  format: StoredDtype;
+  /** Offsets relative to the record start; the same in every record of the bank. */
+  matrices: Record<ExpertMatrix, TensorEntry>;
+}
+
+/** The parsed `manifest.json`. */
+export interface Manifest {
+  format: typeof CONTAINER_FORMAT;
+  version: typeof CONTAINER_VERSION;
+  config: ModelConfig;
+  source: { config: unknown; generation_config?: unknown; fingerprint: string };
+  trunk: {
+    file: typeof TRUNK_FILE;
+    bytes: number;
+    globals: { region: Region; tensors: Partial<Record<GlobalTensor, TensorEntry>> };
+    layers: LayerRun[];
+  };
+  /** Index = layer; null for dense layers. */
+  experts: (ExpertBank | null)[];
+  tokenizer: { files: string[] };
+}
+
+/** An opened container. */
+export interface Container {
+  dir: string;
+  manifest: Manifest;
+  config: ModelConfig;
+  trunkPath: string;
+  /** Path of a MoE layer's expert bank. */
+  expertBankPath(layer: number): string;
+}
+
+type Obj = Record<string, unknown>;
+
+const MAX_DIM = 2 ** 31;
+
+function obj(v: unknown, where: string): Obj {
+  if (v === null || typeof v !== "object" || Array.isArray(v)) {
+    throw new Error(`${where}: expected an object`);
+  }
+  return v as Obj;
+}
+
+function int(v: unknown, where: string, min: number, max: number): number {
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+    throw new Error(`${where}: expected an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+function num(v: unknown, where: string): number {
+  if (typeof v !== "number" || !Number.isFinite(v)) {
+    throw new Error(`${where}: expected a finite number, got ${JSON.stringify(v)}`);
+  }
+  return v;
+}
+
+function oneOf<T extends string>(v: unknown, allowed: readonly T[], where: string): T {
+  if (!allowed.includes(v as T)) {
+    throw new Error(`${where}: expected one of ${allowed.join(", ")}, got ${JSON.stringify(v)}`);
+  }
+  return v as T;
+}
+
+function bool(v: unknown, where: string): boolean {
+  if (typeof v !== "boolean") throw new Error(`${where}: expected a boolean`);
+  return v;
+}
+
+/** Validates the normalised config stored in a manifest (types and bounds of every field). */
+export function validateModelConfig(v: unknown, where: string): ModelConfig {
+  const c = obj(v, where);
+  const w = (k: string) => `${where}.${k}`;
+  oneOf(c.family, ["llama", "deepseek_v3"], w("family"));
+  if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
+  for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
+    int(c[k], w(k), 1, MAX_DIM);
+  }
+  const numLayers = int(c.numLayers, w("numLayers"), 1, 100000);
+  int(c.intermediateSize, w("intermediateSize"), 0, MAX_DIM);
+  int(c.maxPositions, w("maxPositions"), 1, MAX_DIM);
+  num(c.rmsNormEps, w("rmsNormEps"));
+  num(c.attnScale, w("attnScale"));
+  for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
+  const rope = obj(c.rope, w("rope"));
+  num(rope.theta, w("rope.theta"));
+  oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));
+  int(rope.dim, w("rope.dim"), 0, MAX_DIM);
+  const scaling = obj(rope.scaling, w("rope.scaling"));
+  oneOf(scaling.type, ["none", "linear", "llama3", "yarn"], w("rope.scaling.type"));
+  for (const [k, x] of Object.entries(scaling)) if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
+    throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
+  }
+  c.layerKinds.forEach((k, i) => oneOf(k, ["dense", "moe"], `${w("layerKinds")}[${i}]`));
+  if (c.moe !== null) {
+    const m = obj(c.moe, w("moe"));
+    const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
+    int(m.topK, w("moe.topK"), 1, n);
+    int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
+    oneOf(m.scoring, ["softmax", "sigmoid"], w("moe.scoring"));
+    bool(m.normTopK, w("moe.normTopK"));
+    bool(m.selectionBias, w("moe.selectionBias"));
+    num(m.routedScaling, w("moe.routedScaling"));
+    int(m.nGroup, w("moe.nGroup"), 1, n);
+    int(m.topkGroup, w("moe.topkGroup"), 1, n);
+    int(m.sharedIntermediate, w("moe.sharedIntermediate"), 0, MAX_DIM);
+  } else if (c.layerKinds.includes("moe")) {
+    throw new Error(`${w("moe")}: MoE layers need a moe section`);
+  }
+  if (c.mla !== null) {
+    const m = obj(c.mla, w("mla"));
+    if (m.qLoraRank !== null) int(m.qLoraRank, w("mla.qLoraRank"), 1, MAX_DIM);
+    for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
+      int(m[k], w(`mla.${k}`), 1, MAX_DIM);
+    }
+  }
+  if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
+  if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);
+  c.eosIds.forEach((x, i) => int(x, `${w("eosIds")}[${i}]`, 0, MAX_DIM));
+  return c as unknown as ModelConfig;
+}
+
+/**
+ * Validates one tensor entry: dtype, shape, byte count, 64-byte alignment, inside `[0, limit)`;
+ * an FP8 tensor must have an f32 scale of shape [ceil(R/128), ceil(C/128)].
+ */
+function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
+  const e = obj(v, where);
+  if (!isStoredDtype(e.dtype)) throw new Error(`${where}.dtype: unknown dtype ${e.dtype}`);
+  if (!Array.isArray(e.shape) || e.shape.length < 1 || e.shape.length > 4) {
+    throw new Error(`${where}.shape: expected 1 to 4 dimensions`);
+  }
+  const shape = e.shape.map((d, i) => int(d, `${where}.shape[${i}]`, 0, MAX_DIM));
+  const offset = int(e.offset, `${where}.offset`, 0, Number.MAX_SAFE_INTEGER);
+  const bytes = int(e.bytes, `${where}.bytes`, 0, Number.MAX_SAFE_INTEGER);
+  const need = shape.reduce((a, b) => a * b, 1) * STORED_DTYPE_BYTES[e.dtype];
+  if (bytes !== need) {
+    throw new Error(`${where}: ${e.dtype} [${shape}] needs ${need} bytes, entry says ${bytes}`);
+  }
+  if (offset % TENSOR_ALIGN || offset + bytes > limit) {
+    throw new Error(`${where}: [${offset}, ${offset + bytes}) not 64-aligned inside [0, ${limit})`);
+  }
+  const out: TensorEntry = { dtype: e.dtype, shape, offset, bytes };
+  if (e.dtype === "f8_e4m3") {
+    if (shape.length !== 2) throw new Error(`${where}: an f8_e4m3 tensor must be 2-D`);
+    const scale = tensorEntry(e.scale, `${where}.scale`, limit);
+    const want = [Math.ceil(shape[0] / FP8_SCALE_BLOCK), Math.ceil(shape[1] / FP8_SCALE_BLOCK)];
+    if (scale.dtype !== "f32" || scale.scale || String(scale.shape) !== String(want)) {
+      throw new Error(`${where}.scale: expected an f32 tensor of shape [${want}]`);
+    }
+    out.scale = scale;
+  } else if (e.scale !== undefined) {
+    throw new Error(`${where}.scale: only f8_e4m3 tensors have a scale`);
+  }
+  return out;
+}
+
+/** Every byte range of a set of entries (scales included), checked for overlaps. */
+function checkNoOverlap(entries: [string, TensorEntry][], where: string): void {
+  const spans: [number, number, string][] = [];
+  for (const [name, e] of entries) {
+    spans.push([e.offset, e.bytes, name]);
+    if (e.scale) spans.push([e.scale.offset, e.scale.bytes, `${name}.scale`]);
+  }
+  spans.sort((a, b) => a[0] - b[0]);
+  for (let i = 1; i < spans.length; i++) {
+    if (spans[i][0] < spans[i - 1][0] + spans[i - 1][1]) {
+      throw new Error(`${where}: tensor ${spans[i][2]} overlaps ${spans[i - 1][2]}`);
+    }
+  }
+}
+
+function region(v: unknown, where: string, fileBytes: number): Region {
+  const r = obj(v, where);
+  const offset = int(r.offset, `${where}.offset`, 0, fileBytes);
+  const bytes = int(r.bytes, `${where}.bytes`, 0, fileBytes);
+  if (offset % BLOCK_ALIGN || bytes % BLOCK_ALIGN || offset + bytes > fileBytes) {
+    throw new Error(
+      `${where}: [${offset}, ${
+        offset + bytes
+      }) must be 4096-aligned inside the ${fileBytes}-byte file`,
+    );
+  }
+  return { offset, bytes, crc32: int(r.crc32, `${where}.crc32`, 0, 0xffffffff) };
+}
+
+function plainFileName(v: unknown, where: string): string {
+  if (typeof v !== "string" || v === "" || /[\\/]/.test(v) || v.startsWith(".")) {
+    throw new Error(`${where}: ${JSON.stringify(v)} is not a plain file name`);
+  }
+  return v;
+}
+
+function fileSize(path: string, where: string): number {
+  try {
+    return statSync(path).size;
+  } catch {
+    throw new Error(`${where}: file ${path} is missing`);
+  }
+}
+
+/** Parses and validates a manifest object against the files of the container `dir`. */
+export function parseManifest(raw: unknown, dir: string): Manifest {
+  const where = join(dir, "manifest.json");
+  const m = obj(raw, where);
+  if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
+  if (m.version !== CONTAINER_VERSION) {
+    throw new Error(`${where}: version ${m.version}, this reader knows ${CONTAINER_VERSION}`);
+  }
+  const config = validateModelConfig(m.config, `${where} config`);
+  const source = obj(m.source, `${where} source`);
+  if (typeof source.fingerprint !== "string") {
+    throw new Error(`${where} source.fingerprint: expected a string`);
+  }
+
+  const trunk = obj(m.trunk, `${where} trunk`);
+  if (trunk.file !== TRUNK_FILE) throw new Error(`${where} trunk.file: expected ${TRUNK_FILE}`);
+  const trunkBytes = fileSize(join(dir, TRUNK_FILE), `${where} trunk`);
+  if (trunk.bytes !== trunkBytes) {
+    throw new Error(`${where} trunk.bytes: ${trunk.bytes} but ${TRUNK_FILE} has ${trunkBytes}`);
+  }
+  const g = obj(trunk.globals, `${where} trunk.globals`);
+  const gRegion = region(g.region, `${where} trunk.globals.region`, trunkBytes);
+  const gTensors = obj(g.tensors, `${where} trunk.globals.tensors`);
+  const globals: Partial<Record<GlobalTensor, TensorEntry>> = {};
+  const wantGlobals: GlobalTensor[] = ["embed", "final_norm"];
+  if (!config.tieWordEmbeddings) wantGlobals.push("lm_head");
+  if (Object.keys(gTensors).sort().join() !== [...wantGlobals].sort().join()) {
+    throw new Error(`${where} trunk.globals.tensors: expected exactly ${wantGlobals.join(", ")}`);
+  }
+  for (const k of wantGlobals) {
+    const e = tensorEntry(gTensors[k], `${where} trunk.globals.tensors.${k}`, trunkBytes);
+    for (const span of [e, e.scale].filter((x) => x) as TensorEntry[]) {
+      if (
+        span.offset < gRegion.offset || span.offset + span.bytes > gRegion.offset + gRegion.bytes
+      ) {
+        throw new Error(`${where} trunk.globals.tensors.${k}: outside the globals region`);
+      }
+    }
+    globals[k] = e;
+  }
+  checkNoOverlap(Object.entries(globals) as [string, TensorEntry][], `${where} trunk.globals`);
+
+  if (!Array.isArray(trunk.layers) || trunk.layers.length !== config.numLayers) {
+    throw new Error(`${where} trunk.layers: expected ${config.numLayers} runs`);
+  }
+  const regions: [number, number, string][] = [[gRegion.offset, gRegion.bytes, "globals"]];
+  const layers = trunk.layers.map((v, l): LayerRun => {
+    const at = `${where} trunk.layers[${l}]`;
+    const r = region(v, at, trunkBytes);
+    const t = obj(obj(v, at).tensors, `${at}.tensors`);
+    const want = layerTensorsOf(config, l);
+    if (Object.keys(t).sort().join() !== [...want].sort().join()) {
+      throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
+    }
+    const tensors: Record<string, TensorEntry> = {};
+    for (const k of want) tensors[k] = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
+    checkNoOverlap(Object.entries(tensors), at);
+    regions.push([r.offset, r.bytes, `layer ${l}`]);
+    return { ...r, tensors };
+  });
+  regions.sort((a, b) => a[0] - b[0]);
+  for (let i = 1; i < regions.length; i++) {
+    if (regions[i][0] < regions[i - 1][0] + regions[i - 1][1]) {
+      throw new Error(`${where} trunk: ${regions[i][2]} overlaps ${regions[i - 1][2]}`);
+    }
+  }
+
+  if (!Array.isArray(m.experts) || m.experts.length !== config.numLayers) {
+    throw new Error(`${where} experts: expected ${config.numLayers} entries`);
+  }
+  const experts = m.experts.map((v, l): ExpertBank | null => {
+    const at = `${where} experts[${l}]`;
+    if (config.layerKinds[l] === "dense") {
+      if (v !== null) throw new Error(`${at}: layer ${l} is dense, expected null`);
+      return null;
+    }
+    const moe = config.moe!;
+    const b = obj(v, at);
+    int(b.layer, `${at}.layer`, l, l);
+    if (b.file !== expertBankFile(l)) throw new Error(`${at}.file: expected ${expertBankFile(l)}`);
+    const count = int(b.count, `${at}.count`, moe.numExperts, moe.numExperts);
+    const stride = int(b.stride, `${at}.stride`, BLOCK_ALIGN, 2 ** 32 - 1);
+    if (stride % BLOCK_ALIGN) throw new Error(`${at}.stride: ${stride} is not a multiple of 4096`);
+    const format = isStoredDtype(b.format) ? b.format : null;
+    if (!format) throw new Error(`${at}.format: unknown format ${b.format}`);
+    const size = fileSize(join(dir, b.file), at);
+    if (size !== count * stride) {
+      throw new Error(`${at}: ${b.file} has ${size} bytes, expected ${count} × ${stride}`);
+    }
+    const mats = obj(b.matrices, `${at}.matrices`);
+    const matrices = {} as Record<ExpertMatrix, TensorEntry>;
+    const [inter, hidden] = [moe.expertIntermediate, config.hiddenSize];
+    for (const k of EXPERT_MATRICES) {
+      const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
+      const want = k === "down" ? [hidden, inter] : [inter, hidden];
+      if (
+        e.dtype !== format || String(e.shape) !== String(want) || e.offset < RECORD_HEADER_BYTES
+      ) {
+        throw new Error(`${at}.matrices.${k}: expected ${format} [${want}] after the header`);
+      }
+      matrices[k] = e;
+    }
+    checkNoOverlap(Object.entries(matrices), at);
+    return { layer: l, file: b.file, count, stride, format, matrices };
+  });
+
+  const tok = obj(m.tokenizer, `${where} tokenizer`);
+  if (!Array.isArray(tok.files)) throw new Error(`${where} tokenizer.files: expected a list`);
+  const files = tok.files.map((f, i) => {
+    const name = plainFileName(f, `${where} tokenizer.files[${i}]`);
+    fileSize(join(dir, name), `${where} tokenizer.files[${i}]`);
+    return name;
+  });
+  return {
+    format: CONTAINER_FORMAT,
+    version: CONTAINER_VERSION,
+    config,
+    source: {
+      config: source.config,
+      generation_config: source.generation_config,
+      fingerprint: source.fingerprint,
+    },
+    trunk: {
+      file: TRUNK_FILE,
+      bytes: trunkBytes,
+      globals: { region: gRegion, tensors: globals },
+      layers,
+    },
+    experts,
+    tokenizer: { files },
+  };
+}
+
+/** Opens a container directory and validates its manifest against its files. */
+export function openContainer(path: string): Container {
+  const mPath = join(path, "manifest.json");
+  if (!existsSync(mPath)) throw new Error(`${path}: not a sluice container (no manifest.json)`);
+  const size = statSync(mPath).size;
+  if (size > MAX_MANIFEST_BYTES) {
+    throw new Error(`${mPath}: ${size} bytes exceeds the ${MAX_MANIFEST_BYTES}-byte limit`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(Deno.readTextFileSync(mPath));
+  } catch (e) {
+    throw new Error(`${mPath}: not valid JSON (${(e as Error).message})`);
+  }
+  const manifest = parseManifest(raw, path);
+  return {
+    dir: path,
+    manifest,
+    config: manifest.config,
+    trunkPath: join(path, TRUNK_FILE),
+    expertBankPath(layer: number): string {
+      const bank = manifest.experts[layer];
+      if (!bank) throw new Error(`${path}: layer ${layer} has no expert bank`);
+      return join(path, bank.file);
+    },
+  };
+}
+
+/** Reads `bytes` bytes at `offset` of `path`. */
+export function readFileRange(path: string, offset: number, bytes: number): Uint8Array {
+  const out = new Uint8Array(bytes);
+  const fd = openSync(path, "r");
+  try {
+    let done = 0;
+    while (done < bytes) {
+      const n = readSync(fd, out, done, Math.min(bytes - done, 1 << 30), offset + done);
+      if (n === 0) throw new Error(`${path}: unexpected end of file at byte ${offset + done}`);
+      done += n;
+    }
+  } finally {
+    closeSync(fd);
+  }
+  return out;
+}
+
+/** Reads one trunk tensor: a global (`layer` = "globals") or a layer tensor, without its scale. */
+export function readTrunkTensor(
+  c: Container,
+  layer: number | "globals",
+  name: string,
+): { entry: TensorEntry; data: Uint8Array; scale?: Uint8Array } {
+  const t = c.manifest.trunk;
+  const base = layer === "globals" ? 0 : t.layers[layer]?.offset;
+  const entry = layer === "globals"
+    ? t.globals.tensors[name as GlobalTensor]
+    : t.layers[layer]?.tensors[name];
+  if (base === undefined || !entry) throw new Error(`${c.dir}: no trunk tensor ${layer}/${name}`);
+  const data = readFileRange(c.trunkPath, base + entry.offset, entry.bytes);
+  const scale = entry.scale
+    ? readFileRange(c.trunkPath, base + entry.scale.offset, entry.scale.bytes)
+    : undefined;
+  return { entry, data, scale };
+}
+
+/** Reads and verifies one expert record (header and payload CRC); returns it with its header. */
+export function readExpertRecord(
+  c: Container,
+  layer: number,
+  expert: number,
+): { record: Uint8Array; header: RecordHeader } {
+  const bank = c.manifest.experts[layer];
+  if (!bank) throw new Error(`${c.dir}: layer ${layer} has no expert bank`);
+  if (!Number.isInteger(expert) || expert < 0 || expert >= bank.count) {
+    throw new Error(`${c.dir}: layer ${layer} has no expert ${expert}`);
+  }
+  const path = c.expertBankPath(layer);
+  const offset = expert * bank.stride;
+  const record = readFileRange(path, offset, bank.stride);
+  const header = verifyRecord(record, { file: path, layer, expert, offset }, bank.stride);
+  for (const m of EXPERT_MATRICES) {
+    const h = header.matrices[m], e = bank.matrices[m];
+    if (h.offset !== e.offset || h.bytes !== e.bytes || h.scaleOffset !== (e.scale?.offset ?? 0)) {
+      throw new Error(
+        `${path}: layer ${layer} expert ${expert}: ${m} placement differs from the manifest`,
+      );
+    }
+  }
+  return { record, header };
+}
+
+/** Verifies every CRC of a container: the globals region, each layer run and each record. */
+export function verifyContainer(c: Container): void {
+  const t = c.manifest.trunk;
+  const check = (r: Region, what: string) => {
+    const got = crc32(readFileRange(c.trunkPath, r.offset, r.bytes));
+    if (got !== r.crc32) {
+      throw new Error(`${c.trunkPath}: ${what} CRC mismatch at offset ${r.offset}`);
+    }
+  };
+  check(t.globals.region, "globals region");
+  t.layers.forEach((r, l) => check(r, `layer ${l} run`));
+  c.manifest.experts.forEach((bank, l) => {
+    if (bank) { for (let e = 0; e < bank.count; e++) readExpertRecord(c, l, e); }
+  });
+}

@@ -1,0 +1,223 @@
+/**
+ * Expert records in arena slots, managed by the {@link ExpertCache} policy: the engine's
+ * {@link ExpertSource}. When the router has chosen a layer's experts, `hint` starts the reads of
+ * the missing ones (up to a depth) on the shim's threads; `acquire` waits only for the record it
+ * needs next; speculative lookahead reads use the disk only when no demand read is queued.
+ *
+ * @module
+ */
+import type { Arena } from "../engine/arena.ts";
+import { bindExpert, type ExpertSource, type ExpertWeights } from "../engine/weights.ts";
+import type { ExpertBank } from "./container.ts";
+import { ExpertCache, expertKey } from "./expert_cache.ts";
+import type { BlockReader, ReadTicket } from "./reader.ts";
+
+/** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
+export interface BankFiles {
+  bank: ExpertBank;
+  /** Reader handles of the shard files; expert e lives in shard e % n at offset (e / n) × stride. */
+  handles: number[];
+  paths: string[];
+}
+
+/** Options of {@link ExpertStore}. */
+export interface ExpertStoreOptions {
+  /** Reads to keep in flight after a hint; 0 reads each expert when it is needed. */
+  readaheadDepth: number;
+  /** Checks a record that just landed (header, and CRC with --verify); throws on mismatch. */
+  check: (layer: number, expert: number, slotOffset: number, file: string, fileOffset: number) => void;
+}
+
+/** Counters for the stats block. */
+export interface ExpertStoreStats {
+  bytesRead: number;
+  /** Reads started by hint() before the expert was needed. */
+  readahead: number;
+  /** Speculative (lookahead) reads issued, and those a demand access then used. */
+  speculative: number;
+  speculativeUsed: number;
+  /** Milliseconds acquire() waited for reads. */
+  waitMs: number;
+}
+
+/** Expert records cached in arena slots. */
+export class ExpertStore implements ExpertSource {
+  readonly cache: ExpertCache;
+  readonly stats: ExpertStoreStats = {
+    bytesRead: 0,
+    readahead: 0,
+    speculative: 0,
+    speculativeUsed: 0,
+    waitMs: 0,
+  };
+  #reader: BlockReader;
+  #banks: (BankFiles | null)[];
+  #slotBase: number;
+  #stride: number;
+  #numExperts: number;
+  #opts: ExpertStoreOptions;
+  /** Reads in flight by cache key. */
+  #inflight = new Map<number, { ticket: ReadTicket; layer: number; expert: number; speculative: boolean }>();
+  /** Hinted misses whose reads have not started, in routing order. */
+  #misses = new Map<number, { layer: number; expert: number; slot: number }>();
+  /** Keys acquired by a hint and not yet released. */
+  #held = new Set<number>();
+
+  constructor(
+    arena: Arena,
+    reader: BlockReader,
+    banks: (BankFiles | null)[],
+    slots: number,
+    cache: ExpertCache,
+    opts: ExpertStoreOptions,
+  ) {
+    this.#reader = reader;
+    this.#banks = banks;
+    this.#opts = opts;
+    this.cache = cache;
+    const any = banks.find((b) => b !== null);
+    if (!any) throw new Error("expert store: the model has no MoE layers");
+    this.#stride = Math.max(...banks.filter((b) => b).map((b) => b!.bank.stride));
+    this.#numExperts = any.bank.count;
+    this.#slotBase = arena.alloc(`expert slots (${slots} × ${this.#stride} B)`, slots * this.#stride);
+  }
+
+  #key(layer: number, expert: number): number {
+    return expertKey(layer, expert, this.#numExperts);
+  }
+
+  #slotOffset(slot: number): number {
+    return this.#slotBase + slot * this.#stride;
+  }
+
+  #location(layer: number, expert: number): { handle: number; path: string; offset: number; bank: ExpertBank } {
+    const b = this.#banks[layer];
+    if (!b) throw new Error(`layer ${layer} has no experts`);
+    if (expert < 0 || expert >= b.bank.count) {
+      throw new Error(`layer ${layer} has no expert ${expert} (it has ${b.bank.count})`);
+    }
+    const n = b.handles.length;
+    const shard = expert % n;
+    return {
+      handle: b.handles[shard],
+      path: b.paths[shard],
+      offset: Math.floor(expert / n) * b.bank.stride,
+      bank: b.bank,
+    };
+  }
+
+  /** Starts the read of a hinted miss. */
+  #startRead(key: number, ahead: boolean): void {
+    const miss = this.#misses.get(key);
+    if (!miss) return;
+    this.#misses.delete(key);
+    const { handle, offset, bank } = this.#location(miss.layer, miss.expert);
+    const ticket = this.#reader.submit(handle, this.#slotOffset(miss.slot), bank.stride, offset);
+    this.stats.bytesRead += bank.stride;
+    if (ahead) this.stats.readahead++;
+    this.#inflight.set(key, { ticket, layer: miss.layer, expert: miss.expert, speculative: false });
+  }
+
+  #demandInFlight(): number {
+    let n = 0;
+    for (const f of this.#inflight.values()) if (!f.speculative) n++;
+    return n;
+  }
+
+  /** Starts hinted reads, in routing order, until `readaheadDepth` demand reads are in flight. */
+  #pump(): void {
+    for (const key of this.#misses.keys()) {
+      if (this.#demandInFlight() >= this.#opts.readaheadDepth) return;
+      this.#startRead(key, true);
+    }
+  }
+
+  /** Lands speculative reads that completed, so their slots become evictable again. */
+  #reap(): void {
+    for (const [key, f] of this.#inflight) {
+      if (f.speculative && this.#reader.poll(f.ticket)) this.#land(key);
+    }
+  }
+
+  /** Most experts one hint may name: every one of them is pinned until released. */
+  get groupSize(): number {
+    return this.cache.slots;
+  }
+
+  hint(layer: number, ids: readonly number[]): void {
+    this.#reap();
+    const keys = ids.map((e) => this.#key(layer, e));
+    // Speculative reads hold pins; land them if the demand group would not fit beside them.
+    if (this.cache.slots - this.#pinned() < keys.length) this.drain();
+    const accesses = this.cache.acquire(keys);
+    accesses.forEach((a, i) => {
+      if (a.prefetched) this.stats.speculativeUsed++;
+      this.#held.add(keys[i]);
+      if (!a.hit) this.#misses.set(keys[i], { layer, expert: ids[i], slot: a.slot });
+    });
+    this.#pump();
+  }
+
+  #pinned(): number {
+    let n = this.#held.size;
+    for (const f of this.#inflight.values()) if (f.speculative) n++;
+    return n;
+  }
+
+  /** Waits for the read of `key` if one is in flight, then checks the record. */
+  #land(key: number): void {
+    const f = this.#inflight.get(key);
+    if (!f) return;
+    const t0 = performance.now();
+    this.#reader.wait(f.ticket);
+    this.stats.waitMs += performance.now() - t0;
+    this.#inflight.delete(key);
+    const { path, offset } = this.#location(f.layer, f.expert);
+    this.#opts.check(f.layer, f.expert, this.#slotOffset(this.cache.slotOf(key)!), path, offset);
+    if (f.speculative) this.cache.unpin(key);
+  }
+
+  acquire(layer: number, expert: number): ExpertWeights {
+    const key = this.#key(layer, expert);
+    if (!this.#held.has(key)) this.hint(layer, [expert]);
+    this.#startRead(key, false);
+    this.#land(key);
+    const { bank } = this.#location(layer, expert);
+    return bindExpert(bank, this.#slotOffset(this.cache.slotOf(key)!));
+  }
+
+  release(layer: number, expert: number): void {
+    const key = this.#key(layer, expert);
+    if (!this.#held.delete(key)) throw new Error(`expert ${expert} of layer ${layer} released twice`);
+    this.cache.release([key]);
+    this.#pump();
+  }
+
+  /**
+   * Speculatively reads experts predicted for `layer`, only while no demand read is in flight,
+   * so a disk-bound run never waits behind a guess. Returns how many reads started.
+   */
+  speculate(layer: number, ids: readonly number[], max: number): number {
+    let started = 0;
+    for (const expert of ids) {
+      if (started >= max || this.#demandInFlight() > 0 || this.#misses.size > 0) break;
+      const key = this.#key(layer, expert);
+      if (this.cache.has(key) || this.#inflight.has(key)) continue;
+      const got = this.cache.prefetch(key);
+      if (!got) break;
+      this.cache.pin(key);
+      const { handle, offset, bank } = this.#location(layer, expert);
+      const ticket = this.#reader.submit(handle, this.#slotOffset(got.slot), bank.stride, offset);
+      this.stats.bytesRead += bank.stride;
+      this.stats.speculative++;
+      this.#inflight.set(key, { ticket, layer, expert, speculative: true });
+      started++;
+    }
+    return started;
+  }
+
+  /** Waits for every read in flight (before the reader closes). */
+  drain(): void {
+    for (const key of [...this.#inflight.keys()]) this.#land(key);
+  }
+}

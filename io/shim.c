@@ -1,0 +1,309 @@
+/*
+ * sluice I/O shim: page-cache-bypassing positional reads into caller memory (the shared wasm arena),
+ * served by a small pool of reader threads. Loaded from Deno with Deno.dlopen (see io/shim.ts).
+ *
+ * Every function returns a negative errno on failure so the TypeScript side can name the cause.
+ * Tickets: a read's ticket encodes its slot (low SIO_SLOT_BITS bits) and a per-slot sequence, so
+ * a stale or unknown ticket is detected instead of aliasing a newer read.
+ *
+ * Reader threads must be joined before the process exits (a live thread in an unloaded library
+ * crashed Deno at exit), so sio_queue_destroy joins them and a library destructor joins any queue
+ * the caller forgot.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define SIO_SLOT_BITS 12
+#define SIO_MAX_SLOTS (1 << SIO_SLOT_BITS)
+#define SIO_MAX_THREADS 64
+
+enum slot_state { SLOT_FREE = 0, SLOT_QUEUED, SLOT_RUNNING, SLOT_DONE };
+
+typedef struct {
+  int state;
+  int64_t ticket;
+  int fd;
+  uint8_t *dst;
+  uint64_t len;
+  int64_t off;
+  int64_t result; /* bytes read (may be short at end of file) or -errno */
+} sio_slot;
+
+typedef struct sio_queue {
+  pthread_mutex_t mu;
+  pthread_cond_t work;    /* a request was queued, or stop */
+  pthread_cond_t done;    /* a request completed */
+  int stop;
+  int nthreads;
+  int capacity;
+  pthread_t threads[SIO_MAX_THREADS];
+  sio_slot *slots;
+  int *free_list; /* stack of free slot indices */
+  int nfree;
+  int *fifo; /* ring of queued slot indices: workers serve them oldest first */
+  int fifo_head;
+  int fifo_len;
+  int64_t next_seq;
+  struct sio_queue *next_live; /* registry for the unload destructor */
+} sio_queue;
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static sio_queue *live_queues = NULL;
+
+/* Opens `path` read-only. direct != 0 bypasses the page cache: O_DIRECT on Linux (EINVAL when the
+ * filesystem refuses it, e.g. tmpfs; the caller then reopens buffered), F_NOCACHE on macOS. */
+int32_t sio_open(const char *path, int32_t direct) {
+  int flags = O_RDONLY | O_CLOEXEC;
+#ifdef O_DIRECT
+  if (direct) flags |= O_DIRECT;
+#endif
+  int fd = open(path, flags);
+  if (fd < 0) return -errno;
+#if defined(__APPLE__) && defined(F_NOCACHE)
+  if (direct && fcntl(fd, F_NOCACHE, 1) != 0) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+#endif
+  return fd;
+}
+
+/* 1 when this build can bypass the page cache at all. */
+int32_t sio_direct_supported(void) {
+#if defined(O_DIRECT) || (defined(__APPLE__) && defined(F_NOCACHE))
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* Text for a positive errno value (called from the JS thread only). */
+const char *sio_strerror(int32_t err) { return strerror(err); }
+
+int32_t sio_close(int32_t fd) { return close(fd) == 0 ? 0 : -errno; }
+
+int64_t sio_file_size(int32_t fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return -errno;
+  return (int64_t)st.st_size;
+}
+
+/* Reads until `len` bytes arrived or end of file; returns the count (short only at end of file)
+ * or -errno. A short pread away from end of file is retried; one that ends at end of file stops
+ * the loop, since O_DIRECT would reject the now unaligned continuation with EINVAL. */
+int64_t sio_pread(int32_t fd, void *dst, uint64_t len, int64_t off) {
+  uint8_t *p = (uint8_t *)dst;
+  uint64_t got = 0;
+  while (got < len) {
+    ssize_t n = pread(fd, p + got, (size_t)(len - got), (off_t)(off + (int64_t)got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) break;
+    got += (uint64_t)n;
+    if (got < len) {
+      struct stat st;
+      if (fstat(fd, &st) != 0) return -errno;
+      if (off + (int64_t)got >= (int64_t)st.st_size) break;
+    }
+  }
+  return (int64_t)got;
+}
+
+static void *reader_main(void *arg) {
+  sio_queue *q = (sio_queue *)arg;
+  pthread_mutex_lock(&q->mu);
+  for (;;) {
+    while (!q->stop && q->fifo_len == 0) pthread_cond_wait(&q->work, &q->mu);
+    if (q->fifo_len == 0) break; /* stop requested and nothing left to serve */
+    int i = q->fifo[q->fifo_head];
+    q->fifo_head = (q->fifo_head + 1) % q->capacity;
+    q->fifo_len--;
+    sio_slot *s = &q->slots[i];
+    s->state = SLOT_RUNNING;
+    int fd = s->fd;
+    uint8_t *dst = s->dst;
+    uint64_t len = s->len;
+    int64_t off = s->off;
+    pthread_mutex_unlock(&q->mu);
+    int64_t r = sio_pread(fd, dst, len, off);
+    pthread_mutex_lock(&q->mu);
+    s->result = r;
+    s->state = SLOT_DONE;
+    pthread_cond_broadcast(&q->done);
+  }
+  pthread_mutex_unlock(&q->mu);
+  return NULL;
+}
+
+static void stop_and_join(sio_queue *q) {
+  pthread_mutex_lock(&q->mu);
+  q->stop = 1;
+  pthread_cond_broadcast(&q->work);
+  pthread_mutex_unlock(&q->mu);
+  for (int t = 0; t < q->nthreads; t++) pthread_join(q->threads[t], NULL);
+  q->nthreads = 0;
+}
+
+static void free_queue(sio_queue *q) {
+  pthread_mutex_destroy(&q->mu);
+  pthread_cond_destroy(&q->work);
+  pthread_cond_destroy(&q->done);
+  free(q->slots);
+  free(q->free_list);
+  free(q->fifo);
+  free(q);
+}
+
+/* Creates a queue served by `nthreads` reader threads with room for `capacity` unreaped reads.
+ * Returns the queue, or NULL with *err set to a negative errno. */
+sio_queue *sio_queue_create(int32_t nthreads, int32_t capacity, int32_t *err) {
+  *err = 0;
+  if (nthreads < 1 || nthreads > SIO_MAX_THREADS || capacity < 1 || capacity > SIO_MAX_SLOTS) {
+    *err = -EINVAL;
+    return NULL;
+  }
+  sio_queue *q = calloc(1, sizeof *q);
+  if (!q) {
+    *err = -ENOMEM;
+    return NULL;
+  }
+  q->capacity = capacity;
+  q->slots = calloc((size_t)capacity, sizeof *q->slots);
+  q->free_list = calloc((size_t)capacity, sizeof *q->free_list);
+  q->fifo = calloc((size_t)capacity, sizeof *q->fifo);
+  if (!q->slots || !q->free_list || !q->fifo) {
+    free(q->slots);
+    free(q->free_list);
+    free(q->fifo);
+    free(q);
+    *err = -ENOMEM;
+    return NULL;
+  }
+  for (int i = 0; i < capacity; i++) q->free_list[i] = capacity - 1 - i;
+  q->nfree = capacity;
+  q->next_seq = 1;
+  pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->work, NULL);
+  pthread_cond_init(&q->done, NULL);
+  for (int t = 0; t < nthreads; t++) {
+    int rc = pthread_create(&q->threads[t], NULL, reader_main, q);
+    if (rc != 0) {
+      stop_and_join(q);
+      free_queue(q);
+      *err = -rc;
+      return NULL;
+    }
+    q->nthreads = t + 1;
+  }
+  pthread_mutex_lock(&live_mu);
+  q->next_live = live_queues;
+  live_queues = q;
+  pthread_mutex_unlock(&live_mu);
+  return q;
+}
+
+/* Queues a read of `len` bytes at file offset `off` into `dst`. Returns a ticket (> 0), or -EAGAIN
+ * when all `capacity` slots hold reads not yet reaped by sio_wait. Never blocks. */
+int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t off) {
+  pthread_mutex_lock(&q->mu);
+  if (q->stop) {
+    pthread_mutex_unlock(&q->mu);
+    return -ESHUTDOWN;
+  }
+  if (q->nfree == 0) {
+    pthread_mutex_unlock(&q->mu);
+    return -EAGAIN;
+  }
+  int i = q->free_list[--q->nfree];
+  sio_slot *s = &q->slots[i];
+  s->ticket = (q->next_seq++ << SIO_SLOT_BITS) | i;
+  s->fd = fd;
+  s->dst = (uint8_t *)dst;
+  s->len = len;
+  s->off = off;
+  s->result = 0;
+  s->state = SLOT_QUEUED;
+  q->fifo[(q->fifo_head + q->fifo_len) % q->capacity] = i;
+  q->fifo_len++;
+  int64_t ticket = s->ticket;
+  pthread_cond_signal(&q->work);
+  pthread_mutex_unlock(&q->mu);
+  return ticket;
+}
+
+/* The slot holding `ticket`, or NULL when the ticket is unknown or already reaped. */
+static sio_slot *slot_of(sio_queue *q, int64_t ticket) {
+  if (ticket <= 0) return NULL;
+  int64_t i = ticket & (SIO_MAX_SLOTS - 1);
+  if (i >= q->capacity) return NULL;
+  sio_slot *s = &q->slots[i];
+  return (s->state != SLOT_FREE && s->ticket == ticket) ? s : NULL;
+}
+
+/* 0 while the read is pending, 1 once it completed (reap it with sio_wait), -errno when it failed,
+ * -ENOENT for an unknown or already reaped ticket. */
+int32_t sio_poll(sio_queue *q, int64_t ticket) {
+  pthread_mutex_lock(&q->mu);
+  sio_slot *s = slot_of(q, ticket);
+  int32_t r;
+  if (!s) r = -ENOENT;
+  else if (s->state != SLOT_DONE) r = 0;
+  else r = s->result < 0 ? (int32_t)s->result : 1;
+  pthread_mutex_unlock(&q->mu);
+  return r;
+}
+
+/* Blocks until the read completes, frees its slot and returns the bytes read (short only at end of
+ * file) or -errno; -ENOENT for an unknown or already reaped ticket. */
+int64_t sio_wait(sio_queue *q, int64_t ticket) {
+  pthread_mutex_lock(&q->mu);
+  sio_slot *s = slot_of(q, ticket);
+  if (!s) {
+    pthread_mutex_unlock(&q->mu);
+    return -ENOENT;
+  }
+  while (s->state != SLOT_DONE) pthread_cond_wait(&q->done, &q->mu);
+  int64_t r = s->result;
+  s->state = SLOT_FREE;
+  q->free_list[q->nfree++] = (int)(s - q->slots);
+  pthread_mutex_unlock(&q->mu);
+  return r;
+}
+
+/* Finishes queued reads, joins the reader threads and frees the queue. */
+void sio_queue_destroy(sio_queue *q) {
+  pthread_mutex_lock(&live_mu);
+  for (sio_queue **p = &live_queues; *p; p = &(*p)->next_live) {
+    if (*p == q) {
+      *p = q->next_live;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&live_mu);
+  stop_and_join(q);
+  free_queue(q);
+}
+
+/* Safety net for a caller that exits or unloads the library without destroying its queues. */
+__attribute__((destructor)) static void join_live_queues(void) {
+  pthread_mutex_lock(&live_mu);
+  sio_queue *q = live_queues;
+  live_queues = NULL;
+  pthread_mutex_unlock(&live_mu);
+  while (q) {
+    sio_queue *next = q->next_live;
+    stop_and_join(q);
+    q = next;
+  }
+}

@@ -1,0 +1,79 @@
+/*
+ * Element-wise vector kernels over n floats. Products and sums are separate IEEE operations
+ * (never fused), so vector bodies and scalar tails agree bit for bit.
+ */
+#include "math.h"
+
+/* silu(g) = g * sigmoid(g), written as g / (1 + e^-g): large negative g gives -0, not NaN. */
+static inline v128_t silu_f32x4(v128_t g) {
+  v128_t e = exp_f32x4(wasm_f32x4_neg(g));
+  return wasm_f32x4_div(g, wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
+}
+
+static inline v128_t sigmoid_f32x4(v128_t x) {
+  v128_t e = exp_f32x4(wasm_f32x4_neg(x));
+  return wasm_f32x4_div(wasm_f32x4_splat(1.0f), wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
+}
+
+static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
+
+/** g[i] = silu(g[i]) * u[i] (the gated FFN's activation). */
+KEXPORT("silu_mul_f32")
+void silu_mul_f32(float *g, const float *u, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(g + i, wasm_f32x4_mul(silu_f32x4(wasm_v128_load(g + i)),
+                                          wasm_v128_load(u + i)));
+  for (; i < n; i++) g[i] = lane0(silu_f32x4(wasm_f32x4_splat(g[i]))) * u[i];
+}
+
+/** x[i] = 1 / (1 + e^-x[i]) in place. */
+KEXPORT("sigmoid_f32")
+void sigmoid_f32(float *x, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(x + i, sigmoid_f32x4(wasm_v128_load(x + i)));
+  for (; i < n; i++) x[i] = lane0(sigmoid_f32x4(wasm_f32x4_splat(x[i])));
+}
+
+/** x[i] = e^x[i] in place (exposes math.h's exp for tests and the sampler). */
+KEXPORT("exp_f32")
+void exp_inplace_f32(float *x, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(x + i, exp_f32x4(wasm_v128_load(x + i)));
+  for (; i < n; i++) x[i] = exp_f32(x[i]);
+}
+
+/** y[i] += x[i] (residual add). */
+KEXPORT("add_f32")
+void add_f32(float *y, const float *x, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_add(wasm_v128_load(y + i), wasm_v128_load(x + i)));
+  for (; i < n; i++) y[i] += x[i];
+}
+
+/** y[i] += a * x[i] (weighted expert sum). */
+KEXPORT("axpy_f32")
+void axpy_f32(float *y, const float *x, float a, int n) {
+  v128_t av = wasm_f32x4_splat(a);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_add(wasm_v128_load(y + i),
+                                          wasm_f32x4_mul(av, wasm_v128_load(x + i))));
+  for (; i < n; i++) y[i] += a * x[i];
+}
+
+/** y[i] *= a. */
+KEXPORT("scale_f32")
+void scale_f32(float *y, float a, int n) {
+  v128_t av = wasm_f32x4_splat(a);
+  int i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(y + i, wasm_f32x4_mul(wasm_v128_load(y + i), av));
+  for (; i < n; i++) y[i] *= a;
+}
+
+/** dst[i] = src[i]; the regions may overlap (memory.copy has memmove semantics). */
+KEXPORT("copy_f32")
+void copy_f32(float *dst, const float *src, int n) {
+  if (n > 0) __builtin_memmove(dst, src, (size_t)n * sizeof(float));
+}

@@ -1,0 +1,119 @@
+/*
+ * FP8 e4m3fn with 128x128 block scales (DeepSeek-V3 / Kimi-K2 weight_scale_inv) matrix-vector
+ * product: w[r, c] = e4m3(W[r, c]) * S[r / 128, c / 128], S f32 [ceil(rows/128), ceil(cols/128)].
+ * e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits, exponent 0 subnormal, 0x7F/0xFF NaN,
+ * no infinities. Decoding puts sign | code << 20 into an f32 (exponent field = the e4m3 exponent)
+ * and multiplies by 2^120 to rebias; that product is exact for normals and subnormals alike.
+ */
+#include "simd.h"
+
+#define F32_2P120 0x7b800000
+
+/* One e4m3fn code as f32; the scalar twin of the vector decoder below, bit for bit. */
+static inline float fp8_to_f32(uint32_t b) {
+  uint32_t bits = ((b & 0x80u) << 24) | ((b & 0x7fu) << 20);
+  if ((b & 0x7fu) == 0x7fu) bits |= 0x7fc00000u;
+  v128_t v = wasm_f32x4_mul(wasm_u32x4_splat(bits), wasm_i32x4_splat(F32_2P120));
+  return wasm_f32x4_extract_lane(v, 0);
+}
+
+/*
+ * Eight codes, each in the high byte of an i16 lane, -> the top halves of their f32 values
+ * before rebiasing: (lane >>s 4) & 0x87f0 keeps the sign and moves exponent|mantissa to bits
+ * 10..4; NaN codes get an all-ones exponent.
+ */
+static inline v128_t fp8_hi16(v128_t lane) {
+  v128_t h = wasm_v128_and(wasm_i16x8_shr(lane, 4), wasm_i16x8_splat((int16_t)0x87f0));
+  v128_t nan = wasm_i16x8_eq(wasm_v128_and(lane, wasm_i16x8_splat(0x7f00)), wasm_i16x8_splat(0x7f00));
+  return wasm_v128_or(h, wasm_v128_and(nan, wasm_i16x8_splat(0x7fc0)));
+}
+
+/* Sixteen codes -> four f32 vectors (elements 0-3, 4-7, 8-11, 12-15). */
+#define FP8_DECODE16(v, f0, f1, f2, f3)                                                   \
+  do {                                                                                    \
+    v128_t z_ = wasm_i32x4_splat(0), k_ = wasm_i32x4_splat(F32_2P120);                    \
+    v128_t l_ = fp8_hi16(wasm_i8x16_shuffle(z_, (v), 0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, \
+                                            22, 0, 23));                                  \
+    v128_t h_ = fp8_hi16(wasm_i8x16_shuffle(z_, (v), 0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, \
+                                            30, 0, 31));                                  \
+    (f0) = wasm_f32x4_mul(bf16_lo_f32x4(l_), k_);                                         \
+    (f1) = wasm_f32x4_mul(bf16_hi_f32x4(l_), k_);                                         \
+    (f2) = wasm_f32x4_mul(bf16_lo_f32x4(h_), k_);                                         \
+    (f3) = wasm_f32x4_mul(bf16_hi_f32x4(h_), k_);                                         \
+  } while (0)
+
+/*
+ * Dots of four rows with x as lanes [row0..row3]; si is row i's line of block scales. Per row and
+ * 128-column block: 16 columns at a time into one vector, the block's last 1..15 columns one by
+ * one into a scalar added to lane 0, then acc += block vector * scale. Rows never mix, so the
+ * one-row path passes the same row four times and gets the same bits.
+ */
+static inline v128_t fp8_dot4(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
+                              const uint8_t *w3, const float *s0, const float *s1, const float *s2,
+                              const float *s3, const float *x, int cols) {
+  v128_t z = wasm_f32x4_splat(0.0f);
+  v128_t acc0 = z, acc1 = z, acc2 = z, acc3 = z;
+  for (int c0 = 0, cb = 0; c0 < cols; c0 += 128, cb++) {
+    int c1 = cols - c0 < 128 ? cols : c0 + 128;
+    v128_t p0 = z, p1 = z, p2 = z, p3 = z;
+    int c = c0;
+    for (; c + 16 <= c1; c += 16) {
+      v128_t x0 = wasm_v128_load(x + c), x1 = wasm_v128_load(x + c + 4);
+      v128_t x2 = wasm_v128_load(x + c + 8), x3 = wasm_v128_load(x + c + 12);
+      v128_t f0, f1, f2, f3;
+#define ROW(w, p)                                                                         \
+  FP8_DECODE16(wasm_v128_load((w) + c), f0, f1, f2, f3);                                  \
+  p = wasm_f32x4_relaxed_madd(f0, x0, p);                                                 \
+  p = wasm_f32x4_relaxed_madd(f1, x1, p);                                                 \
+  p = wasm_f32x4_relaxed_madd(f2, x2, p);                                                 \
+  p = wasm_f32x4_relaxed_madd(f3, x3, p);
+      ROW(w0, p0)
+      ROW(w1, p1)
+      ROW(w2, p2)
+      ROW(w3, p3)
+#undef ROW
+    }
+    if (c < c1) {
+      float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+      for (; c < c1; c++) {
+        t0 += fp8_to_f32(w0[c]) * x[c];
+        t1 += fp8_to_f32(w1[c]) * x[c];
+        t2 += fp8_to_f32(w2[c]) * x[c];
+        t3 += fp8_to_f32(w3[c]) * x[c];
+      }
+      p0 = wasm_f32x4_add(p0, wasm_f32x4_make(t0, 0.0f, 0.0f, 0.0f));
+      p1 = wasm_f32x4_add(p1, wasm_f32x4_make(t1, 0.0f, 0.0f, 0.0f));
+      p2 = wasm_f32x4_add(p2, wasm_f32x4_make(t2, 0.0f, 0.0f, 0.0f));
+      p3 = wasm_f32x4_add(p3, wasm_f32x4_make(t3, 0.0f, 0.0f, 0.0f));
+    }
+    acc0 = wasm_f32x4_relaxed_madd(p0, wasm_f32x4_splat(s0[cb]), acc0);
+    acc1 = wasm_f32x4_relaxed_madd(p1, wasm_f32x4_splat(s1[cb]), acc1);
+    acc2 = wasm_f32x4_relaxed_madd(p2, wasm_f32x4_splat(s2[cb]), acc2);
+    acc3 = wasm_f32x4_relaxed_madd(p3, wasm_f32x4_splat(s3[cb]), acc3);
+  }
+  return wasm_f32x4_make(hsum_f32x4(acc0), hsum_f32x4(acc1), hsum_f32x4(acc2), hsum_f32x4(acc3));
+}
+
+/*
+ * y[r] = sum_c w[r, c] * x[c] for r in [r0, r1): W e4m3fn codes [rows, cols] (any cols), S the
+ * f32 block scales [ceil(rows/128), ceil(cols/128)].
+ */
+KEXPORT("matvec_fp8b128")
+void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, int rows, int cols,
+                    int r0, int r1) {
+  if (r1 > rows) r1 = rows;
+  int r = r0 < 0 ? 0 : r0;
+  size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
+#define SROW(i) (S + (size_t)((i) / 128) * nsb)
+  for (; r + 4 <= r1; r += 4) {
+    const uint8_t *w = W + r * n;
+    wasm_v128_store(y + r, fp8_dot4(w, w + n, w + 2 * n, w + 3 * n, SROW(r), SROW(r + 1),
+                                    SROW(r + 2), SROW(r + 3), x, cols));
+  }
+  for (; r < r1; r++) {
+    const uint8_t *w = W + r * n;
+    const float *s = SROW(r);
+    y[r] = wasm_f32x4_extract_lane(fp8_dot4(w, w, w, w, s, s, s, s, x, cols), 0);
+  }
+#undef SROW
+}

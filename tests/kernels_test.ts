@@ -1,0 +1,556 @@
+// Compute kernels (wasm/kernels.wasm) against the scalar references of wasm/reference.ts, plus
+// the invariants the engine relies on: row splits and batching never change a result's bits.
+import assert from "node:assert/strict";
+import {
+  createArenaMemory,
+  instantiateKernels,
+  KERNEL_RESERVED_BYTES,
+  type Kernels,
+  loadKernelModule,
+  type Ptr,
+} from "../wasm/mod.ts";
+import {
+  addRef,
+  argmaxRef,
+  attentionRef,
+  type AttentionShape,
+  axpyRef,
+  bf16ToF32,
+  expRef,
+  f16ToF32,
+  gemmRef,
+  gemvAbsRef,
+  gemvRef,
+  rmsnormRef,
+  rmsnormRowsRef,
+  ropeRef,
+  scaleRef,
+  sigmoidRef,
+  siluMulRef,
+  softmaxRef,
+  topkRef,
+  type Weights,
+} from "../wasm/reference.ts";
+
+const memory = createArenaMemory(64 * 2 ** 20);
+const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);
+
+/** Bump allocator over the test arena; reset() between tests' independent cases. */
+let top = KERNEL_RESERVED_BYTES;
+function reset(): void {
+  top = KERNEL_RESERVED_BYTES;
+}
+function alloc(bytes: number): Ptr {
+  const p = top;
+  top += Math.ceil(bytes / 64) * 64;
+  assert.ok(top <= memory.buffer.byteLength, "test arena exhausted");
+  return BigInt(p);
+}
+function f32At(p: Ptr, n: number): Float32Array {
+  return new Float32Array(memory.buffer, Number(p), n);
+}
+function putF32(a: Float32Array): Ptr {
+  const p = alloc(a.byteLength);
+  f32At(p, a.length).set(a);
+  return p;
+}
+function putU16(a: Uint16Array): Ptr {
+  const p = alloc(a.byteLength);
+  new Uint16Array(memory.buffer, Number(p), a.length).set(a);
+  return p;
+}
+function bitsOf(a: Float32Array): Uint32Array {
+  return new Uint32Array(Float32Array.from(a).buffer);
+}
+
+/** Deterministic uniform values in [lo, hi). */
+function randomF32(n: number, seed: number, lo = -1, hi = 1): Float32Array {
+  let s = seed >>> 0;
+  return Float32Array.from({ length: n }, () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return lo + (hi - lo) * (s / 2 ** 32);
+  });
+}
+function toBf16(a: Float32Array): Uint16Array {
+  return Uint16Array.from(bitsOf(a), (b) => b >>> 16);
+}
+/** f32 → IEEE half, truncating the mantissa; inputs here are in the normal half range. */
+function toF16(a: Float32Array): Uint16Array {
+  return Uint16Array.from(bitsOf(a), (b) => {
+    const sign = (b >>> 16) & 0x8000;
+    const exp = ((b >>> 23) & 0xff) - 127 + 15;
+    if (exp <= 0) return sign;
+    return sign | (exp << 10) | ((b >>> 13) & 0x3ff);
+  });
+}
+
+/** |got - want| <= tol * scale[i] for each i, NaN only where expected. */
+function assertClose(
+  got: Float32Array,
+  want: ArrayLike<number>,
+  tol: number,
+  scale: ArrayLike<number>,
+  what: string,
+): void {
+  assert.equal(got.length, want.length, `${what}: length`);
+  for (let i = 0; i < got.length; i++) {
+    if (Number.isNaN(want[i])) {
+      assert.ok(Number.isNaN(got[i]), `${what}[${i}]: ${got[i]}, expected NaN`);
+      continue;
+    }
+    const err = Math.abs(got[i] - want[i]);
+    assert.ok(
+      err <= tol * scale[i] || got[i] === want[i],
+      `${what}[${i}]: ${got[i]} vs ${want[i]} (error ${err}, allowed ${tol * scale[i]})`,
+    );
+  }
+}
+function relScale(want: ArrayLike<number>, floor = 1e-30): number[] {
+  return Array.from(want, (v) => Math.max(Math.abs(v), floor));
+}
+
+const ROWS = [1, 3, 5, 17];
+const COLS = [1, 3, 17, 64, 4097];
+type MatType = "f32" | "bf16" | "f16";
+const GEMV = { f32: "gemv_f32", bf16: "gemv_bf16", f16: "gemv_f16" } as const;
+
+/** A random matrix in `type`, in the arena, plus its reference description. */
+function putMatrix(type: MatType, rows: number, cols: number, seed: number): [Ptr, Weights] {
+  const w = randomF32(rows * cols, seed);
+  if (type === "f32") return [putF32(w), { type, data: w }];
+  const data = type === "bf16" ? toBf16(w) : toF16(w);
+  return [putU16(data), { type, data }];
+}
+
+function runGemv(type: MatType, W: Ptr, x: Ptr, rows: number, cols: number, splits: number[]) {
+  const y = alloc(rows * 4);
+  for (let i = 0; i + 1 < splits.length; i++) {
+    k[GEMV[type]](W, x, y, rows, cols, splits[i], splits[i + 1]);
+  }
+  return Float32Array.from(f32At(y, rows));
+}
+
+for (const type of ["f32", "bf16", "f16"] as const) {
+  Deno.test(`gemv_${type} matches the reference at awkward sizes`, () => {
+    for (const rows of ROWS) {
+      for (const cols of COLS) {
+        reset();
+        const [W, ref] = putMatrix(type, rows, cols, rows * 7919 + cols);
+        const xs = randomF32(cols, cols);
+        const y = runGemv(type, W, putF32(xs), rows, cols, [0, rows]);
+        assertClose(
+          y,
+          gemvRef(ref, xs, rows, cols),
+          1e-5,
+          gemvAbsRef(ref, xs, rows, cols),
+          `gemv_${type} ${rows}x${cols}`,
+        );
+      }
+    }
+  });
+
+  Deno.test(`gemv_${type} gives the same bits for every row split`, () => {
+    for (const cols of [3, 17, 4097]) {
+      reset();
+      const rows = 17;
+      const [W] = putMatrix(type, rows, cols, cols);
+      const x = putF32(randomF32(cols, 5));
+      const whole = bitsOf(runGemv(type, W, x, rows, cols, [0, rows]));
+      const splits = [[0, 1, 6, 17], [0, 3, 4, 9, 10, 17], Array.from({ length: 18 }, (_, i) => i)];
+      for (const s of splits) {
+        assert.deepEqual(bitsOf(runGemv(type, W, x, rows, cols, s)), whole, `split ${s}`);
+      }
+    }
+  });
+}
+
+Deno.test("gemv_f32 leaves rows outside [r0, r1) alone and clamps r1 to rows", () => {
+  reset();
+  const [W] = putMatrix("f32", 5, 9, 1);
+  const x = putF32(randomF32(9, 2));
+  const y = alloc(6 * 4);
+  f32At(y, 6).fill(-7);
+  k.gemv_f32(W, x, y, 5, 9, 1, 99);
+  const out = f32At(y, 6);
+  assert.equal(out[0], -7);
+  assert.equal(out[5], -7);
+  assert.ok(out.slice(1, 5).every((v) => v !== -7));
+});
+
+Deno.test("gemv propagates NaN and Inf from x", () => {
+  for (const type of ["f32", "bf16", "f16"] as const) {
+    reset();
+    const rows = 5, cols = 21;
+    const w = randomF32(rows * cols, 3, 0.5, 1); // positive weights: Inf stays +Inf
+    const W = type === "f32" ? putF32(w) : putU16(type === "bf16" ? toBf16(w) : toF16(w));
+    for (const pos of [0, 9, 20]) {
+      const xs = randomF32(cols, 4);
+      xs[pos] = NaN;
+      assert.ok(runGemv(type, W, putF32(xs), rows, cols, [0, rows]).every(Number.isNaN), type);
+      xs[pos] = Infinity;
+      const y = runGemv(type, W, putF32(xs), rows, cols, [0, rows]);
+      assert.ok(y.every((v) => v === Infinity), `${type} +Inf at ${pos}: ${y}`);
+    }
+  }
+});
+
+/** Every 16-bit pattern as a weight, in every column position of a 15-column row. */
+function decodeAll(type: "bf16" | "f16"): Float32Array {
+  reset();
+  const rows = 65536, cols = 15; // 15 = a group of 8, a group of 4 and a tail of 3
+  const W = new Uint16Array(rows * cols);
+  for (let r = 0; r < rows; r++) W[r * cols + (r % cols)] = r;
+  const x = putF32(new Float32Array(cols).fill(1));
+  return runGemv(type, putU16(W), x, rows, cols, [0, rows]);
+}
+
+Deno.test("gemv_bf16 decodes every bf16 pattern exactly (Inf, NaN, subnormals)", () => {
+  const y = decodeAll("bf16");
+  for (let h = 0; h < 65536; h++) {
+    const want = bf16ToF32(h);
+    if (Number.isNaN(want)) assert.ok(Number.isNaN(y[h]), `bf16 0x${h.toString(16)}`);
+    else assert.ok(y[h] === want, `bf16 0x${h.toString(16)}: ${y[h]} vs ${want}`);
+  }
+  assert.equal(y[0x7f80], Infinity);
+  assert.equal(y[0xff80], -Infinity);
+  assert.equal(y[0x0001], 2 ** -133);
+});
+
+Deno.test("gemv_f16 decodes every half pattern exactly (Inf, NaN, subnormals)", () => {
+  const y = decodeAll("f16");
+  for (let h = 0; h < 65536; h++) {
+    const want = f16ToF32(h);
+    if (Number.isNaN(want)) assert.ok(Number.isNaN(y[h]), `f16 0x${h.toString(16)}`);
+    else assert.ok(y[h] === want, `f16 0x${h.toString(16)}: ${y[h]} vs ${want}`);
+  }
+  assert.equal(y[0x7c00], Infinity);
+  assert.equal(y[0xfc00], -Infinity);
+  assert.equal(y[0x0001], 2 ** -24);
+  assert.equal(y[0x7bff], 65504);
+  assert.equal(y[0x3c00], 1);
+});
+
+for (const type of ["f32", "bf16"] as const) {
+  Deno.test(`gemm_${type} equals gemv_${type} per column bit for bit, and the reference`, () => {
+    const gemm = type === "f32" ? k.gemm_f32 : k.gemm_bf16;
+    for (const rows of ROWS) {
+      for (const cols of [1, 17, 4097]) {
+        for (const nb of [1, 3, 4]) {
+          reset();
+          const [W, ref] = putMatrix(type, rows, cols, rows + cols);
+          const xs = randomF32(nb * cols, nb * 31 + cols);
+          const X = putF32(xs);
+          const Y = alloc(nb * rows * 4);
+          gemm(W, X, Y, rows, cols, nb, 0, 1);
+          gemm(W, X, Y, rows, cols, nb, 1, rows);
+          const got = Float32Array.from(f32At(Y, nb * rows));
+          for (let b = 0; b < nb; b++) {
+            const col = runGemv(type, W, X + BigInt(b * cols * 4), rows, cols, [0, rows]);
+            assert.deepEqual(
+              bitsOf(got.subarray(b * rows, (b + 1) * rows)),
+              bitsOf(col),
+              `gemm_${type} ${rows}x${cols} nb=${nb} column ${b}`,
+            );
+          }
+          const absScale = Array.from(
+            { length: nb },
+            (_, b) =>
+              Array.from(gemvAbsRef(ref, xs.subarray(b * cols, (b + 1) * cols), rows, cols)),
+          ).flat();
+          assertClose(got, gemmRef(ref, xs, rows, cols, nb), 1e-5, absScale, `gemm_${type}`);
+        }
+      }
+    }
+  });
+}
+
+Deno.test("rmsnorm_f32 matches the reference, also in place", () => {
+  for (const n of COLS) {
+    reset();
+    const xs = randomF32(n, n, -3, 3), ws = randomF32(n, n + 1);
+    const x = putF32(xs), w = putF32(ws), y = alloc(n * 4);
+    const want = rmsnormRef(xs, ws, 1e-5);
+    k.rmsnorm_f32(x, w, y, n, 1e-5);
+    assertClose(f32At(y, n), want, 2e-6, relScale(want, 1e-6), `rmsnorm n=${n}`);
+    k.rmsnorm_f32(x, w, x, n, 1e-5);
+    assert.deepEqual(bitsOf(f32At(x, n)), bitsOf(f32At(y, n)), `rmsnorm in place n=${n}`);
+  }
+});
+
+Deno.test("rmsnorm_rows_f32 normalises each row with the shared weight", () => {
+  reset();
+  const n = 17, nrows = 5;
+  const xs = randomF32(n * nrows, 8, -2, 2), ws = randomF32(n, 9);
+  const x = putF32(xs), w = putF32(ws);
+  k.rmsnorm_rows_f32(x, w, x, n, nrows, 1e-6);
+  const want = rmsnormRowsRef(xs, ws, n, nrows, 1e-6);
+  assertClose(f32At(x, n * nrows), want, 2e-6, relScale(want, 1e-6), "rmsnorm_rows");
+});
+
+Deno.test("rmsnorm_f32: NaN in x gives all NaN; Inf gives NaN there and 0 elsewhere", () => {
+  reset();
+  const n = 19;
+  const xs = randomF32(n, 1), ws = randomF32(n, 2);
+  xs[11] = NaN;
+  const y = alloc(n * 4);
+  k.rmsnorm_f32(putF32(xs), putF32(ws), y, n, 1e-5);
+  assert.ok(f32At(y, n).every(Number.isNaN));
+  xs[11] = Infinity;
+  k.rmsnorm_f32(putF32(xs), putF32(ws), y, n, 1e-5);
+  assertClose(f32At(y, n), rmsnormRef(xs, ws, 1e-5), 0, new Array(n).fill(0), "rmsnorm Inf");
+});
+
+Deno.test("rope_f32 matches the reference bit for bit in both layouts", () => {
+  for (const [nheads, stride, rotDim] of [[3, 24, 18], [2, 64, 64], [4, 40, 6], [1, 2, 2]]) {
+    for (const interleaved of [false, true]) {
+      reset();
+      const xs = randomF32(nheads * stride, stride + rotDim, -4, 4);
+      const angles = randomF32(rotDim / 2, 77, -3, 3);
+      const cos = Float32Array.from(angles, Math.cos), sin = Float32Array.from(angles, Math.sin);
+      const x = putF32(xs);
+      k.rope_f32(x, nheads, stride, rotDim, putF32(cos), putF32(sin), interleaved ? 1 : 0);
+      const want = Float32Array.from(xs);
+      ropeRef(want, nheads, stride, rotDim, cos, sin, interleaved);
+      assert.deepEqual(
+        bitsOf(f32At(x, nheads * stride)),
+        bitsOf(want),
+        `rope ${nheads}x${stride} rot ${rotDim} interleaved ${interleaved}`,
+      );
+    }
+  }
+});
+
+function runSoftmax(xs: Float32Array): Float32Array {
+  reset();
+  const x = putF32(xs);
+  k.softmax_f32(x, xs.length);
+  return Float32Array.from(f32At(x, xs.length));
+}
+
+Deno.test("softmax_f32 matches the reference and sums to 1", () => {
+  for (const n of COLS) {
+    const xs = randomF32(n, n, -20, 20);
+    const got = runSoftmax(xs);
+    const want = softmaxRef(xs);
+    // x - max is rounded to f32 before exp: about |x - max| * 2^-24 relative error, ≤ 2.4e-6 here.
+    assertClose(got, want, 3e-6, relScale(want, 1e-37), `softmax n=${n}`);
+    assert.ok(Math.abs(got.reduce((a, b) => a + b, 0) - 1) < 1e-5);
+  }
+});
+
+Deno.test("softmax_f32 special values: NaN, +Inf, all -Inf, some -Inf", () => {
+  const xs = randomF32(13, 3);
+  xs[6] = NaN;
+  assert.ok(runSoftmax(xs).every(Number.isNaN), "NaN in → all NaN");
+  xs[6] = Infinity;
+  assert.ok(runSoftmax(xs).every(Number.isNaN), "+Inf in → all NaN");
+  const masked = new Float32Array(13).fill(-Infinity);
+  assert.deepEqual(runSoftmax(masked), new Float32Array(13).fill(1 / 13), "all -Inf → uniform");
+  xs[6] = -Infinity;
+  xs[12] = -Infinity;
+  const got = runSoftmax(xs);
+  assert.equal(got[6], 0);
+  assert.equal(got[12], 0);
+  assertClose(got, softmaxRef(xs), 1e-6, relScale(softmaxRef(xs), 1e-37), "softmax -Inf");
+});
+
+/** Distance in units in the last place between two finite f32 of the same sign. */
+function ulpDistance(a: number, b: number): number {
+  const [ba, bb] = bitsOf(Float32Array.of(a, b));
+  return Math.abs(ba - bb);
+}
+
+Deno.test("exp_f32 is within 2 ulp over the whole range, with overflow, underflow and NaN", () => {
+  reset();
+  const n = 200003;
+  const xs = Float32Array.from({ length: n }, (_, i) => -105 + 195 * i / (n - 1));
+  const x = putF32(xs);
+  k.exp_f32(x, n);
+  const got = f32At(x, n), want = expRef(xs);
+  let worst = 0;
+  for (let i = 0; i < n; i++) {
+    if (want[i] === Infinity || want[i] === 0) {
+      assert.equal(got[i], want[i], `exp(${xs[i]})`);
+      continue;
+    }
+    worst = Math.max(worst, ulpDistance(got[i], want[i]));
+  }
+  assert.ok(worst <= 2, `exp worst error ${worst} ulp`);
+  const special = Float32Array.of(
+    NaN,
+    Infinity,
+    -Infinity,
+    0,
+    -0,
+    88.72283,
+    88.7229,
+    -87.4,
+    -103.9,
+  );
+  const s = putF32(special);
+  k.exp_f32(s, special.length);
+  const out = f32At(s, special.length);
+  assert.ok(Number.isNaN(out[0]));
+  assert.deepEqual(Array.from(out.subarray(1, 5)), [Infinity, 0, 1, 1]);
+  assert.ok(out[5] > 3.4e38 && out[5] < Infinity, "just below the overflow threshold");
+  assert.equal(out[6], Infinity);
+  assert.ok(ulpDistance(out[7], Math.exp(special[7])) <= 1, "subnormal result");
+  assert.ok(ulpDistance(out[8], Math.exp(special[8])) <= 1, "deep subnormal result");
+});
+
+Deno.test("silu_mul_f32 and sigmoid_f32 match the reference; extremes give no NaN", () => {
+  for (const n of [1, 3, 17, 4097]) {
+    reset();
+    const gs = randomF32(n, n, -30, 30), us = randomF32(n, n + 2);
+    gs[0] = -200;
+    if (n > 1) gs[1] = 200;
+    const g = putF32(gs);
+    k.silu_mul_f32(g, putF32(us), n);
+    const want = siluMulRef(gs, us);
+    assertClose(f32At(g, n), want, 3e-6, relScale(want, 1e-37), `silu_mul n=${n}`);
+    const x = putF32(gs);
+    k.sigmoid_f32(x, n);
+    const sig = sigmoidRef(gs);
+    assertClose(f32At(x, n), sig, 3e-6, relScale(sig, 1e-37), `sigmoid n=${n}`);
+  }
+});
+
+Deno.test("add_f32, axpy_f32, scale_f32 match the reference bit for bit; copy_f32 moves", () => {
+  for (const n of [1, 3, 17, 4097]) {
+    reset();
+    const ys = randomF32(n, n), xs = randomF32(n, n + 1);
+    const y = putF32(ys), x = putF32(xs);
+    k.add_f32(y, x, n);
+    assert.deepEqual(bitsOf(f32At(y, n)), bitsOf(addRef(ys, xs)), `add n=${n}`);
+    f32At(y, n).set(ys);
+    k.axpy_f32(y, x, 0.3, n);
+    assert.deepEqual(bitsOf(f32At(y, n)), bitsOf(axpyRef(ys, xs, 0.3)), `axpy n=${n}`);
+    f32At(y, n).set(ys);
+    k.scale_f32(y, -1.7, n);
+    assert.deepEqual(bitsOf(f32At(y, n)), bitsOf(scaleRef(ys, -1.7)), `scale n=${n}`);
+    const d = alloc(n * 4);
+    k.copy_f32(d, x, n);
+    assert.deepEqual(bitsOf(f32At(d, n)), bitsOf(xs), `copy n=${n}`);
+  }
+  reset();
+  const xs = randomF32(10, 1);
+  const x = putF32(xs);
+  k.copy_f32(x + 4n, x, 9); // overlapping, forward
+  assert.deepEqual(Array.from(f32At(x, 10)), [xs[0], ...xs.subarray(0, 9)]);
+});
+
+function runArgmax(xs: Float32Array): number {
+  reset();
+  return k.argmax_f32(putF32(xs), xs.length);
+}
+
+Deno.test("argmax_f32: first maximum, NaN ranks highest, empty gives -1", () => {
+  for (const n of [1, 3, 17, 4097]) {
+    const xs = randomF32(n, n);
+    assert.equal(runArgmax(xs), argmaxRef(xs), `n=${n}`);
+    xs.fill(0.5);
+    assert.equal(runArgmax(xs), 0, `all equal n=${n}`);
+  }
+  const xs = Float32Array.of(1, 9, 3, 9, 2, 9, 0, 1, 9);
+  assert.equal(runArgmax(xs), 1);
+  xs[7] = NaN;
+  xs[8] = NaN;
+  assert.equal(runArgmax(xs), 7);
+  assert.equal(argmaxRef(xs), 7);
+  assert.equal(runArgmax(Float32Array.of(-0, 0)), 0);
+  assert.equal(runArgmax(Float32Array.of(-Infinity, -Infinity)), 0);
+  assert.equal(runArgmax(new Float32Array(0)), -1);
+});
+
+function runTopk(xs: Float32Array, kk: number): Int32Array {
+  reset();
+  const idx = alloc(kk * 4);
+  k.topk_f32(putF32(xs), xs.length, kk, idx);
+  return Int32Array.from(new Int32Array(memory.buffer, Number(idx), kk));
+}
+
+Deno.test("topk_f32: descending order, ties to the lower index, NaN first, -1 beyond n", () => {
+  for (const n of [1, 3, 17, 4097]) {
+    // Values on a coarse grid so ties are common.
+    const xs = Float32Array.from(randomF32(n, n), (v) => Math.round(v * 8) / 8);
+    for (const kk of [1, 2, 4, 8]) {
+      assert.deepEqual(runTopk(xs, kk), topkRef(xs, kk), `n=${n} k=${kk}`);
+    }
+    assert.equal(runTopk(xs, 1)[0], argmaxRef(xs), "top-1 is argmax");
+  }
+  const xs = Float32Array.of(2, NaN, 5, 5, -Infinity, NaN, 1);
+  assert.deepEqual(Array.from(runTopk(xs, 5)), [1, 5, 2, 3, 0]);
+  assert.deepEqual(runTopk(xs, 5), topkRef(xs, 5));
+  assert.deepEqual(Array.from(runTopk(Float32Array.of(3, 4), 4)), [1, 0, -1, -1]);
+});
+
+function runAttention(
+  s: AttentionShape,
+  qs: Float32Array,
+  ks: Float32Array,
+  vs: Float32Array,
+  splits: number[],
+): Float32Array {
+  reset();
+  const q = putF32(qs), kc = putF32(ks), vc = putF32(vs);
+  const out = alloc(s.nHeads * s.vHeadDim * 4), scores = alloc(s.nHeads * s.T * 4);
+  for (let i = 0; i + 1 < splits.length; i++) {
+    k.attention_f32(
+      q,
+      kc,
+      vc,
+      out,
+      scores,
+      s.nHeads,
+      s.nKvHeads,
+      s.headDim,
+      s.vHeadDim,
+      s.T,
+      s.kStride,
+      s.vStride,
+      s.scale,
+      splits[i],
+      splits[i + 1],
+    );
+  }
+  return Float32Array.from(f32At(out, s.nHeads * s.vHeadDim));
+}
+
+Deno.test("attention_f32 (GQA and MLA-like shapes) matches the reference for any head split", () => {
+  const shapes: AttentionShape[] = [
+    // GQA: 4 query heads over 2 kv heads, padded cache rows.
+    { nHeads: 4, nKvHeads: 2, headDim: 17, vHeadDim: 17, T: 5, kStride: 40, vStride: 36, scale: 0 },
+    {
+      nHeads: 6,
+      nKvHeads: 1,
+      headDim: 64,
+      vHeadDim: 64,
+      T: 33,
+      kStride: 64,
+      vStride: 64,
+      scale: 0,
+    },
+    { nHeads: 2, nKvHeads: 2, headDim: 8, vHeadDim: 8, T: 1, kStride: 16, vStride: 16, scale: 0 },
+    // MLA-like: value head smaller than the key head, one shared latent head.
+    { nHeads: 3, nKvHeads: 1, headDim: 24, vHeadDim: 19, T: 9, kStride: 24, vStride: 19, scale: 0 },
+  ];
+  for (const s of shapes) {
+    s.scale = 1 / Math.sqrt(s.headDim);
+    const qs = randomF32(s.nHeads * s.headDim, s.T, -2, 2);
+    const ks = randomF32(s.T * s.kStride, s.T + 1, -2, 2);
+    const vs = randomF32(s.T * s.vStride, s.T + 2);
+    const got = runAttention(s, qs, ks, vs, [0, s.nHeads]);
+    const want = attentionRef(qs, ks, vs, s);
+    assertClose(got, want, 1e-5, new Array(want.length).fill(1), `attention ${JSON.stringify(s)}`);
+    const perHead = Array.from({ length: s.nHeads + 1 }, (_, i) => i);
+    assert.deepEqual(bitsOf(runAttention(s, qs, ks, vs, perHead)), bitsOf(got), "head split");
+  }
+});
+
+Deno.test("createArenaMemory rejects sizes V8 cannot map, instantiate rejects tiny memories", () => {
+  assert.throws(() => createArenaMemory(17 * 1024 ** 3), /16 GiB/);
+  assert.throws(() => createArenaMemory(1000), /KERNEL_RESERVED_BYTES/);
+  const mem = createArenaMemory(KERNEL_RESERVED_BYTES + 1);
+  assert.equal(mem.buffer.byteLength, KERNEL_RESERVED_BYTES + 65536);
+  assert.ok(mem.buffer instanceof SharedArrayBuffer);
+});

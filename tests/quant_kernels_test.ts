@@ -1,0 +1,268 @@
+/**
+ * The compact-weight kernels against their scalar references (wasm/reference_quant.ts) at awkward
+ * sizes, and row-split bit-identity: a row's bits never depend on the [r0, r1) range.
+ */
+import assert from "node:assert/strict";
+import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../wasm/mod.ts";
+import { q8Bytes, quantKernels, vq3rLutFloats } from "../wasm/quant_kernels.ts";
+import {
+  denseAbsRef,
+  denseMatvecRef,
+  dequantizeActQ8,
+  matvecVq3rRef,
+  quantizeActQ8Ref,
+  vq3rAbsRef,
+  vq3rLutRef,
+} from "../wasm/reference_quant.ts";
+import { dequantizeMxfp4, mxfp4At, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
+import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
+import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
+import { dequantizeInt8Row, quantizeInt8Row } from "../engine/quant/int8.ts";
+
+const memory = createArenaMemory(64 * 1024 * 1024);
+const instance = await WebAssembly.instantiate(await loadKernelModule(), { env: { memory } });
+const qk = quantKernels(instance.exports);
+
+/** A bump allocator over the test arena, reset per case. */
+let top = KERNEL_RESERVED_BYTES;
+function reset(): void {
+  top = KERNEL_RESERVED_BYTES;
+}
+function put(data: ArrayBufferView): bigint {
+  const off = top;
+  new Uint8Array(memory.buffer, off, data.byteLength).set(
+    new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+  );
+  top += Math.ceil(data.byteLength / 4096) * 4096 + 4096;
+  return BigInt(off);
+}
+function alloc(bytes: number): bigint {
+  return put(new Uint8Array(bytes));
+}
+function f32At(p: bigint, n: number): Float32Array {
+  return new Float32Array(memory.buffer, Number(p), n).slice();
+}
+
+/** Seeded uniform [0, 1) (mulberry32), so failures reproduce. */
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(s ^ (s >>> 15), s | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+function gaussian(n: number, rand: () => number): Float32Array {
+  return Float32Array.from({ length: n }, () => {
+    const u = 1 - rand(), v = rand();
+    return Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * v);
+  });
+}
+
+const ROWS = [1, 3, 5, 17];
+const BLOCK_COLS = [32, 64, 4096 + 32];
+
+type Matvec = (y: bigint, rows: number, r0: number, r1: number) => void;
+
+/**
+ * Runs `mv` over all rows and checks |y − ref| ≤ tol·(Σ|w·x| + tiny) per row; then checks that
+ * splitting rows into ranges (including 4-row blocks starting at odd rows) gives the same bits.
+ */
+function checkMatvec(label: string, mv: Matvec, rows: number, ref: Float32Array, abs: Float64Array, tol: number) {
+  const y = alloc(rows * 4);
+  mv(y, rows, 0, rows);
+  const got = f32At(y, rows);
+  for (let r = 0; r < rows; r++) {
+    const err = Math.abs(got[r] - ref[r]);
+    assert.ok(
+      err <= tol * abs[r] + 1e-30,
+      `${label}: row ${r} got ${got[r]}, reference ${ref[r]} (error ${err}, Σ|w·x| ${abs[r]})`,
+    );
+  }
+  for (const cuts of [[1], [2, 3], [1, 5, 6, 10]]) {
+    const y2 = alloc(rows * 4);
+    const bounds = [0, ...cuts.filter((c) => c < rows), rows];
+    for (let i = 0; i + 1 < bounds.length; i++) mv(y2, rows, bounds[i], bounds[i + 1]);
+    const split = f32At(y2, rows);
+    for (let r = 0; r < rows; r++) {
+      assert.ok(
+        Object.is(split[r], got[r]),
+        `${label}: row ${r} differs when split at ${cuts}: ${split[r]} vs ${got[r]}`,
+      );
+    }
+  }
+}
+
+Deno.test("quantize_act_q8 matches the reference bytes", () => {
+  const rand = rng(1);
+  for (const cols of BLOCK_COLS) {
+    reset();
+    const x = gaussian(cols, rand).map((v, i) => (i < 32 && cols > 32 ? 0 : v * 3));
+    x[cols - 1] = 0.5; // exact ties appear when |x| / scale lands on .5
+    const xp = put(x), xq = alloc(q8Bytes(cols));
+    qk.quantize_act_q8(xp, xq, cols);
+    const want = quantizeActQ8Ref(x).bytes;
+    const got = new Uint8Array(memory.buffer, Number(xq), want.length);
+    assert.deepEqual(got.slice(), want, `cols ${cols}`);
+  }
+});
+
+Deno.test("matvec_mxfp4 and matvec_int4g32 match the reference", () => {
+  const rand = rng(2);
+  for (const rows of ROWS) {
+    for (const cols of BLOCK_COLS) {
+      reset();
+      const w = gaussian(rows * cols, rand);
+      const x = gaussian(cols, rand);
+      const q8 = quantizeActQ8Ref(x), xd = dequantizeActQ8(q8);
+      const xq = alloc(q8Bytes(cols));
+      qk.quantize_act_q8(put(x), xq, cols);
+
+      const mx = quantizeMxfp4(w, rows, cols);
+      const wm = dequantizeMxfp4(mx);
+      const [mW, mS] = [put(mx.blocks), put(mx.scales)];
+      const mxv: Matvec = (y, n, r0, r1) => qk.matvec_mxfp4(mW, mS, xq, y, n, cols, r0, r1);
+      const tag = `mxfp4 ${rows}×${cols}`;
+      checkMatvec(tag, mxv, rows, denseMatvecRef(wm, xd, rows, cols), denseAbsRef(wm, xd, rows, cols), 1e-5);
+      // Against the exact f32 product: the Q8 activations cost at most 1e-2 of Σ|w·x|.
+      checkMatvec(`${tag} vs f32 x`, mxv, rows, denseMatvecRef(wm, x, rows, cols), denseAbsRef(wm, x, rows, cols), 1e-2);
+
+      const i4 = quantizeInt4g32(w, rows, cols);
+      const wi = dequantizeInt4g32(i4);
+      const [iW, iS] = [put(i4.packed), put(i4.scales)];
+      const i4v: Matvec = (y, n, r0, r1) => qk.matvec_int4g32(iW, iS, xq, y, n, cols, r0, r1);
+      const tag4 = `int4 ${rows}×${cols}`;
+      checkMatvec(tag4, i4v, rows, denseMatvecRef(wi, xd, rows, cols), denseAbsRef(wi, xd, rows, cols), 1e-5);
+      checkMatvec(`${tag4} vs f32 x`, i4v, rows, denseMatvecRef(wi, x, rows, cols), denseAbsRef(wi, x, rows, cols), 1e-2);
+    }
+  }
+});
+
+Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 255", () => {
+  const rand = rng(3);
+  const rows = 5, cols = 256 * 32;
+  const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+  const x = gaussian(cols, rand);
+  // Scales 0..199 with x as is, and 200..254 with x scaled by 2^-100 so that f32 never overflows.
+  for (const [lo, n, xScale] of [[0, 200, 1], [200, 55, 2 ** -100]]) {
+    reset();
+    const scales = Uint8Array.from({ length: rows * 256 }, (_, i) => lo + ((i + 37 * (i >> 8)) % n));
+    const xs = x.map((v) => v * xScale);
+    const xq = alloc(q8Bytes(cols));
+    qk.quantize_act_q8(put(xs), xq, cols);
+    // Decoded in float64: 6 · 2^127 is beyond f32.
+    const m = { rows, cols, blocks, scales };
+    const wm = Float64Array.from({ length: rows * cols }, (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols));
+    const xd = dequantizeActQ8(quantizeActQ8Ref(xs));
+    const [W, S] = [put(blocks), put(scales)];
+    checkMatvec(
+      `mxfp4 raw, scales ${lo}..${lo + n - 1}`,
+      (y, nr, r0, r1) => qk.matvec_mxfp4(W, S, xq, y, nr, cols, r0, r1),
+      rows,
+      denseMatvecRef(wm, xd, rows, cols),
+      denseAbsRef(wm, xd, rows, cols),
+      1e-5,
+    );
+  }
+  reset();
+  const scales = new Uint8Array(rows * 256).fill(127);
+  scales[2 * 256 + 255] = 255;
+  const xq = alloc(q8Bytes(cols));
+  qk.quantize_act_q8(put(x), xq, cols);
+  const y = alloc(rows * 4);
+  qk.matvec_mxfp4(put(blocks), put(scales), xq, y, rows, cols, 0, rows);
+  const got = f32At(y, rows);
+  got.forEach((v, r) => assert.equal(Number.isNaN(v), r === 2, `row ${r}: ${v}`));
+});
+
+Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {
+  const rand = rng(4);
+  for (const rows of [...ROWS, 130]) {
+    for (const cols of [...BLOCK_COLS, 172, 7, 300]) {
+      reset();
+      const codes = Uint8Array.from({ length: rows * cols }, () => {
+        const c = Math.floor(rand() * 256);
+        return (c & 0x7f) === 0x7f ? c - 1 : c;
+      });
+      const nsb = Math.ceil(rows / 128) * Math.ceil(cols / 128);
+      const scales = Float32Array.from({ length: nsb }, () => 2 ** Math.floor(rand() * 8 - 12) * (1 + rand()));
+      const m = { rows, cols, codes, scales };
+      const wd = dequantizeFp8b128(m);
+      const x = gaussian(cols, rand);
+      const [W, S, X] = [put(codes), put(scales), put(x)];
+      checkMatvec(
+        `fp8 ${rows}×${cols}`,
+        (y, n, r0, r1) => qk.matvec_fp8b128(W, S, X, y, n, cols, r0, r1),
+        rows,
+        denseMatvecRef(wd, x, rows, cols),
+        denseAbsRef(wd, x, rows, cols),
+        1e-5,
+      );
+    }
+  }
+  reset();
+  const rows = 3, cols = 40;
+  const w = gaussian(rows * cols, rand);
+  const m = quantizeFp8b128(w, rows, cols);
+  m.codes[cols + 21] = 0xff;
+  m.codes[2 * cols + 39] = 0x7f; // in the scalar tail
+  const y = alloc(rows * 4);
+  qk.matvec_fp8b128(put(m.codes), put(m.scales), put(gaussian(cols, rand)), y, rows, cols, 0, rows);
+  const got = f32At(y, rows);
+  assert.ok(Number.isFinite(got[0]) && Number.isNaN(got[1]) && Number.isNaN(got[2]), `${got}`);
+});
+
+Deno.test("matvec_int8row matches the reference", () => {
+  const rand = rng(5);
+  for (const rows of ROWS) {
+    for (const cols of [...BLOCK_COLS, 37, 5]) {
+      reset();
+      const w = gaussian(rows * cols, rand);
+      const m = quantizeInt8Row(w, rows, cols);
+      const wd = dequantizeInt8Row(m);
+      const x = gaussian(cols, rand);
+      const [W, S, X] = [put(m.q), put(m.scales), put(x)];
+      checkMatvec(
+        `int8 ${rows}×${cols}`,
+        (y, n, r0, r1) => qk.matvec_int8row(W, S, X, y, n, cols, r0, r1),
+        rows,
+        denseMatvecRef(wd, x, rows, cols),
+        denseAbsRef(wd, x, rows, cols),
+        1e-5,
+      );
+    }
+  }
+});
+
+Deno.test("vq3r_lut and matvec_vq3r match the reference", () => {
+  const rand = rng(6);
+  for (const rows of ROWS) {
+    for (const cols of [8, 24, 128, 4096 + 40]) {
+      reset();
+      const book = gaussian(3 * 8 * 256, rand);
+      const x = gaussian(cols, rand);
+      const lut = alloc(vq3rLutFloats(cols) * 4);
+      qk.vq3r_lut(put(book), put(x), lut, cols);
+      const want = vq3rLutRef(book, x);
+      const got = f32At(lut, want.length);
+      for (let i = 0; i < want.length; i++) {
+        const e = (i >> 8) % (cols / 8), s = Math.floor(i / (256 * (cols / 8)));
+        let abs = 0;
+        for (let d = 0; d < 8; d++) abs += Math.abs(book[(s * 8 + d) * 256 + (i & 255)] * x[8 * e + d]);
+        assert.ok(Math.abs(got[i] - want[i]) <= 1e-6 * abs + 1e-30, `lut ${cols}: entry ${i}`);
+      }
+      const idx = Uint8Array.from({ length: rows * 3 * (cols / 8) }, () => Math.floor(rand() * 256));
+      const scales = gaussian(rows, rand);
+      const [I, S] = [put(idx), put(scales)];
+      checkMatvec(
+        `vq3r ${rows}×${cols}`,
+        (y, n, r0, r1) => qk.matvec_vq3r(I, S, lut, y, n, cols, r0, r1),
+        rows,
+        matvecVq3rRef(idx, scales, got, rows, cols),
+        vq3rAbsRef(idx, scales, got, rows, cols),
+        1e-5,
+      );
+    }
+  }
+});

@@ -1,0 +1,220 @@
+/**
+ * Disk read bandwidth as sluice sees it: the C shim reading with O_DIRECT into a shared wasm
+ * arena, the shim reading through a cold page cache, and `dd iflag=direct` as the peer.
+ * Used by the bench (tools/bench/mod.ts); runnable alone:
+ * `npx deno run -A tools/bench/disk.ts [--gib 2] [--path F] [--req-mib 1] [--in-flight 2]`.
+ *
+ * @module
+ */
+
+import { existsSync, renameSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { type BlockReader, openReader, type ReadTicket } from "../../io/reader.ts";
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+const WASM_PAGE = 65536;
+
+/** Options of {@link benchDisk}. */
+export interface DiskBenchOptions {
+  /** Test file size in bytes (rounded up to 4 KiB); use at least 2 GiB so caches and
+   * read-ahead do not dominate. */
+  bytes: number;
+  /** Test file; written only when missing or of another size. Default: in the temp dir. */
+  path?: string;
+  /** Bytes per read request (default 1 MiB, a multiple of 4096). */
+  reqBytes?: number;
+  /** Requests in flight (default 2). */
+  inFlight?: number;
+  /** Timed passes per method; the best is kept (default 3). */
+  runs?: number;
+  /** No progress lines on stderr. */
+  quiet?: boolean;
+}
+
+/** Best-of-runs bandwidths in GB/s (1e9 bytes per second). */
+export interface DiskBenchResult {
+  /** Shim, O_DIRECT, into the arena; NaN when the direct shim is unavailable. */
+  odirect_gbps: number;
+  /** Shim (or fallback) through the page cache, dropped before each pass when permitted. */
+  buffered_cold_gbps: number;
+  /** `dd iflag=direct bs=1M`; null when dd or direct I/O is unavailable. */
+  dd_direct_gbps: number | null;
+}
+
+function log(quiet: boolean | undefined, text: string): void {
+  if (!quiet) console.error(`bench disk: ${text}`);
+}
+
+/** Writes `bytes` of random-looking data to `path` (temp file, fsync, rename) unless present. */
+function ensureTestFile(path: string, bytes: number, quiet?: boolean): void {
+  if (existsSync(path) && statSync(path).size === bytes) return;
+  log(quiet, `writing ${(bytes / GiB).toFixed(2)} GiB test file ${path}`);
+  const chunk = new Uint8Array(64 * MiB);
+  for (let i = 0; i < chunk.length; i += 65536) {
+    crypto.getRandomValues(chunk.subarray(i, i + 65536));
+  }
+  const tmp = `${path}.tmp-${Deno.pid}`;
+  const f = Deno.openSync(tmp, { write: true, create: true, truncate: true });
+  try {
+    for (let done = 0; done < bytes;) {
+      const n = Math.min(chunk.length, bytes - done);
+      // Vary each chunk so no layer below can deduplicate or compress the file.
+      new DataView(chunk.buffer).setFloat64(0, done);
+      let w = 0;
+      while (w < n) w += f.writeSync(chunk.subarray(w, n));
+      done += n;
+    }
+    f.syncSync();
+  } finally {
+    f.close();
+  }
+  renameSync(tmp, path);
+}
+
+/** Drops the page cache when root; returns false when not permitted. */
+function dropCaches(): boolean {
+  try {
+    new Deno.Command("sync").outputSync();
+    Deno.writeTextFileSync("/proc/sys/vm/drop_caches", "3");
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Reads the whole file sequentially, `inFlight` requests at a time; returns GB/s. */
+function timeReader(reader: BlockReader, path: string, reqBytes: number, inFlight: number): number {
+  const h = reader.open(path);
+  try {
+    const size = reader.size(h);
+    const slots: { t: ReadTicket; slot: number }[] = [];
+    let next = 0;
+    const issue = (slot: number) => {
+      const len = Math.min(reqBytes, size - next);
+      slots.push({ t: reader.submit(h, slot * reqBytes, len, next), slot });
+      next += len;
+    };
+    const t0 = performance.now();
+    for (let s = 0; s < inFlight && next < size; s++) issue(s);
+    while (slots.length > 0) {
+      const { t, slot } = slots.shift()!;
+      reader.wait(t);
+      if (next < size) issue(slot);
+    }
+    return size / ((performance.now() - t0) / 1000) / 1e9;
+  } finally {
+    reader.closeFile(h);
+  }
+}
+
+/** Runs dd with O_DIRECT over the file; GB/s from its own byte count and our wall time. */
+async function timeDd(path: string): Promise<number | null> {
+  try {
+    const t0 = performance.now();
+    const out = await new Deno.Command("dd", {
+      args: [`if=${path}`, "of=/dev/null", "iflag=direct", "bs=1M"],
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    const seconds = (performance.now() - t0) / 1000;
+    if (!out.success) return null;
+    const bytes = Number(/^(\d+) bytes/m.exec(new TextDecoder().decode(out.stderr))?.[1]);
+    return Number.isFinite(bytes) && bytes > 0 ? bytes / seconds / 1e9 : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Measures sequential read bandwidth of a test file of `opts.bytes` bytes (written if missing):
+ * the shim with O_DIRECT, the shim buffered from a cold cache, and dd with O_DIRECT. Best of
+ * `opts.runs` passes each, interleaved so that disk noise hits all three alike.
+ */
+export async function benchDisk(opts: DiskBenchOptions): Promise<DiskBenchResult> {
+  const reqBytes = opts.reqBytes ?? MiB;
+  const inFlight = opts.inFlight ?? 2;
+  const runs = opts.runs ?? 3;
+  if (reqBytes % 4096 !== 0 || reqBytes <= 0) {
+    throw new Error(`bench disk: request size ${reqBytes} is not a positive multiple of 4096`);
+  }
+  const bytes = Math.ceil(opts.bytes / 4096) * 4096;
+  const path = opts.path ?? join(tmpdir(), `sluice-disk-bench-${bytes}.bin`);
+  ensureTestFile(path, bytes, opts.quiet);
+
+  const pages = BigInt(Math.ceil((reqBytes * inFlight) / WASM_PAGE));
+  const memory = new WebAssembly.Memory(
+    {
+      initial: pages,
+      maximum: pages,
+      shared: true,
+      address: "i64",
+    } as unknown as WebAssembly.MemoryDescriptor,
+  );
+  const direct = openReader(memory, { direct: true, threads: inFlight, quiet: opts.quiet });
+  const buffered = openReader(memory, { direct: false, threads: inFlight, quiet: opts.quiet });
+  const result: DiskBenchResult = {
+    odirect_gbps: direct.kind === "shim-direct" ? 0 : NaN,
+    buffered_cold_gbps: 0,
+    dd_direct_gbps: null,
+  };
+  if (direct.kind !== "shim-direct") log(opts.quiet, `no O_DIRECT shim (got ${direct.kind})`);
+  let cold = true;
+  try {
+    for (let run = 0; run < runs; run++) {
+      if (direct.kind === "shim-direct") {
+        dropCaches();
+        const gbps = timeReader(direct, path, reqBytes, inFlight);
+        result.odirect_gbps = Math.max(result.odirect_gbps, gbps);
+      }
+      cold = dropCaches() && cold;
+      const bgbps = timeReader(buffered, path, reqBytes, inFlight);
+      result.buffered_cold_gbps = Math.max(result.buffered_cold_gbps, bgbps);
+      const dd = await timeDd(path);
+      if (dd !== null) result.dd_direct_gbps = Math.max(result.dd_direct_gbps ?? 0, dd);
+    }
+  } finally {
+    direct.close();
+    buffered.close();
+  }
+  if (!cold) {
+    log(opts.quiet, "cannot drop the page cache (not root): buffered numbers may be warm");
+  }
+  return result;
+}
+
+if (import.meta.main) {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: {
+      gib: { type: "string", default: "2" },
+      path: { type: "string" },
+      "req-mib": { type: "string", default: "1" },
+      "in-flight": { type: "string", default: "2" },
+      runs: { type: "string", default: "3" },
+    },
+  });
+  const opts: DiskBenchOptions = {
+    bytes: Number(values.gib) * GiB,
+    path: values.path,
+    reqBytes: Number(values["req-mib"]) * MiB,
+    inFlight: Number(values["in-flight"]),
+    runs: Number(values.runs),
+  };
+  const [load1] = Deno.loadavg();
+  const r = await benchDisk(opts);
+  const fmt = (v: number | null) => v === null || Number.isNaN(v) ? "n/a" : v.toFixed(2);
+  const ratio = r.dd_direct_gbps ? (r.odirect_gbps / r.dd_direct_gbps).toFixed(2) : "n/a";
+  console.log(
+    `file ${(opts.bytes / GiB).toFixed(2)} GiB, ${opts.reqBytes! / MiB} MiB requests, ` +
+      `${opts.inFlight} in flight, best of ${opts.runs}, load average ${load1.toFixed(2)}`,
+  );
+  console.log("| method                        | GB/s |");
+  console.log("|-------------------------------|------|");
+  console.log(`| shim O_DIRECT into wasm arena | ${fmt(r.odirect_gbps)} |`);
+  console.log(`| shim buffered, cold cache     | ${fmt(r.buffered_cold_gbps)} |`);
+  console.log(`| dd iflag=direct bs=1M         | ${fmt(r.dd_direct_gbps)} |`);
+  console.log(`shim O_DIRECT / dd: ${ratio}`);
+}

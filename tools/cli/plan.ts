@@ -1,0 +1,66 @@
+/**
+ * `mod.ts plan`: how a budget splits between resident parts, the trunk ring and the expert
+ * cache, without loading any weights.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { openContainer } from "../../io/container.ts";
+import { fmtBytes, planMemory } from "../../engine/planner.ts";
+import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
+
+const HELP = `sluice plan — the memory plan of a container
+
+Usage: deno run -A mod.ts plan --model X.sluice [--budget 6G | --preset auto] [--ctx 4096] [--json]
+
+${BUDGET_HELP}
+  --ctx N         context length for the KV cache (default min(model, 4096))
+  --json          print the plan as JSON
+`;
+
+/** Runs the plan command; returns the exit code. */
+export function planCommand(args: string[]): Promise<number> {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      budget: { type: "string" },
+      preset: { type: "string" },
+      ctx: { type: "string" },
+      json: { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (v.help || !v.model) {
+    console.log(HELP);
+    return Promise.resolve(v.help ? 0 : 2);
+  }
+  const c = openContainer(v.model);
+  const cfg = c.config;
+  const banks = c.manifest.experts.filter((b) => b !== null);
+  const ctx = Math.min(v.ctx ? Number(v.ctx) : 4096, cfg.maxPositions);
+  const input = {
+    cfg,
+    globalsBytes: c.manifest.trunk.globals.region.bytes,
+    layerBytes: c.manifest.trunk.layers.map((l) => l.bytes),
+    expertStride: Math.max(0, ...banks.map((b) => b.stride)),
+    totalExperts: banks.reduce((a, b) => a + b.count, 0),
+  };
+  const plan = planMemory(input, { budget: budgetFromArgs(v.budget, v.preset), ctx, maxBatch: 64 });
+  const recommended = Math.min(plan.wholeModelBytes, Math.floor(usableMemory() * 0.75));
+  if (v.json) {
+    console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
+    return Promise.resolve(0);
+  }
+  const L = cfg.numLayers;
+  console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
+floor          ${fmtBytes(plan.floor)}  (resident ${fmtBytes(plan.fixedBytes)}: KV ${fmtBytes(plan.kvBytes)} at ctx ${ctx}, scratch ${fmtBytes(plan.scratchBytes)}; + one ring slot + ${Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)} expert records)
+working set    ${fmtBytes(plan.workingSetBytes)} per token
+whole model    ${fmtBytes(plan.wholeModelBytes)}
+recommended    ${fmtBytes(recommended)}
+budget         ${fmtBytes(plan.budget)}
+trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${fmtBytes(plan.ringSlotBytes)}  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
+expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${fmtBytes(plan.expertBytes)})
+arena          ${fmtBytes(plan.arenaBytes)}`);
+  return Promise.resolve(0);
+}

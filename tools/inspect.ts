@@ -1,0 +1,177 @@
+/**
+ * `deno task inspect <x.sluice> [--json] [--verify]`: what a container holds: architecture,
+ * dense/MoE layers, total and active parameters, bytes read per token, the record layout of
+ * each expert bank and the size of every file.
+ *
+ * @module
+ */
+
+import { readdirSync, statSync } from "node:fs";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { EXPERT_MATRICES } from "../engine/model_config.ts";
+import { openContainer, type TensorEntry, verifyContainer } from "../io/container.ts";
+import { RECORD_HEADER_BYTES } from "../io/format.ts";
+import { formatBytes } from "./progress.ts";
+
+/** Layout of one expert bank. */
+export interface BankReport {
+  layer: number;
+  experts: number;
+  format: string;
+  /** Header plus payload bytes of one record. */
+  recordBytes: number;
+  stride: number;
+  /** Matrix → [offset, bytes] (and scale offset/bytes) inside a record. */
+  layout: Record<
+    string,
+    { offset: number; bytes: number; shape: number[]; scale?: [number, number] }
+  >;
+}
+
+/** Everything `inspect` reports. */
+export interface InspectReport {
+  path: string;
+  family: string;
+  modelType: string;
+  layers: { total: number; dense: number; moe: number };
+  experts: { perLayer: number; topK: number; shared: boolean } | null;
+  params: {
+    total: number;
+    /** Trunk parameters (embedding included) plus top-k routed experts per MoE layer. */
+    active: number;
+  };
+  /**
+   * Bytes a decoded token reads: every layer run, the final norm, the LM head (the embedding when
+   * tied) and one embedding row (trunk), plus top-k records per MoE layer (experts).
+   */
+  bytesPerToken: { trunk: number; experts: number; total: number };
+  banks: BankReport[];
+  files: { name: string; bytes: number }[];
+}
+
+function elems(e: TensorEntry): number {
+  return e.shape.reduce((a, b) => a * b, 1);
+}
+
+/** Collects the report of the container at `path` (validating its manifest). */
+export function inspectContainer(path: string): InspectReport {
+  const c = openContainer(path);
+  const { config: cfg, manifest: m } = c;
+  const g = m.trunk.globals.tensors;
+  let trunkParams = 0;
+  for (const e of Object.values(g)) trunkParams += elems(e!);
+  for (const run of m.trunk.layers) {
+    for (const e of Object.values(run.tensors)) trunkParams += elems(e);
+  }
+  let expertParams = 0, activeExpertParams = 0, expertBytesPerToken = 0;
+  const banks: BankReport[] = [];
+  for (const bank of m.experts) {
+    if (!bank) continue;
+    const per = EXPERT_MATRICES.reduce((n, k) => n + elems(bank.matrices[k]), 0);
+    expertParams += per * bank.count;
+    activeExpertParams += per * cfg.moe!.topK;
+    expertBytesPerToken += bank.stride * cfg.moe!.topK;
+    let end = RECORD_HEADER_BYTES;
+    const layout: BankReport["layout"] = {};
+    for (const k of EXPERT_MATRICES) {
+      const e = bank.matrices[k];
+      layout[k] = { offset: e.offset, bytes: e.bytes, shape: e.shape };
+      end = Math.max(end, e.offset + e.bytes);
+      if (e.scale) {
+        layout[k].scale = [e.scale.offset, e.scale.bytes];
+        end = Math.max(end, e.scale.offset + e.scale.bytes);
+      }
+    }
+    banks.push({
+      layer: bank.layer,
+      experts: bank.count,
+      format: bank.format,
+      recordBytes: end,
+      stride: bank.stride,
+      layout,
+    });
+  }
+  const head = g.lm_head ?? g.embed!;
+  const rowBytes = g.embed!.bytes / g.embed!.shape[0];
+  const trunkPerToken = m.trunk.layers.reduce((n, r) => n + r.bytes, 0) + g.final_norm!.bytes +
+    head.bytes + rowBytes;
+  const files = readdirSync(path).sort().map((name) => ({
+    name,
+    bytes: statSync(join(path, name)).size,
+  }));
+  const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
+  return {
+    path,
+    family: cfg.family,
+    modelType: cfg.modelType,
+    layers: { total: cfg.numLayers, dense: cfg.numLayers - moeLayers, moe: moeLayers },
+    experts: cfg.moe
+      ? { perLayer: cfg.moe.numExperts, topK: cfg.moe.topK, shared: cfg.moe.sharedIntermediate > 0 }
+      : null,
+    params: { total: trunkParams + expertParams, active: trunkParams + activeExpertParams },
+    bytesPerToken: {
+      trunk: trunkPerToken,
+      experts: expertBytesPerToken,
+      total: trunkPerToken + expertBytesPerToken,
+    },
+    banks,
+    files,
+  };
+}
+
+/** Renders a report as text. */
+export function formatReport(r: InspectReport): string {
+  const lines = [
+    `${r.path}`,
+    `architecture  ${r.family} (model_type ${r.modelType})`,
+    `layers        ${r.layers.total}: ${r.layers.dense} dense, ${r.layers.moe} MoE`,
+  ];
+  if (r.experts) {
+    lines.push(
+      `experts       ${r.experts.perLayer} per MoE layer, top-${r.experts.topK}` +
+        (r.experts.shared ? ", plus shared experts" : ""),
+    );
+  }
+  lines.push(
+    `parameters    ${r.params.total.toLocaleString("en-US")} total, ` +
+      `${r.params.active.toLocaleString("en-US")} active per token`,
+    `bytes/token   ${formatBytes(r.bytesPerToken.total)} (trunk ${
+      formatBytes(r.bytesPerToken.trunk)
+    }, experts ${formatBytes(r.bytesPerToken.experts)})`,
+  );
+  for (const b of r.banks) {
+    const parts = Object.entries(b.layout).map(([k, v]) =>
+      `${k} ${v.offset}+${v.bytes}` + (v.scale ? ` (scale ${v.scale[0]}+${v.scale[1]})` : "")
+    );
+    lines.push(
+      `bank L${b.layer}      ${b.experts} × ${b.format}, record ${b.recordBytes} B, stride ` +
+        `${b.stride} B: header 0+${RECORD_HEADER_BYTES}, ${parts.join(", ")}`,
+    );
+  }
+  lines.push("files");
+  for (const f of r.files) lines.push(`  ${f.name.padEnd(28)} ${formatBytes(f.bytes)}`);
+  return lines.join("\n");
+}
+
+function main(args: string[]): number {
+  const usage = "usage: deno task inspect <x.sluice> [--json] [--verify]";
+  try {
+    const { values, positionals } = parseArgs({
+      args,
+      allowPositionals: true,
+      options: { json: { type: "boolean" }, verify: { type: "boolean" } },
+    });
+    if (positionals.length !== 1) throw new Error(`expected one container path\n${usage}`);
+    const report = inspectContainer(positionals[0]);
+    if (values.verify) verifyContainer(openContainer(positionals[0]));
+    console.log(values.json ? JSON.stringify(report, null, 2) : formatReport(report));
+    if (values.verify && !values.json) console.log("verify        all CRCs match");
+    return 0;
+  } catch (e) {
+    console.error(`inspect: ${(e as Error).message}`);
+    return 1;
+  }
+}
+
+if (import.meta.main) Deno.exit(main(Deno.args));

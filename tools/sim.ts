@@ -1,0 +1,398 @@
+/**
+ * Expert-cache simulator: replays a routing trace (io/trace.ts format) through LRU, LFU, the
+ * engine's LFRU (io/expert_cache.ts itself) and Belady, per layer (one cache of `capacity` slots
+ * per layer) and overall (one cache of capacity × layers slots shared by all layers).
+ *
+ * The engine hands a token's top-k ids of a layer to the cache at once (ExpertCache.acquire): the
+ * hits are taken first and every routed record stays pinned until its matvec is done, so the
+ * experts of one (token, layer) event never evict each other. LRU, LFU, LFRU and `belady-admit`
+ * follow that rule; when a cache is smaller than an event, its experts are streamed one by one
+ * without pins instead. `belady` is the offline optimum with bypass (a miss whose next use is
+ * farther than every resident's is used and not kept); it needs no pins, since a record evicted
+ * right after its use loses nothing. Missing (token, layer) pairs are skipped.
+ *
+ * Usage: deno task sim --trace FILE [--capacity a,b,c] [--per-layer | --global] [--svg out.svg]
+ *        [--json] [--sample N] [--seed N] [--aging N] [--keep-counts]
+ * A capacity below 1 is a fraction of each layer's experts (0.03 = 3%); one of 1 or more is a
+ * number of slots per layer.
+ *
+ * @module
+ */
+
+import { parseArgs } from "node:util";
+import { ExpertCache } from "../io/expert_cache.ts";
+import {
+  readTrace,
+  readTraceMeta,
+  type TraceEvent,
+  type TraceMeta,
+  type TraceShape,
+  traceShape,
+} from "../io/trace.ts";
+import { type Series, writeLineChart } from "./svg_chart.ts";
+
+/**
+ * Policies the simulator compares. `belady` is the offline optimum with bypass; `belady-admit` is
+ * the optimum when every routed expert must be read into a slot (no bypass) and an event's records
+ * are pinned, the engine's own constraint, and the "Belady" of ../shared/traces/README.md.
+ */
+export type SimPolicy = "lru" | "lfu" | "lfru" | "belady" | "belady-admit";
+/** Each layer its own cache, or one cache shared by all layers. */
+export type SimMode = "per-layer" | "global";
+
+/** All policies, in table order. */
+export const SIM_POLICIES: readonly SimPolicy[] = ["lru", "lfu", "lfru", "belady-admit", "belady"];
+
+/** Knobs of {@link simulate}. */
+export interface SimOptions {
+  /** Layer / expert counts; default: inferred from the events. */
+  shape?: TraceShape;
+  /** LFRU sample size, seed and aging period (see io/expert_cache.ts). */
+  sample?: number;
+  seed?: number;
+  agingPeriod?: number;
+  keepCounts?: boolean;
+}
+
+/** Outcome of one replay. */
+export interface SimResult {
+  policy: SimPolicy;
+  mode: SimMode;
+  /** Slots per layer as asked (may be fractional in global mode). */
+  capacity: number;
+  /** Slots of each cache (per-layer: per layer; global: the one cache). */
+  slots: number;
+  /** Total slots over all caches as a fraction of all experts. */
+  fraction: number;
+  accesses: number;
+  hits: number;
+  hitRate: number;
+}
+
+/** A cache under simulation: serves one event's keys, returns how many were hits. */
+interface SimCache {
+  request(keys: number[], nextUse: Float64Array, pos: number): number;
+}
+
+/** LRU or LFRU: the engine's own class, with the event's records pinned while it runs. */
+class EngineCache implements SimCache {
+  readonly cache: ExpertCache;
+  constructor(cache: ExpertCache) {
+    this.cache = cache;
+  }
+  request(keys: number[]): number {
+    const c = this.cache;
+    let hits = 0;
+    if (keys.length <= c.slots) {
+      for (const a of c.acquire(keys)) if (a.hit) hits++;
+      c.release(keys);
+    } else {
+      for (const k of keys) if (c.access(k).hit) hits++;
+    }
+    return hits;
+  }
+}
+
+/**
+ * Plain ("perfect") LFU: evict the resident with the fewest uses so far, ties to the least
+ * recently used. Use counts survive eviction, as in the README baselines (restarting them at 1,
+ * LFU scored 0.02-0.03 lower on both traces).
+ */
+class LfuCache implements SimCache {
+  readonly #slots: number;
+  readonly #lastUse = new Map<number, number>();
+  /** Use counts of every key seen, resident or not. */
+  readonly #uses = new Map<number, number>();
+  readonly #resident = new Set<number>();
+  #clock = 0;
+  constructor(slots: number) {
+    this.#slots = slots;
+  }
+  request(keys: number[]): number {
+    if (keys.length > this.#slots) {
+      let hits = 0;
+      for (const k of keys) if (this.#use(k, null)) hits++;
+      return hits;
+    }
+    // Hits first, then misses with the event's keys pinned, as ExpertCache.acquire does.
+    const pinned = new Set(keys);
+    const misses: number[] = [];
+    for (const k of keys) {
+      if (this.#resident.has(k)) this.#use(k, pinned);
+      else misses.push(k);
+    }
+    for (const k of misses) this.#use(k, pinned);
+    return keys.length - misses.length;
+  }
+  #use(k: number, pinned: Set<number> | null): boolean {
+    this.#lastUse.set(k, ++this.#clock);
+    this.#uses.set(k, (this.#uses.get(k) ?? 0) + 1);
+    if (this.#resident.has(k)) return true;
+    if (this.#resident.size >= this.#slots) {
+      let victim = -1, vc = Infinity, vt = Infinity;
+      for (const r of this.#resident) {
+        if (pinned?.has(r)) continue;
+        const rc = this.#uses.get(r)!, rt = this.#lastUse.get(r)!;
+        if (rc < vc || (rc === vc && rt < vt)) [victim, vc, vt] = [r, rc, rt];
+      }
+      this.#resident.delete(victim);
+    }
+    this.#resident.add(k);
+    return false;
+  }
+}
+
+/**
+ * Belady: keep the records whose next use is soonest. With bypass (the offline optimum), a miss
+ * needed later than every resident is used and not kept. Without it, every routed expert must be
+ * admitted and the event's own records are pinned, like the engine's slots.
+ */
+class BeladyCache implements SimCache {
+  readonly #slots: number;
+  readonly #bypass: boolean;
+  /** Resident key → position of its next use (Infinity = never). */
+  readonly #next = new Map<number, number>();
+  constructor(slots: number, bypass: boolean) {
+    this.#slots = slots;
+    this.#bypass = bypass;
+  }
+  request(keys: number[], nextUse: Float64Array, pos: number): number {
+    const pinned = !this.#bypass && keys.length <= this.#slots ? new Set(keys) : null;
+    let hits = 0;
+    for (let i = 0; i < keys.length; i++) {
+      const k = keys[i], nk = nextUse[pos + i];
+      if (this.#next.has(k)) {
+        hits++;
+        this.#next.set(k, nk);
+        continue;
+      }
+      if (this.#next.size < this.#slots) {
+        this.#next.set(k, nk);
+        continue;
+      }
+      let victim = -1, vn = -1;
+      for (const [r, rn] of this.#next) if (rn > vn && !pinned?.has(r)) [victim, vn] = [r, rn];
+      if (this.#bypass && nk >= vn) continue;
+      this.#next.delete(victim);
+      this.#next.set(k, nk);
+    }
+    return hits;
+  }
+}
+
+/** Position of the next access of the same key, for every access of the flattened trace. */
+function nextUses(keysPerEvent: number[][]): Float64Array {
+  const total = keysPerEvent.reduce((n, k) => n + k.length, 0);
+  const next = new Float64Array(total);
+  const seen = new Map<number, number>();
+  let pos = total;
+  for (let e = keysPerEvent.length - 1; e >= 0; e--) {
+    const keys = keysPerEvent[e];
+    for (let i = keys.length - 1; i >= 0; i--) {
+      pos--;
+      next[pos] = seen.get(keys[i]) ?? Infinity;
+      seen.set(keys[i], pos);
+    }
+  }
+  return next;
+}
+
+function makeCache(policy: SimPolicy, slots: number, opts: SimOptions, salt: number): SimCache {
+  switch (policy) {
+    case "lru":
+      return new EngineCache(new ExpertCache({ slots, policy: "lru" }));
+    case "lfru":
+      return new EngineCache(
+        new ExpertCache({
+          slots,
+          policy: "lfru",
+          sample: opts.sample,
+          seed: (opts.seed ?? 1) + salt,
+          agingPeriod: opts.agingPeriod,
+          keepCounts: opts.keepCounts,
+        }),
+      );
+    case "lfu":
+      return new LfuCache(slots);
+    case "belady":
+      return new BeladyCache(slots, true);
+    case "belady-admit":
+      return new BeladyCache(slots, false);
+  }
+}
+
+/**
+ * Replays `events` through `policy` with `capacity` slots per layer: per-layer mode gives each
+ * layer round(capacity) slots; global mode one cache of round(capacity × layers) slots (at least
+ * 1 either way). Keys are `layer × nExperts + expert`.
+ */
+export function simulate(
+  events: TraceEvent[],
+  policy: SimPolicy,
+  capacity: number,
+  mode: SimMode,
+  opts: SimOptions = {},
+): SimResult {
+  const shape = opts.shape ?? traceShape(events);
+  const { nLayers, nExperts } = shape;
+  if (!(capacity > 0)) throw new Error(`simulate: capacity must be > 0, got ${capacity}`);
+  const slots = Math.max(1, Math.round(mode === "global" ? capacity * nLayers : capacity));
+  const keysPerEvent = events.map((e) => e.experts.map((x) => e.layer * nExperts + x));
+  const next = policy.startsWith("belady") ? nextUses(keysPerEvent) : new Float64Array(0);
+  const caches: SimCache[] = [];
+  const cacheFor = (layer: number) => {
+    const i = mode === "global" ? 0 : layer;
+    return caches[i] ??= makeCache(policy, slots, opts, i);
+  };
+  let hits = 0, accesses = 0;
+  for (let e = 0; e < events.length; e++) {
+    const keys = keysPerEvent[e];
+    hits += cacheFor(events[e].layer).request(keys, next, accesses);
+    accesses += keys.length;
+  }
+  const totalSlots = mode === "global" ? slots : slots * nLayers;
+  return {
+    policy,
+    mode,
+    capacity,
+    slots,
+    fraction: totalSlots / (nLayers * nExperts),
+    accesses,
+    hits,
+    hitRate: accesses ? hits / accesses : 0,
+  };
+}
+
+/** Slots per layer for a CLI capacity: below 1 = fraction of a layer's experts. */
+export function slotsPerLayer(capacity: number, nExperts: number): number {
+  return capacity < 1 ? capacity * nExperts : capacity;
+}
+
+function defaultCapacities(meta: TraceMeta | null, shape: TraceShape): number[] {
+  const k = meta?.top_k ?? 1;
+  const caps = new Set<number>([0.03]);
+  for (let m = 1; m * k < shape.nExperts; m++) caps.add(m * k);
+  return [...caps].slice(0, 8);
+}
+
+function main(args: string[]): void {
+  const { values } = parseArgs({
+    args,
+    options: {
+      trace: { type: "string" },
+      capacity: { type: "string" },
+      "per-layer": { type: "boolean", default: false },
+      global: { type: "boolean", default: false },
+      svg: { type: "string" },
+      json: { type: "boolean", default: false },
+      sample: { type: "string" },
+      seed: { type: "string" },
+      aging: { type: "string" },
+      "keep-counts": { type: "boolean", default: false },
+    },
+  });
+  if (!values.trace) {
+    console.error(
+      "usage: deno task sim --trace FILE [--capacity a,b,c] [--per-layer | --global] " +
+        "[--svg out.svg] [--json] [--sample N] [--seed N] [--aging N] [--keep-counts]",
+    );
+    Deno.exit(2);
+  }
+  const events = readTrace(values.trace);
+  const meta = readTraceMeta(values.trace);
+  const shape = traceShape(events, meta);
+  const caps = values.capacity
+    ? values.capacity.split(",").map((s) => {
+      const v = Number(s);
+      if (!(v > 0)) throw new Error(`--capacity: "${s}" is not a positive number`);
+      return v;
+    })
+    : defaultCapacities(meta, shape);
+  const modes: SimMode[] = values["per-layer"] && !values.global
+    ? ["per-layer"]
+    : values.global && !values["per-layer"]
+    ? ["global"]
+    : ["per-layer", "global"];
+  const int = (s: string | undefined) => (s === undefined ? undefined : Number(s));
+  const opts: SimOptions = {
+    shape,
+    sample: int(values.sample),
+    seed: int(values.seed),
+    agingPeriod: int(values.aging),
+    keepCounts: values["keep-counts"],
+  };
+  const results: SimResult[] = [];
+  for (const mode of modes) {
+    for (const cap of caps) {
+      for (const policy of SIM_POLICIES) {
+        results.push(simulate(events, policy, slotsPerLayer(cap, shape.nExperts), mode, opts));
+      }
+    }
+  }
+  if (values.json) {
+    console.log(JSON.stringify({ trace: values.trace, shape, results }, null, 1));
+  } else {
+    printTable(values.trace, meta, shape, events.length, results);
+  }
+  if (values.svg) {
+    const series: Series[] = [];
+    const colors = {
+      lru: "#1f77b4",
+      lfu: "#2ca02c",
+      lfru: "#d62728",
+      "belady-admit": "#9467bd",
+      belady: "#333333",
+    };
+    for (const mode of modes) {
+      for (const policy of SIM_POLICIES) {
+        series.push({
+          name: `${policy.toUpperCase()} ${mode}`,
+          color: colors[policy],
+          dashed: mode === "global",
+          points: results.filter((r) => r.mode === mode && r.policy === policy)
+            .map((r) => [100 * r.fraction, r.hitRate]),
+        });
+      }
+    }
+    writeLineChart(values.svg, {
+      title: `Expert-cache hit rate: ${meta?.model?.split(" ")[0] ?? values.trace}`,
+      xLabel: "cache size (% of all experts)",
+      yLabel: "hit rate",
+      xMin: 0,
+      yMin: 0,
+      yMax: 1,
+      series,
+    });
+    console.log(`wrote ${values.svg}`);
+  }
+}
+
+function printTable(
+  path: string,
+  meta: TraceMeta | null,
+  shape: TraceShape,
+  nEvents: number,
+  results: SimResult[],
+): void {
+  console.log(
+    `${path}: ${meta?.model ?? "?"}; ${shape.nLayers} layers × ${shape.nExperts} experts, ` +
+      `top-${meta?.top_k ?? "?"}, ${nEvents} (token, layer) events`,
+  );
+  console.log(
+    "mode       slots/layer  total  % experts   LRU    LFU    LFRU   Belady-admit  Belady",
+  );
+  for (let i = 0; i < results.length; i += SIM_POLICIES.length) {
+    const row = results.slice(i, i + SIM_POLICIES.length);
+    const r = row[0];
+    const total = r.mode === "global" ? r.slots : r.slots * shape.nLayers;
+    const perLayer = r.mode === "global" ? total / shape.nLayers : r.slots;
+    console.log(
+      `${r.mode.padEnd(10)} ${perLayer.toFixed(2).padStart(11)} ${String(total).padStart(6)} ` +
+        `${(100 * r.fraction).toFixed(1).padStart(9)}  ` +
+        row.map((x) => x.hitRate.toFixed(3).padEnd(x.policy === "belady-admit" ? 12 : 5))
+          .join("  "),
+    );
+  }
+}
+
+if (import.meta.main) main(Deno.args);

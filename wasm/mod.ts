@@ -1,0 +1,216 @@
+/**
+ * Loader of the compute kernels (wasm/kernels.wasm, built from kernels/*.c by wasm/build.ts) and
+ * the shared wasm64 arena memory they run on. Pointers are byte offsets into the arena passed as
+ * bigint (wasm i64); counts and indices are numbers (i32); scalars are numbers (f32).
+ *
+ * Row-split kernels end with a range [r0, r1) (or [h0, h1) for attention); a row's value never
+ * depends on the range, so any split across workers gives bit-identical results.
+ *
+ * @module
+ */
+
+/** Byte offset into the arena memory (wasm64 pointer). */
+export type Ptr = bigint;
+
+/**
+ * Bytes at the bottom of the arena that belong to the kernels module (its static data and heap
+ * base); the arena allocator must start at or above this offset.
+ */
+export const KERNEL_RESERVED_BYTES = 1 << 20;
+
+/** Largest memory64 V8 allows (262144 pages of 64 KiB). */
+export const MAX_ARENA_BYTES = 16 * 1024 ** 3;
+
+const PAGE_BYTES = 65536;
+
+/** Every kernel the module exports, with the wasm signature as TypeScript sees it. */
+export interface Kernels {
+  /** y[r] = Σ_c W[r·cols + c]·x[c] for r in [r0, r1); W f32. */
+  gemv_f32(W: Ptr, x: Ptr, y: Ptr, rows: number, cols: number, r0: number, r1: number): void;
+  /** As gemv_f32 with W in bf16 (uint16 holding the top half of an f32). */
+  gemv_bf16(W: Ptr, x: Ptr, y: Ptr, rows: number, cols: number, r0: number, r1: number): void;
+  /** As gemv_f32 with W in IEEE binary16. */
+  gemv_f16(W: Ptr, x: Ptr, y: Ptr, rows: number, cols: number, r0: number, r1: number): void;
+  /** Y[b·rows + r] = Σ_c W[r,c]·X[b·cols + c] for b < nb; column b equals gemv_f32 bit for bit. */
+  gemm_f32(
+    W: Ptr,
+    X: Ptr,
+    Y: Ptr,
+    rows: number,
+    cols: number,
+    nb: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** As gemm_f32 with W in bf16; column b equals gemv_bf16 bit for bit. */
+  gemm_bf16(
+    W: Ptr,
+    X: Ptr,
+    Y: Ptr,
+    rows: number,
+    cols: number,
+    nb: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** y = x / sqrt(mean(x²) + eps) · w over n floats; y may equal x. */
+  rmsnorm_f32(x: Ptr, w: Ptr, y: Ptr, n: number, eps: number): void;
+  /** rmsnorm_f32 on nrows consecutive rows of n floats, all with the same w. */
+  rmsnorm_rows_f32(x: Ptr, w: Ptr, y: Ptr, n: number, nrows: number, eps: number): void;
+  /**
+   * Rotates in place the first rotDim floats of each of nheads heads at x + h·headStride
+   * (floats) with cos/sin tables of rotDim/2 floats. interleaved 0 pairs (i, i + rotDim/2),
+   * 1 pairs (2i, 2i + 1).
+   */
+  rope_f32(
+    x: Ptr,
+    nheads: number,
+    headStride: number,
+    rotDim: number,
+    cos: Ptr,
+    sin: Ptr,
+    interleaved: number,
+  ): void;
+  /** Softmax in place. NaN or +Inf in → all NaN; all −Inf → uniform 1/n. */
+  softmax_f32(x: Ptr, n: number): void;
+  /** g[i] = silu(g[i])·u[i]. */
+  silu_mul_f32(g: Ptr, u: Ptr, n: number): void;
+  /** x[i] = 1 / (1 + e^−x[i]) in place. */
+  sigmoid_f32(x: Ptr, n: number): void;
+  /** x[i] = e^x[i] in place (within 2 ulp; overflow → +Inf, underflow → 0, NaN → NaN). */
+  exp_f32(x: Ptr, n: number): void;
+  /** y[i] += x[i]. */
+  add_f32(y: Ptr, x: Ptr, n: number): void;
+  /** y[i] += a·x[i] (product rounded, then sum; never fused). */
+  axpy_f32(y: Ptr, x: Ptr, a: number, n: number): void;
+  /** y[i] *= a. */
+  scale_f32(y: Ptr, a: number, n: number): void;
+  /** dst[i] = src[i]; overlapping regions are fine. */
+  copy_f32(dst: Ptr, src: Ptr, n: number): void;
+  /** Index of the first maximum; the first NaN if any (NaN ranks highest); −1 when n ≤ 0. */
+  argmax_f32(x: Ptr, n: number): number;
+  /**
+   * Writes the indices of the k largest values to idxOut (int32), best first; ties and NaNs
+   * ordered as argmax_f32 (NaN highest, then lower index first); entries beyond n are −1.
+   */
+  topk_f32(x: Ptr, n: number, k: number, idxOut: Ptr): void;
+  /**
+   * Decode attention for heads [h0, h1): s[t] = scale·q_h·k_t over t < T, softmax, out_h =
+   * Σ_t p[t]·v_t. Key t of kv head g at kcache + (t·kStride + g·headDim) floats, value at
+   * vcache + (t·vStride + g·vHeadDim) floats, g = h / (nHeads / nKvHeads); q_h at q + h·headDim,
+   * out_h at out + h·vHeadDim; scores + h·T floats is head h's scratch (nHeads·T floats in all).
+   */
+  attention_f32(
+    q: Ptr,
+    kcache: Ptr,
+    vcache: Ptr,
+    out: Ptr,
+    scores: Ptr,
+    nHeads: number,
+    nKvHeads: number,
+    headDim: number,
+    vHeadDim: number,
+    T: number,
+    kStride: number,
+    vStride: number,
+    scale: number,
+    h0: number,
+    h1: number,
+  ): void;
+}
+
+/** Names of the functions in {@link Kernels}; instantiation checks that each one is exported. */
+export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
+  "gemv_f32",
+  "gemv_bf16",
+  "gemv_f16",
+  "gemm_f32",
+  "gemm_bf16",
+  "rmsnorm_f32",
+  "rmsnorm_rows_f32",
+  "rope_f32",
+  "softmax_f32",
+  "silu_mul_f32",
+  "sigmoid_f32",
+  "exp_f32",
+  "add_f32",
+  "axpy_f32",
+  "scale_f32",
+  "copy_f32",
+  "argmax_f32",
+  "topk_f32",
+  "attention_f32",
+];
+
+const WASM_URL = new URL("./kernels.wasm", import.meta.url);
+let cachedModule: Promise<WebAssembly.Module> | null = null;
+
+/** Compiles wasm/kernels.wasm once per process; later calls return the same module. */
+export function loadKernelModule(): Promise<WebAssembly.Module> {
+  if (cachedModule === null) {
+    cachedModule = Deno.readFile(WASM_URL).then(
+      (bytes) => WebAssembly.compile(bytes),
+      (e) => {
+        throw new Error(`cannot read ${WASM_URL.pathname} (run deno task build:wasm): ${e}`);
+      },
+    );
+    cachedModule.catch(() => cachedModule = null);
+  }
+  return cachedModule;
+}
+
+/**
+ * A shared wasm64 memory of exactly ceil(bytes / 64 KiB) pages (initial = maximum: the arena is
+ * sized once, since a grow by one thread is not seen by wasm code already running in another).
+ */
+export function createArenaMemory(bytes: number): WebAssembly.Memory {
+  if (!Number.isSafeInteger(bytes) || bytes <= KERNEL_RESERVED_BYTES) {
+    throw new Error(
+      `arena size ${bytes} bytes: expected an integer above KERNEL_RESERVED_BYTES ` +
+        `(${KERNEL_RESERVED_BYTES})`,
+    );
+  }
+  if (bytes > MAX_ARENA_BYTES) {
+    throw new Error(
+      `arena size ${bytes} bytes exceeds the 16 GiB (${MAX_ARENA_BYTES} bytes) that V8 allows ` +
+        `for a wasm64 memory`,
+    );
+  }
+  const pages = BigInt(Math.ceil(bytes / PAGE_BYTES));
+  // `address` is newer than the TypeScript DOM typings of WebAssembly.MemoryDescriptor.
+  const descriptor = { initial: pages, maximum: pages, shared: true, address: "i64" };
+  return new WebAssembly.Memory(descriptor as unknown as WebAssembly.MemoryDescriptor);
+}
+
+/**
+ * Instantiates the kernels on `memory` (shared, wasm64, from {@link createArenaMemory}) and
+ * returns them typed. Each worker calls this with the same module and memory.
+ */
+export async function instantiateKernels(
+  module: WebAssembly.Module,
+  memory: WebAssembly.Memory,
+): Promise<Kernels> {
+  if (memory.buffer.byteLength < KERNEL_RESERVED_BYTES) {
+    throw new Error(
+      `arena memory of ${memory.buffer.byteLength} bytes is smaller than ` +
+        `KERNEL_RESERVED_BYTES (${KERNEL_RESERVED_BYTES})`,
+    );
+  }
+  const instance = await WebAssembly.instantiate(module, { env: { memory } });
+  const exports = instance.exports as Record<string, unknown>;
+  const heapBase = exports.__heap_base;
+  if (!(heapBase instanceof WebAssembly.Global) || BigInt(heapBase.value) > KERNEL_RESERVED_BYTES) {
+    throw new Error(
+      `kernels.wasm: __heap_base ${heapBase instanceof WebAssembly.Global ? heapBase.value : "?"}` +
+        ` must be exported and at most KERNEL_RESERVED_BYTES (${KERNEL_RESERVED_BYTES})`,
+    );
+  }
+  const kernels: Record<string, unknown> = {};
+  for (const name of KERNEL_NAMES) {
+    if (typeof exports[name] !== "function") {
+      throw new Error(`kernels.wasm does not export ${name}: rebuild with deno task build:wasm`);
+    }
+    kernels[name] = exports[name];
+  }
+  return kernels as unknown as Kernels;
+}

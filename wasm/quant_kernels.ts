@@ -1,0 +1,108 @@
+/**
+ * Typed view of the compact-weight kernels in wasm/kernels.wasm (kernels/quant_*.c). Pointers
+ * are arena byte offsets (bigint, wasm64); counts are numbers. Row-split kernels take [r0, r1)
+ * and a row's value never depends on the split.
+ *
+ * MXFP4 and INT4 multiply by a Q8 copy of x (int8 per 32-block with an f32 scale) that
+ * quantize_act_q8 writes once per input vector; VQ3R multiplies through a table vq3r_lut builds
+ * once per input vector. Formats: engine/quant/*.ts; layouts: kernels/quant.h and the C files.
+ *
+ * @module
+ */
+import type { Ptr } from "./mod.ts";
+
+/** The compact-weight kernels. */
+export interface QuantKernels {
+  /** x f32 [cols] → Q8 blocks at xq (q8Bytes(cols) bytes); cols a multiple of 32. */
+  quantize_act_q8(x: Ptr, xq: Ptr, cols: number): void;
+  /** y[r] = Σ_c W[r,c]·x[c]: W MXFP4 [rows, cols/2] bytes, S E8M0 [rows, cols/32], xq Q8 of x. */
+  matvec_mxfp4(
+    W: Ptr,
+    S: Ptr,
+    xq: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** y[r] = Σ_c W[r,c]·x[c]: W int4 packed [rows, cols/8] int32, S bf16 [rows, cols/32], xq Q8. */
+  matvec_int4g32(
+    W: Ptr,
+    S: Ptr,
+    xq: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** y[r] = Σ_c W[r,c]·x[c]: W e4m3fn [rows, cols], S f32 [⌈rows/128⌉, ⌈cols/128⌉], x f32. */
+  matvec_fp8b128(
+    W: Ptr,
+    S: Ptr,
+    x: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** y[r] = S[r]·Σ_c W[r,c]·x[c]: W int8 [rows, cols], S f32 [rows], x f32. */
+  matvec_int8row(
+    W: Ptr,
+    S: Ptr,
+    x: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** lut f32 [3][cols/8][256] = dots of codebooks C f32 [3][8][256] with each 8-chunk of x. */
+  vq3r_lut(C: Ptr, x: Ptr, lut: Ptr, cols: number): void;
+  /** y[r] = S[r]·Σ_k Σ_s lut[s][k][I[r][s][k]]: I u8 [rows][3][cols/8], S f32 [rows]. */
+  matvec_vq3r(
+    I: Ptr,
+    S: Ptr,
+    lut: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+}
+
+/** Names of the functions in {@link QuantKernels}. */
+export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
+  "quantize_act_q8",
+  "matvec_mxfp4",
+  "matvec_int4g32",
+  "matvec_fp8b128",
+  "matvec_int8row",
+  "vq3r_lut",
+  "matvec_vq3r",
+];
+
+/** Bytes of the Q8 copy of a cols-vector: cols int8, then cols/32 f32 scales and i32 sums. */
+export function q8Bytes(cols: number): number {
+  return cols + (cols / 32) * 8;
+}
+
+/** Floats of a VQ3R lookup table for a cols-vector. */
+export function vq3rLutFloats(cols: number): number {
+  return 3 * (cols / 8) * 256;
+}
+
+/** The quant kernels from an instance's exports; throws naming the first one missing. */
+export function quantKernels(exports: WebAssembly.Exports): QuantKernels {
+  const out: Record<string, unknown> = {};
+  for (const name of QUANT_KERNEL_NAMES) {
+    if (typeof exports[name] !== "function") {
+      throw new Error(`kernels.wasm does not export ${name}: rebuild with deno task build:wasm`);
+    }
+    out[name] = exports[name];
+  }
+  return out as unknown as QuantKernels;
+}

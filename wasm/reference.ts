@@ -1,0 +1,229 @@
+/**
+ * Scalar TypeScript references of every kernel in wasm/mod.ts, on plain typed arrays. They define
+ * the semantics the tests hold the kernels to. Reductions (dot products, sums of squares, softmax
+ * sums) run in float64 and round to f32 once at the store, so they are more accurate than the
+ * kernels, which are compared with a tolerance. Element-wise arithmetic (add, axpy, scale, RoPE)
+ * rounds to f32 after every operation exactly as the kernels do, so those compare bit for bit.
+ *
+ * @module
+ */
+
+const f32 = Math.fround;
+const scratch = new DataView(new ArrayBuffer(4));
+
+/** The f32 whose top 16 bits are `h` (bf16 → f32 is exact). */
+export function bf16ToF32(h: number): number {
+  scratch.setUint32(0, (h & 0xffff) << 16);
+  return scratch.getFloat32(0);
+}
+
+/** IEEE binary16 `h` as a number (exact), NaN payloads aside. */
+export function f16ToF32(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const mant = h & 0x3ff;
+  if (exp === 0) return sign * mant * 2 ** -24;
+  if (exp === 31) return mant === 0 ? sign * Infinity : NaN;
+  return sign * (1 + mant / 1024) * 2 ** (exp - 15);
+}
+
+/** A weight matrix in any stored type, decoded element by element. */
+export type Weights =
+  | { type: "f32"; data: Float32Array }
+  | { type: "bf16"; data: Uint16Array }
+  | { type: "f16"; data: Uint16Array };
+
+/** Element i of `w` as a number. */
+export function weightAt(w: Weights, i: number): number {
+  if (w.type === "f32") return w.data[i];
+  return w.type === "bf16" ? bf16ToF32(w.data[i]) : f16ToF32(w.data[i]);
+}
+
+/** y[r] = Σ_c W[r·cols + c]·x[c] for every row (gemv_f32 / gemv_bf16 / gemv_f16). */
+export function gemvRef(w: Weights, x: Float32Array, rows: number, cols: number): Float32Array {
+  const y = new Float32Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let s = 0;
+    for (let c = 0; c < cols; c++) s += weightAt(w, r * cols + c) * x[c];
+    y[r] = s;
+  }
+  return y;
+}
+
+/** Σ_c |W[r,c]·x[c]| per row: the scale against which a dot product's rounding is judged. */
+export function gemvAbsRef(w: Weights, x: Float32Array, rows: number, cols: number): Float64Array {
+  const y = new Float64Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let s = 0;
+    for (let c = 0; c < cols; c++) s += Math.abs(weightAt(w, r * cols + c) * x[c]);
+    y[r] = s;
+  }
+  return y;
+}
+
+/** Y[b·rows + r] = Σ_c W[r,c]·X[b·cols + c] for b < nb (gemm_f32 / gemm_bf16). */
+export function gemmRef(
+  w: Weights,
+  X: Float32Array,
+  rows: number,
+  cols: number,
+  nb: number,
+): Float32Array {
+  const Y = new Float32Array(nb * rows);
+  for (let b = 0; b < nb; b++) {
+    Y.set(gemvRef(w, X.subarray(b * cols, (b + 1) * cols), rows, cols), b * rows);
+  }
+  return Y;
+}
+
+/** x / sqrt(mean(x²) + eps) · w (rmsnorm_f32). */
+export function rmsnormRef(x: Float32Array, w: Float32Array, eps: number): Float32Array {
+  let ss = 0;
+  for (const v of x) ss += v * v;
+  const inv = 1 / Math.sqrt(ss / x.length + f32(eps));
+  return Float32Array.from(x, (v, i) => v * inv * w[i]);
+}
+
+/** rmsnormRef applied to each of nrows consecutive rows of n (rmsnorm_rows_f32). */
+export function rmsnormRowsRef(
+  x: Float32Array,
+  w: Float32Array,
+  n: number,
+  nrows: number,
+  eps: number,
+): Float32Array {
+  const y = new Float32Array(n * nrows);
+  for (let r = 0; r < nrows; r++) y.set(rmsnormRef(x.subarray(r * n, (r + 1) * n), w, eps), r * n);
+  return y;
+}
+
+/** RoPE in place on `x` (rope_f32): pair (a, b) → (a·cos − b·sin, b·cos + a·sin), f32 ops. */
+export function ropeRef(
+  x: Float32Array,
+  nheads: number,
+  headStride: number,
+  rotDim: number,
+  cos: Float32Array,
+  sin: Float32Array,
+  interleaved: boolean,
+): void {
+  const half = rotDim >> 1;
+  for (let h = 0; h < nheads; h++) {
+    const base = h * headStride;
+    for (let i = 0; i < half; i++) {
+      const ia = base + (interleaved ? 2 * i : i);
+      const ib = base + (interleaved ? 2 * i + 1 : half + i);
+      const a = x[ia], b = x[ib];
+      x[ia] = f32(f32(a * cos[i]) - f32(b * sin[i]));
+      x[ib] = f32(f32(b * cos[i]) + f32(a * sin[i]));
+    }
+  }
+}
+
+/** Softmax (softmax_f32): NaN or +Inf anywhere → all NaN; all −Inf → uniform 1/n. */
+export function softmaxRef(x: Float32Array): Float32Array {
+  let m = -Infinity;
+  for (const v of x) m = Number.isNaN(v) || Number.isNaN(m) ? NaN : Math.max(m, v);
+  if (m === -Infinity) return new Float32Array(x.length).fill(1 / x.length);
+  const e = Array.from(x, (v) => Math.exp(v - m));
+  const s = e.reduce((a, b) => a + b, 0);
+  return Float32Array.from(e, (v) => v / s);
+}
+
+/** silu(g)·u (silu_mul_f32), silu(g) = g / (1 + e^−g). */
+export function siluMulRef(g: Float32Array, u: Float32Array): Float32Array {
+  return Float32Array.from(g, (v, i) => v / (1 + Math.exp(-v)) * u[i]);
+}
+
+/** 1 / (1 + e^−x) (sigmoid_f32). */
+export function sigmoidRef(x: Float32Array): Float32Array {
+  return Float32Array.from(x, (v) => 1 / (1 + Math.exp(-v)));
+}
+
+/** e^x (exp_f32). */
+export function expRef(x: Float32Array): Float32Array {
+  return Float32Array.from(x, Math.exp);
+}
+
+/** y + x (add_f32). */
+export function addRef(y: Float32Array, x: Float32Array): Float32Array {
+  return Float32Array.from(y, (v, i) => v + x[i]);
+}
+
+/** y + f32(a·x) (axpy_f32: the product is rounded before the sum). */
+export function axpyRef(y: Float32Array, x: Float32Array, a: number): Float32Array {
+  return Float32Array.from(y, (v, i) => v + f32(f32(a) * x[i]));
+}
+
+/** y·a (scale_f32). */
+export function scaleRef(y: Float32Array, a: number): Float32Array {
+  return Float32Array.from(y, (v) => v * f32(a));
+}
+
+/** True when value v at a higher index ranks before u at a lower index: NaN highest, then >. */
+function laterRanksBefore(v: number, u: number): boolean {
+  return Number.isNaN(v) ? !Number.isNaN(u) : v > u;
+}
+
+/** Index of the first maximum; first NaN if any; −1 for an empty x (argmax_f32). */
+export function argmaxRef(x: Float32Array): number {
+  if (x.length === 0) return -1;
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (laterRanksBefore(x[i], x[best])) best = i;
+  return best;
+}
+
+/** The k best indices, best first, ties to the lower index, −1 beyond x.length (topk_f32). */
+export function topkRef(x: Float32Array, k: number): Int32Array {
+  const rank = (i: number, j: number): number => {
+    const ni = Number.isNaN(x[i]), nj = Number.isNaN(x[j]);
+    if (ni !== nj) return ni ? -1 : 1;
+    if (!ni && x[i] !== x[j]) return x[i] > x[j] ? -1 : 1;
+    return i - j;
+  };
+  const order = Array.from(x, (_, i) => i).sort(rank);
+  const out = new Int32Array(k).fill(-1);
+  out.set(order.slice(0, k));
+  return out;
+}
+
+/** Shapes and strides of one attention call (attention_f32), strides in floats. */
+export interface AttentionShape {
+  nHeads: number;
+  nKvHeads: number;
+  headDim: number;
+  vHeadDim: number;
+  T: number;
+  kStride: number;
+  vStride: number;
+  scale: number;
+}
+
+/** Decode attention for all heads; returns out (nHeads·vHeadDim floats). */
+export function attentionRef(
+  q: Float32Array,
+  kcache: Float32Array,
+  vcache: Float32Array,
+  s: AttentionShape,
+): Float32Array {
+  const out = new Float32Array(s.nHeads * s.vHeadDim);
+  const group = s.nHeads / s.nKvHeads;
+  for (let h = 0; h < s.nHeads; h++) {
+    const g = Math.floor(h / group);
+    const scores = new Float32Array(s.T);
+    for (let t = 0; t < s.T; t++) {
+      let d = 0;
+      for (let i = 0; i < s.headDim; i++) {
+        d += q[h * s.headDim + i] * kcache[t * s.kStride + g * s.headDim + i];
+      }
+      scores[t] = f32(s.scale) * d;
+    }
+    const p = softmaxRef(scores);
+    for (let i = 0; i < s.vHeadDim; i++) {
+      let o = 0;
+      for (let t = 0; t < s.T; t++) o += p[t] * vcache[t * s.vStride + g * s.vHeadDim + i];
+      out[h * s.vHeadDim + i] = o;
+    }
+  }
+  return out;
+}
