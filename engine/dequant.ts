@@ -10,7 +10,11 @@ import type { Arena } from "./arena.ts";
 import type { TensorRef } from "./tensor.ts";
 
 /** Container dtype → (safetensors dtype name, bytes per value) for the plain float formats. */
-const PLAIN: Record<string, [string, number]> = { f32: ["F32", 4], bf16: ["BF16", 2], f16: ["F16", 2] };
+const PLAIN: Record<string, [string, number]> = {
+  f32: ["F32", 4],
+  bf16: ["BF16", 2],
+  f16: ["F16", 2],
+};
 
 /** Rows [r0, r1) of a stored matrix as float32 (row-major, r1 − r0 rows of `cols`). */
 export function rowsToF32(arena: Arena, w: TensorRef, r0: number, r1: number): Float32Array {

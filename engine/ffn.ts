@@ -30,7 +30,11 @@ export class FeedForward {
     this.#maxBatch = maxBatch;
     const d = cfg.hiddenSize;
     const moe = cfg.moe;
-    const inter = Math.max(cfg.intermediateSize, moe?.expertIntermediate ?? 0, moe?.sharedIntermediate ?? 0);
+    const inter = Math.max(
+      cfg.intermediateSize,
+      moe?.expertIntermediate ?? 0,
+      moe?.sharedIntermediate ?? 0,
+    );
     this.#gate = arena.alloc("ffn gate", maxBatch * inter * 4);
     this.#up = arena.alloc("ffn up", maxBatch * inter * 4);
     this.#gathered = arena.alloc("moe gathered input", maxBatch * d * 4);
@@ -41,7 +45,9 @@ export class FeedForward {
   /** out = down(silu(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
   #mlp(gate: LayerWeights | ExpertWeights, h: number, out: number, nb: number, prefix?: string) {
     const w = (m: "gate" | "up" | "down") =>
-      prefix ? (gate as LayerWeights).get(`${prefix}_${m}` as LayerTensor) : (gate as ExpertWeights)[m];
+      prefix
+        ? (gate as LayerWeights).get(`${prefix}_${m}` as LayerTensor)
+        : (gate as ExpertWeights)[m];
     const g = w("gate"), u = w("up"), down = w("down");
     const ops = this.#ops;
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
@@ -84,10 +90,14 @@ export class FeedForward {
       for (const e of ids) {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);
-        slots.forEach((s, i) => ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d));
+        slots.forEach((s, i) =>
+          ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d)
+        );
         // The down projection may overwrite the gathered inputs: gate and up have consumed them.
         this.#mlp(ew, this.#gathered, this.#gathered, slots.length);
-        slots.forEach((s, i) => ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d));
+        slots.forEach((s, i) =>
+          ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
+        );
         this.#experts.release(layer, e);
       }
     }

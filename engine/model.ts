@@ -5,20 +5,23 @@
  *
  * @module
  */
-import { openContainer, type Container } from "../io/container.ts";
-import { ExpertCache, type CachePolicy } from "../io/expert_cache.ts";
+import { type Container, openContainer } from "../io/container.ts";
+import { type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
+import { hotListPath, hottest, readHotList } from "../io/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
-import { openReader, type BlockReader } from "../io/reader.ts";
+import { type BlockReader, openReader } from "../io/reader.ts";
 import { TrunkRing } from "../io/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { Lookahead } from "./lookahead.ts";
 import { createAttention } from "./models/mod.ts";
+import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
-import { type MemoryPlan, planMemory } from "./planner.ts";
+import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { defaultThreads, Pool } from "./pool.ts";
-import { tensorRef, type ExpertSource } from "./weights.ts";
+import { type ExpertSource, tensorRef } from "./weights.ts";
 import { Transformer } from "./transformer.ts";
 
 /** How to run a container. Every option changes speed or memory, never the output. */
@@ -47,6 +50,14 @@ export interface RunOptions {
   shards?: string[];
   /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
   io?: "direct" | "buffered" | "fallback";
+  /** Speculatively read the next layer's top-N predicted experts during decode (0 = off). */
+  lookahead?: number;
+  /** Warm the expert cache from the learned hot list beside the container (default true). */
+  hotList?: boolean;
+  /** Add this run's expert use counts to the hot list when the model closes. */
+  learn?: boolean;
+  /** Write one JSON line per (token, MoE layer) with the routed experts to this file. */
+  trace?: string;
   /** No notices on stderr. */
   quiet?: boolean;
 }
@@ -66,6 +77,8 @@ export class Model {
   readonly prefillChunk: number;
   /** Positions the KV cache holds. */
   readonly maxContext: number;
+  /** Trace, hot-list learning and lookahead hooks on the MoE layers. */
+  readonly observers: RunObservers;
   #closed = false;
 
   private constructor(init: {
@@ -79,6 +92,7 @@ export class Model {
     transformer: Transformer;
     prefillChunk: number;
     maxContext: number;
+    observers: RunObservers;
   }) {
     this.container = init.container;
     this.cfg = init.container.config;
@@ -91,6 +105,7 @@ export class Model {
     this.transformer = init.transformer;
     this.prefillChunk = init.prefillChunk;
     this.maxContext = init.maxContext;
+    this.observers = init.observers;
   }
 
   /** Opens the container at `path` under the memory plan `opts` asks for. */
@@ -101,18 +116,13 @@ export class Model {
     const banks = m.experts.filter((b) => b !== null);
     const ctx = Math.min(opts.ctx ?? 4096, cfg.maxPositions);
     const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
-    const plan = planMemory({
-      cfg,
-      globalsBytes: m.trunk.globals.region.bytes,
-      layerBytes: m.trunk.layers.map((l) => l.bytes),
-      expertStride: Math.max(0, ...banks.map((b) => b.stride)),
-      totalExperts: banks.reduce((a, b) => a + b.count, 0),
-    }, {
+    const plan = planMemory(planInput(container), {
       budget: opts.budget,
       ctx,
       maxBatch: prefillChunk,
       ringSlots: opts.ringSlots,
       expertSlots: opts.expertSlots,
+      lookahead: (opts.lookahead ?? 0) > 0,
     });
     const arena = new Arena(plan.arenaBytes);
     const threads = opts.threads ?? defaultThreads();
@@ -124,7 +134,10 @@ export class Model {
     });
     try {
       const trunkFile = reader.open(container.trunkPath);
-      const gOff = arena.alloc("globals (embedding, final norm, LM head)", m.trunk.globals.region.bytes);
+      const gOff = arena.alloc(
+        "globals (embedding, final norm, LM head)",
+        m.trunk.globals.region.bytes,
+      );
       reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
       const rel = gOff - m.trunk.globals.region.offset;
       const g = m.trunk.globals.tensors;
@@ -158,12 +171,29 @@ export class Model {
           readaheadDepth: opts.readaheadDepth ?? 4,
           check: (layer, expert, slot, file, fileOffset) => {
             const bank = m.experts[layer]!;
-            checkRecord(arena.u8(slot, bank.stride), bank, layer, expert, file, fileOffset, opts.verify ?? false);
+            checkRecord(
+              arena.u8(slot, bank.stride),
+              bank,
+              layer,
+              expert,
+              file,
+              fileOffset,
+              opts.verify ?? false,
+            );
           },
         });
       }
       const ops = new Ops(arena, pool);
       const attention = createAttention(ops, arena, cfg, prefillChunk, ctx);
+      const observers = new RunObservers(container, opts);
+      if (experts) {
+        const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
+        if (hot) experts.warm(hottest(hot));
+        if ((opts.lookahead ?? 0) > 0) {
+          const routers = residentRouters(arena, container);
+          observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, opts.lookahead!);
+        }
+      }
       const transformer = new Transformer({
         cfg,
         arena,
@@ -174,6 +204,9 @@ export class Model {
         attention,
         maxBatch: prefillChunk,
       });
+      transformer.moeObservers.push((l, routes, h, nb, pos) =>
+        observers.observe(l, routes, h, nb, pos)
+      );
       return new Model({
         container,
         plan,
@@ -185,6 +218,7 @@ export class Model {
         transformer,
         prefillChunk,
         maxContext: ctx,
+        observers,
       });
     } catch (e) {
       reader.close();
@@ -202,6 +236,7 @@ export class Model {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    this.observers.close();
     this.trunk.drain();
     this.experts?.drain();
     this.reader.close();

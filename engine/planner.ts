@@ -8,6 +8,7 @@
  *
  * @module
  */
+import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { alignUp, PAGE } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
@@ -24,6 +25,26 @@ export interface PlanInput {
   expertStride: number;
   /** Expert records in the whole model. */
   totalExperts: number;
+  /** Bytes of all routers and selection biases (kept resident when the lookahead is on). */
+  routerBytes: number;
+}
+
+/** The planner's view of an opened container. */
+export function planInput(c: Container): PlanInput {
+  const m = c.manifest;
+  const banks = m.experts.filter((b) => b !== null);
+  let routerBytes = 0;
+  for (const run of m.trunk.layers) {
+    routerBytes += (run.tensors["router"]?.bytes ?? 0) + (run.tensors["router_bias"]?.bytes ?? 0);
+  }
+  return {
+    cfg: c.config,
+    globalsBytes: m.trunk.globals.region.bytes,
+    layerBytes: m.trunk.layers.map((l) => l.bytes),
+    expertStride: Math.max(0, ...banks.map((b) => b.stride)),
+    totalExperts: banks.reduce((a, b) => a + b.count, 0),
+    routerBytes,
+  };
 }
 
 /** Knobs of a plan. */
@@ -38,6 +59,8 @@ export interface PlanOptions {
   ringSlots?: number;
   /** Cap on expert slots (for tests and benchmarks); the budget still bounds it. */
   expertSlots?: number;
+  /** The router lookahead is on: routers stay resident. */
+  lookahead?: boolean;
 }
 
 /** The outcome: every size the engine allocates. */
@@ -78,10 +101,17 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
   const d = cfg.hiddenSize;
   const moe = cfg.moe;
   const heads = cfg.numHeads;
-  const qDim = cfg.mla ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim) : heads * cfg.headDim;
+  const qDim = cfg.mla
+    ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim)
+    : heads * cfg.headDim;
   const latent = cfg.mla ? heads * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) : 0;
-  const inter = Math.max(cfg.intermediateSize, moe?.expertIntermediate ?? 0, moe?.sharedIntermediate ?? 0);
-  const floats = maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
+  const inter = Math.max(
+    cfg.intermediateSize,
+    moe?.expertIntermediate ?? 0,
+    moe?.sharedIntermediate ?? 0,
+  );
+  const floats =
+    maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
     maxBatch * (3 * qDim + 2 * latent + 2 * cfg.numKvHeads * cfg.headDim + cfg.vocabSize) +
     Math.min(maxBatch, 8) * heads * ctx +
     2 * ctx * cfg.rope.dim;
@@ -102,7 +132,8 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx);
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch);
-  const fixedBytes = input.globalsBytes + kvBytes + scratch;
+  const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
+  const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
   const topK = cfg.moe?.topK ?? 0;
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
@@ -139,10 +170,13 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
       if (ringSlots > 0) break;
     }
   }
-  const trunkBytes = layerBytes.slice(0, pinned).reduce((a, b) => a + b, 0) + ringSlots * ringSlotBytes;
+  const trunkBytes = layerBytes.slice(0, pinned).reduce((a, b) => a + b, 0) +
+    ringSlots * ringSlotBytes;
   const left = budget - fixedBytes - trunkBytes;
   let expertSlots = expertStride > 0 ? Math.min(totalExperts, Math.floor(left / expertStride)) : 0;
-  if (opts.expertSlots !== undefined) expertSlots = Math.max(minExperts, Math.min(expertSlots, opts.expertSlots));
+  if (opts.expertSlots !== undefined) {
+    expertSlots = Math.max(minExperts, Math.min(expertSlots, opts.expertSlots));
+  }
   const expertBytes = expertSlots * expertStride;
   const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
   return {

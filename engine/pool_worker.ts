@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { CTL, CTL_HEADER_BYTES, MAX_JOBS, JOB_SLOTS, runShare, SPIN } from "./pool_protocol.ts";
+import { CTL, CTL_HEADER_BYTES, JOB_SLOTS, MAX_JOBS, runShare, SPIN } from "./pool_protocol.ts";
 
 interface Init {
   module: WebAssembly.Module;

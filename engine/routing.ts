@@ -14,7 +14,11 @@ export interface Route {
 }
 
 /** Indices of the `k` largest `score` values, descending; ties go to the lower index. */
-export function topK(score: ArrayLike<number>, k: number, allowed?: (i: number) => boolean): number[] {
+export function topK(
+  score: ArrayLike<number>,
+  k: number,
+  allowed?: (i: number) => boolean,
+): number[] {
   const chosen: number[] = [];
   const taken = new Uint8Array(score.length);
   for (let n = 0; n < k; n++) {
@@ -33,9 +37,15 @@ export function topK(score: ArrayLike<number>, k: number, allowed?: (i: number) 
 /**
  * Routes one token. Softmax scoring (Mixtral, Qwen3): softmax over all logits, top-k, optional
  * renormalisation. Sigmoid scoring (DeepSeek-V3 noaux_tc): sigmoid scores, the selection bias added
- * for choosing only, group-limited top-k, weights from the unbiased scores.
+ * for choosing only, group-limited top-k, weights from the unbiased scores. `k` other than top_k
+ * ranks more (or fewer) experts the same way, for the lookahead.
  */
-export function route(moe: MoeConfig, logits: ArrayLike<number>, bias?: ArrayLike<number>): Route {
+export function route(
+  moe: MoeConfig,
+  logits: ArrayLike<number>,
+  bias?: ArrayLike<number>,
+  k = moe.topK,
+): Route {
   const n = moe.numExperts;
   const prob = new Float64Array(n);
   if (moe.scoring === "softmax") {
@@ -60,7 +70,7 @@ export function route(moe: MoeConfig, logits: ArrayLike<number>, bias?: ArrayLik
     const keep = new Set(topK(groupScore, moe.topkGroup));
     allowed = (i) => keep.has(Math.floor(i / size));
   }
-  const ids = topK(choice, moe.topK, allowed);
+  const ids = topK(choice, k, allowed);
   let weights = ids.map((i) => prob[i]);
   if (moe.normTopK) {
     const sum = weights.reduce((a, b) => a + b, 0) + (moe.scoring === "sigmoid" ? 1e-20 : 0);

@@ -73,14 +73,21 @@ export class Session {
    * Generates from `prompt` (text, or ids used as they are) and yields each new token as it is
    * sampled. The KV cache starts empty on every call.
    */
-  async *generate(prompt: string | number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
+  async *generate(
+    prompt: string | number[],
+    opts: GenerateOptions = {},
+  ): AsyncGenerator<GeneratedToken> {
     const ids = typeof prompt === "string" ? this.tokenize(prompt) : [...prompt];
     if (ids.length === 0) throw new Error("generate: the prompt has no tokens");
     const ctx = this.model.maxContext;
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    if (maxTokens < 0) throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
+    if (maxTokens < 0) {
+      throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
+    }
     const sampler = createSampler(opts);
-    const stop = opts.ignoreEos ? new Set(opts.stopIds ?? []) : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
+    const stop = opts.ignoreEos
+      ? new Set(opts.stopIds ?? [])
+      : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
     const t = this.timings;
     const t0 = performance.now();
     let logits: Float32Array = new Float32Array(0);

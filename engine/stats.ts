@@ -91,12 +91,20 @@ export function formatStats(s: RunStats): string {
     `load          ${(s.loadMs / 1000).toFixed(2)} s`,
     `prompt        ${s.promptTokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
     `generated     ${s.generatedTokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
-    `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${pct(s.expert_hit_rate)})`,
+    `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
+      pct(s.expert_hit_rate)
+    })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
-    `read          ${fmtBytes(s.bytes_read)} (${fmtBytes(s.bytes_read_per_token)}/token) via ${s.reader}`,
-    `time          io wait ${(s.io_wait_ms / 1000).toFixed(2)} s, compute ${(s.compute_ms / 1000).toFixed(2)} s`,
-    `trunk         ${s.trunk_pinned}/${s.trunk_layers} layers pinned (hit rate ${pct(s.trunk_hit_rate)})`,
+    `read          ${fmtBytes(s.bytes_read)} (${
+      fmtBytes(s.bytes_read_per_token)
+    }/token) via ${s.reader}`,
+    `time          io wait ${(s.io_wait_ms / 1000).toFixed(2)} s, compute ${
+      (s.compute_ms / 1000).toFixed(2)
+    } s`,
+    `trunk         ${s.trunk_pinned}/${s.trunk_layers} layers pinned (hit rate ${
+      pct(s.trunk_hit_rate)
+    })`,
     `memory        budget ${fmtBytes(s.budget_bytes)}, arena ${fmtBytes(s.arena_bytes)}, ` +
     `peak RSS ${fmtBytes(s.peak_rss_bytes)}, ${s.threads} threads`,
   ];

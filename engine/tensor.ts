@@ -45,7 +45,11 @@ export function isMatmulDtype(dtype: string): boolean {
 export function matmulJobs(w: TensorRef, x: number, y: number, nb: number): Job[] {
   const gemm = GEMM[w.dtype];
   if (gemm && nb > 1) {
-    return [{ kernel: gemm, args: [BigInt(w.ptr), BigInt(x), BigInt(y), w.rows, w.cols, nb], rows: w.rows }];
+    return [{
+      kernel: gemm,
+      args: [BigInt(w.ptr), BigInt(x), BigInt(y), w.rows, w.cols, nb],
+      rows: w.rows,
+    }];
   }
   const g = GEMV[w.dtype];
   if (!g) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);

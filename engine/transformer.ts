@@ -27,8 +27,17 @@ export interface GlobalWeights {
   lmHead: TensorRef;
 }
 
-/** Called after each MoE layer with the routes of the batch (stats, traces, lookahead). */
-export type MoeObserver = (layer: number, routes: Route[], h: number, nb: number) => void;
+/**
+ * Called after each MoE layer with the routes of the batch (tokens at positions pos..), and `h`,
+ * the layer's normalised MoE input (stats, traces, hot list, lookahead).
+ */
+export type MoeObserver = (
+  layer: number,
+  routes: Route[],
+  h: number,
+  nb: number,
+  pos: number,
+) => void;
 
 /** What a forward pass needs. */
 export interface TransformerParts {
@@ -79,7 +88,9 @@ export class Transformer {
     const nb = tokens.length;
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
-    if (nb < 1 || nb > this.maxBatch) throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
+    if (nb < 1 || nb > this.maxBatch) {
+      throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
+    }
     const x = this.#x, h = this.#h, tmp = this.#tmp;
     embedRows(arena, globals.embed, tokens, x);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
@@ -90,7 +101,7 @@ export class Transformer {
       ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
       if (cfg.layerKinds[layer] === "moe") {
         const routes = this.#ffn.moe(layer, lw, h, tmp, nb);
-        for (const observe of this.moeObservers) observe(layer, routes, h, nb);
+        for (const observe of this.moeObservers) observe(layer, routes, h, nb, pos);
       } else {
         this.#ffn.dense(lw, h, tmp, nb);
       }

@@ -9,7 +9,7 @@
 import type { Arena } from "../engine/arena.ts";
 import { bindExpert, type ExpertSource, type ExpertWeights } from "../engine/weights.ts";
 import type { ExpertBank } from "./container.ts";
-import { ExpertCache, expertKey } from "./expert_cache.ts";
+import { type ExpertCache, expertKey } from "./expert_cache.ts";
 import type { BlockReader, ReadTicket } from "./reader.ts";
 
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
@@ -25,7 +25,13 @@ export interface ExpertStoreOptions {
   /** Reads to keep in flight after a hint; 0 reads each expert when it is needed. */
   readaheadDepth: number;
   /** Checks a record that just landed (header, and CRC with --verify); throws on mismatch. */
-  check: (layer: number, expert: number, slotOffset: number, file: string, fileOffset: number) => void;
+  check: (
+    layer: number,
+    expert: number,
+    slotOffset: number,
+    file: string,
+    fileOffset: number,
+  ) => void;
 }
 
 /** Counters for the stats block. */
@@ -57,7 +63,10 @@ export class ExpertStore implements ExpertSource {
   #numExperts: number;
   #opts: ExpertStoreOptions;
   /** Reads in flight by cache key. */
-  #inflight = new Map<number, { ticket: ReadTicket; layer: number; expert: number; speculative: boolean }>();
+  #inflight = new Map<
+    number,
+    { ticket: ReadTicket; layer: number; expert: number; speculative: boolean }
+  >();
   /** Hinted misses whose reads have not started, in routing order. */
   #misses = new Map<number, { layer: number; expert: number; slot: number }>();
   /** Keys acquired by a hint and not yet released. */
@@ -79,7 +88,10 @@ export class ExpertStore implements ExpertSource {
     if (!any) throw new Error("expert store: the model has no MoE layers");
     this.#stride = Math.max(...banks.filter((b) => b).map((b) => b!.bank.stride));
     this.#numExperts = any.bank.count;
-    this.#slotBase = arena.alloc(`expert slots (${slots} × ${this.#stride} B)`, slots * this.#stride);
+    this.#slotBase = arena.alloc(
+      `expert slots (${slots} × ${this.#stride} B)`,
+      slots * this.#stride,
+    );
   }
 
   #key(layer: number, expert: number): number {
@@ -90,7 +102,10 @@ export class ExpertStore implements ExpertSource {
     return this.#slotBase + slot * this.#stride;
   }
 
-  #location(layer: number, expert: number): { handle: number; path: string; offset: number; bank: ExpertBank } {
+  #location(
+    layer: number,
+    expert: number,
+  ): { handle: number; path: string; offset: number; bank: ExpertBank } {
     const b = this.#banks[layer];
     if (!b) throw new Error(`layer ${layer} has no experts`);
     if (expert < 0 || expert >= b.bank.count) {
@@ -188,7 +203,9 @@ export class ExpertStore implements ExpertSource {
 
   release(layer: number, expert: number): void {
     const key = this.#key(layer, expert);
-    if (!this.#held.delete(key)) throw new Error(`expert ${expert} of layer ${layer} released twice`);
+    if (!this.#held.delete(key)) {
+      throw new Error(`expert ${expert} of layer ${layer} released twice`);
+    }
     this.cache.release([key]);
     this.#pump();
   }
@@ -214,6 +231,23 @@ export class ExpertStore implements ExpertSource {
       started++;
     }
     return started;
+  }
+
+  /** Fills free slots with the given experts, hottest first (the learned hot list). */
+  warm(experts: [number, number][]): void {
+    const valid = experts.filter(([l, e]) => this.#banks[l] && e < this.#banks[l]!.bank.count);
+    this.cache.warm(valid.map(([l, e]) => this.#key(l, e)));
+    for (const [layer, expert] of valid) {
+      const key = this.#key(layer, expert);
+      const slot = this.cache.slotOf(key);
+      if (slot === undefined || this.#inflight.has(key)) continue;
+      const { handle, offset, bank } = this.#location(layer, expert);
+      const ticket = this.#reader.submit(handle, this.#slotOffset(slot), bank.stride, offset);
+      this.stats.bytesRead += bank.stride;
+      this.#inflight.set(key, { ticket, layer, expert, speculative: true });
+      this.cache.pin(key);
+    }
+    this.drain();
   }
 
   /** Waits for every read in flight (before the reader closes). */

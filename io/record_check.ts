@@ -24,7 +24,9 @@ export function checkRecord(
   for (const m of EXPERT_MATRICES) {
     if (h.matrices[m].offset !== bank.matrices[m].offset) {
       throw new Error(
-        `expert ${expert} of layer ${layer}: ${m} at ${h.matrices[m].offset} in the record header, ` +
+        `expert ${expert} of layer ${layer}: ${m} at ${
+          h.matrices[m].offset
+        } in the record header, ` +
           `${bank.matrices[m].offset} in the manifest (${file} offset ${fileOffset})`,
       );
     }
@@ -32,6 +34,8 @@ export function checkRecord(
   if (!verify) return;
   const crc = crc32(record.subarray(h.payloadOffset, h.payloadOffset + h.payloadBytes));
   if (crc !== h.payloadCrc) {
-    throw new Error(`expert ${expert} of layer ${layer}: checksum mismatch (${file} offset ${fileOffset})`);
+    throw new Error(
+      `expert ${expert} of layer ${layer}: checksum mismatch (${file} offset ${fileOffset})`,
+    );
   }
 }

@@ -38,8 +38,9 @@ static inline v128_t hsum4_i32x4(v128_t a, v128_t b, v128_t c, v128_t d) {
 
 /* One 32-block: dot of 32 offset weights (lo = even elements, hi = odd) with the Q8 block. */
 static inline v128_t dot_block_q8(v128_t lo, v128_t hi, v128_t xe, v128_t xo) {
-  v128_t d = wasm_i32x4_relaxed_dot_i8x16_i7x16_add(xe, lo, wasm_i32x4_splat(0));
-  return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(xo, hi, d);
+  v128_t d = wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(xe, lo),
+                            wasm_i16x8_relaxed_dot_i8x16_i7x16(xo, hi));
+  return wasm_i32x4_extadd_pairwise_i16x8(d);
 }
 
 /* Loads n (1..3) consecutive i32 (or f32 bits) as lanes, zero padded, never past p[n-1]. */

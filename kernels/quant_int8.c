@@ -18,10 +18,10 @@ void quantize_act_q8(const float *x, int8_t *xq, int cols) {
     v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
     v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
     v128_t v6 = wasm_v128_load(p + 24), v7 = wasm_v128_load(p + 28);
-    v128_t m = wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v0), wasm_f32x4_abs(v1)),
-                                             wasm_f32x4_max(wasm_f32x4_abs(v2), wasm_f32x4_abs(v3))),
-                              wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v4), wasm_f32x4_abs(v5)),
-                                             wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
+#define AMAX2(a, b) wasm_f32x4_max(wasm_f32x4_abs(a), wasm_f32x4_abs(b))
+    v128_t m = wasm_f32x4_max(wasm_f32x4_max(AMAX2(v0, v1), AMAX2(v2, v3)),
+                              wasm_f32x4_max(AMAX2(v4, v5), AMAX2(v6, v7)));
+#undef AMAX2
     float amax = hmax_f32x4(m);
     float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     scales[b] = amax > 0.0f ? amax / 127.0f : 0.0f;
@@ -34,11 +34,15 @@ void quantize_act_q8(const float *x, int8_t *xq, int cols) {
                               wasm_i32x4_add(wasm_i32x4_add(q4, q5), wasm_i32x4_add(q6, q7)));
     t = wasm_i32x4_add(t, wasm_i32x4_shuffle(t, t, 2, 3, 0, 1));
     sums[b] = wasm_i32x4_extract_lane(t, 0) + wasm_i32x4_extract_lane(t, 1);
-    v128_t a = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q0, q1), wasm_i16x8_narrow_i32x4(q2, q3));
-    v128_t c = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q4, q5), wasm_i16x8_narrow_i32x4(q6, q7));
+    v128_t a = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q0, q1),
+                                       wasm_i16x8_narrow_i32x4(q2, q3));
+    v128_t c = wasm_i8x16_narrow_i16x8(wasm_i16x8_narrow_i32x4(q4, q5),
+                                       wasm_i16x8_narrow_i32x4(q6, q7));
     int8_t *o = xq + 32 * b;
-    wasm_v128_store(o, wasm_i8x16_shuffle(a, c, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30));
-    wasm_v128_store(o + 16, wasm_i8x16_shuffle(a, c, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+    wasm_v128_store(o, wasm_i8x16_shuffle(a, c, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                          28, 30));
+    wasm_v128_store(o + 16, wasm_i8x16_shuffle(a, c, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
+                                               27, 29, 31));
   }
 }
 
@@ -57,8 +61,8 @@ void quantize_act_q8(const float *x, int8_t *xq, int cols) {
  * accumulators, then the last 1..15 columns one at a time into lane 0 of a fifth; a row's sum
  * never depends on the other three rows, so the one-row path calls this with the row repeated.
  */
-static inline v128_t dot4_i8(const int8_t *w0, const int8_t *w1, const int8_t *w2, const int8_t *w3,
-                             const float *x, int cols) {
+static inline v128_t dot4_i8(const int8_t *w0, const int8_t *w1, const int8_t *w2,
+                             const int8_t *w3, const float *x, int cols) {
   v128_t z = wasm_f32x4_splat(0.0f);
   v128_t a0 = z, b0 = z, c0 = z, d0 = z, a1 = z, b1 = z, c1 = z, d1 = z;
   v128_t a2 = z, b2 = z, c2 = z, d2 = z, a3 = z, b3 = z, c3 = z, d3 = z;

@@ -15,6 +15,7 @@ import { decodeRecordHeader, encodeRecordHeader, type RecordHeader } from "../io
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
 import { inspectContainer } from "../tools/inspect.ts";
+import { Progress } from "../tools/progress.ts";
 
 const MODELS = new URL("../../shared/models/", import.meta.url).pathname;
 const FIXTURES = [
@@ -401,3 +402,32 @@ Deno.test(
     throwsMentioning(() => verifyContainer(c), "layer 2 expert 5");
   }),
 );
+
+Deno.test("progress reports percent, rate and ETA, as lines or a redrawn bar", () => {
+  let now = 0;
+  const lines: string[] = [];
+  const p = new Progress({
+    label: "x",
+    total: 2_000_000,
+    mode: "lines",
+    write: (t) => lines.push(t),
+    now: () => now,
+  });
+  now = 1000;
+  p.add(1_000_000);
+  assert.match(lines.at(-1)!, /^x {2}50\.0% .* 1\.0 MB\/s ETA 0:01\n$/);
+  now = 1500;
+  p.add(10);
+  assert.equal(lines.length, 1, "no line before the next 10%");
+  now = 2000;
+  p.add(999_990);
+  p.finish();
+  assert.equal(lines.length, 2, "finish does not repeat the 100% line");
+  assert.match(lines[1], /100\.0%/);
+  const tty: string[] = [];
+  const bar = new Progress({ label: "y", total: 100, mode: "tty", write: (t) => tty.push(t) });
+  bar.add(50);
+  bar.finish();
+  assert.match(tty[0], /^\r\[#{14}-{14}\] y {2}50\.0%/);
+  assert.ok(tty.at(-1)!.endsWith("\n"));
+});

@@ -69,7 +69,14 @@ type Matvec = (y: bigint, rows: number, r0: number, r1: number) => void;
  * Runs `mv` over all rows and checks |y − ref| ≤ tol·(Σ|w·x| + tiny) per row; then checks that
  * splitting rows into ranges (including 4-row blocks starting at odd rows) gives the same bits.
  */
-function checkMatvec(label: string, mv: Matvec, rows: number, ref: Float32Array, abs: Float64Array, tol: number) {
+function checkMatvec(
+  label: string,
+  mv: Matvec,
+  rows: number,
+  ref: Float32Array,
+  abs: Float64Array,
+  tol: number,
+) {
   const y = alloc(rows * 4);
   mv(y, rows, 0, rows);
   const got = f32At(y, rows);
@@ -124,17 +131,45 @@ Deno.test("matvec_mxfp4 and matvec_int4g32 match the reference", () => {
       const [mW, mS] = [put(mx.blocks), put(mx.scales)];
       const mxv: Matvec = (y, n, r0, r1) => qk.matvec_mxfp4(mW, mS, xq, y, n, cols, r0, r1);
       const tag = `mxfp4 ${rows}×${cols}`;
-      checkMatvec(tag, mxv, rows, denseMatvecRef(wm, xd, rows, cols), denseAbsRef(wm, xd, rows, cols), 1e-5);
+      checkMatvec(
+        tag,
+        mxv,
+        rows,
+        denseMatvecRef(wm, xd, rows, cols),
+        denseAbsRef(wm, xd, rows, cols),
+        1e-5,
+      );
       // Against the exact f32 product: the Q8 activations cost at most 1e-2 of Σ|w·x|.
-      checkMatvec(`${tag} vs f32 x`, mxv, rows, denseMatvecRef(wm, x, rows, cols), denseAbsRef(wm, x, rows, cols), 1e-2);
+      checkMatvec(
+        `${tag} vs f32 x`,
+        mxv,
+        rows,
+        denseMatvecRef(wm, x, rows, cols),
+        denseAbsRef(wm, x, rows, cols),
+        1e-2,
+      );
 
       const i4 = quantizeInt4g32(w, rows, cols);
       const wi = dequantizeInt4g32(i4);
       const [iW, iS] = [put(i4.packed), put(i4.scales)];
       const i4v: Matvec = (y, n, r0, r1) => qk.matvec_int4g32(iW, iS, xq, y, n, cols, r0, r1);
       const tag4 = `int4 ${rows}×${cols}`;
-      checkMatvec(tag4, i4v, rows, denseMatvecRef(wi, xd, rows, cols), denseAbsRef(wi, xd, rows, cols), 1e-5);
-      checkMatvec(`${tag4} vs f32 x`, i4v, rows, denseMatvecRef(wi, x, rows, cols), denseAbsRef(wi, x, rows, cols), 1e-2);
+      checkMatvec(
+        tag4,
+        i4v,
+        rows,
+        denseMatvecRef(wi, xd, rows, cols),
+        denseAbsRef(wi, xd, rows, cols),
+        1e-5,
+      );
+      checkMatvec(
+        `${tag4} vs f32 x`,
+        i4v,
+        rows,
+        denseMatvecRef(wi, x, rows, cols),
+        denseAbsRef(wi, x, rows, cols),
+        1e-2,
+      );
     }
   }
 });
@@ -147,13 +182,19 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
   // Scales 0..199 with x as is, and 200..254 with x scaled by 2^-100 so that f32 never overflows.
   for (const [lo, n, xScale] of [[0, 200, 1], [200, 55, 2 ** -100]]) {
     reset();
-    const scales = Uint8Array.from({ length: rows * 256 }, (_, i) => lo + ((i + 37 * (i >> 8)) % n));
+    const scales = Uint8Array.from(
+      { length: rows * 256 },
+      (_, i) => lo + ((i + 37 * (i >> 8)) % n),
+    );
     const xs = x.map((v) => v * xScale);
     const xq = alloc(q8Bytes(cols));
     qk.quantize_act_q8(put(xs), xq, cols);
     // Decoded in float64: 6 · 2^127 is beyond f32.
     const m = { rows, cols, blocks, scales };
-    const wm = Float64Array.from({ length: rows * cols }, (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols));
+    const wm = Float64Array.from(
+      { length: rows * cols },
+      (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols),
+    );
     const xd = dequantizeActQ8(quantizeActQ8Ref(xs));
     const [W, S] = [put(blocks), put(scales)];
     checkMatvec(
@@ -186,7 +227,10 @@ Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () 
         return (c & 0x7f) === 0x7f ? c - 1 : c;
       });
       const nsb = Math.ceil(rows / 128) * Math.ceil(cols / 128);
-      const scales = Float32Array.from({ length: nsb }, () => 2 ** Math.floor(rand() * 8 - 12) * (1 + rand()));
+      const scales = Float32Array.from(
+        { length: nsb },
+        () => 2 ** Math.floor(rand() * 8 - 12) * (1 + rand()),
+      );
       const m = { rows, cols, codes, scales };
       const wd = dequantizeFp8b128(m);
       const x = gaussian(cols, rand);
@@ -249,10 +293,15 @@ Deno.test("vq3r_lut and matvec_vq3r match the reference", () => {
       for (let i = 0; i < want.length; i++) {
         const e = (i >> 8) % (cols / 8), s = Math.floor(i / (256 * (cols / 8)));
         let abs = 0;
-        for (let d = 0; d < 8; d++) abs += Math.abs(book[(s * 8 + d) * 256 + (i & 255)] * x[8 * e + d]);
+        for (let d = 0; d < 8; d++) {
+          abs += Math.abs(book[(s * 8 + d) * 256 + (i & 255)] * x[8 * e + d]);
+        }
         assert.ok(Math.abs(got[i] - want[i]) <= 1e-6 * abs + 1e-30, `lut ${cols}: entry ${i}`);
       }
-      const idx = Uint8Array.from({ length: rows * 3 * (cols / 8) }, () => Math.floor(rand() * 256));
+      const idx = Uint8Array.from(
+        { length: rows * 3 * (cols / 8) },
+        () => Math.floor(rand() * 256),
+      );
       const scales = gaussian(rows, rand);
       const [I, S] = [put(idx), put(scales)];
       checkMatvec(

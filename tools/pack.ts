@@ -285,17 +285,18 @@ async function fingerprint(src: string, ckpt: Checkpoint): Promise<string> {
     const fd = openSync(f, "r");
     try {
       const size = fstatSync(fd).size;
-      const first = Math.min(
-        ...[...ckpt.tensors.values()].filter((t) => t.file === f).map((t) => t.offset),
-        size,
-      );
-      const header = new Uint8Array(first);
-      let got = 0;
-      while (got < first) {
-        const n = readSync(fd, header, got, first - got, got);
-        if (n === 0) throw new Error(`${f}: unexpected end of file in the header`);
-        got += n;
-      }
+      const readAt = (n: number, pos: number): Uint8Array => {
+        const buf = new Uint8Array(n);
+        for (let got = 0; got < n;) {
+          const k = readSync(fd, buf, got, n - got, pos + got);
+          if (k === 0) throw new Error(`${f}: unexpected end of file in the header`);
+          got += k;
+        }
+        return buf;
+      };
+      // The 8-byte length and the JSON header; openCheckpoint has already bounded the length.
+      const len = new DataView(readAt(8, 0).buffer).getBigUint64(0, true);
+      const header = readAt(8 + Number(len), 0);
       parts.push(new TextEncoder().encode(`${basename(f)}\0${size}\0`), header);
     } finally {
       closeSync(fd);
@@ -434,16 +435,17 @@ function readJournal(tmp: string): Journal | null {
 }
 
 /** Checks a journaled trunk region still holds what was written (size and CRC). */
-function regionIntact(fd: number, r: Region): boolean {
+function regionIntact(fd: number, r: Region, chunk: number): boolean {
   if (fstatSync(fd).size < r.offset + r.bytes) return false;
-  const buf = new Uint8Array(r.bytes);
-  let got = 0;
-  while (got < r.bytes) {
-    const n = readSync(fd, buf, got, r.bytes - got, r.offset + got);
+  const buf = new Uint8Array(Math.min(chunk, r.bytes));
+  let crc = 0;
+  for (let at = 0; at < r.bytes;) {
+    const n = readSync(fd, buf, 0, Math.min(buf.length, r.bytes - at), r.offset + at);
     if (n === 0) return false;
-    got += n;
+    crc = crc32(buf.subarray(0, n), crc);
+    at += n;
   }
-  return crc32(buf) === r.crc32;
+  return crc === r.crc32;
 }
 
 function readOptionalJson(path: string): unknown {
@@ -491,14 +493,14 @@ export async function packCheckpoint(
     try {
       ftruncateSync(fd, plan.trunkBytes);
       // Keep only journaled work that is still on disk and intact.
-      if (journal.globals && !regionIntact(fd, journal.globals)) journal.globals = null;
+      if (journal.globals && !regionIntact(fd, journal.globals, chunk)) journal.globals = null;
       for (const [k, r] of Object.entries(journal.layers)) {
         const l = Number(k);
         const bank = plan.banks[l];
         const bankOk = !bank ||
           (existsSync(join(tmp, expertBankFile(l))) &&
             statSync(join(tmp, expertBankFile(l))).size === bank.stride * bank.experts.length);
-        if (!bankOk || !regionIntact(fd, r)) delete journal.layers[k];
+        if (!bankOk || !regionIntact(fd, r, chunk)) delete journal.layers[k];
       }
       const bytesOf = (l: number) =>
         plan.layers[l].bytes +

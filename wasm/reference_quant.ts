@@ -50,7 +50,12 @@ export function dequantizeActQ8(q8: Q8Ref): Float32Array {
 }
 
 /** y[r] = Σ_c w[r,c]·x[c] in float64, rounded to f32. */
-export function denseMatvecRef(w: ArrayLike<number>, x: ArrayLike<number>, rows: number, cols: number): Float32Array {
+export function denseMatvecRef(
+  w: ArrayLike<number>,
+  x: ArrayLike<number>,
+  rows: number,
+  cols: number,
+): Float32Array {
   const y = new Float32Array(rows);
   for (let r = 0; r < rows; r++) {
     let s = 0;
@@ -61,7 +66,12 @@ export function denseMatvecRef(w: ArrayLike<number>, x: ArrayLike<number>, rows:
 }
 
 /** Σ_c |w[r,c]·x[c]| per row: the scale a row's rounding error is judged against. */
-export function denseAbsRef(w: ArrayLike<number>, x: ArrayLike<number>, rows: number, cols: number): Float64Array {
+export function denseAbsRef(
+  w: ArrayLike<number>,
+  x: ArrayLike<number>,
+  rows: number,
+  cols: number,
+): Float64Array {
   const y = new Float64Array(rows);
   for (let r = 0; r < rows; r++) {
     let s = 0;
@@ -100,7 +110,9 @@ export function matvecVq3rRef(
   for (let r = 0; r < rows; r++) {
     let s = 0;
     for (let st = 0; st < 3; st++) {
-      for (let k = 0; k < nch; k++) s += lut[(st * nch + k) * 256 + indices[(r * 3 + st) * nch + k]];
+      for (let k = 0; k < nch; k++) {
+        s += lut[(st * nch + k) * 256 + indices[(r * 3 + st) * nch + k]];
+      }
     }
     y[r] = scales[r] * s;
   }
@@ -120,7 +132,9 @@ export function vq3rAbsRef(
   for (let r = 0; r < rows; r++) {
     let s = 0;
     for (let st = 0; st < 3; st++) {
-      for (let k = 0; k < nch; k++) s += Math.abs(lut[(st * nch + k) * 256 + indices[(r * 3 + st) * nch + k]]);
+      for (let k = 0; k < nch; k++) {
+        s += Math.abs(lut[(st * nch + k) * 256 + indices[(r * 3 + st) * nch + k]]);
+      }
     }
     y[r] = Math.abs(scales[r]) * s;
   }

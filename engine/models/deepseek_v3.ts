@@ -118,16 +118,28 @@ export class MlaAttention {
     const eps = cfg.rmsNormEps;
     const nope = mla.qkNopeHeadDim, ropeDim = mla.qkRopeHeadDim, r = mla.kvLoraRank;
     const row = this.#row, qk = this.#qkDim;
-    if (pos + nb > this.#maxCtx) throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    if (pos + nb > this.#maxCtx) {
+      throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    }
     const ab = this.#absorb(layer, lw);
 
     // Queries and the new latent rows.
     if (mla.qLoraRank !== null) {
-      ops.matmul({ w: lw.get("wq_a"), x: h, y: this.#qa, nb }, { w: lw.get("wkv_a"), x: h, y: this.#kva, nb });
+      ops.matmul({ w: lw.get("wq_a"), x: h, y: this.#qa, nb }, {
+        w: lw.get("wkv_a"),
+        x: h,
+        y: this.#kva,
+        nb,
+      });
       ops.rmsnorm(this.#qa, lw.get("q_a_norm").ptr, this.#qa, mla.qLoraRank, nb, eps);
       ops.matmul({ w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb });
     } else {
-      ops.matmul({ w: lw.get("wq"), x: h, y: this.#q, nb }, { w: lw.get("wkv_a"), x: h, y: this.#kva, nb });
+      ops.matmul({ w: lw.get("wq"), x: h, y: this.#q, nb }, {
+        w: lw.get("wkv_a"),
+        x: h,
+        y: this.#kva,
+        nb,
+      });
     }
     const interleaved = cfg.rope.layout === "interleaved";
     const lengths: number[] = [];
@@ -172,7 +184,12 @@ export class MlaAttention {
     for (let b = 0; b < nb; b++) {
       for (let hh = 0; hh < H; hh++) {
         const lat = this.#latOut + (b * H + hh) * r * 4;
-        values.push({ w: ab.vb[hh], x: lat, y: this.#att + (b * H + hh) * mla.vHeadDim * 4, nb: 1 });
+        values.push({
+          w: ab.vb[hh],
+          x: lat,
+          y: this.#att + (b * H + hh) * mla.vHeadDim * 4,
+          nb: 1,
+        });
       }
     }
     ops.matmul(...values);

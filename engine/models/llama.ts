@@ -58,7 +58,9 @@ export class GqaAttention {
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
     const cfg = this.#cfg;
-    if (pos + nb > this.#maxCtx) throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    if (pos + nb > this.#maxCtx) {
+      throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    }
     const hd = cfg.headDim;
     const qDim = cfg.numHeads * hd;
     const kvDim = cfg.numKvHeads * hd;
@@ -76,7 +78,14 @@ export class GqaAttention {
     }
     if (cfg.qkNorm) {
       ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, hd, nb * cfg.numHeads, cfg.rmsNormEps);
-      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, hd, nb * cfg.numKvHeads, cfg.rmsNormEps);
+      ops.rmsnorm(
+        this.#kNew,
+        lw.get("k_norm").ptr,
+        this.#kNew,
+        hd,
+        nb * cfg.numKvHeads,
+        cfg.rmsNormEps,
+      );
     }
     const interleaved = cfg.rope.layout === "interleaved";
     const lengths: number[] = [];

@@ -74,7 +74,9 @@ export function quantizeFp8b128(w: Float32Array, rows: number, cols: number): Fp
       const scale = max === 0 ? 1 : f32(max / E4M3_MAX);
       scales[rb * ncb + cb] = scale;
       for (let r = rb * FP8_BLOCK; r < r1; r++) {
-        for (let c = cb * FP8_BLOCK; c < c1; c++) codes[r * cols + c] = encodeE4m3(w[r * cols + c] / scale);
+        for (let c = cb * FP8_BLOCK; c < c1; c++) {
+          codes[r * cols + c] = encodeE4m3(w[r * cols + c] / scale);
+        }
       }
     }
   }
@@ -88,7 +90,8 @@ export function dequantizeFp8b128(m: Fp8Matrix): Float32Array {
   for (let r = 0; r < m.rows; r++) {
     const srow = Math.floor(r / FP8_BLOCK) * ncb;
     for (let c = 0; c < m.cols; c++) {
-      out[r * m.cols + c] = E4M3_TABLE[m.codes[r * m.cols + c]] * m.scales[srow + Math.floor(c / FP8_BLOCK)];
+      out[r * m.cols + c] = E4M3_TABLE[m.codes[r * m.cols + c]] *
+        m.scales[srow + Math.floor(c / FP8_BLOCK)];
     }
   }
   return out;

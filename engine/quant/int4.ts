@@ -50,7 +50,9 @@ export function quantizeInt4g32(w: Float32Array, rows: number, cols: number): In
       const base = r * cols + g * 32;
       let max = 0;
       for (let i = 0; i < 32; i++) max = Math.max(max, Math.abs(w[base + i]));
-      if (!Number.isFinite(max)) throw new Error(`quantizeInt4g32: row ${r} group ${g} holds NaN or Inf`);
+      if (!Number.isFinite(max)) {
+        throw new Error(`quantizeInt4g32: row ${r} group ${g} holds NaN or Inf`);
+      }
       const sbits = f32ToBf16(max / 7.5);
       scales[r * ng + g] = sbits;
       const scale = bf16ToNumber(sbits);

@@ -8,8 +8,10 @@
  * the previous stages' residuals, so training is deterministic for a seed.
  *
  * Kernel layouts (vq3r_lut / matvec_vq3r): codebooks as [3][8][256] (vq3rKernelCodebooks),
- * indices [rows][3][cols/8] (all stage-0 indices of a row, then stage 1, then stage 2), scales
- * [rows] f32. cols must be a multiple of 8.
+ * indices [rows][3][nch] (all stage-0 indices of a row, then stage 1, then stage 2), scales
+ * [rows] f32, with nch = ceil(cols / 8): a row whose length is not a multiple of 8 is coded as if
+ * zero-padded, and the kernels then run with cols rounded up to a multiple of 8 and an input
+ * vector whose padding is zero.
  *
  * @module
  */
@@ -41,7 +43,7 @@ export interface Vq3rTrainOptions {
 export interface Vq3rMatrix {
   rows: number;
   cols: number;
-  /** [rows][3][cols/8] codebook indices. */
+  /** [rows][3][ceil(cols/8)] codebook indices. */
   indices: Uint8Array;
   /** [rows] f32 row scales. */
   scales: Float32Array;
@@ -65,9 +67,9 @@ function rowRms(w: Float32Array, off: number, cols: number): number {
   return Math.sqrt(s / cols);
 }
 
-function checkVqShape(name: string, m: MatrixF32): void {
-  checkMatrixShape(name, m.data, m.rows, m.cols);
-  if (m.cols % VQ_DIM !== 0) throw new Error(`${name}: cols ${m.cols} is not a multiple of 8`);
+/** Chunks of 8 per row: ceil(cols / 8), the last one zero-padded. */
+export function vq3rChunks(cols: number): number {
+  return Math.ceil(cols / VQ_DIM);
 }
 
 /** Index of the entry of `book` (256 × 8, at stage offset `off`) nearest to v[vo..vo+8). */
@@ -150,8 +152,8 @@ export function trainVq3r(matrices: MatrixF32[], options: Vq3rTrainOptions = {})
   if (matrices.length === 0) throw new Error("trainVq3r: no matrices to train on");
   let total = 0;
   for (const m of matrices) {
-    checkVqShape("trainVq3r", m);
-    total += (m.rows * m.cols) / VQ_DIM;
+    checkMatrixShape("trainVq3r", m.data, m.rows, m.cols);
+    total += m.rows * vq3rChunks(m.cols);
   }
   const n = Math.min(total, sampleSize);
   const rand = prng(seed);
@@ -160,13 +162,16 @@ export function trainVq3r(matrices: MatrixF32[], options: Vq3rTrainOptions = {})
     // Every chunk when they all fit; otherwise a uniform draw with replacement.
     let g = n === total ? i : Math.floor(rand() * total);
     let m = matrices[0], mi = 0;
-    while (g >= (m.rows * m.cols) / VQ_DIM) {
-      g -= (m.rows * m.cols) / VQ_DIM;
+    while (g >= m.rows * vq3rChunks(m.cols)) {
+      g -= m.rows * vq3rChunks(m.cols);
       m = matrices[++mi];
     }
-    const r = Math.floor((g * VQ_DIM) / m.cols);
+    const nch = vq3rChunks(m.cols);
+    const r = Math.floor(g / nch), c0 = (g % nch) * VQ_DIM;
     const rms = rowRms(m.data, r * m.cols, m.cols);
-    for (let j = 0; j < VQ_DIM; j++) samples[i * VQ_DIM + j] = rms > 0 ? m.data[g * VQ_DIM + j] / rms : 0;
+    for (let j = 0; j < VQ_DIM && c0 + j < m.cols && rms > 0; j++) {
+      samples[i * VQ_DIM + j] = m.data[r * m.cols + c0 + j] / rms;
+    }
   }
   if (n < VQ_ENTRIES) {
     throw new Error(`trainVq3r: ${n} chunks of 8 weights are too few for ${VQ_ENTRIES} entries`);
@@ -180,18 +185,19 @@ export function trainVq3r(matrices: MatrixF32[], options: Vq3rTrainOptions = {})
 
 /** Encodes `m` with trained codebooks (greedy per stage, least-squares row scale). */
 export function encodeVq3r(m: MatrixF32, codebooks: Float32Array): Vq3rMatrix {
-  checkVqShape("encodeVq3r", m);
+  checkMatrixShape("encodeVq3r", m.data, m.rows, m.cols);
   if (codebooks.length !== VQ_STAGES * VQ_ENTRIES * VQ_DIM) {
     throw new Error(`encodeVq3r: codebooks hold ${codebooks.length} floats, expected 6144`);
   }
   const { rows, cols, data } = m;
-  const nch = cols / VQ_DIM;
+  const nch = vq3rChunks(cols);
   const indices = new Uint8Array(rows * VQ_STAGES * nch);
   const scales = new Float32Array(rows);
-  const res = new Float32Array(cols), dec = new Float32Array(cols);
+  const res = new Float32Array(nch * VQ_DIM), dec = new Float32Array(nch * VQ_DIM);
   for (let r = 0; r < rows; r++) {
     const rms = rowRms(data, r * cols, cols);
     if (rms === 0) continue;
+    res.fill(0);
     for (let c = 0; c < cols; c++) res[c] = data[r * cols + c] / rms;
     dec.fill(0);
     for (let s = 0; s < VQ_STAGES; s++) {
@@ -216,8 +222,14 @@ export function encodeVq3r(m: MatrixF32, codebooks: Float32Array): Vq3rMatrix {
 }
 
 /** The normalised row vector (before the row scale) of chunk k of row r, summed over stages. */
-function chunkValue(m: Vq3rMatrix, codebooks: Float32Array, r: number, k: number, j: number): number {
-  const nch = m.cols / VQ_DIM;
+function chunkValue(
+  m: Vq3rMatrix,
+  codebooks: Float32Array,
+  r: number,
+  k: number,
+  j: number,
+): number {
+  const nch = vq3rChunks(m.cols);
   let v = 0;
   for (let s = 0; s < VQ_STAGES; s++) {
     const e = m.indices[(r * VQ_STAGES + s) * nch + k];

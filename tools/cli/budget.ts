@@ -17,7 +17,8 @@ export const PRESETS: Record<string, number> = {
 };
 
 /** The --budget/--preset lines of a command's --help. */
-export const BUDGET_HELP = `  --budget SIZE         arena budget, e.g. 6G, 512M (default: the whole model resident)
+export const BUDGET_HELP =
+  `  --budget SIZE         arena budget, e.g. 6G, 512M (default: the whole model resident)
   --preset NAME         laptop (6G), desktop (12G), workstation (48G), server (192G), or auto
                         (¾ of usable RAM: the smaller of RAM and the cgroup memory limit)`;
 
@@ -69,13 +70,17 @@ export function usableMemory(): number {
 
 /** The budget in bytes that --budget / --preset ask for, or undefined for the whole model. */
 export function budgetFromArgs(budget?: string, preset?: string): number | undefined {
-  if (budget !== undefined && preset !== undefined) throw new Error("give --budget or --preset, not both");
+  if (budget !== undefined && preset !== undefined) {
+    throw new Error("give --budget or --preset, not both");
+  }
   if (budget !== undefined) return parseBytes(budget);
   if (preset === undefined) return undefined;
   if (preset === "auto") return Math.floor(usableMemory() * 0.75);
   const bytes = PRESETS[preset];
   if (bytes === undefined) {
-    throw new Error(`unknown preset "${preset}" (choose ${[...Object.keys(PRESETS), "auto"].join(", ")})`);
+    throw new Error(
+      `unknown preset "${preset}" (choose ${[...Object.keys(PRESETS), "auto"].join(", ")})`,
+    );
   }
   return bytes;
 }

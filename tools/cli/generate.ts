@@ -9,7 +9,7 @@ import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
-import { budgetFromArgs, BUDGET_HELP } from "./budget.ts";
+import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
 
@@ -96,7 +96,9 @@ export async function generateCommand(args: string[]): Promise<number> {
   const int = (name: string, s: string | undefined) => {
     if (s === undefined) return undefined;
     const n = Number(s);
-    if (!Number.isInteger(n) || n < 0) throw new Error(`--${name} expects a whole number, got "${s}"`);
+    if (!Number.isInteger(n) || n < 0) {
+      throw new Error(`--${name} expects a whole number, got "${s}"`);
+    }
     return n;
   };
   const num = (name: string, s: string | undefined) => {
@@ -107,7 +109,9 @@ export async function generateCommand(args: string[]): Promise<number> {
   };
   const oneOf = <T extends string>(name: string, s: string | undefined, ok: T[]) => {
     if (s === undefined) return undefined;
-    if (!ok.includes(s as T)) throw new Error(`--${name} expects one of ${ok.join(", ")}, got "${s}"`);
+    if (!ok.includes(s as T)) {
+      throw new Error(`--${name} expects one of ${ok.join(", ")}, got "${s}"`);
+    }
     return s as T;
   };
   const shards = v.shards ?? Deno.env.get("SLUICE_SHARDS");
@@ -128,7 +132,9 @@ export async function generateCommand(args: string[]): Promise<number> {
   };
   let prompt = v.prompt;
   if (prompt === undefined && v["prompt-file"]) prompt = await Deno.readTextFile(v["prompt-file"]);
-  if (prompt === undefined && !Deno.stdin.isTerminal()) prompt = await new Response(Deno.stdin.readable).text();
+  if (prompt === undefined && !Deno.stdin.isTerminal()) {
+    prompt = await new Response(Deno.stdin.readable).text();
+  }
   if (prompt === undefined) prompt = "";
   const modelPath = v.model ??
     await (await import("../demo_model.ts")).demoModelPath(Boolean(v.quiet || v.json));

@@ -6,7 +6,7 @@
  */
 import { parseArgs } from "node:util";
 import { openContainer } from "../../io/container.ts";
-import { fmtBytes, planMemory } from "../../engine/planner.ts";
+import { fmtBytes, planInput, planMemory } from "../../engine/planner.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
@@ -37,15 +37,9 @@ export function planCommand(args: string[]): Promise<number> {
   }
   const c = openContainer(v.model);
   const cfg = c.config;
-  const banks = c.manifest.experts.filter((b) => b !== null);
   const ctx = Math.min(v.ctx ? Number(v.ctx) : 4096, cfg.maxPositions);
-  const input = {
-    cfg,
-    globalsBytes: c.manifest.trunk.globals.region.bytes,
-    layerBytes: c.manifest.trunk.layers.map((l) => l.bytes),
-    expertStride: Math.max(0, ...banks.map((b) => b.stride)),
-    totalExperts: banks.reduce((a, b) => a + b.count, 0),
-  };
+  const input = planInput(c);
+
   const plan = planMemory(input, { budget: budgetFromArgs(v.budget, v.preset), ctx, maxBatch: 64 });
   const recommended = Math.min(plan.wholeModelBytes, Math.floor(usableMemory() * 0.75));
   if (v.json) {
@@ -54,12 +48,18 @@ export function planCommand(args: string[]): Promise<number> {
   }
   const L = cfg.numLayers;
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
-floor          ${fmtBytes(plan.floor)}  (resident ${fmtBytes(plan.fixedBytes)}: KV ${fmtBytes(plan.kvBytes)} at ctx ${ctx}, scratch ${fmtBytes(plan.scratchBytes)}; + one ring slot + ${Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)} expert records)
+floor          ${fmtBytes(plan.floor)}  (resident ${fmtBytes(plan.fixedBytes)}: KV ${
+    fmtBytes(plan.kvBytes)
+  } at ctx ${ctx}, scratch ${fmtBytes(plan.scratchBytes)}; + one ring slot + ${
+    Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)
+  } expert records)
 working set    ${fmtBytes(plan.workingSetBytes)} per token
 whole model    ${fmtBytes(plan.wholeModelBytes)}
 recommended    ${fmtBytes(recommended)}
 budget         ${fmtBytes(plan.budget)}
-trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${fmtBytes(plan.ringSlotBytes)}  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
+trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${
+    fmtBytes(plan.ringSlotBytes)
+  }  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
 expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${fmtBytes(plan.expertBytes)})
 arena          ${fmtBytes(plan.arenaBytes)}`);
   return Promise.resolve(0);

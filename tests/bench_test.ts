@@ -1,0 +1,84 @@
+// `bench kernels --quick --skip-disk --json` run as a subprocess, the way a user runs it: the
+// JSON must hold every documented key with positive finite figures. No timing assertions (the
+// machine is shared); the checks are on shape and sanity, plus invariants between the numbers.
+import assert from "node:assert/strict";
+
+const MOD = new URL("../tools/bench/mod.ts", import.meta.url).pathname;
+
+async function bench(
+  args: string[],
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+function positive(report: Record<string, unknown>, key: string): number {
+  const v = report[key];
+  assert.ok(typeof v === "number" && Number.isFinite(v) && v > 0, `${key} = ${v}`);
+  return v as number;
+}
+
+Deno.test("bench kernels --quick --json reports every key with sane figures", async () => {
+  const threads = Math.min(2, navigator.hardwareConcurrency || 1);
+  const { code, stdout, stderr } = await bench([
+    "kernels",
+    "--quick",
+    "--skip-disk",
+    "--json",
+    "--threads",
+    String(threads),
+  ]);
+  assert.equal(code, 0, stderr);
+  const r = JSON.parse(stdout) as Record<string, unknown>;
+  for (
+    const key of [
+      "dram_read_gbps",
+      "bf16_gemv_gbps",
+      "f32_gemv_gbps",
+      "bf16_gweights_per_s",
+      "mxfp4_gweights_per_s",
+      "vq3r_gweights_per_s",
+      "int8_gweights_per_s",
+      "dispatch_median_us",
+      "dispatch_p99_us",
+    ]
+  ) positive(r, key);
+  assert.ok("odirect_read_gbps" in r, "odirect_read_gbps key missing");
+  assert.equal(r.odirect_read_gbps, null, "--skip-disk must leave the disk figures null");
+  assert.ok(positive(r, "dispatch_p99_us") >= positive(r, "dispatch_median_us"));
+  // bf16 weights are half the bytes of f32 ones: Gweights/s = GB/s / 2 for the same row.
+  const gemv = r.gemv as {
+    format: string;
+    matrices: number;
+    by_threads: { threads: number; gbps: number; gweights_per_s: number }[];
+  }[];
+  for (const row of gemv.filter((g) => g.format === "bf16")) {
+    for (const p of row.by_threads) {
+      assert.ok(Math.abs(p.gweights_per_s * 2 - p.gbps) < 1e-9 * p.gbps, JSON.stringify(p));
+    }
+  }
+  for (const row of gemv) {
+    assert.ok(row.matrices >= 2, `${row.format}: only ${row.matrices} matrices cycled`);
+    assert.deepEqual(row.by_threads.map((p) => p.threads), r.threads);
+  }
+  assert.deepEqual(r.threads, Array.from({ length: threads }, (_, i) => i + 1));
+  const machine = r.machine as { cpu: string; cores: number; ram_gib: number };
+  assert.ok(machine.cores >= 1 && machine.ram_gib > 0 && machine.cpu.length > 0);
+  const load = r.load_average as number[];
+  assert.equal(load.length, 3);
+  for (const l of load) assert.ok(Number.isFinite(l) && l >= 0);
+  const ratios = r.ratios as { name: string; pass: boolean | null }[];
+  assert.equal(ratios.length, 4);
+});
+
+Deno.test("bench with an unknown name lists the benches and fails", async () => {
+  const { code, stderr } = await bench(["no-such-bench"]);
+  assert.equal(code, 2);
+  assert.match(stderr, /unknown bench "no-such-bench"/);
+  assert.match(stderr, /^\s+kernels\s/m);
+});

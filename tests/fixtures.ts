@@ -1,0 +1,53 @@
+/**
+ * Test helpers: paths of the shared model fixtures, and containers packed from them once per
+ * test process into a temporary directory.
+ *
+ * @module
+ */
+import { fileURLToPath } from "node:url";
+import { packCheckpoint } from "../tools/pack.ts";
+
+/** Absolute path of a fixture in ../shared/models. */
+export function fixtureDir(name: string): string {
+  return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
+}
+
+let tmp: string | undefined;
+const packed = new Map<string, Promise<string>>();
+
+/** A temporary directory removed when the process exits. */
+export function tempDir(): string {
+  if (!tmp) {
+    tmp = Deno.makeTempDirSync({ prefix: "sluice-test-" });
+    const dir = tmp;
+    globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
+  }
+  return tmp;
+}
+
+/** The fixture `name` packed into a container (once per process). */
+export function packedFixture(
+  name: string,
+  opts: { convert?: "f32" | "bf16" } = {},
+): Promise<string> {
+  const key = `${name}:${opts.convert ?? ""}`;
+  let p = packed.get(key);
+  if (!p) {
+    const out = `${tempDir()}/${name}${opts.convert ? `-${opts.convert}` : ""}.sluice`;
+    p = packCheckpoint(fixtureDir(name), out, { progress: "off", log: () => {}, ...opts }).then(
+      () => out,
+    );
+    packed.set(key, p);
+  }
+  return p;
+}
+
+/** max |a − b| ÷ max |b| over two equally long arrays. */
+export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let diff = 0, scale = 0;
+  for (let i = 0; i < a.length; i++) {
+    diff = Math.max(diff, Math.abs(a[i] - b[i]));
+    scale = Math.max(scale, Math.abs(b[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
+}

@@ -1,0 +1,159 @@
+/**
+ * Placement never changes output: the same tokens give bit-identical logits under every memory
+ * budget, ring size, read-ahead and lookahead setting, cache policy, thread count, prefill chunk,
+ * hot list and reader kind. Also: the simulator replays the engine's own trace to the same hits,
+ * and a corrupted record is caught by verify.
+ */
+import assert from "node:assert/strict";
+import { closeSync, copyFileSync, cpSync, openSync, writeSync } from "node:fs";
+import { Model, type RunOptions } from "../engine/model.ts";
+import { hotListPath } from "../io/hot_list.ts";
+import { readTrace } from "../io/trace.ts";
+import { simulate } from "../tools/sim.ts";
+import { packedFixture, tempDir } from "./fixtures.ts";
+
+/** Greedy-ish fixed token stream: prompt then a story-like continuation from stories260k. */
+const TOKENS = [
+  1,
+  403,
+  407,
+  261,
+  378,
+  432,
+  383,
+  286,
+  261,
+  376,
+  298,
+  315,
+  421,
+  395,
+  317,
+  426,
+  338,
+  401,
+  396,
+  267,
+  337,
+  410,
+  408,
+  419,
+  292,
+  411,
+  322,
+  265,
+];
+const PROMPT = 12;
+
+/** All logits of TOKENS: the prompt in chunks (all positions' logits), then one token at a time. */
+async function run(
+  path: string,
+  opts: RunOptions,
+): Promise<{ logits: Float32Array; model: Model }> {
+  const model = await Model.open(path, { quiet: true, ctx: 64, ...opts });
+  const out: Float32Array[] = [];
+  const chunk = model.prefillChunk;
+  for (let p = 0; p < PROMPT; p += chunk) {
+    out.push(model.forward(TOKENS.slice(p, Math.min(p + chunk, PROMPT)), p, true));
+  }
+  for (let p = PROMPT; p < TOKENS.length; p++) out.push(model.forward([TOKENS[p]], p));
+  const logits = new Float32Array(out.reduce((a, b) => a + b.length, 0));
+  let o = 0;
+  for (const l of out) {
+    logits.set(l, o);
+    o += l.length;
+  }
+  return { logits, model };
+}
+
+async function logitsOf(path: string, opts: RunOptions): Promise<Float32Array> {
+  const { logits, model } = await run(path, opts);
+  model.close();
+  return logits;
+}
+
+for (const name of ["stories260k-moe64", "tiny-deepseek-v3"]) {
+  Deno.test(`bit-identical logits across placement settings: ${name}`, async () => {
+    const path = await packedFixture(name);
+    const base = await logitsOf(path, {});
+    const probe = await Model.open(path, { quiet: true, ctx: 64, prefillChunk: 1 });
+    const { floor, wholeModelBytes } = probe.plan;
+    const ring = Math.max(...probe.container.manifest.trunk.layers.map((l) => l.bytes));
+    probe.close();
+    const settings: [string, RunOptions][] = [
+      ["budget = floor (1 ring slot)", { budget: floor, prefillChunk: 1 }],
+      ["floor + one more ring slot", { budget: floor + ring, prefillChunk: 1 }],
+      ["half the model", { budget: Math.floor((floor + wholeModelBytes) / 2) }],
+      ["no read-ahead", {
+        budget: floor + ring,
+        readaheadDepth: 0,
+        trunkReadahead: false,
+        prefillChunk: 1,
+      }],
+      ["lookahead 4", { expertSlots: 12, lookahead: 4 }],
+      ["LRU cache", { cache: "lru", expertSlots: 12 }],
+      ["1 thread", { threads: 1 }],
+      ["prefill one token at a time", { prefillChunk: 1 }],
+      ["prefill chunk 5", { prefillChunk: 5 }],
+      ["node:fs fallback reader", { io: "fallback", expertSlots: 10 }],
+      ["buffered reader, verify", { io: "buffered", verify: true, expertSlots: 10 }],
+    ];
+    for (const [what, opts] of settings) {
+      assert.deepEqual(await logitsOf(path, opts), base, `${name}: ${what} changed the logits`);
+    }
+  });
+}
+
+Deno.test("a learned hot list warms the cache and changes nothing", async () => {
+  const src = await packedFixture("stories260k-moe64");
+  const path = `${tempDir()}/hot.sluice`;
+  cpSync(src, path, { recursive: true });
+  const base = await logitsOf(path, { expertSlots: 40 });
+  await logitsOf(path, { expertSlots: 40, learn: true });
+  const warm = await run(path, { expertSlots: 40 });
+  const warmedHits = warm.model.experts!.cache.stats.hits;
+  warm.model.close();
+  assert.deepEqual(warm.logits, base);
+  const cold = await run(path, { expertSlots: 40, hotList: false });
+  const coldHits = cold.model.experts!.cache.stats.hits;
+  cold.model.close();
+  assert.ok(warmedHits > coldHits, `hot list: ${warmedHits} hits vs ${coldHits} cold`);
+  Deno.removeSync(hotListPath(path));
+});
+
+Deno.test("the simulator's LFRU replays the engine's trace to the engine's hit count", async () => {
+  const path = await packedFixture("stories260k-moe64");
+  const trace = `${tempDir()}/trace.jsonl`;
+  const slots = 20;
+  const { model } = await run(path, { expertSlots: slots, prefillChunk: 1, trace });
+  const engine = model.experts!.cache.stats;
+  model.close();
+  const events = readTrace(trace);
+  assert.equal(events.length, TOKENS.length * 5);
+  const sim = simulate(events, "lfru", slots / 5, "global", {
+    shape: { nLayers: 5, nExperts: 64 },
+  });
+  assert.equal(sim.slots, slots);
+  assert.equal(sim.hits, engine.hits);
+  assert.equal(sim.accesses, engine.hits + engine.misses);
+});
+
+Deno.test("verify catches a corrupted expert record", async () => {
+  const src = await packedFixture("stories260k-moe64");
+  const path = `${tempDir()}/corrupt.sluice`;
+  cpSync(src, path, { recursive: true });
+  const bank = `${path}/experts-L2.bin`;
+  copyFileSync(bank, `${bank}.orig`);
+  const stride = await Model.open(path, { quiet: true, ctx: 16 }).then((m) => {
+    const s = m.container.manifest.experts[2]!.stride;
+    m.close();
+    return s;
+  });
+  const fd = openSync(bank, "r+");
+  for (let e = 0; e < 64; e++) writeSync(fd, new Uint8Array([0x5a]), 0, 1, e * stride + 1000);
+  closeSync(fd);
+  await assert.rejects(
+    () => logitsOf(path, { verify: true, expertSlots: 10 }),
+    /expert \d+ of layer 2: checksum mismatch \(.*experts-L2\.bin offset \d+\)/,
+  );
+});

@@ -1,0 +1,636 @@
+/**
+ * `bench kernels`: the machine's limits and how close the kernels get to them, in one run.
+ * DRAM read bandwidth (native sum, dram.ts), f32/bf16 GEMV and the quantised matvecs through the
+ * worker pool on cold matrices for 1..N threads, pool dispatch latency, and O_DIRECT vs buffered
+ * disk reads (disk.ts), with the ratios checked against the design targets.
+ *
+ * Options: `--json` (one JSON object on stdout), `--quick` (small sizes, a smoke run),
+ * `--threads N` (largest thread count, default all cores), `--skip-disk`.
+ *
+ * @module
+ */
+
+import { parseArgs } from "node:util";
+import { alignUp, Arena, PAGE } from "../../engine/arena.ts";
+import { defaultThreads, type Job, MIN_PARALLEL_WORK, Pool } from "../../engine/pool.ts";
+import { ROW_BLOCK } from "../../engine/pool_protocol.ts";
+import { loadKernelModule, type Ptr } from "../../wasm/mod.ts";
+import { q8Bytes, vq3rLutFloats } from "../../wasm/quant_kernels.ts";
+import { benchDisk, type DiskBenchResult } from "./disk.ts";
+import { type DramResult, measureDramNative } from "./dram.ts";
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+
+/** Options of {@link runKernelBench}. */
+export interface KernelBenchOptions {
+  /** Small sizes for a fast smoke run; the figures are then not meaningful. */
+  quick: boolean;
+  /** Largest thread count measured (tables go 1..threads); the pool's default when absent. */
+  threads?: number;
+  /** Skip the disk measurement. */
+  skipDisk: boolean;
+  /** Progress lines (default: stderr). */
+  log?: (line: string) => void;
+}
+
+/** Throughput of one weight format and shape at one thread count. */
+export interface GemvPoint {
+  threads: number;
+  /** Weight bytes (scales included) streamed per second, GB/s. */
+  gbps: number;
+  /** Weights multiplied per second, in billions. */
+  gweights_per_s: number;
+}
+
+/** One weight format and shape, over every thread count. */
+export interface GemvRow {
+  format: string;
+  kernel: string;
+  rows: number;
+  cols: number;
+  /** Distinct matrices cycled through, so none stays in cache. */
+  matrices: number;
+  /** Bytes of all those matrices: one timed pass reads each once. */
+  bytes_per_pass: number;
+  by_threads: GemvPoint[];
+}
+
+/** A measured ratio against its design target. */
+export interface RatioCheck {
+  name: string;
+  value: number | null;
+  target: number;
+  /** ">=": the value must reach the target; "<=": it must not exceed it. */
+  kind: ">=" | "<=";
+  /** null when the value could not be measured. */
+  pass: boolean | null;
+}
+
+/** Everything `bench kernels` measured; the `--json` output. */
+export interface KernelBenchReport {
+  date: string;
+  command: string;
+  quick: boolean;
+  machine: { cpu: string; cores: number; ram_gib: number; cpu_flags: string[] };
+  /** /proc/loadavg's 1, 5 and 15 minute figures at the start. */
+  load_average: number[];
+  /** True when the 1-minute load average was above 0.5: the figures are suspect. */
+  machine_busy: boolean;
+  threads: number[];
+  dram: DramResult;
+  dram_read_gbps: number;
+  gemv: GemvRow[];
+  f32_gemv_gbps: number;
+  bf16_gemv_gbps: number;
+  f32_gweights_per_s: number;
+  bf16_gweights_per_s: number;
+  mxfp4_gweights_per_s: number | null;
+  vq3r_gweights_per_s: number | null;
+  int8_gweights_per_s: number | null;
+  int4_gweights_per_s: number | null;
+  fp8_gweights_per_s: number | null;
+  dispatch_threads: number;
+  dispatch_samples: number;
+  dispatch_median_us: number;
+  dispatch_p99_us: number;
+  /** The same tiny GEMV called directly on the main thread: the floor under the dispatch. */
+  direct_call_median_us: number;
+  disk: (DiskBenchResult & { bytes: number }) | null;
+  odirect_read_gbps: number | null;
+  buffered_read_gbps: number | null;
+  dd_direct_gbps: number | null;
+  ratios: RatioCheck[];
+}
+
+type KernelFn = (...a: (number | bigint)[]) => unknown;
+
+/** Arena offsets of the per-input-vector buffers every format shares. */
+interface Scratch {
+  x: Ptr;
+  xq: Ptr;
+  lut: Ptr;
+  codebooks: Ptr;
+  y: Ptr;
+}
+
+/**
+ * A weight format as the bench drives it: the bytes of one matrix and the kernel call. Quantised
+ * formats that another bench (tools/bench/quant.ts) times single-threaded are measured here
+ * through the pool; a new format is one more entry in {@link WEIGHT_FORMATS}.
+ */
+export interface WeightFormat {
+  /** Short name, also the JSON key prefix (`<name>_gweights_per_s`). */
+  name: string;
+  /** Exported kernel: (W, S?, x-ish, y, rows, cols, r0, r1). */
+  kernel: string;
+  /** Bytes of the weights (codes) of a rows × cols matrix. */
+  weightBytes(rows: number, cols: number): number;
+  /** Bytes of its scales (0 for none). */
+  scaleBytes(rows: number, cols: number): number;
+  /** The kernel's arguments before the row range. */
+  args(W: Ptr, S: Ptr, s: Scratch, rows: number, cols: number): (number | bigint)[];
+  /** Work done once per input vector and shared by all matrices (not timed). */
+  prepare?(k: Record<string, KernelFn>, s: Scratch, cols: number): void;
+}
+
+/** The formats measured, in report order; layouts as documented in wasm/quant_kernels.ts. */
+export const WEIGHT_FORMATS: WeightFormat[] = [
+  {
+    name: "f32",
+    kernel: "gemv_f32",
+    weightBytes: (r, c) => r * c * 4,
+    scaleBytes: () => 0,
+    args: (W, _S, s, r, c) => [W, s.x, s.y, r, c],
+  },
+  {
+    name: "bf16",
+    kernel: "gemv_bf16",
+    weightBytes: (r, c) => r * c * 2,
+    scaleBytes: () => 0,
+    args: (W, _S, s, r, c) => [W, s.x, s.y, r, c],
+  },
+  {
+    name: "int8",
+    kernel: "matvec_int8row",
+    weightBytes: (r, c) => r * c,
+    scaleBytes: (r) => r * 4,
+    args: (W, S, s, r, c) => [W, S, s.x, s.y, r, c],
+  },
+  {
+    name: "fp8",
+    kernel: "matvec_fp8b128",
+    weightBytes: (r, c) => r * c,
+    scaleBytes: (r, c) => Math.ceil(r / 128) * Math.ceil(c / 128) * 4,
+    args: (W, S, s, r, c) => [W, S, s.x, s.y, r, c],
+  },
+  {
+    name: "mxfp4",
+    kernel: "matvec_mxfp4",
+    weightBytes: (r, c) => (r * c) / 2,
+    scaleBytes: (r, c) => (r * c) / 32,
+    args: (W, S, s, r, c) => [W, S, s.xq, s.y, r, c],
+    prepare: (k, s, c) => k.quantize_act_q8(s.x, s.xq, c),
+  },
+  {
+    name: "int4",
+    kernel: "matvec_int4g32",
+    weightBytes: (r, c) => (r * c) / 2,
+    scaleBytes: (r, c) => (r * c) / 16,
+    args: (W, S, s, r, c) => [W, S, s.xq, s.y, r, c],
+    prepare: (k, s, c) => k.quantize_act_q8(s.x, s.xq, c),
+  },
+  {
+    name: "vq3r",
+    kernel: "matvec_vq3r",
+    weightBytes: (r, c) => (r * 3 * c) / 8,
+    scaleBytes: (r) => r * 4,
+    args: (W, S, s, r, c) => [W, S, s.lut, s.y, r, c],
+    prepare: (k, s, c) => k.vq3r_lut(s.codebooks, s.x, s.lut, c),
+  },
+];
+
+/** Design targets (docs/DESIGN.md): kernel throughput against the machine's ceilings. */
+export const TARGETS = {
+  bf16_over_dram: 0.65,
+  f32_over_dram: 0.85,
+  dispatch_median_us: 5,
+  odirect_over_dd: 0.9,
+};
+
+interface Sizes {
+  region: number;
+  shapes: [number, number][];
+  dramBytes: number;
+  passes: number;
+  dispatchSamples: number;
+  diskBytes: number;
+}
+
+const FULL: Sizes = {
+  region: 1.25 * GiB,
+  shapes: [[4096, 4096], [14336, 4096]],
+  dramBytes: 2 * GiB,
+  passes: 5,
+  dispatchSamples: 20000,
+  diskBytes: 2 * GiB,
+};
+
+const QUICK: Sizes = {
+  region: 48 * MiB,
+  shapes: [[1024, 1024], [3584, 1024]],
+  dramBytes: 64 * MiB,
+  passes: 2,
+  dispatchSamples: 2000,
+  diskBytes: 64 * MiB,
+};
+
+/** Model name, logical cores, RAM and the SIMD flags that matter here. */
+function machineInfo(): KernelBenchReport["machine"] {
+  let cpu = "unknown";
+  let flags: string[] = [];
+  try {
+    const info = Deno.readTextFileSync("/proc/cpuinfo");
+    cpu = /^model name\s*:\s*(.+)$/m.exec(info)?.[1]?.trim() ?? cpu;
+    const all = /^flags\s*:\s*(.+)$/m.exec(info)?.[1]?.split(/\s+/) ?? [];
+    const wanted = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile"];
+    flags = wanted.filter((f) => all.includes(f));
+  } catch {
+    // Not Linux: the model stays unknown.
+  }
+  return {
+    cpu,
+    cores: navigator.hardwareConcurrency || 1,
+    ram_gib: Deno.systemMemoryInfo().total / GiB,
+    cpu_flags: flags,
+  };
+}
+
+/** The 1, 5 and 15 minute load averages, from /proc/loadavg where it exists. */
+export function loadAverage(): number[] {
+  try {
+    return Deno.readTextFileSync("/proc/loadavg").trim().split(/\s+/).slice(0, 3).map(Number);
+  } catch {
+    return Deno.loadavg();
+  }
+}
+
+/**
+ * Fills `bytes` at `off` with data that is sane under every format's reading: each 16-bit half
+ * is 0x3Fnn or 0xBFnn with nn in 0x60..0x7E, so f32, bf16, int8, fp8 and E8M0 scales all decode
+ * to ordinary finite numbers (no NaN, no subnormals). Every page is written, so nothing reads
+ * the kernel's shared zero page.
+ */
+function fillWeights(arena: Arena, off: number, bytes: number): void {
+  const chunk = new Uint16Array(2 * MiB);
+  for (let i = 0; i < chunk.length; i++) {
+    const r = (Math.random() * 62) | 0;
+    chunk[i] = (r & 1 ? 0xbf00 : 0x3f00) | (0x60 + (r >> 1));
+  }
+  const src = new Uint8Array(chunk.buffer);
+  const dst = arena.u8(off, bytes);
+  for (let o = 0; o < bytes; o += src.length) {
+    dst.set(src.subarray(0, Math.min(src.length, bytes - o)), o);
+  }
+}
+
+function fillFloats(arena: Arena, off: number, n: number): void {
+  const v = arena.f32(off, n);
+  for (let i = 0; i < n; i++) v[i] = Math.random() * 2 - 1;
+}
+
+/** Bytes one matrix takes in the region: weights, then scales, 64-byte and page aligned. */
+function matrixStride(f: WeightFormat, rows: number, cols: number): number {
+  return alignUp(alignUp(f.weightBytes(rows, cols), 64) + f.scaleBytes(rows, cols), PAGE);
+}
+
+/** Best-of-`passes` throughput of `f` at one shape, cycling through the region's matrices. */
+function timeFormat(
+  pool: Pool,
+  f: WeightFormat,
+  rows: number,
+  cols: number,
+  region: { off: number; bytes: number },
+  scratch: Scratch,
+  passes: number,
+): { matrices: number; bytes: number; point: GemvPoint } {
+  const stride = matrixStride(f, rows, cols);
+  const matrices = Math.max(1, Math.floor(region.bytes / stride));
+  f.prepare?.(pool.exports, scratch, cols);
+  const jobs: Job[] = [];
+  for (let i = 0; i < matrices; i++) {
+    const W = region.off + i * stride;
+    const S = W + alignUp(f.weightBytes(rows, cols), 64);
+    jobs.push({ kernel: f.kernel, args: f.args(BigInt(W), BigInt(S), scratch, rows, cols), rows });
+  }
+  const work = rows * cols;
+  const pass = () => {
+    for (const job of jobs) pool.run([job], work);
+  };
+  pass(); // Warm-up: compiles the kernel's optimised tier and wakes the workers.
+  let best = Infinity;
+  for (let p = 0; p < passes; p++) {
+    const t0 = performance.now();
+    pass();
+    best = Math.min(best, (performance.now() - t0) / 1000);
+  }
+  const bytes = matrices * (f.weightBytes(rows, cols) + f.scaleBytes(rows, cols));
+  return {
+    matrices,
+    bytes,
+    point: {
+      threads: pool.threads,
+      gbps: bytes / best / 1e9,
+      gweights_per_s: (matrices * rows * cols) / best / 1e9,
+    },
+  };
+}
+
+function percentile(sorted: number[], q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
+}
+
+/**
+ * Round-trip time of a dispatch that does almost nothing: a GEMV of one row block per thread,
+ * forced through the workers by passing work = MIN_PARALLEL_WORK. Also times the same call
+ * made directly, which is the floor under the dispatch.
+ */
+function timeDispatch(
+  pool: Pool,
+  W: Ptr,
+  scratch: Scratch,
+  samples: number,
+): { median: number; p99: number; direct: number } {
+  const rows = ROW_BLOCK * pool.threads;
+  const cols = 16;
+  const args = [W, scratch.x, scratch.y, rows, cols];
+  const warm = Math.min(2000, samples);
+  for (let i = 0; i < warm; i++) pool.run1("gemv_f32", args, rows, MIN_PARALLEL_WORK);
+  const t = new Float64Array(samples);
+  for (let i = 0; i < samples; i++) {
+    const t0 = performance.now();
+    pool.run1("gemv_f32", args, rows, MIN_PARALLEL_WORK);
+    t[i] = performance.now() - t0;
+  }
+  const sorted = Array.from(t).sort((a, b) => a - b);
+  const gemv = pool.exports.gemv_f32;
+  const d = new Float64Array(samples);
+  for (let i = 0; i < samples; i++) {
+    const t0 = performance.now();
+    gemv(W, scratch.x, scratch.y, rows, cols, 0, rows);
+    d[i] = performance.now() - t0;
+  }
+  const direct = Array.from(d).sort((a, b) => a - b);
+  return {
+    median: percentile(sorted, 0.5) * 1000,
+    p99: percentile(sorted, 0.99) * 1000,
+    direct: percentile(direct, 0.5) * 1000,
+  };
+}
+
+/** The all-threads point of the best shape of format `name` (by `key`), or null. */
+function bestAtMax(
+  gemv: GemvRow[],
+  name: string,
+  key: "gbps" | "gweights_per_s",
+): number | null {
+  let best: number | null = null;
+  for (const row of gemv) {
+    if (row.format !== name) continue;
+    const v = row.by_threads[row.by_threads.length - 1][key];
+    if (best === null || v > best) best = v;
+  }
+  return best;
+}
+
+function check(name: string, value: number | null, target: number, kind: ">=" | "<="): RatioCheck {
+  const pass = value === null || !Number.isFinite(value)
+    ? null
+    : kind === ">="
+    ? value >= target
+    : value <= target;
+  return {
+    name,
+    value: value !== null && Number.isFinite(value) ? value : null,
+    target,
+    kind,
+    pass,
+  };
+}
+
+/** Runs every measurement once and returns the report (see {@link KernelBenchReport}). */
+export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBenchReport> {
+  const log = opts.log ?? ((line: string) => console.error(`bench kernels: ${line}`));
+  const sizes = opts.quick ? QUICK : FULL;
+  const maxThreads = opts.threads ?? defaultThreads();
+  const threads = Array.from({ length: maxThreads }, (_, i) => i + 1);
+  const load = loadAverage();
+  const busy = load[0] > 0.5;
+  if (busy) {
+    log(`WARNING: load average ${load.join(" ")} > 0.5: other work is running, figures are low`);
+  }
+
+  log(`DRAM: native sum over ${(sizes.dramBytes / GiB).toFixed(2)} GiB`);
+  const native = await measureDramNative({
+    bytes: sizes.dramBytes,
+    threads,
+    passes: sizes.passes,
+  });
+  if (native === null) log("no C compiler: DRAM falls back to the f32 GEMV (a lower bound)");
+
+  const arena = new Arena(sizes.region + 8 * MiB);
+  const regionOff = arena.alloc("bench weights", sizes.region);
+  const maxRows = Math.max(...sizes.shapes.map(([r]) => r));
+  const maxCols = Math.max(...sizes.shapes.map(([, c]) => c));
+  const scratch: Scratch = {
+    x: BigInt(arena.alloc("x", maxCols * 4)),
+    xq: BigInt(arena.alloc("x q8", q8Bytes(maxCols))),
+    lut: BigInt(arena.alloc("vq3r lut", vq3rLutFloats(maxCols) * 4)),
+    codebooks: BigInt(arena.alloc("vq3r codebooks", 3 * 8 * 256 * 4)),
+    y: BigInt(arena.alloc("y", maxRows * 4)),
+  };
+  log(`filling ${(sizes.region / GiB).toFixed(2)} GiB of weights`);
+  fillWeights(arena, regionOff, sizes.region);
+  fillFloats(arena, Number(scratch.x), maxCols);
+  fillFloats(arena, Number(scratch.codebooks), 3 * 8 * 256);
+
+  const module = await loadKernelModule();
+  const gemv: GemvRow[] = [];
+  for (const f of WEIGHT_FORMATS) {
+    for (const [rows, cols] of sizes.shapes) {
+      gemv.push({
+        format: f.name,
+        kernel: f.kernel,
+        rows,
+        cols,
+        matrices: 0,
+        bytes_per_pass: 0,
+        by_threads: [],
+      });
+    }
+  }
+  let dispatch = { median: NaN, p99: NaN, direct: NaN };
+  for (const t of threads) {
+    const pool = await Pool.create(arena, module, t);
+    try {
+      let i = 0;
+      for (const f of WEIGHT_FORMATS) {
+        for (const [rows, cols] of sizes.shapes) {
+          const row = gemv[i++];
+          const r = timeFormat(
+            pool,
+            f,
+            rows,
+            cols,
+            { off: regionOff, bytes: sizes.region },
+            scratch,
+            sizes.passes,
+          );
+          row.matrices = r.matrices;
+          row.bytes_per_pass = r.bytes;
+          row.by_threads.push(r.point);
+          log(
+            `${f.name} ${rows}x${cols} ${t} thread(s): ${r.point.gbps.toFixed(2)} GB/s, ` +
+              `${r.point.gweights_per_s.toFixed(2)} Gweights/s`,
+          );
+        }
+      }
+      if (t === maxThreads) {
+        dispatch = timeDispatch(pool, BigInt(regionOff), scratch, sizes.dispatchSamples);
+        log(`dispatch ${t} thread(s): median ${dispatch.median.toFixed(2)} µs`);
+      }
+    } finally {
+      pool.close();
+    }
+  }
+
+  const f32Gbps = bestAtMax(gemv, "f32", "gbps")!;
+  const dram: DramResult = native ?? {
+    method: "f32 GEMV through the pool (lower bound: no C compiler)",
+    bytes: sizes.region,
+    points: threads.map((t) => ({
+      threads: t,
+      gbps: Math.max(
+        ...gemv.filter((r) => r.format === "f32").map((r) => r.by_threads[t - 1].gbps),
+      ),
+    })),
+  };
+  const dramGbps = dram.points[dram.points.length - 1].gbps;
+
+  let disk: KernelBenchReport["disk"] = null;
+  if (!opts.skipDisk) {
+    log(`disk: ${(sizes.diskBytes / GiB).toFixed(2)} GiB file, O_DIRECT / buffered / dd`);
+    disk = {
+      ...(await benchDisk({ bytes: sizes.diskBytes, quiet: true })),
+      bytes: sizes.diskBytes,
+    };
+  }
+  const odirect = disk && Number.isFinite(disk.odirect_gbps) ? disk.odirect_gbps : null;
+  const bf16Gbps = bestAtMax(gemv, "bf16", "gbps")!;
+  const ratios = [
+    check("bf16 GEMV / DRAM", bf16Gbps / dramGbps, TARGETS.bf16_over_dram, ">="),
+    check("f32 GEMV / DRAM", f32Gbps / dramGbps, TARGETS.f32_over_dram, ">="),
+    check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
+    check(
+      "O_DIRECT / dd",
+      odirect !== null && disk?.dd_direct_gbps ? odirect / disk.dd_direct_gbps : null,
+      TARGETS.odirect_over_dd,
+      ">=",
+    ),
+  ];
+  return {
+    date: new Date().toISOString(),
+    command: ["deno task bench kernels", ...(opts.quick ? ["--quick"] : [])].join(" "),
+    quick: opts.quick,
+    machine: machineInfo(),
+    load_average: load,
+    machine_busy: busy,
+    threads,
+    dram,
+    dram_read_gbps: dramGbps,
+    gemv,
+    f32_gemv_gbps: f32Gbps,
+    bf16_gemv_gbps: bf16Gbps,
+    f32_gweights_per_s: bestAtMax(gemv, "f32", "gweights_per_s")!,
+    bf16_gweights_per_s: bestAtMax(gemv, "bf16", "gweights_per_s")!,
+    mxfp4_gweights_per_s: bestAtMax(gemv, "mxfp4", "gweights_per_s"),
+    vq3r_gweights_per_s: bestAtMax(gemv, "vq3r", "gweights_per_s"),
+    int8_gweights_per_s: bestAtMax(gemv, "int8", "gweights_per_s"),
+    int4_gweights_per_s: bestAtMax(gemv, "int4", "gweights_per_s"),
+    fp8_gweights_per_s: bestAtMax(gemv, "fp8", "gweights_per_s"),
+    dispatch_threads: maxThreads,
+    dispatch_samples: sizes.dispatchSamples,
+    dispatch_median_us: dispatch.median,
+    dispatch_p99_us: dispatch.p99,
+    direct_call_median_us: dispatch.direct,
+    disk,
+    odirect_read_gbps: odirect,
+    buffered_read_gbps: disk?.buffered_cold_gbps ?? null,
+    dd_direct_gbps: disk?.dd_direct_gbps ?? null,
+    ratios,
+  };
+}
+
+const fmt2 = (v: number | null | undefined) =>
+  v === null || v === undefined || !Number.isFinite(v) ? "n/a" : v.toFixed(2);
+
+/** The report as Markdown tables (what docs/PERFORMANCE.md shows). */
+export function formatKernelReport(r: KernelBenchReport): string {
+  const m = r.machine;
+  const out: string[] = [];
+  out.push(
+    `${r.date} · ${m.cpu} (${m.cpu_flags.join(", ") || "no AVX flags"}), ${m.cores} cores, ` +
+      `${m.ram_gib.toFixed(1)} GiB RAM · load average ${r.load_average.join(" ")}` +
+      (r.machine_busy ? " (BUSY: figures are low)" : "") + (r.quick ? " · QUICK run" : ""),
+  );
+  out.push("");
+  const th = r.threads;
+  out.push(`| DRAM read | ${th.map((t) => `${t} thr GB/s`).join(" | ")} |`);
+  out.push(`|---|${th.map(() => "---:").join("|")}|`);
+  out.push(
+    `| ${r.dram.method}, ${(r.dram.bytes / GiB).toFixed(2)} GiB | ` +
+      `${r.dram.points.map((p) => fmt2(p.gbps)).join(" | ")} |`,
+  );
+  out.push("");
+  out.push(
+    `| kernel | shape | cold set | ${th.map((t) => `${t} thr GB/s (Gw/s)`).join(" | ")} |`,
+  );
+  out.push(`|---|---|---:|${th.map(() => "---:").join("|")}|`);
+  for (const g of r.gemv) {
+    const cells = g.by_threads.map((p) => `${fmt2(p.gbps)} (${fmt2(p.gweights_per_s)})`);
+    out.push(
+      `| ${g.format} \`${g.kernel}\` | ${g.rows}×${g.cols} | ${g.matrices} × = ` +
+        `${(g.bytes_per_pass / GiB).toFixed(2)} GiB | ${cells.join(" | ")} |`,
+    );
+  }
+  out.push("");
+  out.push(
+    `Dispatch (${r.dispatch_threads} threads, ${r.dispatch_samples} samples): median ` +
+      `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs ` +
+      `(direct call of the same GEMV: ${fmt2(r.direct_call_median_us)} µs).`,
+  );
+  out.push("");
+  if (r.disk) {
+    out.push(`| disk read, ${(r.disk.bytes / GiB).toFixed(2)} GiB file | GB/s |`);
+    out.push("|---|---:|");
+    out.push(`| shim O_DIRECT into the arena | ${fmt2(r.odirect_read_gbps)} |`);
+    out.push(`| shim buffered, cold cache | ${fmt2(r.buffered_read_gbps)} |`);
+    out.push(`| dd iflag=direct bs=1M | ${fmt2(r.dd_direct_gbps)} |`);
+  } else out.push("Disk: skipped.");
+  out.push("");
+  out.push("| ratio | measured | target | |");
+  out.push("|---|---:|---:|---|");
+  for (const c of r.ratios) {
+    const verdict = c.pass === null ? "n/a" : c.pass ? "PASS" : "MISS";
+    out.push(`| ${c.name} | ${fmt2(c.value)} | ${c.kind} ${c.target} | ${verdict} |`);
+  }
+  return out.join("\n");
+}
+
+/** CLI entry: `bench kernels [--json] [--quick] [--threads N] [--skip-disk]`. */
+export async function main(args: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      json: { type: "boolean", default: false },
+      quick: { type: "boolean", default: false },
+      threads: { type: "string" },
+      "skip-disk": { type: "boolean", default: false },
+    },
+  });
+  let threads: number | undefined;
+  if (values.threads !== undefined) {
+    threads = Number(values.threads);
+    if (!Number.isInteger(threads) || threads < 1) {
+      throw new Error(`bench kernels: --threads must be a positive integer, got ${values.threads}`);
+    }
+  }
+  const report = await runKernelBench({
+    quick: values.quick,
+    threads,
+    skipDisk: values["skip-disk"],
+  });
+  console.log(values.json ? JSON.stringify(report, null, 2) : formatKernelReport(report));
+}
+
+if (import.meta.main) await main(Deno.args);
