@@ -35,9 +35,12 @@ export class Arena {
   readonly regions: ArenaRegion[] = [];
   #top: number;
 
-  /** Creates an arena of at least `bytes` usable bytes above the kernels' reserved low region. */
+  /**
+   * Creates an arena of `bytes` in all (rounded up to 64 KiB pages), the kernels' reserved low
+   * region included, so a memory plan's total is exactly what the process commits.
+   */
   constructor(bytes: number) {
-    this.capacity = alignUp(KERNEL_RESERVED_BYTES + bytes, 65536);
+    this.capacity = alignUp(Math.max(bytes, KERNEL_RESERVED_BYTES + PAGE), 65536);
     this.memory = createArenaMemory(this.capacity);
     this.#top = alignUp(KERNEL_RESERVED_BYTES, PAGE);
   }

@@ -15,7 +15,14 @@ interface Init {
   names: string[];
 }
 
-self.onmessage = async (ev: MessageEvent<Init>) => {
+/** This module runs in a worker; it is type-checked with the window globals, so name what it uses. */
+const scope = self as unknown as {
+  onmessage: (ev: MessageEvent<Init>) => void;
+  postMessage(message: unknown): void;
+  close(): void;
+};
+
+scope.onmessage = async (ev: MessageEvent<Init>) => {
   const { module, memory, ctl, index, participants, names } = ev.data;
   const instance = await WebAssembly.instantiate(module, { env: { memory } });
   const exports = instance.exports as Record<string, (...a: (number | bigint)[]) => unknown>;
@@ -24,7 +31,7 @@ self.onmessage = async (ev: MessageEvent<Init>) => {
   const jobs = new Float64Array(memory.buffer, ctl + CTL_HEADER_BYTES, MAX_JOBS * JOB_SLOTS);
   let seen = Atomics.load(words, CTL.GEN);
   // "ready" only after reading GEN, or the first dispatch could be missed (PLATFORM.md §7).
-  self.postMessage("ready");
+  scope.postMessage("ready");
   for (;;) {
     let spins = 0;
     while (Atomics.load(words, CTL.GEN) === seen && spins < SPIN) spins++;
@@ -36,12 +43,12 @@ self.onmessage = async (ev: MessageEvent<Init>) => {
         runShare(fns, jobs, Atomics.load(words, CTL.NJOBS), index, participants);
       } catch (e) {
         Atomics.store(words, CTL.ERROR, 1);
-        self.postMessage({ error: String(e) });
+        scope.postMessage({ error: String(e) });
       }
     }
     Atomics.add(words, CTL.DONE, 1);
     Atomics.notify(words, CTL.DONE);
     if (stop) break;
   }
-  self.close();
+  scope.close();
 };

@@ -23,9 +23,13 @@
 
 /* The four lane sums of a, b, c, d as one vector [sum a, sum b, sum c, sum d]. */
 static inline v128_t hsum4_i32x4(v128_t a, v128_t b, v128_t c, v128_t d) {
-  v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), wasm_i32x4_shuffle(a, b, 2, 6, 3, 7));
-  v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 1, 5), wasm_i32x4_shuffle(c, d, 2, 6, 3, 7));
-  return wasm_i32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
+  /* ab = [a0 + a2, b0 + b2, a1 + a3, b1 + b3], cd likewise; then pair them up. */
+  v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 1, 5),
+                             wasm_i32x4_shuffle(a, b, 2, 6, 3, 7));
+  v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 1, 5),
+                             wasm_i32x4_shuffle(c, d, 2, 6, 3, 7));
+  return wasm_i32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5),
+                        wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
 }
 
 /* Low nibbles (elements 2i) and high nibbles (elements 2i+1) of 16 packed bytes, as 0..15. */

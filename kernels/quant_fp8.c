@@ -24,7 +24,8 @@ static inline float fp8_to_f32(uint32_t b) {
  */
 static inline v128_t fp8_hi16(v128_t lane) {
   v128_t h = wasm_v128_and(wasm_i16x8_shr(lane, 4), wasm_i16x8_splat((int16_t)0x87f0));
-  v128_t nan = wasm_i16x8_eq(wasm_v128_and(lane, wasm_i16x8_splat(0x7f00)), wasm_i16x8_splat(0x7f00));
+  v128_t em = wasm_i16x8_splat(0x7f00);
+  v128_t nan = wasm_i16x8_eq(wasm_v128_and(lane, em), em);
   return wasm_v128_or(h, wasm_v128_and(nan, wasm_i16x8_splat(0x7fc0)));
 }
 

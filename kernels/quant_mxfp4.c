@@ -19,11 +19,13 @@ static inline v128_t e8m0_to_f32(v128_t e) {
 static inline v128_t mx_block(const uint8_t *w, v128_t xe, v128_t xo) {
   v128_t lo, hi, lut = MX_LUT;
   SPLIT_NIBBLES(wasm_v128_load(w), lo, hi);
-  return dot_block_q8(wasm_i8x16_relaxed_swizzle(lut, lo), wasm_i8x16_relaxed_swizzle(lut, hi), xe, xo);
+  return dot_block_q8(wasm_i8x16_relaxed_swizzle(lut, lo), wasm_i8x16_relaxed_swizzle(lut, hi), xe,
+                      xo);
 }
 
 #define MX_SCALE4(s, b)                                                                   \
-  e8m0_to_f32(wasm_u32x4_extend_low_u16x8(wasm_u16x8_extend_low_u8x16(wasm_v128_load32_zero((s) + (b)))))
+  e8m0_to_f32(wasm_u32x4_extend_low_u16x8(                                                \
+      wasm_u16x8_extend_low_u8x16(wasm_v128_load32_zero((s) + (b)))))
 #define MX_SCALE_TAIL(s, b, m)                                                            \
   e8m0_to_f32(wasm_u32x4_make((s)[b], (m) > 1 ? (s)[(b) + 1] : 0u, (m) > 2 ? (s)[(b) + 2] : 0u, 0u))
 
@@ -31,7 +33,7 @@ static inline v128_t mx_block(const uint8_t *w, v128_t xe, v128_t xo) {
 DEFINE_Q4_DOT4(mx, uint8_t, mx_block, MX_SCALE4, MX_SCALE_TAIL, 12, 0.5f)
 
 /*
- * y[r] = sum_c W[r, c] * x[c] for r in [r0, r1), W MXFP4 [rows, cols] with scales S [rows, cols/32],
+ * y[r] = sum_c W[r, c] * x[c] for r in [r0, r1): W MXFP4 [rows, cols], scales S [rows, cols/32],
  * xq the Q8 copy of x (quantize_act_q8).
  */
 DEFINE_Q4_MATVEC(matvec_mxfp4, mx, uint8_t)

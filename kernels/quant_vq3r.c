@@ -64,7 +64,8 @@ void matvec_vq3r(const uint8_t *I, const float *S, const float *lut, float *y, i
       v128_t q0 = wasm_v128_load(i0 + k), q1 = wasm_v128_load(i1 + k), q2 = wasm_v128_load(i2 + k);
       const float *m0 = l0 + k * 256, *m1 = l1 + k * 256, *m2 = l2 + k * 256;
 #define T(j)                                                                              \
-  (m0[(j) * 256 + wasm_u8x16_extract_lane(q0, j)] + m1[(j) * 256 + wasm_u8x16_extract_lane(q1, j)] + \
+  (m0[(j) * 256 + wasm_u8x16_extract_lane(q0, j)] +                                       \
+   m1[(j) * 256 + wasm_u8x16_extract_lane(q1, j)] +                                       \
    m2[(j) * 256 + wasm_u8x16_extract_lane(q2, j)])
       a0 += T(0);
       a1 += T(1);

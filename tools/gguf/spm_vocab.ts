@@ -79,6 +79,19 @@ function prependsSpace(n: unknown): boolean {
   return false;
 }
 
+/** Whether a Metaspace pre-tokenizer (or one in a Sequence) adds a leading "▁". */
+function metaspacePrepends(p: unknown): boolean {
+  const o = asObject(p);
+  if (!o) return false;
+  if (o.type === "Metaspace") {
+    return o.prepend_scheme !== undefined ? o.prepend_scheme !== "never" : o.add_prefix_space === true;
+  }
+  if (o.type === "Sequence" && Array.isArray(o.pretokenizers)) {
+    return o.pretokenizers.some(metaspacePrepends);
+  }
+  return false;
+}
+
 /** Content of a special-token entry of tokenizer_config.json (a string or an AddedToken). */
 function tokenContent(v: unknown): string | null {
   if (typeof v === "string") return v;
@@ -190,6 +203,6 @@ export function spmVocabFromTokenizerJson(
     unkId: special("unk_token", unkText === null ? null : idOf.get(unkText) ?? null),
     addBos,
     addEos,
-    addSpacePrefix: prependsSpace(tj.normalizer),
+    addSpacePrefix: prependsSpace(tj.normalizer) || metaspacePrepends(tj.pre_tokenizer),
   };
 }

@@ -1,0 +1,486 @@
+/**
+ * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0]`: writes a GGUF
+ * v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice container.
+ *
+ * Architectures: llama.cpp's `llama` (dense Llama, and Mixtral-style MoE with stacked experts
+ * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py
+ * writes Mixtral) and `qwen3moe` (q/k norms, expert_feed_forward_length). Tensor names, dims
+ * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
+ * f32 export of a Hugging Face directory reproduces its output. The vocabulary is written as
+ * SentencePiece metadata (tools/gguf/spm_vocab.ts).
+ *
+ * @module
+ */
+
+import { existsSync, statSync } from "node:fs";
+import { basename } from "node:path";
+import { parseArgs } from "node:util";
+import {
+  decodeDtypeToF32,
+  dequantFp8Blocks,
+  readF32,
+} from "../io/checkpoint_weights.ts";
+import {
+  type Container,
+  openContainer,
+  readExpertRecord,
+  readTrunkTensor,
+  type TensorEntry,
+} from "../io/container.ts";
+import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
+import { loadModelConfig } from "../engine/config.ts";
+import {
+  EXPERT_MATRICES,
+  type ExpertMatrix,
+  type GlobalTensor,
+  type LayerTensor,
+  type ModelConfig,
+} from "../engine/model_config.ts";
+import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
+import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
+import { encodeTensor, type EncodableType } from "./gguf/quant.ts";
+import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
+import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
+import { Progress, type ProgressMode } from "./progress.ts";
+
+/** Output types of the weight matrices (vectors and routers always stay f32). */
+export type ExportType = "f32" | "f16" | "bf16" | "q8_0";
+
+/** Options of {@link exportGguf}. */
+export interface ExportGgufOptions {
+  type?: ExportType;
+  /** general.name (default: the source directory's name without `.sluice`). */
+  name?: string;
+  /** Replace an existing output file. */
+  force?: boolean;
+  progress?: ProgressMode;
+}
+
+/** What {@link exportGguf} wrote. */
+export interface ExportGgufResult {
+  arch: "llama" | "qwen3moe";
+  tensors: number;
+  bytes: number;
+  /** Tensor name → ggml type, for the tensors not written as the requested type. */
+  fallbacks: Record<string, GgmlTypeName>;
+}
+
+const EXPORT_TYPES: Record<ExportType, EncodableType> = {
+  f32: "F32",
+  f16: "F16",
+  bf16: "BF16",
+  q8_0: "Q8_0",
+};
+
+/** llama.cpp's llama_ftype of a whole file of each type. */
+const FILE_TYPE: Record<ExportType, number> = { f32: 0, f16: 1, q8_0: 7, bf16: 32 };
+
+/** GGUF names of the canonical layer tensors this exporter knows. */
+const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
+  attn_norm: "attn_norm.weight",
+  wq: "attn_q.weight",
+  wk: "attn_k.weight",
+  wv: "attn_v.weight",
+  wo: "attn_output.weight",
+  bq: "attn_q.bias",
+  bk: "attn_k.bias",
+  bv: "attn_v.bias",
+  q_norm: "attn_q_norm.weight",
+  k_norm: "attn_k_norm.weight",
+  ffn_norm: "ffn_norm.weight",
+  ffn_gate: "ffn_gate.weight",
+  ffn_up: "ffn_up.weight",
+  ffn_down: "ffn_down.weight",
+  router: "ffn_gate_inp.weight",
+};
+
+const GLOBAL_GGUF: Record<GlobalTensor, string> = {
+  embed: "token_embd.weight",
+  final_norm: "output_norm.weight",
+  lm_head: "output.weight",
+};
+
+/** Float32 access to a model's tensors, whatever stores them. */
+interface WeightSource {
+  cfg: ModelConfig;
+  /** Directory holding tokenizer.json. */
+  tokenizerDir: string;
+  defaultName: string;
+  /** Whether an explicit lm_head is stored (also when tied, as HF checkpoints may have it). */
+  hasLmHead: boolean;
+  global(t: GlobalTensor): Float32Array;
+  layer(l: number, t: LayerTensor): Float32Array;
+  expert(l: number, e: number, m: ExpertMatrix): Float32Array;
+  close(): void;
+}
+
+function checkpointSource(dir: string): WeightSource {
+  const cfg = loadModelConfig(dir);
+  const ckpt: Checkpoint = openCheckpoint(dir);
+  const lmHead = hfGlobalName(cfg, "lm_head") ?? "lm_head.weight";
+  const need = (name: string | null, what: string): string => {
+    if (name === null || !ckpt.tensors.has(name)) {
+      throw new Error(`${dir}: ${what} needs tensor ${name}, which the checkpoint lacks`);
+    }
+    return name;
+  };
+  return {
+    cfg,
+    tokenizerDir: dir,
+    defaultName: basename(dir.replace(/\/+$/, "")),
+    hasLmHead: ckpt.tensors.has(lmHead),
+    global: (t) => readF32(ckpt, need(t === "lm_head" ? lmHead : hfGlobalName(cfg, t), t)),
+    layer: (l, t) => readF32(ckpt, need(hfLayerName(cfg, l, t), `layer ${l} ${t}`)),
+    expert: (l, e, m) => readF32(ckpt, need(hfExpertName(cfg, l, e, m), `layer ${l} expert ${e}`)),
+    close: () => ckpt.close(),
+  };
+}
+
+/** Decodes a container tensor (with its FP8 block scale when it has one) to float32. */
+function decodeEntry(e: TensorEntry, data: Uint8Array, scale: Uint8Array | undefined, what: string) {
+  const dtype = { f32: "F32", bf16: "BF16", f16: "F16", f8_e4m3: "F8_E4M3" }[e.dtype];
+  if (e.dtype !== "f8_e4m3") return decodeDtypeToF32(dtype, data, what);
+  if (!scale || e.shape.length !== 2) throw new Error(`${what}: FP8 tensor without a 2-D scale`);
+  const s = decodeDtypeToF32("F32", scale, `${what} scale`);
+  return dequantFp8Blocks(data, e.shape[0], e.shape[1], s);
+}
+
+function containerSource(path: string): WeightSource {
+  const c: Container = openContainer(path);
+  if (!c.manifest.tokenizer.files.includes("tokenizer.json")) {
+    throw new Error(`${path}: the container holds no tokenizer.json to export the vocabulary from`);
+  }
+  let cached: { l: number; e: number; record: Uint8Array } | null = null;
+  const trunk = (layer: number | "globals", name: string) => {
+    const { entry, data, scale } = readTrunkTensor(c, layer, name);
+    return decodeEntry(entry, data, scale, `${c.trunkPath}: ${layer}/${name}`);
+  };
+  return {
+    cfg: c.config,
+    tokenizerDir: path,
+    defaultName: basename(path.replace(/\/+$/, "")).replace(/\.sluice$/, ""),
+    hasLmHead: c.manifest.trunk.globals.tensors.lm_head !== undefined,
+    global: (t) => trunk("globals", t),
+    layer: (l, t) => trunk(l, t),
+    expert(l, e, m) {
+      if (!cached || cached.l !== l || cached.e !== e) {
+        cached = { l, e, record: readExpertRecord(c, l, e).record };
+      }
+      const bank = c.manifest.experts[l]!;
+      const ent = bank.matrices[m];
+      const data = cached.record.subarray(ent.offset, ent.offset + ent.bytes);
+      const scale = ent.scale
+        ? cached.record.subarray(ent.scale.offset, ent.scale.offset + ent.scale.bytes)
+        : undefined;
+      return decodeEntry(ent, data, scale, `${c.expertBankPath(l)}: expert ${e} ${m}`);
+    },
+    close: () => {},
+  };
+}
+
+/**
+ * Rows of a q/k projection from Hugging Face's rotate_half order to llama.cpp's pair order:
+ * within each head, output row 2i + c is input row c·hd/2 + i. `cols` is 1 for a bias.
+ */
+export function permuteToPairs(w: Float32Array, heads: number, headDim: number, cols: number) {
+  if (w.length !== heads * headDim * cols) {
+    throw new Error(`q/k permutation: ${w.length} values for ${heads} heads × ${headDim} × ${cols}`);
+  }
+  const out = new Float32Array(w.length);
+  const half = headDim / 2;
+  for (let h = 0; h < heads; h++) {
+    for (let i = 0; i < half; i++) {
+      for (let c = 0; c < 2; c++) {
+        const src = (h * headDim + c * half + i) * cols;
+        out.set(w.subarray(src, src + cols), (h * headDim + 2 * i + c) * cols);
+      }
+    }
+  }
+  return out;
+}
+
+/** Which llama.cpp architecture a model maps to; throws for what llama.cpp cannot express. */
+function archOf(cfg: ModelConfig, src: string): "llama" | "qwen3moe" {
+  const fail = (why: string): never => {
+    throw new Error(`${src}: cannot export model_type ${cfg.modelType} to GGUF: ${why}`);
+  };
+  const arch = { llama: "llama", mixtral: "llama", qwen3_moe: "qwen3moe" }[cfg.modelType] as
+    | "llama"
+    | "qwen3moe"
+    | undefined;
+  if (!arch) fail("supported model_types are llama, mixtral and qwen3_moe");
+  if (cfg.family !== "llama" || cfg.mla) fail("only GQA attention is supported");
+  if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear") {
+    fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
+  }
+  if (cfg.rope.layout !== "half" || cfg.rope.dim !== cfg.headDim) {
+    fail("RoPE must be rotate_half over the whole head");
+  }
+  if (arch === "llama" && cfg.qkNorm) fail("llama has no q/k norms");
+  if (arch === "qwen3moe" && (!cfg.qkNorm || cfg.attentionBias)) {
+    fail("qwen3moe needs q/k norms and no attention biases");
+  }
+  const kinds = new Set(cfg.layerKinds);
+  if (kinds.size !== 1) fail("llama.cpp needs every layer to be dense or every layer MoE");
+  const moe = cfg.moe;
+  if (kinds.has("moe")) {
+    if (
+      !moe || moe.scoring !== "softmax" || !moe.normTopK || moe.routedScaling !== 1 ||
+      moe.nGroup !== 1 || moe.selectionBias || moe.sharedIntermediate !== 0
+    ) {
+      fail("MoE routing must be softmax top-k with renormalised weights and no shared experts");
+    }
+  } else if (arch === "qwen3moe") fail("qwen3moe needs MoE layers");
+  return arch!;
+}
+
+/** One output tensor: its spec, a sort key (the converter's source order) and its data. */
+interface Planned {
+  spec: GgufTensorSpec;
+  key: string;
+  /** Float32 row-major chunks, each a whole number of rows of dims[0]. */
+  chunks: () => Iterable<Float32Array>;
+}
+
+/** The ggml type of a tensor: vectors and routers f32; Q8_0 falls back to F16 for odd rows. */
+function typeFor(dims: number[], router: boolean, want: EncodableType): EncodableType {
+  if (dims.length === 1 || router) return "F32";
+  if (want === "Q8_0" && dims[0] % 32 !== 0) return "F16";
+  return want;
+}
+
+function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: EncodableType) {
+  const cfg = src.cfg;
+  const out: Planned[] = [];
+  const add = (name: string, shape: number[], key: string, read: () => Float32Array) => {
+    const dims = [...shape].reverse();
+    const type = typeFor(dims, name.endsWith("ffn_gate_inp.weight"), want);
+    out.push({ spec: { name, dims, type }, key, chunks: () => [read()] });
+  };
+  const permute = (t: LayerTensor, v: Float32Array) => {
+    if (arch !== "llama") return v;
+    const heads = t === "wq" || t === "bq" ? cfg.numHeads : cfg.numKvHeads;
+    const cols = t[0] === "b" ? 1 : cfg.hiddenSize;
+    return t === "wq" || t === "wk" || t === "bq" || t === "bk"
+      ? permuteToPairs(v, heads, cfg.headDim, cols)
+      : v;
+  };
+  const V = cfg.vocabSize, H = cfg.hiddenSize;
+  add(GLOBAL_GGUF.embed, [V, H], hfGlobalName(cfg, "embed")!, () => src.global("embed"));
+  add(GLOBAL_GGUF.final_norm, [H], hfGlobalName(cfg, "final_norm")!, () => src.global("final_norm"));
+  if (src.hasLmHead) add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
+  const q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
+  for (let l = 0; l < cfg.numLayers; l++) {
+    const shapes: Partial<Record<LayerTensor, number[]>> = {
+      attn_norm: [H],
+      ffn_norm: [H],
+      wq: [q, H],
+      wk: [kv, H],
+      wv: [kv, H],
+      wo: [H, q],
+      bq: [q],
+      bk: [kv],
+      bv: [kv],
+      q_norm: [cfg.headDim],
+      k_norm: [cfg.headDim],
+      ffn_gate: [cfg.intermediateSize, H],
+      ffn_up: [cfg.intermediateSize, H],
+      ffn_down: [H, cfg.intermediateSize],
+      router: [cfg.moe?.numExperts ?? 0, H],
+    };
+    for (const t of layerTensorsOf(cfg, l)) {
+      const rel = LAYER_GGUF[t];
+      if (!rel) throw new Error(`layer ${l}: tensor ${t} has no GGUF name for ${arch}`);
+      add(`blk.${l}.${rel}`, shapes[t]!, hfLayerName(cfg, l, t)!, () => permute(t, src.layer(l, t)));
+    }
+    if (cfg.layerKinds[l] !== "moe") continue;
+    const moe = cfg.moe!;
+    let last = "";
+    for (let e = 0; e < moe.numExperts; e++) {
+      for (const m of EXPERT_MATRICES) {
+        const n = hfExpertName(cfg, l, e, m);
+        if (n > last) last = n;
+      }
+    }
+    for (const m of EXPERT_MATRICES) {
+      const shape = m === "down" ? [H, moe.expertIntermediate] : [moe.expertIntermediate, H];
+      const dims = [shape[1], shape[0], moe.numExperts];
+      out.push({
+        spec: { name: `blk.${l}.ffn_${m}_exps.weight`, dims, type: typeFor(dims, false, want) },
+        // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
+        key: `${last}\u0000${hfExpertName(cfg, l, 0, m)}`,
+        chunks: function* () {
+          for (let e = 0; e < moe.numExperts; e++) yield src.expert(l, e, m);
+        },
+      });
+    }
+  }
+  return out.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+}
+
+/** gguf-py's parameter-count notation: "293K", "1.5M", "8x7.2B". */
+export function sizeLabel(planned: readonly GgufTensorSpec[]): string {
+  let shared = 0, expert = 0, expertSum = 0, expertTensors = 0;
+  for (const t of planned) {
+    const n = t.dims.reduce((a, b) => a * b, 1);
+    if (t.name.includes("_exps.")) {
+      const count = t.dims[t.dims.length - 1];
+      expert += n / count;
+      expertSum += count;
+      expertTensors++;
+    } else shared += n;
+  }
+  const count = expertTensors ? Math.floor(expertSum / expertTensors) : 0;
+  const params = count ? shared + expert : shared;
+  const [scale, suffix] = params > 1e12
+    ? [1e-12, "T"]
+    : params > 1e9
+    ? [1e-9, "B"]
+    : params > 1e6
+    ? [1e-6, "M"]
+    : [1e-3, "K"];
+  const v = params * scale;
+  const digits = Math.max(2 - String(Math.round(v)).length, 0);
+  return `${count ? `${count}x` : ""}${v.toFixed(digits)}${suffix}`;
+}
+
+function metadataFor(
+  src: WeightSource,
+  arch: "llama" | "qwen3moe",
+  type: ExportType,
+  name: string,
+  specs: GgufTensorSpec[],
+): Map<string, GgufValue> {
+  const cfg = src.cfg;
+  const m = new Map<string, GgufValue>();
+  const u32 = (k: string, v: number) => m.set(k, { type: "u32", value: v });
+  const f32 = (k: string, v: number) => m.set(k, { type: "f32", value: v });
+  const str = (k: string, v: string) => m.set(k, { type: "string", value: v });
+  str("general.architecture", arch);
+  str("general.type", "model");
+  str("general.name", name);
+  str("general.size_label", sizeLabel(specs));
+  const moe = cfg.layerKinds[0] === "moe" ? cfg.moe : null;
+  u32(`${arch}.block_count`, cfg.numLayers);
+  u32(`${arch}.context_length`, cfg.maxPositions);
+  u32(`${arch}.embedding_length`, cfg.hiddenSize);
+  u32(`${arch}.feed_forward_length`, moe ? moe.expertIntermediate : cfg.intermediateSize);
+  u32(`${arch}.attention.head_count`, cfg.numHeads);
+  u32(`${arch}.attention.head_count_kv`, cfg.numKvHeads);
+  f32(`${arch}.rope.freq_base`, cfg.rope.theta);
+  f32(`${arch}.attention.layer_norm_rms_epsilon`, cfg.rmsNormEps);
+  if (moe) {
+    u32(`${arch}.expert_count`, moe.numExperts);
+    u32(`${arch}.expert_used_count`, moe.topK);
+  }
+  u32(`${arch}.attention.key_length`, cfg.headDim);
+  u32(`${arch}.attention.value_length`, cfg.headDim);
+  u32("general.file_type", FILE_TYPE[type]);
+  if (arch === "qwen3moe") u32(`${arch}.expert_feed_forward_length`, moe!.expertIntermediate);
+  if (arch === "llama") {
+    u32(`${arch}.vocab_size`, cfg.vocabSize);
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
+  }
+  if (cfg.rope.scaling.type === "linear") {
+    str(`${arch}.rope.scaling.type`, "linear");
+    f32(`${arch}.rope.scaling.factor`, cfg.rope.scaling.factor);
+  }
+  const vocab = spmVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, {
+    bosId: cfg.bosId,
+    eosId: cfg.eosIds[0] ?? null,
+  });
+  str("tokenizer.ggml.model", "llama");
+  str("tokenizer.ggml.pre", "default");
+  m.set("tokenizer.ggml.tokens", { type: "array", elem: "string", value: vocab.tokens });
+  m.set("tokenizer.ggml.scores", { type: "array", elem: "f32", value: vocab.scores });
+  m.set("tokenizer.ggml.token_type", { type: "array", elem: "i32", value: vocab.types });
+  if (vocab.bosId !== null) u32("tokenizer.ggml.bos_token_id", vocab.bosId);
+  if (vocab.eosId !== null) u32("tokenizer.ggml.eos_token_id", vocab.eosId);
+  // llama.cpp's SPM vocabulary assumes unk = 0; only a different id needs saying.
+  if (vocab.unkId !== null && vocab.unkId !== 0) u32("tokenizer.ggml.unknown_token_id", vocab.unkId);
+  m.set("tokenizer.ggml.add_bos_token", { type: "bool", value: vocab.addBos });
+  m.set("tokenizer.ggml.add_eos_token", { type: "bool", value: vocab.addEos });
+  if (!vocab.addSpacePrefix) m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
+  u32("general.quantization_version", 2);
+  return m;
+}
+
+/**
+ * Exports `src` (a Hugging Face checkpoint directory or a `.sluice` container) to the GGUF file
+ * `out`. Matrices are written as `opts.type` (default f32); vectors and routers stay f32, and
+ * Q8_0 falls back to F16 for matrices whose rows are not a multiple of 32.
+ */
+export function exportGguf(src: string, out: string, opts: ExportGgufOptions = {}): ExportGgufResult {
+  const type = opts.type ?? "f32";
+  if (!Object.hasOwn(EXPORT_TYPES, type)) {
+    throw new Error(`--type must be one of ${Object.keys(EXPORT_TYPES).join(", ")}, got ${type}`);
+  }
+  if (!existsSync(src) || !statSync(src).isDirectory()) {
+    throw new Error(`${src}: not a directory (expected a Hugging Face checkpoint or a .sluice)`);
+  }
+  if (existsSync(out) && !opts.force) throw new Error(`${out} already exists; pass --force to replace it`);
+  const source = existsSync(`${src}/manifest.json`) ? containerSource(src) : checkpointSource(src);
+  try {
+    const arch = archOf(source.cfg, src);
+    const planned = planTensors(source, arch, EXPORT_TYPES[type]);
+    const specs = planned.map((p) => p.spec);
+    const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
+    const fallbacks: Record<string, GgmlTypeName> = {};
+    for (const s of specs) {
+      if (s.type !== EXPORT_TYPES[type] && s.dims.length > 1 && !s.name.endsWith("gate_inp.weight")) {
+        fallbacks[s.name] = s.type;
+      }
+    }
+    const total = specs.reduce((a, s) => a + s.dims.reduce((x, y) => x * y, 4), 0);
+    const progress = new Progress({ label: "export-gguf", total, mode: opts.progress ?? "auto" });
+    const bytes = writeGguf(out, meta, specs, function* (spec, i) {
+      for (const x of planned[i].chunks()) {
+        progress.add(x.byteLength);
+        yield encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`);
+      }
+    });
+    progress.finish();
+    return { arch, tensors: specs.length, bytes, fallbacks };
+  } finally {
+    source.close();
+  }
+}
+
+const USAGE = "usage: deno task export-gguf <hf-dir|x.sluice> <out.gguf> " +
+  "[--type f32|f16|bf16|q8_0] [--name NAME] [--force] [--progress auto|tty|lines|off]";
+
+function main(args: string[]): void {
+  const { values, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    options: {
+      type: { type: "string", default: "f32" },
+      name: { type: "string" },
+      force: { type: "boolean", default: false },
+      progress: { type: "string", default: "auto" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (values.help || positionals.length !== 2) {
+    console.error(USAGE);
+    Deno.exit(values.help ? 0 : 2);
+  }
+  const r = exportGguf(positionals[0], positionals[1], {
+    type: values.type as ExportType,
+    name: values.name,
+    force: values.force,
+    progress: values.progress as ProgressMode,
+  });
+  console.error(`wrote ${positionals[1]}: arch ${r.arch}, ${r.tensors} tensors, ${r.bytes} bytes`);
+  const fb = Object.entries(r.fallbacks);
+  if (fb.length) console.error(`kept as ${fb[0][1]} (rows not a multiple of 32): ${fb.length} tensors`);
+}
+
+if (import.meta.main) {
+  try {
+    main(Deno.args);
+  } catch (e) {
+    console.error(`export-gguf: ${(e as Error).message}`);
+    Deno.exit(1);
+  }
+}
