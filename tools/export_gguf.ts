@@ -15,11 +15,7 @@
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
-import {
-  decodeDtypeToF32,
-  dequantFp8Blocks,
-  readF32,
-} from "../io/checkpoint_weights.ts";
+import { decodeDtypeToF32, dequantFp8Blocks, readF32 } from "../io/checkpoint_weights.ts";
 import {
   type Container,
   openContainer,
@@ -38,7 +34,7 @@ import {
 } from "../engine/model_config.ts";
 import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
 import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
-import { encodeTensor, type EncodableType } from "./gguf/quant.ts";
+import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "./progress.ts";
@@ -137,7 +133,12 @@ function checkpointSource(dir: string): WeightSource {
 }
 
 /** Decodes a container tensor (with its FP8 block scale when it has one) to float32. */
-function decodeEntry(e: TensorEntry, data: Uint8Array, scale: Uint8Array | undefined, what: string) {
+function decodeEntry(
+  e: TensorEntry,
+  data: Uint8Array,
+  scale: Uint8Array | undefined,
+  what: string,
+) {
   const dtype = { f32: "F32", bf16: "BF16", f16: "F16", f8_e4m3: "F8_E4M3" }[e.dtype];
   if (e.dtype !== "f8_e4m3") return decodeDtypeToF32(dtype, data, what);
   if (!scale || e.shape.length !== 2) throw new Error(`${what}: FP8 tensor without a 2-D scale`);
@@ -184,7 +185,9 @@ function containerSource(path: string): WeightSource {
  */
 export function permuteToPairs(w: Float32Array, heads: number, headDim: number, cols: number) {
   if (w.length !== heads * headDim * cols) {
-    throw new Error(`q/k permutation: ${w.length} values for ${heads} heads × ${headDim} × ${cols}`);
+    throw new Error(
+      `q/k permutation: ${w.length} values for ${heads} heads × ${headDim} × ${cols}`,
+    );
   }
   const out = new Float32Array(w.length);
   const half = headDim / 2;
@@ -267,8 +270,15 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
   };
   const V = cfg.vocabSize, H = cfg.hiddenSize;
   add(GLOBAL_GGUF.embed, [V, H], hfGlobalName(cfg, "embed")!, () => src.global("embed"));
-  add(GLOBAL_GGUF.final_norm, [H], hfGlobalName(cfg, "final_norm")!, () => src.global("final_norm"));
-  if (src.hasLmHead) add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
+  add(
+    GLOBAL_GGUF.final_norm,
+    [H],
+    hfGlobalName(cfg, "final_norm")!,
+    () => src.global("final_norm"),
+  );
+  if (src.hasLmHead) {
+    add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
+  }
   const q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
   for (let l = 0; l < cfg.numLayers; l++) {
     const shapes: Partial<Record<LayerTensor, number[]>> = {
@@ -291,7 +301,12 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
     for (const t of layerTensorsOf(cfg, l)) {
       const rel = LAYER_GGUF[t];
       if (!rel) throw new Error(`layer ${l}: tensor ${t} has no GGUF name for ${arch}`);
-      add(`blk.${l}.${rel}`, shapes[t]!, hfLayerName(cfg, l, t)!, () => permute(t, src.layer(l, t)));
+      add(
+        `blk.${l}.${rel}`,
+        shapes[t]!,
+        hfLayerName(cfg, l, t)!,
+        () => permute(t, src.layer(l, t)),
+      );
     }
     if (cfg.layerKinds[l] !== "moe") continue;
     const moe = cfg.moe!;
@@ -397,10 +412,14 @@ function metadataFor(
   if (vocab.bosId !== null) u32("tokenizer.ggml.bos_token_id", vocab.bosId);
   if (vocab.eosId !== null) u32("tokenizer.ggml.eos_token_id", vocab.eosId);
   // llama.cpp's SPM vocabulary assumes unk = 0; only a different id needs saying.
-  if (vocab.unkId !== null && vocab.unkId !== 0) u32("tokenizer.ggml.unknown_token_id", vocab.unkId);
+  if (vocab.unkId !== null && vocab.unkId !== 0) {
+    u32("tokenizer.ggml.unknown_token_id", vocab.unkId);
+  }
   m.set("tokenizer.ggml.add_bos_token", { type: "bool", value: vocab.addBos });
   m.set("tokenizer.ggml.add_eos_token", { type: "bool", value: vocab.addEos });
-  if (!vocab.addSpacePrefix) m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
+  if (!vocab.addSpacePrefix) {
+    m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
+  }
   u32("general.quantization_version", 2);
   return m;
 }
@@ -410,7 +429,11 @@ function metadataFor(
  * `out`. Matrices are written as `opts.type` (default f32); vectors and routers stay f32, and
  * Q8_0 falls back to F16 for matrices whose rows are not a multiple of 32.
  */
-export function exportGguf(src: string, out: string, opts: ExportGgufOptions = {}): ExportGgufResult {
+export function exportGguf(
+  src: string,
+  out: string,
+  opts: ExportGgufOptions = {},
+): ExportGgufResult {
   const type = opts.type ?? "f32";
   if (!Object.hasOwn(EXPORT_TYPES, type)) {
     throw new Error(`--type must be one of ${Object.keys(EXPORT_TYPES).join(", ")}, got ${type}`);
@@ -418,7 +441,9 @@ export function exportGguf(src: string, out: string, opts: ExportGgufOptions = {
   if (!existsSync(src) || !statSync(src).isDirectory()) {
     throw new Error(`${src}: not a directory (expected a Hugging Face checkpoint or a .sluice)`);
   }
-  if (existsSync(out) && !opts.force) throw new Error(`${out} already exists; pass --force to replace it`);
+  if (existsSync(out) && !opts.force) {
+    throw new Error(`${out} already exists; pass --force to replace it`);
+  }
   const source = existsSync(`${src}/manifest.json`) ? containerSource(src) : checkpointSource(src);
   try {
     const arch = archOf(source.cfg, src);
@@ -427,7 +452,9 @@ export function exportGguf(src: string, out: string, opts: ExportGgufOptions = {
     const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
     const fallbacks: Record<string, GgmlTypeName> = {};
     for (const s of specs) {
-      if (s.type !== EXPORT_TYPES[type] && s.dims.length > 1 && !s.name.endsWith("gate_inp.weight")) {
+      if (
+        s.type !== EXPORT_TYPES[type] && s.dims.length > 1 && !s.name.endsWith("gate_inp.weight")
+      ) {
         fallbacks[s.name] = s.type;
       }
     }
@@ -473,7 +500,9 @@ function main(args: string[]): void {
   });
   console.error(`wrote ${positionals[1]}: arch ${r.arch}, ${r.tensors} tensors, ${r.bytes} bytes`);
   const fb = Object.entries(r.fallbacks);
-  if (fb.length) console.error(`kept as ${fb[0][1]} (rows not a multiple of 32): ${fb.length} tensors`);
+  if (fb.length) {
+    console.error(`kept as ${fb[0][1]} (rows not a multiple of 32): ${fb.length} tensors`);
+  }
 }
 
 if (import.meta.main) {

@@ -41,6 +41,8 @@ export interface GemvPoint {
   gbps: number;
   /** Weights multiplied per second, in billions. */
   gweights_per_s: number;
+  /** Cores that other processes kept busy during the best pass (null where /proc is absent). */
+  other_cores: number | null;
 }
 
 /** One weight format and shape, over every thread count. */
@@ -94,6 +96,9 @@ export interface KernelBenchReport {
   dispatch_samples: number;
   dispatch_median_us: number;
   dispatch_p99_us: number;
+  /** As dispatch_median_us when the workers have parked in Atomics.wait (a futex wake each). */
+  dispatch_parked_median_us: number;
+  dispatch_parked_p99_us: number;
   /** The same tiny GEMV called directly on the main thread: the floor under the dispatch. */
   direct_call_median_us: number;
   disk: (DiskBenchResult & { bytes: number }) | null;
@@ -309,10 +314,17 @@ function timeFormat(
   };
   pass(); // Warm-up: compiles the kernel's optimised tier and wakes the workers.
   let best = Infinity;
+  let others: number | null = null;
+  const cores = navigator.hardwareConcurrency || 1;
   for (let p = 0; p < passes; p++) {
+    const c0 = cpuSample();
     const t0 = performance.now();
     pass();
-    best = Math.min(best, (performance.now() - t0) / 1000);
+    const seconds = (performance.now() - t0) / 1000;
+    if (seconds < best) {
+      best = seconds;
+      others = otherCores(c0, cpuSample(), cores);
+    }
   }
   const bytes = matrices * (f.weightBytes(rows, cols) + f.scaleBytes(rows, cols));
   return {
@@ -322,49 +334,93 @@ function timeFormat(
       threads: pool.threads,
       gbps: bytes / best / 1e9,
       gweights_per_s: (matrices * rows * cols) / best / 1e9,
+      other_cores: others,
     },
   };
+}
+
+/** CPU time counters (jiffies) of the whole machine and of this process, from /proc. */
+interface CpuSample {
+  total: number;
+  busy: number;
+  self: number;
+}
+
+function cpuSample(): CpuSample | null {
+  try {
+    const all = Deno.readTextFileSync("/proc/stat").split("\n")[0].trim().split(/\s+/);
+    const [user, nice, system, idle, iowait, irq, softirq, steal] = all.slice(1, 9).map(Number);
+    // Fields after the command name (which may hold spaces): utime and stime are 12th and 13th.
+    const own = Deno.readTextFileSync("/proc/self/stat").split(") ")[1].split(" ");
+    const busy = user + nice + system + irq + softirq + steal;
+    return { total: busy + idle + iowait, busy, self: Number(own[11]) + Number(own[12]) };
+  } catch {
+    return null;
+  }
+}
+
+/** Cores' worth of CPU that other processes (or the hypervisor, as steal) used between a and b. */
+function otherCores(a: CpuSample | null, b: CpuSample | null, cores: number): number | null {
+  if (a === null || b === null || b.total <= a.total) return null;
+  const others = (b.busy - a.busy) - (b.self - a.self);
+  return Math.max(0, (others / (b.total - a.total)) * cores);
 }
 
 function percentile(sorted: number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))];
 }
 
-/**
- * Round-trip time of a dispatch that does almost nothing: a GEMV of one row block per thread,
- * forced through the workers by passing work = MIN_PARALLEL_WORK. Also times the same call
- * made directly, which is the floor under the dispatch.
- */
-function timeDispatch(
-  pool: Pool,
-  W: Ptr,
-  scratch: Scratch,
+/** Median and p99 in µs of `samples` timings (ms) of `call`, each after `gapMs` of busy wait. */
+function timeCalls(
+  call: () => void,
   samples: number,
-): { median: number; p99: number; direct: number } {
-  const rows = ROW_BLOCK * pool.threads;
-  const cols = 16;
-  const args = [W, scratch.x, scratch.y, rows, cols];
-  const warm = Math.min(2000, samples);
-  for (let i = 0; i < warm; i++) pool.run1("gemv_f32", args, rows, MIN_PARALLEL_WORK);
+  gapMs: number,
+): { median: number; p99: number } {
   const t = new Float64Array(samples);
   for (let i = 0; i < samples; i++) {
+    if (gapMs > 0) {
+      const until = performance.now() + gapMs;
+      while (performance.now() < until) { /* let the workers give up spinning and park */ }
+    }
     const t0 = performance.now();
-    pool.run1("gemv_f32", args, rows, MIN_PARALLEL_WORK);
+    call();
     t[i] = performance.now() - t0;
   }
   const sorted = Array.from(t).sort((a, b) => a - b);
+  return { median: percentile(sorted, 0.5) * 1000, p99: percentile(sorted, 0.99) * 1000 };
+}
+
+/** Dispatch latencies in µs; see {@link timeDispatch}. */
+interface DispatchTimes {
+  median: number;
+  p99: number;
+  parkedMedian: number;
+  parkedP99: number;
+  direct: number;
+}
+
+/**
+ * Round-trip time of a dispatch that does almost nothing: a GEMV of one row block per thread,
+ * forced through the workers by passing work = MIN_PARALLEL_WORK. Back to back (workers still
+ * spinning), then after a 200 µs pause (workers parked in Atomics.wait, so each dispatch pays a
+ * futex wake), and the same call made directly, which is the floor under both.
+ */
+function timeDispatch(pool: Pool, W: Ptr, scratch: Scratch, samples: number): DispatchTimes {
+  const rows = ROW_BLOCK * pool.threads;
+  const cols = 16;
+  const args = [W, scratch.x, scratch.y, rows, cols];
+  const dispatch = () => pool.run1("gemv_f32", args, rows, MIN_PARALLEL_WORK);
+  timeCalls(dispatch, Math.min(2000, samples), 0);
+  const spinning = timeCalls(dispatch, samples, 0);
+  const parked = timeCalls(dispatch, Math.ceil(samples / 10), 0.2);
   const gemv = pool.exports.gemv_f32;
-  const d = new Float64Array(samples);
-  for (let i = 0; i < samples; i++) {
-    const t0 = performance.now();
-    gemv(W, scratch.x, scratch.y, rows, cols, 0, rows);
-    d[i] = performance.now() - t0;
-  }
-  const direct = Array.from(d).sort((a, b) => a - b);
+  const direct = timeCalls(() => gemv(W, scratch.x, scratch.y, rows, cols, 0, rows), samples, 0);
   return {
-    median: percentile(sorted, 0.5) * 1000,
-    p99: percentile(sorted, 0.99) * 1000,
-    direct: percentile(direct, 0.5) * 1000,
+    median: spinning.median,
+    p99: spinning.p99,
+    parkedMedian: parked.median,
+    parkedP99: parked.p99,
+    direct: direct.median,
   };
 }
 
@@ -449,7 +505,13 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
       });
     }
   }
-  let dispatch = { median: NaN, p99: NaN, direct: NaN };
+  let dispatch: DispatchTimes = {
+    median: NaN,
+    p99: NaN,
+    parkedMedian: NaN,
+    parkedP99: NaN,
+    direct: NaN,
+  };
   for (const t of threads) {
     const pool = await Pool.create(arena, module, t);
     try {
@@ -542,6 +604,8 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     dispatch_samples: sizes.dispatchSamples,
     dispatch_median_us: dispatch.median,
     dispatch_p99_us: dispatch.p99,
+    dispatch_parked_median_us: dispatch.parkedMedian,
+    dispatch_parked_p99_us: dispatch.parkedP99,
     direct_call_median_us: dispatch.direct,
     disk,
     odirect_read_gbps: odirect,
@@ -586,8 +650,10 @@ export function formatKernelReport(r: KernelBenchReport): string {
   out.push("");
   out.push(
     `Dispatch (${r.dispatch_threads} threads, ${r.dispatch_samples} samples): median ` +
-      `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs ` +
-      `(direct call of the same GEMV: ${fmt2(r.direct_call_median_us)} µs).`,
+      `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs; after the ` +
+      `workers parked: median ${fmt2(r.dispatch_parked_median_us)} µs, p99 ` +
+      `${fmt2(r.dispatch_parked_p99_us)} µs; direct call of the same GEMV: ` +
+      `${fmt2(r.direct_call_median_us)} µs.`,
   );
   out.push("");
   if (r.disk) {

@@ -84,7 +84,9 @@ function metaspacePrepends(p: unknown): boolean {
   const o = asObject(p);
   if (!o) return false;
   if (o.type === "Metaspace") {
-    return o.prepend_scheme !== undefined ? o.prepend_scheme !== "never" : o.add_prefix_space === true;
+    return o.prepend_scheme !== undefined
+      ? o.prepend_scheme !== "never"
+      : o.add_prefix_space === true;
   }
   if (o.type === "Sequence" && Array.isArray(o.pretokenizers)) {
     return o.pretokenizers.some(metaspacePrepends);

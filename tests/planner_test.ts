@@ -1,0 +1,64 @@
+/**
+ * The memory plan: within budget, a floor that is refused below, the pinned-prefix fixed point,
+ * and budget parsing.
+ */
+import assert from "node:assert/strict";
+import type { ModelConfig } from "../engine/model_config.ts";
+import { parseBytes, type PlanInput, planMemory } from "../engine/planner.ts";
+import { loadModelConfig } from "../engine/config.ts";
+import { fixtureDir } from "./fixtures.ts";
+
+const cfg: ModelConfig = loadModelConfig(fixtureDir("stories260k-moe64"));
+const MiB = 2 ** 20;
+const input: PlanInput = {
+  cfg,
+  globalsBytes: 256 * 1024,
+  layerBytes: [1, 2, 3, 4, 5].map((i) => (i + 2) * 64 * 1024),
+  expertStride: 136 * 1024,
+  totalExperts: 320,
+  routerBytes: 5 * 64 * 64 * 4,
+};
+
+Deno.test("plans stay within the budget and pin the longest prefix that fits", () => {
+  const whole = planMemory(input, { ctx: 128, maxBatch: 8 });
+  assert.equal(whole.pinned, 5);
+  assert.equal(whole.expertSlots, 320);
+  for (let budget = whole.floor; budget <= whole.wholeModelBytes; budget += 512 * 1024) {
+    const p = planMemory(input, { ctx: 128, maxBatch: 8, budget });
+    assert.ok(p.arenaBytes <= budget, `arena ${p.arenaBytes} > budget ${budget}`);
+    assert.ok(p.expertSlots >= 2 * cfg.moe!.topK);
+    assert.equal(p.trunkHitRate, p.pinned / 5);
+    if (p.pinned < 5) {
+      assert.ok(p.ringSlots >= 1);
+      assert.equal(p.ringSlotBytes, Math.max(...input.layerBytes.slice(p.pinned)));
+      // Pinning one more layer must not have fitted.
+      const n = p.pinned + 1;
+      const more = input.layerBytes.slice(0, n).reduce((a, b) => a + b, 0) +
+        Math.min(p.ringSlots, 5 - n) * (n < 5 ? Math.max(...input.layerBytes.slice(n)) : 0);
+      const minExperts = 2 * cfg.moe!.topK * input.expertStride;
+      assert.ok(more > budget - p.fixedBytes - minExperts);
+    }
+  }
+});
+
+Deno.test("a budget below the floor is refused with the floor in the message", () => {
+  const p = planMemory(input, { ctx: 128, maxBatch: 8 });
+  assert.throws(
+    () => planMemory(input, { ctx: 128, maxBatch: 8, budget: p.floor - 1 }),
+    /is below the floor of .*KiB|is below the floor of .*MiB/,
+  );
+});
+
+Deno.test("the lookahead's resident routers are part of the fixed bytes", () => {
+  const off = planMemory(input, { ctx: 128, maxBatch: 8 });
+  const on = planMemory(input, { ctx: 128, maxBatch: 8, lookahead: true });
+  assert.ok(on.fixedBytes >= off.fixedBytes + input.routerBytes);
+});
+
+Deno.test("sizes parse with binary units", () => {
+  assert.equal(parseBytes("6G"), 6 * 2 ** 30);
+  assert.equal(parseBytes("512M"), 512 * MiB);
+  assert.equal(parseBytes("1.5GiB"), 1.5 * 2 ** 30);
+  assert.equal(parseBytes("4096"), 4096);
+  assert.throws(() => parseBytes("lots"), /cannot read "lots" as a size/);
+});

@@ -1,0 +1,72 @@
+/**
+ * The arena and the worker pool: aligned allocation within the budget, and row-split dispatches
+ * whose results do not depend on the thread count.
+ */
+import assert from "node:assert/strict";
+import { Arena, PAGE } from "../engine/arena.ts";
+import { Pool } from "../engine/pool.ts";
+import { rowShare } from "../engine/pool_protocol.ts";
+import { loadKernelModule } from "../wasm/mod.ts";
+import { gemvRef } from "../wasm/reference.ts";
+
+Deno.test("arena hands out aligned, disjoint regions and refuses to overflow", () => {
+  const arena = new Arena(4 << 20);
+  const a = arena.alloc("a", 10);
+  const b = arena.alloc("b", 5000);
+  const c = arena.alloc("c", 100, 64);
+  assert.equal(a % PAGE, 0);
+  assert.equal(b % PAGE, 0);
+  assert.ok(b >= a + PAGE && c >= b + 2 * PAGE && c % 64 === 0);
+  assert.throws(() => arena.alloc("too big", 8 << 20), /cannot allocate too big/);
+});
+
+Deno.test("row shares cover every row once, in blocks of 4", () => {
+  for (const rows of [1, 3, 4, 5, 17, 4097]) {
+    for (const n of [1, 2, 3, 5]) {
+      const seen = new Uint8Array(rows);
+      for (let p = 0; p < n; p++) {
+        const [r0, r1] = rowShare(rows, p, n);
+        if (r0 < r1) assert.equal(r0 % 4, 0);
+        for (let r = r0; r < r1; r++) seen[r]++;
+      }
+      assert.ok(seen.every((s) => s === 1), `rows ${rows}, ${n} participants`);
+    }
+  }
+});
+
+Deno.test("gemv through pools of 1, 2 and 3 threads gives identical rows", async () => {
+  const module = await loadKernelModule();
+  const rows = 517, cols = 300;
+  const W = Float32Array.from({ length: rows * cols }, (_, i) => Math.sin(i * 0.37));
+  const x = Float32Array.from({ length: cols }, (_, i) => Math.cos(i * 0.11));
+  const results: Float32Array[] = [];
+  for (const threads of [1, 2, 3]) {
+    const arena = new Arena(8 << 20);
+    const pool = await Pool.create(arena, module, threads);
+    try {
+      const w = arena.alloc("W", W.byteLength), xo = arena.alloc("x", x.byteLength);
+      const y = arena.alloc("y", rows * 4);
+      arena.f32(w, W.length).set(W);
+      arena.f32(xo, cols).set(x);
+      // Work above the serial threshold, so the workers really take part.
+      pool.run1("gemv_f32", [BigInt(w), BigInt(xo), BigInt(y), rows, cols], rows, 1 << 20);
+      if (threads > 1) assert.ok(pool.counts.parallel > 0);
+      results.push(arena.f32(y, rows).slice());
+    } finally {
+      pool.close();
+    }
+  }
+  assert.deepEqual(results[1], results[0]);
+  assert.deepEqual(results[2], results[0]);
+  const ref = gemvRef({ type: "f32", data: W }, x, rows, cols);
+  for (let r = 0; r < rows; r++) assert.ok(Math.abs(results[0][r] - ref[r]) < 1e-4);
+});
+
+Deno.test("a closed pool refuses work; unknown kernels are named", async () => {
+  const arena = new Arena(4 << 20);
+  const pool = await Pool.create(arena, await loadKernelModule(), 2);
+  assert.throws(() => pool.run1("no_such_kernel", [], 4), /no kernel named no_such_kernel/);
+  pool.close();
+  pool.close();
+  assert.throws(() => pool.run1("gemv_f32", [0n, 0n, 0n, 0, 0], 0), /used after close/);
+});
