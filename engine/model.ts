@@ -19,7 +19,7 @@ import { Lookahead } from "./lookahead.ts";
 import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
-import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
+import { fmtBytes, type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
 import { Transformer } from "./transformer.ts";
@@ -204,6 +204,7 @@ export class Model {
         attention,
         maxBatch: prefillChunk,
       });
+      if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
       transformer.moeObservers.push((l, routes, h, nb, pos) =>
         observers.observe(l, routes, h, nb, pos)
       );
@@ -242,6 +243,18 @@ export class Model {
     this.reader.close();
     this.pool.close();
   }
+}
+
+/** The start-up line: how the budget was split, and the trunk hit rate it implies. */
+function planLine(p: MemoryPlan, layers: number): string {
+  const ring = p.ringSlots > 0
+    ? `, ${p.ringSlots} ring slot(s) × ${fmtBytes(p.ringSlotBytes)}`
+    : "";
+  return `sluice: budget ${fmtBytes(p.budget)}; trunk ${p.pinned}/${layers} layers pinned${ring} ` +
+    `(trunk hit rate ${
+      (100 * p.trunkHitRate).toFixed(1)
+    }%); expert cache ${p.expertSlots} records ` +
+    `(${fmtBytes(p.expertBytes)})`;
 }
 
 /** The expert source of a dense model: asking it for an expert is a bug. */

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { existsSync, readFileSync } from "node:fs";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -62,6 +63,19 @@ export class Session {
     return this.tokenizer.decode(ids, { skipSpecial: true });
   }
 
+  /**
+   * Sampling defaults from the checkpoint's generation_config.json: its temperature, top_k and
+   * top_p when it asks for sampling (do_sample), else greedy. Options given to generate win.
+   */
+  samplingDefaults(): SamplerOptions {
+    const path = `${this.model.container.dir}/generation_config.json`;
+    if (!existsSync(path)) return {};
+    const g = JSON.parse(readFileSync(path, "utf8"));
+    if (g?.do_sample !== true) return {};
+    const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : undefined);
+    return { temperature: num(g.temperature) ?? 1, topK: num(g.top_k), topP: num(g.top_p) };
+  }
+
   /** The ids that end a generation: the model's EOS ids and BOS (a new document starts). */
   stopIds(): Set<number> {
     const ids = new Set([...this.tokenizer.eosIds, ...this.model.cfg.eosIds]);
@@ -84,7 +98,8 @@ export class Session {
     if (maxTokens < 0) {
       throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
     }
-    const sampler = createSampler(opts);
+    const given = Object.fromEntries(Object.entries(opts).filter(([, x]) => x !== undefined));
+    const sampler = createSampler({ ...this.samplingDefaults(), ...given });
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
@@ -115,7 +130,7 @@ export class Session {
 
   /** Counters and timings of the last generation. */
   stats(): RunStats {
-    return collectStats(this.model, this.timings, null);
+    return collectStats(this.model, this.timings, this.model.observers.lookahead?.recall ?? null);
   }
 
   /** Releases the workers, reader threads and files. */

@@ -183,7 +183,12 @@ function containerSource(path: string): WeightSource {
  * Rows of a q/k projection from Hugging Face's rotate_half order to llama.cpp's pair order:
  * within each head, output row 2i + c is input row c·hd/2 + i. `cols` is 1 for a bias.
  */
-export function permuteToPairs(w: Float32Array, heads: number, headDim: number, cols: number) {
+export function permuteToPairs(
+  w: Float32Array,
+  heads: number,
+  headDim: number,
+  cols: number,
+): Float32Array {
   if (w.length !== heads * headDim * cols) {
     throw new Error(
       `q/k permutation: ${w.length} values for ${heads} heads × ${headDim} × ${cols}`,

@@ -2,7 +2,7 @@
  * A small byte-level BPE tokenizer for synthetic checkpoints, in the Hugging Face `tokenizers`
  * JSON format (the GPT-2 / Llama-3 family of layout): a ByteLevel pre-tokenizer and decoder, a
  * vocabulary of three special tokens, the 256 byte symbols, merges learnt from a short built-in
- * English text, and filler tokens up to the model's vocab_size. Every byte string encodes, so any
+ * English text, and made-up filler words up to the model's vocab_size. Every byte string encodes, so any
  * text round-trips. A TemplateProcessing post-processor adds `<s>`.
  *
  * @module
@@ -100,6 +100,25 @@ function learnMerges(count: number, bytes: string[]): [string, string][] {
   return merges;
 }
 
+const CONSONANTS = "bdfgklmnprstvz";
+const VOWELS = "aeiou";
+
+/**
+ * Filler token `i`: a space and two or more made-up syllables ("Ġkamo"). Filler tokens are plain
+ * vocabulary entries that no merge produces, so encoding never yields them; a random model that
+ * samples them prints pronounceable nonsense words rather than markup.
+ */
+function fillerWord(i: number, space: string): string {
+  const n = CONSONANTS.length * VOWELS.length;
+  let word = "";
+  for (let k = 0; k < 2 || i > 0; k++) {
+    const s = i % n;
+    word += CONSONANTS[Math.floor(s / VOWELS.length)] + VOWELS[s % VOWELS.length];
+    i = Math.floor(i / n);
+  }
+  return space + word;
+}
+
 /** The contents of the two tokenizer files. */
 export interface SynthTokenizerFiles {
   /** tokenizer.json */
@@ -126,8 +145,10 @@ export function buildSynthTokenizer(vocabSize: number, modelMaxLength = 4096): S
   for (const s of [...SPECIALS, ...bytes]) vocab[s] = next++;
   const merges = learnMerges(Math.min(MAX_MERGES, vocabSize - MIN_SYNTH_VOCAB), bytes);
   for (const [a, b] of merges) if (!Object.hasOwn(vocab, a + b)) vocab[a + b] = next++;
-  // Filler ids are plain vocabulary entries no merge produces; they decode to their own text.
-  for (let i = 0; next < vocabSize; i++) vocab[`<|extra_${i}|>`] = next++;
+  for (let i = 0; next < vocabSize; i++) {
+    const word = fillerWord(i, bytes[0x20]);
+    if (!Object.hasOwn(vocab, word)) vocab[word] = next++;
+  }
   const added = SPECIALS.map((content, id) => ({
     id,
     content,

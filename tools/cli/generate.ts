@@ -45,6 +45,10 @@ ${BUDGET_HELP}
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check each expert record's CRC32 as it is read
+  --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
+  --learn               add this run's expert use counts to the hot list (<model>.hot.json)
+  --no-hot-list         do not warm the expert cache from the hot list
+  --trace FILE          write the routed experts of every (token, layer) as JSON lines
 
 Output:
   --json                print one JSON object (prompt_ids, generated_ids, text, stats)
@@ -83,6 +87,10 @@ export async function generateCommand(args: string[]): Promise<number> {
       shards: { type: "string" },
       io: { type: "string" },
       verify: { type: "boolean" },
+      lookahead: { type: "string" },
+      learn: { type: "boolean" },
+      "no-hot-list": { type: "boolean" },
+      trace: { type: "string" },
       json: { type: "boolean" },
       quiet: { type: "boolean" },
       help: { type: "boolean", short: "h" },
@@ -128,6 +136,10 @@ export async function generateCommand(args: string[]): Promise<number> {
     shards: shards ? shards.split(",").filter((s) => s) : undefined,
     io: oneOf("io", v.io, ["direct", "buffered", "fallback"]),
     verify: v.verify,
+    lookahead: int("lookahead", v.lookahead),
+    learn: v.learn,
+    hotList: !v["no-hot-list"],
+    trace: v.trace,
     quiet: v.quiet || v.json,
   };
   let prompt = v.prompt;

@@ -1,0 +1,110 @@
+/**
+ * The command line as a user runs it: JSON output matches llama2.c's known answer, bad input is
+ * one clear line with exit code 1 (no stack trace), and --help documents the options.
+ */
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { fixtureDir, packedFixture } from "./fixtures.ts";
+
+const MOD = new URL("../mod.ts", import.meta.url).pathname;
+
+async function sluice(
+  ...args: string[]
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, ...args],
+    stdin: "null",
+    env: { NO_COLOR: "1" },
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+Deno.test("generate --json reproduces the stories260k known answer", async () => {
+  const known = JSON.parse(readFileSync(`${fixtureDir("stories260k")}/reference.json`, "utf8"));
+  const model = await packedFixture("stories260k");
+  const r = await sluice(
+    "generate",
+    "--model",
+    model,
+    "--prompt",
+    known.prompt,
+    "-n",
+    "196",
+    "--json",
+  );
+  assert.equal(r.code, 0, r.stderr);
+  const out = JSON.parse(r.stdout);
+  assert.deepEqual(out.prompt_ids, known.prompt_ids);
+  assert.deepEqual(out.generated_ids, known.generated_ids);
+  assert.equal(typeof out.text, "string");
+  assert.ok(out.stats.generate_tok_s > 0 && out.stats.peak_rss_bytes > 0);
+});
+
+Deno.test("a budget under a MoE model's size streams experts and prints the same story", async () => {
+  const model = await packedFixture("stories260k-moe64");
+  const full = await sluice(
+    "generate",
+    "--model",
+    model,
+    "--prompt",
+    "Once upon a time",
+    "-n",
+    "40",
+    "--json",
+  );
+  const tight = await sluice(
+    "generate",
+    "--model",
+    model,
+    "--prompt",
+    "Once upon a time",
+    "-n",
+    "40",
+    "--json",
+    "--budget",
+    "4M",
+    "--lookahead",
+    "4",
+  );
+  assert.equal(tight.code, 0, tight.stderr);
+  const a = JSON.parse(full.stdout), b = JSON.parse(tight.stdout);
+  assert.deepEqual(b.generated_ids, a.generated_ids);
+  assert.ok(b.stats.expert_misses > a.stats.expert_misses);
+  assert.ok(b.stats.arena_bytes <= 4 * 2 ** 20);
+  assert.ok(b.stats.lookahead_recall > 0);
+});
+
+Deno.test("bad input is one clear line and exit code 1", async () => {
+  const missing = await sluice("generate", "--model", "/nonexistent/x.sluice", "--prompt", "hi");
+  assert.equal(missing.code, 1);
+  assert.match(missing.stderr, /sluice generate: .*\/nonexistent\/x\.sluice/);
+  assert.doesNotMatch(missing.stderr, /    at /);
+  const model = await packedFixture("stories260k-moe64");
+  const small = await sluice("generate", "--model", model, "--budget", "1M", "--prompt", "hi");
+  assert.equal(small.code, 1);
+  assert.match(small.stderr, /below the floor of/);
+  const unknown = await sluice("frobnicate");
+  assert.equal(unknown.code, 2);
+  assert.match(unknown.stderr, /unknown command "frobnicate"/);
+});
+
+Deno.test("--help documents the options", async () => {
+  const r = await sluice("generate", "--help");
+  assert.equal(r.code, 0);
+  for (
+    const flag of ["--model", "--budget", "--preset", "--cache", "--lookahead", "--json", "--seed"]
+  ) {
+    assert.ok(r.stdout.includes(flag), `--help lacks ${flag}`);
+  }
+  const plan = await sluice(
+    "plan",
+    "--model",
+    await packedFixture("stories260k-moe64"),
+    "--budget",
+    "8M",
+  );
+  assert.equal(plan.code, 0, plan.stderr);
+  assert.match(plan.stdout, /trunk\s+\d+\/5 layers pinned/);
+  assert.match(plan.stdout, /floor/);
+});
