@@ -23,5 +23,14 @@ if (existsSync(`${fixture}/config.json`)) {
     await packCheckpoint(fixture, model, {});
   }
 }
-const args = ["generate", "--prompt", "Once upon a time", "-n", "200", "--budget", "4M", ...Deno.args];
+const args = [
+  "generate",
+  "--prompt",
+  "Once upon a time",
+  "-n",
+  "200",
+  "--budget",
+  "4M",
+  ...Deno.args,
+];
 Deno.exit(await main(model ? ["generate", "--model", model, ...args.slice(1)] : args));

@@ -144,6 +144,12 @@ function router(name: string, experts: number, h: number, dt: "BF16" | "F32", l:
   } as SynthTensor;
 }
 
+/** About `q` query heads sharing each kv head among `ratio`, with kv heads dividing q heads. */
+function gqaHeads(q: number, ratio: number): { heads: number; kvHeads: number } {
+  const kvHeads = Math.max(1, Math.round(q / ratio));
+  return { heads: kvHeads * Math.max(1, Math.round(q / kvHeads)), kvHeads };
+}
+
 /** Top-k that keeps at least one eighth of the experts active, up to the real model's k. */
 function defaultTopK(experts: number, baseTopK: number): number {
   return Math.min(baseTopK, experts, Math.max(2, Math.floor(experts / 8)));
@@ -188,12 +194,10 @@ const QWEN3_MOE: Recipe = {
   maxExperts: 512,
   maxPositions: 40960,
   width: (h) => {
-    const headDim = clamp(h / 16, 16, 128);
-    const heads = Math.max(1, (2 * h) / headDim);
+    const headDim = Math.round(clamp(h / 16, 16, 128));
     return {
       headDim,
-      heads,
-      kvHeads: Math.max(1, heads / 8),
+      ...gqaHeads((2 * h) / headDim, 8),
       expertInter: (3 * h) / 8,
       denseInter: 3 * h,
     };
@@ -255,9 +259,8 @@ const MIXTRAL: Recipe = {
   maxExperts: 64,
   maxPositions: 32768,
   width: (h) => {
-    const headDim = clamp(h / 8, 16, 128);
-    const heads = Math.max(1, h / headDim);
-    return { headDim, heads, kvHeads: Math.max(1, heads / 4), expertInter: (7 * h) / 2 };
+    const headDim = Math.round(clamp(h / 8, 16, 128));
+    return { headDim, ...gqaHeads(h / headDim, 4), expertInter: (7 * h) / 2 };
   },
   counts: (d) => ({ topK: Math.min(2, d.experts) }),
   config: (d, dtype) => ({
@@ -314,7 +317,7 @@ const DEEPSEEK_V3: Recipe = {
   maxExperts: 512,
   maxPositions: 163840,
   width: (h) => {
-    const ropeDim = clamp(h / 32, 8, 64);
+    const ropeDim = 2 * Math.round(clamp(h / 64, 4, 32));
     const expertInter = (3 * h) / 8;
     return {
       heads: Math.max(1, h / 128),
@@ -623,7 +626,10 @@ function searchCounts(
     topK: r.baseTopK,
     vocab: defaultVocab(h, bytes, dt === "BF16" ? 2 : 4),
     maxPositions: r.maxPositions,
-    ...r.width(h),
+    // Widths that are not powers of two can give fractions; sizes are whole numbers.
+    ...Object.fromEntries(
+      Object.entries(r.width(h)).map(([k, v]) => [k, Math.max(1, Math.round(v))]),
+    ),
   } as SynthDims;
   const minL = r.minLayers(complete(r, base, { ...overrides, layers: 1 }));
   const ls = overrides.layers ? [overrides.layers] : range(minL, 4 * r.baseLayers, 1);
@@ -655,7 +661,7 @@ function range(from: number, to: number, step: number): number[] {
 // Random values
 
 /** FNV-1a of the seed and a name: the start state of that tensor's stream (never 0). */
-export function streamSeed(seed: number, name: string): number {
+function streamSeed(seed: number, name: string): number {
   let h = 0x811c9dc5 ^ (seed >>> 0);
   h = Math.imul(h, 0x01000193);
   h ^= Math.floor(seed / 0x100000000) >>> 0;
@@ -758,6 +764,9 @@ function selectorFor(arch: SynthArch, d: SynthDims): Selector {
     };
   }
   const size = d.experts / d.nGroup;
+  if (size < 2) {
+    throw new Error(`deepseek_v3: ${d.experts} experts in ${d.nGroup} groups leaves < 2 per group`);
+  }
   const scores = new Float64Array(d.experts);
   const groupScore = new Float64Array(d.nGroup);
   const allowed = new Uint8Array(d.experts);
