@@ -79,7 +79,7 @@ Deno.test("bad input is one clear line and exit code 1", async () => {
   const missing = await sluice("generate", "--model", "/nonexistent/x.sluice", "--prompt", "hi");
   assert.equal(missing.code, 1);
   assert.match(missing.stderr, /sluice generate: .*\/nonexistent\/x\.sluice/);
-  assert.doesNotMatch(missing.stderr, /    at /);
+  assert.doesNotMatch(missing.stderr, /^\s+at /m);
   const model = await packedFixture("stories260k-moe64");
   const small = await sluice("generate", "--model", model, "--budget", "1M", "--prompt", "hi");
   assert.equal(small.code, 1);
