@@ -19,7 +19,8 @@ import { Lookahead } from "./lookahead.ts";
 import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
-import { fmtBytes, type MemoryPlan, planInput, planMemory } from "./planner.ts";
+import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
+import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
 import { Transformer } from "./transformer.ts";
@@ -248,13 +249,15 @@ export class Model {
 /** The start-up line: how the budget was split, and the trunk hit rate it implies. */
 function planLine(p: MemoryPlan, layers: number): string {
   const ring = p.ringSlots > 0
-    ? `, ${p.ringSlots} ring slot(s) × ${fmtBytes(p.ringSlotBytes)}`
+    ? `, ${p.ringSlots} ring slot(s) × ${formatBytes(p.ringSlotBytes)}`
     : "";
-  return `sluice: budget ${fmtBytes(p.budget)}; trunk ${p.pinned}/${layers} layers pinned${ring} ` +
+  return `sluice: budget ${
+    formatBytes(p.budget)
+  }; trunk ${p.pinned}/${layers} layers pinned${ring} ` +
     `(trunk hit rate ${
       (100 * p.trunkHitRate).toFixed(1)
     }%); expert cache ${p.expertSlots} records ` +
-    `(${fmtBytes(p.expertBytes)})`;
+    `(${formatBytes(p.expertBytes)})`;
 }
 
 /** The expert source of a dense model: asking it for an expert is a bug. */

@@ -12,6 +12,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { alignUp, PAGE } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
 /** The sizes the planner needs from a container. */
@@ -143,9 +144,9 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const budget = opts.budget ?? wholeModelBytes;
   if (budget < floor) {
     throw new Error(
-      `budget ${fmtBytes(budget)} is below the floor of ${fmtBytes(floor)} ` +
-        `(resident ${fmtBytes(fixedBytes)} + one trunk slot ${fmtBytes(maxLayer)} + ` +
-        `${minExperts} expert records of ${fmtBytes(expertStride)})`,
+      `budget ${formatBytes(budget)} is below the floor of ${formatBytes(floor)} ` +
+        `(resident ${formatBytes(fixedBytes)} + one trunk slot ${formatBytes(maxLayer)} + ` +
+        `${minExperts} expert records of ${formatBytes(expertStride)})`,
     );
   }
   const forTrunk = budget - fixedBytes - minExperts * expertStride;
@@ -196,23 +197,4 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     wholeModelBytes,
     trunkHitRate: layerBytes.length ? pinned / layerBytes.length : 1,
   };
-}
-
-/** "1.5 GiB"-style byte counts for messages. */
-export function fmtBytes(n: number): string {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let u = 0;
-  while (n >= 1024 && u < units.length - 1) {
-    n /= 1024;
-    u++;
-  }
-  return `${u === 0 ? n : n.toFixed(n < 10 ? 2 : 1)} ${units[u]}`;
-}
-
-/** Parses "6G", "512M", "1.5GiB", "4096" (bytes) into bytes. */
-export function parseBytes(s: string): number {
-  const m = /^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$/i.exec(s);
-  if (!m) throw new Error(`cannot read "${s}" as a size (examples: 6G, 512M, 1.5GiB)`);
-  const mult = { "": 1, k: 2 ** 10, m: 2 ** 20, g: 2 ** 30, t: 2 ** 40 }[m[2].toLowerCase()]!;
-  return Math.floor(parseFloat(m[1]) * mult);
 }

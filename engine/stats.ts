@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { fmtBytes } from "./planner.ts";
+import { formatBytes } from "./units.ts";
 import type { Model } from "./model.ts";
 
 /** Timings measured by the generate loop. */
@@ -96,8 +96,8 @@ export function formatStats(s: RunStats): string {
     })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
-    `read          ${fmtBytes(s.bytes_read)} (${
-      fmtBytes(s.bytes_read_per_token)
+    `read          ${formatBytes(s.bytes_read)} (${
+      formatBytes(s.bytes_read_per_token)
     }/token) via ${s.reader}`,
     `time          io wait ${(s.io_wait_ms / 1000).toFixed(2)} s, compute ${
       (s.compute_ms / 1000).toFixed(2)
@@ -105,8 +105,8 @@ export function formatStats(s: RunStats): string {
     `trunk         ${s.trunk_pinned}/${s.trunk_layers} layers pinned (hit rate ${
       pct(s.trunk_hit_rate)
     })`,
-    `memory        budget ${fmtBytes(s.budget_bytes)}, arena ${fmtBytes(s.arena_bytes)}, ` +
-    `peak RSS ${fmtBytes(s.peak_rss_bytes)}, ${s.threads} threads`,
+    `memory        budget ${formatBytes(s.budget_bytes)}, arena ${formatBytes(s.arena_bytes)}, ` +
+    `peak RSS ${formatBytes(s.peak_rss_bytes)}, ${s.threads} threads`,
   ];
   return lines.join("\n");
 }

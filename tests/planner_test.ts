@@ -4,7 +4,8 @@
  */
 import assert from "node:assert/strict";
 import type { ModelConfig } from "../engine/model_config.ts";
-import { parseBytes, type PlanInput, planMemory } from "../engine/planner.ts";
+import { type PlanInput, planMemory } from "../engine/planner.ts";
+import { parseBytes } from "../engine/units.ts";
 import { loadModelConfig } from "../engine/config.ts";
 import { fixtureDir } from "./fixtures.ts";
 

@@ -4,6 +4,9 @@
  *
  * @module
  */
+import { formatBytes } from "../engine/units.ts";
+
+export { formatBytes };
 
 /** How progress is shown: "auto" picks "tty" when stderr is a terminal, else "lines". */
 export type ProgressMode = "auto" | "tty" | "lines" | "off";
@@ -22,17 +25,6 @@ export interface ProgressOptions {
 
 const MB = 1e6;
 const BAR_WIDTH = 28;
-
-/** Formats a byte count with a binary-ish unit for humans. */
-export function formatBytes(n: number): string {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) {
-    n /= 1024;
-    i++;
-  }
-  return `${i ? n.toFixed(1) : n} ${units[i]}`;
-}
 
 function formatSeconds(s: number): string {
   if (!Number.isFinite(s)) return "--:--";

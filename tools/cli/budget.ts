@@ -6,7 +6,7 @@
  */
 import { existsSync, readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { parseBytes } from "../../engine/planner.ts";
+import { parseBytes } from "../../engine/units.ts";
 
 /** Named budgets, in bytes. */
 export const PRESETS: Record<string, number> = {

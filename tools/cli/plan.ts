@@ -6,7 +6,8 @@
  */
 import { parseArgs } from "node:util";
 import { openContainer } from "../../io/container.ts";
-import { fmtBytes, planInput, planMemory } from "../../engine/planner.ts";
+import { planInput, planMemory } from "../../engine/planner.ts";
+import { formatBytes } from "../../engine/units.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
@@ -48,19 +49,21 @@ export function planCommand(args: string[]): Promise<number> {
   }
   const L = cfg.numLayers;
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
-floor          ${fmtBytes(plan.floor)}  (resident ${fmtBytes(plan.fixedBytes)}: KV ${
-    fmtBytes(plan.kvBytes)
-  } at ctx ${ctx}, scratch ${fmtBytes(plan.scratchBytes)}; + one ring slot + ${
+floor          ${formatBytes(plan.floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
+    formatBytes(plan.kvBytes)
+  } at ctx ${ctx}, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
     Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)
   } expert records)
-working set    ${fmtBytes(plan.workingSetBytes)} per token
-whole model    ${fmtBytes(plan.wholeModelBytes)}
-recommended    ${fmtBytes(recommended)}
-budget         ${fmtBytes(plan.budget)}
+working set    ${formatBytes(plan.workingSetBytes)} per token
+whole model    ${formatBytes(plan.wholeModelBytes)}
+recommended    ${formatBytes(recommended)}
+budget         ${formatBytes(plan.budget)}
 trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${
-    fmtBytes(plan.ringSlotBytes)
+    formatBytes(plan.ringSlotBytes)
   }  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
-expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${fmtBytes(plan.expertBytes)})
-arena          ${fmtBytes(plan.arenaBytes)}`);
+expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
+    formatBytes(plan.expertBytes)
+  })
+arena          ${formatBytes(plan.arenaBytes)}`);
   return Promise.resolve(0);
 }
