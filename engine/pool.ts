@@ -1,7 +1,8 @@
 /**
  * The worker pool: the main thread plus N−1 Deno workers, all running the same kernels module on
  * the shared arena. A dispatch is a list of row-parallel jobs published in a control block inside
- * the arena and started with one Atomics.notify; no postMessage per operation.
+ * the arena and started with one Atomics.notify; no postMessage per operation. Threads claim rows
+ * in chunks, so a descheduled thread on a shared machine does not stall the rest.
  *
  * Results never depend on the thread count: every kernel computes each output row the same way
  * whatever rows its neighbours got, and a dot product is never split across threads.
@@ -16,7 +17,7 @@ import {
   JOB_SLOTS,
   MAX_JOB_ARGS,
   MAX_JOBS,
-  runShare,
+  runJobs,
 } from "./pool_protocol.ts";
 
 /** One row-parallel kernel call; the pool appends the row range `(r0, r1)` to `args`. */
@@ -104,7 +105,7 @@ export class Pool {
           };
         }),
       );
-      w.postMessage({ module, memory, ctl, index: i, participants: threads, names });
+      w.postMessage({ module, memory, ctl, participants: threads, names });
     }
     await Promise.all(ready);
     return new Pool(exports, names, words, jobs, workers);
@@ -144,21 +145,22 @@ export class Pool {
     }
     if (this.#workers.length === 0 || work < MIN_PARALLEL_WORK) {
       this.counts.serial++;
-      runShare(this.#fns, table, jobs.length, 0, 1);
+      runJobs(this.#fns, table, jobs.length, null, 1);
       return;
     }
     this.counts.parallel++;
     const w = this.#words;
+    for (let j = 0; j < jobs.length; j++) w[CTL.CLAIM + j] = 0;
     Atomics.store(w, CTL.NJOBS, jobs.length);
     Atomics.store(w, CTL.DONE, 0);
     Atomics.add(w, CTL.GEN, 1);
     Atomics.notify(w, CTL.GEN);
-    runShare(this.#fns, table, jobs.length, 0, this.threads);
+    runJobs(this.#fns, table, jobs.length, w, this.threads);
     this.#awaitWorkers();
     if (Atomics.load(w, CTL.ERROR) !== 0) {
       Atomics.store(w, CTL.ERROR, 0);
       // Rerun on this thread so the kernel's own exception, with its stack, is what the caller sees.
-      runShare(this.#fns, table, jobs.length, 0, 1);
+      runJobs(this.#fns, table, jobs.length, null, 1);
       throw new Error("pool: a worker failed but the rerun on the main thread succeeded");
     }
   }

@@ -1,6 +1,10 @@
 /**
  * The control block shared by the pool's main thread and its workers: where a dispatch is
- * published and how its rows are split. Both sides import this file so they agree exactly.
+ * published and how its rows are handed out. Both sides import this file so they agree exactly.
+ *
+ * Rows are claimed in chunks from a per-job atomic counter, so a thread that was descheduled
+ * (the machine is shared) does not hold up the others. Which thread computes a row never
+ * changes its value: kernels compute each row the same way whatever range they are given.
  *
  * @module
  */
@@ -17,57 +21,75 @@ export const CTL = {
   NJOBS: 3,
   /** Set by a worker whose kernel threw; the main thread reports it. */
   ERROR: 4,
+  /** First of the per-job claim counters (next chunk to hand out). */
+  CLAIM: 16,
 } as const;
-
-/** Bytes of the header before the job table. */
-export const CTL_HEADER_BYTES = 64;
 /** Float64 slots per job: kernel id, arg count, rows, BigInt mask, then the args. */
 export const JOB_SLOTS = 32;
 /** Most args one job can carry (the row range is appended by the pool). */
 export const MAX_JOB_ARGS = JOB_SLOTS - 4;
 /** Most jobs one dispatch can carry. */
 export const MAX_JOBS = 64;
+/** Bytes of the header (flags and claim counters) before the job table. */
+export const CTL_HEADER_BYTES = (CTL.CLAIM + MAX_JOBS) * 4;
 /** Bytes of the whole control block. */
 export const CTL_BYTES = CTL_HEADER_BYTES + MAX_JOBS * JOB_SLOTS * 8;
 /** Rows handed out together, so 4-row-blocked kernels stay blocked. */
 export const ROW_BLOCK = 4;
-/** Spins on the generation counter before parking in Atomics.wait (PLATFORM.md §4). */
-export const SPIN = 2000;
-
 /**
- * The rows participant `p` of `n` computes for a job of `rows` rows. Whole blocks of
- * {@link ROW_BLOCK}, in order, so the split depends only on (rows, n), never on timing.
+ * Spins on the generation counter before parking in Atomics.wait: tens of microseconds, because
+ * waking a parked worker costs 24–38 µs here (PLATFORM.md §4, docs/PERFORMANCE.md).
  */
-export function rowShare(rows: number, p: number, n: number): [number, number] {
-  const blocks = Math.ceil(rows / ROW_BLOCK);
-  const b0 = Math.floor((blocks * p) / n);
-  const b1 = Math.floor((blocks * (p + 1)) / n);
-  return [Math.min(rows, b0 * ROW_BLOCK), Math.min(rows, b1 * ROW_BLOCK)];
+export const SPIN = 20000;
+
+/** Rows per claimed chunk: about 8 chunks per thread, whole 4-row blocks. */
+export function chunkRows(rows: number, threads: number): number {
+  const per = Math.ceil(rows / (threads * 8));
+  return Math.max(ROW_BLOCK, Math.ceil(per / ROW_BLOCK) * ROW_BLOCK);
 }
 
-/** Calls `fn` on participant `p`'s share of every job published in `jobs`. */
-export function runShare(
+/** Arguments of job `j` as the kernel takes them, with room for the row range at the end. */
+function jobArgs(jobs: Float64Array, j: number): (number | bigint)[] {
+  const base = j * JOB_SLOTS;
+  const nargs = jobs[base + 1];
+  const mask = jobs[base + 3];
+  const args: (number | bigint)[] = new Array(nargs + 2);
+  for (let i = 0; i < nargs; i++) {
+    const v = jobs[base + 4 + i];
+    args[i] = (mask >>> i) & 1 ? BigInt(v) : v;
+  }
+  return args;
+}
+
+/**
+ * Runs the published jobs in order. Alone (`words` null), each job runs whole; in a pool, the
+ * thread claims chunks of each job's rows from the job's counter in `words` until none are left.
+ */
+export function runJobs(
   fns: ((...a: (number | bigint)[]) => unknown)[],
   jobs: Float64Array,
   njobs: number,
-  p: number,
-  n: number,
+  words: Int32Array | null,
+  threads: number,
 ): void {
   for (let j = 0; j < njobs; j++) {
-    const base = j * JOB_SLOTS;
-    const fn = fns[jobs[base]];
-    const nargs = jobs[base + 1];
-    const rows = jobs[base + 2];
-    const mask = jobs[base + 3];
-    const [r0, r1] = rowShare(rows, p, n);
-    if (r0 >= r1) continue;
-    const args: (number | bigint)[] = new Array(nargs + 2);
-    for (let i = 0; i < nargs; i++) {
-      const v = jobs[base + 4 + i];
-      args[i] = (mask >>> i) & 1 ? BigInt(v) : v;
+    const fn = fns[jobs[j * JOB_SLOTS]];
+    const rows = jobs[j * JOB_SLOTS + 2];
+    const args = jobArgs(jobs, j);
+    const n = args.length;
+    if (!words) {
+      args[n - 2] = 0;
+      args[n - 1] = rows;
+      fn(...args);
+      continue;
     }
-    args[nargs] = r0;
-    args[nargs + 1] = r1;
-    fn(...args);
+    const chunk = chunkRows(rows, threads);
+    for (;;) {
+      const r0 = Atomics.add(words, CTL.CLAIM + j, 1) * chunk;
+      if (r0 >= rows) break;
+      args[n - 2] = r0;
+      args[n - 1] = Math.min(rows, r0 + chunk);
+      fn(...args);
+    }
   }
 }

@@ -4,13 +4,12 @@
  *
  * @module
  */
-import { CTL, CTL_HEADER_BYTES, JOB_SLOTS, MAX_JOBS, runShare, SPIN } from "./pool_protocol.ts";
+import { CTL, CTL_HEADER_BYTES, JOB_SLOTS, MAX_JOBS, runJobs, SPIN } from "./pool_protocol.ts";
 
 interface Init {
   module: WebAssembly.Module;
   memory: WebAssembly.Memory;
   ctl: number;
-  index: number;
   participants: number;
   names: string[];
 }
@@ -23,7 +22,7 @@ const scope = self as unknown as {
 };
 
 scope.onmessage = async (ev: MessageEvent<Init>) => {
-  const { module, memory, ctl, index, participants, names } = ev.data;
+  const { module, memory, ctl, participants, names } = ev.data;
   const instance = await WebAssembly.instantiate(module, { env: { memory } });
   const exports = instance.exports as Record<string, (...a: (number | bigint)[]) => unknown>;
   const fns = names.map((n) => exports[n]);
@@ -40,7 +39,7 @@ scope.onmessage = async (ev: MessageEvent<Init>) => {
     const stop = Atomics.load(words, CTL.STOP) === 1;
     if (!stop) {
       try {
-        runShare(fns, jobs, Atomics.load(words, CTL.NJOBS), index, participants);
+        runJobs(fns, jobs, Atomics.load(words, CTL.NJOBS), words, participants);
       } catch (e) {
         Atomics.store(words, CTL.ERROR, 1);
         scope.postMessage({ error: String(e) });

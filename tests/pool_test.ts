@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { Arena, PAGE } from "../engine/arena.ts";
 import { Pool } from "../engine/pool.ts";
-import { rowShare } from "../engine/pool_protocol.ts";
+import { chunkRows } from "../engine/pool_protocol.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { gemvRef } from "../wasm/reference.ts";
 
@@ -20,16 +20,12 @@ Deno.test("arena hands out aligned, disjoint regions and refuses to overflow", (
   assert.throws(() => arena.alloc("too big", 8 << 20), /cannot allocate too big/);
 });
 
-Deno.test("row shares cover every row once, in blocks of 4", () => {
-  for (const rows of [1, 3, 4, 5, 17, 4097]) {
-    for (const n of [1, 2, 3, 5]) {
-      const seen = new Uint8Array(rows);
-      for (let p = 0; p < n; p++) {
-        const [r0, r1] = rowShare(rows, p, n);
-        if (r0 < r1) assert.equal(r0 % 4, 0);
-        for (let r = r0; r < r1; r++) seen[r]++;
-      }
-      assert.ok(seen.every((s) => s === 1), `rows ${rows}, ${n} participants`);
+Deno.test("claimed chunks are whole 4-row blocks, about 8 per thread", () => {
+  for (const rows of [1, 3, 4, 5, 17, 4097, 14336]) {
+    for (const threads of [1, 2, 3, 5]) {
+      const c = chunkRows(rows, threads);
+      assert.equal(c % 4, 0);
+      assert.ok(Math.ceil(rows / c) <= threads * 8, `rows ${rows}, ${threads} threads: chunk ${c}`);
     }
   }
 });
