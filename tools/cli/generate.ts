@@ -142,10 +142,14 @@ export async function generateCommand(args: string[]): Promise<number> {
     trace: v.trace,
     quiet: v.quiet || v.json,
   };
+  // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
+  const chomp = (text: string) => text.replace(/\r?\n$/, "");
   let prompt = v.prompt;
-  if (prompt === undefined && v["prompt-file"]) prompt = await Deno.readTextFile(v["prompt-file"]);
+  if (prompt === undefined && v["prompt-file"]) {
+    prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
+  }
   if (prompt === undefined && !Deno.stdin.isTerminal()) {
-    prompt = await new Response(Deno.stdin.readable).text();
+    prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
   const modelPath = v.model ??
