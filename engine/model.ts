@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { type Container, openContainer } from "../io/container.ts";
+import { type Container, type ExpertBank, openContainer } from "../io/container.ts";
 import { type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "../io/hot_list.ts";
@@ -78,6 +78,8 @@ export class Model {
   readonly prefillChunk: number;
   /** Positions the KV cache holds. */
   readonly maxContext: number;
+  /** Bytes read while opening (globals, pinned layers, warmed experts); not counted per token. */
+  readonly loadBytes: number;
   /** Trace, hot-list learning and lookahead hooks on the MoE layers. */
   readonly observers: RunObservers;
   #closed = false;
@@ -94,6 +96,7 @@ export class Model {
     prefillChunk: number;
     maxContext: number;
     observers: RunObservers;
+    loadBytes: number;
   }) {
     this.container = init.container;
     this.cfg = init.container.config;
@@ -107,6 +110,7 @@ export class Model {
     this.prefillChunk = init.prefillChunk;
     this.maxContext = init.maxContext;
     this.observers = init.observers;
+    this.loadBytes = init.loadBytes;
   }
 
   /** Opens the container at `path` under the memory plan `opts` asks for. */
@@ -190,6 +194,9 @@ export class Model {
       if (experts) {
         const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
         if (hot) experts.warm(hottest(hot));
+        // Everything fits: load every record now, as an in-RAM engine loads its model, so decode
+        // never waits for a first use. (Hot experts first, then the rest in file order.)
+        if (plan.expertSlots >= plan.totalExperts) experts.warm(allExperts(m.experts));
         if ((opts.lookahead ?? 0) > 0) {
           const routers = residentRouters(arena, container);
           observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, opts.lookahead!);
@@ -206,6 +213,10 @@ export class Model {
         maxBatch: prefillChunk,
       });
       if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
+      const loadBytes = m.trunk.globals.region.bytes + trunk.stats.bytes +
+        (experts?.stats.bytesRead ?? 0);
+      trunk.resetStats();
+      experts?.resetStats();
       transformer.moeObservers.push((l, routes, h, nb, pos) =>
         observers.observe(l, routes, h, nb, pos)
       );
@@ -221,6 +232,7 @@ export class Model {
         prefillChunk,
         maxContext: ctx,
         observers,
+        loadBytes,
       });
     } catch (e) {
       reader.close();
@@ -244,6 +256,13 @@ export class Model {
     this.reader.close();
     this.pool.close();
   }
+}
+
+/** Every (layer, expert) of the model's banks, in file order. */
+function allExperts(banks: (ExpertBank | null)[]): [number, number][] {
+  const all: [number, number][] = [];
+  for (const b of banks) for (let e = 0; b && e < b.count; e++) all.push([b.layer, e]);
+  return all;
 }
 
 /** The start-up line: how the budget was split, and the trunk hit rate it implies. */

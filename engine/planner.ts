@@ -79,6 +79,8 @@ export interface MemoryPlan {
   trunkBytes: number;
   expertSlots: number;
   expertBytes: number;
+  /** Expert records in the whole model. */
+  totalExperts: number;
   /** Bytes the arena gets (≤ budget). */
   arenaBytes: number;
   /** Bytes one token touches: trunk + top_k records per MoE layer. */
@@ -139,9 +141,12 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
   const maxLayer = Math.max(0, ...layerBytes);
-  const floor = fixedBytes + maxLayer + minExperts * expertStride;
+  const floor = alignUp(fixedBytes + maxLayer + minExperts * expertStride, 65536);
   const wholeModelBytes = fixedBytes + trunkAll + totalExperts * expertStride;
-  const budget = opts.budget ?? wholeModelBytes;
+  // The arena is made of 64 KiB wasm pages: a budget is honoured to the page.
+  const budget = opts.budget !== undefined
+    ? Math.floor(opts.budget / 65536) * 65536
+    : wholeModelBytes;
   if (budget < floor) {
     throw new Error(
       `budget ${formatBytes(budget)} is below the floor of ${formatBytes(floor)} ` +
@@ -192,6 +197,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     trunkBytes,
     expertSlots,
     expertBytes,
+    totalExperts,
     arenaBytes: fixedBytes + trunkBytes + expertBytes,
     workingSetBytes: trunkAll + moeLayers * topK * expertStride,
     wholeModelBytes,

@@ -26,7 +26,9 @@ export interface RunStats extends Timings {
   speculative_reads: number;
   speculative_used: number;
   lookahead_recall: number | null;
+  /** Bytes read after the model was open (load bytes excluded). */
   bytes_read: number;
+  load_bytes: number;
   bytes_read_per_token: number;
   io_wait_ms: number;
   compute_ms: number;
@@ -70,6 +72,7 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     speculative_used: store?.speculativeUsed ?? 0,
     lookahead_recall: lookaheadRecall,
     bytes_read: bytes,
+    load_bytes: model.loadBytes,
     bytes_read_per_token: tokens > 0 ? bytes / tokens : 0,
     io_wait_ms: ioWait,
     compute_ms: Math.max(0, t.promptMs + t.generateMs - ioWait),
@@ -96,9 +99,8 @@ export function formatStats(s: RunStats): string {
     })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
-    `read          ${formatBytes(s.bytes_read)} (${
-      formatBytes(s.bytes_read_per_token)
-    }/token) via ${s.reader}`,
+    `read          ${formatBytes(s.bytes_read)} (${formatBytes(s.bytes_read_per_token)}/token) ` +
+    `via ${s.reader}, ${formatBytes(s.load_bytes)} at load`,
     `time          io wait ${(s.io_wait_ms / 1000).toFixed(2)} s, compute ${
       (s.compute_ms / 1000).toFixed(2)
     } s`,

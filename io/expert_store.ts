@@ -235,9 +235,11 @@ export class ExpertStore implements ExpertSource {
 
   /** Fills free slots with the given experts, hottest first (the learned hot list). */
   warm(experts: [number, number][]): void {
-    const valid = experts.filter(([l, e]) => this.#banks[l] && e < this.#banks[l]!.bank.count);
-    this.cache.warm(valid.map(([l, e]) => this.#key(l, e)));
-    for (const [layer, expert] of valid) {
+    const fresh = experts.filter(([l, e]) =>
+      this.#banks[l] && e < this.#banks[l]!.bank.count && !this.cache.has(this.#key(l, e))
+    );
+    this.cache.warm(fresh.map(([l, e]) => this.#key(l, e)));
+    for (const [layer, expert] of fresh) {
       const key = this.#key(layer, expert);
       const slot = this.cache.slotOf(key);
       if (slot === undefined || this.#inflight.has(key)) continue;
@@ -248,6 +250,17 @@ export class ExpertStore implements ExpertSource {
       this.cache.pin(key);
     }
     this.drain();
+  }
+
+  /** Zeroes the store's counters (after loading, so they count the run only). */
+  resetStats(): void {
+    Object.assign(this.stats, {
+      bytesRead: 0,
+      readahead: 0,
+      speculative: 0,
+      speculativeUsed: 0,
+      waitMs: 0,
+    });
   }
 
   /** Waits for every read in flight (before the reader closes). */

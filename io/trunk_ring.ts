@@ -144,6 +144,11 @@ export class TrunkRing implements TrunkSource {
     if (slot) slot.inUse = false;
   }
 
+  /** Zeroes the counters (after loading, so they count the run only). */
+  resetStats(): void {
+    Object.assign(this.stats, { hits: 0, reads: 0, readahead: 0, bytes: 0, waitMs: 0 });
+  }
+
   /** Waits for reads still in flight (before the reader closes). */
   drain(): void {
     for (const s of this.#slots) {
