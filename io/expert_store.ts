@@ -10,7 +10,7 @@ import type { Arena } from "../engine/arena.ts";
 import { bindExpert, type ExpertSource, type ExpertWeights } from "../engine/weights.ts";
 import type { ExpertBank } from "./container.ts";
 import { type ExpertCache, expertKey } from "./expert_cache.ts";
-import type { BlockReader, ReadTicket } from "./reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket } from "./reader.ts";
 
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
 export interface BankFiles {
@@ -127,7 +127,9 @@ export class ExpertStore implements ExpertSource {
     if (!miss) return;
     this.#misses.delete(key);
     const { handle, offset, bank } = this.#location(miss.layer, miss.expert);
-    const ticket = this.#reader.submit(handle, this.#slotOffset(miss.slot), bank.stride, offset);
+    // DEMAND: the current layer's experts come before the trunk's read-ahead of the next layer.
+    const slot = this.#slotOffset(miss.slot);
+    const ticket = this.#reader.submit(handle, slot, bank.stride, offset, ReadPriority.DEMAND);
     this.stats.bytesRead += bank.stride;
     if (ahead) this.stats.readahead++;
     this.#inflight.set(key, { ticket, layer: miss.layer, expert: miss.expert, speculative: false });
@@ -224,7 +226,13 @@ export class ExpertStore implements ExpertSource {
       if (!got) break;
       this.cache.pin(key);
       const { handle, offset, bank } = this.#location(layer, expert);
-      const ticket = this.#reader.submit(handle, this.#slotOffset(got.slot), bank.stride, offset);
+      const ticket = this.#reader.submit(
+        handle,
+        this.#slotOffset(got.slot),
+        bank.stride,
+        offset,
+        ReadPriority.SPECULATIVE,
+      );
       this.stats.bytesRead += bank.stride;
       this.stats.speculative++;
       this.#inflight.set(key, { ticket, layer, expert, speculative: true });

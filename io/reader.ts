@@ -18,6 +18,16 @@ export interface ReadTicket {
   readonly id: number;
 }
 
+/**
+ * How urgent a read is: the forward pass waits for DEMAND reads now; AHEAD reads (the next trunk
+ * layer, hinted experts) are needed soon; SPECULATIVE reads (the lookahead) may be wasted, so they
+ * must never delay the others.
+ */
+export const ReadPriority = { DEMAND: 0, AHEAD: 1, SPECULATIVE: 2 } as const;
+
+/** One of {@link ReadPriority}'s values. */
+export type ReadPriority = typeof ReadPriority[keyof typeof ReadPriority];
+
 /** Positional file reads into the arena, several in flight at once. */
 export interface BlockReader {
   /** "shim-direct": C shim bypassing the page cache; "shim-buffered": C shim through the page
@@ -27,8 +37,17 @@ export interface BlockReader {
   open(path: string): number;
   /** File size in bytes. */
   size(handle: number): number;
-  /** Starts reading `length` bytes at `fileOffset` into the arena at `arenaOffset`. */
-  submit(handle: number, arenaOffset: number, length: number, fileOffset: number): ReadTicket;
+  /**
+   * Starts reading `length` bytes at `fileOffset` into the arena at `arenaOffset`. Queued reads
+   * start in {@link ReadPriority} order (most urgent first), oldest first within a priority.
+   */
+  submit(
+    handle: number,
+    arenaOffset: number,
+    length: number,
+    fileOffset: number,
+    priority?: ReadPriority,
+  ): ReadTicket;
   /** Blocks until the read completed; throws an Error naming errno, path, offset and length, or
    * the short count when the range runs past end of file. */
   wait(t: ReadTicket): void;

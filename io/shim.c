@@ -25,6 +25,9 @@
 #define SIO_MAX_SLOTS (1 << SIO_SLOT_BITS)
 #define SIO_MAX_THREADS 64
 
+/* Priority classes: 0 a read the engine waits for now, 1 a read-ahead, 2 a speculative read. */
+#define SIO_CLASSES 3
+
 enum slot_state { SLOT_FREE = 0, SLOT_QUEUED, SLOT_RUNNING, SLOT_DONE };
 
 typedef struct {
@@ -48,9 +51,12 @@ typedef struct sio_queue {
   sio_slot *slots;
   int *free_list; /* stack of free slot indices */
   int nfree;
-  int *fifo; /* ring of queued slot indices: workers serve them oldest first */
-  int fifo_head;
-  int fifo_len;
+  /* One ring of queued slot indices per priority class; workers serve the most urgent class
+   * first and each class oldest first. */
+  int *fifo[SIO_CLASSES];
+  int fifo_head[SIO_CLASSES];
+  int fifo_len[SIO_CLASSES];
+  int queued; /* sum of fifo_len */
   int64_t next_seq;
   struct sio_queue *next_live; /* registry for the unload destructor */
 } sio_queue;
@@ -124,11 +130,14 @@ static void *reader_main(void *arg) {
   sio_queue *q = (sio_queue *)arg;
   pthread_mutex_lock(&q->mu);
   for (;;) {
-    while (!q->stop && q->fifo_len == 0) pthread_cond_wait(&q->work, &q->mu);
-    if (q->fifo_len == 0) break; /* stop requested and nothing left to serve */
-    int i = q->fifo[q->fifo_head];
-    q->fifo_head = (q->fifo_head + 1) % q->capacity;
-    q->fifo_len--;
+    while (!q->stop && q->queued == 0) pthread_cond_wait(&q->work, &q->mu);
+    if (q->queued == 0) break; /* stop requested and nothing left to serve */
+    int c = 0;
+    while (q->fifo_len[c] == 0) c++;
+    int i = q->fifo[c][q->fifo_head[c]];
+    q->fifo_head[c] = (q->fifo_head[c] + 1) % q->capacity;
+    q->fifo_len[c]--;
+    q->queued--;
     sio_slot *s = &q->slots[i];
     s->state = SLOT_RUNNING;
     int fd = s->fd;
@@ -161,7 +170,7 @@ static void free_queue(sio_queue *q) {
   pthread_cond_destroy(&q->done);
   free(q->slots);
   free(q->free_list);
-  free(q->fifo);
+  for (int c = 0; c < SIO_CLASSES; c++) free(q->fifo[c]);
   free(q);
 }
 
@@ -181,11 +190,15 @@ sio_queue *sio_queue_create(int32_t nthreads, int32_t capacity, int32_t *err) {
   q->capacity = capacity;
   q->slots = calloc((size_t)capacity, sizeof *q->slots);
   q->free_list = calloc((size_t)capacity, sizeof *q->free_list);
-  q->fifo = calloc((size_t)capacity, sizeof *q->fifo);
-  if (!q->slots || !q->free_list || !q->fifo) {
+  int rings_ok = 1;
+  for (int c = 0; c < SIO_CLASSES; c++) {
+    q->fifo[c] = calloc((size_t)capacity, sizeof *q->fifo[c]);
+    if (!q->fifo[c]) rings_ok = 0;
+  }
+  if (!q->slots || !q->free_list || !rings_ok) {
     free(q->slots);
     free(q->free_list);
-    free(q->fifo);
+    for (int c = 0; c < SIO_CLASSES; c++) free(q->fifo[c]);
     free(q);
     *err = -ENOMEM;
     return NULL;
@@ -213,9 +226,11 @@ sio_queue *sio_queue_create(int32_t nthreads, int32_t capacity, int32_t *err) {
   return q;
 }
 
-/* Queues a read of `len` bytes at file offset `off` into `dst`. Returns a ticket (> 0), or -EAGAIN
- * when all `capacity` slots hold reads not yet reaped by sio_wait. Never blocks. */
-int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t off) {
+/* Queues a read of `len` bytes at file offset `off` into `dst` in priority class `prio` (0 most
+ * urgent; clamped to the classes). Returns a ticket (> 0), or -EAGAIN when all `capacity` slots
+ * hold reads not yet reaped by sio_wait. Never blocks. */
+int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t off, int32_t prio) {
+  int c = prio < 0 ? 0 : prio >= SIO_CLASSES ? SIO_CLASSES - 1 : prio;
   pthread_mutex_lock(&q->mu);
   if (q->stop) {
     pthread_mutex_unlock(&q->mu);
@@ -234,8 +249,9 @@ int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t of
   s->off = off;
   s->result = 0;
   s->state = SLOT_QUEUED;
-  q->fifo[(q->fifo_head + q->fifo_len) % q->capacity] = i;
-  q->fifo_len++;
+  q->fifo[c][(q->fifo_head[c] + q->fifo_len[c]) % q->capacity] = i;
+  q->fifo_len[c]++;
+  q->queued++;
   int64_t ticket = s->ticket;
   pthread_cond_signal(&q->work);
   pthread_mutex_unlock(&q->mu);

@@ -10,7 +10,7 @@
 
 import { ensureShim, shimBuildFailure } from "./build_shim.ts";
 import type { BlockReader, ReadTicket } from "./reader.ts";
-import { checkRequest, noticeOnce, shortReadMessage } from "./reader.ts";
+import { checkRequest, noticeOnce, ReadPriority, shortReadMessage } from "./reader.ts";
 
 const SYMBOLS = {
   sio_open: { parameters: ["buffer", "i32"], result: "i32" },
@@ -19,7 +19,7 @@ const SYMBOLS = {
   sio_close: { parameters: ["i32"], result: "i32" },
   sio_file_size: { parameters: ["i32"], result: "i64" },
   sio_queue_create: { parameters: ["i32", "i32", "buffer"], result: "pointer" },
-  sio_submit: { parameters: ["pointer", "i32", "u64", "u64", "i64"], result: "i64" },
+  sio_submit: { parameters: ["pointer", "i32", "u64", "u64", "i64", "i32"], result: "i64" },
   sio_poll: { parameters: ["pointer", "i64"], result: "i32" },
   sio_wait: { parameters: ["pointer", "i64"], result: "i64" },
   sio_queue_destroy: { parameters: ["pointer"], result: "void" },
@@ -180,12 +180,25 @@ export class ShimReader implements BlockReader {
   }
 
   /** Queues the read on a reader thread and returns at once. */
-  submit(handle: number, arenaOffset: number, length: number, fileOffset: number): ReadTicket {
+  submit(
+    handle: number,
+    arenaOffset: number,
+    length: number,
+    fileOffset: number,
+    priority: ReadPriority = ReadPriority.DEMAND,
+  ): ReadTicket {
     const f = this.#file(handle);
     if (arenaOffset + length > this.#arenaBytes) this.#arenaBytes = this.#growBase();
     checkRequest(f.path, arenaOffset, length, fileOffset, this.#direct, this.#arenaBytes);
     const dst = BigInt(this.#base + arenaOffset);
-    const raw = this.#lib.sio_submit(this.#queue, f.fd, dst, BigInt(length), BigInt(fileOffset));
+    const raw = this.#lib.sio_submit(
+      this.#queue,
+      f.fd,
+      dst,
+      BigInt(length),
+      BigInt(fileOffset),
+      priority,
+    );
     if (raw < 0n) {
       const n = Number(raw);
       const why = n === -EAGAIN

@@ -11,7 +11,7 @@ import type { Arena } from "../engine/arena.ts";
 import type { LayerWeights, TrunkSource } from "../engine/weights.ts";
 import { bindLayer } from "../engine/weights.ts";
 import type { LayerRun } from "./container.ts";
-import type { BlockReader, ReadTicket } from "./reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket } from "./reader.ts";
 
 /** How the trunk is split between pinned layers and ring slots. */
 export interface TrunkPlan {
@@ -70,7 +70,7 @@ export class TrunkRing implements TrunkSource {
     this.#runs = runs;
     for (let l = 0; l < plan.pinned; l++) {
       const off = arena.alloc(`trunk layer ${l} (pinned)`, runs[l].bytes);
-      this.#readRun(l, off).forEach((t) => reader.wait(t));
+      this.#readRun(l, off, ReadPriority.DEMAND).forEach((t) => reader.wait(t));
       this.#pinned.push(bindLayer(l, runs[l], off));
     }
     const slotBytes = Math.max(0, ...runs.slice(plan.pinned).map((r) => r.bytes));
@@ -80,12 +80,12 @@ export class TrunkRing implements TrunkSource {
     }
   }
 
-  #readRun(layer: number, offset: number): ReadTicket[] {
+  #readRun(layer: number, offset: number, priority: ReadPriority): ReadTicket[] {
     const run = this.#runs[layer];
     const tickets: ReadTicket[] = [];
     for (let o = 0; o < run.bytes; o += REQUEST_BYTES) {
       const len = Math.min(REQUEST_BYTES, run.bytes - o);
-      tickets.push(this.#reader.submit(this.#file, offset + o, len, run.offset + o));
+      tickets.push(this.#reader.submit(this.#file, offset + o, len, run.offset + o, priority));
     }
     this.stats.bytes += run.bytes;
     return tickets;
@@ -104,9 +104,9 @@ export class TrunkRing implements TrunkSource {
     return best;
   }
 
-  #load(slot: Slot, layer: number): void {
+  #load(slot: Slot, layer: number, priority: ReadPriority): void {
     slot.layer = layer;
-    slot.tickets = this.#readRun(layer, slot.offset);
+    slot.tickets = this.#readRun(layer, slot.offset, priority);
   }
 
   acquire(layer: number): LayerWeights {
@@ -116,7 +116,7 @@ export class TrunkRing implements TrunkSource {
     }
     this.stats.reads++;
     const slot = this.#slotFor(layer);
-    if (slot.layer !== layer) this.#load(slot, layer);
+    if (slot.layer !== layer) this.#load(slot, layer, ReadPriority.DEMAND);
     else this.stats.readahead++;
     const t0 = performance.now();
     for (const t of slot.tickets) this.#reader.wait(t);
@@ -136,7 +136,7 @@ export class TrunkRing implements TrunkSource {
     if (next === layer || next < first) return;
     if (this.#slots.some((s) => s.layer === next)) return;
     const slot = this.#slotFor(next);
-    this.#load(slot, next);
+    this.#load(slot, next, ReadPriority.AHEAD);
   }
 
   release(layer: number): void {
