@@ -1,13 +1,17 @@
 /**
  * The feed-forward half of a layer: a dense SwiGLU MLP, or a mixture of experts (router → top-k →
  * experts as they arrive → sum in routing order → plus shared experts). Works on a batch of
- * tokens so that chunked prefill reads each distinct expert once per chunk.
+ * tokens so that chunked prefill reads each distinct expert once per chunk. Experts in compact
+ * formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up inputs are
+ * prepared once per layer and shared by every expert the token is routed to.
  *
  * @module
  */
 import type { Arena } from "./arena.ts";
 import type { LayerTensor, ModelConfig } from "./model_config.ts";
 import type { Ops } from "./ops.ts";
+import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
+import { inputFormOf } from "./tensor.ts";
 import { type Route, route } from "./routing.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
 
@@ -22,12 +26,16 @@ export class FeedForward {
   #expertOut: number;
   #logits: number;
   #maxBatch: number;
+  #arena: Arena;
+  /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
+  #prep: { shared: InputPrep; local: InputPrep } | null = null;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, experts: ExpertSource, maxBatch: number) {
     this.#ops = ops;
     this.#cfg = cfg;
     this.#experts = experts;
     this.#maxBatch = maxBatch;
+    this.#arena = arena;
     const d = cfg.hiddenSize;
     const moe = cfg.moe;
     const inter = Math.max(
@@ -53,6 +61,64 @@ export class FeedForward {
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
     ops.siluMul(this.#gate, this.#up, nb * g.rows);
     ops.matmul({ w: down, x: this.#gate, y: out, nb });
+  }
+
+  /** The prepared-input scratch, allocated when the first compact-format expert is seen. */
+  #prepFor(ew: ExpertWeights): { shared: InputPrep; local: InputPrep } {
+    const s = expertPrepSizes(ew.gate, ew.up, ew.down, this.#maxBatch);
+    if (this.#prep) {
+      if (s.shared > this.#prep.shared.bytes || s.local > this.#prep.local.bytes) {
+        throw new Error("experts of different compact formats need more prepared-input scratch");
+      }
+      return this.#prep;
+    }
+    const a = this.#arena,
+      k = this.#ops.pool.exports as Record<string, (...x: unknown[]) => unknown>;
+    const pad = s.pad ? a.alloc("vq3r padded input", s.pad) : 0;
+    const shared = s.shared ? a.alloc("moe prepared gate/up inputs", s.shared) : 0;
+    const local = s.local ? a.alloc("moe prepared down inputs", s.local) : 0;
+    this.#prep = {
+      shared: new InputPrep(a, k, shared, s.shared, pad, s.pad),
+      local: new InputPrep(a, k, local, s.local, pad, s.pad),
+    };
+    return this.#prep;
+  }
+
+  /**
+   * One expert on the tokens `tokens` (whose rows are gathered at #gathered): gate and up read
+   * the batch-wide prepared inputs `shared` when their format needs them; down prepares its own.
+   */
+  #expertMlp(
+    ew: ExpertWeights,
+    h: number,
+    nb: number,
+    tokens: number[],
+    shared: Map<string, number[]>,
+  ): void {
+    const ops = this.#ops;
+    const n = tokens.length;
+    const compact = [ew.gate, ew.up, ew.down].some((w) => inputFormOf(w) !== "f32");
+    const prep = compact ? this.#prepFor(ew) : null;
+    const pick = (w: ExpertWeights["gate"]) => {
+      if (!prep || inputFormOf(w) === "f32") return undefined;
+      const key = preparedKey(w);
+      let all = shared.get(key);
+      if (!all) {
+        all = prep.shared.prepare(w, h, nb)!;
+        shared.set(key, all);
+      }
+      return tokens.map((t) => all[t]);
+    };
+    const x = this.#gathered;
+    ops.matmul(
+      { w: ew.gate, x, y: this.#gate, nb: n, prep: pick(ew.gate) },
+      { w: ew.up, x, y: this.#up, nb: n, prep: pick(ew.up) },
+    );
+    ops.siluMul(this.#gate, this.#up, n * ew.gate.rows);
+    prep?.local.reset();
+    const downPrep = prep?.local.prepare(ew.down, this.#gate, n);
+    // The down projection may overwrite the gathered inputs: gate and up have consumed them.
+    ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep });
   }
 
   /** Dense FFN of a layer: out = MLP(h) for `nb` tokens. */
@@ -84,6 +150,9 @@ export class FeedForward {
     }
     const distinct = [...users.keys()];
     const group = Math.max(1, this.#experts.groupSize);
+    // Prepared gate/up inputs of this batch by preparedKey, shared by all of its experts.
+    const shared = new Map<string, number[]>();
+    this.#prep?.shared.reset();
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
       this.#experts.hint(layer, ids);
@@ -93,8 +162,7 @@ export class FeedForward {
         slots.forEach((s, i) =>
           ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d)
         );
-        // The down projection may overwrite the gathered inputs: gate and up have consumed them.
-        this.#mlp(ew, this.#gathered, this.#gathered, slots.length);
+        this.#expertMlp(ew, h, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
         slots.forEach((s, i) =>
           ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
         );

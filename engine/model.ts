@@ -15,6 +15,7 @@ import { TrunkRing } from "../io/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./lookahead.ts";
 import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
@@ -130,6 +131,7 @@ export class Model {
       lookahead: (opts.lookahead ?? 0) > 0,
     });
     const arena = new Arena(plan.arenaBytes);
+    loadCodebooks(container, arena);
     const threads = opts.threads ?? defaultThreads();
     const pool = await Pool.create(arena, await loadKernelModule(), threads);
     const reader = openReader(arena.memory, {

@@ -18,6 +18,8 @@ export interface Matmul {
   x: number;
   y: number;
   nb: number;
+  /** Prepared inputs (engine/quant_matmul.ts), one per vector, for formats that read them. */
+  prep?: readonly number[];
 }
 
 /** Attention geometry shared by every token of a call. */
@@ -63,7 +65,7 @@ export class Ops {
     const jobs: Job[] = [];
     let work = 0;
     for (const m of list) {
-      jobs.push(...matmulJobs(m.w, m.x, m.y, m.nb));
+      jobs.push(...matmulJobs(m.w, m.x, m.y, m.nb, m.prep));
       work += m.w.rows * m.w.cols * m.nb;
     }
     this.#dispatch(jobs, work);

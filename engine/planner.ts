@@ -12,6 +12,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { alignUp, PAGE } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -28,6 +29,8 @@ export interface PlanInput {
   totalExperts: number;
   /** Bytes of all routers and selection biases (kept resident when the lookahead is on). */
   routerBytes: number;
+  /** Bytes of VQ3R codebooks and prepared (quantised / table) inputs for a prefill chunk. */
+  quantBytes?: (maxBatch: number) => number;
 }
 
 /** The planner's view of an opened container. */
@@ -45,6 +48,7 @@ export function planInput(c: Container): PlanInput {
     expertStride: Math.max(0, ...banks.map((b) => b.stride)),
     totalExperts: banks.reduce((a, b) => a + b.count, 0),
     routerBytes,
+    quantBytes: (maxBatch) => quantArenaBytes(c, maxBatch),
   };
 }
 
@@ -134,7 +138,8 @@ export function mlaAbsorbedBytes(cfg: ModelConfig): number {
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx);
-  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch);
+  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
+    (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
   const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
   const topK = cfg.moe?.topK ?? 0;

@@ -140,6 +140,43 @@ function idList(v: unknown): number[] {
   return [];
 }
 
+/** The named special tokens of a checkpoint and the BOS/EOS ids that follow from them. */
+interface SpecialTokenIds {
+  /** Role (`bos_token`, `eos_token`, …) → token text. */
+  special: Record<string, string>;
+  /** The named BOS token, else generation_config.json's first bos_token_id, else null. */
+  bosId: number | null;
+  /** The named EOS token's id, or null. */
+  eosTok: number | null;
+  /** generation_config.json's eos_token_id(s), plus the named EOS token. */
+  eosIds: number[];
+}
+
+/**
+ * Reads the named special tokens (special_tokens_map.json, then tokenizer_config.json) and
+ * resolves BOS/EOS through `idOfToken`, the tokenizer's own text → id lookup.
+ */
+function specialTokenIds(
+  dir: string,
+  config: Json,
+  generation: Json,
+  idOfToken: (content: string) => number | undefined,
+): SpecialTokenIds {
+  const special = namedSpecialTokens(
+    readJsonIfExists(join(dir, "special_tokens_map.json")),
+    config,
+  );
+  const idOf = (name: string): number | null => {
+    const content = special[name];
+    return content === undefined ? null : idOfToken(content) ?? null;
+  };
+  const bosId = idOf("bos_token") ?? idList(generation.bos_token_id)[0] ?? null;
+  const eos = new Set<number>(idList(generation.eos_token_id));
+  const eosTok = idOf("eos_token");
+  if (eosTok !== null) eos.add(eosTok);
+  return { special, bosId, eosTok, eosIds: [...eos] };
+}
+
 /** Builds a stream decoder from a whole-sequence decoder (diffing windowed decodes). */
 function streamFrom(decode: (ids: number[]) => string): DecodeStream {
   // `context` is the chunk printed last; decoding it together with the pending ids and removing
@@ -165,38 +202,44 @@ function streamFrom(decode: (ids: number[]) => string): DecodeStream {
   };
 }
 
+/**
+ * Assembles a {@link Tokenizer} from its encoder and whole-sequence decoder. The decode defaults
+ * are the same for every format: keep special tokens, but skip them when streaming.
+ */
+function tokenizerOf(
+  dir: string,
+  config: Json,
+  named: SpecialTokenIds,
+  vocabSize: number,
+  encode: Tokenizer["encode"],
+  decode: (ids: number[], skipSpecial: boolean) => string,
+): Tokenizer {
+  return {
+    encode,
+    decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
+    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
+    bosId: named.bosId,
+    eosIds: named.eosIds,
+    vocabSize,
+    chatTemplate: readChatTemplate(dir, config),
+    specialTokens: named.special,
+  };
+}
+
 function loadHfTokenizer(dir: string): Tokenizer {
   const config = readJsonIfExists(join(dir, "tokenizer_config.json"));
   const json = readJson(join(dir, "tokenizer.json"));
   const hf = new HfTokenizer(json, config);
   const generation = readJsonIfExists(join(dir, "generation_config.json"));
-  const special = namedSpecialTokens(
-    readJsonIfExists(join(dir, "special_tokens_map.json")),
-    config,
-  );
-  const idOf = (name: string): number | null => {
-    const content = special[name];
-    return content === undefined ? null : hf.token_to_id(content) ?? null;
-  };
-  const bosId = idOf("bos_token") ?? idList(generation.bos_token_id)[0] ?? null;
-  const eos = new Set<number>(idList(generation.eos_token_id));
-  const eosTok = idOf("eos_token");
-  if (eosTok !== null) eos.add(eosTok);
+  const named = specialTokenIds(dir, config, generation, (content) => hf.token_to_id(content));
   let vocabSize = 0;
   for (const id of hf.get_vocab(true).values()) vocabSize = Math.max(vocabSize, id + 1);
   // tokenizers.js rejects an empty list; the empty sequence decodes to "".
   const decode = (ids: number[], skip: boolean) =>
     ids.length === 0 ? "" : hf.decode(ids, { skip_special_tokens: skip });
-  return {
-    encode: (text, opts) => hf.encode(text, { add_special_tokens: opts?.addSpecial ?? true }).ids,
-    decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
-    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
-    bosId,
-    eosIds: [...eos],
-    vocabSize,
-    chatTemplate: readChatTemplate(dir, config),
-    specialTokens: special,
-  };
+  const encode: Tokenizer["encode"] = (text, opts) =>
+    hf.encode(text, { add_special_tokens: opts?.addSpecial ?? true }).ids;
+  return tokenizerOf(dir, config, named, vocabSize, encode, decode);
 }
 
 /** Parses tiktoken's rank file: one `base64-token rank` pair per line. */
@@ -245,41 +288,23 @@ function loadTiktokenTokenizer(dir: string): Tokenizer {
     bpe_ranks: bpeRanks,
   });
   const specialSet = new Set(specialIds.values());
-  const special = namedSpecialTokens(
-    readJsonIfExists(join(dir, "special_tokens_map.json")),
-    config,
-  );
-  const idOf = (name: string): number | null => {
-    const content = special[name];
-    return content === undefined ? null : specialIds.get(content) ?? null;
-  };
-  const bosId = idOf("bos_token") ?? idList(generation.bos_token_id)[0] ?? null;
-  const eos = new Set<number>(idList(generation.eos_token_id));
-  const eosTok = idOf("eos_token");
-  if (eosTok !== null) eos.add(eosTok);
+  const named = specialTokenIds(dir, config, generation, (content) => specialIds.get(content));
+  const { bosId, eosTok } = named;
   const addBos = config.add_bos_token === true;
   const addEos = config.add_eos_token === true;
   let vocabSize = 0;
   for (const id of [...ranks.values(), ...specialSet]) vocabSize = Math.max(vocabSize, id + 1);
   const decode = (ids: number[], skip: boolean) =>
     tk.decode(skip ? ids.filter((id) => !specialSet.has(id)) : ids);
-  return {
-    encode(text, opts) {
-      const ids = tk.encode(text, "all");
-      if (opts?.addSpecial ?? true) {
-        if (addBos && bosId !== null) ids.unshift(bosId);
-        if (addEos && eosTok !== null) ids.push(eosTok);
-      }
-      return ids;
-    },
-    decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
-    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
-    bosId,
-    eosIds: [...eos],
-    vocabSize,
-    chatTemplate: readChatTemplate(dir, config),
-    specialTokens: special,
+  const encode: Tokenizer["encode"] = (text, opts) => {
+    const ids = tk.encode(text, "all");
+    if (opts?.addSpecial ?? true) {
+      if (addBos && bosId !== null) ids.unshift(bosId);
+      if (addEos && eosTok !== null) ids.push(eosTok);
+    }
+    return ids;
   };
+  return tokenizerOf(dir, config, named, vocabSize, encode, decode);
 }
 
 /**

@@ -6,6 +6,7 @@
  * @module
  */
 import type { ExpertBank, LayerRun, TensorEntry } from "../io/container.ts";
+import { codebookPointer } from "./codebooks.ts";
 import type { LayerTensor } from "./model_config.ts";
 import type { TensorRef } from "./tensor.ts";
 
@@ -48,6 +49,7 @@ export function tensorRef(entry: TensorEntry, base: number): TensorRef {
   const cols = entry.shape.length > 1 ? entry.shape.slice(1).reduce((a, b) => a * b, 1) : 1;
   const ref: TensorRef = { ptr: base + entry.offset, dtype: entry.dtype, rows, cols };
   if (entry.scale) ref.scale = base + entry.scale.offset;
+  if (entry.paddedCols !== undefined) ref.paddedCols = entry.paddedCols;
   return ref;
 }
 
@@ -65,11 +67,15 @@ export function bindLayer(layer: number, run: LayerRun, base: number): LayerWeig
   };
 }
 
-/** Binds an expert record that was read to arena offset `base`. */
+/**
+ * Binds an expert record that was read to arena offset `base`; vq3r matrices get the arena
+ * address of their layer's codebooks (engine/codebooks.ts must have loaded them).
+ */
 export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
-  return {
-    gate: tensorRef(bank.matrices.gate, base),
-    up: tensorRef(bank.matrices.up, base),
-    down: tensorRef(bank.matrices.down, base),
+  const bind = (m: "gate" | "up" | "down"): TensorRef => {
+    const ref = tensorRef(bank.matrices[m], base);
+    if (ref.dtype === "vq3r") ref.codebook = codebookPointer(bank, m);
+    return ref;
   };
+  return { gate: bind("gate"), up: bind("up"), down: bind("down") };
 }

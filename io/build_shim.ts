@@ -28,7 +28,11 @@ export function shimBuildFailure(): string | null {
   return lastFailure;
 }
 
-function findCompiler(): string | null {
+/**
+ * Name of the first C compiler on PATH that answers `--version` (`cc`, `gcc`, then `clang`), or
+ * null when none does.
+ */
+export function findCompiler(): string | null {
   for (const cc of COMPILERS) {
     try {
       if (

@@ -18,14 +18,19 @@ import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { crc32 } from "./crc32.ts";
 import {
   BLOCK_ALIGN,
-  FP8_SCALE_BLOCK,
+  type ExpertFormat,
+  isCompactDtype,
+  isExpertFormat,
   isStoredDtype,
   RECORD_HEADER_BYTES,
   type RecordHeader,
-  STORED_DTYPE_BYTES,
+  scaleSpecOf,
+  storedBytes,
   type StoredDtype,
   TENSOR_ALIGN,
   verifyRecord,
+  VQ3R_CODEBOOK_BYTES,
+  VQ3R_DIM,
 } from "./format.ts";
 
 /** Container format name in the manifest. */
@@ -36,19 +41,33 @@ export const CONTAINER_VERSION = 1;
 export const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
 /** The trunk file's name. */
 export const TRUNK_FILE = "trunk.bin";
+/** The VQ3R codebook file's name. */
+export const CODEBOOKS_FILE = "codebooks.bin";
 
 /** Name of the expert bank file of a layer. */
 export function expertBankFile(layer: number): string {
   return `experts-L${layer}.bin`;
 }
 
-/** One stored tensor. FP8 tensors carry their f32 128×128 block scale in `scale`. */
+/**
+ * One stored tensor. Block- or row-scaled formats (f8_e4m3, mxfp4, int4g32, int8row, vq3r)
+ * carry their scale in `scale`; vq3r also its zero-padded column count in `paddedCols`.
+ */
 export interface TensorEntry {
   dtype: StoredDtype;
   shape: number[];
   offset: number;
   bytes: number;
   scale?: TensorEntry;
+  /** vq3r only: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
+  paddedCols?: number;
+}
+
+/** Where one VQ3R codebook set (f32 [3][8][256]) lies in codebooks.bin. */
+export interface CodebookRef {
+  offset: number;
+  bytes: number;
+  crc32: number;
 }
 
 /** A byte range of a file with the CRC-32 of its bytes (padding included). */
@@ -71,10 +90,26 @@ export interface ExpertBank {
   count: number;
   /** Bytes per record, a multiple of 4096. */
   stride: number;
-  /** Dtype of the expert matrices. */
-  format: StoredDtype;
+  /** Format of the expert matrices (the record header's format id). */
+  format: ExpertFormat;
   /** Offsets relative to the record start; the same in every record of the bank. */
   matrices: Record<ExpertMatrix, TensorEntry>;
+  /**
+   * Matrices kept in a plain dtype although `format` is compact, with the reason (mxfp4 and
+   * int4g32 need cols a multiple of 32).
+   */
+  fallback?: Partial<Record<ExpertMatrix, string>>;
+  /** vq3r: each vq3r matrix's codebooks in codebooks.bin. */
+  codebooks?: Partial<Record<ExpertMatrix, CodebookRef>>;
+}
+
+/** How the weights were quantised at pack time (informational). */
+export interface PackSettings {
+  convert: "f32" | "bf16" | null;
+  /** The `--experts` format asked for, or null when experts kept their checkpoint dtype. */
+  experts: ExpertFormat | null;
+  /** "int8row" when the trunk matmul weights were quantised, else null. */
+  trunk: "int8row" | null;
 }
 
 /** The parsed `manifest.json`. */
@@ -91,6 +126,10 @@ export interface Manifest {
   };
   /** Index = layer; null for dense layers. */
   experts: (ExpertBank | null)[];
+  /** Present exactly when some expert matrix is vq3r. */
+  codebooks?: { file: typeof CODEBOOKS_FILE; bytes: number };
+  /** Absent in containers packed before quantisation existed. */
+  pack?: PackSettings;
   tokenizer: { files: string[] };
 }
 
@@ -197,7 +236,7 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
 
 /**
  * Validates one tensor entry: dtype, shape, byte count, 64-byte alignment, inside `[0, limit)`;
- * an FP8 tensor must have an f32 scale of shape [ceil(R/128), ceil(C/128)].
+ * a scaled format must carry the scale tensor `scaleSpecOf` names, and vq3r its `paddedCols`.
  */
 function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const e = obj(v, where);
@@ -208,7 +247,10 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const shape = e.shape.map((d, i) => int(d, `${where}.shape[${i}]`, 0, MAX_DIM));
   const offset = int(e.offset, `${where}.offset`, 0, Number.MAX_SAFE_INTEGER);
   const bytes = int(e.bytes, `${where}.bytes`, 0, Number.MAX_SAFE_INTEGER);
-  const need = shape.reduce((a, b) => a * b, 1) * STORED_DTYPE_BYTES[e.dtype];
+  const need = storedBytes(e.dtype, shape);
+  if (Number.isNaN(need)) {
+    throw new Error(`${where}: ${e.dtype} cannot hold a tensor of shape [${shape}]`);
+  }
   if (bytes !== need) {
     throw new Error(`${where}: ${e.dtype} [${shape}] needs ${need} bytes, entry says ${bytes}`);
   }
@@ -216,16 +258,27 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
     throw new Error(`${where}: [${offset}, ${offset + bytes}) not 64-aligned inside [0, ${limit})`);
   }
   const out: TensorEntry = { dtype: e.dtype, shape, offset, bytes };
-  if (e.dtype === "f8_e4m3") {
-    if (shape.length !== 2) throw new Error(`${where}: an f8_e4m3 tensor must be 2-D`);
+  const spec = scaleSpecOf(e.dtype, shape);
+  if (spec) {
+    if (shape.length !== 2) throw new Error(`${where}: an ${e.dtype} tensor must be 2-D`);
     const scale = tensorEntry(e.scale, `${where}.scale`, limit);
-    const want = [Math.ceil(shape[0] / FP8_SCALE_BLOCK), Math.ceil(shape[1] / FP8_SCALE_BLOCK)];
-    if (scale.dtype !== "f32" || scale.scale || String(scale.shape) !== String(want)) {
-      throw new Error(`${where}.scale: expected an f32 tensor of shape [${want}]`);
+    if (
+      scale.dtype !== spec.dtype || scale.scale || String(scale.shape) !== String(spec.shape)
+    ) {
+      throw new Error(`${where}.scale: expected an ${spec.dtype} tensor of shape [${spec.shape}]`);
     }
     out.scale = scale;
   } else if (e.scale !== undefined) {
-    throw new Error(`${where}.scale: only f8_e4m3 tensors have a scale`);
+    throw new Error(`${where}.scale: ${e.dtype} tensors have no scale`);
+  }
+  if (e.dtype === "vq3r") {
+    const want = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
+    if (e.paddedCols !== want) {
+      throw new Error(`${where}.paddedCols: expected ${want} for ${shape[1]} columns`);
+    }
+    out.paddedCols = want;
+  } else if (e.paddedCols !== undefined) {
+    throw new Error(`${where}.paddedCols: only vq3r tensors have paddedCols`);
   }
   return out;
 }
@@ -341,6 +394,20 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     }
   }
 
+  let codebooks: Manifest["codebooks"];
+  if (m.codebooks !== undefined) {
+    const cb = obj(m.codebooks, `${where} codebooks`);
+    if (cb.file !== CODEBOOKS_FILE) {
+      throw new Error(`${where} codebooks.file: expected ${CODEBOOKS_FILE}`);
+    }
+    const size = fileSize(join(dir, CODEBOOKS_FILE), `${where} codebooks`);
+    if (cb.bytes !== size) {
+      throw new Error(`${where} codebooks.bytes: ${cb.bytes} but ${CODEBOOKS_FILE} has ${size}`);
+    }
+    codebooks = { file: CODEBOOKS_FILE, bytes: size };
+  }
+  const codebookSpans: [number, number, string][] = [];
+
   if (!Array.isArray(m.experts) || m.experts.length !== config.numLayers) {
     throw new Error(`${where} experts: expected ${config.numLayers} entries`);
   }
@@ -357,8 +424,10 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const count = int(b.count, `${at}.count`, moe.numExperts, moe.numExperts);
     const stride = int(b.stride, `${at}.stride`, BLOCK_ALIGN, 2 ** 32 - 1);
     if (stride % BLOCK_ALIGN) throw new Error(`${at}.stride: ${stride} is not a multiple of 4096`);
-    const format = isStoredDtype(b.format) ? b.format : null;
+    const format = isExpertFormat(b.format) ? b.format : null;
     if (!format) throw new Error(`${at}.format: unknown format ${b.format}`);
+    const fallback = b.fallback === undefined ? undefined : obj(b.fallback, `${at}.fallback`);
+    const cbs = b.codebooks === undefined ? undefined : obj(b.codebooks, `${at}.codebooks`);
     const size = fileSize(join(dir, b.file), at);
     if (size !== count * stride) {
       throw new Error(`${at}: ${b.file} has ${size} bytes, expected ${count} × ${stride}`);
@@ -366,19 +435,64 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const mats = obj(b.matrices, `${at}.matrices`);
     const matrices = {} as Record<ExpertMatrix, TensorEntry>;
     const [inter, hidden] = [moe.expertIntermediate, config.hiddenSize];
+    const fellBack: Partial<Record<ExpertMatrix, string>> = {};
+    const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {
       const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
       const want = k === "down" ? [hidden, inter] : [inter, hidden];
-      if (
-        e.dtype !== format || String(e.shape) !== String(want) || e.offset < RECORD_HEADER_BYTES
-      ) {
-        throw new Error(`${at}.matrices.${k}: expected ${format} [${want}] after the header`);
+      const reason = fallback?.[k];
+      // A fallback matrix keeps a plain dtype; every other matrix has the bank's format.
+      const dtypeOk = reason === undefined
+        ? e.dtype === format
+        : typeof reason === "string" && isCompactDtype(format) && !isCompactDtype(e.dtype);
+      if (!dtypeOk || String(e.shape) !== String(want) || e.offset < RECORD_HEADER_BYTES) {
+        throw new Error(
+          `${at}.matrices.${k}: expected ${reason === undefined ? format : "a plain dtype"} ` +
+            `[${want}] after the header`,
+        );
+      }
+      if (reason !== undefined) fellBack[k] = reason as string;
+      if (e.dtype === "vq3r") {
+        const r = obj(cbs?.[k], `${at}.codebooks.${k}`);
+        const ref: CodebookRef = {
+          offset: int(r.offset, `${at}.codebooks.${k}.offset`, 0, codebooks?.bytes ?? 0),
+          bytes: int(r.bytes, `${at}.codebooks.${k}.bytes`, 0, codebooks?.bytes ?? 0),
+          crc32: int(r.crc32, `${at}.codebooks.${k}.crc32`, 0, 0xffffffff),
+        };
+        if (
+          !codebooks || ref.offset % BLOCK_ALIGN || ref.bytes !== VQ3R_CODEBOOK_BYTES ||
+          ref.offset + ref.bytes > codebooks.bytes
+        ) {
+          throw new Error(
+            `${at}.codebooks.${k}: expected ${VQ3R_CODEBOOK_BYTES} bytes at a 4096-aligned ` +
+              `offset inside ${CODEBOOKS_FILE}`,
+          );
+        }
+        codebookSpans.push([ref.offset, ref.bytes, `layer ${l} ${k} codebooks`]);
+        refs[k] = ref;
+      } else if (cbs?.[k] !== undefined) {
+        throw new Error(`${at}.codebooks.${k}: only vq3r matrices have codebooks`);
       }
       matrices[k] = e;
     }
+    for (const k of Object.keys(fallback ?? {})) {
+      if (!EXPERT_MATRICES.includes(k as ExpertMatrix)) {
+        throw new Error(`${at}.fallback: ${k} is not an expert matrix`);
+      }
+    }
     checkNoOverlap(Object.entries(matrices), at);
-    return { layer: l, file: b.file, count, stride, format, matrices };
+    const bank: ExpertBank = { layer: l, file: b.file, count, stride, format, matrices };
+    if (Object.keys(fellBack).length) bank.fallback = fellBack;
+    if (Object.keys(refs).length) bank.codebooks = refs;
+    return bank;
   });
+  codebookSpans.sort((a, b) => a[0] - b[0]);
+  for (let i = 1; i < codebookSpans.length; i++) {
+    if (codebookSpans[i][0] < codebookSpans[i - 1][0] + codebookSpans[i - 1][1]) {
+      throw new Error(`${where}: ${codebookSpans[i][2]} overlaps ${codebookSpans[i - 1][2]}`);
+    }
+  }
+  const pack = m.pack === undefined ? undefined : packSettings(m.pack, `${where} pack`);
 
   const tok = obj(m.tokenizer, `${where} tokenizer`);
   if (!Array.isArray(tok.files)) throw new Error(`${where} tokenizer.files: expected a list`);
@@ -403,7 +517,22 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
       layers,
     },
     experts,
+    ...(codebooks ? { codebooks } : {}),
+    ...(pack ? { pack } : {}),
     tokenizer: { files },
+  };
+}
+
+function packSettings(v: unknown, where: string): PackSettings {
+  const p = obj(v, where);
+  const nullOr = <T extends string>(x: unknown, allowed: readonly T[], at: string): T | null =>
+    x === null ? null : oneOf(x, allowed, at);
+  const experts = p.experts === null ? null : isExpertFormat(p.experts) ? p.experts : undefined;
+  if (experts === undefined) throw new Error(`${where}.experts: unknown format ${p.experts}`);
+  return {
+    convert: nullOr(p.convert, ["f32", "bf16"], `${where}.convert`),
+    experts,
+    trunk: nullOr(p.trunk, ["int8row"], `${where}.trunk`),
   };
 }
 
@@ -509,6 +638,23 @@ export function verifyContainer(c: Container): void {
   check(t.globals.region, "globals region");
   t.layers.forEach((r, l) => check(r, `layer ${l} run`));
   c.manifest.experts.forEach((bank, l) => {
-    if (bank) { for (let e = 0; e < bank.count; e++) readExpertRecord(c, l, e); }
+    if (!bank) return;
+    for (let e = 0; e < bank.count; e++) readExpertRecord(c, l, e);
+    for (const m of EXPERT_MATRICES) if (bank.codebooks?.[m]) readCodebooks(c, l, m);
   });
+}
+
+/**
+ * Reads and CRC-checks the VQ3R codebooks of one vq3r matrix kind of a MoE layer: f32
+ * [3][8][256], the kernel's dimension-major layout.
+ */
+export function readCodebooks(c: Container, layer: number, m: ExpertMatrix): Float32Array {
+  const ref = c.manifest.experts[layer]?.codebooks?.[m];
+  if (!ref) throw new Error(`${c.dir}: layer ${layer} ${m} has no VQ3R codebooks`);
+  const path = join(c.dir, CODEBOOKS_FILE);
+  const bytes = readFileRange(path, ref.offset, ref.bytes);
+  if (crc32(bytes) !== ref.crc32) {
+    throw new Error(`${path}: layer ${layer} ${m} codebooks CRC mismatch at offset ${ref.offset}`);
+  }
+  return new Float32Array(bytes.buffer, 0, ref.bytes / 4);
 }

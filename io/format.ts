@@ -25,23 +25,109 @@ export const BLOCK_ALIGN = 4096;
 /** Block side of FP8 scales. */
 export const FP8_SCALE_BLOCK = 128;
 
-/** Bytes per element of each dtype a container stores. */
-export const STORED_DTYPE_BYTES = { f32: 4, bf16: 2, f16: 2, f8_e4m3: 1 } as const;
+/** Bytes per element of each plain (one element, whole bytes) dtype a container stores. */
+export const STORED_DTYPE_BYTES = { f32: 4, bf16: 2, f16: 2, f8_e4m3: 1, e8m0: 1 } as const;
+
+/** A plain dtype: every element takes STORED_DTYPE_BYTES[dtype] bytes. */
+export type PlainDtype = keyof typeof STORED_DTYPE_BYTES;
+
+/**
+ * Compact weight formats (docs/FORMAT.md "Compact formats"): their byte count is not elements ×
+ * a size, and each carries a scale tensor of a fixed dtype and shape.
+ */
+export const COMPACT_DTYPES = ["mxfp4", "int4g32", "int8row", "vq3r"] as const;
+
+/** A compact weight format. */
+export type CompactDtype = typeof COMPACT_DTYPES[number];
 
 /** A dtype a container stores. */
-export type StoredDtype = keyof typeof STORED_DTYPE_BYTES;
+export type StoredDtype = PlainDtype | CompactDtype;
 
-/** Expert format id written in record headers, per expert weight dtype. */
-export const EXPERT_FORMAT_IDS: Record<StoredDtype, number> = {
+/** Formats of routed-expert matrices (the record header's format id). */
+export type ExpertFormat = Exclude<StoredDtype, "e8m0">;
+
+/** Expert format id written in record headers, per expert weight format. */
+export const EXPERT_FORMAT_IDS: Record<ExpertFormat, number> = {
   f32: 1,
   bf16: 2,
   f16: 3,
   f8_e4m3: 4,
+  mxfp4: 5,
+  int4g32: 6,
+  int8row: 7,
+  vq3r: 8,
 };
+
+/** Columns per block of MXFP4 and per group of INT4. */
+export const Q4_BLOCK = 32;
+/** Weights per VQ3R vector, and VQ3R stages. */
+export const VQ3R_DIM = 8;
+export const VQ3R_STAGES = 3;
+/** Bytes of one VQ3R codebook set in codebooks.bin: f32 [3][8][256] (kernel layout). */
+export const VQ3R_CODEBOOK_BYTES = VQ3R_STAGES * VQ3R_DIM * 256 * 4;
 
 /** Whether `s` names a dtype a container stores. */
 export function isStoredDtype(s: unknown): s is StoredDtype {
-  return typeof s === "string" && Object.hasOwn(STORED_DTYPE_BYTES, s);
+  return typeof s === "string" &&
+    (Object.hasOwn(STORED_DTYPE_BYTES, s) || (COMPACT_DTYPES as readonly string[]).includes(s));
+}
+
+/** Whether `s` names an expert format. */
+export function isExpertFormat(s: unknown): s is ExpertFormat {
+  return isStoredDtype(s) && s !== "e8m0";
+}
+
+/** Whether `d` is a compact format. */
+export function isCompactDtype(d: string): d is CompactDtype {
+  return (COMPACT_DTYPES as readonly string[]).includes(d);
+}
+
+/**
+ * Bytes of a tensor of `shape` stored as `dtype`. Compact formats are 2-D [rows, cols]:
+ * mxfp4 and int4g32 take rows × cols / 2 (cols a multiple of 32), int8row rows × cols, vq3r
+ * rows × 3 × ceil(cols / 8) index bytes. Returns NaN for a shape the format cannot hold.
+ */
+export function storedBytes(dtype: StoredDtype, shape: readonly number[]): number {
+  if (!isCompactDtype(dtype)) return shape.reduce((a, b) => a * b, 1) * STORED_DTYPE_BYTES[dtype];
+  if (shape.length !== 2) return NaN;
+  const [rows, cols] = shape;
+  switch (dtype) {
+    case "mxfp4":
+    case "int4g32":
+      return cols % Q4_BLOCK ? NaN : (rows * cols) / 2;
+    case "int8row":
+      return rows * cols;
+    case "vq3r":
+      return rows * VQ3R_STAGES * Math.ceil(cols / VQ3R_DIM);
+  }
+}
+
+/**
+ * The scale tensor (dtype and shape) a weight of `dtype` and `shape` must carry, or null:
+ * f8_e4m3 f32 [ceil(R/128), ceil(C/128)]; mxfp4 e8m0 [R, C/32]; int4g32 bf16 [R, C/32];
+ * int8row and vq3r f32 [R].
+ */
+export function scaleSpecOf(
+  dtype: StoredDtype,
+  shape: readonly number[],
+): { dtype: PlainDtype; shape: number[] } | null {
+  const [rows, cols] = shape;
+  switch (dtype) {
+    case "f8_e4m3":
+      return {
+        dtype: "f32",
+        shape: [Math.ceil(rows / FP8_SCALE_BLOCK), Math.ceil(cols / FP8_SCALE_BLOCK)],
+      };
+    case "mxfp4":
+      return { dtype: "e8m0", shape: [rows, cols / Q4_BLOCK] };
+    case "int4g32":
+      return { dtype: "bf16", shape: [rows, cols / Q4_BLOCK] };
+    case "int8row":
+    case "vq3r":
+      return { dtype: "f32", shape: [rows] };
+    default:
+      return null;
+  }
 }
 
 /** Rounds `n` up to a multiple of `a`. */

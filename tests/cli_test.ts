@@ -43,30 +43,9 @@ Deno.test("generate --json reproduces the stories260k known answer", async () =>
 
 Deno.test("a budget under a MoE model's size streams experts and prints the same story", async () => {
   const model = await packedFixture("stories260k-moe64");
-  const full = await sluice(
-    "generate",
-    "--model",
-    model,
-    "--prompt",
-    "Once upon a time",
-    "-n",
-    "40",
-    "--json",
-  );
-  const tight = await sluice(
-    "generate",
-    "--model",
-    model,
-    "--prompt",
-    "Once upon a time",
-    "-n",
-    "40",
-    "--json",
-    "--budget",
-    "4M",
-    "--lookahead",
-    "4",
-  );
+  const args = ["generate", "--model", model, "--prompt", "Once upon a time", "-n", "40", "--json"];
+  const full = await sluice(...args);
+  const tight = await sluice(...args, "--budget", "4M", "--lookahead", "4");
   assert.equal(tight.code, 0, tight.stderr);
   const a = JSON.parse(full.stdout), b = JSON.parse(tight.stdout);
   assert.deepEqual(b.generated_ids, a.generated_ids);

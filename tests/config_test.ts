@@ -10,16 +10,7 @@ import {
   layerTensorsOf,
 } from "../engine/tensor_names.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-
-const MODELS = new URL("../../shared/models/", import.meta.url).pathname;
-const FIXTURES = [
-  "stories260k",
-  "stories260k-moe",
-  "stories260k-moe64",
-  "stories260k-qwen3moe",
-  "tiny-deepseek-v3",
-  "tiny-deepseek-v3-fp8",
-];
+import { CHECKPOINT_FIXTURES, fixtureDir } from "./fixtures.ts";
 
 function readJson(path: string): Record<string, unknown> {
   return JSON.parse(Deno.readTextFileSync(path));
@@ -79,7 +70,7 @@ function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
 }
 
 Deno.test("fixture configs normalise to the values their README states", () => {
-  const dense = loadModelConfig(MODELS + "stories260k");
+  const dense = loadModelConfig(fixtureDir("stories260k"));
   assert.equal(dense.family, "llama");
   assert.equal(dense.modelType, "llama");
   assert.deepEqual(
@@ -97,7 +88,7 @@ Deno.test("fixture configs normalise to the values their README states", () => {
   assert.equal(dense.bosId, 1);
   assert.deepEqual(dense.eosIds, [2]);
 
-  const mix = loadModelConfig(MODELS + "stories260k-moe");
+  const mix = loadModelConfig(fixtureDir("stories260k-moe"));
   assert.equal(mix.modelType, "mixtral");
   assert.deepEqual(mix.layerKinds, Array(5).fill("moe"));
   assert.equal(mix.moe!.numExperts, 8);
@@ -107,10 +98,10 @@ Deno.test("fixture configs normalise to the values their README states", () => {
   assert.equal(mix.moe!.normTopK, true);
   assert.equal(mix.moe!.sharedIntermediate, 0);
   assert.equal(mix.qkNorm, false);
-  const mix64 = loadModelConfig(MODELS + "stories260k-moe64");
+  const mix64 = loadModelConfig(fixtureDir("stories260k-moe64"));
   assert.deepEqual([mix64.moe!.numExperts, mix64.moe!.topK], [64, 4]);
 
-  const qwen = loadModelConfig(MODELS + "stories260k-qwen3moe");
+  const qwen = loadModelConfig(fixtureDir("stories260k-qwen3moe"));
   assert.equal(qwen.modelType, "qwen3_moe");
   assert.equal(qwen.qkNorm, true);
   assert.equal(qwen.moe!.normTopK, true);
@@ -118,7 +109,7 @@ Deno.test("fixture configs normalise to the values their README states", () => {
   assert.deepEqual(qwen.layerKinds, Array(5).fill("moe"));
 
   for (const dir of ["tiny-deepseek-v3", "tiny-deepseek-v3-fp8"]) {
-    const ds = loadModelConfig(MODELS + dir);
+    const ds = loadModelConfig(fixtureDir(dir));
     assert.equal(ds.family, "deepseek_v3");
     assert.deepEqual(ds.layerKinds, ["dense", "moe", "moe", "moe"]);
     assert.equal(ds.intermediateSize, 172);
@@ -161,9 +152,9 @@ Deno.test("fixture configs normalise to the values their README states", () => {
 });
 
 Deno.test("every canonical tensor name resolves to a checkpoint tensor of the expected shape", () => {
-  for (const dir of FIXTURES) {
-    const cfg = loadModelConfig(MODELS + dir);
-    const ck = openCheckpoint(MODELS + dir);
+  for (const dir of CHECKPOINT_FIXTURES) {
+    const cfg = loadModelConfig(fixtureDir(dir));
+    const ck = openCheckpoint(fixtureDir(dir));
     const used = new Set<string>();
     const expect = (name: string | null, shape: number[], what: string) => {
       assert.ok(name, `${dir}: ${what} has no name`);
@@ -206,7 +197,7 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
 });
 
 Deno.test("layer tensor lists follow the fixed order and the layer's kind", () => {
-  const ds = loadModelConfig(MODELS + "tiny-deepseek-v3");
+  const ds = loadModelConfig(fixtureDir("tiny-deepseek-v3"));
   assert.deepEqual(layerTensorsOf(ds, 0), [
     "attn_norm",
     "wo",
@@ -222,7 +213,7 @@ Deno.test("layer tensor lists follow the fixed order and the layer's kind", () =
     "ffn_down",
   ]);
   assert.ok(layerTensorsOf(ds, 1).includes("router_bias"));
-  const mix = loadModelConfig(MODELS + "stories260k-moe");
+  const mix = loadModelConfig(fixtureDir("stories260k-moe"));
   assert.equal(
     hfExpertName(mix, 2, 5, "up"),
     "model.layers.2.block_sparse_moe.experts.5.w3.weight",
@@ -233,16 +224,16 @@ Deno.test("layer tensor lists follow the fixed order and the layer's kind", () =
   );
   throwsMentioning(() => hfExpertName(mix, 2, 8, "up"), "expert 8");
   throwsMentioning(() => hfLayerName(mix, 5, "wq"), "layer 5");
-  const dense = loadModelConfig(MODELS + "stories260k");
+  const dense = loadModelConfig(fixtureDir("stories260k"));
   throwsMentioning(() => hfExpertName(dense, 0, 0, "gate"), "layer 0", "not a MoE");
 });
 
 function dsv3(): Record<string, unknown> {
-  return readJson(MODELS + "tiny-deepseek-v3/config.json");
+  return readJson(fixtureDir("tiny-deepseek-v3/config.json"));
 }
 
 function qwen(): Record<string, unknown> {
-  return readJson(MODELS + "stories260k-qwen3moe/config.json");
+  return readJson(fixtureDir("stories260k-qwen3moe/config.json"));
 }
 
 Deno.test("config field variants", () => {
@@ -276,7 +267,7 @@ Deno.test("config field variants", () => {
   assert.equal(nested.numLayers, 4);
 
   // Rope scaling kinds.
-  const ll = readJson(MODELS + "stories260k/config.json");
+  const ll = readJson(fixtureDir("stories260k/config.json"));
   const withScaling = (s: unknown) => normalizeConfig({ ...ll, rope_scaling: s }).rope.scaling;
   assert.deepEqual(withScaling({ type: "linear", factor: 2 }), { type: "linear", factor: 2 });
   assert.deepEqual(
@@ -308,7 +299,7 @@ Deno.test("config field variants", () => {
   assert.equal(normalizeConfig(noIds).bosId, null);
   throwsMentioning(() => normalizeConfig(ll, { eos_token_id: 999 }), "999");
   // Mixtral renormalises whatever norm_topk_prob says; num_key_value_heads defaults to heads.
-  const mx = readJson(MODELS + "stories260k-moe/config.json");
+  const mx = readJson(fixtureDir("stories260k-moe/config.json"));
   delete mx.num_key_value_heads;
   const mxc = normalizeConfig({ ...mx, norm_topk_prob: false });
   assert.equal(mxc.moe!.normTopK, true);
@@ -320,7 +311,7 @@ Deno.test("config field variants", () => {
 });
 
 Deno.test("bad configs are errors naming the field or the model_type", () => {
-  const ll = readJson(MODELS + "stories260k/config.json");
+  const ll = readJson(fixtureDir("stories260k/config.json"));
   for (const field of ["hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"]) {
     const c = { ...ll };
     delete c[field];

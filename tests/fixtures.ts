@@ -7,7 +7,17 @@
 import { fileURLToPath } from "node:url";
 import { packCheckpoint } from "../tools/pack.ts";
 
-/** Absolute path of a fixture in ../shared/models. */
+/** Every Hugging Face checkpoint fixture in ../shared/models (all but gguf/). */
+export const CHECKPOINT_FIXTURES: readonly string[] = [
+  "stories260k",
+  "stories260k-moe",
+  "stories260k-moe64",
+  "stories260k-qwen3moe",
+  "tiny-deepseek-v3",
+  "tiny-deepseek-v3-fp8",
+];
+
+/** Absolute path of a fixture (or a file below one) in ../shared/models. */
 export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
 }

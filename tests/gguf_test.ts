@@ -9,9 +9,9 @@ import { bf16ToF32, decodeGgmlToF32, type GgufFile, readGguf } from "../tools/gg
 import { spmVocabFromTokenizerJson, TOKEN_TYPE } from "../tools/gguf/spm_vocab.ts";
 import { writeGguf } from "../tools/gguf/write.ts";
 import { packCheckpoint } from "../tools/pack.ts";
+import { fixtureDir } from "./fixtures.ts";
 
-const MODELS = new URL("../../shared/models/", import.meta.url).pathname;
-const REF_GGUF = MODELS + "gguf/";
+const REF_GGUF = fixtureDir("gguf/");
 
 /**
  * Metadata keys allowed to differ from llama.cpp's own conversion. None: general.name is the
@@ -59,7 +59,7 @@ for (const model of ["stories260k", "stories260k-moe"]) {
     const dir = tempDir();
     try {
       const out = join(dir, "out.gguf");
-      const r = exportGguf(MODELS + model, out, { progress: "off" });
+      const r = exportGguf(fixtureDir(model), out, { progress: "off" });
       assert.equal(r.arch, "llama");
       const got = readGguf(out), want = readGguf(`${REF_GGUF}${model}-f32.gguf`);
       assertSameGguf(got, want);
@@ -77,7 +77,7 @@ Deno.test("--name changes general.name and nothing else", () => {
   const dir = tempDir();
   try {
     const out = join(dir, "named.gguf");
-    exportGguf(MODELS + "stories260k", out, { name: "tiny story model", progress: "off" });
+    exportGguf(fixtureDir("stories260k"), out, { name: "tiny story model", progress: "off" });
     const got = readGguf(out), want = readGguf(REF_GGUF + "stories260k-f32.gguf");
     assert.deepEqual(got.metadata.get("general.name"), {
       type: "string",
@@ -98,10 +98,10 @@ Deno.test("exported attn_q/attn_k are llama2.c's interleaved wq/wk from stories2
   const dir = tempDir();
   try {
     const out = join(dir, "out.gguf");
-    exportGguf(MODELS + "stories260k", out, { progress: "off" });
+    exportGguf(fixtureDir("stories260k"), out, { progress: "off" });
     const g = readGguf(out);
     // llama2.c v0 layout: 7 int32, tok_embeddings [512,64], rms_att [5,64], wq [5,64,64], wk [5,32,64].
-    const bin = Deno.readFileSync(MODELS + "stories260k/stories260K.bin");
+    const bin = Deno.readFileSync(fixtureDir("stories260k/stories260K.bin"));
     const f = new Float32Array(bin.buffer, 28);
     const wq = 512 * 64 + 5 * 64, wk = wq + 5 * 64 * 64;
     for (let l = 0; l < 5; l++) {
@@ -133,7 +133,7 @@ Deno.test("permuteToPairs moves row c·hd/2 + i of each head to row 2i + c (and 
 
 Deno.test("qwen3moe export: names, dims, hyper-parameters and unpermuted data", () => {
   const dir = tempDir();
-  const src = MODELS + "stories260k-qwen3moe";
+  const src = fixtureDir("stories260k-qwen3moe");
   try {
     const out = join(dir, "q3.gguf");
     const r = exportGguf(src, out, { progress: "off" });
@@ -226,7 +226,7 @@ Deno.test("a .sluice container exports the same tensors (lm_head tied, so no out
   const dir = tempDir();
   try {
     const sluice = join(dir, "moe.sluice");
-    await packCheckpoint(MODELS + "stories260k-moe", sluice, { progress: "off", log: () => {} });
+    await packCheckpoint(fixtureDir("stories260k-moe"), sluice, { progress: "off", log: () => {} });
     const out = join(dir, "from-sluice.gguf");
     exportGguf(sluice, out, { progress: "off" });
     const got = readGguf(out), want = readGguf(REF_GGUF + "stories260k-moe-f32.gguf");
@@ -264,7 +264,7 @@ Deno.test("f16, bf16 and q8_0 exports decode to the f32 weights within their rou
     const ref = readGguf(REF_GGUF + "stories260k-moe-f32.gguf");
     for (const type of ["f16", "bf16", "q8_0"] as const) {
       const out = join(dir, `${type}.gguf`);
-      const r = exportGguf(MODELS + "stories260k-moe", out, { type, progress: "off" });
+      const r = exportGguf(fixtureDir("stories260k-moe"), out, { type, progress: "off" });
       const g = readGguf(out);
       const ftype = g.metadata.get("general.file_type")!.value;
       assert.equal(ftype, { f16: 1, bf16: 32, q8_0: 7 }[type]);
@@ -504,21 +504,21 @@ Deno.test("exporter names the problem for bad input", () => {
     const out = join(dir, "x.gguf");
     throwsMentioning(() => exportGguf(join(dir, "missing"), out), "missing", "not a directory");
     throwsMentioning(
-      () => exportGguf(MODELS + "tiny-deepseek-v3", out, { progress: "off" }),
+      () => exportGguf(fixtureDir("tiny-deepseek-v3"), out, { progress: "off" }),
       "tiny-deepseek-v3",
       "deepseek_v3",
     );
     throwsMentioning(
-      () => exportGguf(MODELS + "stories260k", out, { type: "q4_0" as "f32" }),
+      () => exportGguf(fixtureDir("stories260k"), out, { type: "q4_0" as "f32" }),
       "--type",
       "q4_0",
     );
     Deno.writeFileSync(out, new Uint8Array(1));
-    throwsMentioning(() => exportGguf(MODELS + "stories260k", out), "already exists");
+    throwsMentioning(() => exportGguf(fixtureDir("stories260k"), out), "already exists");
     const noTok = join(dir, "no-tokenizer");
     Deno.mkdirSync(noTok);
     for (const f of ["config.json", "model.safetensors"]) {
-      Deno.copyFileSync(MODELS + "stories260k/" + f, join(noTok, f));
+      Deno.copyFileSync(join(fixtureDir("stories260k"), f), join(noTok, f));
     }
     throwsMentioning(
       () => exportGguf(noTok, join(dir, "y.gguf"), { progress: "off" }),

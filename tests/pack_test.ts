@@ -16,16 +16,8 @@ import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { Progress } from "../tools/progress.ts";
+import { CHECKPOINT_FIXTURES, fixtureDir } from "./fixtures.ts";
 
-const MODELS = new URL("../../shared/models/", import.meta.url).pathname;
-const FIXTURES = [
-  "stories260k",
-  "stories260k-moe",
-  "stories260k-moe64",
-  "stories260k-qwen3moe",
-  "tiny-deepseek-v3",
-  "tiny-deepseek-v3-fp8",
-];
 const QUIET: PackOptions = { progress: "off", log: () => {} };
 
 function throwsMentioning(fn: () => unknown, ...parts: string[]): void {
@@ -176,15 +168,15 @@ Deno.test("record headers round-trip and reject corruption with the record's pla
 Deno.test(
   "every fixture packs and round-trips exactly",
   withTempDir(async (tmp) => {
-    for (const dir of FIXTURES) {
+    for (const dir of CHECKPOINT_FIXTURES) {
       const out = `${tmp}/${dir}.sluice`;
-      const res = await packCheckpoint(MODELS + dir, out, QUIET);
+      const res = await packCheckpoint(fixtureDir(dir), out, QUIET);
       assert.deepEqual(res.layersResumed, []);
       assert.ok(!Deno.statSync(out).isFile && !exists(`${out}.tmp`));
       const c = openContainer(out);
-      assert.deepEqual(c.config, loadModelConfig(MODELS + dir));
+      assert.deepEqual(c.config, loadModelConfig(fixtureDir(dir)));
       verifyContainer(c);
-      const ck = openCheckpoint(MODELS + dir);
+      const ck = openCheckpoint(fixtureDir(dir));
       checkRoundTrip(c, ck, dir);
       ck.close();
       for (const r of [c.manifest.trunk.globals.region, ...c.manifest.trunk.layers]) {
@@ -198,7 +190,7 @@ Deno.test(
       ]);
       assert.deepEqual(
         Deno.readFileSync(`${out}/tokenizer.json`),
-        Deno.readFileSync(`${MODELS}${dir}/tokenizer.json`),
+        Deno.readFileSync(`${fixtureDir(dir)}/tokenizer.json`),
       );
     }
     // Parameter counts the README states, from the packed manifests.
@@ -222,7 +214,7 @@ function exists(p: string): boolean {
 Deno.test(
   "--convert f32 of the FP8 fixture equals the F32 fixture",
   withTempDir(async (tmp) => {
-    await packCheckpoint(MODELS + "tiny-deepseek-v3-fp8", `${tmp}/a.sluice`, {
+    await packCheckpoint(fixtureDir("tiny-deepseek-v3-fp8"), `${tmp}/a.sluice`, {
       ...QUIET,
       convert: "f32",
       // Tiny chunks: one row each, so FP8 block rows are dequantised across chunk borders.
@@ -230,7 +222,7 @@ Deno.test(
     });
     const c = openContainer(`${tmp}/a.sluice`);
     verifyContainer(c);
-    const ck = openCheckpoint(MODELS + "tiny-deepseek-v3");
+    const ck = openCheckpoint(fixtureDir("tiny-deepseek-v3"));
     checkRoundTrip(c, ck, "fp8 → f32");
     ck.close();
   }),
@@ -253,14 +245,14 @@ function bf16Reference(x: Float32Array): Uint16Array {
 Deno.test(
   "--convert bf16 rounds weights to nearest-even and keeps vectors f32",
   withTempDir(async (tmp) => {
-    await packCheckpoint(MODELS + "stories260k-moe", `${tmp}/b.sluice`, {
+    await packCheckpoint(fixtureDir("stories260k-moe"), `${tmp}/b.sluice`, {
       ...QUIET,
       convert: "bf16",
       chunkBytes: 1000,
     });
     const c = openContainer(`${tmp}/b.sluice`);
     verifyContainer(c);
-    const ck = openCheckpoint(MODELS + "stories260k-moe");
+    const ck = openCheckpoint(fixtureDir("stories260k-moe"));
     const cfg = c.config;
     const wq = readTrunkTensor(c, 1, "wq");
     assert.equal(wq.entry.dtype, "bf16");
@@ -283,7 +275,7 @@ Deno.test(
 Deno.test(
   "an interrupted pack resumes layer by layer",
   withTempDir(async (tmp) => {
-    const src = MODELS + "stories260k-moe";
+    const src = fixtureDir("stories260k-moe");
     const out = `${tmp}/r.sluice`;
     await rejectsMentioning(packCheckpoint(src, out, { ...QUIET, stopAfterLayer: 2 }), "layer 2");
     assert.ok(!exists(out) && exists(`${out}.tmp/journal.json`));
@@ -319,14 +311,14 @@ Deno.test(
   "existing output and bad inputs are errors that leave no container",
   withTempDir(async (tmp) => {
     const out = `${tmp}/x.sluice`;
-    await packCheckpoint(MODELS + "stories260k", out, QUIET);
+    await packCheckpoint(fixtureDir("stories260k"), out, QUIET);
     await rejectsMentioning(
-      packCheckpoint(MODELS + "stories260k", out, QUIET),
+      packCheckpoint(fixtureDir("stories260k"), out, QUIET),
       out,
       "already exists",
       "--force",
     );
-    const forced = await packCheckpoint(MODELS + "tiny-deepseek-v3", out, {
+    const forced = await packCheckpoint(fixtureDir("tiny-deepseek-v3"), out, {
       ...QUIET,
       force: true,
     });
@@ -336,14 +328,14 @@ Deno.test(
     // A checkpoint copy with a broken config, then with a truncated weights file.
     const bad = `${tmp}/bad`;
     Deno.mkdirSync(bad);
-    const cfg = JSON.parse(Deno.readTextFileSync(MODELS + "stories260k/config.json"));
+    const cfg = JSON.parse(Deno.readTextFileSync(fixtureDir("stories260k/config.json")));
     delete cfg.num_hidden_layers;
     Deno.writeTextFileSync(`${bad}/config.json`, JSON.stringify(cfg));
-    Deno.copyFileSync(MODELS + "stories260k/model.safetensors", `${bad}/model.safetensors`);
+    Deno.copyFileSync(fixtureDir("stories260k/model.safetensors"), `${bad}/model.safetensors`);
     const badOut = `${tmp}/bad.sluice`;
     await rejectsMentioning(packCheckpoint(bad, badOut, QUIET), "num_hidden_layers");
     assert.ok(!exists(badOut) && !exists(`${badOut}.tmp`));
-    Deno.copyFileSync(MODELS + "stories260k/config.json", `${bad}/config.json`);
+    Deno.copyFileSync(fixtureDir("stories260k/config.json"), `${bad}/config.json`);
     Deno.truncateSync(`${bad}/model.safetensors`, 500000);
     await rejectsMentioning(packCheckpoint(bad, badOut, QUIET), "model.safetensors", "tensor");
     assert.ok(!exists(badOut) && !exists(`${badOut}.tmp`));
@@ -365,7 +357,7 @@ Deno.test(
   "the container reader rejects tampered manifests and data",
   withTempDir(async (tmp) => {
     const out = `${tmp}/t.sluice`;
-    await packCheckpoint(MODELS + "tiny-deepseek-v3-fp8", out, QUIET);
+    await packCheckpoint(fixtureDir("tiny-deepseek-v3-fp8"), out, QUIET);
     const manifestPath = `${out}/manifest.json`;
     const original = Deno.readTextFileSync(manifestPath);
     // deno-lint-ignore no-explicit-any

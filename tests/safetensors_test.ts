@@ -1,8 +1,7 @@
 import assert from "node:assert/strict";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { decodeDtypeToF32, f16ToF32, FP8_E4M3_TABLE, readF32 } from "../io/checkpoint_weights.ts";
-
-const MODELS = new URL("../../shared/models/", import.meta.url).pathname;
+import { fixtureDir } from "./fixtures.ts";
 
 /** Writes a safetensors file from explicit header entries and a data blob (test-side writer). */
 function writeSafetensors(path: string, header: Record<string, unknown>, data: Uint8Array): void {
@@ -38,16 +37,16 @@ Deno.test("fixtures open with the tensor counts the README states", () => {
     "tiny-deepseek-v3-fp8": 201 + 176,
   };
   for (const [dir, n] of Object.entries(counts)) {
-    const ck = openCheckpoint(MODELS + dir);
+    const ck = openCheckpoint(fixtureDir(dir));
     assert.equal(ck.tensors.size, n, dir);
     ck.close();
   }
 });
 
 Deno.test("the embedding equals llama2.c's tok_embeddings in stories260K.bin", () => {
-  const ck = openCheckpoint(MODELS + "stories260k");
+  const ck = openCheckpoint(fixtureDir("stories260k"));
   const emb = readF32(ck, "model.embed_tokens.weight");
-  const bin = Deno.readFileSync(MODELS + "stories260k/stories260K.bin");
+  const bin = Deno.readFileSync(fixtureDir("stories260k/stories260K.bin"));
   // 7 int32 header fields, then tok_embeddings [512, 64] float32.
   const ref = new Float32Array(bin.buffer.slice(28, 28 + 512 * 64 * 4));
   assert.deepEqual(emb, ref);
@@ -56,8 +55,8 @@ Deno.test("the embedding equals llama2.c's tok_embeddings in stories260K.bin", (
 });
 
 Deno.test("FP8 weights with block scales equal the F32 fixture bit for bit", () => {
-  const f32 = openCheckpoint(MODELS + "tiny-deepseek-v3");
-  const fp8 = openCheckpoint(MODELS + "tiny-deepseek-v3-fp8");
+  const f32 = openCheckpoint(fixtureDir("tiny-deepseek-v3"));
+  const fp8 = openCheckpoint(fixtureDir("tiny-deepseek-v3-fp8"));
   let fp8Count = 0;
   for (const [name, info] of f32.tensors) {
     const q = fp8.tensors.get(name)!;
@@ -188,7 +187,7 @@ Deno.test("bad headers are errors naming the file and the tensor", () => {
 Deno.test("a truncated fixture names the file and the first tensor past the end", () => {
   const dir = Deno.makeTempDirSync();
   try {
-    const src = Deno.readFileSync(MODELS + "stories260k/model.safetensors");
+    const src = Deno.readFileSync(fixtureDir("stories260k/model.safetensors"));
     Deno.writeFileSync(`${dir}/model.safetensors`, src.subarray(0, src.length - 1000));
     // The last tensor in data order lies past the shortened data area.
     throwsMentioning(
@@ -203,7 +202,7 @@ Deno.test("a truncated fixture names the file and the first tensor past the end"
 });
 
 Deno.test("sharded checkpoints: missing or inconsistent shards are errors naming them", () => {
-  const src = MODELS + "tiny-deepseek-v3-fp8/";
+  const src = fixtureDir("tiny-deepseek-v3-fp8/");
   const dir = Deno.makeTempDirSync();
   try {
     Deno.copyFileSync(src + "model.safetensors.index.json", `${dir}/model.safetensors.index.json`);

@@ -15,7 +15,8 @@
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
-import { decodeDtypeToF32, dequantFp8Blocks, readF32 } from "../io/checkpoint_weights.ts";
+import { readF32 } from "../io/checkpoint_weights.ts";
+import { decodeStored } from "../io/stored_decode.ts";
 import {
   type Container,
   openContainer,
@@ -139,11 +140,7 @@ function decodeEntry(
   scale: Uint8Array | undefined,
   what: string,
 ) {
-  const dtype = { f32: "F32", bf16: "BF16", f16: "F16", f8_e4m3: "F8_E4M3" }[e.dtype];
-  if (e.dtype !== "f8_e4m3") return decodeDtypeToF32(dtype, data, what);
-  if (!scale || e.shape.length !== 2) throw new Error(`${what}: FP8 tensor without a 2-D scale`);
-  const s = decodeDtypeToF32("F32", scale, `${what} scale`);
-  return dequantFp8Blocks(data, e.shape[0], e.shape[1], s);
+  return decodeStored(e, data, scale, undefined, what);
 }
 
 function containerSource(path: string): WeightSource {

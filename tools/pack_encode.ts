@@ -1,7 +1,8 @@
 /**
  * Streams one checkpoint tensor in the dtype the container stores it in, in bounded chunks:
  * raw bytes when the dtype is kept, else decoded to float32 (FP8 with its block scales) and
- * re-encoded (f32, or bf16 rounded to nearest-even).
+ * re-encoded (f32, or bf16 rounded to nearest-even); and encodes whole float32 matrices in the
+ * compact formats (mxfp4, int4g32, int8row, vq3r, f8_e4m3).
  *
  * @module
  */
@@ -12,11 +13,16 @@ import {
   fp8ScaleInfo,
   readF32,
 } from "../io/checkpoint_weights.ts";
-import { STORED_DTYPE_BYTES, type StoredDtype } from "../io/format.ts";
+import { quantizeFp8b128 } from "../engine/quant/fp8.ts";
+import { quantizeInt4g32 } from "../engine/quant/int4.ts";
+import { quantizeInt8Row } from "../engine/quant/int8.ts";
+import { quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
+import { encodeVq3r } from "../engine/quant/vq3r.ts";
+import { type PlainDtype, STORED_DTYPE_BYTES, type StoredDtype } from "../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../io/safetensors.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
-export const KEPT_DTYPE: Record<string, StoredDtype> = {
+export const KEPT_DTYPE: Record<string, PlainDtype> = {
   F32: "f32",
   F16: "f16",
   BF16: "bf16",
@@ -61,7 +67,7 @@ export function streamTensor(
 ): void {
   const what = `${src.file}: tensor ${src.name}`;
   if (KEPT_DTYPE[src.dtype] === dst) {
-    const step = Math.max(STORED_DTYPE_BYTES[dst], chunkBytes - (chunkBytes % 8));
+    const step = Math.max(STORED_DTYPE_BYTES[dst as PlainDtype], chunkBytes - (chunkBytes % 8));
     const buf = new Uint8Array(Math.min(step, src.bytes));
     for (let at = 0; at < src.bytes; at += step) {
       const piece = buf.subarray(0, Math.min(step, src.bytes - at));
@@ -84,5 +90,58 @@ export function streamTensor(
       ? dequantFp8Blocks(raw, n, cols, scale, r0)
       : decodeDtypeToF32(src.dtype, raw, what);
     emit(encodeF32(f, dst, what));
+  }
+}
+
+/** A matrix encoded in a container dtype: its bytes and, for scaled formats, its scale bytes. */
+export interface EncodedMatrix {
+  data: Uint8Array;
+  scale: Uint8Array | null;
+}
+
+function bytesOf(a: ArrayBufferView): Uint8Array {
+  return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+}
+
+/**
+ * Encodes float32 `w` [rows, cols] as `dtype`: plain dtypes as values, compact formats with the
+ * quantisers of engine/quant (f8_e4m3 with 128×128 block scales). vq3r needs the trained
+ * codebooks ([3][256][8], engine/quant/vq3r.ts); its rows are coded as if zero-padded to 8.
+ */
+export function encodeMatrix(
+  w: Float32Array,
+  rows: number,
+  cols: number,
+  dtype: StoredDtype,
+  what: string,
+  codebooks?: Float32Array,
+): EncodedMatrix {
+  switch (dtype) {
+    case "f32":
+    case "bf16":
+      return { data: encodeF32(w, dtype, what), scale: null };
+    case "f8_e4m3": {
+      const m = quantizeFp8b128(w, rows, cols);
+      return { data: m.codes, scale: bytesOf(m.scales) };
+    }
+    case "mxfp4": {
+      const m = quantizeMxfp4(w, rows, cols);
+      return { data: m.blocks, scale: m.scales };
+    }
+    case "int4g32": {
+      const m = quantizeInt4g32(w, rows, cols);
+      return { data: bytesOf(m.packed), scale: bytesOf(m.scales) };
+    }
+    case "int8row": {
+      const m = quantizeInt8Row(w, rows, cols);
+      return { data: bytesOf(m.q), scale: bytesOf(m.scales) };
+    }
+    case "vq3r": {
+      if (!codebooks) throw new Error(`${what}: vq3r needs trained codebooks`);
+      const m = encodeVq3r({ data: w, rows, cols }, codebooks);
+      return { data: m.indices, scale: bytesOf(m.scales) };
+    }
+    default:
+      throw new Error(`${what}: cannot encode float32 as ${dtype}`);
   }
 }

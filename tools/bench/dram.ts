@@ -8,6 +8,7 @@
  */
 
 import { join } from "node:path";
+import { findCompiler } from "../../io/build_shim.ts";
 
 /** Options of {@link measureDramNative}. */
 export interface DramOptions {
@@ -104,21 +105,6 @@ int main(int argc, char **argv) {
   return 0;
 }
 `;
-
-/** Path of a C compiler on PATH (`cc`, `gcc` or `clang`), or null. */
-function findCompiler(): string | null {
-  for (const cc of ["cc", "gcc", "clang"]) {
-    try {
-      if (
-        new Deno.Command(cc, { args: ["--version"], stdout: "null", stderr: "null" }).outputSync()
-          .success
-      ) return cc;
-    } catch {
-      // Not installed: try the next name.
-    }
-  }
-  return null;
-}
 
 /**
  * Measures streaming-read bandwidth with a native multi-threaded sum over `opts.bytes`, best of

@@ -26,6 +26,16 @@ export const BENCHES: Record<string, BenchEntry> = {
       "latency, O_DIRECT vs buffered disk reads, with targets",
     load: () => import("./kernels.ts"),
   },
+  stream: {
+    summary: "decode under a memory budget on a synthetic 2 GiB Qwen3-MoE: tok/s against the " +
+      "O_DIRECT roofline, read-ahead and lookahead on/off, overlap of I/O and compute",
+    load: () => import("./stream.ts"),
+  },
+  compare: {
+    summary: "sluice vs llama.cpp (node-llama-cpp, installed on demand) in RAM, over a cgroup " +
+      "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
+    load: () => import("./compare.ts"),
+  },
 };
 
 /** The usage text listing every registered bench. */

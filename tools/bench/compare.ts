@@ -1,0 +1,352 @@
+/**
+ * `deno task bench compare`: sluice against llama.cpp (node-llama-cpp's prebuilt CPU binary) on
+ * the same synthetic MoE model, threads, greedy decoding and prompt token ids, in RAM and over a
+ * memory cap applied to both by one cgroup, with the DRAM and O_DIRECT rooflines measured in the
+ * same run. Each engine runs in its own child process. Prints a table; `--json` prints the report.
+ *
+ * @module
+ */
+import { copyFileSync, existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { cpus, totalmem } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath as fromFileUrl } from "node:url";
+import { parseArgs } from "node:util";
+import { loadTokenizer } from "../../engine/tokenizer.ts";
+import { exportGguf } from "../export_gguf.ts";
+import { packCheckpoint } from "../pack.ts";
+import { parseSize, type SynthArch, synthCheckpoint } from "../synth.ts";
+import { renderBarChart } from "./bar_chart.ts";
+import {
+  cgroupCommand,
+  cgroupPeak,
+  createCgroup,
+  dropPageCache,
+  type MemoryCgroup,
+  removeCgroup,
+  resetCgroupPeak,
+} from "./cgroup.ts";
+import {
+  activeBytesPerToken,
+  buildReport,
+  type CompareReport,
+  type EngineJob,
+  type EngineRun,
+  formatTable,
+  type ManifestBytes,
+} from "./compare_report.ts";
+import { measureDramNative } from "./dram.ts";
+import { benchDisk } from "./disk.ts";
+import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
+
+const GiB = 2 ** 30;
+const REPO = fromFileUrl(new URL("../../", import.meta.url));
+const SLUICE_RUNNER = fromFileUrl(new URL("./compare_sluice.ts", import.meta.url));
+/* export_gguf writes SentencePiece vocabularies only, so every bench model gets this one. */
+const SPM_TOKENIZER_DIR = join(REPO, "..", "shared", "models", "stories260k");
+const PROMPT_TEXT = "Once upon a time, there was a little girl named Lily. She liked to play " +
+  "outside in the park with her friends. One day, she saw a big red ball under a tree. ";
+
+const HELP = `usage: deno task bench compare [options]
+  --size SIZE        in-RAM model size (default 0.5G)
+  --over-size SIZE   over-cap model size (default 1.5G; must be ≥ 3× --cap)
+  --cap SIZE         memory cap (cgroup) of the over-cap regime (default 0.5G)
+  --budget SIZE      sluice arena budget under the cap (default 60% of the cap: the rest is
+                     the runtime's own memory)
+  --arch A           qwen3_moe or mixtral (default qwen3_moe)
+  --threads N        threads of both engines (default: all cores)
+  --prompt N         prompt tokens (default 128)
+  --tokens N         decode tokens timed in RAM (default 32)
+  --over-tokens N    decode tokens timed over the cap (default 16)
+  --max-seconds S    per-run decode time limit (default 120)
+  --svg PATH         chart (default: compare.svg in the bench cache)
+  --skip-over-cap    in-RAM and prefill only
+  --json             print the report as JSON`;
+
+/** One model in the bench cache: HF checkpoint, sluice container and GGUF, all bf16. */
+interface BenchModel {
+  container: string;
+  gguf: string;
+  bytes: number;
+  topK: number;
+}
+
+/** Synthesises, packs and exports a model of `size` bytes unless the cache has it. */
+async function ensureModel(cache: string, arch: SynthArch, size: number): Promise<BenchModel> {
+  const dir = join(cache, `${arch}-${(size / GiB).toFixed(2)}G-bf16`);
+  const hf = join(dir, "hf"), container = join(dir, "model.sluice"), gguf = join(dir, "model.gguf");
+  const done = join(dir, "done.json");
+  if (!existsSync(done)) {
+    console.error(`bench compare: building ${arch} ${(size / GiB).toFixed(2)} GiB in ${dir}`);
+    await synthCheckpoint({
+      arch,
+      out: hf,
+      size,
+      dtype: "bf16",
+      force: true,
+      overrides: { vocab: 512 },
+      progress: "off",
+      log: () => {},
+    });
+    for (const f of ["tokenizer.json", "tokenizer_config.json"]) {
+      copyFileSync(join(SPM_TOKENIZER_DIR, f), join(hf, f));
+    }
+    await packCheckpoint(hf, container, { force: true, progress: "off", log: () => {} });
+    exportGguf(hf, gguf, { type: "bf16", force: true, progress: "off" });
+    Deno.removeSync(hf, { recursive: true });
+    writeFileSync(`${done}.tmp`, JSON.stringify({ arch, size }));
+    renameSync(`${done}.tmp`, done);
+  }
+  const manifest = JSON.parse(readFileSync(join(container, "manifest.json"), "utf8"));
+  return {
+    container,
+    gguf,
+    bytes: Deno.statSync(gguf).size,
+    topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
+  };
+}
+
+/** Active bytes per decode token of a container. */
+function activeBytes(m: BenchModel): number {
+  const manifest = JSON.parse(readFileSync(join(m.container, "manifest.json"), "utf8"));
+  return activeBytesPerToken(manifest as ManifestBytes, m.topK);
+}
+
+/** Runs one engine process (inside `cg` when given) and parses its JSON line. */
+async function runEngine(
+  cmd: string,
+  args: string[],
+  cg: MemoryCgroup | null,
+  hardLimitS: number,
+): Promise<EngineRun | string> {
+  const [c, a] = cg ? cgroupCommand(cg, cmd, args) : [cmd, args];
+  const ac = new AbortController();
+  const timer = setTimeout(() => ac.abort(), hardLimitS * 1000);
+  try {
+    const out = await new Deno.Command(c, {
+      args: a,
+      cwd: REPO,
+      stdout: "piped",
+      stderr: "piped",
+      signal: ac.signal,
+    }).output();
+    const text = new TextDecoder().decode(out.stdout).trim().split("\n").pop() ?? "";
+    if (!out.success || !text.startsWith("{")) {
+      const err = new TextDecoder().decode(out.stderr).trim().slice(-500);
+      return `${cmd} exited ${out.code}${out.signal ? ` (${out.signal})` : ""}: ${err}`;
+    }
+    return JSON.parse(text) as EngineRun;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Runs sluice and llama.cpp on one regime; returns the runs and a note for anything missing. */
+async function runPair(
+  sluiceJob: EngineJob,
+  llamaJob: EngineJob,
+  llama: Awaited<ReturnType<typeof setupLlamaCpp>>,
+  cg: MemoryCgroup | null,
+): Promise<{ sluice: EngineRun | null; llamacpp: EngineRun | null; notes: string[] }> {
+  const notes: string[] = [];
+  const hard = sluiceJob.maxSeconds * 3 + 180;
+  const take = (r: EngineRun | string, who: string) => {
+    if (typeof r === "string") {
+      notes.push(`${who}: ${r}`);
+      return null;
+    }
+    if (cg) r.notes += `, cgroup peak ${cgroupPeak(cg)}`;
+    return r;
+  };
+  if (cg) {
+    dropPageCache();
+    resetCgroupPeak(cg);
+  }
+  const sluice = take(
+    await runEngine(
+      Deno.execPath(),
+      ["run", "-A", SLUICE_RUNNER, JSON.stringify(sluiceJob)],
+      cg,
+      hard,
+    ),
+    "sluice",
+  );
+  let llamacpp: EngineRun | null = null;
+  if (llama.ok) {
+    if (cg) {
+      dropPageCache();
+      resetCgroupPeak(cg);
+    }
+    llamacpp = take(
+      await runEngine("node", [llama.script, JSON.stringify(llamaJob)], cg, hard),
+      "llama.cpp",
+    );
+  } else notes.push(`llama.cpp skipped: ${llama.why}`);
+  return { sluice, llamacpp, notes };
+}
+
+/** Prompt ids: the fixed story text, repeated, tokenised by the model's tokenizer, cut to n. */
+async function promptIds(container: string, n: number): Promise<number[]> {
+  const tok = await loadTokenizer(container);
+  let text = PROMPT_TEXT;
+  while (tok.encode(text).length < n) text += PROMPT_TEXT;
+  return tok.encode(text).slice(0, n);
+}
+
+function chart(r: CompareReport): string {
+  return renderBarChart({
+    title: `sluice vs llama.cpp (${r.arch}, ${r.precision}, ${r.machine.threads} threads)`,
+    yLabel: "tokens/s",
+    groups: ["in RAM decode", "over cap decode", "prefill ÷ 10"],
+    series: [
+      {
+        name: "sluice",
+        color: "#1f77b4",
+        values: [
+          r.in_ram.sluice_tok_s,
+          r.over_cap.sluice_tok_s,
+          r.prefill.sluice_tok_s === null ? null : r.prefill.sluice_tok_s / 10,
+        ],
+      },
+      {
+        name: "llama.cpp (node-llama-cpp)",
+        color: "#d62728",
+        values: [
+          r.in_ram.llamacpp_tok_s,
+          r.over_cap.llamacpp_tok_s,
+          r.prefill.llamacpp_tok_s === null ? null : r.prefill.llamacpp_tok_s / 10,
+        ],
+      },
+      {
+        name: "roofline (DRAM / O_DIRECT)",
+        color: "#999999",
+        values: [r.in_ram.dram_roofline_tok_s, r.over_cap.disk_roofline_tok_s, null],
+      },
+    ],
+  });
+}
+
+/** Entry point of `deno task bench compare`. */
+export async function main(args: string[]): Promise<void> {
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      size: { type: "string", default: "0.5G" },
+      "over-size": { type: "string", default: "1.5G" },
+      cap: { type: "string", default: "0.5G" },
+      budget: { type: "string" },
+      arch: { type: "string", default: "qwen3_moe" },
+      threads: { type: "string" },
+      prompt: { type: "string", default: "128" },
+      tokens: { type: "string", default: "32" },
+      "over-tokens": { type: "string", default: "16" },
+      "max-seconds": { type: "string", default: "120" },
+      svg: { type: "string" },
+      "skip-over-cap": { type: "boolean", default: false },
+      json: { type: "boolean", default: false },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (v.help) {
+    console.log(HELP);
+    return;
+  }
+  const arch = v.arch as SynthArch;
+  if (arch !== "qwen3_moe" && arch !== "mixtral") {
+    throw new Error(`--arch must be qwen3_moe or mixtral (what GGUF export writes), got ${arch}`);
+  }
+  const threads = Number(v.threads ?? navigator.hardwareConcurrency);
+  const cap = parseSize(v.cap!), overSize = parseSize(v["over-size"]!);
+  const budget = v.budget ? parseSize(v.budget) : Math.floor(cap * 0.6);
+  const maxSeconds = Number(v["max-seconds"]);
+  const cache = join(dirname(benchDepsDir()), "bench-compare");
+  const log = (s: string) => console.error(`bench compare: ${s}`);
+
+  const llama = await setupLlamaCpp();
+  if (!llama.ok) log(llama.why);
+  const inRam = await ensureModel(cache, arch, parseSize(v.size!));
+  const ids = await promptIds(inRam.container, Number(v.prompt));
+
+  log(`measuring DRAM and O_DIRECT bandwidth (${threads} threads)`);
+  const dram = await measureDramNative({ bytes: GiB, threads: [threads], passes: 3 });
+  const disk = await benchDisk({ bytes: GiB, runs: 2, quiet: true });
+
+  const job = (model: string, n: number, warmup: boolean, b: number | null): EngineJob => ({
+    model,
+    threads,
+    promptIds: ids,
+    decodeTokens: n,
+    budget: b,
+    warmup,
+    maxSeconds,
+  });
+  log(`in RAM: ${(inRam.bytes / GiB).toFixed(2)} GiB model`);
+  const ir = await runPair(
+    job(inRam.container, Number(v.tokens), true, null),
+    job(inRam.gguf, Number(v.tokens), true, null),
+    llama,
+    null,
+  );
+
+  let oc: { sluice: EngineRun | null; llamacpp: EngineRun | null; notes: string[] } = {
+    sluice: null,
+    llamacpp: null,
+    notes: [],
+  };
+  let overBytes = overSize;
+  if (v["skip-over-cap"]) oc.notes.push("skipped by --skip-over-cap");
+  else if (overSize < 3 * cap * 0.999) oc.notes.push(`--over-size must be ≥ 3 × --cap`);
+  else {
+    const cg = createCgroup(`sluice-bench-compare-${Deno.pid}`, cap);
+    if (typeof cg === "string") oc.notes.push(`skipped: ${cg}`);
+    else {
+      try {
+        const over = await ensureModel(cache, arch, overSize);
+        overBytes = over.bytes;
+        log(
+          `over cap: ${(over.bytes / GiB).toFixed(2)} GiB model, cgroup v${cg.version} cap ` +
+            `${(cap / GiB).toFixed(2)} GiB, sluice budget ${(budget / GiB).toFixed(2)} GiB`,
+        );
+        const n = Number(v["over-tokens"]);
+        oc = await runPair(
+          job(over.container, n, false, budget),
+          job(over.gguf, n, false, null),
+          llama,
+          cg,
+        );
+      } finally {
+        removeCgroup(cg);
+      }
+    }
+  }
+  for (const n of [...ir.notes, ...oc.notes]) log(n);
+
+  const report = buildReport({
+    precision: "bf16 weights in both (sluice container bf16, GGUF BF16; norms/routers f32)",
+    arch,
+    machine: {
+      dram_gbps: dram?.points[0]?.gbps ?? null,
+      odirect_gbps: Number.isFinite(disk.odirect_gbps) ? disk.odirect_gbps : null,
+      threads,
+      cpu: cpus()[0]?.model ?? "unknown",
+      ram_bytes: totalmem(),
+    },
+    in_ram_active_bytes: activeBytes(inRam),
+    in_ram: { model_bytes: inRam.bytes, ...ir, skipped: ir.notes.join("; ") || null },
+    over_cap: {
+      model_bytes: overBytes,
+      cap_bytes: cap,
+      budget_bytes: budget,
+      ...oc,
+      skipped: oc.notes.join("; ") || null,
+    },
+  });
+  const svg = v.svg ?? join(cache, "compare.svg");
+  writeFileSync(svg, chart(report));
+  if (v.json) console.log(JSON.stringify(report, null, 2));
+  else {
+    console.log(formatTable(report));
+    console.log(`chart: ${svg}`);
+  }
+}
+
+if (import.meta.main) await main(Deno.args);

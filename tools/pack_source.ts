@@ -1,0 +1,106 @@
+/**
+ * Weight matrices as a checkpoint ships them: a plain tensor (F32, BF16, F16, F8_E4M3 with its
+ * block scales), or an INT4 matrix in compressed-tensors' "pack-quantized" form as
+ * Kimi-K2-Thinking ships its experts (`<name>_packed` I32 [rows, cols/8], `<name>_scale` BF16
+ * [rows, cols/32], `<name>_shape` I32 [2] = [rows, cols]; group 32, symmetric, no zero point;
+ * engine/quant/int4.ts has the bit layout).
+ *
+ * @module
+ */
+import { dequantizeInt4g32 } from "../engine/quant/int4.ts";
+import { readF32 } from "../io/checkpoint_weights.ts";
+import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
+
+/** Dtype label of an INT4 pack-quantized source matrix. */
+export const INT4_PACKED = "INT4_PACKED";
+
+/** One 2-D weight matrix of a checkpoint. */
+export interface SourceMatrix {
+  /** The plain tensor name (`….weight`), also for packed matrices. */
+  name: string;
+  file: string;
+  rows: number;
+  cols: number;
+  /** The checkpoint dtype of a plain tensor, or {@link INT4_PACKED}. */
+  dtype: string;
+  plain?: TensorInfo;
+  packed?: { packed: TensorInfo; scale: TensorInfo };
+}
+
+function readShapeTensor(ckpt: Checkpoint, t: TensorInfo): number[] {
+  if (t.dtype !== "I32" && t.dtype !== "I64") {
+    throw new Error(`${t.file}: tensor ${t.name} has dtype ${t.dtype}, expected I32`);
+  }
+  const raw = ckpt.read(t.name).slice();
+  return t.dtype === "I32"
+    ? [...new Int32Array(raw.buffer)]
+    : [...new BigInt64Array(raw.buffer)].map(Number);
+}
+
+/**
+ * Finds the matrix `name` (a `….weight` name): the plain tensor when the checkpoint has it, else
+ * its INT4 `weight_packed` / `weight_scale` / `weight_shape` triple, checked for dtypes and
+ * shapes. Throws naming `what` when neither exists.
+ */
+export function findMatrix(ckpt: Checkpoint, name: string, what: string): SourceMatrix {
+  const plain = ckpt.tensors.get(name);
+  if (plain) {
+    if (plain.shape.length !== 2) {
+      throw new Error(
+        `${plain.file}: tensor ${plain.name} has shape [${plain.shape}], expected 2-D`,
+      );
+    }
+    const [rows, cols] = plain.shape;
+    return { name, file: plain.file, rows, cols, dtype: plain.dtype, plain };
+  }
+  const packed = ckpt.tensors.get(`${name}_packed`);
+  if (!packed) {
+    throw new Error(`${ckpt.dir}: ${what} needs tensor ${name}, which the checkpoint lacks`);
+  }
+  const at = `${packed.file}: tensor ${packed.name}`;
+  const scale = ckpt.tensors.get(`${name}_scale`);
+  const shapeT = ckpt.tensors.get(`${name}_shape`);
+  if (!scale || !shapeT) {
+    throw new Error(`${at}: an INT4 packed weight needs ${name}_scale and ${name}_shape`);
+  }
+  const shape = readShapeTensor(ckpt, shapeT);
+  if (shape.length !== 2 || shape[1] % 32 !== 0) {
+    throw new Error(
+      `${at}: weight_shape [${shape}] is not [rows, cols] with cols a multiple of 32`,
+    );
+  }
+  const [rows, cols] = shape;
+  if (packed.dtype !== "I32" || String(packed.shape) !== String([rows, cols / 8])) {
+    throw new Error(
+      `${at}: expected I32 [${rows}, ${cols / 8}], got ${packed.dtype} [${packed.shape}]`,
+    );
+  }
+  if (scale.dtype !== "BF16" || String(scale.shape) !== String([rows, cols / 32])) {
+    throw new Error(
+      `${scale.file}: tensor ${scale.name}: expected BF16 [${rows}, ${cols / 32}] (group 32), ` +
+        `got ${scale.dtype} [${scale.shape}]`,
+    );
+  }
+  return { name, file: packed.file, rows, cols, dtype: INT4_PACKED, packed: { packed, scale } };
+}
+
+/** The raw bytes of an INT4 packed matrix and of its bf16 scales (the int4g32 container form). */
+export function readPackedInt4(
+  ckpt: Checkpoint,
+  src: SourceMatrix,
+): { data: Uint8Array; scale: Uint8Array } {
+  if (!src.packed) throw new Error(`${src.file}: ${src.name} is not an INT4 packed matrix`);
+  return { data: ckpt.read(src.packed.packed.name), scale: ckpt.read(src.packed.scale.name) };
+}
+
+/** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
+export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
+  if (src.plain) return readF32(ckpt, src.name);
+  const { data, scale } = readPackedInt4(ckpt, src);
+  return dequantizeInt4g32({
+    rows: src.rows,
+    cols: src.cols,
+    packed: new Int32Array(data.slice().buffer),
+    scales: new Uint16Array(scale.slice().buffer),
+  });
+}

@@ -1,0 +1,320 @@
+/**
+ * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
+ * Mixtral at hidden 1024) as functions of the hidden size, their config.json and their tensors.
+ *
+ * @module
+ */
+
+import { SYNTH_BOS_ID, SYNTH_EOS_ID } from "../synth_tokenizer.ts";
+import { glu, gqaAttention, linear, norm, PROJ, router } from "./builders.ts";
+import { clamp } from "./numbers.ts";
+import {
+  SYNTH_ARCHS,
+  type SynthArch,
+  type SynthDims,
+  type SynthDtype,
+  type SynthElemType,
+  type SynthTensor,
+} from "./types.ts";
+
+/** Per-architecture recipe: real-model ratios as functions of the hidden size. */
+export interface Recipe {
+  baseHidden: number;
+  baseLayers: number;
+  baseExperts: number;
+  baseTopK: number;
+  /** Expert counts the solver tries are multiples of this, up to maxExperts. */
+  expertStep: number;
+  maxExperts: number;
+  maxPositions: number;
+  /** Sizes that follow from the hidden size. */
+  width(h: number): Partial<SynthDims>;
+  /** Sizes that follow from the layer and expert counts. */
+  counts(d: SynthDims): Partial<SynthDims>;
+  /** The Hugging Face config.json. */
+  config(d: SynthDims, dtype: SynthDtype): Record<string, unknown>;
+  /** Tensors of layer `l` other than the routed experts. */
+  layer(d: SynthDims, l: number, dt: SynthElemType): SynthTensor[];
+  /** Tensors of one routed expert. */
+  expert(d: SynthDims, l: number, e: number, dt: SynthElemType): SynthTensor[];
+  /** Whether layer `l` has routed experts. */
+  isMoe(d: SynthDims, l: number): boolean;
+  /** Fewest layers the size solver tries. */
+  minLayers(d: SynthDims): number;
+}
+
+/** About `q` query heads sharing each kv head among `ratio`, with kv heads dividing q heads. */
+function gqaHeads(q: number, ratio: number): { heads: number; kvHeads: number } {
+  const kvHeads = Math.max(1, Math.round(q / ratio));
+  return { heads: kvHeads * Math.max(1, Math.round(q / kvHeads)), kvHeads };
+}
+
+/** Top-k that keeps at least one eighth of the experts active, up to the real model's k. */
+function defaultTopK(experts: number, baseTopK: number): number {
+  return Math.min(baseTopK, experts, Math.max(2, Math.floor(experts / 8)));
+}
+
+/** The last fields of Qwen3-MoE's and Mixtral's config.json, in their order. */
+function hfConfigTail(dtype: SynthDtype): Record<string, unknown> {
+  return {
+    initializer_range: 0.02,
+    tie_word_embeddings: false,
+    bos_token_id: SYNTH_BOS_ID,
+    eos_token_id: SYNTH_EOS_ID,
+    use_cache: true,
+    torch_dtype: dtype === "bf16" ? "bfloat16" : "float32",
+  };
+}
+
+const QWEN3_MOE: Recipe = {
+  baseHidden: 2048,
+  baseLayers: 48,
+  baseExperts: 128,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 40960,
+  width: (h) => {
+    const headDim = Math.round(clamp(h / 16, 16, 128));
+    return {
+      headDim,
+      ...gqaHeads((2 * h) / headDim, 8),
+      expertInter: (3 * h) / 8,
+      denseInter: 3 * h,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8) }),
+  config: (d, dtype) => ({
+    architectures: ["Qwen3MoeForCausalLM"],
+    model_type: "qwen3_moe",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.denseInter,
+    moe_intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.kvHeads,
+    head_dim: d.headDim,
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rms_norm_eps: 1e-6,
+    rope_theta: 1e6,
+    rope_scaling: null,
+    attention_bias: false,
+    attention_dropout: 0,
+    use_sliding_window: false,
+    sliding_window: null,
+    max_window_layers: d.layers,
+    decoder_sparse_step: 1,
+    mlp_only_layers: [],
+    num_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    norm_topk_prob: true,
+    output_router_logits: false,
+    router_aux_loss_coef: 0.001,
+    ...hfConfigTail(dtype),
+  }),
+  layer: (d, l, dt) => [
+    ...gqaAttention(d, l, dt),
+    norm(`model.layers.${l}.self_attn.q_norm.weight`, d.headDim, dt, l),
+    norm(`model.layers.${l}.self_attn.k_norm.weight`, d.headDim, dt, l),
+    router(`model.layers.${l}.mlp.gate.weight`, d.experts, d.hidden, dt, l),
+  ],
+  expert: (d, l, e, dt) =>
+    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
+  isMoe: () => true,
+  minLayers: () => 2,
+};
+
+const MIXTRAL: Recipe = {
+  baseHidden: 1024,
+  baseLayers: 32,
+  baseExperts: 8,
+  baseTopK: 2,
+  expertStep: 8,
+  maxExperts: 64,
+  maxPositions: 32768,
+  width: (h) => {
+    const headDim = Math.round(clamp(h / 8, 16, 128));
+    return { headDim, ...gqaHeads(h / headDim, 4), expertInter: (7 * h) / 2 };
+  },
+  counts: (d) => ({ topK: Math.min(2, d.experts) }),
+  config: (d, dtype) => ({
+    architectures: ["MixtralForCausalLM"],
+    model_type: "mixtral",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.kvHeads,
+    head_dim: d.headDim,
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rms_norm_eps: 1e-5,
+    rope_theta: 1e6,
+    sliding_window: null,
+    attention_dropout: 0,
+    num_local_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    router_aux_loss_coef: 0.02,
+    router_jitter_noise: 0,
+    output_router_logits: false,
+    ...hfConfigTail(dtype),
+  }),
+  layer: (d, l, dt) => [
+    ...gqaAttention(d, l, dt),
+    router(`model.layers.${l}.block_sparse_moe.gate.weight`, d.experts, d.hidden, dt, l),
+  ],
+  expert: (d, l, e, dt) =>
+    glu(
+      `model.layers.${l}.block_sparse_moe.experts.${e}.`,
+      ["w1", "w3", "w2"],
+      d.expertInter,
+      d.hidden,
+      dt,
+      l,
+    ),
+  isMoe: () => true,
+  minLayers: () => 2,
+};
+
+const DEEPSEEK_V3: Recipe = {
+  baseHidden: 2048,
+  baseLayers: 61,
+  baseExperts: 256,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 163840,
+  width: (h) => {
+    const ropeDim = 2 * Math.round(clamp(h / 64, 4, 32));
+    const expertInter = (3 * h) / 8;
+    return {
+      heads: Math.max(1, h / 128),
+      qLoraRank: (3 * h) / 8,
+      kvLoraRank: Math.min(512, h / 4),
+      ropeDim,
+      nopeDim: 2 * ropeDim,
+      vDim: 2 * ropeDim,
+      expertInter,
+      // DeepSeek-V3: dense 18432 = 9 × expert 2048.
+      denseInter: 9 * expertInter,
+      sharedExperts: 1,
+    };
+  },
+  counts: (d) => {
+    // Groups of at least 4 experts, at most 8 groups, half of them kept (V3: 8 groups, 4 kept).
+    let nGroup = 8;
+    while (nGroup > 1 && (d.experts % nGroup || d.experts / nGroup < 4)) nGroup /= 2;
+    return {
+      topK: defaultTopK(d.experts, 8),
+      // V3 keeps its first 3 of 61 layers dense.
+      firstDense: clamp(Math.round((d.layers * 3) / 61), 1, 3),
+      nGroup,
+      topkGroup: Math.max(1, nGroup / 2),
+    };
+  },
+  config: (d, dtype) => ({
+    architectures: ["DeepseekV3ForCausalLM"],
+    model_type: "deepseek_v3",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.denseInter,
+    moe_intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    first_k_dense_replace: d.firstDense,
+    moe_layer_freq: 1,
+    n_routed_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    n_group: d.nGroup,
+    topk_group: d.topkGroup,
+    n_shared_experts: d.sharedExperts,
+    scoring_func: "sigmoid",
+    topk_method: "noaux_tc",
+    norm_topk_prob: true,
+    routed_scaling_factor: 2.5,
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.heads,
+    q_lora_rank: d.qLoraRank,
+    kv_lora_rank: d.kvLoraRank,
+    qk_nope_head_dim: d.nopeDim,
+    qk_rope_head_dim: d.ropeDim,
+    v_head_dim: d.vDim,
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rope_theta: 10000,
+    rope_scaling: {
+      type: "yarn",
+      factor: 40,
+      original_max_position_embeddings: 4096,
+      beta_fast: 32,
+      beta_slow: 1,
+      mscale: 1,
+      mscale_all_dim: 1,
+    },
+    rms_norm_eps: 1e-6,
+    attention_bias: false,
+    attention_dropout: 0,
+    tie_word_embeddings: false,
+    num_nextn_predict_layers: 0,
+    ep_size: 1,
+    initializer_range: 0.02,
+    bos_token_id: SYNTH_BOS_ID,
+    eos_token_id: SYNTH_EOS_ID,
+    pad_token_id: null,
+    use_cache: true,
+    torch_dtype: dtype === "bf16" ? "bfloat16" : "float32",
+  }),
+  layer: (d, l, dt) => {
+    const p = `model.layers.${l}.`;
+    const out: SynthTensor[] = [
+      norm(p + "input_layernorm.weight", d.hidden, dt, l),
+      norm(p + "post_attention_layernorm.weight", d.hidden, dt, l),
+      linear(p + "self_attn.q_a_proj.weight", d.qLoraRank, d.hidden, dt, l),
+      norm(p + "self_attn.q_a_layernorm.weight", d.qLoraRank, dt, l),
+      linear(
+        p + "self_attn.q_b_proj.weight",
+        d.heads * (d.nopeDim + d.ropeDim),
+        d.qLoraRank,
+        dt,
+        l,
+      ),
+      linear(p + "self_attn.kv_a_proj_with_mqa.weight", d.kvLoraRank + d.ropeDim, d.hidden, dt, l),
+      norm(p + "self_attn.kv_a_layernorm.weight", d.kvLoraRank, dt, l),
+      linear(p + "self_attn.kv_b_proj.weight", d.heads * (d.nopeDim + d.vDim), d.kvLoraRank, dt, l),
+      linear(p + "self_attn.o_proj.weight", d.hidden, d.heads * d.vDim, dt, l),
+    ];
+    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
+    return [
+      ...out,
+      router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
+      {
+        name: p + "mlp.gate.e_score_correction_bias",
+        shape: [d.experts],
+        dtype: "F32",
+        init: { kind: "zeros" },
+        layer: l,
+      },
+      ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
+    ];
+  },
+  expert: (d, l, e, dt) =>
+    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: (d) => d.firstDense + 1,
+};
+
+const RECIPES: Record<SynthArch, Recipe> = {
+  qwen3_moe: QWEN3_MOE,
+  deepseek_v3: DEEPSEEK_V3,
+  mixtral: MIXTRAL,
+};
+
+/** The recipe of `arch`; throws naming the known architectures when there is none. */
+export function recipeOf(arch: string): Recipe {
+  if (!Object.hasOwn(RECIPES, arch)) {
+    throw new Error(`unknown architecture ${arch}; choose one of ${SYNTH_ARCHS.join(", ")}`);
+  }
+  return RECIPES[arch as SynthArch];
+}

@@ -1,0 +1,91 @@
+/**
+ * Types shared by the synthetic checkpoint writer: architectures, dtypes, the sizes of a model
+ * and the description of one tensor, plus the byte arithmetic on tensor descriptions.
+ *
+ * @module
+ */
+
+/** The architectures {@link synthCheckpoint} can write. */
+export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral"] as const;
+
+/** One of {@link SYNTH_ARCHS}. */
+export type SynthArch = typeof SYNTH_ARCHS[number];
+
+/** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
+export type SynthDtype = "bf16" | "f32";
+
+/** A tensor's safetensors dtype. */
+export type SynthElemType = "BF16" | "F32";
+
+/** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
+export interface SynthDims {
+  hidden: number;
+  layers: number;
+  experts: number;
+  topK: number;
+  /** Rows of one routed expert's gate/up. */
+  expertInter: number;
+  /** Rows of a dense MLP's gate/up (DeepSeek's first layers; written to Qwen3's config only). */
+  denseInter: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  vocab: number;
+  maxPositions: number;
+  qLoraRank: number;
+  kvLoraRank: number;
+  ropeDim: number;
+  nopeDim: number;
+  vDim: number;
+  /** DeepSeek: number of leading dense layers. */
+  firstDense: number;
+  nGroup: number;
+  topkGroup: number;
+  sharedExperts: number;
+}
+
+/** Sizes fixed by the caller; the solver chooses the rest. */
+export type SynthOverrides = Partial<SynthDims>;
+
+/** How one tensor's values are drawn. */
+export type SynthInit =
+  | { kind: "normal"; mean: number; std: number }
+  /** A router: normal rows with std 1/sqrt(hidden), each times its row scale. */
+  | { kind: "router" }
+  | { kind: "zeros" };
+
+/** One tensor of the checkpoint. */
+export interface SynthTensor {
+  name: string;
+  shape: number[];
+  dtype: SynthElemType;
+  init: SynthInit;
+  /** Layer it belongs to, or -1 for the embedding, final norm and lm_head. */
+  layer: number;
+}
+
+/** What {@link synthShape} chose. */
+export interface SynthShape {
+  arch: SynthArch;
+  dims: SynthDims;
+  /** The Hugging Face config.json. */
+  config: Record<string, unknown>;
+  /** Bytes of tensor data (safetensors headers excluded). */
+  dataBytes: number;
+}
+
+/** The safetensors dtype of a {@link SynthDtype}; throws on anything else. */
+export function dtypeName(dtype: SynthDtype): SynthElemType {
+  if (dtype !== "bf16" && dtype !== "f32") {
+    throw new Error(`--dtype must be bf16 or f32, got ${dtype}`);
+  }
+  return dtype === "bf16" ? "BF16" : "F32";
+}
+
+/** Bytes of one tensor's data. */
+export function tensorBytes(t: SynthTensor): number {
+  return t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "BF16" ? 2 : 4);
+}
+
+/** Bytes of the data of all of `ts`. */
+export const sumBytes = (ts: SynthTensor[]): number => ts.reduce((n, t) => n + tensorBytes(t), 0);
