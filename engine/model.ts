@@ -252,11 +252,23 @@ export class Model {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    this.observers.close();
-    this.trunk.drain();
-    this.experts?.drain();
-    this.reader.close();
-    this.pool.close();
+    // Every part is closed even when one fails (a failed read must not leave threads running).
+    let failure: unknown;
+    const steps = [
+      () => this.observers.close(),
+      () => this.trunk.abandon(),
+      () => this.experts?.abandon(),
+      () => this.reader.close(),
+      () => this.pool.close(),
+    ];
+    for (const step of steps) {
+      try {
+        step();
+      } catch (e) {
+        failure ??= e;
+      }
+    }
+    if (failure) throw failure;
   }
 }
 

@@ -334,8 +334,15 @@ export class ExpertCache {
     this.#epoch[slot] = this.#currentEpoch();
     this.#pins[slot] = 0;
     this.#prefetched[slot] = prefetched ? 1 : 0;
-    this.#lastUse[slot] = ++this.#clock;
-    this.#pushTail(slot);
+    if (prefetched) {
+      // An unused guess is the first to go: it enters as the least recently used record, so it
+      // never displaces a record that real tokens have used. Its first demand use moves it.
+      this.#lastUse[slot] = -++this.#clock;
+      this.#pushHead(slot);
+    } else {
+      this.#lastUse[slot] = ++this.#clock;
+      this.#pushTail(slot);
+    }
   }
 
   /** A free slot, or the slot of an evicted victim, or null when everything is pinned. */
@@ -417,6 +424,14 @@ export class ExpertCache {
     if (this.#tail === NONE) this.#head = slot;
     else this.#next[this.#tail] = slot;
     this.#tail = slot;
+  }
+
+  #pushHead(slot: number): void {
+    this.#next[slot] = this.#head;
+    this.#prev[slot] = NONE;
+    if (this.#head === NONE) this.#tail = slot;
+    else this.#prev[this.#head] = slot;
+    this.#head = slot;
   }
 
   #unlink(slot: number): void {

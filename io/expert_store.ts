@@ -271,8 +271,20 @@ export class ExpertStore implements ExpertSource {
     });
   }
 
-  /** Waits for every read in flight (before the reader closes). */
+  /** Waits for every read in flight and checks what landed. */
   drain(): void {
     for (const key of [...this.#inflight.keys()]) this.#land(key);
+  }
+
+  /** Waits for every read in flight, ignoring errors and records: the store is closing. */
+  abandon(): void {
+    for (const f of this.#inflight.values()) {
+      try {
+        this.#reader.wait(f.ticket);
+      } catch {
+        // The read failed, but nobody will use this record.
+      }
+    }
+    this.#inflight.clear();
   }
 }

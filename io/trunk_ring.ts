@@ -149,11 +149,18 @@ export class TrunkRing implements TrunkSource {
     Object.assign(this.stats, { hits: 0, reads: 0, readahead: 0, bytes: 0, waitMs: 0 });
   }
 
-  /** Waits for reads still in flight (before the reader closes). */
-  drain(): void {
+  /** Waits for reads still in flight, ignoring their errors: the ring is closing. */
+  abandon(): void {
     for (const s of this.#slots) {
-      for (const t of s.tickets) this.#reader.wait(t);
+      for (const t of s.tickets) {
+        try {
+          this.#reader.wait(t);
+        } catch {
+          // The read failed, but nobody will use this slot again.
+        }
+      }
       s.tickets = [];
+      s.layer = -1;
     }
   }
 }

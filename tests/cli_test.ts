@@ -3,8 +3,8 @@
  * one clear line with exit code 1 (no stack trace), and --help documents the options.
  */
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
-import { fixtureDir, packedFixture } from "./fixtures.ts";
+import { cpSync, readFileSync, writeFileSync } from "node:fs";
+import { fixtureDir, packedFixture, tempDir } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 
@@ -86,4 +86,33 @@ Deno.test("--help documents the options", async () => {
   assert.equal(plan.code, 0, plan.stderr);
   assert.match(plan.stdout, /trunk\s+\d+\/5 layers pinned/);
   assert.match(plan.stdout, /floor/);
+});
+
+Deno.test("--verify stops at a corrupted expert record with a non-zero exit", async () => {
+  const src = await packedFixture("stories260k-moe64");
+  const path = `${tempDir()}/corrupt-cli.sluice`;
+  cpSync(src, path, { recursive: true });
+  const manifest = JSON.parse(readFileSync(`${path}/manifest.json`, "utf8"));
+  const stride = manifest.experts[3].stride;
+  const bank = `${path}/experts-L3.bin`;
+  const bytes = readFileSync(bank);
+  for (let e = 0; e < 64; e++) bytes[e * stride + 4000] ^= 0x5a;
+  writeFileSync(bank, bytes);
+  const r = await sluice(
+    "generate",
+    "--model",
+    path,
+    "--prompt",
+    "Once upon a time",
+    "-n",
+    "20",
+    "--verify",
+    "--expert-slots",
+    "8",
+  );
+  assert.equal(r.code, 1);
+  assert.match(
+    r.stderr,
+    /expert \d+ of layer 3: checksum mismatch \(.*experts-L3\.bin offset \d+\)/,
+  );
 });
