@@ -5,11 +5,11 @@
 #define TILE_R 2
 #endif
 #ifndef TILE_C
-#define TILE_C 6
+#define TILE_C 5
 #endif
 
 #define LO4_F32(p) wasm_v128_load(p)
-#define LO4_BF16(p) wasm_i32x4_shl(wasm_u32x4_load16x4(p), 16)
+#define LO4_BF16(p) bf16_lo_f32x4(wasm_v128_load64_zero(p))
 
 #define DEFINE_TILE(SUF, T, LO4, TAIL, C)                                                \
   static inline void tile_##SUF(const T *w, size_t stride, const float *x, int n, \
