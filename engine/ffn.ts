@@ -17,6 +17,11 @@ import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
 
 /** The FFN of every layer of one model, with its scratch buffers. */
 export class FeedForward {
+  /**
+   * Called once per MoE layer right after its experts were handed to the expert source (so their
+   * reads are queued first), before any expert computes: the lookahead's moment.
+   */
+  readonly routedHooks: ((layer: number, routes: Route[], h: number, nb: number) => void)[] = [];
   #ops: Ops;
   #cfg: ModelConfig;
   #experts: ExpertSource;
@@ -156,6 +161,7 @@ export class FeedForward {
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
       this.#experts.hint(layer, ids);
+      if (g0 === 0) { for (const hook of this.routedHooks) hook(layer, routes, h, nb); }
       for (const e of ids) {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);

@@ -1,8 +1,9 @@
 /**
- * Router lookahead: after layer L's experts are done, layer L+1's router applied to L's MoE input
- * predicts L+1's experts, and the top N predictions are read speculatively while L+1's attention
- * computes. The expert store only issues them while no demand read is queued, so a disk-bound
- * run never waits behind a guess. Recall of the real top-k is kept for the stats.
+ * Router lookahead: as soon as layer L's experts are chosen (their reads already queued), layer
+ * L+1's router applied to L's MoE input predicts L+1's experts, and the top N predictions are read
+ * speculatively while L's experts and L+1's attention compute. The reads go in the shim's lowest
+ * priority class, so they only use disk time no demand read wants. Recall of the real top-k is
+ * kept for the stats.
  *
  * @module
  */

@@ -219,9 +219,13 @@ export class Model {
         (experts?.stats.bytesRead ?? 0);
       trunk.resetStats();
       experts?.resetStats();
-      transformer.moeObservers.push((l, routes, h, nb, pos) =>
-        observers.observe(l, routes, h, nb, pos)
+      transformer.moeObservers.push((l, routes, _h, nb, pos) =>
+        observers.observe(l, routes, nb, pos)
       );
+      const lookahead = observers.lookahead;
+      if (lookahead) {
+        transformer.routedHooks.push((l, routes, h, nb) => lookahead.observe(l, routes, h, nb));
+      }
       return new Model({
         container,
         plan,

@@ -25,8 +25,8 @@ export class RunObservers {
     this.#counts = opts.learn ? new Map() : null;
   }
 
-  /** Records one MoE layer's routes for tokens at positions pos.., then runs the lookahead. */
-  observe(layer: number, routes: Route[], h: number, nb: number, pos: number): void {
+  /** Records one MoE layer's routes for tokens at positions pos... */
+  observe(layer: number, routes: Route[], nb: number, pos: number): void {
     routes.forEach((r, b) => {
       this.#trace?.write(pos + b, layer, r.ids);
       if (this.#counts) {
@@ -36,7 +36,6 @@ export class RunObservers {
         }
       }
     });
-    this.lookahead?.observe(layer, routes, h, nb);
   }
 
   /** Finishes the trace file and merges the learned counts into the hot list. */

@@ -74,6 +74,11 @@ export class Transformer {
     this.#logits = p.arena.alloc("logits", p.maxBatch * p.cfg.vocabSize * 4);
   }
 
+  /** Hooks run when a MoE layer's experts are chosen, before they compute (the lookahead). */
+  get routedHooks(): ((layer: number, routes: Route[], h: number, nb: number) => void)[] {
+    return this.#ffn.routedHooks;
+  }
+
   /** Most tokens one call may take. */
   get maxBatch(): number {
     return this.#p.maxBatch;

@@ -213,13 +213,14 @@ export class ExpertStore implements ExpertSource {
   }
 
   /**
-   * Speculatively reads experts predicted for `layer`, only while no demand read is in flight,
-   * so a disk-bound run never waits behind a guess. Returns how many reads started.
+   * Speculatively reads experts predicted for `layer`. The reads go in the lowest priority class,
+   * so the shim starts them only when no demand or read-ahead read is queued: a guess uses disk
+   * time that would otherwise idle. Returns how many reads started.
    */
   speculate(layer: number, ids: readonly number[], max: number): number {
     let started = 0;
     for (const expert of ids) {
-      if (started >= max || this.#demandInFlight() > 0 || this.#misses.size > 0) break;
+      if (started >= max) break;
       const key = this.#key(layer, expert);
       if (this.cache.has(key) || this.#inflight.has(key)) continue;
       const got = this.cache.prefetch(key);

@@ -1,76 +1,100 @@
-/* EXPERIMENT */
+/*
+ * Batched matrix products Y[b*rows + r] = sum_c W[r*cols + c] * X[b*cols + c] for b < nb, rows
+ * r in [r0, r1). Column b must equal gemv(W, X + b*cols) bit for bit (chunked prefill relies on
+ * it), so every (row, column) sum is formed exactly as the row dots of dot.h form it.
+ *
+ * Speed comes from register tiles of 2 rows x C columns: each weight vector is loaded (and, for
+ * bf16, decoded) once per tile and each activation vector once per tile, because Deno
+ * bounds-checks every wasm load. The dot.h order keeps two accumulators per (row, column): a takes
+ * the first half of every group of 8 columns and the group of 4 left after them, b the second
+ * halves and the zero-padded 1-3 column tail; the result is hsum(a + b). The a and b chains never
+ * mix before that final add, so a tile runs them as two passes over the row, and only C*2
+ * accumulators are live in the loop (x86 wasm SIMD has 16 xmm registers).
+ */
 #include "dot.h"
 
-#ifndef TILE_R
-#define TILE_R 2
-#endif
-#ifndef TILE_C
-#define TILE_C 5
-#endif
-
-#define LO4_F32(p) wasm_v128_load(p)
-#define LO4_BF16(p) bf16_lo_f32x4(wasm_v128_load64_zero(p))
-
-#define DEFINE_TILE(SUF, T, LO4, TAIL, C)                                                \
-  static inline void tile_##SUF(const T *w, size_t stride, const float *x, int n, \
-                                       float *y, size_t rows) {                          \
-    v128_t a[TILE_R][C], b[TILE_R][C], xv[C];                                                      \
-    for (int i = 0; i < TILE_R; i++)                                                          \
-      for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);            \
-    int c = 0;                                                                           \
-    for (; c + 8 <= n; c += 8) {                                                         \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);         \
-      for (int i = 0; i < TILE_R; i++) {                                                      \
-        v128_t wv = LO4(w + i * stride + c);                                             \
-        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                  \
-      }                                                                                  \
-    }                                                                                    \
-    if (c + 4 <= n) {                                                                    \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);         \
-      for (int i = 0; i < TILE_R; i++) {                                                      \
-        v128_t wv = LO4(w + i * stride + c);                                             \
-        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                  \
-      }                                                                                  \
-    }                                                                                    \
-    for (c = 0; c + 8 <= n; c += 8) {                                                    \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c + 4);     \
-      for (int i = 0; i < TILE_R; i++) {                                                      \
-        v128_t wv = LO4(w + i * stride + c + 4);                                         \
-        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                  \
-      }                                                                                  \
-    }                                                                                    \
-    c = n & ~3;                                                                          \
-    if (c < n) {                                                                         \
-      int m = n - c;                                                                     \
-      for (int j = 0; j < C; j++) xv[j] = load_tail_f32(x + j * (size_t)n + c, m);       \
-      for (int i = 0; i < TILE_R; i++) {                                                      \
-        v128_t wv = TAIL(w + i * stride + c, m);                                         \
-        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                  \
-      }                                                                                  \
-    }                                                                                    \
-    for (int j = 0; j < C; j++)                                                          \
-      for (int i = 0; i < TILE_R; i++)                                                        \
-        y[j * rows + i] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j]));                  \
+/*
+ * Rows w and w + stride against columns x + j*n (j < C), the sums written to y[j*ystride + i].
+ * GRP4 loads 4 weights as f32 lanes, TAIL the last 1-3 zero padded (the dot.h loaders).
+ */
+#define DEFINE_TILE(SUF, T, GRP4, TAIL, C)                                                 \
+  static inline void tile2x##C##_##SUF(const T *w, size_t stride, const float *x, int n,  \
+                                       float *y, size_t ystride) {                         \
+    v128_t a[2][C], b[2][C];                                                               \
+    for (int i = 0; i < 2; i++)                                                            \
+      for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);              \
+    /* Pass a: columns [c, c+4) of each group of 8, then a last group of 4. */             \
+    int c = 0;                                                                             \
+    for (; c + 4 <= n; c += 8) {                                                           \
+      v128_t w0 = GRP4(w + c), w1 = GRP4(w + stride + c);                                  \
+      for (int j = 0; j < C; j++) {                                                        \
+        v128_t xv = wasm_v128_load(x + j * (size_t)n + c);                                 \
+        a[0][j] = MADD(w0, xv, a[0][j]);                                                   \
+        a[1][j] = MADD(w1, xv, a[1][j]);                                                   \
+      }                                                                                    \
+    }                                                                                      \
+    /* Pass b: columns [c+4, c+8) of each group of 8, then the 1-3 column tail. */         \
+    for (c = 4; c + 4 <= n; c += 8) {                                                      \
+      v128_t w0 = GRP4(w + c), w1 = GRP4(w + stride + c);                                  \
+      for (int j = 0; j < C; j++) {                                                        \
+        v128_t xv = wasm_v128_load(x + j * (size_t)n + c);                                 \
+        b[0][j] = MADD(w0, xv, b[0][j]);                                                   \
+        b[1][j] = MADD(w1, xv, b[1][j]);                                                   \
+      }                                                                                    \
+    }                                                                                      \
+    c = n & ~3;                                                                            \
+    if (c < n) {                                                                           \
+      int m = n - c;                                                                       \
+      v128_t w0 = TAIL(w + c, m), w1 = TAIL(w + stride + c, m);                            \
+      for (int j = 0; j < C; j++) {                                                        \
+        v128_t xv = load_tail_f32(x + j * (size_t)n + c, m);                               \
+        b[0][j] = MADD(w0, xv, b[0][j]);                                                   \
+        b[1][j] = MADD(w1, xv, b[1][j]);                                                   \
+      }                                                                                    \
+    }                                                                                      \
+    for (int j = 0; j < C; j++)                                                            \
+      for (int i = 0; i < 2; i++)                                                          \
+        y[j * ystride + i] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j]));                 \
   }
 
-#define CAT_(a, b, c) a##b##c
-#define TILE(C, SUF) CAT_(tile4x, C, _##SUF)
+#define DEFINE_TILES(SUF, T, GRP4, TAIL)  \
+  DEFINE_TILE(SUF, T, GRP4, TAIL, 2)      \
+  DEFINE_TILE(SUF, T, GRP4, TAIL, 3)      \
+  DEFINE_TILE(SUF, T, GRP4, TAIL, 4)      \
+  DEFINE_TILE(SUF, T, GRP4, TAIL, 5)      \
+  DEFINE_TILE(SUF, T, GRP4, TAIL, 6)
 
-#define DEFINE_GEMM(NAME, SUF, T, LO4, TAIL)                                            \
-  DEFINE_TILE(SUF, T, LO4, TAIL, TILE_C)                                                \
+/* The rows r, r+1 of w's 4-row block (then r+2, r+3) against C columns starting at column b. */
+#define TILE_PAIR(SUF, C)                                                                 \
+  do {                                                                                    \
+    tile2x##C##_##SUF(w, cols, x, cols, y, rows);                                         \
+    tile2x##C##_##SUF(w + 2 * (size_t)cols, cols, x, cols, y + 2, rows);                  \
+  } while (0)
+
+#define DEFINE_GEMM(NAME, SUF, T)                                                       \
   KEXPORT(#NAME)                                                                        \
   void NAME(const T *W, const float *X, float *Y, int rows, int cols, int nb, int r0,   \
             int r1) {                                                                   \
     if (r1 > rows) r1 = rows;                                                           \
     int r = r0 < 0 ? 0 : r0;                                                            \
-    for (; r + TILE_R <= r1; r += TILE_R) {                                                       \
+    for (; r + 4 <= r1; r += 4) {                                                       \
       const T *w = W + (size_t)r * cols;                                                \
       int b = 0;                                                                        \
-      for (; b + TILE_C <= nb; b += TILE_C)                                             \
-        tile_##SUF(w, cols, X + (size_t)b * cols, cols, Y + (size_t)b * rows + r, rows); \
-      for (; b < nb; b++)                                                               \
-        for (int i = 0; i < TILE_R; i++)                                                \
-          Y[(size_t)b * rows + r + i] = dot1_##SUF(w + (size_t)i * cols, X + (size_t)b * cols, cols); \
+      for (; b + 6 <= nb; b += 6) {                                     \
+        const float *x = X + (size_t)b * cols;                                          \
+        float *y = Y + (size_t)b * rows + r;                                            \
+        TILE_PAIR(SUF, 6);                                                              \
+      }                                                                                 \
+      const float *x = X + (size_t)b * cols;                                            \
+      float *y = Y + (size_t)b * rows + r;                                              \
+      switch (nb - b) {                                                                 \
+        case 5: TILE_PAIR(SUF, 5); break;                                               \
+        case 4: TILE_PAIR(SUF, 4); break;                                               \
+        case 3: TILE_PAIR(SUF, 3); break;                                               \
+        case 2: TILE_PAIR(SUF, 2); break;                                               \
+        case 1: dot4_##SUF(w, cols, x, cols, y); break;                                 \
+        default: break;                                                                 \
+      }                                                                                 \
     }                                                                                   \
     for (; r < r1; r++) {                                                               \
       const T *w = W + (size_t)r * cols;                                                \
@@ -79,5 +103,7 @@
     }                                                                                   \
   }
 
-DEFINE_GEMM(gemm_f32, f32, float, LO4_F32, load_tail_f32)
-DEFINE_GEMM(gemm_bf16, bf16, uint16_t, LO4_BF16, load_tail_bf16)
+DEFINE_TILES(f32, float, GRP4_F32, load_tail_f32)
+DEFINE_TILES(bf16, uint16_t, GRP4_BF16, load_tail_bf16)
+DEFINE_GEMM(gemm_f32, f32, float)
+DEFINE_GEMM(gemm_bf16, bf16, uint16_t)
