@@ -973,9 +973,26 @@ function buildManifest(
   };
 }
 
-const USAGE = "usage: deno task pack <hf-dir> <out>.sluice [--convert f32|bf16] " +
-  "[--experts mxfp4|int4|vq3r|int8|fp8|bf16|f32] [--trunk int8] [--vq3r-sample N] " +
-  "[--vq3r-iterations N] [--vq3r-experts N] [--force]";
+const USAGE = `sluice pack — turn a Hugging Face safetensors checkpoint into a .sluice container
+
+Usage: deno task pack <hf-dir> <out>.sluice [options]
+
+Reads single-file or sharded checkpoints (F32, F16, BF16, FP8 E4M3 with 128×128 block scales,
+Kimi-style INT4) of model_type llama, mixtral, qwen3_moe, deepseek_v3 / kimi_k2. Writes into
+<out>.sluice.tmp and renames at the end; an interrupted pack resumes layer by layer on rerun.
+
+Options:
+  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+                        (default: as shipped); matrices a format cannot hold keep their dtype
+  --trunk int8          per-row int8 for the layers' attention/dense matrices
+  --convert f32|bf16    dequantise / convert every weight matrix
+  --vq3r-sample N       vectors sampled to train each VQ3R codebook
+  --vq3r-iterations N   k-means iterations per VQ3R stage
+  --vq3r-experts N      experts per layer whose rows train the VQ3R codebooks
+  --force               replace an existing output
+  -h, --help            this text
+
+docs/FORMAT.md describes the container.`;
 
 async function main(args: string[]): Promise<number> {
   let parsed;
@@ -991,7 +1008,7 @@ async function main(args: string[]): Promise<number> {
         "vq3r-iterations": { type: "string" },
         "vq3r-experts": { type: "string" },
         force: { type: "boolean" },
-        help: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
       },
     });
   } catch (e) {
