@@ -55,7 +55,7 @@ void attention_f32(const float *q, const float *kcache, const float *vcache, flo
     const float *k = kcache + (size_t)g * head_dim;
     float *s = scores + (size_t)h * T;
     int t = 0;
-    for (; t + 4 <= T; t += 4) dot4_f32(k + (size_t)t * k_stride, k_stride, qh, head_dim, s + t);
+    for (; t + 4 <= T; t += 4) dot4_f32(k + (size_t)t * k_stride, k_stride, qh, head_dim, s + t, 1);
     for (; t < T; t++) s[t] = dot1_f32(k + (size_t)t * k_stride, qh, head_dim);
     for (t = 0; t < T; t++) s[t] *= scale;
     softmax_inplace(s, T);

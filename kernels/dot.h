@@ -48,9 +48,10 @@
     if (c < n) b = MADD(TAIL(w + c, n - c), load_tail_f32(x + c, n - c), b);            \
     return hsum_f32x4(wasm_f32x4_add(a, b));                                            \
   }                                                                                     \
-  /* Rows w, w + stride, w + 2*stride, w + 3*stride; dots written to dst[0..3]. */      \
+  /* Rows w, w + stride, w + 2*stride, w + 3*stride; dots written to dst[0], dst[ds],    \
+   * dst[2*ds], dst[3*ds]. */                                                           \
   static inline void dot4_##SUF(const T *w, size_t stride, const float *x, int n,      \
-                                float *dst) {                                           \
+                                float *dst, size_t ds) {                                \
     const T *w0 = w, *w1 = w + stride, *w2 = w + 2 * stride, *w3 = w + 3 * stride;      \
     v128_t a0 = wasm_f32x4_splat(0.0f), b0 = a0, a1 = a0, b1 = a0;                      \
     v128_t a2 = a0, b2 = a0, a3 = a0, b3 = a0;                                          \
@@ -87,9 +88,9 @@
       b3 = MADD(TAIL(w3 + c, m), xv, b3);                                               \
     }                                                                                   \
     dst[0] = hsum_f32x4(wasm_f32x4_add(a0, b0));                                        \
-    dst[1] = hsum_f32x4(wasm_f32x4_add(a1, b1));                                        \
-    dst[2] = hsum_f32x4(wasm_f32x4_add(a2, b2));                                        \
-    dst[3] = hsum_f32x4(wasm_f32x4_add(a3, b3));                                        \
+    dst[ds] = hsum_f32x4(wasm_f32x4_add(a1, b1));                                       \
+    dst[2 * ds] = hsum_f32x4(wasm_f32x4_add(a2, b2));                                   \
+    dst[3 * ds] = hsum_f32x4(wasm_f32x4_add(a3, b3));                                   \
   }
 
 DEFINE_ROW_DOTS(f32, float, GRP8_F32, GRP4_F32, load_tail_f32)

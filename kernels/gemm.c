@@ -9,47 +9,55 @@
  * the first half of every group of 8 columns and the group of 4 left after them, b the second
  * halves and the zero-padded 1-3 column tail; the result is hsum(a + b). The a and b chains never
  * mix before that final add, so a tile runs them as two passes over the row, and only C*2
- * accumulators are live in the loop (x86 wasm SIMD has 16 xmm registers).
+ * accumulators are live in the loop. A 2 x 6 tile then holds 12 accumulators, 2 weight vectors
+ * and 1 activation vector: 15 of the 16 xmm registers V8 has for wasm SIMD on x86, so nothing
+ * spills. Fewer than 3 columns go through the gemv row dot itself.
  */
 #include "dot.h"
 
 /*
  * Rows w and w + stride against columns x + j*n (j < C), the sums written to y[j*ystride + i].
  * GRP4 loads 4 weights as f32 lanes, TAIL the last 1-3 zero padded (the dot.h loaders).
+ * Inlined: as a separate function clang-19 hoists all C activation loads of an f32 step ahead
+ * of their multiply-adds, which needs C more registers and made V8 spill (no gain at all).
  */
 #define DEFINE_TILE(SUF, T, GRP4, TAIL, C)                                                 \
-  static inline void tile2x##C##_##SUF(const T *w, size_t stride, const float *x, int n,  \
-                                       float *y, size_t ystride) {                         \
-    v128_t a[2][C], b[2][C];                                                               \
+  static inline __attribute__((always_inline)) void tile2x##C##_##SUF(                     \
+      const T *w, size_t stride, const float *x, int n, float *y, size_t ystride) {        \
+    v128_t a[2][C], b[2][C], xv[C];                                                        \
     for (int i = 0; i < 2; i++)                                                            \
       for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);              \
     /* Pass a: columns [c, c+4) of each group of 8, then a last group of 4. */             \
     int c = 0;                                                                             \
-    for (; c + 4 <= n; c += 8) {                                                           \
-      v128_t w0 = GRP4(w + c), w1 = GRP4(w + stride + c);                                  \
-      for (int j = 0; j < C; j++) {                                                        \
-        v128_t xv = wasm_v128_load(x + j * (size_t)n + c);                                 \
-        a[0][j] = MADD(w0, xv, a[0][j]);                                                   \
-        a[1][j] = MADD(w1, xv, a[1][j]);                                                   \
+    for (; c + 8 <= n; c += 8) {                                                           \
+      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);           \
+      for (int i = 0; i < 2; i++) {                                                        \
+        v128_t wv = GRP4(w + i * stride + c);                                              \
+        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                    \
+      }                                                                                    \
+    }                                                                                      \
+    if (c + 4 <= n) {                                                                      \
+      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);           \
+      for (int i = 0; i < 2; i++) {                                                        \
+        v128_t wv = GRP4(w + i * stride + c);                                              \
+        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                    \
       }                                                                                    \
     }                                                                                      \
     /* Pass b: columns [c+4, c+8) of each group of 8, then the 1-3 column tail. */         \
-    for (c = 4; c + 4 <= n; c += 8) {                                                      \
-      v128_t w0 = GRP4(w + c), w1 = GRP4(w + stride + c);                                  \
-      for (int j = 0; j < C; j++) {                                                        \
-        v128_t xv = wasm_v128_load(x + j * (size_t)n + c);                                 \
-        b[0][j] = MADD(w0, xv, b[0][j]);                                                   \
-        b[1][j] = MADD(w1, xv, b[1][j]);                                                   \
+    for (c = 0; c + 8 <= n; c += 8) {                                                      \
+      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c + 4);       \
+      for (int i = 0; i < 2; i++) {                                                        \
+        v128_t wv = GRP4(w + i * stride + c + 4);                                          \
+        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                    \
       }                                                                                    \
     }                                                                                      \
     c = n & ~3;                                                                            \
     if (c < n) {                                                                           \
       int m = n - c;                                                                       \
-      v128_t w0 = TAIL(w + c, m), w1 = TAIL(w + stride + c, m);                            \
-      for (int j = 0; j < C; j++) {                                                        \
-        v128_t xv = load_tail_f32(x + j * (size_t)n + c, m);                               \
-        b[0][j] = MADD(w0, xv, b[0][j]);                                                   \
-        b[1][j] = MADD(w1, xv, b[1][j]);                                                   \
+      for (int j = 0; j < C; j++) xv[j] = load_tail_f32(x + j * (size_t)n + c, m);         \
+      for (int i = 0; i < 2; i++) {                                                        \
+        v128_t wv = TAIL(w + i * stride + c, m);                                           \
+        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                    \
       }                                                                                    \
     }                                                                                      \
     for (int j = 0; j < C; j++)                                                            \
@@ -58,13 +66,12 @@
   }
 
 #define DEFINE_TILES(SUF, T, GRP4, TAIL)  \
-  DEFINE_TILE(SUF, T, GRP4, TAIL, 2)      \
   DEFINE_TILE(SUF, T, GRP4, TAIL, 3)      \
   DEFINE_TILE(SUF, T, GRP4, TAIL, 4)      \
   DEFINE_TILE(SUF, T, GRP4, TAIL, 5)      \
   DEFINE_TILE(SUF, T, GRP4, TAIL, 6)
 
-/* The rows r, r+1 of w's 4-row block (then r+2, r+3) against C columns starting at column b. */
+/* Rows 0-1, then 2-3 of the 4-row block at w against the C columns at x, written to y. */
 #define TILE_PAIR(SUF, C)                                                                 \
   do {                                                                                    \
     tile2x##C##_##SUF(w, cols, x, cols, y, rows);                                         \
@@ -80,7 +87,7 @@
     for (; r + 4 <= r1; r += 4) {                                                       \
       const T *w = W + (size_t)r * cols;                                                \
       int b = 0;                                                                        \
-      for (; b + 6 <= nb; b += 6) {                                     \
+      for (; b + 6 <= nb; b += 6) {                                                     \
         const float *x = X + (size_t)b * cols;                                          \
         float *y = Y + (size_t)b * rows + r;                                            \
         TILE_PAIR(SUF, 6);                                                              \
@@ -91,9 +98,9 @@
         case 5: TILE_PAIR(SUF, 5); break;                                               \
         case 4: TILE_PAIR(SUF, 4); break;                                               \
         case 3: TILE_PAIR(SUF, 3); break;                                               \
-        case 2: TILE_PAIR(SUF, 2); break;                                               \
-        case 1: dot4_##SUF(w, cols, x, cols, y); break;                                 \
-        default: break;                                                                 \
+        default: /* 0-2 columns: the gemv row dot is as fast when weights stream. */    \
+          for (; b < nb; b++, x += cols, y += rows) dot4_##SUF(w, cols, x, cols, y, 1);    \
+          break;                                                                        \
       }                                                                                 \
     }                                                                                   \
     for (; r < r1; r++) {                                                               \
