@@ -58,7 +58,13 @@ export async function runBench(args: string[]): Promise<number> {
     console.error(usage());
     return 2;
   }
-  await (await entry.load()).main(rest);
+  try {
+    await (await entry.load()).main(rest);
+  } catch (e) {
+    if (Deno.env.get("SLUICE_DEBUG")) console.error(e);
+    console.error(`bench ${name}: ${e instanceof Error ? e.message : String(e)}`);
+    return 1;
+  }
   return 0;
 }
 
