@@ -57,6 +57,7 @@ typedef struct sio_queue {
   int fifo_head[SIO_CLASSES];
   int fifo_len[SIO_CLASSES];
   int queued; /* sum of fifo_len */
+  int urgent_running; /* reads of the classes above the last one being served right now */
   int64_t next_seq;
   struct sio_queue *next_live; /* registry for the unload destructor */
 } sio_queue;
@@ -130,10 +131,19 @@ static void *reader_main(void *arg) {
   sio_queue *q = (sio_queue *)arg;
   pthread_mutex_lock(&q->mu);
   for (;;) {
-    while (!q->stop && q->queued == 0) pthread_cond_wait(&q->work, &q->mu);
-    if (q->queued == 0) break; /* stop requested and nothing left to serve */
-    int c = 0;
-    while (q->fifo_len[c] == 0) c++;
+    /* A speculative read (the last class) starts only when no more urgent read is queued or
+     * running, so a guess never shares the disk with a read the engine waits for. */
+    int c = -1;
+    for (;;) {
+      c = 0;
+      while (c < SIO_CLASSES && q->fifo_len[c] == 0) c++;
+      if (c < SIO_CLASSES - 1 || (c == SIO_CLASSES - 1 && q->urgent_running == 0)) break;
+      if (q->stop && q->queued == 0) break;
+      if (q->stop && c == SIO_CLASSES - 1) break;
+      pthread_cond_wait(&q->work, &q->mu);
+    }
+    if (c == SIO_CLASSES) break; /* stop requested and nothing left to serve */
+    if (c < SIO_CLASSES - 1) q->urgent_running++;
     int i = q->fifo[c][q->fifo_head[c]];
     q->fifo_head[c] = (q->fifo_head[c] + 1) % q->capacity;
     q->fifo_len[c]--;
@@ -149,6 +159,9 @@ static void *reader_main(void *arg) {
     pthread_mutex_lock(&q->mu);
     s->result = r;
     s->state = SLOT_DONE;
+    if (c < SIO_CLASSES - 1 && --q->urgent_running == 0 && q->fifo_len[SIO_CLASSES - 1] > 0) {
+      pthread_cond_broadcast(&q->work);
+    }
     pthread_cond_broadcast(&q->done);
   }
   pthread_mutex_unlock(&q->mu);
