@@ -114,25 +114,41 @@ static inline v128_t load_tail_i32(const int32_t *p, int n) {
                           wasm_f32x4_splat(FINAL));                                       \
   }
 
-/* matvec NAME(W, S, xq, y, rows, cols, r0, r1) over a DEFINE_Q4_DOT4 format; per row cols/2
- * weight bytes and cols/32 scales of type ST. */
+/* Lanes 0..3 of v to y[0], y[ds], y[2*ds], y[3*ds]: the results of one step's four rows. */
+static inline void store_lanes_strided(float *y, size_t ds, v128_t v) {
+  y[0] = wasm_f32x4_extract_lane(v, 0);
+  y[ds] = wasm_f32x4_extract_lane(v, 1);
+  y[2 * ds] = wasm_f32x4_extract_lane(v, 2);
+  y[3 * ds] = wasm_f32x4_extract_lane(v, 3);
+}
+
+/*
+ * matvec NAME(W, S, xq, y, rows, cols, r0, r1) over a DEFINE_Q4_DOT4 format; per row cols/2
+ * weight bytes and cols/32 scales of type ST. A step's four rows come from the four quarters of
+ * [r0, r1) (rows r+i, r+q+i, r+2q+i, r+3q+i), the last (r1-r0)%4 rows go one at a time: as in
+ * gemv.c, neighbouring short rows would share 4 KiB pages and defeat the hardware prefetcher.
+ */
 #define DEFINE_Q4_MATVEC(NAME, SUF, ST)                                                   \
   KEXPORT(#NAME)                                                                          \
   void NAME(const uint8_t *W, const ST *S, const int8_t *xq, float *y, int rows, int cols, \
             int r0, int r1) {                                                             \
     if (r1 > rows) r1 = rows;                                                             \
     int r = r0 < 0 ? 0 : r0;                                                              \
+    if (r >= r1) return;                                                                  \
+    int q = (r1 - r) / 4;                                                                 \
     size_t wb = (size_t)cols / 2, sb = (size_t)cols / 32;                                 \
-    for (; r + 4 <= r1; r += 4) {                                                         \
-      const uint8_t *w = W + r * wb;                                                      \
-      const ST *s = S + r * sb;                                                           \
-      wasm_v128_store(y + r, q4_dot4_##SUF(w, w + wb, w + 2 * wb, w + 3 * wb, s, s + sb,  \
-                                           s + 2 * sb, s + 3 * sb, xq, cols));            \
+    size_t qw = (size_t)q * wb, qs = (size_t)q * sb;                                      \
+    for (int i = 0; i < q; i++) {                                                         \
+      const uint8_t *w = W + (size_t)(r + i) * wb;                                        \
+      const ST *s = S + (size_t)(r + i) * sb;                                             \
+      store_lanes_strided(y + r + i, (size_t)q,                                           \
+                          q4_dot4_##SUF(w, w + qw, w + 2 * qw, w + 3 * qw, s, s + qs,     \
+                                        s + 2 * qs, s + 3 * qs, xq, cols));               \
     }                                                                                     \
-    for (; r < r1; r++) {                                                                 \
-      const uint8_t *w = W + r * wb;                                                      \
-      const ST *s = S + r * sb;                                                           \
-      y[r] = wasm_f32x4_extract_lane(q4_dot4_##SUF(w, w, w, w, s, s, s, s, xq, cols), 0); \
+    for (int k = r + 4 * q; k < r1; k++) {                                                \
+      const uint8_t *w = W + (size_t)k * wb;                                              \
+      const ST *s = S + (size_t)k * sb;                                                   \
+      y[k] = wasm_f32x4_extract_lane(q4_dot4_##SUF(w, w, w, w, s, s, s, s, xq, cols), 0); \
     }                                                                                     \
   }
 

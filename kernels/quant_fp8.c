@@ -5,7 +5,7 @@
  * no infinities. Decoding puts sign | code << 20 into an f32 (exponent field = the e4m3 exponent)
  * and multiplies by 2^120 to rebias; that product is exact for normals and subnormals alike.
  */
-#include "simd.h"
+#include "quant.h"
 
 #define F32_2P120 0x7b800000
 
@@ -97,24 +97,29 @@ static inline v128_t fp8_dot4(const uint8_t *w0, const uint8_t *w1, const uint8_
 
 /*
  * y[r] = sum_c w[r, c] * x[c] for r in [r0, r1): W e4m3fn codes [rows, cols] (any cols), S the
- * f32 block scales [ceil(rows/128), ceil(cols/128)].
+ * f32 block scales [ceil(rows/128), ceil(cols/128)]. A step's four rows come from the four
+ * quarters of the range (see DEFINE_Q4_MATVEC in quant.h).
  */
 KEXPORT("matvec_fp8b128")
 void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, int rows, int cols,
                     int r0, int r1) {
   if (r1 > rows) r1 = rows;
   int r = r0 < 0 ? 0 : r0;
-  size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
+  if (r >= r1) return;
+  int q = (r1 - r) / 4;
+  size_t n = (size_t)cols, qn = (size_t)q * n, nsb = (size_t)(cols + 127) / 128;
 #define SROW(i) (S + (size_t)((i) / 128) * nsb)
-  for (; r + 4 <= r1; r += 4) {
-    const uint8_t *w = W + r * n;
-    wasm_v128_store(y + r, fp8_dot4(w, w + n, w + 2 * n, w + 3 * n, SROW(r), SROW(r + 1),
-                                    SROW(r + 2), SROW(r + 3), x, cols));
+  for (int i = 0; i < q; i++) {
+    int k = r + i;
+    const uint8_t *w = W + (size_t)k * n;
+    store_lanes_strided(y + k, (size_t)q,
+                        fp8_dot4(w, w + qn, w + 2 * qn, w + 3 * qn, SROW(k), SROW(k + q),
+                                 SROW(k + 2 * q), SROW(k + 3 * q), x, cols));
   }
-  for (; r < r1; r++) {
-    const uint8_t *w = W + r * n;
-    const float *s = SROW(r);
-    y[r] = wasm_f32x4_extract_lane(fp8_dot4(w, w, w, w, s, s, s, s, x, cols), 0);
+  for (int k = r + 4 * q; k < r1; k++) {
+    const uint8_t *w = W + (size_t)k * n;
+    const float *s = SROW(k);
+    y[k] = wasm_f32x4_extract_lane(fp8_dot4(w, w, w, w, s, s, s, s, x, cols), 0);
   }
 #undef SROW
 }

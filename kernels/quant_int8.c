@@ -99,20 +99,27 @@ static inline v128_t dot4_i8(const int8_t *w0, const int8_t *w1, const int8_t *w
 #undef FIN
 }
 
-/* y[r] = S[r] * sum_c W[r, c] * x[c] for r in [r0, r1); W int8 row-major [rows, cols]. */
+/*
+ * y[r] = S[r] * sum_c W[r, c] * x[c] for r in [r0, r1); W int8 row-major [rows, cols]. A step's
+ * four rows come from the four quarters of the range (see DEFINE_Q4_MATVEC in quant.h).
+ */
 KEXPORT("matvec_int8row")
 void matvec_int8row(const int8_t *W, const float *S, const float *x, float *y, int rows, int cols,
                     int r0, int r1) {
   if (r1 > rows) r1 = rows;
   int r = r0 < 0 ? 0 : r0;
-  size_t n = (size_t)cols;
-  for (; r + 4 <= r1; r += 4) {
-    const int8_t *w = W + (size_t)r * n;
-    v128_t d = dot4_i8(w, w + n, w + 2 * n, w + 3 * n, x, cols);
-    wasm_v128_store(y + r, wasm_f32x4_mul(d, wasm_v128_load(S + r)));
+  if (r >= r1) return;
+  int q = (r1 - r) / 4;
+  size_t n = (size_t)cols, qn = (size_t)q * n;
+  for (int i = 0; i < q; i++) {
+    int k = r + i;
+    const int8_t *w = W + (size_t)k * n;
+    v128_t d = dot4_i8(w, w + qn, w + 2 * qn, w + 3 * qn, x, cols);
+    v128_t s = wasm_f32x4_make(S[k], S[k + q], S[k + 2 * q], S[k + 3 * q]);
+    store_lanes_strided(y + k, (size_t)q, wasm_f32x4_mul(d, s));
   }
-  for (; r < r1; r++) {
-    const int8_t *w = W + (size_t)r * n;
-    y[r] = wasm_f32x4_extract_lane(dot4_i8(w, w, w, w, x, cols), 0) * S[r];
+  for (int k = r + 4 * q; k < r1; k++) {
+    const int8_t *w = W + (size_t)k * n;
+    y[k] = wasm_f32x4_extract_lane(dot4_i8(w, w, w, w, x, cols), 0) * S[k];
   }
 }
