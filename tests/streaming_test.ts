@@ -121,11 +121,12 @@ Deno.test("a learned hot list warms the cache and changes nothing", async () => 
   Deno.removeSync(hotListPath(path));
 });
 
+// The simulator replays demand accesses only, so the engine runs without the lookahead here.
 Deno.test("the simulator's LFRU replays the engine's trace to the engine's hit count", async () => {
   const path = await packedFixture("stories260k-moe64");
   const trace = `${tempDir()}/trace.jsonl`;
   const slots = 20;
-  const { model } = await run(path, { expertSlots: slots, prefillChunk: 1, trace });
+  const { model } = await run(path, { expertSlots: slots, prefillChunk: 1, lookahead: 0, trace });
   const engine = model.experts!.cache.stats;
   model.close();
   const events = readTrace(trace);
