@@ -46,6 +46,7 @@ ${BUDGET_HELP}
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check each expert record's CRC32 as it is read
   --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
+                        (default 1 while experts stream, 0 when all fit)
   --learn               add this run's expert use counts to the hot list (<model>.hot.json)
   --no-hot-list         do not warm the expert cache from the hot list
   --trace FILE          write the routed experts of every (token, layer) as JSON lines
