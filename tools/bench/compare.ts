@@ -50,8 +50,8 @@ const HELP = `usage: deno task bench compare [options]
   --size SIZE        in-RAM model size (default 0.5G)
   --over-size SIZE   over-cap model size (default 1.5G; must be ≥ 3× --cap)
   --cap SIZE         memory cap (cgroup) of the over-cap regime (default 0.5G)
-  --budget SIZE      sluice arena budget under the cap (default 60% of the cap: the rest is
-                     the runtime's own memory)
+  --budget SIZE      sluice arena budget under the cap (default: the cap less 160 MiB for the
+                     runtime's own memory, measured at about 90-120 MiB, and at least 60%)
   --arch A           qwen3_moe or mixtral (default qwen3_moe)
   --threads N        threads of both engines (default: all cores)
   --prompt N         prompt tokens (default 128)
@@ -256,7 +256,9 @@ export async function main(args: string[]): Promise<void> {
   }
   const threads = Number(v.threads ?? navigator.hardwareConcurrency);
   const cap = parseSize(v.cap!), overSize = parseSize(v["over-size"]!);
-  const budget = v.budget ? parseSize(v.budget) : Math.floor(cap * 0.6);
+  const budget = v.budget
+    ? parseSize(v.budget)
+    : Math.floor(Math.max(cap * 0.6, cap - 160 * 2 ** 20));
   const maxSeconds = Number(v["max-seconds"]);
   const cache = join(dirname(benchDepsDir()), "bench-compare");
   const log = (s: string) => console.error(`bench compare: ${s}`);
