@@ -12,6 +12,12 @@ import type { ExpertBank } from "./container.ts";
 import { type ExpertCache, expertKey } from "./expert_cache.ts";
 import { type BlockReader, ReadPriority, type ReadTicket } from "./reader.ts";
 
+/** Records read at once while warming the cache at open. */
+const WARM_BATCH = 16;
+
+/** Largest single read request of a record (a multiple of 4 KiB). */
+const REQUEST_BYTES = 2 << 20;
+
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
 export interface BankFiles {
   bank: ExpertBank;
@@ -65,7 +71,7 @@ export class ExpertStore implements ExpertSource {
   /** Reads in flight by cache key. */
   #inflight = new Map<
     number,
-    { ticket: ReadTicket; layer: number; expert: number; speculative: boolean }
+    { tickets: ReadTicket[]; layer: number; expert: number; speculative: boolean }
   >();
   /** Hinted misses whose reads have not started, in routing order. */
   #misses = new Map<number, { layer: number; expert: number; slot: number }>();
@@ -121,6 +127,25 @@ export class ExpertStore implements ExpertSource {
     };
   }
 
+  /**
+   * Submits one record as requests of at most {@link REQUEST_BYTES}, so both reader threads work
+   * on it and its matvecs can start sooner than a single large read would allow.
+   */
+  #readRecord(
+    handle: number,
+    slot: number,
+    bytes: number,
+    offset: number,
+    priority: ReadPriority,
+  ): ReadTicket[] {
+    const tickets: ReadTicket[] = [];
+    for (let o = 0; o < bytes; o += REQUEST_BYTES) {
+      const len = Math.min(REQUEST_BYTES, bytes - o);
+      tickets.push(this.#reader.submit(handle, slot + o, len, offset + o, priority));
+    }
+    return tickets;
+  }
+
   /** Starts the read of a hinted miss. */
   #startRead(key: number, ahead: boolean): void {
     const miss = this.#misses.get(key);
@@ -129,10 +154,15 @@ export class ExpertStore implements ExpertSource {
     const { handle, offset, bank } = this.#location(miss.layer, miss.expert);
     // DEMAND: the current layer's experts come before the trunk's read-ahead of the next layer.
     const slot = this.#slotOffset(miss.slot);
-    const ticket = this.#reader.submit(handle, slot, bank.stride, offset, ReadPriority.DEMAND);
+    const tickets = this.#readRecord(handle, slot, bank.stride, offset, ReadPriority.DEMAND);
     this.stats.bytesRead += bank.stride;
     if (ahead) this.stats.readahead++;
-    this.#inflight.set(key, { ticket, layer: miss.layer, expert: miss.expert, speculative: false });
+    this.#inflight.set(key, {
+      tickets,
+      layer: miss.layer,
+      expert: miss.expert,
+      speculative: false,
+    });
   }
 
   #demandInFlight(): number {
@@ -152,7 +182,7 @@ export class ExpertStore implements ExpertSource {
   /** Lands speculative reads that completed, so their slots become evictable again. */
   #reap(): void {
     for (const [key, f] of this.#inflight) {
-      if (f.speculative && this.#reader.poll(f.ticket)) this.#land(key);
+      if (f.speculative && f.tickets.every((t) => this.#reader.poll(t))) this.#land(key);
     }
   }
 
@@ -186,7 +216,7 @@ export class ExpertStore implements ExpertSource {
     const f = this.#inflight.get(key);
     if (!f) return;
     const t0 = performance.now();
-    this.#reader.wait(f.ticket);
+    for (const t of f.tickets) this.#reader.wait(t);
     this.stats.waitMs += performance.now() - t0;
     this.#inflight.delete(key);
     const { path, offset } = this.#location(f.layer, f.expert);
@@ -227,7 +257,7 @@ export class ExpertStore implements ExpertSource {
       if (!got) break;
       this.cache.pin(key);
       const { handle, offset, bank } = this.#location(layer, expert);
-      const ticket = this.#reader.submit(
+      const tickets = this.#readRecord(
         handle,
         this.#slotOffset(got.slot),
         bank.stride,
@@ -236,7 +266,7 @@ export class ExpertStore implements ExpertSource {
       );
       this.stats.bytesRead += bank.stride;
       this.stats.speculative++;
-      this.#inflight.set(key, { ticket, layer, expert, speculative: true });
+      this.#inflight.set(key, { tickets, layer, expert, speculative: true });
       started++;
     }
     return started;
@@ -253,10 +283,18 @@ export class ExpertStore implements ExpertSource {
       const slot = this.cache.slotOf(key);
       if (slot === undefined || this.#inflight.has(key)) continue;
       const { handle, offset, bank } = this.#location(layer, expert);
-      const ticket = this.#reader.submit(handle, this.#slotOffset(slot), bank.stride, offset);
+      const tickets = this.#readRecord(
+        handle,
+        this.#slotOffset(slot),
+        bank.stride,
+        offset,
+        ReadPriority.DEMAND,
+      );
       this.stats.bytesRead += bank.stride;
-      this.#inflight.set(key, { ticket, layer, expert, speculative: true });
+      this.#inflight.set(key, { tickets, layer, expert, speculative: true });
       this.cache.pin(key);
+      // Bounded batches: the shim's queue holds a fixed number of reads.
+      if (this.#inflight.size >= WARM_BATCH) this.drain();
     }
     this.drain();
   }
@@ -281,7 +319,7 @@ export class ExpertStore implements ExpertSource {
   abandon(): void {
     for (const f of this.#inflight.values()) {
       try {
-        this.#reader.wait(f.ticket);
+        for (const t of f.tickets) this.#reader.wait(t);
       } catch {
         // The read failed, but nobody will use this record.
       }
