@@ -9,6 +9,7 @@
  * @module
  */
 
+import { replaceDir } from "./replace_dir.ts";
 import {
   chmodSync,
   closeSync,
@@ -864,14 +865,7 @@ export async function packCheckpoint(
     manifest.tokenizer.files = copied;
     writeJson(join(tmp, "manifest.json"), manifest);
     rmSync(join(tmp, JOURNAL));
-    if (existsSync(out)) {
-      const old = `${out}.old-${Deno.pid}`;
-      renameSync(out, old);
-      renameSync(tmp, out);
-      rmSync(old, { recursive: true, force: true });
-    } else {
-      renameSync(tmp, out);
-    }
+    replaceDir(tmp, out);
     const containerBytes = plan.trunkBytes + plan.codebooksBytes +
       plan.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
     const seconds = (performance.now() - t0) / 1000;

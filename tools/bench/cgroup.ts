@@ -120,14 +120,3 @@ export function removeCgroup(cg: MemoryCgroup): void {
     // A lingering process keeps it; it is harmless and reused by name next time.
   }
 }
-
-/** Drops the page cache (root only); returns false when not permitted. */
-export function dropPageCache(): boolean {
-  try {
-    new Deno.Command("sync").outputSync();
-    writeFileSync("/proc/sys/vm/drop_caches", "3");
-    return true;
-  } catch {
-    return false;
-  }
-}

@@ -20,7 +20,6 @@ import {
   cgroupCommand,
   cgroupPeak,
   createCgroup,
-  dropPageCache,
   type MemoryCgroup,
   removeCgroup,
   resetCgroupPeak,
@@ -35,7 +34,7 @@ import {
   type ManifestBytes,
 } from "./compare_report.ts";
 import { measureDramNative } from "./dram.ts";
-import { benchDisk } from "./disk.ts";
+import { benchDisk, dropPageCache } from "./disk.ts";
 import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
 
 const GiB = 2 ** 30;

@@ -75,7 +75,7 @@ function ensureTestFile(path: string, bytes: number, quiet?: boolean): void {
 }
 
 /** Drops the page cache when root; returns false when not permitted. */
-function dropCaches(): boolean {
+export function dropPageCache(): boolean {
   try {
     new Deno.Command("sync").outputSync();
     Deno.writeTextFileSync("/proc/sys/vm/drop_caches", "3");
@@ -165,11 +165,11 @@ export async function benchDisk(opts: DiskBenchOptions): Promise<DiskBenchResult
   try {
     for (let run = 0; run < runs; run++) {
       if (direct.kind === "shim-direct") {
-        dropCaches();
+        dropPageCache();
         const gbps = timeReader(direct, path, reqBytes, inFlight);
         result.odirect_gbps = Math.max(result.odirect_gbps, gbps);
       }
-      cold = dropCaches() && cold;
+      cold = dropPageCache() && cold;
       const bgbps = timeReader(buffered, path, reqBytes, inFlight);
       result.buffered_cold_gbps = Math.max(result.buffered_cold_gbps, bgbps);
       const dd = await timeDd(path);

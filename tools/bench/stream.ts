@@ -31,7 +31,7 @@ import { openContainer } from "../../io/container.ts";
 import { openReader, type ReadTicket } from "../../io/reader.ts";
 import { packCheckpoint } from "../pack.ts";
 import { parseSize, synthCheckpoint } from "../synth.ts";
-import { benchDisk } from "./disk.ts";
+import { benchDisk, dropPageCache } from "./disk.ts";
 
 const GiB = 2 ** 30;
 
@@ -142,17 +142,6 @@ export async function ensureStreamModel(
   // The checkpoint is only the packer's input; the container is what the runs read.
   rmSync(hf, { recursive: true, force: true });
   return packed;
-}
-
-/** Drops the page cache when root; returns false when not permitted. */
-function dropPageCache(): boolean {
-  try {
-    new Deno.Command("sync").outputSync();
-    Deno.writeTextFileSync("/proc/sys/vm/drop_caches", "3");
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /**

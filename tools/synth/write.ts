@@ -6,7 +6,8 @@
  * @module
  */
 
-import { existsSync, mkdirSync, renameSync, rmSync } from "node:fs";
+import { replaceDir } from "../replace_dir.ts";
+import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { basename, join } from "node:path";
 import { formatBytes, Progress, type ProgressMode } from "../progress.ts";
 import { SYNTH_BOS_ID, SYNTH_EOS_ID, writeSynthTokenizer } from "../synth_tokenizer.ts";
@@ -59,18 +60,6 @@ const DEFAULT_MAX_SHARD = 4 * 1024 ** 3;
 
 function writeJson(path: string, v: unknown): void {
   Deno.writeTextFileSync(path, JSON.stringify(v, null, 2) + "\n");
-}
-
-/** Moves the finished `tmp` folder to `out`, replacing what is there. */
-function replaceDir(tmp: string, out: string): void {
-  if (existsSync(out)) {
-    const old = `${out}.old-${Deno.pid}`;
-    renameSync(out, old);
-    renameSync(tmp, out);
-    rmSync(old, { recursive: true, force: true });
-  } else {
-    renameSync(tmp, out);
-  }
 }
 
 /**
