@@ -26,7 +26,7 @@ export class RunObservers {
   }
 
   /** Records one MoE layer's routes for tokens at positions pos... */
-  observe(layer: number, routes: Route[], nb: number, pos: number): void {
+  observe(layer: number, routes: Route[], pos: number): void {
     routes.forEach((r, b) => {
       this.#trace?.write(pos + b, layer, r.ids);
       if (this.#counts) {
