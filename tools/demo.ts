@@ -9,6 +9,7 @@ import { existsSync } from "node:fs";
 import { homedir } from "node:os";
 import { fileURLToPath } from "node:url";
 import { main } from "./cli/mod.ts";
+import { CONTAINER_VERSION } from "../io/container.ts";
 import { packCheckpoint } from "./pack.ts";
 
 const fixture = fileURLToPath(new URL("../../shared/models/stories260k-moe", import.meta.url));
@@ -16,7 +17,7 @@ const cache = Deno.env.get("SLUICE_CACHE") ?? `${homedir()}/.cache/sluice`;
 
 let model: string | undefined;
 if (existsSync(`${fixture}/config.json`)) {
-  model = `${cache}/stories260k-moe.sluice`;
+  model = `${cache}/stories260k-moe-v${CONTAINER_VERSION}.sluice`;
   if (!existsSync(model)) {
     Deno.mkdirSync(cache, { recursive: true });
     console.error(`demo: packing ${fixture} → ${model}`);
