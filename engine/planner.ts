@@ -151,7 +151,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   // The arena is made of 64 KiB wasm pages: a budget is honoured to the page.
   const budget = opts.budget !== undefined
     ? Math.floor(opts.budget / 65536) * 65536
-    : wholeModelBytes;
+    : alignUp(wholeModelBytes, 65536);
   if (budget < floor) {
     throw new Error(
       `budget ${formatBytes(budget)} is below the floor of ${formatBytes(floor)} ` +
