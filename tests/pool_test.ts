@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { Arena, PAGE } from "../engine/arena.ts";
 import { Pool } from "../engine/pool.ts";
 import { chunkRows } from "../engine/pool_protocol.ts";
+import { openReader } from "../io/reader.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { gemvRef } from "../wasm/reference.ts";
 
@@ -65,4 +66,35 @@ Deno.test("a closed pool refuses work; unknown kernels are named", async () => {
   pool.close();
   pool.close();
   assert.throws(() => pool.run1("gemv_f32", [0n, 0n, 0n, 0, 0], 0), /used after close/);
+});
+
+Deno.test("kernels and O_DIRECT reads work above 4 GiB of arena (wasm64)", async () => {
+  // Memory64 pages are committed lazily: the untouched 4 GiB pad costs no RAM.
+  const arena = new Arena(4.25 * 2 ** 30);
+  const pool = await Pool.create(arena, await loadKernelModule(), 2);
+  const reader = openReader(arena.memory, { quiet: true });
+  const dir = Deno.makeTempDirSync({ prefix: "sluice-high-" });
+  try {
+    arena.alloc("pad", 4 * 2 ** 30);
+    const rows = 64, cols = 1024;
+    const W = Float32Array.from({ length: rows * cols }, (_, i) => Math.sin(i));
+    const x = Float32Array.from({ length: cols }, (_, i) => Math.cos(i));
+    const path = `${dir}/w.bin`;
+    Deno.writeFileSync(path, new Uint8Array(W.buffer));
+    const w = arena.alloc("W", W.byteLength), xo = arena.alloc("x", cols * 4);
+    const y = arena.alloc("y", rows * 4);
+    assert.ok(w > 2 ** 32);
+    const file = reader.open(path);
+    reader.read(file, w, W.byteLength, 0);
+    reader.closeFile(file);
+    assert.deepEqual(arena.f32(w, W.length), W);
+    arena.f32(xo, cols).set(x);
+    pool.run1("gemv_f32", [BigInt(w), BigInt(xo), BigInt(y), rows, cols], rows, 1 << 20);
+    const ref = gemvRef({ type: "f32", data: W }, x, rows, cols);
+    for (let r = 0; r < rows; r++) assert.ok(Math.abs(arena.f32(y, rows)[r] - ref[r]) < 1e-3);
+  } finally {
+    reader.close();
+    pool.close();
+    Deno.removeSync(dir, { recursive: true });
+  }
 });
