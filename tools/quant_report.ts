@@ -41,7 +41,7 @@ import { readF32 } from "../io/checkpoint_weights.ts";
 import { openContainer } from "../io/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { type ExpertsOption, packCheckpoint } from "./pack.ts";
-import { findMatrix, readMatrixF32 } from "./pack_source.ts";
+import { findMatrix, readMatrixF32 } from "./pack/source.ts";
 
 /** Formats whose weight error is reported. */
 export const REPORT_FORMATS = ["mxfp4", "int4", "int8", "fp8", "vq3r"] as const;

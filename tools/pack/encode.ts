@@ -12,14 +12,14 @@ import {
   dequantFp8Blocks,
   fp8ScaleInfo,
   readF32,
-} from "../io/checkpoint_weights.ts";
-import { quantizeFp8b128 } from "../engine/quant/fp8.ts";
-import { quantizeInt4g32 } from "../engine/quant/int4.ts";
-import { quantizeInt8Row } from "../engine/quant/int8.ts";
-import { quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
-import { encodeVq3r } from "../engine/quant/vq3r.ts";
-import { type PlainDtype, STORED_DTYPE_BYTES, type StoredDtype } from "../io/format.ts";
-import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../io/safetensors.ts";
+} from "../../io/checkpoint_weights.ts";
+import { quantizeFp8b128 } from "../../engine/quant/fp8.ts";
+import { quantizeInt4g32 } from "../../engine/quant/int4.ts";
+import { quantizeInt8Row } from "../../engine/quant/int8.ts";
+import { quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
+import { encodeVq3r } from "../../engine/quant/vq3r.ts";
+import { type PlainDtype, STORED_DTYPE_BYTES, type StoredDtype } from "../../io/format.ts";
+import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
 export const KEPT_DTYPE: Record<string, PlainDtype> = {

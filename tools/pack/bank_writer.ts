@@ -1,0 +1,119 @@
+/**
+ * Writes the expert bank file of one MoE layer: one fixed-stride record per expert, a header
+ * (placement and payload CRC of each matrix) followed by the matrices in the planned dtype —
+ * streamed, re-encoded or, for Kimi's packed INT4, copied as shipped.
+ *
+ * @module
+ */
+
+import { closeSync, fdatasyncSync, openSync, writeSync } from "node:fs";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../../engine/model_config.ts";
+import type { TensorEntry } from "../../io/manifest_schema.ts";
+import { crc32 } from "../../io/crc32.ts";
+import {
+  encodeRecordHeader,
+  EXPERT_FORMAT_IDS,
+  isCompactDtype,
+  RECORD_HEADER_BYTES,
+  type RecordMatrix,
+} from "../../io/format.ts";
+import type { Checkpoint } from "../../io/safetensors.ts";
+import type { Progress } from "../progress.ts";
+import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import type { BankPlan } from "./plan.ts";
+import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
+
+/** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
+function writeExpertMatrix(
+  ckpt: Checkpoint,
+  src: SourceMatrix,
+  entry: TensorEntry,
+  record: Uint8Array,
+  chunk: number,
+  codebooks: Float32Array | undefined,
+): void {
+  if (src.packed && entry.dtype === "int4g32") {
+    // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
+    const { data, scale } = readPackedInt4(ckpt, src);
+    record.set(data, entry.offset);
+    record.set(scale, entry.scale!.offset);
+    return;
+  }
+  const streamable = entry.dtype === "f8_e4m3"
+    ? src.dtype === "F8_E4M3"
+    : !isCompactDtype(entry.dtype);
+  if (src.plain && streamable) {
+    let at = entry.offset;
+    streamTensor(ckpt, src.plain, entry.dtype, chunk, (b) => {
+      record.set(b, at);
+      at += b.length;
+    });
+    if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
+    return;
+  }
+  const what = `${src.file}: tensor ${src.name}`;
+  const enc = encodeMatrix(
+    readMatrixF32(ckpt, src),
+    src.rows,
+    src.cols,
+    entry.dtype,
+    what,
+    codebooks,
+  );
+  record.set(enc.data, entry.offset);
+  if (enc.scale) record.set(enc.scale, entry.scale!.offset);
+}
+
+/** Writes all records of one expert bank into `path` (a temporary name the caller renames). */
+export function writeBank(
+  ckpt: Checkpoint,
+  l: number,
+  bank: BankPlan,
+  path: string,
+  progress: Progress,
+  chunk: number,
+  codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
+): void {
+  const fd = openSync(path, "w");
+  try {
+    const record = new Uint8Array(bank.stride);
+    bank.experts.forEach((mats, e) => {
+      record.fill(0);
+      let payloadEnd = RECORD_HEADER_BYTES;
+      const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
+      for (const m of EXPERT_MATRICES) {
+        const entry = bank.matrices[m];
+        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m]);
+        payloadEnd = Math.max(
+          payloadEnd,
+          entry.scale ? entry.scale.offset + entry.scale.bytes : entry.offset + entry.bytes,
+        );
+        headerMats[m] = {
+          offset: entry.offset,
+          bytes: entry.bytes,
+          scaleOffset: entry.scale?.offset ?? 0,
+          scaleBytes: entry.scale?.bytes ?? 0,
+        };
+      }
+      record.set(
+        encodeRecordHeader({
+          layer: l,
+          expert: e,
+          formatId: EXPERT_FORMAT_IDS[bank.format],
+          payloadOffset: RECORD_HEADER_BYTES,
+          payloadBytes: payloadEnd - RECORD_HEADER_BYTES,
+          payloadCrc: crc32(record.subarray(RECORD_HEADER_BYTES, payloadEnd)),
+          matrices: headerMats,
+        }),
+      );
+      let done = 0;
+      while (done < record.length) {
+        done += writeSync(fd, record, done, record.length - done, e * bank.stride + done);
+      }
+      progress.add(record.length);
+    });
+    fdatasyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}

@@ -1,0 +1,302 @@
+/**
+ * The layout of a container, computed before any byte is written: the stored dtype of every
+ * tensor, its offset in trunk.bin (globals, then one 4 KiB-aligned run per layer), the record
+ * layout of each MoE layer's expert bank, and where each VQ3R codebook set goes in codebooks.bin.
+ *
+ * @module
+ */
+
+import {
+  EXPERT_MATRICES,
+  type ExpertMatrix,
+  type GlobalTensor,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../engine/model_config.ts";
+import {
+  hfExpertName,
+  hfGlobalName,
+  hfLayerName,
+  layerTensorsOf,
+} from "../../engine/tensor_names.ts";
+import { fp8ScaleInfo } from "../../io/checkpoint_weights.ts";
+import type { TensorEntry } from "../../io/manifest_schema.ts";
+import {
+  alignUp,
+  BLOCK_ALIGN,
+  type ExpertFormat,
+  Q4_BLOCK,
+  RECORD_HEADER_BYTES,
+  scaleSpecOf,
+  storedBytes,
+  type StoredDtype,
+  TENSOR_ALIGN,
+  VQ3R_CODEBOOK_BYTES,
+  VQ3R_DIM,
+} from "../../io/format.ts";
+import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
+import { KEPT_DTYPE } from "./encode.ts";
+import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
+import { findMatrix, INT4_PACKED, type SourceMatrix } from "./source.ts";
+
+/** A tensor to write: where it comes from and its entry (offsets relative to its region). */
+export interface Placed {
+  src: TensorInfo;
+  entry: TensorEntry;
+}
+
+/** The full container layout, computed before any byte is written. */
+export interface Plan {
+  globals: { items: Map<GlobalTensor, Placed>; region: { offset: number; bytes: number } };
+  layers: { items: Map<LayerTensor, Placed>; offset: number; bytes: number }[];
+  banks: (BankPlan | null)[];
+  trunkBytes: number;
+  /** Size of codebooks.bin (0 when nothing is vq3r). */
+  codebooksBytes: number;
+}
+
+/** One MoE layer's bank: sources, layout, and where its VQ3R codebooks go. */
+export interface BankPlan {
+  experts: Map<ExpertMatrix, SourceMatrix>[];
+  matrices: Record<ExpertMatrix, TensorEntry>;
+  stride: number;
+  format: ExpertFormat;
+  fallback: Partial<Record<ExpertMatrix, string>>;
+  /** Offset in codebooks.bin of each vq3r matrix kind's codebooks. */
+  codebookOffsets: Partial<Record<ExpertMatrix, number>>;
+}
+
+/** Layer tensors `--trunk int8` leaves alone: MLA's wkv_b is widened to f32 at load time. */
+const TRUNK_INT8_EXCLUDED: ReadonlySet<LayerTensor> = new Set(["router", "wkv_b"]);
+
+function storedDtype(
+  src: TensorInfo,
+  role: "vector" | "router" | "weight",
+  convert: PackOptions["convert"],
+): StoredDtype {
+  const kept = KEPT_DTYPE[src.dtype];
+  if (!kept) {
+    throw new Error(
+      `${src.file}: tensor ${src.name} has dtype ${src.dtype}, which sluice cannot store`,
+    );
+  }
+  if (role !== "weight") return "f32";
+  return convert ?? kept;
+}
+
+/** The entry of a tensor of `shape` stored as `dtype`, with its scale entry when it has one. */
+function entryOf(dtype: StoredDtype, shape: number[], what: string): TensorEntry {
+  const bytes = storedBytes(dtype, shape);
+  if (Number.isNaN(bytes)) throw new Error(`${what}: ${dtype} cannot hold shape [${shape}]`);
+  const e: TensorEntry = { dtype, shape: [...shape], offset: 0, bytes };
+  const spec = scaleSpecOf(dtype, shape);
+  if (spec) {
+    e.scale = {
+      dtype: spec.dtype,
+      shape: spec.shape,
+      offset: 0,
+      bytes: storedBytes(spec.dtype, spec.shape),
+    };
+  }
+  if (dtype === "vq3r") e.paddedCols = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
+  return e;
+}
+
+/** Makes the entry of `src` stored as `dtype`; an FP8 tensor kept as FP8 must have its scales. */
+function entryFor(ckpt: Checkpoint, src: TensorInfo, dtype: StoredDtype): TensorEntry {
+  if (dtype === "f8_e4m3" && src.dtype === "F8_E4M3") fp8ScaleInfo(ckpt, src);
+  return entryOf(dtype, src.shape, `${src.file}: tensor ${src.name}`);
+}
+
+/** Assigns 64-byte aligned offsets from `start`, each scale right after its tensor; returns the end. */
+function place(items: Placed[], start: number): number {
+  let at = start;
+  for (const { entry } of items) {
+    entry.offset = alignUp(at, TENSOR_ALIGN);
+    at = entry.offset + entry.bytes;
+    if (entry.scale) {
+      entry.scale.offset = alignUp(at, TENSOR_ALIGN);
+      at = entry.scale.offset + entry.scale.bytes;
+    }
+  }
+  return at;
+}
+
+function lookup(ckpt: Checkpoint, name: string, what: string): TensorInfo {
+  const t = ckpt.tensors.get(name);
+  if (!t) throw new Error(`${ckpt.dir}: ${what} needs tensor ${name}, which the checkpoint lacks`);
+  return t;
+}
+
+function checkShape(t: TensorInfo, want: number[]): void {
+  if (String(t.shape) !== String(want)) {
+    throw new Error(`${t.file}: tensor ${t.name} has shape [${t.shape}], expected [${want}]`);
+  }
+}
+
+/** Plans the whole container for `cfg` packed from `ckpt` with `opts`; throws on bad tensors. */
+export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions): Plan {
+  const convert = opts.convert;
+  const gItems = new Map<GlobalTensor, Placed>();
+  for (const g of ["embed", "final_norm", "lm_head"] as GlobalTensor[]) {
+    const name = hfGlobalName(cfg, g);
+    if (name === null) continue;
+    const src = lookup(ckpt, name, g);
+    checkShape(src, g === "final_norm" ? [cfg.hiddenSize] : [cfg.vocabSize, cfg.hiddenSize]);
+    gItems.set(g, {
+      src,
+      entry: entryFor(
+        ckpt,
+        src,
+        storedDtype(src, g === "final_norm" ? "vector" : "weight", convert),
+      ),
+    });
+  }
+  const gEnd = place([...gItems.values()], 0);
+  let cursor = alignUp(gEnd, BLOCK_ALIGN);
+  const layers: Plan["layers"] = [];
+  const banks: Plan["banks"] = [];
+  for (let l = 0; l < cfg.numLayers; l++) {
+    const items = new Map<LayerTensor, Placed>();
+    for (const t of layerTensorsOf(cfg, l)) {
+      const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
+      const role = t === "router" ? "router" : src.shape.length === 1 ? "vector" : "weight";
+      if (role === "weight" && src.shape.length !== 2) {
+        throw new Error(`${src.file}: tensor ${src.name} has shape [${src.shape}], expected 2-D`);
+      }
+      let dtype = storedDtype(src, role, convert);
+      if (opts.trunk === "int8" && role === "weight" && !TRUNK_INT8_EXCLUDED.has(t)) {
+        dtype = "int8row";
+      }
+      items.set(t, { src, entry: entryFor(ckpt, src, dtype) });
+    }
+    const bytes = alignUp(Math.max(place([...items.values()], 0), 1), BLOCK_ALIGN);
+    layers.push({ items, offset: cursor, bytes });
+    cursor += bytes;
+    banks.push(cfg.layerKinds[l] === "moe" ? planBank(cfg, ckpt, l, opts) : null);
+  }
+  let codebooksBytes = 0;
+  for (const b of banks) {
+    for (const m of EXPERT_MATRICES) {
+      if (b?.matrices[m].dtype !== "vq3r") continue;
+      b.codebookOffsets[m] = codebooksBytes;
+      codebooksBytes += VQ3R_CODEBOOK_BYTES;
+    }
+  }
+  return {
+    globals: {
+      items: gItems,
+      region: { offset: 0, bytes: alignUp(Math.max(gEnd, 1), BLOCK_ALIGN) },
+    },
+    layers,
+    banks,
+    trunkBytes: cursor,
+    codebooksBytes,
+  };
+}
+
+/**
+ * The dtype an expert matrix is stored in, and why it falls back to a plain dtype when the
+ * requested format cannot hold it (mxfp4 and int4g32 need cols a multiple of 32).
+ */
+function expertDtype(
+  src: SourceMatrix,
+  opts: PackOptions,
+): { dtype: StoredDtype; fallback?: string } {
+  const plainOf = (): StoredDtype => {
+    if (opts.convert) return opts.convert;
+    if (src.dtype === INT4_PACKED) return "int4g32";
+    const kept = KEPT_DTYPE[src.dtype];
+    if (!kept) {
+      throw new Error(
+        `${src.file}: tensor ${src.name} has dtype ${src.dtype}, which sluice cannot store`,
+      );
+    }
+    return kept;
+  };
+  if (!opts.experts) return { dtype: plainOf() };
+  const want = EXPERT_OPTIONS[opts.experts];
+  if ((want === "mxfp4" || want === "int4g32") && src.cols % Q4_BLOCK !== 0) {
+    // A packed INT4 source always has cols % 32 = 0, so the fallback is a plain float dtype.
+    return {
+      dtype: plainOf(),
+      fallback: `cols ${src.cols} is not a multiple of ${Q4_BLOCK}`,
+    };
+  }
+  return { dtype: want };
+}
+
+/** Plans the expert bank of MoE layer `l`: source matrices, record layout, format, fallbacks. */
+function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankPlan {
+  const moe = cfg.moe!;
+  const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
+  for (let e = 0; e < moe.numExperts; e++) {
+    const mats = new Map<ExpertMatrix, SourceMatrix>();
+    for (const m of EXPERT_MATRICES) {
+      const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+      const want = m === "down"
+        ? [cfg.hiddenSize, moe.expertIntermediate]
+        : [moe.expertIntermediate, cfg.hiddenSize];
+      if (String([src.rows, src.cols]) !== String(want)) {
+        throw new Error(
+          `${src.file}: tensor ${src.name} has shape [${src.rows}, ${src.cols}], expected [${want}]`,
+        );
+      }
+      const first = experts[0]?.get(m);
+      if (first && first.dtype !== src.dtype) {
+        throw new Error(
+          `${src.file}: tensor ${src.name} is ${src.dtype}, expert 0's ${m} is ${first.dtype}`,
+        );
+      }
+      if (src.plain && KEPT_DTYPE[src.dtype] === "f8_e4m3") fp8ScaleInfo(ckpt, src.plain);
+      mats.set(m, src);
+    }
+    experts.push(mats);
+  }
+  const fallback: Partial<Record<ExpertMatrix, string>> = {};
+  const placed = EXPERT_MATRICES.map((m) => {
+    const src = experts[0].get(m)!;
+    const { dtype, fallback: why } = expertDtype(src, opts);
+    if (why) fallback[m] = why;
+    return { entry: entryOf(dtype, [src.rows, src.cols], `${src.file}: tensor ${src.name}`) };
+  });
+  if (!opts.experts && placed.some((p) => p.entry.dtype === "int4g32")) {
+    // A checkpoint with INT4 experts may ship some expert matrices in a float dtype.
+    placed.forEach((p, i) => {
+      const src = experts[0].get(EXPERT_MATRICES[i])!;
+      if (p.entry.dtype !== "int4g32") {
+        fallback[EXPERT_MATRICES[i]] = `the checkpoint ships it as ${src.dtype}`;
+      }
+    });
+  }
+  const kept = placed.filter((_, i) => !fallback[EXPERT_MATRICES[i]]).map((p) => p.entry.dtype);
+  const formats = new Set(kept);
+  if (formats.size > 1) {
+    throw new Error(`${ckpt.dir}: layer ${l}: experts mix dtypes ${[...formats].join(", ")}`);
+  }
+  const end = place(placed as Placed[], RECORD_HEADER_BYTES);
+  const matrices = Object.fromEntries(
+    EXPERT_MATRICES.map((m, i) => [m, placed[i].entry]),
+  ) as Record<ExpertMatrix, TensorEntry>;
+  return {
+    experts,
+    matrices,
+    stride: alignUp(end, BLOCK_ALIGN),
+    format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
+    fallback,
+    codebookOffsets: {},
+  };
+}
+
+/** Says once per matrix kind which expert matrices keep a plain dtype, and why. */
+export function reportFallbacks(plan: Plan, log: (line: string) => void): void {
+  const said = new Set<string>();
+  for (const b of plan.banks) {
+    for (const [m, why] of Object.entries(b?.fallback ?? {})) {
+      const line = `pack: expert ${m} matrices stay ${b!.matrices[m as ExpertMatrix].dtype}, ` +
+        `not ${b!.format}: ${why}`;
+      if (!said.has(line)) log(line);
+      said.add(line);
+    }
+  }
+}
