@@ -28,20 +28,7 @@ import {
 
 // The manifest parser and types live in their own modules; re-exported for existing importers.
 export { parseManifest, validateModelConfig } from "./manifest.ts";
-export {
-  type CodebookRef,
-  CODEBOOKS_FILE,
-  CONTAINER_FORMAT,
-  CONTAINER_VERSION,
-  type ExpertBank,
-  expertBankFile,
-  type LayerRun,
-  type Manifest,
-  type PackSettings,
-  type Region,
-  type TensorEntry,
-  TRUNK_FILE,
-} from "./manifest_schema.ts";
+export * from "./manifest_schema.ts";
 
 /** Largest manifest accepted. */
 export const MAX_MANIFEST_BYTES = 64 * 1024 * 1024;
