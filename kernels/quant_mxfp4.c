@@ -8,29 +8,104 @@
 
 /* Nibble -> 2 * E2M1 + 12: the doubled values -12..12 are integers, the offset makes them 0..24. */
 #define MX_LUT wasm_i8x16_const(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
+#define MX_OFFSET 12
 
-/* 2^(e - 127) for E8M0 exponents e in i32 lanes; e = 0 gives 2^-127 (subnormal), 255 gives NaN. */
-static inline v128_t e8m0_to_f32(v128_t e) {
-  v128_t special = wasm_v128_or(wasm_i32x4_eq(e, wasm_i32x4_splat(0)),
-                                wasm_i32x4_eq(e, wasm_i32x4_splat(255)));
-  return wasm_v128_or(wasm_i32x4_shl(e, 23), wasm_v128_and(special, wasm_i32x4_splat(0x00400000)));
+/* The loop's vector constants, hidden behind runtime_zero_v128 so they stay in registers. */
+typedef struct {
+  v128_t zero, lut, nibble, neg_offset, e255, e_min;
+} mx_consts;
+
+static inline mx_consts mx_consts_make(const void *p) {
+  v128_t z = runtime_zero_v128(p);
+  return (mx_consts){
+      .zero = z,
+      .lut = wasm_v128_xor(MX_LUT, z),
+      .nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z),
+      .neg_offset = wasm_v128_xor(wasm_i32x4_splat(-MX_OFFSET), z),
+      .e255 = wasm_v128_xor(wasm_i16x8_splat(255), z),
+      .e_min = wasm_v128_xor(wasm_i16x8_splat(0x0040), z),
+  };
 }
 
-static inline v128_t mx_block(const uint8_t *w, v128_t xe, v128_t xo) {
-  v128_t lo, hi, lut = MX_LUT;
-  SPLIT_NIBBLES(wasm_v128_load(w), lo, hi);
-  return dot_block_q8(wasm_i8x16_relaxed_swizzle(lut, lo), wasm_i8x16_relaxed_swizzle(lut, hi), xe,
-                      xo);
+/*
+ * 2^(e - 127) as f32 for the E8M0 exponents in u16 lanes 0..3, built as bf16 e << 7: e = 0 is
+ * raised to 0x0040 (2^-127, subnormal) by the unsigned max, and e = 255 (0x7f80, infinity) gets
+ * its lowest mantissa bit from subtracting the all-ones equality mask, which makes it NaN.
+ */
+static inline v128_t mx_scales_f32(v128_t e, mx_consts c) {
+  v128_t b = wasm_i16x8_sub(wasm_i16x8_shl(e, 7), wasm_i16x8_eq(e, c.e255));
+  b = wasm_u16x8_max(b, c.e_min);
+  return wasm_i16x8_shuffle(c.zero, b, 0, 8, 1, 9, 2, 10, 3, 11);
 }
 
-#define MX_SCALE4(s, b)                                                                   \
-  e8m0_to_f32(wasm_u32x4_extend_low_u16x8(                                                \
-      wasm_u16x8_extend_low_u8x16(wasm_v128_load32_zero((s) + (b)))))
-#define MX_SCALE_TAIL(s, b, m)                                                            \
-  e8m0_to_f32(wasm_u32x4_make((s)[b], (m) > 1 ? (s)[(b) + 1] : 0u, (m) > 2 ? (s)[(b) + 2] : 0u, 0u))
+/* One 32-block: i16 lanes of the dot of its offset doubled-E2M1 weights with the Q8 block. */
+static inline __attribute__((always_inline)) v128_t mx_block(const uint8_t *w, v128_t xe,
+                                                             v128_t xo, mx_consts c) {
+  v128_t v = wasm_v128_load(w);
+  v128_t lo = wasm_i8x16_relaxed_swizzle(c.lut, wasm_v128_and(v, c.nibble));
+  v128_t hi = wasm_i8x16_relaxed_swizzle(c.lut, wasm_v128_and(wasm_u16x8_shr(v, 4), c.nibble));
+  return wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(xe, lo),
+                        wasm_i16x8_relaxed_dot_i8x16_i7x16(xo, hi));
+}
 
-/* The factor 1/2 undoes the doubled E2M1 values. */
-DEFINE_Q4_DOT4(mx, uint8_t, mx_block, MX_SCALE4, MX_SCALE_TAIL, 12, 0.5f)
+/*
+ * Blocks b..b+m-1 (m = 1..4) of one row into its accumulator: the integer block dots, corrected
+ * by bias (-offset * the x block sums), converted and scaled by weight scale * x scale.
+ */
+static inline __attribute__((always_inline)) v128_t mx_group(
+    const uint8_t *w, const uint8_t *s, int b, int m, const v128_t *xv, v128_t xsv, v128_t bias,
+    v128_t acc, mx_consts c) {
+  const uint8_t *p = w + 16 * b;
+  v128_t d0 = mx_block(p, xv[0], xv[1], c);
+  v128_t d1 = m > 1 ? mx_block(p + 16, xv[2], xv[3], c) : c.zero;
+  v128_t d2 = m > 2 ? mx_block(p + 32, xv[4], xv[5], c) : c.zero;
+  v128_t d3 = m > 3 ? mx_block(p + 48, xv[6], xv[7], c) : c.zero;
+  v128_t e = m == 4 ? wasm_u16x8_extend_low_u8x16(wasm_v128_load32_zero(s + b))
+                    : wasm_u16x8_make(s[b], m > 1 ? s[b + 1] : 0, m > 2 ? s[b + 2] : 0, 0, 0, 0,
+                                      0, 0);
+  v128_t t = wasm_i32x4_add(hsum4_i16x8(d0, d1, d2, d3), bias);
+  return wasm_f32x4_relaxed_madd(wasm_f32x4_convert_i32x4(t),
+                                 wasm_f32x4_mul(mx_scales_f32(e, c), xsv), acc);
+}
+
+/* Blocks b..b+M-1 of the four rows: x, its scales and block sums loaded once for all rows. */
+#define MX_GROUP(M)                                                                       \
+  do {                                                                                    \
+    int m_ = (M);                                                                         \
+    const int8_t *xb = xq + 32 * b;                                                       \
+    v128_t xv[8];                                                                         \
+    for (int j = 0; j < 8; j++) xv[j] = j < 2 * m_ ? wasm_v128_load(xb + 16 * j) : c.zero; \
+    v128_t xsv = m_ == 4 ? wasm_v128_load(xs + b)                                         \
+                         : load_tail_i32((const int32_t *)(xs + b), m_);                  \
+    v128_t sums = m_ == 4 ? wasm_v128_load(xsum + b) : load_tail_i32(xsum + b, m_);       \
+    v128_t bias = wasm_i32x4_mul(sums, c.neg_offset);                                     \
+    acc0 = mx_group(w0, s0, b, m_, xv, xsv, bias, acc0, c);                               \
+    acc1 = mx_group(w1, s1, b, m_, xv, xsv, bias, acc1, c);                               \
+    acc2 = mx_group(w2, s2, b, m_, xv, xsv, bias, acc2, c);                               \
+    acc3 = mx_group(w3, s3, b, m_, xv, xsv, bias, acc3, c);                               \
+  } while (0)
+
+/*
+ * Dots of four rows with the Q8 vector, lanes [row0..row3]. Blocks go four at a time into each
+ * row's f32 accumulator (lane = block mod 4), the last 1..3 blocks the same way with absent
+ * blocks as zero; rows never mix, so the one-row path passes the same row four times and gets
+ * the same bits. The final 1/2 undoes the doubled E2M1 values.
+ */
+static inline v128_t q4_dot4_mx(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
+                                const uint8_t *w3, const uint8_t *s0, const uint8_t *s1,
+                                const uint8_t *s2, const uint8_t *s3, const int8_t *xq, int cols) {
+  int nb = cols / 32;
+  const float *xs = Q8_SCALES(xq, cols);
+  const int32_t *xsum = Q8_SUMS(xq, cols);
+  mx_consts c = mx_consts_make(xq);
+  v128_t acc0 = c.zero, acc1 = c.zero, acc2 = c.zero, acc3 = c.zero;
+  int b = 0;
+  for (; b + 4 <= nb; b += 4) MX_GROUP(4);
+  if (b < nb) MX_GROUP(nb - b);
+  return wasm_f32x4_mul(wasm_f32x4_make(hsum_f32x4(acc0), hsum_f32x4(acc1), hsum_f32x4(acc2),
+                                        hsum_f32x4(acc3)),
+                        wasm_f32x4_splat(0.5f));
+}
 
 /*
  * y[r] = sum_c W[r, c] * x[c] for r in [r0, r1): W MXFP4 [rows, cols], scales S [rows, cols/32],
