@@ -56,11 +56,17 @@ export class FeedForward {
   }
 
   /** out = down(silu(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
-  #mlp(gate: LayerWeights | ExpertWeights, h: number, out: number, nb: number, prefix?: string) {
+  #mlp(
+    weights: LayerWeights | ExpertWeights,
+    h: number,
+    out: number,
+    nb: number,
+    prefix?: string,
+  ) {
     const w = (m: "gate" | "up" | "down") =>
       prefix
-        ? (gate as LayerWeights).get(`${prefix}_${m}` as LayerTensor)
-        : (gate as ExpertWeights)[m];
+        ? (weights as LayerWeights).get(`${prefix}_${m}` as LayerTensor)
+        : (weights as ExpertWeights)[m];
     const g = w("gate"), u = w("up"), down = w("down");
     const ops = this.#ops;
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
