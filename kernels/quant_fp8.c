@@ -17,30 +17,50 @@ static inline float fp8_to_f32(uint32_t b) {
   return wasm_f32x4_extract_lane(v, 0);
 }
 
+/* The loop's vector constants, hidden behind runtime_zero_v128 so they stay in registers. */
+typedef struct {
+  v128_t zero, rebias, sign_em, em, nan;
+} fp8_consts;
+
+static inline fp8_consts fp8_consts_make(const void *p) {
+  v128_t z = runtime_zero_v128(p);
+  return (fp8_consts){
+      .zero = z,
+      .rebias = wasm_v128_xor(wasm_i32x4_splat(F32_2P120), z),
+      .sign_em = wasm_v128_xor(wasm_i16x8_splat((int16_t)0x87f0), z),
+      .em = wasm_v128_xor(wasm_i16x8_splat(0x7f00), z),
+      .nan = wasm_v128_xor(wasm_i16x8_splat(0x7fc0), z),
+  };
+}
+
 /*
  * Eight codes, each in the high byte of an i16 lane, -> the top halves of their f32 values
  * before rebiasing: (lane >>s 4) & 0x87f0 keeps the sign and moves exponent|mantissa to bits
  * 10..4; NaN codes get an all-ones exponent.
  */
-static inline v128_t fp8_hi16(v128_t lane) {
-  v128_t h = wasm_v128_and(wasm_i16x8_shr(lane, 4), wasm_i16x8_splat((int16_t)0x87f0));
-  v128_t em = wasm_i16x8_splat(0x7f00);
-  v128_t nan = wasm_i16x8_eq(wasm_v128_and(lane, em), em);
-  return wasm_v128_or(h, wasm_v128_and(nan, wasm_i16x8_splat(0x7fc0)));
+static inline __attribute__((always_inline)) v128_t fp8_hi16(v128_t lane, fp8_consts c) {
+  v128_t h = wasm_v128_and(wasm_i16x8_shr(lane, 4), c.sign_em);
+  v128_t nan = wasm_i16x8_eq(wasm_v128_and(lane, c.em), c.em);
+  return wasm_v128_or(h, wasm_v128_and(nan, c.nan));
 }
 
+/* bf16 bits in the high halves of i32 lanes, zeros below: the f32 whose top half they are. */
+#define FP8_LO(c, v) wasm_i16x8_shuffle((c).zero, (v), 0, 8, 1, 9, 2, 10, 3, 11)
+#define FP8_HI(c, v) wasm_i16x8_shuffle((c).zero, (v), 4, 12, 5, 13, 6, 14, 7, 15)
+
 /* Sixteen codes -> four f32 vectors (elements 0-3, 4-7, 8-11, 12-15). */
-#define FP8_DECODE16(v, f0, f1, f2, f3)                                                   \
+#define FP8_DECODE16(v, f0, f1, f2, f3, c)                                                \
   do {                                                                                    \
-    v128_t z_ = wasm_i32x4_splat(0), k_ = wasm_i32x4_splat(F32_2P120);                    \
-    v128_t l_ = fp8_hi16(wasm_i8x16_shuffle(z_, (v), 0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, \
-                                            22, 0, 23));                                  \
-    v128_t h_ = fp8_hi16(wasm_i8x16_shuffle(z_, (v), 0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, \
-                                            30, 0, 31));                                  \
-    (f0) = wasm_f32x4_mul(bf16_lo_f32x4(l_), k_);                                         \
-    (f1) = wasm_f32x4_mul(bf16_hi_f32x4(l_), k_);                                         \
-    (f2) = wasm_f32x4_mul(bf16_lo_f32x4(h_), k_);                                         \
-    (f3) = wasm_f32x4_mul(bf16_hi_f32x4(h_), k_);                                         \
+    v128_t l_ = fp8_hi16(wasm_i8x16_shuffle((c).zero, (v), 0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, \
+                                            21, 0, 22, 0, 23),                            \
+                         (c));                                                            \
+    v128_t h_ = fp8_hi16(wasm_i8x16_shuffle((c).zero, (v), 0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, \
+                                            29, 0, 30, 0, 31),                            \
+                         (c));                                                            \
+    (f0) = wasm_f32x4_mul(FP8_LO(c, l_), (c).rebias);                                     \
+    (f1) = wasm_f32x4_mul(FP8_HI(c, l_), (c).rebias);                                     \
+    (f2) = wasm_f32x4_mul(FP8_LO(c, h_), (c).rebias);                                     \
+    (f3) = wasm_f32x4_mul(FP8_HI(c, h_), (c).rebias);                                     \
   } while (0)
 
 /*
@@ -52,7 +72,8 @@ static inline v128_t fp8_hi16(v128_t lane) {
 static inline v128_t fp8_dot4(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
                               const uint8_t *w3, const float *s0, const float *s1, const float *s2,
                               const float *s3, const float *x, int cols) {
-  v128_t z = wasm_f32x4_splat(0.0f);
+  fp8_consts k = fp8_consts_make(x);
+  v128_t z = k.zero;
   v128_t acc0 = z, acc1 = z, acc2 = z, acc3 = z;
   for (int c0 = 0, cb = 0; c0 < cols; c0 += 128, cb++) {
     int c1 = cols - c0 < 128 ? cols : c0 + 128;
@@ -63,7 +84,7 @@ static inline v128_t fp8_dot4(const uint8_t *w0, const uint8_t *w1, const uint8_
       v128_t x2 = wasm_v128_load(x + c + 8), x3 = wasm_v128_load(x + c + 12);
       v128_t f0, f1, f2, f3;
 #define ROW(w, p)                                                                         \
-  FP8_DECODE16(wasm_v128_load((w) + c), f0, f1, f2, f3);                                  \
+  FP8_DECODE16(wasm_v128_load((w) + c), f0, f1, f2, f3, k);                               \
   p = wasm_f32x4_relaxed_madd(f0, x0, p);                                                 \
   p = wasm_f32x4_relaxed_madd(f1, x1, p);                                                 \
   p = wasm_f32x4_relaxed_madd(f2, x2, p);                                                 \

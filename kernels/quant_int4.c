@@ -3,20 +3,97 @@
  * Kimi-K2-Thinking ships it: weight_packed int32 [rows, cols/8], element 8k+i of a row in bits
  * 4i..4i+3 of word k, stored as q + 8 for q in -8..7 (so, little-endian, byte j holds element 2j
  * in its low nibble and 2j+1 in its high); weight_scale bf16 [rows, cols/32]; w = q * scale.
- * x is the Q8 copy of the input (quant.h), so cols must be a multiple of 32.
+ * x is the Q8 copy of the input (quant.h), so cols must be a multiple of 32. The stored nibble
+ * q + 8 (0..15) goes into the dot as is and 8 * the x block sum comes off afterwards.
  */
 #include "quant.h"
 
-static inline v128_t int4_block(const uint8_t *w, v128_t xe, v128_t xo) {
-  v128_t lo, hi;
-  SPLIT_NIBBLES(wasm_v128_load(w), lo, hi);
-  return dot_block_q8(lo, hi, xe, xo);
+#define INT4_OFFSET 8
+
+/* The loop's vector constants, hidden behind runtime_zero_v128 so they stay in registers. */
+typedef struct {
+  v128_t zero, nibble, neg_offset;
+} int4_consts;
+
+static inline int4_consts int4_consts_make(const void *p) {
+  v128_t z = runtime_zero_v128(p);
+  return (int4_consts){
+      .zero = z,
+      .nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z),
+      .neg_offset = wasm_v128_xor(wasm_i32x4_splat(-INT4_OFFSET), z),
+  };
 }
 
-#define INT4_SCALE4(s, b) bf16_lo_f32x4(wasm_v128_load64_zero((s) + (b)))
-#define INT4_SCALE_TAIL(s, b, m) load_tail_bf16((s) + (b), (m))
+/*
+ * One 32-block: i16 lanes of the dot of its stored nibbles with the Q8 block. A lane sums four
+ * products of at most 127 * 15, so the pairwise 16-bit adds of hsum4_i16x8 stay in range.
+ */
+static inline __attribute__((always_inline)) v128_t int4_block(const uint8_t *w, v128_t xe,
+                                                               v128_t xo, int4_consts c) {
+  v128_t v = wasm_v128_load(w);
+  v128_t lo = wasm_v128_and(v, c.nibble);
+  v128_t hi = wasm_v128_and(wasm_u16x8_shr(v, 4), c.nibble);
+  return wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(xe, lo),
+                        wasm_i16x8_relaxed_dot_i8x16_i7x16(xo, hi));
+}
 
-DEFINE_Q4_DOT4(int4, uint16_t, int4_block, INT4_SCALE4, INT4_SCALE_TAIL, 8, 1.0f)
+/*
+ * Blocks b..b+m-1 (m = 1..4) of one row into its accumulator: the integer block dots, corrected
+ * by bias (-offset * the x block sums), converted and scaled by weight scale * x scale.
+ */
+static inline __attribute__((always_inline)) v128_t int4_group(
+    const uint8_t *w, const uint16_t *s, int b, int m, const v128_t *xv, v128_t xsv, v128_t bias,
+    v128_t acc, int4_consts c) {
+  const uint8_t *p = w + 16 * b;
+  v128_t d0 = int4_block(p, xv[0], xv[1], c);
+  v128_t d1 = m > 1 ? int4_block(p + 16, xv[2], xv[3], c) : c.zero;
+  v128_t d2 = m > 2 ? int4_block(p + 32, xv[4], xv[5], c) : c.zero;
+  v128_t d3 = m > 3 ? int4_block(p + 48, xv[6], xv[7], c) : c.zero;
+  /* bf16 -> f32: the scale bits go to the upper half of each lane, zeros below. */
+  v128_t ws = m == 4 ? wasm_i16x8_shuffle(c.zero, wasm_v128_load64_zero(s + b), 0, 8, 1, 9, 2,
+                                          10, 3, 11)
+                     : load_tail_bf16(s + b, m);
+  v128_t t = wasm_i32x4_add(hsum4_i16x8(d0, d1, d2, d3), bias);
+  return wasm_f32x4_relaxed_madd(wasm_f32x4_convert_i32x4(t), wasm_f32x4_mul(ws, xsv), acc);
+}
+
+/* Blocks b..b+M-1 of the four rows: x, its scales and block sums loaded once for all rows. */
+#define INT4_GROUP(M)                                                                     \
+  do {                                                                                    \
+    int m_ = (M);                                                                         \
+    const int8_t *xb = xq + 32 * b;                                                       \
+    v128_t xv[8];                                                                         \
+    for (int j = 0; j < 8; j++) xv[j] = j < 2 * m_ ? wasm_v128_load(xb + 16 * j) : c.zero; \
+    v128_t xsv = m_ == 4 ? wasm_v128_load(xs + b)                                         \
+                         : load_tail_i32((const int32_t *)(xs + b), m_);                  \
+    v128_t sums = m_ == 4 ? wasm_v128_load(xsum + b) : load_tail_i32(xsum + b, m_);       \
+    v128_t bias = wasm_i32x4_mul(sums, c.neg_offset);                                     \
+    acc0 = int4_group(w0, s0, b, m_, xv, xsv, bias, acc0, c);                             \
+    acc1 = int4_group(w1, s1, b, m_, xv, xsv, bias, acc1, c);                             \
+    acc2 = int4_group(w2, s2, b, m_, xv, xsv, bias, acc2, c);                             \
+    acc3 = int4_group(w3, s3, b, m_, xv, xsv, bias, acc3, c);                             \
+  } while (0)
+
+/*
+ * Dots of four rows with the Q8 vector, lanes [row0..row3]. Blocks go four at a time into each
+ * row's f32 accumulator (lane = block mod 4), the last 1..3 blocks the same way with absent
+ * blocks as zero; rows never mix, so the one-row path passes the same row four times and gets
+ * the same bits.
+ */
+static inline v128_t q4_dot4_int4(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
+                                  const uint8_t *w3, const uint16_t *s0, const uint16_t *s1,
+                                  const uint16_t *s2, const uint16_t *s3, const int8_t *xq,
+                                  int cols) {
+  int nb = cols / 32;
+  const float *xs = Q8_SCALES(xq, cols);
+  const int32_t *xsum = Q8_SUMS(xq, cols);
+  int4_consts c = int4_consts_make(xq);
+  v128_t acc0 = c.zero, acc1 = c.zero, acc2 = c.zero, acc3 = c.zero;
+  int b = 0;
+  for (; b + 4 <= nb; b += 4) INT4_GROUP(4);
+  if (b < nb) INT4_GROUP(nb - b);
+  return wasm_f32x4_make(hsum_f32x4(acc0), hsum_f32x4(acc1), hsum_f32x4(acc2), hsum_f32x4(acc3));
+}
 
 /*
  * y[r] = sum_c W[r, c] * x[c] for r in [r0, r1): W the packed int4 bytes [rows, cols/2], S the bf16
