@@ -89,4 +89,25 @@ static inline void store_lanes_strided(float *y, size_t ds, v128_t v) {
     }                                                                                     \
   }
 
+/*
+ * One step of a 4-bit four-row dot (MXFP4, INT4): blocks b..b+M-1 of rows w0..w3, with x, its
+ * scales and block sums loaded once for all four rows. GROUP is the format's always-inlined
+ * group function; the caller's scope holds xq, xs, xsum, b, the constants c and acc0..acc3.
+ */
+#define Q4_GROUP_STEP(GROUP, M)                                                           \
+  do {                                                                                    \
+    int m_ = (M);                                                                         \
+    const int8_t *xb = xq + 32 * b;                                                       \
+    v128_t xv[8];                                                                         \
+    for (int j = 0; j < 8; j++) xv[j] = j < 2 * m_ ? wasm_v128_load(xb + 16 * j) : c.zero; \
+    v128_t xsv = m_ == 4 ? wasm_v128_load(xs + b)                                         \
+                         : load_tail_i32((const int32_t *)(xs + b), m_);                  \
+    v128_t sums = m_ == 4 ? wasm_v128_load(xsum + b) : load_tail_i32(xsum + b, m_);       \
+    v128_t bias = wasm_i32x4_mul(sums, c.neg_offset);                                     \
+    acc0 = GROUP(w0, s0, b, m_, xv, xsv, bias, acc0, c);                                  \
+    acc1 = GROUP(w1, s1, b, m_, xv, xsv, bias, acc1, c);                                  \
+    acc2 = GROUP(w2, s2, b, m_, xv, xsv, bias, acc2, c);                                  \
+    acc3 = GROUP(w3, s3, b, m_, xv, xsv, bias, acc3, c);                                  \
+  } while (0)
+
 #endif

@@ -57,22 +57,6 @@ static inline __attribute__((always_inline)) v128_t int4_group(
   return wasm_f32x4_relaxed_madd(wasm_f32x4_convert_i32x4(t), wasm_f32x4_mul(ws, xsv), acc);
 }
 
-/* Blocks b..b+M-1 of the four rows: x, its scales and block sums loaded once for all rows. */
-#define INT4_GROUP(M)                                                                     \
-  do {                                                                                    \
-    int m_ = (M);                                                                         \
-    const int8_t *xb = xq + 32 * b;                                                       \
-    v128_t xv[8];                                                                         \
-    for (int j = 0; j < 8; j++) xv[j] = j < 2 * m_ ? wasm_v128_load(xb + 16 * j) : c.zero; \
-    v128_t xsv = m_ == 4 ? wasm_v128_load(xs + b)                                         \
-                         : load_tail_i32((const int32_t *)(xs + b), m_);                  \
-    v128_t sums = m_ == 4 ? wasm_v128_load(xsum + b) : load_tail_i32(xsum + b, m_);       \
-    v128_t bias = wasm_i32x4_mul(sums, c.neg_offset);                                     \
-    acc0 = int4_group(w0, s0, b, m_, xv, xsv, bias, acc0, c);                             \
-    acc1 = int4_group(w1, s1, b, m_, xv, xsv, bias, acc1, c);                             \
-    acc2 = int4_group(w2, s2, b, m_, xv, xsv, bias, acc2, c);                             \
-    acc3 = int4_group(w3, s3, b, m_, xv, xsv, bias, acc3, c);                             \
-  } while (0)
 
 /*
  * Dots of four rows with the Q8 vector, lanes [row0..row3]. Blocks go four at a time into each
@@ -90,8 +74,8 @@ static inline v128_t q4_dot4_int4(const uint8_t *w0, const uint8_t *w1, const ui
   int4_consts c = int4_consts_make(xq);
   v128_t acc0 = c.zero, acc1 = c.zero, acc2 = c.zero, acc3 = c.zero;
   int b = 0;
-  for (; b + 4 <= nb; b += 4) INT4_GROUP(4);
-  if (b < nb) INT4_GROUP(nb - b);
+  for (; b + 4 <= nb; b += 4) Q4_GROUP_STEP(int4_group, 4);
+  if (b < nb) Q4_GROUP_STEP(int4_group, nb - b);
   return wasm_f32x4_make(hsum_f32x4(acc0), hsum_f32x4(acc1), hsum_f32x4(acc2), hsum_f32x4(acc3));
 }
 
