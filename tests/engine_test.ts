@@ -10,7 +10,7 @@ import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.t
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
-import { fixtureDir, maxRelDiff, packedFixture } from "./fixtures.ts";
+import { decodeAgainstReference, fixtureDir, maxRelDiff, packedFixture } from "./fixtures.ts";
 
 const FIXTURES = [
   "stories260k",
@@ -29,18 +29,7 @@ for (const name of FIXTURES) {
     const ref = new ReferenceModel(cfg, weight);
     const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 128 });
     try {
-      const tokens = [...PROMPT];
-      let worst = 0;
-      for (let pos = 0; pos < STEPS; pos++) {
-        const want = ref.forward64(tokens[pos], pos);
-        const got = model.forward([tokens[pos]], pos);
-        worst = Math.max(worst, maxRelDiff(got, want));
-        if (pos >= tokens.length - 1) {
-          const next = argmax(want);
-          assert.equal(argmax(got), next, `${name}: greedy token differs at position ${pos}`);
-          tokens.push(next);
-        }
-      }
+      const worst = decodeAgainstReference(model, ref, PROMPT, STEPS, name);
       assert.ok(worst <= 1e-5, `${name}: logits differ by ${worst} relative`);
     } finally {
       model.close();

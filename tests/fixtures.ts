@@ -4,7 +4,11 @@
  *
  * @module
  */
+import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
+import type { Model } from "../engine/model.ts";
+import type { ReferenceModel } from "../engine/reference/forward.ts";
+import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 
 /** Every Hugging Face checkpoint fixture in ../shared/models (all but gguf/). */
@@ -60,4 +64,31 @@ export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
     scale = Math.max(scale, Math.abs(b[i]));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+/**
+ * Decodes `steps` positions with the engine and the float64 reference side by side: `prompt`
+ * first, then the reference's greedy tokens, asserting the engine picks the same token at every
+ * generated position. Returns the worst relative logit difference seen.
+ */
+export function decodeAgainstReference(
+  model: Model,
+  ref: ReferenceModel,
+  prompt: number[],
+  steps: number,
+  name: string,
+): number {
+  const tokens = [...prompt];
+  let worst = 0;
+  for (let pos = 0; pos < steps; pos++) {
+    const want = ref.forward64(tokens[pos], pos);
+    const got = model.forward([tokens[pos]], pos);
+    worst = Math.max(worst, maxRelDiff(got, want));
+    if (pos >= tokens.length - 1) {
+      const next = argmax(want);
+      assert.equal(argmax(got), next, `${name}: greedy token differs at position ${pos}`);
+      tokens.push(next);
+    }
+  }
+  return worst;
 }

@@ -15,7 +15,7 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { type ExpertsOption, packCheckpoint, type PackOptions } from "../tools/pack.ts";
-import { fixtureDir, maxRelDiff, packedFixture, tempDir } from "./fixtures.ts";
+import { decodeAgainstReference, fixtureDir, packedFixture, tempDir } from "./fixtures.ts";
 
 const PROMPT = [1, 403, 407, 261, 378];
 const STEPS = 30;
@@ -53,18 +53,7 @@ for (const { name, opts, tol } of CASES) {
     const ref = new ReferenceModel(cfg, weight);
     const model = await Model.open(dir, { quiet: true, ctx: 64 });
     try {
-      const tokens = [...PROMPT];
-      let worst = 0;
-      for (let pos = 0; pos < STEPS; pos++) {
-        const want = ref.forward64(tokens[pos], pos);
-        const got = model.forward([tokens[pos]], pos);
-        worst = Math.max(worst, maxRelDiff(got, want));
-        if (pos >= tokens.length - 1) {
-          const next = argmax(want);
-          assert.equal(argmax(got), next, `${name}: greedy token differs at position ${pos}`);
-          tokens.push(next);
-        }
-      }
+      const worst = decodeAgainstReference(model, ref, PROMPT, STEPS, name);
       assert.ok(worst <= tol, `${name}: logits differ by ${worst} relative (bound ${tol})`);
     } finally {
       model.close();
