@@ -176,6 +176,14 @@ export function createArenaMemory(bytes: number): WebAssembly.Memory {
         `for a wasm64 memory`,
     );
   }
+  return sharedMemory64(bytes);
+}
+
+/**
+ * A shared wasm64 memory of `bytes` (rounded up to 64 KiB pages), initial = maximum: what the
+ * arena is made of, and what reader-only tools (disk benches) read into.
+ */
+export function sharedMemory64(bytes: number): WebAssembly.Memory {
   const pages = BigInt(Math.ceil(bytes / PAGE_BYTES));
   // `address` is newer than the TypeScript DOM typings of WebAssembly.MemoryDescriptor.
   const descriptor = { initial: pages, maximum: pages, shared: true, address: "i64" };

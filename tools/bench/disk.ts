@@ -7,6 +7,7 @@
  * @module
  */
 
+import { sharedMemory64 } from "../../wasm/mod.ts";
 import { existsSync, renameSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -15,7 +16,6 @@ import { type BlockReader, openReader, type ReadTicket } from "../../io/reader.t
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
-const WASM_PAGE = 65536;
 
 /** Options of {@link benchDisk}. */
 export interface DiskBenchOptions {
@@ -144,15 +144,7 @@ export async function benchDisk(opts: DiskBenchOptions): Promise<DiskBenchResult
   const path = opts.path ?? join(tmpdir(), `sluice-disk-bench-${bytes}.bin`);
   ensureTestFile(path, bytes, opts.quiet);
 
-  const pages = BigInt(Math.ceil((reqBytes * inFlight) / WASM_PAGE));
-  const memory = new WebAssembly.Memory(
-    {
-      initial: pages,
-      maximum: pages,
-      shared: true,
-      address: "i64",
-    } as unknown as WebAssembly.MemoryDescriptor,
-  );
+  const memory = sharedMemory64(reqBytes * inFlight);
   const direct = openReader(memory, { direct: true, threads: inFlight, quiet: opts.quiet });
   const buffered = openReader(memory, { direct: false, threads: inFlight, quiet: opts.quiet });
   const result: DiskBenchResult = {

@@ -22,6 +22,7 @@
  *
  * @module
  */
+import { sharedMemory64 } from "../../wasm/mod.ts";
 import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -153,15 +154,7 @@ export function recordReadGbps(path: string, count: number, inFlight = 2): numbe
   const c = openContainer(path);
   const banks = c.manifest.experts.filter((b) => b !== null);
   const stride = Math.max(...banks.map((b) => b.stride));
-  const pages = BigInt(Math.ceil((inFlight * stride) / 65536));
-  const memory = new WebAssembly.Memory(
-    {
-      initial: pages,
-      maximum: pages,
-      shared: true,
-      address: "i64",
-    } as unknown as WebAssembly.MemoryDescriptor,
-  );
+  const memory = sharedMemory64(inFlight * stride);
   const reader = openReader(memory, { direct: true, threads: inFlight, quiet: true });
   try {
     if (reader.kind !== "shim-direct") return NaN;
