@@ -189,7 +189,7 @@ export class Model {
           return { bank, paths, handles: paths.map((p) => reader.open(p)) };
         });
         const cache = new ExpertCache({ slots: plan.expertSlots, policy: opts.cache ?? "lfru" });
-        experts = new ExpertStore(arena, reader, files, plan.expertSlots, cache, {
+        experts = new ExpertStore(arena, reader, files, cache, {
           readaheadDepth: opts.readaheadDepth ?? 4,
           check: (layer, expert, slot, file, fileOffset) => {
             const bank = m.experts[layer]!;

@@ -82,7 +82,6 @@ export class ExpertStore implements ExpertSource {
     arena: Arena,
     reader: BlockReader,
     banks: (BankFiles | null)[],
-    slots: number,
     cache: ExpertCache,
     opts: ExpertStoreOptions,
   ) {
@@ -94,6 +93,8 @@ export class ExpertStore implements ExpertSource {
     if (!any) throw new Error("expert store: the model has no MoE layers");
     this.#stride = Math.max(...banks.filter((b) => b).map((b) => b!.bank.stride));
     this.#numExperts = any.bank.count;
+    // One arena slot of one record stride per cache slot.
+    const slots = cache.slots;
     this.#slotBase = arena.alloc(
       `expert slots (${slots} × ${this.#stride} B)`,
       slots * this.#stride,
