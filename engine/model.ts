@@ -122,7 +122,6 @@ export class Model {
     const container = openContainer(path);
     const cfg = container.config;
     const m = container.manifest;
-    const banks = m.experts.filter((b) => b !== null);
     const ctx = Math.min(opts.ctx ?? 4096, cfg.maxPositions);
     const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
     const input = planInput(container);
@@ -179,7 +178,7 @@ export class Model {
         readahead: opts.trunkReadahead ?? true,
       });
       let experts: ExpertStore | null = null;
-      if (banks.length > 0) {
+      if (plan.totalExperts > 0) {
         const shards = opts.shards ?? [];
         const files: (BankFiles | null)[] = m.experts.map((bank) => {
           if (!bank) return null;
