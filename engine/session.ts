@@ -33,10 +33,13 @@ export class Session {
   readonly tokenizer: Tokenizer;
   /** Timings of the last generation (and the load). */
   readonly timings: Timings;
+  /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
+  readonly samplingDefaults: SamplerOptions;
 
   private constructor(model: Model, tokenizer: Tokenizer, loadMs: number) {
     this.model = model;
     this.tokenizer = tokenizer;
+    this.samplingDefaults = samplingDefaults(model.container.dir);
     this.timings = { loadMs, promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
   }
 
@@ -63,19 +66,6 @@ export class Session {
     return this.tokenizer.decode(ids, { skipSpecial: true });
   }
 
-  /**
-   * Sampling defaults from the checkpoint's generation_config.json: its temperature, top_k and
-   * top_p when it asks for sampling (do_sample), else greedy. Options given to generate win.
-   */
-  samplingDefaults(): SamplerOptions {
-    const path = `${this.model.container.dir}/generation_config.json`;
-    if (!existsSync(path)) return {};
-    const g = JSON.parse(readFileSync(path, "utf8"));
-    if (g?.do_sample !== true) return {};
-    const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : undefined);
-    return { temperature: num(g.temperature) ?? 1, topK: num(g.top_k), topP: num(g.top_p) };
-  }
-
   /** The ids that end a generation: the model's EOS ids and BOS (a new document starts). */
   stopIds(): Set<number> {
     const ids = new Set([...this.tokenizer.eosIds, ...this.model.cfg.eosIds]);
@@ -99,7 +89,7 @@ export class Session {
       throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
     }
     const given = Object.fromEntries(Object.entries(opts).filter(([, x]) => x !== undefined));
-    const sampler = createSampler({ ...this.samplingDefaults(), ...given });
+    const sampler = createSampler({ ...this.samplingDefaults, ...given });
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
@@ -137,4 +127,22 @@ export class Session {
   close(): void {
     this.model.close();
   }
+}
+
+/**
+ * Sampling defaults from a container's generation_config.json: its temperature, top_k and top_p
+ * when it asks for sampling (do_sample), else greedy (no options).
+ */
+export function samplingDefaults(dir: string): SamplerOptions {
+  const path = `${dir}/generation_config.json`;
+  if (!existsSync(path)) return {};
+  let g: Record<string, unknown>;
+  try {
+    g = JSON.parse(readFileSync(path, "utf8"));
+  } catch (e) {
+    throw new Error(`${path}: expected JSON (${(e as Error).message})`);
+  }
+  if (g?.do_sample !== true) return {};
+  const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : undefined);
+  return { temperature: num(g.temperature) ?? 1, topK: num(g.top_k), topP: num(g.top_p) };
 }
