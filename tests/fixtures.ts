@@ -26,6 +26,15 @@ export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
 }
 
+/** Whether ../shared/models is there: tests that need it are ignored (skipped) when it is not. */
+export const HAVE_FIXTURES: boolean = (() => {
+  try {
+    return Deno.statSync(fixtureDir("stories260k")).isDirectory;
+  } catch {
+    return false;
+  }
+})();
+
 let tmp: string | undefined;
 const packed = new Map<string, Promise<string>>();
 
