@@ -9,7 +9,6 @@
 import {
   existsSync,
   lstatSync,
-  openSync,
   readdirSync,
   readFileSync,
   realpathSync,
