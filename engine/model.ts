@@ -23,6 +23,7 @@ import { Ops } from "./ops.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
+import { checkContext, prefillChunkOf, threadsOf } from "./run_limits.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
 import { Transformer } from "./transformer.ts";
 
@@ -119,11 +120,14 @@ export class Model {
 
   /** Opens the container at `path` under the memory plan `opts` asks for. */
   static async open(path: string, opts: RunOptions = {}): Promise<Model> {
+    const prefillChunk = prefillChunkOf(opts.prefillChunk);
+    checkContext(opts.ctx);
+    const notice = (line: string) => opts.quiet || console.error(line);
+    const threads = threadsOf(opts.threads, defaultThreads(), notice);
     const container = openContainer(path);
     const cfg = container.config;
     const m = container.manifest;
     const ctx = Math.min(opts.ctx ?? 4096, cfg.maxPositions);
-    const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
     const input = planInput(container);
     const planFor = (lookahead: number) =>
       planMemory(input, {
@@ -146,7 +150,6 @@ export class Model {
     }
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
-    const threads = opts.threads ?? defaultThreads();
     const pool = await Pool.create(arena, await loadKernelModule(), threads);
     const reader = openReader(arena.memory, {
       direct: opts.io !== "buffered" && opts.io !== "fallback",

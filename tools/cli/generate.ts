@@ -7,7 +7,10 @@
 import { parseArgs } from "node:util";
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
-import { Session } from "../../engine/session.ts";
+import { checkContext, prefillChunkOf } from "../../engine/run_limits.ts";
+import { createSampler } from "../../engine/sampler.ts";
+import { type GenerateOptions, Session } from "../../engine/session.ts";
+import { checkTracePath } from "../../io/trace.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 
@@ -35,13 +38,13 @@ Sampling (greedy by default):
 Memory and I/O (none of these change the output):
 ${BUDGET_HELP}
   --ctx N               context length the KV cache is sized for (default min(model, 4096))
-  --threads N           compute threads including the main thread (default: all cores)
+  --threads N           compute threads including the main thread (default and most: all cores)
   --cache lfru|lru      expert cache policy (default lfru)
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64)
+  --prefill-chunk N     prompt tokens per forward pass, 1..64 (default 64)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check each expert record's CRC32 as it is read
@@ -143,6 +146,21 @@ export async function generateCommand(args: string[]): Promise<number> {
     trace: v.trace,
     quiet: v.quiet || v.json,
   };
+  if (v.trace !== undefined) checkTracePath(v.trace);
+  prefillChunkOf(run.prefillChunk);
+  checkContext(run.ctx);
+  const sampling: GenerateOptions = {
+    maxTokens: int("max-tokens", v["max-tokens"]),
+    temperature: num("temperature", v.temperature),
+    topK: int("top-k", v["top-k"]),
+    topP: num("top-p", v["top-p"]),
+    minP: num("min-p", v["min-p"]),
+    repetitionPenalty: num("repeat-penalty", v["repeat-penalty"]),
+    seed: int("seed", v.seed),
+    ignoreEos: v["ignore-eos"],
+  };
+  // Bad sampling values fail now, not after the model has loaded.
+  createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
   let prompt = v.prompt;
@@ -173,16 +191,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     let text = "";
     const enc = new TextEncoder();
     for await (
-      const tok of session.generate(ids, {
-        maxTokens: int("max-tokens", v["max-tokens"]),
-        temperature: num("temperature", v.temperature),
-        topK: int("top-k", v["top-k"]),
-        topP: num("top-p", v["top-p"]),
-        minP: num("min-p", v["min-p"]),
-        repetitionPenalty: num("repeat-penalty", v["repeat-penalty"]),
-        seed: int("seed", v.seed),
-        ignoreEos: v["ignore-eos"],
-      })
+      const tok of session.generate(ids, sampling)
     ) {
       generated.push(tok.id);
       text += tok.text;
