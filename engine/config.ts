@@ -10,6 +10,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { ModelConfig, MoeConfig, RopeLayout, RopeScaling } from "./model_config.ts";
+import { checkConfigBounds } from "./tensor_shapes.ts";
 
 type Json = Record<string, unknown>;
 
@@ -460,13 +461,19 @@ export function normalizeConfig(
     bosId: bos.v === undefined || bos.v === null ? null : tokenId(bos.v, "bos_token_id", bos.from),
     eosIds: eosList.map((v) => tokenId(v, "eos_token_id", eos.from)),
   };
-  for (const id of [cfgOut.bosId ?? 0, ...cfgOut.eosIds]) {
-    if (id >= cfgOut.vocabSize) {
+  const ids: [number | null, string][] = [
+    [cfgOut.bosId, bos.from],
+    ...cfgOut.eosIds.map((id): [number, string] => [id, eos.from]),
+  ];
+  for (const [id, from] of ids) {
+    if (id !== null && id >= cfgOut.vocabSize) {
       throw new Error(
-        `${where}: special token id ${id} is outside the vocabulary of ${cfgOut.vocabSize}`,
+        `${from}: special token id ${id} is outside the vocabulary of ${cfgOut.vocabSize} ` +
+          `(vocab_size of ${at})`,
       );
     }
   }
+  checkConfigBounds(cfgOut, at);
   return cfgOut;
 }
 

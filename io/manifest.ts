@@ -17,6 +17,13 @@ import {
 } from "../engine/model_config.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import {
+  checkConfigBounds,
+  expertMatrixShape,
+  globalTensorSpec,
+  layerTensorSpec,
+  type TensorSpec,
+} from "../engine/tensor_shapes.ts";
+import {
   BLOCK_ALIGN,
   isCompactDtype,
   isExpertFormat,
@@ -131,6 +138,10 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);
   c.eosIds.forEach((x, i) => int(x, `${w("eosIds")}[${i}]`, 0, MAX_DIM));
+  if (c.family === "deepseek_v3" && c.mla === null) {
+    throw new Error(`${w("mla")}: the deepseek_v3 family needs an mla section`);
+  }
+  checkConfigBounds(c as unknown as ModelConfig, where);
   return c as unknown as ModelConfig;
 }
 
@@ -181,6 +192,16 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
     throw new Error(`${where}.paddedCols: only vq3r tensors have paddedCols`);
   }
   return out;
+}
+
+/** Checks an entry against the shape and role the config gives its tensor. */
+function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
+  if (String(e.shape) !== String(spec.shape)) {
+    throw new Error(`${where}: shape [${e.shape}], but the config gives [${spec.shape}]`);
+  }
+  if (spec.role !== "weight" && e.dtype !== "f32") {
+    throw new Error(`${where}: dtype ${e.dtype}, expected f32 for a ${spec.role}`);
+  }
 }
 
 /** Every byte range of a set of entries (scales included), checked for overlaps. */
@@ -258,6 +279,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
   }
   for (const k of wantGlobals) {
     const e = tensorEntry(gTensors[k], `${where} trunk.globals.tensors.${k}`, trunkBytes);
+    checkSpec(e, globalTensorSpec(config, k), `${where} trunk.globals.tensors.${k}`);
     for (const span of [e, e.scale].filter((x) => x) as TensorEntry[]) {
       if (
         span.offset < gRegion.offset || span.offset + span.bytes > gRegion.offset + gRegion.bytes
@@ -282,7 +304,11 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }
     const tensors: Record<string, TensorEntry> = {};
-    for (const k of want) tensors[k] = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
+    for (const k of want) {
+      const e = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
+      checkSpec(e, layerTensorSpec(config, k), `${at}.tensors.${k}`);
+      tensors[k] = e;
+    }
     checkNoOverlap(Object.entries(tensors), at);
     regions.push([r.offset, r.bytes, `layer ${l}`]);
     return { ...r, tensors };
@@ -334,12 +360,11 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     }
     const mats = obj(b.matrices, `${at}.matrices`);
     const matrices = {} as Record<ExpertMatrix, TensorEntry>;
-    const [inter, hidden] = [moe.expertIntermediate, config.hiddenSize];
     const fellBack: Partial<Record<ExpertMatrix, string>> = {};
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {
       const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
-      const want = k === "down" ? [hidden, inter] : [inter, hidden];
+      const want = expertMatrixShape(config, k);
       const reason = fallback?.[k];
       // A fallback matrix keeps a plain dtype; every other matrix has the bank's format.
       const dtypeOk = reason === undefined

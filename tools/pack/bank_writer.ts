@@ -20,6 +20,7 @@ import {
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { checkFinite } from "./finite.ts";
 import type { BankPlan } from "./plan.ts";
 import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
 
@@ -35,6 +36,7 @@ function writeExpertMatrix(
   if (src.packed && entry.dtype === "int4g32") {
     // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
     const { data, scale } = readPackedInt4(ckpt, src);
+    checkFinite(scale, src.packed.scale.dtype, `${src.file}: tensor ${src.packed.scale.name}`);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);
     return;

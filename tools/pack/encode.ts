@@ -20,6 +20,7 @@ import { quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
 import { encodeVq3r } from "../../engine/quant/vq3r.ts";
 import { type PlainDtype, STORED_DTYPE_BYTES, type StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
+import { checkFinite, checkFiniteF32 } from "./finite.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
 export const KEPT_DTYPE: Record<string, PlainDtype> = {
@@ -51,6 +52,7 @@ function encodeF32(x: Float32Array, dst: StoredDtype, what: string): Uint8Array 
 export function scaleBytesF32(ckpt: Checkpoint, weight: TensorInfo): Uint8Array {
   const s = fp8ScaleInfo(ckpt, weight);
   const f = readF32(ckpt, s.name);
+  checkFiniteF32(f, `${weight.file}: tensor ${s.name}`);
   return new Uint8Array(f.buffer, f.byteOffset, f.byteLength);
 }
 
@@ -72,6 +74,7 @@ export function streamTensor(
     for (let at = 0; at < src.bytes; at += step) {
       const piece = buf.subarray(0, Math.min(step, src.bytes - at));
       ckpt.readRangeInto(src.name, at, piece);
+      checkFinite(piece, src.dtype, what, at / DTYPE_BYTES[src.dtype]);
       emit(piece);
     }
     return;
@@ -89,6 +92,7 @@ export function streamTensor(
     const f = scale
       ? dequantFp8Blocks(raw, n, cols, scale, r0)
       : decodeDtypeToF32(src.dtype, raw, what);
+    checkFiniteF32(f, what, r0 * cols);
     emit(encodeF32(f, dst, what));
   }
 }
@@ -116,6 +120,7 @@ export function encodeMatrix(
   what: string,
   codebooks?: Float32Array,
 ): EncodedMatrix {
+  checkFiniteF32(w, what);
   switch (dtype) {
     case "f32":
     case "bf16":

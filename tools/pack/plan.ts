@@ -19,6 +19,11 @@ import {
   hfLayerName,
   layerTensorsOf,
 } from "../../engine/tensor_names.ts";
+import {
+  expertMatrixShape,
+  globalTensorSpec,
+  layerTensorSpec,
+} from "../../engine/tensor_shapes.ts";
 import { fp8ScaleInfo } from "../../io/checkpoint_weights.ts";
 import type { TensorEntry } from "../../io/manifest_schema.ts";
 import {
@@ -130,7 +135,9 @@ function lookup(ckpt: Checkpoint, name: string, what: string): TensorInfo {
 
 function checkShape(t: TensorInfo, want: number[]): void {
   if (String(t.shape) !== String(want)) {
-    throw new Error(`${t.file}: tensor ${t.name} has shape [${t.shape}], expected [${want}]`);
+    throw new Error(
+      `${t.file}: tensor ${t.name} has shape [${t.shape}], but config.json gives [${want}]`,
+    );
   }
 }
 
@@ -142,15 +149,9 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const name = hfGlobalName(cfg, g);
     if (name === null) continue;
     const src = lookup(ckpt, name, g);
-    checkShape(src, g === "final_norm" ? [cfg.hiddenSize] : [cfg.vocabSize, cfg.hiddenSize]);
-    gItems.set(g, {
-      src,
-      entry: entryFor(
-        ckpt,
-        src,
-        storedDtype(src, g === "final_norm" ? "vector" : "weight", convert),
-      ),
-    });
+    const spec = globalTensorSpec(cfg, g);
+    checkShape(src, spec.shape);
+    gItems.set(g, { src, entry: entryFor(ckpt, src, storedDtype(src, spec.role, convert)) });
   }
   const gEnd = place([...gItems.values()], 0);
   let cursor = alignUp(gEnd, BLOCK_ALIGN);
@@ -160,10 +161,8 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const role = t === "router" ? "router" : src.shape.length === 1 ? "vector" : "weight";
-      if (role === "weight" && src.shape.length !== 2) {
-        throw new Error(`${src.file}: tensor ${src.name} has shape [${src.shape}], expected 2-D`);
-      }
+      const { shape, role } = layerTensorSpec(cfg, t);
+      checkShape(src, shape);
       let dtype = storedDtype(src, role, convert);
       if (opts.trunk === "int8" && role === "weight" && !TRUNK_INT8_EXCLUDED.has(t)) {
         dtype = "int8row";
@@ -234,9 +233,7 @@ function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptio
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
       const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-      const want = m === "down"
-        ? [cfg.hiddenSize, moe.expertIntermediate]
-        : [moe.expertIntermediate, cfg.hiddenSize];
+      const want = expertMatrixShape(cfg, m);
       if (String([src.rows, src.cols]) !== String(want)) {
         throw new Error(
           `${src.file}: tensor ${src.name} has shape [${src.rows}, ${src.cols}], expected [${want}]`,

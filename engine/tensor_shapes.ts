@@ -1,0 +1,171 @@
+/**
+ * The one schema of a model's tensors: the shape and role of every trunk and expert tensor,
+ * derived from the normalised config, and the bounds a config must meet before anything is sized
+ * from it. The packer checks a checkpoint against it and the container reader checks a manifest
+ * against it, so a transposed projection, a short norm or a config that disagrees with its
+ * tensors is refused instead of read past its end.
+ *
+ * @module
+ */
+import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "./model_config.ts";
+
+/**
+ * How a tensor is stored: vectors (norms, biases, the selection bias) and routers are always
+ * f32; weights are 2-D matrices in any stored dtype.
+ */
+export type TensorRole = "vector" | "router" | "weight";
+
+/** The expected shape ([rows, cols] for matrices, as in PyTorch) and role of one tensor. */
+export interface TensorSpec {
+  shape: number[];
+  role: TensorRole;
+}
+
+const vector = (n: number): TensorSpec => ({ shape: [n], role: "vector" });
+const weight = (rows: number, cols: number): TensorSpec => ({
+  shape: [rows, cols],
+  role: "weight",
+});
+
+/** The spec of a global tensor. */
+export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec {
+  return g === "final_norm" ? vector(cfg.hiddenSize) : weight(cfg.vocabSize, cfg.hiddenSize);
+}
+
+/** The spec of layer tensor `t` (which the layer must have, see layerTensorsOf). */
+export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
+  const H = cfg.hiddenSize, heads = cfg.numHeads;
+  const q = heads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
+  const mla = cfg.mla;
+  const moe = cfg.moe;
+  switch (t) {
+    case "attn_norm":
+    case "ffn_norm":
+      return vector(H);
+    case "wq":
+      return weight(q, H);
+    case "wk":
+    case "wv":
+      return weight(kv, H);
+    case "wo":
+      return weight(H, mla ? heads * mla.vHeadDim : q);
+    case "bq":
+      return vector(q);
+    case "bk":
+    case "bv":
+      return vector(kv);
+    case "q_norm":
+    case "k_norm":
+      return vector(cfg.headDim);
+    case "wq_a":
+      return weight(mla!.qLoraRank!, H);
+    case "q_a_norm":
+      return vector(mla!.qLoraRank!);
+    case "wq_b":
+      return weight(q, mla!.qLoraRank!);
+    case "wkv_a":
+      return weight(mla!.kvLoraRank + mla!.qkRopeHeadDim, H);
+    case "kv_a_norm":
+      return vector(mla!.kvLoraRank);
+    case "wkv_b":
+      return weight(heads * (mla!.qkNopeHeadDim + mla!.vHeadDim), mla!.kvLoraRank);
+    case "ffn_gate":
+    case "ffn_up":
+      return weight(cfg.intermediateSize, H);
+    case "ffn_down":
+      return weight(H, cfg.intermediateSize);
+    case "router":
+      return { shape: [moe!.numExperts, H], role: "router" };
+    case "router_bias":
+      return { shape: [moe!.numExperts], role: "router" };
+    case "shared_gate":
+    case "shared_up":
+      return weight(moe!.sharedIntermediate, H);
+    case "shared_down":
+      return weight(H, moe!.sharedIntermediate);
+  }
+}
+
+/** [rows, cols] of one routed expert's matrix. */
+export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, number] {
+  const inter = cfg.moe!.expertIntermediate;
+  return m === "down" ? [cfg.hiddenSize, inter] : [inter, cfg.hiddenSize];
+}
+
+/** Largest size of one dimension (hidden, vocabulary, intermediate rows) sluice accepts. */
+export const MAX_MODEL_DIM = 1 << 24;
+/** Largest element count of one tensor: its f32 copy must stay far below 2^53 bytes. */
+export const MAX_TENSOR_ELEMENTS = 2 ** 40;
+
+/**
+ * Throws, naming `where` and the field, when a normalised config could make NaN or absurd
+ * allocations: non-positive sizes or eps, heads that do not divide, a rotary part wider than the
+ * head, ids outside the vocabulary, tensors too large for the platform.
+ */
+export function checkConfigBounds(cfg: ModelConfig, where: string): void {
+  const fail = (what: string): never => {
+    throw new Error(`${where}: ${what}`);
+  };
+  const dims: [string, number][] = [
+    ["vocabSize", cfg.vocabSize],
+    ["hiddenSize", cfg.hiddenSize],
+    ["numHeads", cfg.numHeads],
+    ["numKvHeads", cfg.numKvHeads],
+    ["headDim", cfg.headDim],
+  ];
+  for (const [k, v] of dims) {
+    if (!Number.isSafeInteger(v) || v < 1 || v > MAX_MODEL_DIM) {
+      fail(`${k} ${v} must be a whole number in 1..${MAX_MODEL_DIM}`);
+    }
+  }
+  if (!(cfg.rmsNormEps > 0 && cfg.rmsNormEps < 1)) {
+    fail(`rms_norm_eps ${cfg.rmsNormEps} must be in (0, 1): RMSNorm divides by sqrt(mean + eps)`);
+  }
+  if (cfg.numHeads % cfg.numKvHeads) {
+    fail(
+      `num_attention_heads ${cfg.numHeads} is not a multiple of num_key_value_heads ${cfg.numKvHeads}`,
+    );
+  }
+  const rope = cfg.rope;
+  if (!(rope.theta > 0)) fail(`rope_theta ${rope.theta} must be > 0`);
+  if (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim) {
+    fail(`the rotary dimension ${rope.dim} must be even and in 2..head_dim ${cfg.headDim}`);
+  }
+  if (!(cfg.attnScale > 0 && Number.isFinite(cfg.attnScale))) {
+    fail(`the attention scale ${cfg.attnScale} must be a positive number`);
+  }
+  const moe = cfg.moe;
+  if (moe) {
+    if (moe.topK < 1 || moe.topK > moe.numExperts) {
+      fail(`num_experts_per_tok ${moe.topK} must be in 1..${moe.numExperts}`);
+    }
+    if (moe.numExperts % moe.nGroup || moe.topkGroup > moe.nGroup) {
+      fail(`n_group ${moe.nGroup} must divide ${moe.numExperts} experts and be ≥ topk_group`);
+    }
+    if (!(moe.routedScaling > 0 && Number.isFinite(moe.routedScaling))) {
+      fail(`routed_scaling_factor ${moe.routedScaling} must be a positive number`);
+    }
+  }
+  for (const id of [...(cfg.bosId === null ? [] : [cfg.bosId]), ...cfg.eosIds]) {
+    if (id >= cfg.vocabSize) {
+      fail(`special token id ${id} is outside the vocabulary of ${cfg.vocabSize}`);
+    }
+  }
+  const big = (what: string, shape: number[]) => {
+    const n = shape.reduce((a, b) => a * b, 1);
+    if (shape.some((d) => d > MAX_MODEL_DIM) || n > MAX_TENSOR_ELEMENTS) {
+      fail(`${what} of shape [${shape}] is larger than sluice supports`);
+    }
+  };
+  big("the embedding", globalTensorSpec(cfg, "embed").shape);
+  if (cfg.intermediateSize) big("the dense FFN", [cfg.intermediateSize, cfg.hiddenSize]);
+  if (moe) {
+    big("an expert matrix", expertMatrixShape(cfg, "gate"));
+    big("the shared experts", [moe.sharedIntermediate, cfg.hiddenSize]);
+  }
+  if (cfg.mla) {
+    const m = cfg.mla;
+    big("wkv_b", [cfg.numHeads * (m.qkNopeHeadDim + m.vHeadDim), m.kvLoraRank]);
+    if (m.qLoraRank !== null) big("wq_b", [cfg.numHeads * cfg.headDim, m.qLoraRank]);
+  }
+}
