@@ -9,7 +9,7 @@ import { type Container, type ExpertBank, openContainer } from "../io/container.
 import { type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "../io/hot_list.ts";
-import { checkRecord } from "../io/record_check.ts";
+import { checkRecord, regionChecker } from "../io/record_check.ts";
 import { type BlockReader, openReader } from "../io/reader.ts";
 import { TrunkRing } from "../io/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
@@ -47,7 +47,7 @@ export interface RunOptions {
   trunkReadahead?: boolean;
   /** Cap on expert slots (tests, benchmarks). */
   expertSlots?: number;
-  /** Check each expert record's CRC32 as it lands. */
+  /** Check each expert record's CRC32 and each trunk region's CRC32 as it lands. */
   verify?: boolean;
   /** Directories holding bank shards: expert e in shard e % n (see tools/split_banks.ts). */
   shards?: string[];
@@ -163,6 +163,8 @@ export class Model {
         m.trunk.globals.region.bytes,
       );
       reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
+      const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
+      checkRegion?.("globals", gOff);
       const rel = gOff - m.trunk.globals.region.offset;
       const g = m.trunk.globals.tensors;
       const global = (t: "embed" | "final_norm") => {
@@ -179,6 +181,7 @@ export class Model {
         pinned: plan.pinned,
         slots: plan.ringSlots,
         readahead: opts.trunkReadahead ?? true,
+        check: checkRegion,
       });
       let experts: ExpertStore | null = null;
       if (plan.totalExperts > 0) {

@@ -151,7 +151,9 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
  */
 function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const e = obj(v, where);
-  if (!isStoredDtype(e.dtype)) throw new Error(`${where}.dtype: unknown dtype ${e.dtype}`);
+  if (!isStoredDtype(e.dtype)) {
+    throw new Error(`${where}.dtype: unknown dtype ${JSON.stringify(e.dtype)}`);
+  }
   if (!Array.isArray(e.shape) || e.shape.length < 1 || e.shape.length > 4) {
     throw new Error(`${where}.shape: expected 1 to 4 dimensions`);
   }
@@ -254,7 +256,9 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
   if (m.version !== CONTAINER_VERSION) {
-    throw new Error(`${where}: version ${m.version}, this reader knows ${CONTAINER_VERSION}`);
+    throw new Error(
+      `${where}: version ${JSON.stringify(m.version)}, this reader knows ${CONTAINER_VERSION}`,
+    );
   }
   const config = validateModelConfig(m.config, `${where} config`);
   const source = obj(m.source, `${where} source`);
@@ -266,7 +270,9 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
   if (trunk.file !== TRUNK_FILE) throw new Error(`${where} trunk.file: expected ${TRUNK_FILE}`);
   const trunkBytes = fileSize(join(dir, TRUNK_FILE), `${where} trunk`);
   if (trunk.bytes !== trunkBytes) {
-    throw new Error(`${where} trunk.bytes: ${trunk.bytes} but ${TRUNK_FILE} has ${trunkBytes}`);
+    throw new Error(
+      `${where} trunk.bytes: ${JSON.stringify(trunk.bytes)} but ${TRUNK_FILE} has ${trunkBytes}`,
+    );
   }
   const g = obj(trunk.globals, `${where} trunk.globals`);
   const gRegion = region(g.region, `${where} trunk.globals.region`, trunkBytes);
@@ -328,7 +334,9 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     }
     const size = fileSize(join(dir, CODEBOOKS_FILE), `${where} codebooks`);
     if (cb.bytes !== size) {
-      throw new Error(`${where} codebooks.bytes: ${cb.bytes} but ${CODEBOOKS_FILE} has ${size}`);
+      throw new Error(
+        `${where} codebooks.bytes: ${JSON.stringify(cb.bytes)} but ${CODEBOOKS_FILE} has ${size}`,
+      );
     }
     codebooks = { file: CODEBOOKS_FILE, bytes: size };
   }
@@ -351,7 +359,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const stride = int(b.stride, `${at}.stride`, BLOCK_ALIGN, 2 ** 32 - 1);
     if (stride % BLOCK_ALIGN) throw new Error(`${at}.stride: ${stride} is not a multiple of 4096`);
     const format = isExpertFormat(b.format) ? b.format : null;
-    if (!format) throw new Error(`${at}.format: unknown format ${b.format}`);
+    if (!format) throw new Error(`${at}.format: unknown format ${JSON.stringify(b.format)}`);
     const fallback = b.fallback === undefined ? undefined : obj(b.fallback, `${at}.fallback`);
     const cbs = b.codebooks === undefined ? undefined : obj(b.codebooks, `${at}.codebooks`);
     const size = fileSize(join(dir, b.file), at);
@@ -453,7 +461,9 @@ function packSettings(v: unknown, where: string): PackSettings {
   const nullOr = <T extends string>(x: unknown, allowed: readonly T[], at: string): T | null =>
     x === null ? null : oneOf(x, allowed, at);
   const experts = p.experts === null ? null : isExpertFormat(p.experts) ? p.experts : undefined;
-  if (experts === undefined) throw new Error(`${where}.experts: unknown format ${p.experts}`);
+  if (experts === undefined) {
+    throw new Error(`${where}.experts: unknown format ${JSON.stringify(p.experts)}`);
+  }
   return {
     convert: nullOr(p.convert, ["f32", "bf16"], `${where}.convert`),
     experts,

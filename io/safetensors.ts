@@ -196,7 +196,9 @@ function shardsFromIndex(dir: string, indexPath: string): Map<string, string> {
   const byTensor = new Map<string, string>();
   for (const [name, file] of Object.entries(map as Record<string, unknown>)) {
     if (typeof file !== "string" || file === "" || /[\\/]/.test(file) || file.startsWith(".")) {
-      throw new Error(`${indexPath}: tensor ${name} maps to an invalid shard name ${file}`);
+      throw new Error(
+        `${indexPath}: tensor ${name} maps to an invalid shard name ${JSON.stringify(file)}`,
+      );
     }
     if (!existsSync(join(dir, file))) {
       throw new Error(`${indexPath}: shard ${file} (holding tensor ${name}) does not exist`);

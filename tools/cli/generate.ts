@@ -47,7 +47,7 @@ ${BUDGET_HELP}
   --prefill-chunk N     prompt tokens per forward pass, 1..64 (default 64)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
-  --verify              check each expert record's CRC32 as it is read
+  --verify              check the CRC32 of each expert record and trunk region as it is read
   --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
                         (default 1 while experts stream, 0 when all fit)
   --learn               add this run's expert use counts to the hot list (<model>.hot.json)
