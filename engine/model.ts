@@ -23,9 +23,11 @@ import { Ops } from "./ops.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
-import { checkContext, prefillChunkOf, threadsOf } from "./run_limits.ts";
+import { checkContext, crcSampleOf, prefillChunkOf, threadsOf } from "./run_limits.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
 import { Transformer } from "./transformer.ts";
+
+export { DEFAULT_CRC_SAMPLE } from "./run_limits.ts";
 
 /** How to run a container. Every option changes speed or memory, never the output. */
 export interface RunOptions {
@@ -49,6 +51,11 @@ export interface RunOptions {
   expertSlots?: number;
   /** Check each expert record's CRC32 and each trunk region's CRC32 as it lands. */
   verify?: boolean;
+  /**
+   * Share of expert record landings whose payload CRC32 is checked besides the always-on header
+   * check (0..1; default {@link DEFAULT_CRC_SAMPLE}; `verify` checks every one).
+   */
+  crcSample?: number;
   /** Directories holding bank shards: expert e in shard e % n (see tools/split_banks.ts). */
   shards?: string[];
   /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
@@ -194,6 +201,7 @@ export class Model {
           return { bank, paths, handles: paths.map((p) => reader.open(p)) };
         });
         const cache = new ExpertCache({ slots: plan.expertSlots, policy: opts.cache ?? "lfru" });
+        const sample = opts.verify ? 1 : crcSampleOf(opts.crcSample);
         experts = new ExpertStore(arena, reader, files, cache, {
           readaheadDepth: opts.readaheadDepth ?? 4,
           check: (layer, expert, slot, file, fileOffset) => {
@@ -205,7 +213,7 @@ export class Model {
               expert,
               file,
               fileOffset,
-              opts.verify ?? false,
+              sample >= 1 || Math.random() < sample,
             );
           },
         });

@@ -45,3 +45,17 @@ export function threadsOf(
   notice(`sluice: --threads ${requested} is more than the ${cores} cores; using ${cores}`);
   return cores;
 }
+
+/**
+ * Share of expert record landings whose payload CRC is checked by default. `bench integrity`
+ * measured a CRC on every landing at about +110% of streaming decode time (loaded 2-core
+ * machine, docs/PERFORMANCE.md), so one landing in 64 adds about 1.7%, under the 2% allowed.
+ */
+export const DEFAULT_CRC_SAMPLE = 1 / 64;
+
+/** Checks `crcSample` and returns it or the default. */
+export function crcSampleOf(v: number | undefined): number {
+  if (v === undefined) return DEFAULT_CRC_SAMPLE;
+  if (!(v >= 0 && v <= 1)) throw new Error(`--crc-sample must be in 0..1, got ${v}`);
+  return v;
+}

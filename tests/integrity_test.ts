@@ -91,3 +91,29 @@ Deno.test({
     assert.deepEqual(out[1], out[0]);
   },
 });
+
+Deno.test({
+  name:
+    "sampled record CRCs: rate 1 catches a damaged payload like --verify, rate 0 is header-only",
+  ignore,
+  fn: async () => {
+    const clean = await packedFixture("stories260k-moe");
+    const dir = copyContainer(clean, `${tempDir()}/expert-damage.sluice`);
+    const c = openContainer(dir);
+    const bank = c.manifest.experts[2]!;
+    for (let e = 0; e < bank.count; e++) {
+      flipByte(c.expertBankPath(2), e * bank.stride + bank.matrices.gate.offset + 200);
+    }
+    const run = async (crcSample: number) => {
+      const m = await Model.open(dir, { quiet: true, crcSample });
+      try {
+        greedy(m, 6);
+      } finally {
+        m.close();
+      }
+    };
+    await assert.rejects(run(1), /layer 2: checksum mismatch \(.*experts-L2\.bin offset \d+\)/);
+    await run(0);
+    await assert.rejects(run(1.5), /--crc-sample must be in 0\.\.1/);
+  },
+});

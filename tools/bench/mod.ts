@@ -26,6 +26,11 @@ export const BENCHES: Record<string, BenchEntry> = {
       "latency, O_DIRECT vs buffered disk reads, with targets",
     load: () => import("./kernels.ts"),
   },
+  integrity: {
+    summary: "cost of the run-time integrity checks (record header, first-use CRC, --verify) " +
+      "during streaming decode",
+    load: () => import("./integrity.ts"),
+  },
   stream: {
     summary: "decode under a memory budget on a synthetic 2 GiB Qwen3-MoE: tok/s against the " +
       "O_DIRECT roofline, read-ahead and lookahead on/off, overlap of I/O and compute",

@@ -185,7 +185,7 @@ export function recordReadGbps(path: string, count: number, inFlight = 2): numbe
 }
 
 /** A fixed prompt of ordinary token ids (the BOS id is not needed by a synthetic model). */
-function fixedPrompt(vocab: number): number[] {
+export function fixedPrompt(vocab: number): number[] {
   return Array.from({ length: 8 }, (_, i) => (1000 + 37 * i) % vocab);
 }
 
@@ -213,7 +213,7 @@ function counters(m: Model): Counters {
 }
 
 /** Prefills `prompt`, then decodes `tokens` greedy tokens; returns the decode-step numbers. */
-function decode(m: Model, label: string, prompt: number[], tokens: number): StreamRun {
+export function decode(m: Model, label: string, prompt: number[], tokens: number): StreamRun {
   let logits: Float32Array = new Float32Array(0);
   for (let p = 0; p < prompt.length; p += m.prefillChunk) {
     logits = m.forward(prompt.slice(p, p + m.prefillChunk), p);

@@ -7,7 +7,7 @@
 import { parseArgs } from "node:util";
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
-import { checkContext, prefillChunkOf } from "../../engine/run_limits.ts";
+import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
 import { createSampler } from "../../engine/sampler.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { checkTracePath } from "../../io/trace.ts";
@@ -48,6 +48,8 @@ ${BUDGET_HELP}
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check the CRC32 of each expert record and trunk region as it is read
+  --crc-sample P        share of expert reads whose CRC32 is checked without --verify
+                        (default 1/64; every read gets its header checked)
   --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
                         (default 1 while experts stream, 0 when all fit)
   --learn               add this run's expert use counts to the hot list (<model>.hot.json)
@@ -91,6 +93,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       shards: { type: "string" },
       io: { type: "string" },
       verify: { type: "boolean" },
+      "crc-sample": { type: "string" },
       lookahead: { type: "string" },
       learn: { type: "boolean" },
       "no-hot-list": { type: "boolean" },
@@ -140,6 +143,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     shards: shards ? shards.split(",").filter((s) => s) : undefined,
     io: oneOf("io", v.io, ["direct", "buffered", "fallback"]),
     verify: v.verify,
+    crcSample: num("crc-sample", v["crc-sample"]),
     lookahead: int("lookahead", v.lookahead),
     learn: v.learn,
     hotList: !v["no-hot-list"],
@@ -148,6 +152,7 @@ export async function generateCommand(args: string[]): Promise<number> {
   };
   if (v.trace !== undefined) checkTracePath(v.trace);
   prefillChunkOf(run.prefillChunk);
+  crcSampleOf(run.crcSample);
   checkContext(run.ctx);
   const sampling: GenerateOptions = {
     maxTokens: int("max-tokens", v["max-tokens"]),
