@@ -7,19 +7,9 @@
  *
  * @module
  */
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "./model_config.ts";
-
-/**
- * How a tensor is stored: vectors (norms, biases, the selection bias) and routers are always
- * f32; weights are 2-D matrices in any stored dtype.
- */
-export type TensorRole = "vector" | "router" | "weight";
-
-/** The expected shape ([rows, cols] for matrices, as in PyTorch) and role of one tensor. */
-export interface TensorSpec {
-  shape: number[];
-  role: TensorRole;
-}
+import type { FamilySchema, TensorSpec } from "../io/manifest.ts";
+import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { layerTensorsOf } from "./tensor_names.ts";
 
 const vector = (n: number): TensorSpec => ({ shape: [n], role: "vector" });
 const weight = (rows: number, cols: number): TensorSpec => ({
@@ -169,3 +159,12 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     if (m.qLoraRank !== null) big("wq_b", [cfg.numHeads * cfg.headDim, m.qLoraRank]);
   }
 }
+
+/** The schema the container reader checks a manifest against (engine/container.ts binds it). */
+export const FAMILY_SCHEMA: FamilySchema = {
+  layerTensors: layerTensorsOf,
+  globalSpec: globalTensorSpec,
+  layerSpec: (cfg, t) => layerTensorSpec(cfg, t as LayerTensor),
+  expertShape: expertMatrixShape,
+  checkConfig: checkConfigBounds,
+};

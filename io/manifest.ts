@@ -14,15 +14,7 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   type ModelConfig,
-} from "../engine/model_config.ts";
-import { layerTensorsOf } from "../engine/tensor_names.ts";
-import {
-  checkConfigBounds,
-  expertMatrixShape,
-  globalTensorSpec,
-  layerTensorSpec,
-  type TensorSpec,
-} from "../engine/tensor_shapes.ts";
+} from "./model_config.ts";
 import {
   BLOCK_ALIGN,
   isCompactDtype,
@@ -141,7 +133,6 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
   if (c.family === "deepseek_v3" && c.mla === null) {
     throw new Error(`${w("mla")}: the deepseek_v3 family needs an mla section`);
   }
-  checkConfigBounds(c as unknown as ModelConfig, where);
   return c as unknown as ModelConfig;
 }
 
@@ -250,8 +241,44 @@ function fileSize(path: string, where: string): number {
   }
 }
 
-/** Parses and validates a manifest object against the files of the container `dir`. */
-export function parseManifest(raw: unknown, dir: string): Manifest {
+/**
+ * Which canonical tensors layer `layer` of a model holds: the model family knows (the engine's
+ * family registry supplies it), the container format does not.
+ */
+export type LayerTensorsOf = (config: ModelConfig, layer: number) => readonly string[];
+
+/**
+ * How a tensor is stored: vectors (norms, biases) and routers always as f32, weights as 2-D
+ * matrices in any stored dtype.
+ */
+export type TensorRole = "vector" | "router" | "weight";
+
+/** The shape ([rows, cols] for matrices) and role a model's config gives one tensor. */
+export interface TensorSpec {
+  shape: number[];
+  role: TensorRole;
+}
+
+/**
+ * What the model family knows about a container's tensors, derived from the config (the engine's
+ * family registry supplies it, engine/tensor_shapes.ts): which tensors each layer holds, every
+ * tensor's shape and role, and the bounds the config's values must meet.
+ */
+export interface FamilySchema {
+  layerTensors: LayerTensorsOf;
+  globalSpec(config: ModelConfig, g: GlobalTensor): TensorSpec;
+  layerSpec(config: ModelConfig, t: string): TensorSpec;
+  expertShape(config: ModelConfig, m: ExpertMatrix): [number, number];
+  /** Throws, naming `where` and the field, when a config value is out of bounds. */
+  checkConfig(config: ModelConfig, where: string): void;
+}
+
+/**
+ * Parses and validates a manifest object against the files of the container `dir` and the model
+ * family's schema: each layer run must hold exactly the tensors it names, in the shapes and roles
+ * it derives from the config.
+ */
+export function parseManifest(raw: unknown, dir: string, family: FamilySchema): Manifest {
   const where = join(dir, "manifest.json");
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
@@ -261,6 +288,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     );
   }
   const config = validateModelConfig(m.config, `${where} config`);
+  family.checkConfig(config, `${where} config`);
   const source = obj(m.source, `${where} source`);
   if (typeof source.fingerprint !== "string") {
     throw new Error(`${where} source.fingerprint: expected a string`);
@@ -285,7 +313,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
   }
   for (const k of wantGlobals) {
     const e = tensorEntry(gTensors[k], `${where} trunk.globals.tensors.${k}`, trunkBytes);
-    checkSpec(e, globalTensorSpec(config, k), `${where} trunk.globals.tensors.${k}`);
+    checkSpec(e, family.globalSpec(config, k), `${where} trunk.globals.tensors.${k}`);
     for (const span of [e, e.scale].filter((x) => x) as TensorEntry[]) {
       if (
         span.offset < gRegion.offset || span.offset + span.bytes > gRegion.offset + gRegion.bytes
@@ -305,14 +333,14 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const at = `${where} trunk.layers[${l}]`;
     const r = region(v, at, trunkBytes);
     const t = obj(obj(v, at).tensors, `${at}.tensors`);
-    const want = layerTensorsOf(config, l);
+    const want = family.layerTensors(config, l);
     if (Object.keys(t).sort().join() !== [...want].sort().join()) {
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }
     const tensors: Record<string, TensorEntry> = {};
     for (const k of want) {
       const e = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
-      checkSpec(e, layerTensorSpec(config, k), `${at}.tensors.${k}`);
+      checkSpec(e, family.layerSpec(config, k), `${at}.tensors.${k}`);
       tensors[k] = e;
     }
     checkNoOverlap(Object.entries(tensors), at);
@@ -372,7 +400,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {
       const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
-      const want = expertMatrixShape(config, k);
+      const want = family.expertShape(config, k);
       const reason = fallback?.[k];
       // A fallback matrix keeps a plain dtype; every other matrix has the bank's format.
       const dtypeOk = reason === undefined

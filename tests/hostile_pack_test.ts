@@ -4,7 +4,8 @@
  */
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
-import { openContainer, verifyContainer } from "../io/container.ts";
+import { verifyContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
 import { lockPackOutput } from "../tools/pack/output_guard.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";

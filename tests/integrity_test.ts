@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
-import { openContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { HAVE_FIXTURES, packedFixture, tempDir } from "./fixtures.ts";
 
 const ignore = !HAVE_FIXTURES;

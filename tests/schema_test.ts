@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
-import { openContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
 

@@ -7,7 +7,7 @@
 
 import { chmodSync, copyFileSync, existsSync } from "node:fs";
 import { join } from "node:path";
-import type { ModelConfig } from "../../engine/model_config.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
 import { loadTokenizer } from "../../engine/tokenizer.ts";
 
 /** Files copied from the checkpoint when present, listed in the manifest as tokenizer files. */

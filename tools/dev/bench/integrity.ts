@@ -14,8 +14,8 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { DEFAULT_CRC_SAMPLE, Model, type RunOptions } from "../../engine/model.ts";
-import { parseSize } from "../synth.ts";
+import { DEFAULT_CRC_SAMPLE, Model, type RunOptions } from "../../../engine/model.ts";
+import { parseSize } from "../../synth.ts";
 import { dropPageCache } from "./disk.ts";
 import { decode, ensureStreamModel, fixedPrompt } from "./stream.ts";
 

@@ -27,7 +27,7 @@ export const BENCHES: Record<string, BenchEntry> = {
     load: () => import("./kernels.ts"),
   },
   integrity: {
-    summary: "cost of the run-time integrity checks (record header, first-use CRC, --verify) " +
+    summary: "cost of the run-time integrity checks (record header, sampled CRC, --verify) " +
       "during streaming decode",
     load: () => import("./integrity.ts"),
   },
