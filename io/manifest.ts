@@ -53,23 +53,28 @@ function obj(v: unknown, where: string): Obj {
   return v as Obj;
 }
 
+/** A value for a message: its JSON, or "nothing" when the field is missing. */
+function shown(v: unknown): string {
+  return v === undefined ? "nothing (the field is missing)" : JSON.stringify(v);
+}
+
 function int(v: unknown, where: string, min: number, max: number): number {
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
-    throw new Error(`${where}: expected an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected an integer in [${min}, ${max}], got ${shown(v)}`);
   }
   return v;
 }
 
 function num(v: unknown, where: string): number {
   if (typeof v !== "number" || !Number.isFinite(v)) {
-    throw new Error(`${where}: expected a finite number, got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected a finite number, got ${shown(v)}`);
   }
   return v;
 }
 
 function oneOf<T extends string>(v: unknown, allowed: readonly T[], where: string): T {
   if (!allowed.includes(v as T)) {
-    throw new Error(`${where}: expected one of ${allowed.join(", ")}, got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected one of ${allowed.join(", ")}, got ${shown(v)}`);
   }
   return v as T;
 }
@@ -143,7 +148,7 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
 function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const e = obj(v, where);
   if (!isStoredDtype(e.dtype)) {
-    throw new Error(`${where}.dtype: unknown dtype ${JSON.stringify(e.dtype)}`);
+    throw new Error(`${where}.dtype: unknown dtype ${shown(e.dtype)}`);
   }
   if (!Array.isArray(e.shape) || e.shape.length < 1 || e.shape.length > 4) {
     throw new Error(`${where}.shape: expected 1 to 4 dimensions`);
@@ -284,7 +289,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
   if (m.version !== CONTAINER_VERSION) {
     throw new Error(
-      `${where}: version ${JSON.stringify(m.version)}, this reader knows ${CONTAINER_VERSION}`,
+      `${where}: version ${shown(m.version)}, this reader knows ${CONTAINER_VERSION}`,
     );
   }
   const config = validateModelConfig(m.config, `${where} config`);
@@ -299,7 +304,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
   const trunkBytes = fileSize(join(dir, TRUNK_FILE), `${where} trunk`);
   if (trunk.bytes !== trunkBytes) {
     throw new Error(
-      `${where} trunk.bytes: ${JSON.stringify(trunk.bytes)} but ${TRUNK_FILE} has ${trunkBytes}`,
+      `${where} trunk.bytes: ${shown(trunk.bytes)} but ${TRUNK_FILE} has ${trunkBytes}`,
     );
   }
   const g = obj(trunk.globals, `${where} trunk.globals`);
@@ -363,7 +368,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
     const size = fileSize(join(dir, CODEBOOKS_FILE), `${where} codebooks`);
     if (cb.bytes !== size) {
       throw new Error(
-        `${where} codebooks.bytes: ${JSON.stringify(cb.bytes)} but ${CODEBOOKS_FILE} has ${size}`,
+        `${where} codebooks.bytes: ${shown(cb.bytes)} but ${CODEBOOKS_FILE} has ${size}`,
       );
     }
     codebooks = { file: CODEBOOKS_FILE, bytes: size };
@@ -387,7 +392,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
     const stride = int(b.stride, `${at}.stride`, BLOCK_ALIGN, 2 ** 32 - 1);
     if (stride % BLOCK_ALIGN) throw new Error(`${at}.stride: ${stride} is not a multiple of 4096`);
     const format = isExpertFormat(b.format) ? b.format : null;
-    if (!format) throw new Error(`${at}.format: unknown format ${JSON.stringify(b.format)}`);
+    if (!format) throw new Error(`${at}.format: unknown format ${shown(b.format)}`);
     const fallback = b.fallback === undefined ? undefined : obj(b.fallback, `${at}.fallback`);
     const cbs = b.codebooks === undefined ? undefined : obj(b.codebooks, `${at}.codebooks`);
     const size = fileSize(join(dir, b.file), at);
@@ -490,7 +495,7 @@ function packSettings(v: unknown, where: string): PackSettings {
     x === null ? null : oneOf(x, allowed, at);
   const experts = p.experts === null ? null : isExpertFormat(p.experts) ? p.experts : undefined;
   if (experts === undefined) {
-    throw new Error(`${where}.experts: unknown format ${JSON.stringify(p.experts)}`);
+    throw new Error(`${where}.experts: unknown format ${shown(p.experts)}`);
   }
   return {
     convert: nullOr(p.convert, ["f32", "bf16"], `${where}.convert`),

@@ -62,8 +62,21 @@ Output:
   -h, --help            this text
 `;
 
-/** Runs the generate command with command-line `args`; returns the exit code. */
-export async function generateCommand(args: string[]): Promise<number> {
+/**
+ * Parses and checks the generate command line: everything that can be refused is refused here,
+ * before a model loads. Null for --help.
+ */
+export function parseGenerateArgs(args: string[]) {
+  for (const a of args) {
+    if (a === "--") break;
+    // node:util's parseArgs recurses over a group of short options ("-abc"), so a long one
+    // overflows its stack (found by `deno task fuzz`); this command's short options are -n, -h.
+    if (/^-[^-\d]./.test(a)) {
+      throw new Error(
+        `unknown option ${JSON.stringify(a.slice(0, 40))}: short options are -n and -h`,
+      );
+    }
+  }
   const { values: v } = parseArgs({
     args,
     options: {
@@ -104,10 +117,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     },
     strict: true,
   });
-  if (v.help) {
-    console.log(HELP);
-    return 0;
-  }
+  if (v.help) return null;
   const int = (name: string, s: string | undefined) => {
     if (s === undefined) return undefined;
     const n = Number(s);
@@ -166,6 +176,17 @@ export async function generateCommand(args: string[]): Promise<number> {
   };
   // Bad sampling values fail now, not after the model has loaded.
   createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
+  return { values: v, run, sampling };
+}
+
+/** Runs the generate command with command-line `args`; returns the exit code. */
+export async function generateCommand(args: string[]): Promise<number> {
+  const parsed = parseGenerateArgs(args);
+  if (!parsed) {
+    console.log(HELP);
+    return 0;
+  }
+  const { values: v, run, sampling } = parsed;
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
   let prompt = v.prompt;
