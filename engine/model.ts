@@ -171,7 +171,11 @@ export class Model {
         "globals (embedding, final norm, LM head)",
         m.trunk.globals.region.bytes,
       );
-      reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
+      try {
+        reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
+      } catch (e) {
+        throw new Error(`globals region: ${(e as Error).message}`);
+      }
       const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
       checkRegion?.("globals", gOff);
       const rel = gOff - m.trunk.globals.region.offset;

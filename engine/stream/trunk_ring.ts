@@ -11,7 +11,7 @@ import type { Arena } from "../arena.ts";
 import type { LayerWeights, TrunkSource } from "../weights.ts";
 import { bindLayer } from "../weights.ts";
 import type { LayerRun } from "../../io/container.ts";
-import { type BlockReader, ReadPriority, type ReadTicket } from "../../io/reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket, waitAll } from "../../io/reader.ts";
 
 /** How the trunk is split between pinned layers and ring slots. */
 export interface TrunkPlan {
@@ -75,7 +75,7 @@ export class TrunkRing implements TrunkSource {
     this.#runs = runs;
     for (let l = 0; l < plan.pinned; l++) {
       const off = arena.alloc(`trunk layer ${l} (pinned)`, runs[l].bytes);
-      this.#readRun(l, off, ReadPriority.DEMAND).forEach((t) => reader.wait(t));
+      waitAll(reader, this.#readRun(l, off, ReadPriority.DEMAND), `trunk layer ${l}`);
       plan.check?.(l, off);
       this.#pinned.push(bindLayer(l, runs[l], off));
     }
@@ -126,7 +126,7 @@ export class TrunkRing implements TrunkSource {
     else this.stats.readahead++;
     const t0 = performance.now();
     const landed = slot.tickets.length > 0;
-    for (const t of slot.tickets) this.#reader.wait(t);
+    waitAll(this.#reader, slot.tickets, `trunk layer ${layer}`);
     this.stats.waitMs += performance.now() - t0;
     slot.tickets = [];
     if (landed) this.plan.check?.(layer, slot.offset);
