@@ -81,7 +81,12 @@ Deno.test("regression: a long short-option group is a clean error, not a stack o
     () => parseGenerateArgs(["--verify", "-" + "[".repeat(100000)]),
     (e: Error) => e.constructor === Error && /unknown option "-\[\[/.test(e.message),
   );
+  assert.throws(
+    () => parseGenerateArgs(["--crc-sample", "-1e" + '{"a":'.repeat(100000)]),
+    (e: Error) => isCleanRejection(e),
+  );
   assert.throws(() => parseGenerateArgs(["-n", "-3"]));
+  assert.equal(parseGenerateArgs(["-n20"])?.sampling.maxTokens, 20);
   assert.equal(parseGenerateArgs(["-n", "5", "--temperature", "0.5"])?.sampling.maxTokens, 5);
 });
 

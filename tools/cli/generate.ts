@@ -70,8 +70,9 @@ export function parseGenerateArgs(args: string[]) {
   for (const a of args) {
     if (a === "--") break;
     // node:util's parseArgs recurses over a group of short options ("-abc"), so a long one
-    // overflows its stack (found by `deno task fuzz`); this command's short options are -n, -h.
-    if (/^-[^-\d]./.test(a)) {
+    // overflows its stack (found by `deno task fuzz`); this command's short options are -h and
+    // -n, which may carry its value ("-n20").
+    if (/^-[^-n]./.test(a)) {
       throw new Error(
         `unknown option ${JSON.stringify(a.slice(0, 40))}: short options are -n and -h`,
       );
