@@ -1,14 +1,17 @@
 /**
  * The one schema of a model's tensors: the shape and role of every trunk and expert tensor,
- * derived from the normalised config, and the bounds a config must meet before anything is sized
- * from it. The packer checks a checkpoint against it and the container reader checks a manifest
- * against it, so a transposed projection, a short norm or a config that disagrees with its
+ * derived from the normalised config — the layer skeleton's (norms, dense FFN, router, shared and
+ * routed experts) here, the attention tensors by the family (engine/models/<family>.ts,
+ * `attentionShape`) — and the bounds a config must meet before anything is sized from it. The
+ * packer checks a checkpoint against it and the container reader a manifest (engine/container.ts
+ * hands it to io/), so a transposed projection, a short norm or a config that disagrees with its
  * tensors is refused instead of read past its end.
  *
  * @module
  */
-import type { FamilySchema, TensorSpec } from "../io/manifest.ts";
+import type { TensorSpec } from "../io/manifest.ts";
 import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { familyOf } from "./models/mod.ts";
 import { layerTensorsOf } from "./tensor_names.ts";
 
 const vector = (n: number): TensorSpec => ({ shape: [n], role: "vector" });
@@ -24,41 +27,12 @@ export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec 
 
 /** The spec of layer tensor `t` (which the layer must have, see layerTensorsOf). */
 export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
-  const H = cfg.hiddenSize, heads = cfg.numHeads;
-  const q = heads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
-  const mla = cfg.mla;
+  const H = cfg.hiddenSize;
   const moe = cfg.moe;
   switch (t) {
     case "attn_norm":
     case "ffn_norm":
       return vector(H);
-    case "wq":
-      return weight(q, H);
-    case "wk":
-    case "wv":
-      return weight(kv, H);
-    case "wo":
-      return weight(H, mla ? heads * mla.vHeadDim : q);
-    case "bq":
-      return vector(q);
-    case "bk":
-    case "bv":
-      return vector(kv);
-    case "q_norm":
-    case "k_norm":
-      return vector(cfg.headDim);
-    case "wq_a":
-      return weight(mla!.qLoraRank!, H);
-    case "q_a_norm":
-      return vector(mla!.qLoraRank!);
-    case "wq_b":
-      return weight(q, mla!.qLoraRank!);
-    case "wkv_a":
-      return weight(mla!.kvLoraRank + mla!.qkRopeHeadDim, H);
-    case "kv_a_norm":
-      return vector(mla!.kvLoraRank);
-    case "wkv_b":
-      return weight(heads * (mla!.qkNopeHeadDim + mla!.vHeadDim), mla!.kvLoraRank);
     case "ffn_gate":
     case "ffn_up":
       return weight(cfg.intermediateSize, H);
@@ -73,6 +47,10 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
       return weight(moe!.sharedIntermediate, H);
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
+    default: {
+      const shape = familyOf(cfg).attentionShape(cfg, t);
+      return { shape, role: shape.length === 1 ? "vector" : "weight" };
+    }
   }
 }
 
@@ -84,6 +62,8 @@ export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, n
 
 /** Largest size of one dimension (hidden, vocabulary, intermediate rows) sluice accepts. */
 export const MAX_MODEL_DIM = 1 << 24;
+/** Largest layer count accepted. */
+export const MAX_LAYERS = 1 << 16;
 /** Largest element count of one tensor: its f32 copy must stay far below 2^53 bytes. */
 export const MAX_TENSOR_ELEMENTS = 2 ** 40;
 
@@ -108,12 +88,14 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`${k} ${v} must be a whole number in 1..${MAX_MODEL_DIM}`);
     }
   }
+  if (cfg.numLayers > MAX_LAYERS) fail(`numLayers ${cfg.numLayers} is above ${MAX_LAYERS}`);
   if (!(cfg.rmsNormEps > 0 && cfg.rmsNormEps < 1)) {
     fail(`rms_norm_eps ${cfg.rmsNormEps} must be in (0, 1): RMSNorm divides by sqrt(mean + eps)`);
   }
   if (cfg.numHeads % cfg.numKvHeads) {
     fail(
-      `num_attention_heads ${cfg.numHeads} is not a multiple of num_key_value_heads ${cfg.numKvHeads}`,
+      `num_attention_heads ${cfg.numHeads} is not a multiple of num_key_value_heads ` +
+        `${cfg.numKvHeads}`,
     );
   }
   const rope = cfg.rope;
@@ -141,30 +123,19 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`special token id ${id} is outside the vocabulary of ${cfg.vocabSize}`);
     }
   }
-  const big = (what: string, shape: number[]) => {
+  const sized = (what: string, shape: number[]) => {
     const n = shape.reduce((a, b) => a * b, 1);
-    if (shape.some((d) => d > MAX_MODEL_DIM) || n > MAX_TENSOR_ELEMENTS) {
+    if (
+      shape.some((d) => !Number.isSafeInteger(d) || d > MAX_MODEL_DIM) || n > MAX_TENSOR_ELEMENTS
+    ) {
       fail(`${what} of shape [${shape}] is larger than sluice supports`);
     }
   };
-  big("the embedding", globalTensorSpec(cfg, "embed").shape);
-  if (cfg.intermediateSize) big("the dense FFN", [cfg.intermediateSize, cfg.hiddenSize]);
-  if (moe) {
-    big("an expert matrix", expertMatrixShape(cfg, "gate"));
-    big("the shared experts", [moe.sharedIntermediate, cfg.hiddenSize]);
+  sized("the embedding", globalTensorSpec(cfg, "embed").shape);
+  // One layer of each kind stands for all: the shapes only differ between kinds.
+  for (const kind of new Set(cfg.layerKinds)) {
+    const l = cfg.layerKinds.indexOf(kind);
+    for (const t of layerTensorsOf(cfg, l)) sized(`layer ${l} ${t}`, layerTensorSpec(cfg, t).shape);
   }
-  if (cfg.mla) {
-    const m = cfg.mla;
-    big("wkv_b", [cfg.numHeads * (m.qkNopeHeadDim + m.vHeadDim), m.kvLoraRank]);
-    if (m.qLoraRank !== null) big("wq_b", [cfg.numHeads * cfg.headDim, m.qLoraRank]);
-  }
+  if (moe) sized("an expert matrix", expertMatrixShape(cfg, "gate"));
 }
-
-/** The schema the container reader checks a manifest against (engine/container.ts binds it). */
-export const FAMILY_SCHEMA: FamilySchema = {
-  layerTensors: layerTensorsOf,
-  globalSpec: globalTensorSpec,
-  layerSpec: (cfg, t) => layerTensorSpec(cfg, t as LayerTensor),
-  expertShape: expertMatrixShape,
-  checkConfig: checkConfigBounds,
-};

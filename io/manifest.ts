@@ -44,7 +44,8 @@ import {
 
 type Obj = Record<string, unknown>;
 
-const MAX_DIM = 2 ** 31;
+/** Largest dimension a stored config or tensor shape may have. */
+export const MAX_DIM = 2 ** 31;
 
 function obj(v: unknown, where: string): Obj {
   if (v === null || typeof v !== "object" || Array.isArray(v)) {
@@ -84,11 +85,59 @@ function bool(v: unknown, where: string): boolean {
   return v;
 }
 
-/** Validates the normalised config stored in a manifest (types and bounds of every field). */
-export function validateModelConfig(v: unknown, where: string): ModelConfig {
+/**
+ * The checks of manifest fields, each error naming the field and what was expected; the model
+ * families' own config checks (engine/models/) use them too.
+ */
+export const manifestField = { obj, int, num, oneOf, bool };
+
+/**
+ * What the container format needs from the engine's model families: io/ knows the format, the
+ * family registry (engine/models/mod.ts) knows which families exist, their config sections and
+ * the tensors of their layers.
+ */
+export interface FamilyRules {
+  /** Checks `config.family` and that family's own sections of a stored config. */
+  validateFamily(config: Record<string, unknown>, where: string): void;
+  /** The canonical tensors layer `layer` of `config` holds, in run order. */
+  layerTensors(config: ModelConfig, layer: number): readonly string[];
+  /** Throws, naming `where` and the field, when a config value is out of bounds. */
+  checkBounds(config: ModelConfig, where: string): void;
+  /** The shape and role `config` gives a global tensor, a layer tensor, an expert matrix. */
+  globalSpec(config: ModelConfig, g: GlobalTensor): TensorSpec;
+  layerSpec(config: ModelConfig, t: string): TensorSpec;
+  expertShape(config: ModelConfig, m: ExpertMatrix): [number, number];
+}
+
+/**
+ * How a tensor is stored: vectors (norms, biases) and routers always as f32, weights as 2-D
+ * matrices in any stored dtype.
+ */
+export type TensorRole = "vector" | "router" | "weight";
+
+/** The shape ([rows, cols] for matrices) and role a model's config gives one tensor. */
+export interface TensorSpec {
+  shape: number[];
+  role: TensorRole;
+}
+
+/** Checks an entry against the shape and role the config gives its tensor. */
+function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
+  if (String(e.shape) !== String(spec.shape)) {
+    throw new Error(`${where}: shape [${e.shape}], but the config gives [${spec.shape}]`);
+  }
+  if (spec.role !== "weight" && e.dtype !== "f32") {
+    throw new Error(`${where}: dtype ${e.dtype}, expected f32 for a ${spec.role}`);
+  }
+}
+
+/**
+ * Validates the normalised config stored in a manifest (types and bounds of every field), the
+ * family's sections by `rules`.
+ */
+export function validateModelConfig(v: unknown, where: string, rules: FamilyRules): ModelConfig {
   const c = obj(v, where);
   const w = (k: string) => `${where}.${k}`;
-  oneOf(c.family, ["llama", "deepseek_v3"], w("family"));
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
     int(c[k], w(k), 1, MAX_DIM);
@@ -125,19 +174,10 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
   } else if (c.layerKinds.includes("moe")) {
     throw new Error(`${w("moe")}: MoE layers need a moe section`);
   }
-  if (c.mla !== null) {
-    const m = obj(c.mla, w("mla"));
-    if (m.qLoraRank !== null) int(m.qLoraRank, w("mla.qLoraRank"), 1, MAX_DIM);
-    for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
-      int(m[k], w(`mla.${k}`), 1, MAX_DIM);
-    }
-  }
+  rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);
   c.eosIds.forEach((x, i) => int(x, `${w("eosIds")}[${i}]`, 0, MAX_DIM));
-  if (c.family === "deepseek_v3" && c.mla === null) {
-    throw new Error(`${w("mla")}: the deepseek_v3 family needs an mla section`);
-  }
   return c as unknown as ModelConfig;
 }
 
@@ -147,9 +187,7 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
  */
 function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const e = obj(v, where);
-  if (!isStoredDtype(e.dtype)) {
-    throw new Error(`${where}.dtype: unknown dtype ${shown(e.dtype)}`);
-  }
+  if (!isStoredDtype(e.dtype)) throw new Error(`${where}.dtype: unknown dtype ${shown(e.dtype)}`);
   if (!Array.isArray(e.shape) || e.shape.length < 1 || e.shape.length > 4) {
     throw new Error(`${where}.shape: expected 1 to 4 dimensions`);
   }
@@ -190,16 +228,6 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
     throw new Error(`${where}.paddedCols: only vq3r tensors have paddedCols`);
   }
   return out;
-}
-
-/** Checks an entry against the shape and role the config gives its tensor. */
-function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
-  if (String(e.shape) !== String(spec.shape)) {
-    throw new Error(`${where}: shape [${e.shape}], but the config gives [${spec.shape}]`);
-  }
-  if (spec.role !== "weight" && e.dtype !== "f32") {
-    throw new Error(`${where}: dtype ${e.dtype}, expected f32 for a ${spec.role}`);
-  }
 }
 
 /** Every byte range of a set of entries (scales included), checked for overlaps. */
@@ -247,43 +275,10 @@ function fileSize(path: string, where: string): number {
 }
 
 /**
- * Which canonical tensors layer `layer` of a model holds: the model family knows (the engine's
- * family registry supplies it), the container format does not.
+ * Parses and validates a manifest object against the files of the container `dir`, the config's
+ * family parts and each layer's tensor set by `rules`.
  */
-export type LayerTensorsOf = (config: ModelConfig, layer: number) => readonly string[];
-
-/**
- * How a tensor is stored: vectors (norms, biases) and routers always as f32, weights as 2-D
- * matrices in any stored dtype.
- */
-export type TensorRole = "vector" | "router" | "weight";
-
-/** The shape ([rows, cols] for matrices) and role a model's config gives one tensor. */
-export interface TensorSpec {
-  shape: number[];
-  role: TensorRole;
-}
-
-/**
- * What the model family knows about a container's tensors, derived from the config (the engine's
- * family registry supplies it, engine/tensor_shapes.ts): which tensors each layer holds, every
- * tensor's shape and role, and the bounds the config's values must meet.
- */
-export interface FamilySchema {
-  layerTensors: LayerTensorsOf;
-  globalSpec(config: ModelConfig, g: GlobalTensor): TensorSpec;
-  layerSpec(config: ModelConfig, t: string): TensorSpec;
-  expertShape(config: ModelConfig, m: ExpertMatrix): [number, number];
-  /** Throws, naming `where` and the field, when a config value is out of bounds. */
-  checkConfig(config: ModelConfig, where: string): void;
-}
-
-/**
- * Parses and validates a manifest object against the files of the container `dir` and the model
- * family's schema: each layer run must hold exactly the tensors it names, in the shapes and roles
- * it derives from the config.
- */
-export function parseManifest(raw: unknown, dir: string, family: FamilySchema): Manifest {
+export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Manifest {
   const where = join(dir, "manifest.json");
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
@@ -292,8 +287,8 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
       `${where}: version ${shown(m.version)}, this reader knows ${CONTAINER_VERSION}`,
     );
   }
-  const config = validateModelConfig(m.config, `${where} config`);
-  family.checkConfig(config, `${where} config`);
+  const config = validateModelConfig(m.config, `${where} config`, rules);
+  rules.checkBounds(config, `${where} config`);
   const source = obj(m.source, `${where} source`);
   if (typeof source.fingerprint !== "string") {
     throw new Error(`${where} source.fingerprint: expected a string`);
@@ -318,7 +313,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
   }
   for (const k of wantGlobals) {
     const e = tensorEntry(gTensors[k], `${where} trunk.globals.tensors.${k}`, trunkBytes);
-    checkSpec(e, family.globalSpec(config, k), `${where} trunk.globals.tensors.${k}`);
+    checkSpec(e, rules.globalSpec(config, k), `${where} trunk.globals.tensors.${k}`);
     for (const span of [e, e.scale].filter((x) => x) as TensorEntry[]) {
       if (
         span.offset < gRegion.offset || span.offset + span.bytes > gRegion.offset + gRegion.bytes
@@ -338,14 +333,14 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
     const at = `${where} trunk.layers[${l}]`;
     const r = region(v, at, trunkBytes);
     const t = obj(obj(v, at).tensors, `${at}.tensors`);
-    const want = family.layerTensors(config, l);
+    const want = rules.layerTensors(config, l);
     if (Object.keys(t).sort().join() !== [...want].sort().join()) {
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }
     const tensors: Record<string, TensorEntry> = {};
     for (const k of want) {
       const e = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
-      checkSpec(e, family.layerSpec(config, k), `${at}.tensors.${k}`);
+      checkSpec(e, rules.layerSpec(config, k), `${at}.tensors.${k}`);
       tensors[k] = e;
     }
     checkNoOverlap(Object.entries(tensors), at);
@@ -405,7 +400,7 @@ export function parseManifest(raw: unknown, dir: string, family: FamilySchema): 
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {
       const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
-      const want = family.expertShape(config, k);
+      const want = rules.expertShape(config, k);
       const reason = fallback?.[k];
       // A fallback matrix keeps a plain dtype; every other matrix has the bank's format.
       const dtypeOk = reason === undefined

@@ -181,11 +181,16 @@ Deno.test({
           Deno.writeTextFileSync(path, JSON.stringify(m));
           throwsWith(() => openContainer(out), ...parts);
         };
-        tamper((m) => m.config.headDim *= 2, "but the config gives");
+        const mla = fixture === "tiny-deepseek-v3";
+        // MLA's headDim and numKvHeads are derived from its section, and checked against it.
+        tamper(
+          (m) => m.config.headDim *= 2,
+          mla ? "must be qkNopeHeadDim" : "but the config gives",
+        );
         tamper((m) => m.config.vocabSize = 256, "embed", "but the config gives");
         tamper((m) => m.config.hiddenSize = 32, "but the config gives");
         tamper((m) => m.config.rmsNormEps = -1, "rms_norm_eps", "(0, 1)");
-        tamper((m) => m.config.numKvHeads = 3, "num_key_value_heads");
+        tamper((m) => m.config.numKvHeads = 3, mla ? "numKvHeads 3" : "num_key_value_heads");
         tamper((m) => m.config.eosIds = [m.config.vocabSize], "outside the vocabulary");
         tamper((m) => {
           const t = m.trunk.layers[1].tensors.wkv_b ?? m.trunk.layers[1].tensors.wk;

@@ -25,7 +25,7 @@ import { checkRecord } from "../../io/record_check.ts";
 import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import { writeJson } from "../../io/json_file.ts";
-import type { BankPlan, Plan } from "./plan.ts";
+import type { BankLayout, PackLayout } from "./layout.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 
 /** The journal's file name inside the temporary output directory. */
@@ -142,22 +142,22 @@ export function openJournal(tmp: string, key: JournalKey, log: (line: string) =>
  */
 export function dropDamagedWork(
   journal: Journal,
-  plan: Plan,
+  layout: PackLayout,
   tmp: string,
   trunkFd: number,
   booksFd: number,
   chunk: number,
 ): void {
   const g = journal.globals;
-  if (g && !regionIntact(trunkFd, g, plan.globals.region, chunk)) journal.globals = null;
+  if (g && !regionIntact(trunkFd, g, layout.globals.region, chunk)) journal.globals = null;
   for (const [k, r] of Object.entries(journal.layers)) {
     const l = Number(k);
-    const planned = plan.layers[l];
+    const planned = layout.layers[l];
     if (!planned || String(l) !== k) {
       delete journal.layers[k];
       continue;
     }
-    const bank = plan.banks[l];
+    const bank = layout.banks[l];
     const bankOk = !bank || bankIntact(join(tmp, expertBankFile(l)), l, bank);
     const booksOk = !bank || codebooksIntact(booksFd, bank, journal.codebooks?.[k]);
     if (!bankOk || !booksOk || !regionIntact(trunkFd, r, planned, chunk)) delete journal.layers[k];
@@ -165,7 +165,7 @@ export function dropDamagedWork(
 }
 
 /**
- * Checks a journaled trunk region is where the plan puts it and still holds what was written
+ * Checks a journaled trunk region is where the layout puts it and still holds what was written
  * (size and CRC); a journal is a file on disk, so its numbers are checked, not trusted.
  */
 function regionIntact(
@@ -196,7 +196,7 @@ function regionIntact(
  * Whether a finished bank file is whole: the planned size, and every record's header and payload
  * CRC as the engine will check them.
  */
-function bankIntact(path: string, layer: number, bank: BankPlan): boolean {
+function bankIntact(path: string, layer: number, bank: BankLayout): boolean {
   if (!existsSync(path) || statSync(path).size !== bank.stride * bank.experts.length) return false;
   const fd = openSync(path, "r");
   try {
@@ -217,7 +217,7 @@ function bankIntact(path: string, layer: number, bank: BankPlan): boolean {
 /** Whether a journaled layer's codebooks are still in codebooks.bin with their CRCs. */
 function codebooksIntact(
   fd: number,
-  bank: BankPlan,
+  bank: BankLayout,
   crcs: Partial<Record<ExpertMatrix, number>> | undefined,
 ): boolean {
   for (const m of EXPERT_MATRICES) {

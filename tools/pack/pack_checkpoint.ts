@@ -1,5 +1,5 @@
 /**
- * Runs a pack from start to finish: plans the layout, opens (or resumes) the journal in
+ * Runs a pack from start to finish: computes the layout, opens (or resumes) the journal in
  * `<out>.tmp/`, writes the globals and then layer by layer the trunk run, the VQ3R codebooks and
  * the expert bank, journaling each finished layer, and finally writes the manifest, copies the
  * tokenizer and config files and renames the directory into place.
@@ -45,7 +45,7 @@ import {
   lockPackOutput,
 } from "./output_guard.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { type Plan, planLayout, reportFallbacks } from "./plan.ts";
+import { computeLayout, type PackLayout, reportFallbacks } from "./layout.ts";
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
@@ -90,12 +90,12 @@ async function packLocked(
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   try {
-    const plan = planLayout(cfg, ckpt, opts);
+    const layout = computeLayout(cfg, ckpt, opts);
     await checkTokenizer(src, cfg, log);
-    reportFallbacks(plan, log);
+    reportFallbacks(layout, log);
     const fp = await fingerprint(src, ckpt);
     const tmp = out + ".tmp";
-    checkFreeSpace(tmp, containerBytesOf(plan) - bytesUnder(tmp));
+    checkFreeSpace(tmp, containerBytesOf(layout) - bytesUnder(tmp));
     const journal = openJournal(
       tmp,
       { fingerprint: fp, convert: convert ?? null, options: optionKey },
@@ -105,38 +105,39 @@ async function packLocked(
     if (!existsSync(trunkPath)) writeFileSync(trunkPath, new Uint8Array(0));
     const fd = openSync(trunkPath, "r+");
     const booksPath = join(tmp, CODEBOOKS_FILE);
-    if (plan.codebooksBytes > 0 && !existsSync(booksPath)) {
+    if (layout.codebooksBytes > 0 && !existsSync(booksPath)) {
       writeFileSync(booksPath, new Uint8Array(0));
     }
-    const booksFd = plan.codebooksBytes > 0 ? openSync(booksPath, "r+") : -1;
+    const booksFd = layout.codebooksBytes > 0 ? openSync(booksPath, "r+") : -1;
     const bookCount = {
       done: 0,
-      total: plan.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
+      total: layout.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
     const resumed: number[] = [];
     const packed: number[] = [];
     try {
-      ftruncateSync(fd, plan.trunkBytes);
-      if (booksFd >= 0) ftruncateSync(booksFd, plan.codebooksBytes);
-      dropDamagedWork(journal, plan, tmp, fd, booksFd, chunk);
+      ftruncateSync(fd, layout.trunkBytes);
+      if (booksFd >= 0) ftruncateSync(booksFd, layout.codebooksBytes);
+      dropDamagedWork(journal, layout, tmp, fd, booksFd, chunk);
       const bytesOf = (l: number) =>
-        plan.layers[l].bytes +
-        (plan.banks[l] ? plan.banks[l]!.stride * plan.banks[l]!.experts.length : 0);
-      const total = plan.globals.region.bytes + plan.layers.reduce((n, _, l) => n + bytesOf(l), 0);
+        layout.layers[l].bytes +
+        (layout.banks[l] ? layout.banks[l]!.stride * layout.banks[l]!.experts.length : 0);
+      const total = layout.globals.region.bytes +
+        layout.layers.reduce((n, _, l) => n + bytesOf(l), 0);
       const progress = new Progress({
         label: `pack ${basename(out)}`,
         total,
         mode: opts.progress ?? "auto",
       });
-      if (journal.globals) progress.add(plan.globals.region.bytes);
+      if (journal.globals) progress.add(layout.globals.region.bytes);
       else {
-        const { offset, bytes } = plan.globals.region;
+        const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
           fd,
           offset,
           bytes,
-          [...plan.globals.items.values()],
+          [...layout.globals.items.values()],
           progress,
           chunk,
         );
@@ -148,7 +149,7 @@ async function packLocked(
           resumed.push(l);
           progress.add(bytesOf(l));
         } else {
-          const lp = plan.layers[l];
+          const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,
             fd,
@@ -159,7 +160,7 @@ async function packLocked(
             chunk,
           );
           fdatasyncSync(fd);
-          const bank = plan.banks[l];
+          const bank = layout.banks[l];
           if (bank) {
             const { books, crcs } = trainBankCodebooks(
               ckpt,
@@ -195,7 +196,7 @@ async function packLocked(
       experts: opts.experts ? EXPERT_OPTIONS[opts.experts] : null,
       trunk: opts.trunk ? "int8row" : null,
     };
-    const manifest = buildManifest(src, cfg, plan, journal, fp, settings);
+    const manifest = buildManifest(src, cfg, layout, journal, fp, settings);
     manifest.tokenizer.files = copySideFiles(src, tmp);
     writeJson(join(tmp, "manifest.json"), manifest);
     rmSync(join(tmp, JOURNAL));
@@ -203,7 +204,7 @@ async function packLocked(
       throw new Error(`${out} changed into something that is not a sluice container; not replaced`);
     }
     replaceDir(tmp, out);
-    const containerBytes = containerBytesOf(plan);
+    const containerBytes = containerBytesOf(layout);
     const seconds = (performance.now() - t0) / 1000;
     if (resumed.length) log(`pack: resumed ${resumed.length} finished layer(s) from ${tmp}`);
     log(`pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s`);
@@ -213,10 +214,10 @@ async function packLocked(
   }
 }
 
-/** Bytes of trunk.bin, codebooks.bin and every expert bank of a plan. */
-function containerBytesOf(plan: Plan): number {
-  return plan.trunkBytes + plan.codebooksBytes +
-    plan.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
+/** Bytes of trunk.bin, codebooks.bin and every expert bank of a layout. */
+function containerBytesOf(layout: PackLayout): number {
+  return layout.trunkBytes + layout.codebooksBytes +
+    layout.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
 }
 
 /** Bytes allocated to the files directly in `dir` (0 when it does not exist): a resume's head start. */

@@ -19,7 +19,7 @@ import { openCheckpoint, readSafetensorsHeader } from "../../../io/safetensors.t
 import { parseGenerateArgs } from "../../cli/generate.ts";
 import { packCheckpoint } from "../../pack.ts";
 import { dropDamagedWork, JOURNAL, openJournal } from "../../pack/journal.ts";
-import { planLayout } from "../../pack/plan.ts";
+import { computeLayout } from "../../pack/layout.ts";
 import { mutate, type Rng } from "./mutate.ts";
 
 /** One parser under fuzz. */
@@ -201,7 +201,7 @@ async function journalTarget(work: string, shared: string): Promise<FuzzTarget> 
   const key = { fingerprint: j.fingerprint, convert: j.convert, options: j.options };
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
-  const plan = planLayout(cfg, ckpt, {});
+  const layout = computeLayout(cfg, ckpt, {});
   ckpt.close();
   return {
     name: "pack journal",
@@ -213,7 +213,7 @@ async function journalTarget(work: string, shared: string): Promise<FuzzTarget> 
       const journal = openJournal(tmp, key, () => {});
       const fd = openSync(join(tmp, "trunk.bin"), "r");
       try {
-        dropDamagedWork(journal, plan, tmp, fd, -1, 1 << 16);
+        dropDamagedWork(journal, layout, tmp, fd, -1, 1 << 16);
       } finally {
         closeSync(fd);
       }
