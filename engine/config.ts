@@ -44,7 +44,8 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
     }
   }
   throw new Error(
-    `${where}: model_type ${JSON.stringify(mt)} (architectures ${JSON.stringify(archs)}) is not ` +
+    `${where}: model_type ${mt === undefined ? "(none)" : JSON.stringify(mt)} (architectures ` +
+      `${JSON.stringify(archs)}) is not ` +
       `supported; supported model_types: ${SUPPORTED_MODEL_TYPES.join(", ")}`,
   );
 }

@@ -11,6 +11,7 @@
  */
 import type { TensorSpec } from "../io/manifest.ts";
 import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { MAX_LAYERS } from "./models/hf_config.ts";
 import { familyOf } from "./models/mod.ts";
 import { layerTensorsOf } from "./tensor_names.ts";
 
@@ -62,8 +63,8 @@ export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, n
 
 /** Largest size of one dimension (hidden, vocabulary, intermediate rows) sluice accepts. */
 export const MAX_MODEL_DIM = 1 << 24;
-/** Largest layer count accepted. */
-export const MAX_LAYERS = 1 << 16;
+/** Most routed experts per layer accepted. */
+export const MAX_EXPERTS = 1 << 20;
 /** Largest element count of one tensor: its f32 copy must stay far below 2^53 bytes. */
 export const MAX_TENSOR_ELEMENTS = 2 ** 40;
 
@@ -108,6 +109,7 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   }
   const moe = cfg.moe;
   if (moe) {
+    if (moe.numExperts > MAX_EXPERTS) fail(`numExperts ${moe.numExperts} is above ${MAX_EXPERTS}`);
     if (moe.topK < 1 || moe.topK > moe.numExperts) {
       fail(`num_experts_per_tok ${moe.topK} must be in 1..${moe.numExperts}`);
     }

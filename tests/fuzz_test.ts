@@ -5,6 +5,7 @@
  * stack, and messages that said "undefined" for a missing field.
  */
 import assert from "node:assert/strict";
+import { normalizeConfig } from "../engine/config.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { readSafetensorsHeader } from "../io/safetensors.ts";
 import { parseGenerateArgs } from "../tools/cli/generate.ts";
@@ -88,6 +89,25 @@ Deno.test("regression: a long short-option group is a clean error, not a stack o
   assert.throws(() => parseGenerateArgs(["-n", "-3"]));
   assert.equal(parseGenerateArgs(["-n20"])?.sampling.maxTokens, 20);
   assert.equal(parseGenerateArgs(["-n", "5", "--temperature", "0.5"])?.sampling.maxTokens, 5);
+});
+
+Deno.test({
+  name: "regression: num_hidden_layers of 2^32 is refused before any per-layer array is built",
+  ignore: !HAVE_FIXTURES,
+  fn: () => {
+    const base = JSON.parse(Deno.readTextFileSync(fixtureDir("tiny-deepseek-v3/config.json")));
+    for (const n of [2 ** 32, 2 ** 31, 65537]) {
+      const t0 = performance.now();
+      assert.throws(
+        () => normalizeConfig({ ...base, num_hidden_layers: n }),
+        (e: Error) =>
+          e.constructor === Error &&
+          /num_hidden_layers must be an integer in 1\.\.65536/.test(e.message),
+      );
+      assert.ok(performance.now() - t0 < 100, `${n} layers took ${performance.now() - t0} ms`);
+    }
+    assert.throws(() => normalizeConfig({ architectures: [] }), /model_type \(none\)/);
+  },
 });
 
 Deno.test("regression: a missing safetensors field is named as missing, not as undefined", () => {

@@ -24,7 +24,7 @@ import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family } from "./family.ts";
-import { checkTopK, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
+import { checkTopK, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
 interface Absorbed {
@@ -215,7 +215,7 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
   requireSilu(f);
   const hidden = f.int("hidden_size", { min: 1 });
   const numHeads = f.int("num_attention_heads", { min: 1 });
-  const numLayers = f.int("num_hidden_layers", { min: 1 });
+  const numLayers = f.int("num_hidden_layers", { min: 1, max: MAX_LAYERS });
   const qkNope = f.int("qk_nope_head_dim", { min: 1 });
   const qkRope = f.int("qk_rope_head_dim", { min: 2 });
   if (qkRope % 2) throw new Error(`${f.where}: qk_rope_head_dim ${qkRope} must be even`);

@@ -12,6 +12,12 @@ import type { ModelConfig, MoeConfig, RopeScaling } from "../../io/model_config.
 /** A parsed JSON object. */
 export type Json = Record<string, unknown>;
 
+/**
+ * Most layers a config may have: the normalisers build per-layer arrays from num_hidden_layers, so
+ * it is bounded before they do (a fuzzed 2^32 took a minute and then failed inside V8).
+ */
+export const MAX_LAYERS = 1 << 16;
+
 /** Typed access to one config object; every error names the source and the field. */
 export class Fields {
   /** `src` is the object, `where` names it in errors (file and path). */
@@ -29,13 +35,17 @@ export class Fields {
   }
 
   /** A required positive or non-negative integer. */
-  int(key: string, opts: { def?: number; min?: number } = {}): number {
+  int(key: string, opts: { def?: number; min?: number; max?: number } = {}): number {
     const v = this.src[key] ?? opts.def;
     if (v === undefined || v === null) {
       throw new Error(`${this.where}: required field ${key} is missing`);
     }
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < (opts.min ?? 0)) {
-      this.fail(key, `an integer >= ${opts.min ?? 0}`);
+    const min = opts.min ?? 0, max = opts.max ?? Number.MAX_SAFE_INTEGER;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+      this.fail(
+        key,
+        opts.max === undefined ? `an integer >= ${min}` : `an integer in ${min}..${max}`,
+      );
     }
     return v;
   }
