@@ -178,13 +178,33 @@ export class TraceWriter {
     if (this.#buf.length >= 4096) this.flush();
   }
 
-  /** Writes buffered lines to the temporary file. */
+  /**
+   * Writes buffered lines to the temporary file. A failed write (a full disk) removes the
+   * temporary file and closes the writer, so no partial trace is ever renamed into place.
+   */
   flush(): void {
     if (this.#buf.length === 0) return;
     const bytes = this.#enc.encode(this.#buf.join("\n") + "\n");
     this.#buf = [];
     let off = 0;
-    while (off < bytes.length) off += this.#file.writeSync(bytes.subarray(off));
+    try {
+      while (off < bytes.length) off += this.#file.writeSync(bytes.subarray(off));
+    } catch (e) {
+      this.#closed = true;
+      this.#discard();
+      throw new Error(`--trace ${this.path}: cannot write the trace (${(e as Error).message})`);
+    }
+  }
+
+  /** Closes and removes the temporary file, ignoring errors: the caller reports the first one. */
+  #discard(): void {
+    for (const step of [() => this.#file.close(), () => Deno.removeSync(this.#tmp)]) {
+      try {
+        step();
+      } catch {
+        // Already closed or gone.
+      }
+    }
   }
 
   /**
@@ -193,21 +213,30 @@ export class TraceWriter {
    */
   close(meta?: TraceMeta): void {
     if (this.#closed) return;
+    this.flush();
     this.#closed = true;
     try {
-      this.flush();
       this.#file.close();
       checkTracePath(this.path);
     } catch (e) {
-      Deno.removeSync(this.#tmp);
+      this.#discard();
       throw e;
     }
     Deno.renameSync(this.#tmp, this.path);
     if (meta) {
       const metaPath = metaPathFor(this.path);
       const tmp = `${metaPath}.${Deno.pid}.tmp`;
-      Deno.writeTextFileSync(tmp, JSON.stringify(meta, null, 1) + "\n", { createNew: true });
-      Deno.renameSync(tmp, metaPath);
+      try {
+        Deno.writeTextFileSync(tmp, JSON.stringify(meta, null, 1) + "\n", { createNew: true });
+        Deno.renameSync(tmp, metaPath);
+      } catch (e) {
+        try {
+          Deno.removeSync(tmp);
+        } catch {
+          // Never created.
+        }
+        throw new Error(`--trace ${metaPath}: cannot write (${(e as Error).message})`);
+      }
     }
   }
 }

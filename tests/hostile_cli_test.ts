@@ -120,3 +120,48 @@ Deno.test({
     assert.ok(r.stderr.includes(`--threads 1000 is more than the ${cores} cores; using ${cores}`));
   },
 });
+
+Deno.test({
+  name: "--trace on a full disk is a clear error and leaves no partial trace",
+  ignore,
+  fn: async () => {
+    const model = await packedFixture("stories260k-moe");
+    const dir = Deno.makeTempDirSync({ prefix: "sluice-trace-full-" });
+    try {
+      const mount = new Deno.Command("mount", {
+        args: ["-t", "tmpfs", "-o", "size=4096", "tmpfs", dir],
+        stderr: "piped",
+      }).outputSync();
+      if (mount.code !== 0) {
+        console.warn(
+          `skipped: cannot mount a small tmpfs (${new TextDecoder().decode(mount.stderr).trim()})`,
+        );
+        return;
+      }
+      try {
+        const r = await sluice(
+          "generate",
+          "--model",
+          model,
+          "--prompt",
+          "Once",
+          "-n",
+          "60",
+          "--ignore-eos",
+          "--trace",
+          `${dir}/t.jsonl`,
+        );
+        assert.equal(r.code, 1, r.stderr);
+        assert.match(
+          r.stderr,
+          /--trace .*t\.jsonl: cannot write the trace \(No space left on device/,
+        );
+        assert.deepEqual(listing(dir), []);
+      } finally {
+        new Deno.Command("umount", { args: [dir] }).outputSync();
+      }
+    } finally {
+      Deno.removeSync(dir, { recursive: true });
+    }
+  },
+});
