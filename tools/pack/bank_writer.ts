@@ -22,7 +22,11 @@ import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
-import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
+import {
+  readMatrixF32,
+  readPackedInt4,
+  type SourceMatrix,
+} from "../../engine/checkpoint_matrix.ts";
 
 /** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
 function writeExpertMatrix(
