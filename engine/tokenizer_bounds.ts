@@ -18,7 +18,10 @@ function checkId(v: unknown, path: string, what: string): void {
   }
 }
 
-/** Throws, naming the file and the token, when a tokenizer.json id is not a sane integer. */
+/**
+ * Throws, naming the file and the token or field, when a tokenizer.json id is not a sane integer
+ * or a normalizer inserts long text.
+ */
 export function checkTokenizerJsonIds(json: Record<string, unknown>, path: string): void {
   const model = json.model as Record<string, unknown> | null | undefined;
   const vocab = model && typeof model === "object" ? model.vocab : undefined;
@@ -35,6 +38,33 @@ export function checkTokenizerJsonIds(json: Record<string, unknown>, path: strin
   }
   for (const [i, t] of (added ?? []).entries()) {
     checkId((t as { id?: unknown } | null)?.id, path, `added token ${i}`);
+  }
+  checkNormalizer(json.normalizer, path, "normalizer");
+}
+
+/** Longest text a normalizer may insert (Replace content, Prepend): real ones insert a character. */
+export const MAX_NORMALIZER_TEXT = 1024;
+
+/**
+ * Throws when a normalizer inserts long text: it is applied at every match, so a 200 KB
+ * replacement of " " made a 40-character prompt take seconds to encode (found by `deno task
+ * fuzz`).
+ */
+function checkNormalizer(n: unknown, path: string, where: string, depth = 0): void {
+  if (n === null || typeof n !== "object" || depth > 64) return;
+  const o = n as Record<string, unknown>;
+  for (const k of ["content", "prepend"]) {
+    const v = o[k];
+    if (typeof v === "string" && v.length > MAX_NORMALIZER_TEXT) {
+      throw new Error(
+        `${path}: ${where}.${k} inserts ${v.length} characters, more than ${MAX_NORMALIZER_TEXT}`,
+      );
+    }
+  }
+  if (Array.isArray(o.normalizers)) {
+    o.normalizers.forEach((m, i) =>
+      checkNormalizer(m, path, `${where}.normalizers[${i}]`, depth + 1)
+    );
   }
 }
 

@@ -46,7 +46,7 @@ Deno.test("fuzz classification: TypeErrors are crashes, plain Errors are rejecti
 });
 
 Deno.test({
-  name: "regression: a tokenizer.json id of 2^31 is refused at once, naming the token",
+  name: "regression: a tokenizer.json id of 2^31 or a 200 KB normalizer text is refused at once",
   ignore: !HAVE_FIXTURES,
   fn: async () => {
     const dir = Deno.makeTempDirSync();
@@ -65,6 +65,17 @@ Deno.test({
       Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
       await assert.rejects(loadTokenizer(dir), /added token 0 has id -4/);
       json.added_tokens = [];
+      const normalizer = json.normalizer;
+      json.normalizer = {
+        type: "Sequence",
+        normalizers: [{ type: "Replace", pattern: { String: " " }, content: "[".repeat(200000) }],
+      };
+      Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
+      await assert.rejects(
+        loadTokenizer(dir),
+        /normalizer\.normalizers\[0\]\.content inserts 200000/,
+      );
+      json.normalizer = normalizer;
       json.decoder = { type: "Nope" };
       Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
       await assert.rejects(loadTokenizer(dir), (e: Error) => {
