@@ -48,8 +48,8 @@ export function threadsOf(
 
 /**
  * Share of expert record landings whose payload CRC is checked by default. `bench integrity`
- * measured a CRC on every landing at about +110% of streaming decode time (loaded 2-core
- * machine, docs/PERFORMANCE.md), so one landing in 64 adds about 1.7%, under the 2% allowed.
+ * measured a CRC on every landing at +53% to +110% of streaming decode time (loaded 2-core
+ * machine, docs/PERFORMANCE.md), so one landing in 64 adds 0.8% to 1.7%, under the 2% allowed.
  */
 export const DEFAULT_CRC_SAMPLE = 1 / 64;
 
