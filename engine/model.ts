@@ -6,7 +6,7 @@
  * @module
  */
 import { type Container, type ExpertBank, openContainer } from "../io/container.ts";
-import { type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
+import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "../io/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
@@ -36,7 +36,7 @@ export interface RunOptions {
   threads?: number;
   /** Most prompt tokens per forward call (chunked prefill; default 64). */
   prefillChunk?: number;
-  /** Expert cache policy (default lfru). */
+  /** Expert cache policy (default decay, io/expert_cache.ts). */
   cache?: CachePolicy;
   /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
   readaheadDepth?: number;
@@ -187,7 +187,10 @@ export class Model {
             : [container.expertBankPath(bank.layer)];
           return { bank, paths, handles: paths.map((p) => reader.open(p)) };
         });
-        const cache = new ExpertCache({ slots: plan.expertSlots, policy: opts.cache ?? "lfru" });
+        const cache = new ExpertCache({
+          slots: plan.expertSlots,
+          policy: opts.cache ?? CACHE_POLICIES[0],
+        });
         experts = new ExpertStore(arena, reader, files, cache, {
           readaheadDepth: opts.readaheadDepth ?? 4,
           check: (layer, expert, slot, file, fileOffset) => {

@@ -7,6 +7,7 @@
 import { parseArgs } from "node:util";
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
+import { CACHE_POLICIES } from "../../io/expert_cache.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
@@ -36,7 +37,7 @@ Memory and I/O (none of these change the output):
 ${BUDGET_HELP}
   --ctx N               context length the KV cache is sized for (default min(model, 4096))
   --threads N           compute threads including the main thread (default: all cores)
-  --cache lfru|lru      expert cache policy (default lfru)
+  --cache POLICY        expert cache policy: decay (default), lfru or lru
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
@@ -128,7 +129,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     budget: budgetFromArgs(v.budget, v.preset),
     ctx: int("ctx", v.ctx),
     threads: int("threads", v.threads),
-    cache: oneOf("cache", v.cache, ["lfru", "lru"]),
+    cache: oneOf("cache", v.cache, [...CACHE_POLICIES]),
     readaheadDepth: v["no-readahead"] ? 0 : int("readahead-depth", v["readahead-depth"]),
     trunkReadahead: !v["no-readahead"],
     ringSlots: int("ring-slots", v["ring-slots"]),
