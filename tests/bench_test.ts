@@ -43,6 +43,7 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
       "bf16_gweights_per_s",
       "mxfp4_gweights_per_s",
       "vq3r_gweights_per_s",
+      "vq4p_gweights_per_s",
       "int8_gweights_per_s",
       "dispatch_median_us",
       "dispatch_p99_us",
@@ -73,7 +74,8 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
   assert.equal(load.length, 3);
   for (const l of load) assert.ok(Number.isFinite(l) && l >= 0);
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
-  assert.equal(ratios.length, 4);
+  assert.equal(ratios.length, 5);
+  assert.ok(ratios.some((c) => c.name === "vq4p / bf16 weights/s"));
 });
 
 Deno.test("bench with an unknown name lists the benches and fails", async () => {

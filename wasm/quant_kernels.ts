@@ -5,7 +5,8 @@
  *
  * MXFP4 and INT4 multiply by a Q8 copy of x (int8 per 32-block with an f32 scale) that
  * quantize_act_q8 writes once per input vector; VQ3R multiplies through a table vq3r_lut builds
- * once per input vector. Formats: engine/quant/*.ts; layouts: kernels/quant.h and the C files.
+ * once per input vector, VQ4P through the int8 table vq4p_lut builds. Formats: engine/quant/*.ts;
+ * layouts: kernels/quant.h and the C files.
  *
  * @module
  */
@@ -72,6 +73,19 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** lut int8 [cols/8][4][64] + f32 q (vq4pLutBytes) from codebooks C f32 [4][8][64] and x. */
+  vq4p_lut(C: Ptr, x: Ptr, lut: Ptr, cols: number): void;
+  /** y[r] = S[r]·q·Σ_k Σ_s lut[k][s][i_s(r, k)]: I packed as engine/quant/vq4p.ts, S f32 [rows]. */
+  matvec_vq4p(
+    I: Ptr,
+    S: Ptr,
+    lut: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
 }
 
 /** Names of the functions in {@link QuantKernels}. */
@@ -83,6 +97,8 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "matvec_int8row",
   "vq3r_lut",
   "matvec_vq3r",
+  "vq4p_lut",
+  "matvec_vq4p",
 ];
 
 /** Bytes of the Q8 copy of a cols-vector: cols int8, then cols/32 f32 scales and i32 sums. */

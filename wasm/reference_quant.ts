@@ -140,3 +140,46 @@ export function vq3rAbsRef(
   }
   return y;
 }
+
+/**
+ * vq4p_lut before rounding: f64 dots of each entry of C (the kernel's [4][8][64] layout) with each
+ * 8-chunk of x, as [nch][4][64].
+ */
+export function vq4pLutRef(kernelCodebooks: Float32Array, x: Float32Array): Float64Array {
+  const nch = x.length / 8;
+  const lut = new Float64Array(nch * 256);
+  for (let k = 0; k < nch; k++) {
+    for (let s = 0; s < 4; s++) {
+      for (let e = 0; e < 64; e++) {
+        let v = 0;
+        for (let d = 0; d < 8; d++) v += kernelCodebooks[(s * 8 + d) * 64 + e] * x[8 * k + d];
+        lut[k * 256 + s * 64 + e] = v;
+      }
+    }
+  }
+  return lut;
+}
+
+/**
+ * matvec_vq4p: y[r] = S[r]·(q·Σ_k Σ_s lut[k][s][i_s(r, k)]) with the integer sum exact and the
+ * two products in f32, as the kernel computes it; `index(r, s, k)` reads the packed indices.
+ */
+export function matvecVq4pRef(
+  index: (r: number, s: number, k: number) => number,
+  scales: Float32Array,
+  lut: Int8Array,
+  q: number,
+  rows: number,
+  cols: number,
+): Float32Array {
+  const nch = cols / 8;
+  const y = new Float32Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let sum = 0;
+    for (let k = 0; k < nch; k++) {
+      for (let s = 0; s < 4; s++) sum += lut[k * 256 + s * 64 + index(r, s, k)];
+    }
+    y[r] = Math.fround(scales[r] * Math.fround(Math.fround(q) * Math.fround(sum)));
+  }
+  return y;
+}

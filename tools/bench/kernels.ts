@@ -16,6 +16,7 @@ import { defaultThreads, type Job, MIN_PARALLEL_WORK, Pool } from "../../engine/
 import { ROW_BLOCK } from "../../engine/pool_protocol.ts";
 import { loadKernelModule, type Ptr } from "../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../wasm/quant_kernels.ts";
+import { vq4pIndexBytes } from "../../engine/quant/vq4p.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "./dram.ts";
 
@@ -91,6 +92,7 @@ export interface KernelBenchReport {
   bf16_gweights_per_s: number;
   mxfp4_gweights_per_s: number | null;
   vq3r_gweights_per_s: number | null;
+  vq4p_gweights_per_s: number | null;
   int8_gweights_per_s: number | null;
   int4_gweights_per_s: number | null;
   fp8_gweights_per_s: number | null;
@@ -195,6 +197,14 @@ export const WEIGHT_FORMATS: WeightFormat[] = [
     args: (W, S, s, r, c) => [W, S, s.lut, s.y, r, c],
     prepare: (k, s, c) => k.vq3r_lut(s.codebooks, s.x, s.lut, c),
   },
+  {
+    name: "vq4p",
+    kernel: "matvec_vq4p",
+    weightBytes: (r, c) => vq4pIndexBytes(r, c),
+    scaleBytes: (r) => r * 4,
+    args: (W, S, s, r, c) => [W, S, s.lut, s.y, r, c],
+    prepare: (k, s, c) => k.vq4p_lut(s.codebooks, s.x, s.lut, c),
+  },
 ];
 
 /** Design targets (docs/DESIGN.md): kernel throughput against the machine's ceilings. */
@@ -203,6 +213,8 @@ export const TARGETS = {
   f32_over_dram: 0.85,
   dispatch_median_us: 5,
   odirect_over_dd: 0.9,
+  /** Issue 16: a 3-bit expert format at least as fast as bf16 in weights per second. */
+  vq4p_over_bf16_weights: 1.0,
 };
 
 interface Sizes {
@@ -590,10 +602,18 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   }
   const odirect = disk && Number.isFinite(disk.odirect_gbps) ? disk.odirect_gbps : null;
   const bf16Gbps = bestAtMax(gemv, "bf16", "gbps")!;
+  const vq4pW = bestAtMax(gemv, "vq4p", "gweights_per_s");
+  const bf16W = bestAtMax(gemv, "bf16", "gweights_per_s")!;
   const ratios = [
     check("bf16 GEMV / DRAM", bf16Gbps / dramGbps, TARGETS.bf16_over_dram, ">="),
     check("f32 GEMV / DRAM", f32Gbps / dramGbps, TARGETS.f32_over_dram, ">="),
     check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
+    check(
+      "vq4p / bf16 weights/s",
+      vq4pW !== null ? vq4pW / bf16W : null,
+      TARGETS.vq4p_over_bf16_weights,
+      ">=",
+    ),
     check(
       "O_DIRECT / dd",
       odirect !== null && disk?.dd_direct_gbps ? odirect / disk.dd_direct_gbps : null,
@@ -619,6 +639,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     bf16_gweights_per_s: bestAtMax(gemv, "bf16", "gweights_per_s")!,
     mxfp4_gweights_per_s: bestAtMax(gemv, "mxfp4", "gweights_per_s"),
     vq3r_gweights_per_s: bestAtMax(gemv, "vq3r", "gweights_per_s"),
+    vq4p_gweights_per_s: vq4pW,
     int8_gweights_per_s: bestAtMax(gemv, "int8", "gweights_per_s"),
     int4_gweights_per_s: bestAtMax(gemv, "int4", "gweights_per_s"),
     fp8_gweights_per_s: bestAtMax(gemv, "fp8", "gweights_per_s"),

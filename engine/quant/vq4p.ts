@@ -1,0 +1,120 @@
+/**
+ * VQ4P: four-stage residual vector quantisation with 64-entry codebooks, 3 bits per weight (four
+ * 6-bit indices per 8 weights), after WARP's VQ4P layout. Training and coding are VQ3R's
+ * (engine/quant/vq3r.ts) with 4 stages × 64 entries: w[r, 8k + d] ≈ scale[r] · Σ_s C_s[i_s][d].
+ *
+ * Why 64 entries: a stage's table of dots with one 8-column chunk of x is then 64 bytes once
+ * rounded to int8, four byte-shuffle registers, so kernels/quant_vq4p.c looks up 16 rows with
+ * four swizzles per stage instead of VQ3R's scalar gathers from a 1 KiB table.
+ *
+ * Kernel layouts (vq4p_lut / matvec_vq4p), nch = ceil(cols / 8), rows padded to a multiple of 16:
+ * - codebooks f32 [4][8][64] (stage, dimension, entry);
+ * - indices u8 [rows16 / 16][nch][3][16]: per group of 16 rows and chunk, three 16-byte vectors
+ *   A, B, C whose lane j is row 16g + j: A = i0 | (i3 & 3) << 6, B = i1 | ((i3 >> 2) & 3) << 6,
+ *   C = i2 | (i3 >> 4) << 6 (padding rows are zero);
+ * - scales f32 [rows];
+ * - the table: int8 [nch][4][64], then an f32 scale q: entry ≈ (Σ_d C[s][d][e]·x[8k + d]) / q,
+ *   rounded to nearest in −63..63 so two stages add in a byte without overflow.
+ *
+ * @module
+ */
+import {
+  dequantizeResidualVq,
+  dimensionMajor,
+  encodeResidualVq,
+  type MatrixF32,
+  trainResidualVq,
+  vq3rChunks,
+  type Vq3rMatrix,
+  type Vq3rTrainOptions,
+} from "./vq3r.ts";
+
+/** Stages and entries per stage codebook (8 dimensions per vector, as VQ3R). */
+export const VQ4P_STAGES = 4;
+export const VQ4P_ENTRIES = 64;
+/** Rows interleaved per index group: one byte lane each. */
+export const VQ4P_ROW_GROUP = 16;
+/** Largest |table entry|: two stages sum to at most 126 in a byte. */
+export const VQ4P_LUT_MAX = 63;
+
+/** A VQ4P-coded matrix in the kernel's layout. */
+export interface Vq4pMatrix {
+  rows: number;
+  cols: number;
+  /** [ceil(rows/16)][ceil(cols/8)][3][16] packed indices. */
+  indices: Uint8Array;
+  /** [rows] f32 row scales. */
+  scales: Float32Array;
+}
+
+/** Bytes of the packed indices of a rows × cols matrix. */
+export function vq4pIndexBytes(rows: number, cols: number): number {
+  return Math.ceil(rows / VQ4P_ROW_GROUP) * VQ4P_ROW_GROUP * 3 * vq3rChunks(cols);
+}
+
+/** Bytes of the matvec table for a cols-vector (cols a multiple of 8): int8 entries and q. */
+export function vq4pLutBytes(cols: number): number {
+  return (cols / 8) * VQ4P_STAGES * VQ4P_ENTRIES + 4;
+}
+
+/** Trains VQ4P codebooks ([4][64][8] f32, stage-major) as VQ3R trains its. */
+export function trainVq4p(matrices: MatrixF32[], options: Vq3rTrainOptions = {}): Float32Array {
+  return trainResidualVq(matrices, VQ4P_STAGES, VQ4P_ENTRIES, options);
+}
+
+/** Packs per-row stage indices ([rows][4][nch]) into the kernel layout. */
+export function packVq4p(m: Vq3rMatrix): Vq4pMatrix {
+  const nch = vq3rChunks(m.cols);
+  const out = new Uint8Array(vq4pIndexBytes(m.rows, m.cols));
+  for (let r = 0; r < m.rows; r++) {
+    const g = Math.floor(r / VQ4P_ROW_GROUP), lane = r % VQ4P_ROW_GROUP;
+    for (let k = 0; k < nch; k++) {
+      const i = (s: number) => m.indices[(r * VQ4P_STAGES + s) * nch + k];
+      const i3 = i(3);
+      const at = ((g * nch + k) * 3) * VQ4P_ROW_GROUP + lane;
+      out[at] = i(0) | (i3 & 3) << 6;
+      out[at + VQ4P_ROW_GROUP] = i(1) | ((i3 >> 2) & 3) << 6;
+      out[at + 2 * VQ4P_ROW_GROUP] = i(2) | (i3 >> 4) << 6;
+    }
+  }
+  return { rows: m.rows, cols: m.cols, indices: out, scales: m.scales };
+}
+
+/** The index of stage `s` of chunk `k` of row `r` in a packed matrix. */
+export function vq4pIndex(m: Vq4pMatrix, r: number, s: number, k: number): number {
+  const nch = vq3rChunks(m.cols);
+  const g = Math.floor(r / VQ4P_ROW_GROUP), lane = r % VQ4P_ROW_GROUP;
+  const at = ((g * nch + k) * 3) * VQ4P_ROW_GROUP + lane;
+  const b = (j: number) => m.indices[at + j * VQ4P_ROW_GROUP];
+  if (s < 3) return b(s) & 63;
+  return (b(0) >> 6) | (b(1) >> 6) << 2 | (b(2) >> 6) << 4;
+}
+
+/** Unpacks to per-row stage indices ([rows][4][nch]). */
+function unpackVq4p(m: Vq4pMatrix): Vq3rMatrix {
+  const nch = vq3rChunks(m.cols);
+  const indices = new Uint8Array(m.rows * VQ4P_STAGES * nch);
+  for (let r = 0; r < m.rows; r++) {
+    for (let s = 0; s < VQ4P_STAGES; s++) {
+      for (let k = 0; k < nch; k++) {
+        indices[(r * VQ4P_STAGES + s) * nch + k] = vq4pIndex(m, r, s, k);
+      }
+    }
+  }
+  return { rows: m.rows, cols: m.cols, indices, scales: m.scales };
+}
+
+/** Encodes `m` with trained codebooks (greedy per stage, least-squares row scale), packed. */
+export function encodeVq4p(m: MatrixF32, codebooks: Float32Array): Vq4pMatrix {
+  return packVq4p(encodeResidualVq(m, codebooks, VQ4P_STAGES, VQ4P_ENTRIES));
+}
+
+/** The f32 weights a VQ4P matrix stands for. */
+export function dequantizeVq4p(m: Vq4pMatrix, codebooks: Float32Array): Float32Array {
+  return dequantizeResidualVq(unpackVq4p(m), codebooks, VQ4P_STAGES, VQ4P_ENTRIES);
+}
+
+/** Codebooks [4][64][8] → the kernel's dimension-major [4][8][64]. */
+export function vq4pKernelCodebooks(codebooks: Float32Array): Float32Array {
+  return dimensionMajor(codebooks, VQ4P_STAGES, VQ4P_ENTRIES);
+}

@@ -1,0 +1,162 @@
+/*
+ * VQ4P: 4-stage residual vector quantisation, 8 weights per vector, 64-entry codebooks per
+ * stage, 3 bits per weight (engine/quant/vq4p.ts). vq4p_lut tabulates once per input vector
+ * every entry's dot with every 8-column chunk of x and rounds the table to int8 with one scale,
+ * so one stage's table for one chunk is 64 bytes: four registers that i8x16.swizzle indexes.
+ * matvec_vq4p then serves 16 rows (one byte lane each) per lookup and sums in integers: a row's
+ * sum is exact, so its bits never depend on order or on the row split.
+ *
+ * Layouts (nch = cols / 8, cols a multiple of 8):
+ *   C   f32 [4][8][64]: stage s, dimension d, entry e;
+ *   lut i8 [nch][4][64], then f32 q at byte nch * 256:
+ *       lut[k][s][e] = round(sum_d C[s][d][e] * x[8k + d] / q), |lut| <= 63;
+ *   I   u8 [ceil(rows/16)][nch][3][16]: vectors A, B, C per (row group, chunk), lane j = row
+ *       16g + j; A = i0 | (i3 & 3) << 6, B = i1 | (i3 >> 2 & 3) << 6, C = i2 | (i3 >> 4) << 6;
+ *   S   f32 [rows].
+ * y[r] = S[r] * (q * (float)sum_k sum_s lut[k][s][i_s(r, k)]).
+ */
+#include "quant.h"
+
+/* Largest table magnitude: two stages add in a byte (126) and a chunk's four in 252. */
+#define VQ4P_LUT_MAX 63.0f
+/* Chunks summed in 16-bit lanes before widening: 128 * 252 < 32768. */
+#define VQ4P_FLUSH_CHUNKS 128
+
+/* Entries e..e+3 of stage table cs ([8][64]) dotted with the splatted chunk xs, d in order. */
+static inline __attribute__((always_inline)) v128_t vq4p_dot4(const float *cs, const v128_t *xs,
+                                                              int e) {
+  v128_t v = wasm_f32x4_mul(wasm_v128_load(cs + e), xs[0]);
+  for (int d = 1; d < 8; d++) v = wasm_f32x4_relaxed_madd(wasm_v128_load(cs + d * 64 + e), xs[d], v);
+  return v;
+}
+
+static inline __attribute__((always_inline)) void vq4p_splat(const float *xk, v128_t *xs) {
+  for (int d = 0; d < 8; d++) xs[d] = wasm_f32x4_splat(xk[d]);
+}
+
+KEXPORT("vq4p_lut")
+void vq4p_lut(const float *C, const float *x, int8_t *lut, int cols) {
+  int nch = cols / 8;
+  v128_t xs[8];
+  /* Pass 1: the largest |entry|. Pass 2 recomputes each entry the same way and rounds it. */
+  v128_t mx = wasm_f32x4_splat(0.0f);
+  for (int k = 0; k < nch; k++) {
+    vq4p_splat(x + 8 * k, xs);
+    for (int s = 0; s < 4; s++) {
+      for (int e = 0; e < 64; e += 4) mx = wasm_f32x4_max(mx, wasm_f32x4_abs(vq4p_dot4(C + s * 512, xs, e)));
+    }
+  }
+  float m = hmax_f32x4(mx);
+  float *q = (float *)(lut + (size_t)nch * 256);
+  if (!(m > 0.0f)) {
+    __builtin_memset(lut, 0, (size_t)nch * 256);
+    *q = 0.0f;
+    return;
+  }
+  v128_t inv = wasm_f32x4_splat(VQ4P_LUT_MAX / m);
+  v128_t hi = wasm_i32x4_splat(63), lo = wasm_i32x4_splat(-63);
+  for (int k = 0; k < nch; k++) {
+    vq4p_splat(x + 8 * k, xs);
+    for (int s = 0; s < 4; s++) {
+      int8_t *out = lut + (size_t)k * 256 + s * 64;
+      for (int e = 0; e < 64; e += 16) {
+        v128_t r[4];
+        for (int j = 0; j < 4; j++) {
+          v128_t t = wasm_f32x4_nearest(wasm_f32x4_mul(vq4p_dot4(C + s * 512, xs, e + 4 * j), inv));
+          r[j] = wasm_i32x4_max(wasm_i32x4_min(wasm_i32x4_trunc_sat_f32x4(t), hi), lo);
+        }
+        v128_t h0 = wasm_i16x8_narrow_i32x4(r[0], r[1]), h1 = wasm_i16x8_narrow_i32x4(r[2], r[3]);
+        wasm_v128_store(out + e, wasm_i8x16_narrow_i16x8(h0, h1));
+      }
+    }
+  }
+  *q = m / VQ4P_LUT_MAX;
+}
+
+/* Loop constants, made opaque so V8 keeps them in registers (see runtime_zero_v128). */
+struct vq4p_consts {
+  v128_t m63, mc0, c16, c32, c48;
+};
+
+/* t[i] for a 64-byte table t and 16 indices 0..63: swizzle gives 0 for an index out of 0..15. */
+static inline __attribute__((always_inline)) v128_t vq4p_look(const int8_t *t, v128_t i,
+                                                              const struct vq4p_consts *k) {
+  v128_t r = wasm_i8x16_swizzle(wasm_v128_load(t), i);
+  r = wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 16), wasm_i8x16_sub(i, k->c16)));
+  r = wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 32), wasm_i8x16_sub(i, k->c32)));
+  return wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 48), wasm_i8x16_sub(i, k->c48)));
+}
+
+/*
+ * One row group's 16 integer sums over all chunks, as i32 lanes in acc[0..3] (rows 0-3, 4-7,
+ * 8-11, 12-15 of the group).
+ */
+static inline __attribute__((always_inline)) void vq4p_group(const uint8_t *p, const int8_t *lut,
+                                                             int nch,
+                                                             const struct vq4p_consts *kc,
+                                                             v128_t *acc) {
+  for (int j = 0; j < 4; j++) acc[j] = wasm_i32x4_splat(0);
+  for (int k0 = 0; k0 < nch; k0 += VQ4P_FLUSH_CHUNKS) {
+    int k1 = nch - k0 < VQ4P_FLUSH_CHUNKS ? nch : k0 + VQ4P_FLUSH_CHUNKS;
+    v128_t lo = wasm_i16x8_splat(0), hi = wasm_i16x8_splat(0);
+    for (int k = k0; k < k1; k++) {
+      const uint8_t *b = p + (size_t)k * 48;
+      v128_t A = wasm_v128_load(b), B = wasm_v128_load(b + 16), C = wasm_v128_load(b + 32);
+      /* Bits 6-7 of each byte only, so 16-bit shifts never carry across bytes. */
+      v128_t i3 = wasm_v128_or(
+          wasm_v128_or(wasm_u16x8_shr(wasm_v128_and(A, kc->mc0), 6),
+                       wasm_u16x8_shr(wasm_v128_and(B, kc->mc0), 4)),
+          wasm_u16x8_shr(wasm_v128_and(C, kc->mc0), 2));
+      const int8_t *t = lut + (size_t)k * 256;
+      v128_t v01 = wasm_i8x16_add(vq4p_look(t, wasm_v128_and(A, kc->m63), kc),
+                                  vq4p_look(t + 64, wasm_v128_and(B, kc->m63), kc));
+      v128_t v23 = wasm_i8x16_add(vq4p_look(t + 128, wasm_v128_and(C, kc->m63), kc),
+                                  vq4p_look(t + 192, i3, kc));
+      lo = wasm_i16x8_add(lo, wasm_i16x8_add(wasm_i16x8_extend_low_i8x16(v01),
+                                             wasm_i16x8_extend_low_i8x16(v23)));
+      hi = wasm_i16x8_add(hi, wasm_i16x8_add(wasm_i16x8_extend_high_i8x16(v01),
+                                             wasm_i16x8_extend_high_i8x16(v23)));
+    }
+    acc[0] = wasm_i32x4_add(acc[0], wasm_i32x4_extend_low_i16x8(lo));
+    acc[1] = wasm_i32x4_add(acc[1], wasm_i32x4_extend_high_i16x8(lo));
+    acc[2] = wasm_i32x4_add(acc[2], wasm_i32x4_extend_low_i16x8(hi));
+    acc[3] = wasm_i32x4_add(acc[3], wasm_i32x4_extend_high_i16x8(hi));
+  }
+}
+
+/*
+ * y[r] for r in [r0, r1): whole 16-row groups are computed and only the rows in range stored,
+ * so a group split between two workers is summed by both, to the same bits.
+ */
+KEXPORT("matvec_vq4p")
+void matvec_vq4p(const uint8_t *I, const float *S, const int8_t *lut, float *y, int rows,
+                 int cols, int r0, int r1) {
+  if (r1 > rows) r1 = rows;
+  if (r0 < 0) r0 = 0;
+  if (r0 >= r1) return;
+  int nch = cols / 8;
+  float q = *(const float *)(lut + (size_t)nch * 256);
+  v128_t z = runtime_zero_v128(I);
+  struct vq4p_consts kc = {
+      wasm_v128_xor(wasm_i8x16_splat(63), z),  wasm_v128_xor(wasm_i8x16_splat((int8_t)0xc0), z),
+      wasm_v128_xor(wasm_i8x16_splat(16), z),  wasm_v128_xor(wasm_i8x16_splat(32), z),
+      wasm_v128_xor(wasm_i8x16_splat(48), z),
+  };
+  v128_t vq = wasm_f32x4_splat(q);
+  for (int g = r0 / 16; g * 16 < r1; g++) {
+    v128_t acc[4];
+    vq4p_group(I + (size_t)g * nch * 48, lut, nch, &kc, acc);
+    for (int j = 0; j < 4; j++) {
+      int r = g * 16 + 4 * j;
+      v128_t f = wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(acc[j]));
+      if (r >= r0 && r + 4 <= r1) {
+        wasm_v128_store(y + r, wasm_f32x4_mul(wasm_v128_load(S + r), f));
+        continue;
+      }
+      if (r >= r0 && r < r1) y[r] = S[r] * wasm_f32x4_extract_lane(f, 0);
+      if (r + 1 >= r0 && r + 1 < r1) y[r + 1] = S[r + 1] * wasm_f32x4_extract_lane(f, 1);
+      if (r + 2 >= r0 && r + 2 < r1) y[r + 2] = S[r + 2] * wasm_f32x4_extract_lane(f, 2);
+      if (r + 3 >= r0 && r + 3 < r1) y[r + 3] = S[r + 3] * wasm_f32x4_extract_lane(f, 3);
+    }
+  }
+}
