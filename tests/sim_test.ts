@@ -7,8 +7,8 @@ import {
   type SimPolicy,
   simulate,
   slotsPerLayer,
-} from "../tools/sim.ts";
-import { renderLineChart } from "../tools/svg_chart.ts";
+} from "../tools/dev/sim.ts";
+import { renderLineChart } from "../tools/dev/svg_chart.ts";
 import { readTrace, readTraceMeta, type TraceEvent, traceShape, TraceWriter } from "../io/trace.ts";
 
 const TRACES = new URL("../../shared/traces/", import.meta.url).pathname;

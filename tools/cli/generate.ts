@@ -7,7 +7,7 @@
 import { parseArgs } from "node:util";
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
-import { CACHE_POLICIES } from "../../io/expert_cache.ts";
+import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";

@@ -1,6 +1,6 @@
 /**
  * The expert cache: which expert records live in which arena slot. One class serves both the
- * engine (slots are arena regions the caller fills) and tools/sim.ts (slots are just numbers), so
+ * engine (slots are arena regions the caller fills) and tools/dev/sim.ts (slots are just numbers), so
  * a hit rate the simulator prints is the hit rate the engine gets for the same routing.
  *
  * Policies:
@@ -17,7 +17,7 @@
  *   least recently used.
  * - `lru`: plain least recently used.
  *
- * Count aging is off by default. Measured with tools/sim.ts on the FLAME and Mixtral traces
+ * Count aging is off by default. Measured with tools/dev/sim.ts on the FLAME and Mixtral traces
  * (3 seeds), halving every count each N demand accesses moved hit rates by -0.02..+0.01 on three
  * of the four (trace, per-layer/global) cases and helped only Mixtral with one shared cache
  * (+0.07 at 37.5% with N = 300, where the prompt-to-decode switch strands old counts); counts
@@ -39,7 +39,7 @@ export const CACHE_POLICIES: readonly CachePolicy[] = ["decay", "lfru", "lru"];
 
 /**
  * Decay half-life in multiples of the slot count when {@link CacheOptions.halfLife} is absent.
- * Measured on both traces (tools/sim.ts): 8 was within 0.02 of the best per-trace half-life in
+ * Measured on both traces (tools/dev/sim.ts): 8 was within 0.02 of the best per-trace half-life in
  * every case; 1 × slots lost up to 0.11 on FLAME, 32 × up to 0.03 on Mixtral.
  */
 const HALF_LIFE_SLOTS = 8;

@@ -1,12 +1,13 @@
 /**
  * Expert-cache simulator: replays a routing trace (io/trace.ts format) through LRU, LFU, LFRU,
- * decay (the engine's default; LRU, LFRU and decay are io/expert_cache.ts itself) and Belady, per layer (one cache of `capacity` slots
- * per layer) and overall (one cache of capacity × layers slots shared by all layers).
+ * decay (the engine's default; LRU, LFRU and decay are engine/stream/expert_cache.ts itself) and
+ * Belady, per layer (one cache of `capacity` slots per layer) and overall (one cache of capacity ×
+ * layers slots shared by all layers).
  *
  * The engine hands a token's top-k ids of a layer to the cache at once (ExpertCache.acquire): the
  * hits are taken first and every routed record stays pinned until its matvec is done, so the
- * experts of one (token, layer) event never evict each other. LRU, LFU, LFRU, decay and `belady-admit`
- * follow that rule; when a cache is smaller than an event, its experts are streamed one by one
+ * experts of one (token, layer) event never evict each other. LRU, LFU, LFRU, decay and
+ * `belady-admit` follow that rule; when a cache is smaller than an event, its experts are streamed one by one
  * without pins instead. `belady` is the offline optimum with bypass (a miss whose next use is
  * farther than every resident's is used and not kept); it needs no pins, since a record evicted
  * right after its use loses nothing. Missing (token, layer) pairs are skipped.
@@ -22,7 +23,7 @@
  */
 
 import { parseArgs } from "node:util";
-import { CACHE_POLICIES, ExpertCache } from "../io/expert_cache.ts";
+import { CACHE_POLICIES, ExpertCache } from "../../engine/stream/expert_cache.ts";
 import {
   readTrace,
   readTraceMeta,
@@ -30,7 +31,7 @@ import {
   type TraceMeta,
   type TraceShape,
   traceShape,
-} from "../io/trace.ts";
+} from "../../io/trace.ts";
 import { type Series, writeLineChart } from "./svg_chart.ts";
 
 /**
@@ -52,19 +53,19 @@ export const SIM_POLICIES: readonly SimPolicy[] = [
   "belady",
 ];
 
-/** The engine's default policy (io/expert_cache.ts), reported as `engine` too. */
+/** The engine's default policy (engine/stream/expert_cache.ts), reported as `engine` too. */
 export const ENGINE_POLICY: SimPolicy = CACHE_POLICIES[0];
 
 /** Knobs of {@link simulate}. */
 export interface SimOptions {
   /** Layer / expert counts; default: inferred from the events. */
   shape?: TraceShape;
-  /** LFRU sample size, seed and aging period (see io/expert_cache.ts). */
+  /** LFRU sample size, seed and aging period (see engine/stream/expert_cache.ts). */
   sample?: number;
   seed?: number;
   agingPeriod?: number;
   keepCounts?: boolean;
-  /** Decay half-life in demand accesses (see io/expert_cache.ts). */
+  /** Decay half-life in demand accesses (see engine/stream/expert_cache.ts). */
   halfLife?: number;
 }
 
