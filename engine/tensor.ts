@@ -16,22 +16,22 @@ export interface TensorRef {
   cols: number;
   /** Byte offset of the scales for block-scaled formats. */
   scale?: number;
-  /** vq3r: byte offset of the codebooks (f32 [3][8][256]) in the arena. */
+  /** vq3r, vq4p: byte offset of the codebooks (f32 [3][8][256] or [4][8][64]) in the arena. */
   codebook?: number;
-  /** vq3r: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
+  /** vq3r, vq4p: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
 }
 
 /**
  * What form a format's kernel reads its input vector in: f32 as is, the Q8 copy of
- * quantize_act_q8 (mxfp4, int4g32), or the lookup table of vq3r_lut (vq3r).
+ * quantize_act_q8 (mxfp4, int4g32), or the lookup table of vq3r_lut / vq4p_lut (vq3r, vq4p).
  */
 export type InputForm = "f32" | "q8" | "lut";
 
 /** The input form the kernel of `w`'s format reads. */
 export function inputFormOf(w: TensorRef): InputForm {
   if (w.dtype === "mxfp4" || w.dtype === "int4g32") return "q8";
-  return w.dtype === "vq3r" ? "lut" : "f32";
+  return w.dtype === "vq3r" || w.dtype === "vq4p" ? "lut" : "f32";
 }
 
 /** Formats with a batched kernel that reads each weight once for all columns. */
@@ -47,6 +47,7 @@ const GEMV: Record<string, { kernel: string; scaled: boolean }> = {
   int4g32: { kernel: "matvec_int4g32", scaled: true },
   int8row: { kernel: "matvec_int8row", scaled: true },
   vq3r: { kernel: "matvec_vq3r", scaled: true },
+  vq4p: { kernel: "matvec_vq4p", scaled: true },
 };
 
 /** Whether the engine can multiply with weights stored as `dtype`. */
@@ -87,7 +88,7 @@ export function matmulJobs(
     );
   }
   if (form === "lut" && w.paddedCols === undefined) {
-    throw new Error("vq3r weights need their padded column count");
+    throw new Error(`${w.dtype} weights need their padded column count`);
   }
   const cols = form === "lut" ? w.paddedCols! : w.cols;
   const jobs: Job[] = [];

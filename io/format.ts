@@ -35,7 +35,7 @@ export type PlainDtype = keyof typeof STORED_DTYPE_BYTES;
  * Compact weight formats (docs/FORMAT.md "Compact formats"): their byte count is not elements ×
  * a size, and each carries a scale tensor of a fixed dtype and shape.
  */
-export const COMPACT_DTYPES = ["mxfp4", "int4g32", "int8row", "vq3r"] as const;
+export const COMPACT_DTYPES = ["mxfp4", "int4g32", "int8row", "vq3r", "vq4p"] as const;
 
 /** A compact weight format. */
 export type CompactDtype = typeof COMPACT_DTYPES[number];
@@ -56,6 +56,7 @@ export const EXPERT_FORMAT_IDS: Record<ExpertFormat, number> = {
   int4g32: 6,
   int8row: 7,
   vq3r: 8,
+  vq4p: 9,
 };
 
 /** Columns per block of MXFP4 and per group of INT4. */
@@ -65,6 +66,23 @@ export const VQ3R_DIM = 8;
 export const VQ3R_STAGES = 3;
 /** Bytes of one VQ3R codebook set in codebooks.bin: f32 [3][8][256] (kernel layout). */
 export const VQ3R_CODEBOOK_BYTES = VQ3R_STAGES * VQ3R_DIM * 256 * 4;
+/** VQ4P: stages, and rows interleaved per index group (one byte lane each). */
+export const VQ4P_STAGES = 4;
+export const VQ4P_ROW_GROUP = 16;
+
+/** Formats whose matrices are coded against codebooks in codebooks.bin (residual VQ). */
+export type CodebookDtype = "vq3r" | "vq4p";
+
+/** Bytes of one codebook set in codebooks.bin: vq3r f32 [3][8][256], vq4p f32 [4][8][64]. */
+export const CODEBOOK_BYTES: Record<CodebookDtype, number> = {
+  vq3r: VQ3R_CODEBOOK_BYTES,
+  vq4p: VQ4P_STAGES * VQ3R_DIM * 64 * 4,
+};
+
+/** Whether `d` is coded against codebooks (and carries `paddedCols`). */
+export function isCodebookDtype(d: string): d is CodebookDtype {
+  return d === "vq3r" || d === "vq4p";
+}
 
 /** Whether `s` names a dtype a container stores. */
 export function isStoredDtype(s: unknown): s is StoredDtype {
@@ -85,7 +103,8 @@ export function isCompactDtype(d: string): d is CompactDtype {
 /**
  * Bytes of a tensor of `shape` stored as `dtype`. Compact formats are 2-D [rows, cols]:
  * mxfp4 and int4g32 take rows × cols / 2 (cols a multiple of 32), int8row rows × cols, vq3r
- * rows × 3 × ceil(cols / 8) index bytes. Returns NaN for a shape the format cannot hold.
+ * rows × 3 × ceil(cols / 8) index bytes, vq4p the same with rows rounded up to 16. Returns NaN for
+ * a shape the format cannot hold.
  */
 export function storedBytes(dtype: StoredDtype, shape: readonly number[]): number {
   if (!isCompactDtype(dtype)) return shape.reduce((a, b) => a * b, 1) * STORED_DTYPE_BYTES[dtype];
@@ -99,13 +118,15 @@ export function storedBytes(dtype: StoredDtype, shape: readonly number[]): numbe
       return rows * cols;
     case "vq3r":
       return rows * VQ3R_STAGES * Math.ceil(cols / VQ3R_DIM);
+    case "vq4p":
+      return alignUp(rows, VQ4P_ROW_GROUP) * 3 * Math.ceil(cols / VQ3R_DIM);
   }
 }
 
 /**
  * The scale tensor (dtype and shape) a weight of `dtype` and `shape` must carry, or null:
  * f8_e4m3 f32 [ceil(R/128), ceil(C/128)]; mxfp4 e8m0 [R, C/32]; int4g32 bf16 [R, C/32];
- * int8row and vq3r f32 [R].
+ * int8row, vq3r and vq4p f32 [R].
  */
 export function scaleSpecOf(
   dtype: StoredDtype,
@@ -124,6 +145,7 @@ export function scaleSpecOf(
       return { dtype: "bf16", shape: [rows, cols / Q4_BLOCK] };
     case "int8row":
     case "vq3r":
+    case "vq4p":
       return { dtype: "f32", shape: [rows] };
     default:
       return null;

@@ -39,13 +39,13 @@ Kimi-style INT4) of model_type llama, mixtral, qwen3_moe, deepseek_v3 / kimi_k2.
 <out>.sluice.tmp and renames at the end; an interrupted pack resumes layer by layer on rerun.
 
 Options:
-  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, vq4p, int8, fp8, bf16 or f32
                         (default: as shipped); matrices a format cannot hold keep their dtype
   --trunk int8          per-row int8 for the layers' attention/dense matrices
   --convert f32|bf16    dequantise / convert every weight matrix
-  --vq3r-sample N       vectors sampled to train each VQ3R codebook
-  --vq3r-iterations N   k-means iterations per VQ3R stage
-  --vq3r-experts N      experts per layer whose rows train the VQ3R codebooks
+  --vq3r-sample N       vectors sampled to train each VQ3R / VQ4P codebook
+  --vq3r-iterations N   k-means iterations per VQ3R / VQ4P stage
+  --vq3r-experts N      experts per layer whose rows train the VQ3R / VQ4P codebooks
   --force               replace an existing output
   -h, --help            this text
 

@@ -73,9 +73,9 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
-  /** lut int8 [cols/8][4][64] + f32 q (vq4pLutBytes) from codebooks C f32 [4][8][64] and x. */
+  /** lut int8 [cols/8][4][64] + f32 scales (vq4pLutBytes) from codebooks C f32 [4][8][64], x. */
   vq4p_lut(C: Ptr, x: Ptr, lut: Ptr, cols: number): void;
-  /** y[r] = S[r]·q·Σ_k Σ_s lut[k][s][i_s(r, k)]: I packed as engine/quant/vq4p.ts, S f32 [rows]. */
+  /** y[r] = S[r]·Σ_g Σ_s q[g][s]·Σ_{k∈g} lut[k][s][i_s(r, k)]: I as engine/quant/vq4p.ts. */
   matvec_vq4p(
     I: Ptr,
     S: Ptr,
@@ -109,6 +109,18 @@ export function q8Bytes(cols: number): number {
 /** Floats of a VQ3R lookup table for a cols-vector. */
 export function vq3rLutFloats(cols: number): number {
   return 3 * (cols / 8) * 256;
+}
+
+/** Chunks of 8 columns per VQ4P table-scale group. */
+export const VQ4P_LUT_GROUP = 16;
+
+/**
+ * Bytes of a VQ4P matvec table for a cols-vector: int8 [cols/8][4][64], then f32 scales
+ * [ceil(cols/128)][4] (one per stage per group of 16 chunks).
+ */
+export function vq4pLutBytes(cols: number): number {
+  const nch = cols / 8;
+  return nch * 4 * 64 + Math.ceil(nch / VQ4P_LUT_GROUP) * 4 * 4;
 }
 
 /** The quant kernels from an instance's exports; throws naming the first one missing. */

@@ -161,25 +161,32 @@ export function vq4pLutRef(kernelCodebooks: Float32Array, x: Float32Array): Floa
 }
 
 /**
- * matvec_vq4p: y[r] = S[r]·(q·Σ_k Σ_s lut[k][s][i_s(r, k)]) with the integer sum exact and the
- * two products in f32, as the kernel computes it; `index(r, s, k)` reads the packed indices.
+ * matvec_vq4p as the kernel computes it: per group g of 16 chunks and stage s, the exact integer
+ * sum of the row's table entries times q[g][s], added into an f32 accumulator (g, then s, unfused),
+ * times S[r]. `index(r, s, k)` reads the packed indices; `q` is [ceil(nch/16)][4].
  */
 export function matvecVq4pRef(
   index: (r: number, s: number, k: number) => number,
   scales: Float32Array,
   lut: Int8Array,
-  q: number,
+  q: Float32Array,
   rows: number,
   cols: number,
 ): Float32Array {
-  const nch = cols / 8;
+  const nch = cols / 8, f = Math.fround;
   const y = new Float32Array(rows);
   for (let r = 0; r < rows; r++) {
-    let sum = 0;
-    for (let k = 0; k < nch; k++) {
-      for (let s = 0; s < 4; s++) sum += lut[k * 256 + s * 64 + index(r, s, k)];
+    let acc = 0;
+    for (let k0 = 0; k0 < nch; k0 += 16) {
+      for (let s = 0; s < 4; s++) {
+        let sum = 0;
+        for (let k = k0; k < Math.min(nch, k0 + 16); k++) {
+          sum += lut[k * 256 + s * 64 + index(r, s, k)];
+        }
+        acc = f(acc + f(q[(k0 / 16) * 4 + s] * sum));
+      }
     }
-    y[r] = Math.fround(scales[r] * Math.fround(Math.fround(q) * Math.fround(sum)));
+    y[r] = f(scales[r] * acc);
   }
   return y;
 }

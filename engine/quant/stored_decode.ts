@@ -9,7 +9,8 @@ import { bf16ToNumber } from "./int4.ts";
 import { E2M1_VALUES, e8m0ToNumber } from "./mxfp4.ts";
 import { decodeDtypeToF32, dequantFp8Blocks } from "../../io/checkpoint_weights.ts";
 import type { TensorEntry } from "../../io/container.ts";
-import { Q4_BLOCK, VQ3R_DIM, VQ3R_STAGES } from "../../io/format.ts";
+import { Q4_BLOCK, VQ3R_DIM, VQ3R_STAGES, VQ4P_STAGES } from "../../io/format.ts";
+import { VQ4P_ENTRIES, vq4pIndex } from "./vq4p.ts";
 
 const PLAIN_NAMES: Record<string, string> = { f32: "F32", bf16: "BF16", f16: "F16" };
 
@@ -20,7 +21,7 @@ function f32View(b: Uint8Array): Float32Array {
 
 /**
  * The float32 values [rows × cols] of a stored tensor from its bytes `data`, its scale bytes and,
- * for vq3r, its codebooks (f32 [3][8][256], the codebooks.bin layout). Throws naming `what` when
+ * for vq3r and vq4p, its codebooks (f32 [3][8][256] or [4][8][64], the codebooks.bin layout). Throws naming `what` when
  * a needed part is missing.
  */
 export function decodeStored(
@@ -75,6 +76,21 @@ export function decodeStored(
             v += codebooks[(st * VQ3R_DIM + d) * 256 + e];
           }
           out[r * cols + c] = s[r] * v;
+        }
+      }
+      return out;
+    }
+    case "vq4p": {
+      if (!codebooks) throw new Error(`${what}: vq4p weights need their codebooks`);
+      const m = { rows, cols, indices: data, scales: f32View(scale) };
+      for (let r = 0; r < rows; r++) {
+        for (let c = 0; c < cols; c++) {
+          let v = 0;
+          for (let st = 0; st < VQ4P_STAGES; st++) {
+            const e = vq4pIndex(m, r, st, c >> 3);
+            v += codebooks[(st * VQ3R_DIM + (c & 7)) * VQ4P_ENTRIES + e];
+          }
+          out[r * cols + c] = m.scales[r] * v;
         }
       }
       return out;

@@ -13,11 +13,13 @@
  *   A, B, C whose lane j is row 16g + j: A = i0 | (i3 & 3) << 6, B = i1 | ((i3 >> 2) & 3) << 6,
  *   C = i2 | (i3 >> 4) << 6 (padding rows are zero);
  * - scales f32 [rows];
- * - the table: int8 [nch][4][64], then an f32 scale q: entry ≈ (Σ_d C[s][d][e]·x[8k + d]) / q,
- *   rounded to nearest in −63..63 so two stages add in a byte without overflow.
+ * - the table: int8 [nch][4][64], then f32 scales q [ceil(nch/16)][4]: entry ≈
+ *   (Σ_d C[s][d][e]·x[8k + d]) / q[k / 16][s], rounded to nearest in −127..127, one scale per
+ *   stage and group of 16 chunks so an outlier column only coarsens its own group.
  *
  * @module
  */
+import { storedBytes, VQ4P_ROW_GROUP, VQ4P_STAGES } from "../../io/format.ts";
 import {
   dequantizeResidualVq,
   dimensionMajor,
@@ -29,13 +31,10 @@ import {
   type Vq3rTrainOptions,
 } from "./vq3r.ts";
 
-/** Stages and entries per stage codebook (8 dimensions per vector, as VQ3R). */
-export const VQ4P_STAGES = 4;
+/** Entries per stage codebook (8 dimensions per vector, as VQ3R). */
 export const VQ4P_ENTRIES = 64;
-/** Rows interleaved per index group: one byte lane each. */
-export const VQ4P_ROW_GROUP = 16;
-/** Largest |table entry|: two stages sum to at most 126 in a byte. */
-export const VQ4P_LUT_MAX = 63;
+/** Largest |table entry| (kernels/quant_vq4p.c rounds each table to int8). */
+export const VQ4P_LUT_MAX = 127;
 
 /** A VQ4P-coded matrix in the kernel's layout. */
 export interface Vq4pMatrix {
@@ -49,12 +48,7 @@ export interface Vq4pMatrix {
 
 /** Bytes of the packed indices of a rows × cols matrix. */
 export function vq4pIndexBytes(rows: number, cols: number): number {
-  return Math.ceil(rows / VQ4P_ROW_GROUP) * VQ4P_ROW_GROUP * 3 * vq3rChunks(cols);
-}
-
-/** Bytes of the matvec table for a cols-vector (cols a multiple of 8): int8 entries and q. */
-export function vq4pLutBytes(cols: number): number {
-  return (cols / 8) * VQ4P_STAGES * VQ4P_ENTRIES + 4;
+  return storedBytes("vq4p", [rows, cols]);
 }
 
 /** Trains VQ4P codebooks ([4][64][8] f32, stage-major) as VQ3R trains its. */

@@ -14,6 +14,7 @@ import {
 } from "../../io/container.ts";
 import { openContainer } from "../container.ts";
 import { decodeStored } from "../quant/stored_decode.ts";
+import { isCodebookDtype } from "../../io/format.ts";
 import type { ExpertMatrix, ModelConfig } from "../../io/model_config.ts";
 import type { WeightGetter } from "./forward.ts";
 
@@ -35,7 +36,7 @@ export function containerExpertF32(
     e,
     record.subarray(e.offset, e.offset + e.bytes),
     scale,
-    e.dtype === "vq3r" ? readCodebooks(c, layer, m) : undefined,
+    isCodebookDtype(e.dtype) ? readCodebooks(c, layer, m) : undefined,
     `${c.dir}: layer ${layer} expert ${expert} ${m}`,
   );
 }

@@ -4,7 +4,7 @@
  *
  * 1. Weight error: for every trunk matmul weight and every (MoE layer, expert matrix kind), the
  *    relative error ‖w − ŵ‖ / ‖w‖ of mxfp4, int4 (group 32), int8 (per row), fp8 (128×128 blocks)
- *    and, for experts, vq3r (codebooks trained as pack trains them). Expert errors pool the
+ *    and, for experts, vq3r and vq4p (codebooks trained as pack trains them). Expert errors pool the
  *    squared errors of evenly spaced sampled experts.
  * 2. Model quality (from a checkpoint directory): the checkpoint is packed once as is and once per
  *    variant (`--experts F` for each format, and `--trunk int8`) into a temporary directory; each
@@ -33,6 +33,7 @@ import { dequantizeInt4g32, quantizeInt4g32 } from "../../engine/quant/int4.ts";
 import { dequantizeInt8Row, quantizeInt8Row } from "../../engine/quant/int8.ts";
 import { dequantizeMxfp4, quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
 import { dequantizeVq3r, encodeVq3r, type MatrixF32, trainVq3r } from "../../engine/quant/vq3r.ts";
+import { dequantizeVq4p, encodeVq4p, trainVq4p } from "../../engine/quant/vq4p.ts";
 import { containerExpertF32, containerTrunkF32 } from "../../engine/reference/container.ts";
 import { argmax } from "../../engine/sampler.ts";
 import { hfExpertName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
@@ -44,7 +45,7 @@ import { type ExpertsOption, packCheckpoint } from "../pack.ts";
 import { findMatrix, readMatrixF32 } from "../pack/source.ts";
 
 /** Formats whose weight error is reported. */
-export const REPORT_FORMATS = ["mxfp4", "int4", "int8", "fp8", "vq3r"] as const;
+export const REPORT_FORMATS = ["mxfp4", "int4", "int8", "fp8", "vq3r", "vq4p"] as const;
 /** A reported format. */
 export type ReportFormat = typeof REPORT_FORMATS[number];
 
@@ -122,9 +123,12 @@ function sums(w: Float32Array, approx: Float32Array): Sums {
   return { err, norm };
 }
 
+/** Formats whose codebooks are trained on the matrices of a group. */
+type CodebookFormat = "vq3r" | "vq4p";
+
 /** The reconstruction of `w` [rows, cols] in `f`, or null when `f` cannot hold it. */
 function roundTrip(
-  f: Exclude<ReportFormat, "vq3r">,
+  f: Exclude<ReportFormat, CodebookFormat>,
   w: Float32Array,
   rows: number,
   cols: number,
@@ -141,24 +145,31 @@ function roundTrip(
   }
 }
 
-/** Errors of a group of matrices of one shape, pooled; vq3r trained on the group when asked. */
+/** Errors of a group of matrices of one shape, pooled; vq3r / vq4p trained on the group when asked. */
 function groupErrors(
   mats: MatrixF32[],
   vq3r: QuantReportOptions["vq3r"] | null,
 ): Record<ReportFormat, number | null> {
   const out = {} as Record<ReportFormat, number | null>;
   for (const f of REPORT_FORMATS) {
-    if (f === "vq3r" && !vq3r) {
+    const coded = f === "vq3r" || f === "vq4p";
+    if (coded && !vq3r) {
       out[f] = null;
       continue;
     }
-    const books = f === "vq3r" ? trainVq3r(mats, vq3r ?? {}) : null;
+    const books = f === "vq3r"
+      ? trainVq3r(mats, vq3r ?? {})
+      : f === "vq4p"
+      ? trainVq4p(mats, vq3r ?? {})
+      : null;
     const total: Sums = { err: 0, norm: 0 };
     let ok = true;
     for (const m of mats) {
-      const approx = books
-        ? dequantizeVq3r(encodeVq3r(m, books), books)
-        : roundTrip(f as Exclude<ReportFormat, "vq3r">, m.data, m.rows, m.cols);
+      const approx = !books
+        ? roundTrip(f as Exclude<ReportFormat, CodebookFormat>, m.data, m.rows, m.cols)
+        : f === "vq4p"
+        ? dequantizeVq4p(encodeVq4p(m, books), books)
+        : dequantizeVq3r(encodeVq3r(m, books), books);
       if (!approx) {
         ok = false;
         break;

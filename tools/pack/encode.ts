@@ -2,7 +2,7 @@
  * Streams one checkpoint tensor in the dtype the container stores it in, in bounded chunks:
  * raw bytes when the dtype is kept, else decoded to float32 (FP8 with its block scales) and
  * re-encoded (f32, or bf16 rounded to nearest-even); and encodes whole float32 matrices in the
- * compact formats (mxfp4, int4g32, int8row, vq3r, f8_e4m3).
+ * compact formats (mxfp4, int4g32, int8row, vq3r, vq4p, f8_e4m3).
  *
  * @module
  */
@@ -18,6 +18,7 @@ import { quantizeInt4g32 } from "../../engine/quant/int4.ts";
 import { quantizeInt8Row } from "../../engine/quant/int8.ts";
 import { quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
 import { encodeVq3r } from "../../engine/quant/vq3r.ts";
+import { encodeVq4p } from "../../engine/quant/vq4p.ts";
 import { type PlainDtype, STORED_DTYPE_BYTES, type StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
 
@@ -105,8 +106,9 @@ function bytesOf(a: ArrayBufferView): Uint8Array {
 
 /**
  * Encodes float32 `w` [rows, cols] as `dtype`: plain dtypes as values, compact formats with the
- * quantisers of engine/quant (f8_e4m3 with 128×128 block scales). vq3r needs the trained
- * codebooks ([3][256][8], engine/quant/vq3r.ts); its rows are coded as if zero-padded to 8.
+ * quantisers of engine/quant (f8_e4m3 with 128×128 block scales). vq3r and vq4p need the trained
+ * codebooks ([3][256][8] or [4][64][8], engine/quant/vq3r.ts, vq4p.ts); their rows are coded as if
+ * zero-padded to 8.
  */
 export function encodeMatrix(
   w: Float32Array,
@@ -139,6 +141,11 @@ export function encodeMatrix(
     case "vq3r": {
       if (!codebooks) throw new Error(`${what}: vq3r needs trained codebooks`);
       const m = encodeVq3r({ data: w, rows, cols }, codebooks);
+      return { data: m.indices, scale: bytesOf(m.scales) };
+    }
+    case "vq4p": {
+      if (!codebooks) throw new Error(`${what}: vq4p needs trained codebooks`);
+      const m = encodeVq4p({ data: w, rows, cols }, codebooks);
       return { data: m.indices, scale: bytesOf(m.scales) };
     }
     default:

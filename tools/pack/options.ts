@@ -14,6 +14,7 @@ export const EXPERT_OPTIONS = {
   mxfp4: "mxfp4",
   int4: "int4g32",
   vq3r: "vq3r",
+  vq4p: "vq4p",
   int8: "int8row",
   fp8: "f8_e4m3",
   bf16: "bf16",
@@ -23,7 +24,7 @@ export const EXPERT_OPTIONS = {
 /** An `--experts` choice. */
 export type ExpertsOption = keyof typeof EXPERT_OPTIONS;
 
-/** VQ3R codebook training settings of a pack. */
+/** VQ3R / VQ4P codebook training settings of a pack. */
 export interface Vq3rPackOptions {
   /** k-means seed (default 1). */
   seed?: number;
@@ -43,7 +44,7 @@ export interface PackOptions {
   experts?: ExpertsOption;
   /** "int8": per-row int8 for the layers' 2-D matmul weights (not embeddings, norms, routers). */
   trunk?: "int8";
-  /** VQ3R training settings (with `experts: "vq3r"`). */
+  /** Codebook training settings (with `experts: "vq3r"` or `"vq4p"`). */
   vq3r?: Vq3rPackOptions;
   /** Replace an existing output. */
   force?: boolean;
@@ -91,6 +92,6 @@ export function packOptionKey(opts: PackOptions): string {
     convert: convert ?? null,
     experts: opts.experts ?? null,
     trunk: opts.trunk ?? null,
-    vq3r: opts.experts === "vq3r" ? opts.vq3r ?? {} : null,
+    vq3r: opts.experts === "vq3r" || opts.experts === "vq4p" ? opts.vq3r ?? {} : null,
   });
 }
