@@ -75,7 +75,10 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
   for (const l of load) assert.ok(Number.isFinite(l) && l >= 0);
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
   assert.equal(ratios.length, 5);
-  assert.ok(ratios.some((c) => c.name === "vq4p / bf16 weights/s"));
+  assert.ok(ratios.some((c) => c.name.startsWith("vq4p / bf16 weights/s")));
+  const paired = r.vq4p_vs_bf16 as { threads: number; ratio: number }[];
+  assert.deepEqual(paired.map((p) => p.threads), r.threads);
+  for (const p of paired) assert.ok(p.ratio > 0 && Number.isFinite(p.ratio));
 });
 
 Deno.test("bench with an unknown name lists the benches and fails", async () => {
