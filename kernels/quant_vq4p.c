@@ -2,10 +2,11 @@
  * VQ4P: 4-stage residual vector quantisation, 8 weights per vector, 64-entry codebooks per
  * stage, 3 bits per weight (engine/quant/vq4p.ts). vq4p_lut tabulates once per input vector
  * every entry's dot with every 8-column chunk of x and rounds the table to int8, so one stage's
- * table for one chunk is 64 bytes: four registers that i8x16.swizzle indexes. matvec_vq4p then
- * serves 16 rows (one byte lane each) per lookup. Each stage of each group of 16 chunks (128
- * columns) has its own table scale, so an outlier column or a large first stage costs the other
- * tables no precision; a group's lookups are summed exactly in integers and scaled once.
+ * table for one chunk is 64 bytes: four registers, indexed by a byte shuffle each and merged by
+ * two lane selects. matvec_vq4p serves 16 rows (one byte lane each) per lookup. Each stage of
+ * each group of 16 chunks (128 columns) has its own table scale, so an outlier column or a large
+ * first stage costs the other tables no precision; a group's lookups are summed exactly in
+ * integers and scaled once.
  *
  * Layouts (nch = cols / 8, cols a multiple of 8, ng = ceil(nch / 16)):
  *   C   f32 [4][8][64]: stage s, dimension d, entry e;
@@ -28,7 +29,9 @@
 static inline __attribute__((always_inline)) v128_t vq4p_dot4(const float *cs, const v128_t *xs,
                                                               int e) {
   v128_t v = wasm_f32x4_mul(wasm_v128_load(cs + e), xs[0]);
-  for (int d = 1; d < 8; d++) v = wasm_f32x4_relaxed_madd(wasm_v128_load(cs + d * 64 + e), xs[d], v);
+  for (int d = 1; d < 8; d++) {
+    v = wasm_f32x4_relaxed_madd(wasm_v128_load(cs + d * 64 + e), xs[d], v);
+  }
   return v;
 }
 
@@ -50,7 +53,9 @@ void vq4p_lut(const float *C, const float *x, int8_t *lut, int cols) {
       v128_t mx = wasm_f32x4_splat(0.0f);
       for (int k = k0; k < k1; k++) {
         vq4p_splat(x + 8 * k, xs);
-        for (int e = 0; e < 64; e += 4) mx = wasm_f32x4_max(mx, wasm_f32x4_abs(vq4p_dot4(cs, xs, e)));
+        for (int e = 0; e < 64; e += 4) {
+          mx = wasm_f32x4_max(mx, wasm_f32x4_abs(vq4p_dot4(cs, xs, e)));
+        }
       }
       float m = hmax_f32x4(mx);
       q[(k0 / VQ4P_GROUP) * 4 + s] = m > 0.0f ? m / VQ4P_LUT_MAX : 0.0f;
@@ -74,26 +79,37 @@ void vq4p_lut(const float *C, const float *x, int8_t *lut, int cols) {
 
 /* Loop constants, made opaque so V8 keeps them in registers (see runtime_zero_v128). */
 struct vq4p_consts {
-  v128_t m63, mc0, c16, c32, c48;
+  v128_t m15, mc0, zero;
 };
 
-/* t[i] for a 64-byte table t and 16 indices 0..63: swizzle gives 0 for an index out of 0..15. */
-static inline __attribute__((always_inline)) v128_t vq4p_look(const int8_t *t, v128_t i,
-                                                              const struct vq4p_consts *k) {
-  v128_t r = wasm_i8x16_swizzle(wasm_v128_load(t), i);
-  r = wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 16), wasm_i8x16_sub(i, k->c16)));
-  r = wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 32), wasm_i8x16_sub(i, k->c32)));
-  return wasm_v128_or(r, wasm_i8x16_swizzle(wasm_v128_load(t + 48), wasm_i8x16_sub(i, k->c48)));
+/*
+ * t[i] for a 64-byte table t: lo = i & 15 picks within each 16-byte quarter (relaxed_swizzle is
+ * exact for indices below 16), then the quarter by bits 4 and 5 of i, given as all-ones masks
+ * m4, m5 (relaxed_laneselect is exact for such masks).
+ */
+static inline __attribute__((always_inline)) v128_t vq4p_look(const int8_t *t, v128_t lo, v128_t m4,
+                                                              v128_t m5) {
+  v128_t r0 = wasm_i8x16_relaxed_swizzle(wasm_v128_load(t), lo);
+  v128_t r1 = wasm_i8x16_relaxed_swizzle(wasm_v128_load(t + 16), lo);
+  v128_t r2 = wasm_i8x16_relaxed_swizzle(wasm_v128_load(t + 32), lo);
+  v128_t r3 = wasm_i8x16_relaxed_swizzle(wasm_v128_load(t + 48), lo);
+  v128_t a = wasm_i8x16_relaxed_laneselect(r1, r0, m4);
+  v128_t b = wasm_i8x16_relaxed_laneselect(r3, r2, m4);
+  return wasm_i8x16_relaxed_laneselect(b, a, m5);
 }
+
+/* All-ones where bit `b` of each byte of v is set: a 16-bit shift moves it to the top bit. */
+#define VQ4P_BIT(v, b, kc) wasm_i8x16_lt(wasm_i16x8_shl(v, 7 - (b)), (kc)->zero)
 
 /* acc[0..3] (rows 0-3, 4-7, 8-11, 12-15) += q * (float)(16-bit sums lo: rows 0-7, hi: 8-15). */
 static inline __attribute__((always_inline)) void vq4p_scale_add(v128_t *acc, v128_t lo, v128_t hi,
                                                                  float q) {
   v128_t vq = wasm_f32x4_splat(q);
-  acc[0] = wasm_f32x4_add(acc[0], wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(lo))));
-  acc[1] = wasm_f32x4_add(acc[1], wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(wasm_i32x4_extend_high_i16x8(lo))));
-  acc[2] = wasm_f32x4_add(acc[2], wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(hi))));
-  acc[3] = wasm_f32x4_add(acc[3], wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(wasm_i32x4_extend_high_i16x8(hi))));
+  v128_t w[4] = {wasm_i32x4_extend_low_i16x8(lo), wasm_i32x4_extend_high_i16x8(lo),
+                 wasm_i32x4_extend_low_i16x8(hi), wasm_i32x4_extend_high_i16x8(hi)};
+  for (int j = 0; j < 4; j++) {
+    acc[j] = wasm_f32x4_add(acc[j], wasm_f32x4_mul(vq, wasm_f32x4_convert_i32x4(w[j])));
+  }
 }
 
 /* One row group's 16 sums (before the row scale) as f32 lanes in acc[0..3]. */
@@ -110,16 +126,16 @@ static inline __attribute__((always_inline)) void vq4p_group(const uint8_t *p, c
     for (int k = k0; k < k1; k++) {
       const uint8_t *b = p + (size_t)k * 48;
       v128_t A = wasm_v128_load(b), B = wasm_v128_load(b + 16), C = wasm_v128_load(b + 32);
-      /* Bits 6-7 of each byte only, so 16-bit shifts never carry across bytes. */
-      v128_t i3 = wasm_v128_or(
-          wasm_v128_or(wasm_u16x8_shr(wasm_v128_and(A, kc->mc0), 6),
-                       wasm_u16x8_shr(wasm_v128_and(B, kc->mc0), 4)),
-          wasm_u16x8_shr(wasm_v128_and(C, kc->mc0), 2));
       const int8_t *t = lut + (size_t)k * 256;
-      v128_t v0 = vq4p_look(t, wasm_v128_and(A, kc->m63), kc);
-      v128_t v1 = vq4p_look(t + 64, wasm_v128_and(B, kc->m63), kc);
-      v128_t v2 = vq4p_look(t + 128, wasm_v128_and(C, kc->m63), kc);
-      v128_t v3 = vq4p_look(t + 192, i3, kc);
+      v128_t m15 = kc->m15;
+      v128_t v0 = vq4p_look(t, wasm_v128_and(A, m15), VQ4P_BIT(A, 4, kc), VQ4P_BIT(A, 5, kc));
+      v128_t v1 = vq4p_look(t + 64, wasm_v128_and(B, m15), VQ4P_BIT(B, 4, kc), VQ4P_BIT(B, 5, kc));
+      v128_t v2 = vq4p_look(t + 128, wasm_v128_and(C, m15), VQ4P_BIT(C, 4, kc), VQ4P_BIT(C, 5, kc));
+      /* Stage 3: bits 0-1 in A's top bits, 2-3 in B's, 4-5 in C's (16-bit shifts of masked bytes
+         never carry across bytes). */
+      v128_t lo3 = wasm_v128_or(wasm_u16x8_shr(wasm_v128_and(A, kc->mc0), 6),
+                                wasm_u16x8_shr(wasm_v128_and(B, kc->mc0), 4));
+      v128_t v3 = vq4p_look(t + 192, lo3, VQ4P_BIT(C, 6, kc), wasm_i8x16_lt(C, kc->zero));
       l0 = wasm_i16x8_add(l0, wasm_i16x8_extend_low_i8x16(v0));
       h0 = wasm_i16x8_add(h0, wasm_i16x8_extend_high_i8x16(v0));
       l1 = wasm_i16x8_add(l1, wasm_i16x8_extend_low_i8x16(v1));
@@ -150,9 +166,9 @@ void matvec_vq4p(const uint8_t *I, const float *S, const int8_t *lut, float *y, 
   int nch = cols / 8;
   v128_t z = runtime_zero_v128(I);
   struct vq4p_consts kc = {
-      wasm_v128_xor(wasm_i8x16_splat(63), z),  wasm_v128_xor(wasm_i8x16_splat((int8_t)0xc0), z),
-      wasm_v128_xor(wasm_i8x16_splat(16), z),  wasm_v128_xor(wasm_i8x16_splat(32), z),
-      wasm_v128_xor(wasm_i8x16_splat(48), z),
+      wasm_v128_xor(wasm_i8x16_splat(15), z),
+      wasm_v128_xor(wasm_i8x16_splat((int8_t)0xc0), z),
+      z,
   };
   for (int g = r0 / 16; g * 16 < r1; g++) {
     v128_t acc[4];
