@@ -1,5 +1,5 @@
 /**
- * The compact-weight kernels against their scalar references (wasm/reference_quant.ts) at awkward
+ * The compact-weight kernels against their scalar references (tests/scalar_quant_kernels.ts) at awkward
  * sizes, and row-split bit-identity: a row's bits never depend on the [r0, r1) range.
  */
 import assert from "node:assert/strict";
@@ -15,7 +15,7 @@ import {
   vq3rAbsRef,
   vq3rLutRef,
   vq4pLutRef,
-} from "../wasm/reference_quant.ts";
+} from "./scalar_quant_kernels.ts";
 import {
   dequantizeVq4p,
   encodeVq4p,

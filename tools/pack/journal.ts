@@ -23,7 +23,7 @@ import { CONTAINER_VERSION, expertBankFile, type Region } from "../../io/manifes
 import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import { writeJson } from "../../io/json_file.ts";
-import { type BankPlan, codebookSetBytes, type Plan } from "./plan.ts";
+import { type BankLayout, codebookSetBytes, type PackLayout } from "./layout.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 
 /** The journal's file name inside the temporary output directory. */
@@ -134,7 +134,7 @@ export function openJournal(tmp: string, key: JournalKey, log: (line: string) =>
  */
 export function dropDamagedWork(
   journal: Journal,
-  plan: Plan,
+  layout: PackLayout,
   tmp: string,
   trunkFd: number,
   booksFd: number,
@@ -143,7 +143,7 @@ export function dropDamagedWork(
   if (journal.globals && !regionIntact(trunkFd, journal.globals, chunk)) journal.globals = null;
   for (const [k, r] of Object.entries(journal.layers)) {
     const l = Number(k);
-    const bank = plan.banks[l];
+    const bank = layout.banks[l];
     const bankOk = !bank ||
       (existsSync(join(tmp, expertBankFile(l))) &&
         statSync(join(tmp, expertBankFile(l))).size === bank.stride * bank.experts.length);
@@ -169,7 +169,7 @@ function regionIntact(fd: number, r: Region, chunk: number): boolean {
 /** Whether a journaled layer's codebooks are still in codebooks.bin with their CRCs. */
 function codebooksIntact(
   fd: number,
-  bank: BankPlan,
+  bank: BankLayout,
   crcs: Partial<Record<ExpertMatrix, number>> | undefined,
 ): boolean {
   for (const m of EXPERT_MATRICES) {
