@@ -87,3 +87,26 @@ Deno.test("bench with an unknown name lists the benches and fails", async () => 
   assert.match(stderr, /unknown bench "no-such-bench"/);
   assert.match(stderr, /^\s+kernels\s/m);
 });
+
+Deno.test("bench pack --json reports pack_mb_s and disk_write_mb_s and removes what it made", async () => {
+  const cache = Deno.makeTempDirSync({ prefix: "sluice-bench-pack-" });
+  try {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", MOD, "pack", "--size", "24M", "--json"],
+      env: { SLUICE_CACHE: cache },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const dec = new TextDecoder();
+    assert.equal(out.code, 0, dec.decode(out.stderr));
+    const r = JSON.parse(dec.decode(out.stdout)) as Record<string, unknown>;
+    positive(r, "pack_mb_s");
+    positive(r, "container_bytes");
+    const disk = r.disk_write_mb_s;
+    assert.ok(disk === null || (typeof disk === "number" && disk > 0), `disk_write_mb_s = ${disk}`);
+    if (typeof disk === "number") assert.equal(r.ratio, (r.pack_mb_s as number) / disk);
+    assert.deepEqual([...Deno.readDirSync(cache)], [], "the bench leaves nothing behind");
+  } finally {
+    Deno.removeSync(cache, { recursive: true });
+  }
+});
