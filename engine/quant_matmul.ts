@@ -1,8 +1,8 @@
 /**
  * Prepared inputs of the compact formats' matvecs: the Q8 copy of an input vector that the
  * mxfp4 and int4g32 kernels read (quantize_act_q8), and the table of partial dot products that
- * the vq3r and vq4p kernels read (vq3r_lut, vq4p_lut). Each is made once per input vector on the main thread and
- * then shared by every matrix that reads the same vector in the same form: gate and up of an
+ * the vq3r and vq4p kernels read (vq3r_lut, vq4p_lut). Each is made once per input vector on the
+ * main thread and then shared by every matrix that reads the same vector in the same form: gate and up of an
  * expert, and, in the MoE layer, all experts a token is routed to. Preparation is deterministic
  * and per vector, so outputs never depend on threads, batching or expert arrival order.
  *
@@ -10,7 +10,8 @@
  */
 import { alignUp, isCodebookDtype } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
-import { q8Bytes, vq3rLutFloats, vq4pLutBytes } from "../wasm/quant_kernels.ts";
+import { q8Bytes } from "../wasm/quant_kernels.ts";
+import { formatOf } from "./quant/mod.ts";
 import { type Arena, PAGE } from "./arena.ts";
 import { codebookArenaBytes } from "./codebooks.ts";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
@@ -22,11 +23,12 @@ type Fn = (...a: (number | bigint)[]) => unknown;
 /** Alignment of every prepared vector (the kernels load 16 bytes at a time). */
 const PREP_ALIGN = 64;
 
-/** The table of each lookup-table format: its bytes for a padded column count, and its builder. */
-const TABLES: Record<string, { bytes(cols: number): number; kernel: string }> = {
-  vq3r: { bytes: (c) => vq3rLutFloats(c) * 4, kernel: "vq3r_lut" },
-  vq4p: { bytes: vq4pLutBytes, kernel: "vq4p_lut" },
-};
+/** The table builder of a lookup-table format (engine/quant/mod.ts). */
+function tableOf(w: TensorRef): { kernel: string; bytes(cols: number): number } {
+  const t = formatOf(w.dtype).table;
+  if (!t) throw new Error(`${w.dtype} weights have no lookup table`);
+  return t;
+}
 
 /** Bytes of one prepared input vector of `w` (0 for formats that read f32). */
 export function preparedBytes(w: TensorRef): number {
@@ -34,7 +36,7 @@ export function preparedBytes(w: TensorRef): number {
     case "q8":
       return alignUp(q8Bytes(w.cols), PREP_ALIGN);
     case "lut":
-      return alignUp(TABLES[w.dtype].bytes(w.paddedCols ?? w.cols), PREP_ALIGN);
+      return alignUp(tableOf(w).bytes(w.paddedCols ?? w.cols), PREP_ALIGN);
     default:
       return 0;
   }
@@ -172,7 +174,7 @@ export class InputPrep {
           padded.fill(0, w.cols);
           src = this.#pad;
         }
-        this.#k[TABLES[w.dtype].kernel](BigInt(w.codebook), BigInt(src), BigInt(dst), cols);
+        this.#k[tableOf(w).kernel](BigInt(w.codebook), BigInt(src), BigInt(dst), cols);
       }
       out.push(dst);
     }

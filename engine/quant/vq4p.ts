@@ -19,7 +19,16 @@
  *
  * @module
  */
-import { storedBytes, VQ4P_ROW_GROUP, VQ4P_STAGES } from "../../io/format.ts";
+import { storedBytes, VQ3R_DIM, VQ4P_ROW_GROUP, VQ4P_STAGES } from "../../io/format.ts";
+import { vq4pLutBytes } from "../../wasm/quant_kernels.ts";
+import {
+  compactFormat,
+  type Decode,
+  f32View,
+  needScale,
+  stored,
+  type WeightFormat,
+} from "./format.ts";
 import {
   dequantizeResidualVq,
   dimensionMajor,
@@ -112,3 +121,35 @@ export function dequantizeVq4p(m: Vq4pMatrix, codebooks: Float32Array): Float32A
 export function vq4pKernelCodebooks(codebooks: Float32Array): Float32Array {
   return dimensionMajor(codebooks, VQ4P_STAGES, VQ4P_ENTRIES);
 }
+
+/** f32 values of vq4p bytes: scale[r] · Σ over stages of the codebook entries the codes pick. */
+const decodeVq4pBytes: Decode = (data, scale, rows, cols, what, codebooks) => {
+  const sb = needScale(scale, "vq4p", what);
+  if (!codebooks) throw new Error(`${what}: vq4p weights need their codebooks`);
+  const m = { rows, cols, indices: data, scales: f32View(sb) };
+  const out = new Float32Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      let v = 0;
+      for (let st = 0; st < VQ4P_STAGES; st++) {
+        v += codebooks[(st * VQ3R_DIM + (c & 7)) * VQ4P_ENTRIES + vq4pIndex(m, r, st, c >> 3)];
+      }
+      out[r * cols + c] = m.scales[r] * v;
+    }
+  }
+  return out;
+};
+
+/**
+ * The vq4p weight format: four-stage residual vector quantisation with 64-entry per-layer
+ * codebooks, 16-row interleaved indices and one f32 scale per row (`--experts vq4p`).
+ */
+export const VQ4P: WeightFormat = {
+  ...compactFormat("vq4p", "vq4p", "lut", "matvec_vq4p"),
+  table: { kernel: "vq4p_lut", bytes: vq4pLutBytes },
+  encode(w, rows, cols, what, codebooks) {
+    if (!codebooks) throw new Error(`${what}: vq4p needs trained codebooks`);
+    return stored(encodeVq4p({ data: w, rows, cols }, codebooks), "indices");
+  },
+  decode: decodeVq4pBytes,
+};

@@ -13,7 +13,7 @@ import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Vq3rPackOptions } from "./options.ts";
 import type { BankLayout } from "./layout.ts";
-import { readMatrixF32 } from "./source.ts";
+import { readMatrixF32 } from "../../engine/checkpoint_matrix.ts";
 
 /**
  * Trains the codebooks of each vq3r / vq4p matrix kind of one MoE layer on evenly spaced experts,
