@@ -12,6 +12,7 @@ import {
   readExpertRecord,
   readTrunkTensor,
 } from "../io/container.ts";
+import { isCodebookDtype } from "../io/format.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
 import { EXPERT_MATRICES, type ExpertMatrix, type GlobalTensor } from "../io/model_config.ts";
 import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
@@ -91,7 +92,7 @@ export function containerExpertF32(
     e,
     rec.subarray(e.offset, e.offset + e.bytes),
     scale,
-    e.dtype === "vq3r" ? readCodebooks(c, layer, m) : undefined,
+    isCodebookDtype(e.dtype) ? readCodebooks(c, layer, m) : undefined,
     `${c.dir}: layer ${layer} expert ${expert} ${m}`,
   );
 }

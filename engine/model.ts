@@ -7,7 +7,7 @@
  */
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "./container.ts";
-import { type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
+import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
@@ -41,7 +41,7 @@ export interface RunOptions {
   threads?: number;
   /** Most prompt tokens per forward call (chunked prefill; default 64). */
   prefillChunk?: number;
-  /** Expert cache policy (default lfru). */
+  /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;
   /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
   readaheadDepth?: number;
@@ -323,7 +323,7 @@ function openExpertStore(
       : [container.expertBankPath(bank.layer)];
     return { bank, paths, handles: paths.map((p) => reader.open(p)) };
   });
-  const cache = new ExpertCache({ slots, policy: opts.cache ?? "lfru" });
+  const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
   return new ExpertStore(arena, reader, files, cache, {
     readaheadDepth: opts.readaheadDepth ?? 4,
     check: (layer, expert, slot, file, fileOffset) => {

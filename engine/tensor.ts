@@ -19,9 +19,9 @@ export interface TensorRef {
   cols: number;
   /** Byte offset of the scales for block-scaled formats. */
   scale?: number;
-  /** vq3r: byte offset of the codebooks (f32 [3][8][256]) in the arena. */
+  /** vq3r, vq4p: byte offset of the codebooks (f32 [3][8][256] or [4][8][64]) in the arena. */
   codebook?: number;
-  /** vq3r: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
+  /** vq3r, vq4p: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
 }
 
@@ -64,7 +64,7 @@ export function matmulJobs(
     );
   }
   if (form === "lut" && w.paddedCols === undefined) {
-    throw new Error("vq3r weights need their padded column count");
+    throw new Error(`${w.dtype} weights need their padded column count`);
   }
   const cols = form === "lut" ? w.paddedCols! : w.cols;
   const jobs: Job[] = [];

@@ -17,6 +17,8 @@ import {
 } from "./model_config.ts";
 import {
   BLOCK_ALIGN,
+  CODEBOOK_BYTES,
+  isCodebookDtype,
   isCompactDtype,
   isExpertFormat,
   isStoredDtype,
@@ -24,7 +26,6 @@ import {
   scaleSpecOf,
   storedBytes,
   TENSOR_ALIGN,
-  VQ3R_CODEBOOK_BYTES,
   VQ3R_DIM,
 } from "./format.ts";
 import {
@@ -218,14 +219,14 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   } else if (e.scale !== undefined) {
     throw new Error(`${where}.scale: ${e.dtype} tensors have no scale`);
   }
-  if (e.dtype === "vq3r") {
+  if (isCodebookDtype(e.dtype)) {
     const want = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
     if (e.paddedCols !== want) {
       throw new Error(`${where}.paddedCols: expected ${want} for ${shape[1]} columns`);
     }
     out.paddedCols = want;
   } else if (e.paddedCols !== undefined) {
-    throw new Error(`${where}.paddedCols: only vq3r tensors have paddedCols`);
+    throw new Error(`${where}.paddedCols: only vq3r and vq4p tensors have paddedCols`);
   }
   return out;
 }
@@ -413,7 +414,8 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
         );
       }
       if (reason !== undefined) fellBack[k] = reason as string;
-      if (e.dtype === "vq3r") {
+      if (isCodebookDtype(e.dtype)) {
+        const setBytes = CODEBOOK_BYTES[e.dtype];
         const r = obj(cbs?.[k], `${at}.codebooks.${k}`);
         const ref: CodebookRef = {
           offset: int(r.offset, `${at}.codebooks.${k}.offset`, 0, codebooks?.bytes ?? 0),
@@ -421,18 +423,18 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
           crc32: int(r.crc32, `${at}.codebooks.${k}.crc32`, 0, 0xffffffff),
         };
         if (
-          !codebooks || ref.offset % BLOCK_ALIGN || ref.bytes !== VQ3R_CODEBOOK_BYTES ||
+          !codebooks || ref.offset % BLOCK_ALIGN || ref.bytes !== setBytes ||
           ref.offset + ref.bytes > codebooks.bytes
         ) {
           throw new Error(
-            `${at}.codebooks.${k}: expected ${VQ3R_CODEBOOK_BYTES} bytes at a 4096-aligned ` +
+            `${at}.codebooks.${k}: expected ${setBytes} bytes at a 4096-aligned ` +
               `offset inside ${CODEBOOKS_FILE}`,
           );
         }
         codebookSpans.push([ref.offset, ref.bytes, `layer ${l} ${k} codebooks`]);
         refs[k] = ref;
       } else if (cbs?.[k] !== undefined) {
-        throw new Error(`${at}.codebooks.${k}: only vq3r matrices have codebooks`);
+        throw new Error(`${at}.codebooks.${k}: only vq3r and vq4p matrices have codebooks`);
       }
       matrices[k] = e;
     }

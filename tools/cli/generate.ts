@@ -7,6 +7,7 @@
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
 import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
+import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
 import { createSampler } from "../../engine/sampler.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { checkTracePath } from "../../io/trace.ts";
@@ -49,7 +50,7 @@ ${BUDGET_HELP}
   -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
                         also --ctx-size)
   -t, --threads N       compute threads including the main thread (default and most: all cores)
-  --cache lfru|lru      expert cache policy (default lfru)
+  --cache POLICY        expert cache policy: decay (default), lfru or lru
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
@@ -228,7 +229,7 @@ export function runOptionsFromArgs(a: Args): RunOptions {
     budget: budgetFromArgs(a.str("budget"), a.str("preset")),
     ctx: a.int("ctx"),
     threads: a.int("threads"),
-    cache: a.oneOf("cache", ["lfru", "lru"]),
+    cache: a.oneOf("cache", [...CACHE_POLICIES]),
     readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
     trunkReadahead: !a.bool("no-readahead"),
     ringSlots: a.int("ring-slots"),

@@ -22,10 +22,9 @@ import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import { CONTAINER_VERSION, expertBankFile, type Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
 import { checkRecord } from "../../io/record_check.ts";
-import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import { writeJson } from "../../io/json_file.ts";
-import type { BankLayout, PackLayout } from "./layout.ts";
+import { type BankLayout, codebookSetBytes, type PackLayout } from "./layout.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 
 /** The journal's file name inside the temporary output directory. */
@@ -39,7 +38,7 @@ export interface Journal {
   options: string;
   globals: Region | null;
   layers: Record<string, Region>;
-  /** CRC-32 of each VQ3R codebook set written, per layer and matrix kind. */
+  /** CRC-32 of each codebook set written, per layer and matrix kind. */
   codebooks: Record<string, Partial<Record<ExpertMatrix, number>>>;
 }
 
@@ -224,10 +223,11 @@ function codebooksIntact(
     const off = bank.codebookOffsets[m];
     if (off === undefined) continue;
     const want = crcs?.[m];
-    if (want === undefined || fd < 0 || fstatSync(fd).size < off + VQ3R_CODEBOOK_BYTES) {
+    const bytes = codebookSetBytes(bank, m);
+    if (want === undefined || fd < 0 || fstatSync(fd).size < off + bytes) {
       return false;
     }
-    const buf = new Uint8Array(VQ3R_CODEBOOK_BYTES);
+    const buf = new Uint8Array(bytes);
     if (readSync(fd, buf, 0, buf.length, off) !== buf.length || crc32(buf) !== want) return false;
   }
   return true;

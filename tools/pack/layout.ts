@@ -1,7 +1,8 @@
 /**
  * The layout of a container, computed before any byte is written: the stored dtype of every
  * tensor, its offset in trunk.bin (globals, then one 4 KiB-aligned run per layer), the record
- * layout of each MoE layer's expert bank, and where each VQ3R codebook set goes in codebooks.bin.
+ * layout of each MoE layer's expert bank, and where each VQ3R / VQ4P codebook set goes in
+ * codebooks.bin.
  *
  * @module
  */
@@ -29,14 +30,15 @@ import type { TensorEntry } from "../../io/manifest_schema.ts";
 import {
   alignUp,
   BLOCK_ALIGN,
+  CODEBOOK_BYTES,
   type ExpertFormat,
+  isCodebookDtype,
   Q4_BLOCK,
   RECORD_HEADER_BYTES,
   scaleSpecOf,
   storedBytes,
   type StoredDtype,
   TENSOR_ALIGN,
-  VQ3R_CODEBOOK_BYTES,
   VQ3R_DIM,
 } from "../../io/format.ts";
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
@@ -56,18 +58,18 @@ export interface PackLayout {
   layers: { items: Map<LayerTensor, Placed>; offset: number; bytes: number }[];
   banks: (BankLayout | null)[];
   trunkBytes: number;
-  /** Size of codebooks.bin (0 when nothing is vq3r). */
+  /** Size of codebooks.bin (0 when nothing is vq3r or vq4p). */
   codebooksBytes: number;
 }
 
-/** One MoE layer's bank: sources, layout, and where its VQ3R codebooks go. */
+/** One MoE layer's bank: sources, layout, and where its codebooks go. */
 export interface BankLayout {
   experts: Map<ExpertMatrix, SourceMatrix>[];
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
   format: ExpertFormat;
   fallback: Partial<Record<ExpertMatrix, string>>;
-  /** Offset in codebooks.bin of each vq3r matrix kind's codebooks. */
+  /** Offset in codebooks.bin of each vq3r / vq4p matrix kind's codebooks. */
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
 }
 
@@ -103,7 +105,7 @@ function entryOf(dtype: StoredDtype, shape: number[], what: string): TensorEntry
       bytes: storedBytes(spec.dtype, spec.shape),
     };
   }
-  if (dtype === "vq3r") e.paddedCols = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
+  if (isCodebookDtype(dtype)) e.paddedCols = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
   return e;
 }
 
@@ -177,9 +179,11 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
   let codebooksBytes = 0;
   for (const b of banks) {
     for (const m of EXPERT_MATRICES) {
-      if (b?.matrices[m].dtype !== "vq3r") continue;
+      if (!b) continue;
+      const bytes = codebookSetBytes(b, m);
+      if (!bytes) continue;
       b.codebookOffsets[m] = codebooksBytes;
-      codebooksBytes += VQ3R_CODEBOOK_BYTES;
+      codebooksBytes += bytes;
     }
   }
   return {
@@ -296,4 +300,10 @@ export function reportFallbacks(layout: PackLayout, log: (line: string) => void)
       said.add(line);
     }
   }
+}
+
+/** Bytes of the codebook set of `bank`'s matrix kind `m` (0 when it has none). */
+export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
+  const d = bank.matrices[m].dtype;
+  return isCodebookDtype(d) ? CODEBOOK_BYTES[d] : 0;
 }

@@ -36,6 +36,11 @@ export const BENCHES: Record<string, BenchEntry> = {
       "O_DIRECT roofline, read-ahead and lookahead on/off, overlap of I/O and compute",
     load: () => import("./stream.ts"),
   },
+  pack: {
+    summary: "pack MB/s of a synthetic checkpoint against the disk's own O_DIRECT sequential " +
+      "write (dd), with the issue 16 target",
+    load: () => import("./pack.ts"),
+  },
   compare: {
     summary: "sluice vs llama.cpp (node-llama-cpp, installed on demand) in RAM, over a cgroup " +
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",

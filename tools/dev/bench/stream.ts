@@ -72,6 +72,8 @@ export interface StreamRun {
   io_share: number;
   speculative_reads: number;
   speculative_used: number;
+  /** Lookahead predictions its precision gate kept from being read (whole run). */
+  speculative_skipped: number;
   lookahead_recall: number | null;
   trunk_pinned: number;
   expert_slots: number;
@@ -242,6 +244,7 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     io_share: wait / ms,
     speculative_reads: b.spec - a.spec,
     speculative_used: b.specUsed - a.specUsed,
+    speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: m.observers.lookahead?.recall ?? null,
     trunk_pinned: m.plan.pinned,
     expert_slots: m.plan.expertSlots,
@@ -416,7 +419,7 @@ export function formatStreamReport(r: StreamBenchResult): string {
     }; load average ${r.load_average.toFixed(2)}`,
     "",
     "| run | tok/s (all repeats) | ms/token | read/token | expert hit rate | io wait/token | io share | " +
-    "spec reads (used) | recall |",
+    "spec reads (used, not read) | recall |",
     "|---|---|---|---|---|---|---|---|---|",
     ...r.runs.map((x) =>
       `| ${x.label} | ${x.tok_s.toFixed(2)} (${
@@ -424,7 +427,7 @@ export function formatStreamReport(r: StreamBenchResult): string {
       }) | ${x.ms_per_token.toFixed(1)} | ` +
       `${mib(x.bytes_per_token)} | ${pct(x.expert_hit_rate)} | ` +
       `${x.io_wait_ms_per_token.toFixed(1)} ms | ${pct(x.io_share)} | ` +
-      `${x.speculative_reads} (${x.speculative_used}) | ` +
+      `${x.speculative_reads} (${x.speculative_used}, ${x.speculative_skipped}) | ` +
       `${x.lookahead_recall === null ? "-" : pct(x.lookahead_recall)} |`
     ),
     "",
