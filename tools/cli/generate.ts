@@ -22,8 +22,11 @@ Input:
                         model with random weights, made on first use; its text is gibberish)
   --prompt TEXT         prompt text (else --prompt-file, else stdin)
   --prompt-file FILE    read the prompt from a file
+  --prompt-ids 1,2,3    token ids used as they are (no BOS added); each must be in the vocabulary
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  An empty prompt starts from BOS (as llama.cpp does); --chat refuses an empty user message.
+  A prompt that does not fit in --ctx is refused with both lengths (raise --ctx or shorten it).
 
 Sampling (greedy by default):
   -n, --max-tokens N    new tokens to generate (default 256)
@@ -65,6 +68,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       model: { type: "string" },
       prompt: { type: "string" },
       "prompt-file": { type: "string" },
+      "prompt-ids": { type: "string" },
       chat: { type: "boolean" },
       system: { type: "string" },
       "max-tokens": { type: "string", short: "n" },
@@ -145,21 +149,38 @@ export async function generateCommand(args: string[]): Promise<number> {
   };
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
+  const given = [v.prompt, v["prompt-file"], v["prompt-ids"]].filter((x) => x !== undefined);
+  if (given.length > 1) throw new Error("give one of --prompt, --prompt-file and --prompt-ids");
+  const promptIds = v["prompt-ids"]?.split(",").map((s, i) => {
+    const n = Number(s.trim());
+    if (s.trim() === "" || !Number.isInteger(n)) {
+      throw new Error(`--prompt-ids: item ${i} is "${s}", expected a whole number`);
+    }
+    return n;
+  });
+  if (promptIds && v.chat) throw new Error("--chat takes a text prompt, not --prompt-ids");
   let prompt = v.prompt;
   if (prompt === undefined && v["prompt-file"]) {
     prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
   }
-  if (prompt === undefined && !Deno.stdin.isTerminal()) {
+  if (prompt === undefined && !promptIds && !Deno.stdin.isTerminal()) {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
+  if (v.chat && prompt.trim() === "") {
+    throw new Error(
+      "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
+    );
+  }
   const modelPath = v.model ??
     await (await import("../demo_model.ts")).demoModelPath(Boolean(v.quiet || v.json));
 
   const session = await Session.open(modelPath, run);
   try {
     let ids: number[];
-    if (v.chat) {
+    if (promptIds) {
+      ids = promptIds;
+    } else if (v.chat) {
       const messages = [
         ...(v.system ? [{ role: "system", content: v.system }] : []),
         { role: "user", content: prompt },
