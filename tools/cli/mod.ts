@@ -4,12 +4,14 @@
  *
  * @module
  */
+import { doctorCommand } from "./doctor.ts";
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
 
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; about: string }> = {
   generate: { run: generateCommand, about: "generate text from a container" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
+  doctor: { run: doctorCommand, about: "measure this machine and recommend a budget for a model" },
 };
 
 function usage(): string {

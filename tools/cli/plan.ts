@@ -8,7 +8,7 @@ import { parseArgs } from "node:util";
 import { openContainer } from "../../io/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
-import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
+import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
 
@@ -42,7 +42,7 @@ export function planCommand(args: string[]): Promise<number> {
   const input = planInput(c);
 
   const plan = planMemory(input, { budget: budgetFromArgs(v.budget, v.preset), ctx, maxBatch: 64 });
-  const recommended = Math.min(plan.wholeModelBytes, Math.floor(usableMemory() * 0.75));
+  const recommended = recommendedBudget(plan.wholeModelBytes);
   if (v.json) {
     console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
     return Promise.resolve(0);
