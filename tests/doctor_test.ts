@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { planInput, planMemory } from "../engine/planner.ts";
-import { openContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { estimateTokens } from "../tools/cli/doctor.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { tempDir } from "./fixtures.ts";

@@ -14,7 +14,7 @@ import { parseArgs } from "node:util";
 import { type MemoryPlan, planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes, parseBytes } from "../../engine/units.ts";
 import { ensureShim, shimBuildFailure, shimLibraryPath } from "../../io/build_shim.ts";
-import { openContainer } from "../../io/container.ts";
+import { openContainer } from "../../engine/container.ts";
 import { type DiskProbe, probeDisk } from "../../io/disk_probe.ts";
 import { measureDramNative } from "../../io/dram_probe.ts";
 import { cgroupLimit, recommendedBudget, usableMemory } from "./budget.ts";
