@@ -7,10 +7,12 @@
 import { doctorCommand } from "./doctor.ts";
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
+import { pullCommand } from "./pull.ts";
 
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; about: string }> = {
   generate: { run: generateCommand, about: "generate text from a container" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
+  pull: { run: pullCommand, about: "download a Hub checkpoint shard by shard into a container" },
   doctor: { run: doctorCommand, about: "measure this machine and recommend a budget for a model" },
 };
 

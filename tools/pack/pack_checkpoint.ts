@@ -35,6 +35,7 @@ import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from 
 import { buildManifest } from "./manifest_writer.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
 import { planLayout, reportFallbacks } from "./plan.ts";
+import { checkpointDir } from "./hub_cache.ts";
 import { copySideFiles } from "./side_files.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
@@ -52,6 +53,7 @@ export async function packCheckpoint(
   if (existsSync(out) && !opts.force) {
     throw new Error(`${out} already exists; pass --force to replace it`);
   }
+  src = checkpointDir(src);
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   try {
@@ -76,6 +78,12 @@ export async function packCheckpoint(
       done: 0,
       total: plan.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
+    // The caller may replace source files in beforeStep: drop the open descriptors after it.
+    const ready = async (step: "globals" | number) => {
+      if (!opts.beforeStep) return;
+      await opts.beforeStep(step);
+      ckpt.close();
+    };
     const resumed: number[] = [];
     const packed: number[] = [];
     try {
@@ -93,6 +101,7 @@ export async function packCheckpoint(
       });
       if (journal.globals) progress.add(plan.globals.region.bytes);
       else {
+        await ready("globals");
         const { offset, bytes } = plan.globals.region;
         journal.globals = writeRegion(
           ckpt,
@@ -111,6 +120,7 @@ export async function packCheckpoint(
           resumed.push(l);
           progress.add(bytesOf(l));
         } else {
+          await ready(l);
           const lp = plan.layers[l];
           const run = writeRegion(
             ckpt,

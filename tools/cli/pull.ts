@@ -1,0 +1,71 @@
+/**
+ * `mod.ts pull <org/name>[@revision] <out>.sluice`: download a Hugging Face Hub checkpoint shard by
+ * shard and pack it as it arrives (tools/pull/), never holding the whole checkpoint on disk.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import type { PackOptions } from "../pack/options.ts";
+import { pullModel } from "../pull/pull.ts";
+
+const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
+
+Usage: deno run -A mod.ts pull <org/name>[@revision] <out>.sluice [options]
+
+Downloads config, tokenizer and chat files, then the safetensors shards one at a time (HTTP Range
+resume, size and sha256 checked), packing each layer as soon as the shards it reads are on disk
+and deleting a shard once no later layer reads it. An interrupted pull (Ctrl-C, kill -9, network
+loss) resumes on rerun from <out>.pull/ and the pack journal in <out>.tmp/.
+
+Options:
+  --keep-shards N       most complete shards on disk at once (default 2); the peak extra disk
+                        this gives is printed before the download starts and checked against
+                        the free space
+  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+  --trunk int8          per-row int8 for the layers' attention/dense matrices
+  --convert f32|bf16    dequantise / convert every weight matrix
+  --force               replace an existing output
+  -h, --help            this text
+
+Environment:
+  HF_ENDPOINT           Hub base URL (default https://huggingface.co)
+  HF_TOKEN              access token for private or gated repos (sent as a bearer token, never
+                        printed)
+`;
+
+/** Runs the pull command; returns the exit code. */
+export async function pullCommand(args: string[]): Promise<number> {
+  const { values: v, positionals } = parseArgs({
+    args,
+    allowPositionals: true,
+    options: {
+      "keep-shards": { type: "string" },
+      experts: { type: "string" },
+      trunk: { type: "string" },
+      convert: { type: "string" },
+      force: { type: "boolean" },
+      help: { type: "boolean", short: "h" },
+    },
+    strict: true,
+  });
+  if (v.help) {
+    console.log(HELP);
+    return 0;
+  }
+  if (positionals.length !== 2) {
+    console.error(`pull: expected a Hub repo and an output path\n\n${HELP}`);
+    return 2;
+  }
+  const keep = v["keep-shards"] === undefined ? undefined : Number(v["keep-shards"]);
+  if (keep !== undefined && (!Number.isInteger(keep) || keep < 1)) {
+    throw new Error(`--keep-shards expects a whole number ≥ 1, got "${v["keep-shards"]}"`);
+  }
+  await pullModel(positionals[0], positionals[1], {
+    keepShards: keep,
+    experts: v.experts as PackOptions["experts"],
+    trunk: v.trunk as PackOptions["trunk"],
+    convert: v.convert as PackOptions["convert"],
+    force: v.force,
+  });
+  return 0;
+}
