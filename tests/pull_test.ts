@@ -39,6 +39,8 @@ interface Faults {
   status?: Record<string, number[]>;
   /** Byte counts after which to drop the connection, one per request (Infinity: never). */
   drop?: Record<string, number[]>;
+  /** Bytes after which the first download of the file stalls for good (to be killed). */
+  stall?: Record<string, number>;
   /** How many times to serve the file with one byte flipped. */
   corrupt?: Record<string, number>;
 }
@@ -110,9 +112,14 @@ function mockHub(dir: string, faults: Faults = {}, token: string | null = TOKEN)
     };
     if (m) headers["content-range"] = `bytes ${start}-${end - 1}/${data.length}`;
     const dropAt = (download ? take(faults.drop, name) : undefined) ?? Infinity;
+    const stallAt = download ? faults.stall?.[name] : undefined;
+    if (stallAt !== undefined) delete faults.stall![name];
     const stream = new ReadableStream<Uint8Array>({
       start(c) {
-        if (dropAt < part.length) {
+        if (stallAt !== undefined) {
+          // Never closed: the client is killed while waiting; the server cancels the stream.
+          c.enqueue(part.slice(0, stallAt));
+        } else if (dropAt < part.length) {
           c.enqueue(part.slice(0, dropAt));
           // The peer sees the body end early: a dropped connection.
           setTimeout(() => c.error("dropped"), 10);
@@ -355,6 +362,43 @@ Deno.test({
       assert.match(err, /pack cli\.sluice .*MB\/s ETA/);
       assert.match(err, /pull: done in [\d.]+ s: downloaded .*, wrote .*, peak shards on disk/);
       assert.ok(!err.includes(TOKEN));
+      assertSameContainer(out, await packedReference());
+    } finally {
+      await hub.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "mod.ts pull killed with SIGKILL mid-shard resumes with a Range request to the same container",
+  ignore: !present,
+  fn: async () => {
+    const hub = mockHub(fixtureDir(FIXTURE), { stall: { [SHARD2]: 200_000 } });
+    try {
+      const out = join(tempDir(), "killed.sluice");
+      const child = new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", new URL("../mod.ts", import.meta.url).pathname, "pull", REPO, out],
+        env: { HF_ENDPOINT: hub.endpoint, HF_TOKEN: TOKEN, NO_COLOR: "1" },
+        stdin: "null",
+        stdout: "null",
+        stderr: "null",
+      }).spawn();
+      const part = join(`${out}.pull`, `${SHARD2}.incomplete`);
+      for (let i = 0; i < 600 && !(existsSync(part) && statSync(part).size >= 200_000); i++) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      child.kill("SIGKILL");
+      const status = await child.status;
+      assert.equal(status.signal, "SIGKILL");
+      assert.equal(statSync(part).size, 200_000, "the partial shard survives the kill");
+      hub.requests.length = 0;
+      const r = await pull(hub, out);
+      assert.ok(hub.requests.some((q) => q.includes(SHARD2) && /bytes=200000-$/.test(q)));
+      assert.ok(
+        r.downloadedBytes < statSync(join(fixtureDir(FIXTURE), SHARD2)).size +
+            statSync(join(fixtureDir(FIXTURE), SHARD1)).size,
+      );
       assertSameContainer(out, await packedReference());
     } finally {
       await hub.close();
