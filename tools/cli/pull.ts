@@ -4,6 +4,8 @@
  *
  * @module
  */
+import { existsSync } from "node:fs";
+import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import type { PackOptions } from "../pack/options.ts";
 import { pullModel } from "../pull/pull.ts";
@@ -60,12 +62,19 @@ export async function pullCommand(args: string[]): Promise<number> {
   if (keep !== undefined && (!Number.isInteger(keep) || keep < 1)) {
     throw new Error(`--keep-shards expects a whole number ≥ 1, got "${v["keep-shards"]}"`);
   }
-  await pullModel(positionals[0], positionals[1], {
-    keepShards: keep,
-    experts: v.experts as PackOptions["experts"],
-    trunk: v.trunk as PackOptions["trunk"],
-    convert: v.convert as PackOptions["convert"],
-    force: v.force,
-  });
+  const [spec, out] = positionals;
+  try {
+    await pullModel(spec, out, {
+      keepShards: keep,
+      experts: v.experts as PackOptions["experts"],
+      trunk: v.trunk as PackOptions["trunk"],
+      convert: v.convert as PackOptions["convert"],
+      force: v.force,
+    });
+  } catch (e) {
+    const stage = `${resolve(out)}.pull`;
+    if (!existsSync(stage)) throw e;
+    throw new Error(`${(e as Error).message} (downloads kept in ${stage}; rerun to resume)`);
+  }
   return 0;
 }
