@@ -31,7 +31,7 @@ import { loadModelConfig } from "../../engine/config.ts";
 import { readJsonObject, readJsonObjectIfExists, writeJson } from "../../io/json_file.ts";
 import { openCheckpoint } from "../../io/safetensors.ts";
 import { packCheckpoint } from "../pack/pack_checkpoint.ts";
-import type { PackOptions, PackResult } from "../pack/options.ts";
+import { packOptionKey, type PackOptions, type PackResult } from "../pack/options.ts";
 import { planLayout } from "../pack/plan.ts";
 import { CONFIG_FILES, TOKENIZER_FILES } from "../pack/side_files.ts";
 import { formatBytes, Progress } from "../progress.ts";
@@ -108,6 +108,7 @@ export async function pullModel(
   const keep = opts.keepShards ?? 2;
   if (!Number.isInteger(keep) || keep < 1) throw new Error(`--keep-shards must be ≥ 1`);
   const { repo, revision } = parseRepoSpec(spec);
+  packOptionKey(opts); // bad --experts / --trunk / --convert fail before any download
   if (existsSync(out) && !opts.force) {
     throw new Error(`${out} already exists; pass --force to replace it`);
   }
