@@ -23,6 +23,7 @@ import { packCheckpoint } from "../tools/pack.ts";
 import { pullModel, type PullOptions } from "../tools/pull/pull.ts";
 import { actionsBefore, simulate } from "../tools/pull/shards.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";
+import { writeInt4Checkpoint } from "./int4_checkpoint.ts";
 
 const FIXTURE = "tiny-deepseek-v3-fp8";
 const present = existsSync(join(fixtureDir(FIXTURE), "config.json"));
@@ -400,6 +401,25 @@ Deno.test({
             statSync(join(fixtureDir(FIXTURE), SHARD1)).size,
       );
       assertSameContainer(out, await packedReference());
+    } finally {
+      await hub.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "pull of an INT4 (pack-quantized) checkpoint plans from placeholders and equals pack",
+  ignore: !existsSync(join(fixtureDir("stories260k-moe"), "config.json")),
+  fn: async () => {
+    const src = join(tempDir(), "int4-src");
+    writeInt4Checkpoint(src, fixtureDir("stories260k-moe"));
+    const want = join(tempDir(), "int4-ref.sluice");
+    await packCheckpoint(src, want, { ...quiet, log: () => {} });
+    const hub = mockHub(src);
+    try {
+      const out = join(tempDir(), "int4-pulled.sluice");
+      await pull(hub, out);
+      assertSameContainer(out, want);
     } finally {
       await hub.close();
     }

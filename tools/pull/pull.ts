@@ -2,7 +2,9 @@
  * `pull`: a Hugging Face Hub checkpoint into a container without the whole checkpoint on disk.
  * The config, tokenizer and index files come first; every shard starts as a placeholder that holds
  * only its safetensors header (fetched with two Range requests) in a sparse file of the shard's
- * size, which is all the packer needs to plan the layout and fingerprint the source. The packer
+ * size, which is all the packer needs to plan the layout and fingerprint the source (INT4
+ * matrices' tiny `weight_shape` tensors, which planning reads, are filled in from their
+ * `weight_packed` headers and checked once the shard arrives). The packer
  * (tools/pack/) then runs on that folder and, before each step, the pull downloads the shards
  * the step reads and turns shards no later step reads back into placeholders, keeping at most
  * `keepShards` complete shards on disk. Staging lives in `<out>.pull/` with `pull.json`
@@ -26,10 +28,10 @@ import {
   statSync,
   writeSync,
 } from "node:fs";
-import { dirname, join, resolve } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { loadModelConfig } from "../../engine/config.ts";
 import { readJsonObject, readJsonObjectIfExists, writeJson } from "../../io/json_file.ts";
-import { openCheckpoint } from "../../io/safetensors.ts";
+import { openCheckpoint, readSafetensorsHeader, type TensorInfo } from "../../io/safetensors.ts";
 import { packCheckpoint } from "../pack/pack_checkpoint.ts";
 import { packOptionKey, type PackOptions, type PackResult } from "../pack/options.ts";
 import { planLayout } from "../pack/plan.ts";
@@ -145,6 +147,7 @@ export async function pullModel(
       if (n > 0) progress.add(n);
     });
     progress.finish();
+    checkShapes(part, f.path, shapes.get(f.path));
     renameSync(part, join(stage, f.path));
   };
 
@@ -186,6 +189,7 @@ export async function pullModel(
   }
   saveState();
   const headers = new Map<string, Uint8Array>();
+  let shapes = new Map<string, ShapeFill[]>();
   // A shard becomes a placeholder: its header (read from the complete file when `local`, else
   // fetched) in a sparse file of its full size.
   const placeholder = async (name: string, local = false) => {
@@ -218,6 +222,12 @@ export async function pullModel(
     if (existsSync(part)) onDisk += statSync(part).size;
   }
   peak = onDisk;
+  // Planning reads INT4 matrices' `weight_shape` tensors; a placeholder gets the only value its
+  // `weight_packed` header allows, and the real shard is checked against it once downloaded.
+  shapes = int4Shapes(stage, shardNames);
+  for (const name of shardNames) {
+    if (!complete.has(name)) writeShapes(join(stage, name), shapes.get(name));
+  }
 
   // Plan the container from the headers alone, and the shards each pack step reads.
   const cfg = loadModelConfig(stage);
@@ -307,6 +317,63 @@ export async function pullModel(
     seconds,
     pack,
   };
+}
+
+/** An INT4 matrix's `weight_shape` tensor and the value its `weight_packed` tensor implies. */
+interface ShapeFill {
+  name: string;
+  /** Byte offset in the shard. */
+  offset: number;
+  bytes: Uint8Array;
+}
+
+/** The `weight_shape` values each shard's INT4 matrices must hold, from the headers alone. */
+function int4Shapes(stage: string, shards: string[]): Map<string, ShapeFill[]> {
+  const all = new Map<string, TensorInfo>();
+  for (const s of shards) for (const t of readSafetensorsHeader(join(stage, s))) all.set(t.name, t);
+  const out = new Map<string, ShapeFill[]>();
+  for (const t of all.values()) {
+    if (!t.name.endsWith("_shape") || String(t.shape) !== "2") continue;
+    const packed = all.get(`${t.name.slice(0, -"_shape".length)}_packed`);
+    if (!packed || packed.shape.length !== 2 || (t.dtype !== "I32" && t.dtype !== "I64")) continue;
+    const dims = [packed.shape[0], packed.shape[1] * 8];
+    const bytes = t.dtype === "I32"
+      ? new Uint8Array(new Int32Array(dims).buffer)
+      : new Uint8Array(new BigInt64Array(dims.map(BigInt)).buffer);
+    const shard = basename(t.file);
+    out.set(shard, [...(out.get(shard) ?? []), { name: t.name, offset: t.offset, bytes }]);
+  }
+  return out;
+}
+
+function writeShapes(path: string, fills: ShapeFill[] | undefined): void {
+  if (!fills?.length) return;
+  const fd = openSync(path, "r+");
+  try {
+    for (const f of fills) writeSync(fd, f.bytes, 0, f.bytes.length, f.offset);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Throws unless a downloaded shard's `weight_shape` tensors hold what planning assumed. */
+function checkShapes(path: string, shard: string, fills: ShapeFill[] | undefined): void {
+  if (!fills?.length) return;
+  const fd = openSync(path, "r");
+  try {
+    for (const f of fills) {
+      const got = new Uint8Array(f.bytes.length);
+      readSync(fd, got, 0, got.length, f.offset);
+      if (!got.every((b, i) => b === f.bytes[i])) {
+        throw new Error(
+          `${shard}: tensor ${f.name} does not match the shape of its weight_packed tensor ` +
+            `(expected rows and 8 × packed columns)`,
+        );
+      }
+    }
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** The length prefix and JSON header of a safetensors file. */
