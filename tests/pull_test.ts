@@ -21,7 +21,7 @@ import {
 import { join, relative } from "node:path";
 import { packCheckpoint } from "../tools/pack.ts";
 import { pullModel, type PullOptions } from "../tools/pull/pull.ts";
-import { actionsBefore, simulate } from "../tools/pull/shards.ts";
+import { actionsBefore, prefetchAfter, simulate } from "../tools/pull/shards.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";
 import { writeInt4Checkpoint } from "./int4_checkpoint.ts";
 
@@ -340,6 +340,11 @@ Deno.test("shard schedule: drops what no later step reads, keeps the bound, refe
   assert.equal(s.peakBytes, 20);
   assert.deepEqual(s.refetched, ["a"]);
   assert.equal(s.fetchBytes, 50);
+  // After step 4 (reads "d") there is room for one more: the next shard read later, "a".
+  const room = new Set(["d"]);
+  assert.equal(prefetchAfter(4, need, room, 2), "a");
+  assert.deepEqual([...room], ["d", "a"]);
+  assert.equal(prefetchAfter(4, need, room, 2), null, "no room left");
   // With room for everything nothing is fetched twice.
   assert.deepEqual(simulate(need, new Set(), 4, sizes).refetched, []);
 });

@@ -37,8 +37,9 @@ import { packOptionKey, type PackOptions, type PackResult } from "../pack/option
 import { planLayout } from "../pack/plan.ts";
 import { CONFIG_FILES, TOKENIZER_FILES } from "../pack/side_files.ts";
 import { formatBytes, Progress } from "../progress.ts";
-import { Hub, type HubFile, type HubOptions, sha256File } from "./hub.ts";
-import { actionsBefore, simulate, type Step, stepShards } from "./shards.ts";
+import { Hub, HubError, type HubFile, type HubOptions, sha256File } from "./hub.ts";
+import type { DownloadJob } from "./download_worker.ts";
+import { actionsBefore, prefetchAfter, simulate, type Step, stepShards } from "./shards.ts";
 
 /** Options of {@link pullModel}: the pack's, plus the shard bound and the Hub client's. */
 export interface PullOptions
@@ -130,25 +131,92 @@ export async function pullModel(
     writeJson(statePath, { repo, commit: rev.commit, complete: [...complete] });
   saveState();
   let downloaded = 0;
-  let onDisk = 0;
   let peak = 0;
+  /** Bytes the complete shards and the partial downloads take on disk (what the bound bounds). */
+  const shardBytes = () => {
+    let n = 0;
+    for (const e of readdirSync(stage)) {
+      if (complete.has(e) || e.endsWith(".safetensors.incomplete")) {
+        n += statSync(join(stage, e)).size;
+      }
+    }
+    return n;
+  };
   const fileOf = (path: string): HubFile => {
     const f = rev.files.get(path);
     if (!f) throw new Error(`${repo}@${revision}: the repo has no ${path}`);
     return f;
   };
-  const fetchWhole = async (f: HubFile, label: string) => {
-    const part = join(stage, `${f.path}.incomplete`);
-    const progress = new Progress({ label, total: f.size, mode: opts.progress ?? "auto" });
-    if (existsSync(part)) progress.add(statSync(part).size);
-    downloaded += await hub.download(rev, f, part, (n) => {
-      onDisk += n;
-      peak = Math.max(peak, onDisk);
-      if (n > 0) progress.add(n);
+  const { log: _, ...hubJob } = opts.hub ?? {};
+  // One worker for every shard download; its jobs run side by side.
+  let worker: Worker | null = null;
+  let nextJob = 0;
+  const jobs = new Map<
+    number,
+    { onBytes: (n: number) => void; done: (n: number) => void; fail: (e: Error) => void }
+  >();
+  const download = (f: HubFile, dest: string, onBytes: (n: number) => void) => {
+    if (!worker) {
+      const w = new Worker(new URL("./download_worker.ts", import.meta.url), { type: "module" });
+      w.onmessage = (ev) => {
+        const m = ev.data as {
+          id: number;
+          bytes?: number;
+          log?: string;
+          done?: number;
+          error?: string;
+        };
+        const job = jobs.get(m.id)!;
+        if (m.log) log(m.log);
+        if (m.bytes) job.onBytes(m.bytes);
+        if (m.error !== undefined) job.fail(new HubError(m.error));
+        if (m.done !== undefined) job.done(m.done);
+        if (m.error !== undefined || m.done !== undefined) jobs.delete(m.id);
+      };
+      w.onerror = (ev) => {
+        ev.preventDefault();
+        for (const job of jobs.values()) job.fail(new Error(`download worker: ${ev.message}`));
+        jobs.clear();
+      };
+      worker = w;
+    }
+    const id = nextJob++;
+    return new Promise<number>((done, fail) => {
+      jobs.set(id, { onBytes, done, fail });
+      worker!.postMessage({ id, rev, file: f, dest, hub: hubJob } satisfies DownloadJob);
     });
-    progress.finish();
-    checkShapes(part, f.path, shapes.get(f.path));
-    renameSync(part, join(stage, f.path));
+  };
+  /**
+   * Downloads shard `f` in the worker, so it proceeds while the main thread packs; with a
+   * progress bar when the caller waits for it, else one line when it is done. Checks and renames
+   * it into place, and records it as complete.
+   */
+  const fetchShard = (f: HubFile, foreground: boolean): Promise<void> => {
+    const part = join(stage, `${f.path}.incomplete`);
+    const label = `download ${f.path} (${shardNames.indexOf(f.path) + 1}/${shardNames.length})`;
+    const progress = foreground
+      ? new Progress({ label, total: f.size, mode: opts.progress ?? "auto" })
+      : null;
+    if (existsSync(part)) progress?.add(statSync(part).size);
+    const t1 = performance.now();
+    return download(f, part, (n) => {
+      if (n > 0) progress?.add(n);
+    }).then((fetched) => {
+      downloaded += fetched;
+      progress?.finish();
+      checkShapes(part, f.path, shapes.get(f.path));
+      renameSync(part, join(stage, f.path));
+      complete.add(f.path);
+      saveState();
+      peak = Math.max(peak, shardBytes());
+      if (!progress) {
+        const secs = (performance.now() - t1) / 1000;
+        log(
+          `pull: ${label} done in the background: ${formatBytes(f.size)}, ` +
+            `${(fetched / secs / 1e6).toFixed(1)} MB/s`,
+        );
+      }
+    });
   };
 
   // Small files: config, tokenizer, chat template, index.
@@ -182,10 +250,8 @@ export async function pullModel(
     const p = join(stage, name);
     const ok = f && existsSync(p) && statSync(p).size === f.size &&
       (f.sha256 === null || sha256File(p) === f.sha256);
-    if (ok) {
-      reused.push(name);
-      onDisk += f.size;
-    } else complete.delete(name);
+    if (ok) reused.push(name);
+    else complete.delete(name);
   }
   saveState();
   const headers = new Map<string, Uint8Array>();
@@ -217,11 +283,7 @@ export async function pullModel(
   for (const name of shardNames) {
     if (complete.has(name)) continue;
     await placeholder(name);
-    // A download an earlier run left half done is resumed from where it stopped.
-    const part = join(stage, `${name}.incomplete`);
-    if (existsSync(part)) onDisk += statSync(part).size;
   }
-  peak = onDisk;
   // Planning reads INT4 matrices' `weight_shape` tensors; a placeholder gets the only value its
   // `weight_packed` header allows, and the real shard is checked against it once downloaded.
   shapes = int4Shapes(stage, shardNames);
@@ -242,6 +304,7 @@ export async function pullModel(
     ckpt.close();
   }
   const schedule = simulate(need, new Set(complete), keep, sizes);
+  peak = shardBytes();
   const biggest = Math.max(...sizes.values());
   const total = [...sizes.values()].reduce((a, b) => a + b, 0);
   log(
@@ -257,7 +320,7 @@ export async function pullModel(
   const outDir = dirname(resolve(out));
   const s = statfsSync(outDir);
   const free = Number(s.bavail) * Number(s.bsize);
-  const present = allocatedBytes(`${resolve(out)}.tmp`) + onDisk;
+  const present = allocatedBytes(`${resolve(out)}.tmp`) + shardBytes();
   const needed = containerBytes + schedule.peakBytes - present;
   if (needed > free) {
     throw new Error(
@@ -269,34 +332,50 @@ export async function pullModel(
   }
 
   const live = new Set(complete);
+  const inflight = new Map<string, Promise<void>>();
+  const settle = async (name: string) => {
+    const p = inflight.get(name);
+    inflight.delete(name);
+    await p;
+  };
   const beforeStep = async (step: Step) => {
     const i = steps.indexOf(step);
+    peak = Math.max(peak, shardBytes());
     const { evict, fetch } = actionsBefore(i, need, live, keep);
     for (const name of evict) {
+      await settle(name);
       // Forget the shard before replacing it: a crash in between must not leave it "complete".
       complete.delete(name);
       saveState();
       await placeholder(name, true);
-      onDisk -= sizes.get(name)!;
     }
-    for (const name of fetch) {
-      const label = `download ${name} (${shardNames.indexOf(name) + 1}/${shardNames.length})`;
-      await fetchWhole(shards.get(name)!, label);
-      complete.add(name);
-      saveState();
+    for (const name of need[i]) await settle(name);
+    for (const name of fetch) await fetchShard(shards.get(name)!, true);
+    const ahead = prefetchAfter(i, need, live, keep);
+    if (ahead !== null) {
+      const p = fetchShard(shards.get(ahead)!, false);
+      p.catch(() => {}); // awaited (and its error thrown) when a step needs the shard
+      inflight.set(ahead, p);
     }
+    peak = Math.max(peak, shardBytes());
   };
-  const pack = await packCheckpoint(stage, out, {
-    convert: opts.convert,
-    experts: opts.experts,
-    trunk: opts.trunk,
-    vq3r: opts.vq3r,
-    force: opts.force,
-    progress: opts.progress,
-    log,
-    beforeStep,
-    stopAfterLayer: opts.stopAfterLayer,
-  });
+  let pack: PackResult;
+  try {
+    pack = await packCheckpoint(stage, out, {
+      convert: opts.convert,
+      experts: opts.experts,
+      trunk: opts.trunk,
+      vq3r: opts.vq3r,
+      force: opts.force,
+      progress: opts.progress,
+      log,
+      beforeStep,
+      stopAfterLayer: opts.stopAfterLayer,
+    });
+  } finally {
+    // A failed pack leaves background downloads half done: they resume on the next run.
+    (worker as Worker | null)?.terminate();
+  }
   rmSync(stage, { recursive: true, force: true });
   const seconds = (performance.now() - t0) / 1000;
   log(

@@ -72,6 +72,29 @@ export function actionsBefore(
   return { evict, fetch };
 }
 
+/**
+ * After step `i` has what it reads: the next shard a later step reads that is not on disk, to
+ * download in the background while step `i` is packed, when `live` has room under `keep`.
+ * Adds it to `live`.
+ */
+export function prefetchAfter(
+  i: number,
+  need: Set<string>[],
+  live: Set<string>,
+  keep: number,
+): string | null {
+  if (live.size >= keep) return null;
+  for (let j = i + 1; j < need.length; j++) {
+    for (const f of [...need[j]].sort()) {
+      if (!live.has(f)) {
+        live.add(f);
+        return f;
+      }
+    }
+  }
+  return null;
+}
+
 /** What a whole pull will hold on disk and fetch, simulated from `live` (shards already there). */
 export interface ShardSchedule {
   /** Most shard bytes on disk at once. */
@@ -84,7 +107,7 @@ export interface ShardSchedule {
   refetched: string[];
 }
 
-/** Simulates {@link actionsBefore} over every step. */
+/** Simulates {@link actionsBefore} and {@link prefetchAfter} over every step. */
 export function simulate(
   need: Set<string>[],
   live: Set<string>,
@@ -97,7 +120,8 @@ export function simulate(
   const bytes = () => [...on].reduce((n, f) => n + sizes.get(f)!, 0);
   for (let i = 0; i < need.length; i++) {
     const { fetch } = actionsBefore(i, need, on, keep);
-    for (const f of fetch) {
+    const ahead = prefetchAfter(i, need, on, keep);
+    for (const f of ahead ? [...fetch, ahead] : fetch) {
       fetchBytes += sizes.get(f)!;
       fetched.set(f, (fetched.get(f) ?? 0) + 1);
     }
