@@ -64,12 +64,12 @@ Deno.test("generate: odd prompts get one clear line", async () => {
   const base = ["generate", "--model", model, "-n", "4", "--quiet"];
   const outside = await sluice(...base, "--prompt-ids", "1,2,999999");
   assert.equal(outside.code, 1);
-  assert.match(outside.stderr, /prompt token 2 is id 999999, outside the vocabulary of \d+/);
+  assert.match(outside.stderr, /--prompt-ids: token id 999999 is outside the vocabulary of \d+/);
   assert.doesNotMatch(outside.stderr, /\n\s+at /, "no stack trace");
 
   const notNumber = await sluice(...base, "--prompt-ids", "1,x");
   assert.equal(notNumber.code, 1);
-  assert.match(notNumber.stderr, /--prompt-ids: item 1 is "x"/);
+  assert.match(notNumber.stderr, /--prompt-ids expects token ids separated by commas, got "x"/);
 
   const chat = await sluice(...base, "--chat", "--prompt", "  ");
   assert.equal(chat.code, 1);

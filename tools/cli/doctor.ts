@@ -10,23 +10,23 @@
 import { existsSync, readFileSync, statfsSync, statSync } from "node:fs";
 import { cpus, release, totalmem } from "node:os";
 import { dirname, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { type MemoryPlan, planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes, parseBytes } from "../../engine/units.ts";
 import { ensureShim, shimBuildFailure, shimLibraryPath } from "../../io/build_shim.ts";
 import { openContainer } from "../../engine/container.ts";
 import { type DiskProbe, probeDisk } from "../../io/disk_probe.ts";
 import { measureDramNative } from "../../io/dram_probe.ts";
+import { CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { cgroupLimit, recommendedBudget, usableMemory } from "./budget.ts";
 
 const HELP = `sluice doctor — what this machine offers sluice, measured
 
 Usage: deno run -A mod.ts doctor [--model X.sluice] [--dir DIR] [--bench-size 256M] [--json]
 
-  --model PATH        also plan this container: recommended budget/preset and expected tok/s
+  -m, --model PATH    also plan this container: recommended budget/preset and expected tok/s
   --dir DIR           where to measure the disk (default: the container's folder, else .)
   --bench-size SIZE   test file for the disk reads (default 256M; written, read, removed)
-  --ctx N             context for the plan (default min(model, 4096))
+  -c, --ctx N         context for the plan (default min(model, 4096))
   --json              one JSON object instead of the report
   -h, --help          this text
 
@@ -103,19 +103,22 @@ const WHOLE = "none";
 
 /** Runs the doctor command; returns the exit code. */
 export async function doctorCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      dir: { type: "string" },
-      "bench-size": { type: "string" },
-      ctx: { type: "string" },
-      json: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
+  const a = parseCommandArgs("doctor", args, {
+    ...MODEL_FLAG,
+    dir: { type: "string" },
+    "bench-size": { type: "string" },
+    ...CTX_FLAG,
+    json: { type: "boolean" },
+    ...HELP_FLAG,
   });
-  if (v.help) {
+  const v = {
+    model: a.str("model"),
+    dir: a.str("dir"),
+    benchSize: a.str("bench-size"),
+    ctx: a.int("ctx", 1),
+    json: a.bool("json"),
+  };
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
@@ -134,7 +137,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
     : `${hadShim ? "built" : "built now"}: ${shim}`;
   const input = container ? planInput(container) : null;
   const recordBytes = input && input.expertStride > 0 ? input.expertStride : 1 << 20;
-  const benchBytes = parseBytes(v["bench-size"] ?? "256M");
+  const benchBytes = parseBytes(v.benchSize ?? "256M");
   log(`measuring disk reads in ${dir} (${formatBytes(benchBytes)} test file)`);
   const disk: DiskProbe = probeDisk(dir, benchBytes, recordBytes, log);
   log("measuring DRAM read bandwidth");
@@ -145,7 +148,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
   let model: Record<string, unknown> | null = null;
   if (container && input) {
     const cfg = container.config;
-    const ctx = Math.min(v.ctx ? Number(v.ctx) : 4096, cfg.maxPositions);
+    const ctx = Math.min(v.ctx ?? 4096, cfg.maxPositions);
     const whole = planMemory(input, { ctx, maxBatch: 64 });
     const budget = recommendedBudget(whole.wholeModelBytes);
     // The whole model planned without a budget: the planner rounds budgets down to pages.

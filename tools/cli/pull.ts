@@ -6,9 +6,9 @@
  */
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { parseArgs } from "node:util";
 import type { PackOptions } from "../pack/options.ts";
 import { pullModel } from "../pull/pull.ts";
+import { HELP_FLAG, parseCommandArgs } from "./args.ts";
 
 const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
 
@@ -37,39 +37,30 @@ Environment:
 
 /** Runs the pull command; returns the exit code. */
 export async function pullCommand(args: string[]): Promise<number> {
-  const { values: v, positionals } = parseArgs({
-    args,
-    allowPositionals: true,
-    options: {
-      "keep-shards": { type: "string" },
-      experts: { type: "string" },
-      trunk: { type: "string" },
-      convert: { type: "string" },
-      force: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
-  });
-  if (v.help) {
+  const a = parseCommandArgs("pull", args, {
+    "keep-shards": { type: "string" },
+    experts: { type: "string" },
+    trunk: { type: "string" },
+    convert: { type: "string" },
+    force: { type: "boolean" },
+    ...HELP_FLAG,
+  }, { positionals: true });
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
-  if (positionals.length !== 2) {
+  if (a.positionals.length !== 2) {
     console.error(`pull: expected a Hub repo and an output path\n\n${HELP}`);
     return 2;
   }
-  const keep = v["keep-shards"] === undefined ? undefined : Number(v["keep-shards"]);
-  if (keep !== undefined && (!Number.isInteger(keep) || keep < 1)) {
-    throw new Error(`--keep-shards expects a whole number ≥ 1, got "${v["keep-shards"]}"`);
-  }
-  const [spec, out] = positionals;
+  const [spec, out] = a.positionals;
   try {
     await pullModel(spec, out, {
-      keepShards: keep,
-      experts: v.experts as PackOptions["experts"],
-      trunk: v.trunk as PackOptions["trunk"],
-      convert: v.convert as PackOptions["convert"],
-      force: v.force,
+      keepShards: a.int("keep-shards", 1),
+      experts: a.str("experts") as PackOptions["experts"],
+      trunk: a.str("trunk") as PackOptions["trunk"],
+      convert: a.str("convert") as PackOptions["convert"],
+      force: a.bool("force"),
     });
   } catch (e) {
     const stage = `${resolve(out)}.pull`;

@@ -34,7 +34,7 @@ import { readJsonObject, readJsonObjectIfExists, writeJson } from "../../io/json
 import { openCheckpoint, readSafetensorsHeader, type TensorInfo } from "../../io/safetensors.ts";
 import { packCheckpoint } from "../pack/pack_checkpoint.ts";
 import { packOptionKey, type PackOptions, type PackResult } from "../pack/options.ts";
-import { planLayout } from "../pack/plan.ts";
+import { computeLayout } from "../pack/layout.ts";
 import { CONFIG_FILES, TOKENIZER_FILES } from "../pack/side_files.ts";
 import { formatBytes, Progress } from "../progress.ts";
 import { Hub, HubError, type HubFile, type HubOptions, sha256File } from "./hub.ts";
@@ -296,10 +296,10 @@ export async function pullModel(
   const ckpt = openCheckpoint(stage);
   let containerBytes: number, need: Set<string>[], steps: Step[];
   try {
-    const plan = planLayout(cfg, ckpt, opts);
-    containerBytes = plan.trunkBytes + plan.codebooksBytes +
-      plan.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
-    ({ steps, need } = stepShards(ckpt, plan));
+    const layout = computeLayout(cfg, ckpt, opts);
+    containerBytes = layout.trunkBytes + layout.codebooksBytes +
+      layout.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
+    ({ steps, need } = stepShards(ckpt, layout));
   } finally {
     ckpt.close();
   }

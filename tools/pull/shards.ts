@@ -8,7 +8,7 @@
  */
 
 import { basename } from "node:path";
-import type { Plan } from "../pack/plan.ts";
+import type { PackLayout } from "../pack/layout.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 
 /** A pack step: the globals region, or a layer. */
@@ -22,10 +22,13 @@ const LAYER = /(?:^|\.)layers\.(\d+)\./;
  * (with their scale tensors), then every tensor of each layer. Layers the model does not run
  * (e.g. DeepSeek's multi-token-prediction layer) are read by no step.
  */
-export function stepShards(ckpt: Checkpoint, plan: Plan): { steps: Step[]; need: Set<string>[] } {
+export function stepShards(
+  ckpt: Checkpoint,
+  layout: PackLayout,
+): { steps: Step[]; need: Set<string>[] } {
   const globals = new Set<string>();
-  const layers = plan.layers.map(() => new Set<string>());
-  const stems = [...plan.globals.items.values()].map((p) => p.src.name.replace(/weight$/, ""));
+  const layers = layout.layers.map(() => new Set<string>());
+  const stems = [...layout.globals.items.values()].map((p) => p.src.name.replace(/weight$/, ""));
   for (const t of ckpt.tensors.values()) {
     const m = LAYER.exec(t.name);
     if (m) {
