@@ -139,7 +139,14 @@ export async function doctorCommand(args: string[]): Promise<number> {
   const recordBytes = input && input.expertStride > 0 ? input.expertStride : 1 << 20;
   const benchBytes = parseBytes(v.benchSize ?? "256M");
   log(`measuring disk reads in ${dir} (${formatBytes(benchBytes)} test file)`);
-  const disk: DiskProbe = probeDisk(dir, benchBytes, recordBytes, log);
+  let disk: DiskProbe | null = null;
+  let diskError: string | null = null;
+  try {
+    disk = probeDisk(dir, benchBytes, recordBytes, log);
+  } catch (e) {
+    // A read-only or full folder: report it and go on with the rest.
+    diskError = `cannot write and read a test file there (${(e as Error).message})`;
+  }
   log("measuring DRAM read bandwidth");
   const threads = [...new Set([1, cpu.cores])];
   const dram = await measureDramNative({ bytes: 256 << 20, threads, passes: 3 });
@@ -156,7 +163,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
       ? whole
       : planMemory(input, { budget: Math.max(budget, whole.floor), ctx, maxBatch: 64 });
     const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
-    const estimate = dramGbps === null ? null : estimateTokens(
+    const estimate = dramGbps === null || disk === null ? null : estimateTokens(
       plan,
       input.layerBytes,
       input.expertStride,
@@ -191,6 +198,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
     freeDiskBytes: freeBytes(dir),
     shim: shimState,
     disk,
+    diskError,
     dram: dram ? { method: dram.method, points: dram.points } : null,
     load1: Deno.loadavg()[0],
     model,
@@ -214,7 +222,8 @@ function formatReport(
     dir: string;
     freeDiskBytes: number | null;
     shim: string;
-    disk: DiskProbe;
+    disk: DiskProbe | null;
+    diskError: string | null;
     load1: number;
     model: Record<string, unknown> | null;
   },
@@ -222,7 +231,9 @@ function formatReport(
 ): string {
   const d = r.disk;
   const gb = (x: number) => `${x.toFixed(2)} GB/s`;
-  const direct = d.direct === null
+  const direct = d === null
+    ? "unknown (no test file could be written)"
+    : d.direct === null
     ? "unknown (no I/O shim to try it)"
     : d.direct
     ? "yes"
@@ -239,11 +250,15 @@ function formatReport(
       r.freeDiskBytes === null ? "free space unknown" : `${formatBytes(r.freeDiskBytes)} free`
     }`,
     `O_DIRECT       ${direct}`,
-    `disk reads     sequential 1 MiB × 2 in flight ${gb(d.sequentialGbps)}; random ${
-      formatBytes(d.recordBytes)
-    } records × 2 in flight ${gb(d.random.gbps)} (${d.random.readsPerSecond.toFixed(0)} reads/s, ${
-      d.random.meanMs.toFixed(2)
-    } ms each) via ${d.reader}${d.cacheDropped ? "" : "; page cache not dropped (not root)"}`,
+    d === null
+      ? `disk reads     n/a: ${r.diskError}`
+      : `disk reads     sequential 1 MiB × 2 in flight ${gb(d.sequentialGbps)}; random ${
+        formatBytes(d.recordBytes)
+      } records × 2 in flight ${gb(d.random.gbps)} (${
+        d.random.readsPerSecond.toFixed(0)
+      } reads/s, ${d.random.meanMs.toFixed(2)} ms each) via ${d.reader}${
+        d.cacheDropped ? "" : "; page cache not dropped (not root)"
+      }`,
     `dram           ${dramGbps === null ? "n/a (no C compiler)" : `${gb(dramGbps)} read`}`,
     `io shim        ${r.shim}`,
     `load           ${r.load1.toFixed(2)} (1-minute average; a busy machine lowers every figure)`,
@@ -269,7 +284,7 @@ function formatReport(
       const e = m.estimate as TokenEstimate | null;
       lines.push(
         e === null
-          ? `expected       n/a (no DRAM figure)`
+          ? `expected       n/a (no ${dramGbps === null ? "DRAM" : "disk"} figure)`
           : `expected       ≈ ${e.tokPerSecond.toFixed(1)} tok/s decode (up to ${
             e.ceilingTokPerSecond.toFixed(1)
           } with I/O fully overlapped): ${formatBytes(e.diskBytesPerToken)} from disk and ` +
