@@ -37,8 +37,8 @@ import { packOptionKey, type PackOptions, type PackResult } from "../pack/option
 import { computeLayout } from "../pack/layout.ts";
 import { CONFIG_FILES, TOKENIZER_FILES } from "../pack/side_files.ts";
 import { formatBytes, Progress } from "../progress.ts";
-import { Hub, HubError, type HubFile, type HubOptions, sha256File } from "./hub.ts";
-import type { DownloadJob } from "./download_worker.ts";
+import { Hub, type HubFile, type HubOptions, sha256File } from "./hub.ts";
+import { Downloader } from "./downloader.ts";
 import { actionsBefore, prefetchAfter, simulate, type Step, stepShards } from "./shards.ts";
 
 /** Options of {@link pullModel}: the pack's, plus the shard bound and the Hub client's. */
@@ -147,45 +147,7 @@ export async function pullModel(
     if (!f) throw new Error(`${repo}@${revision}: the repo has no ${path}`);
     return f;
   };
-  const { log: _, ...hubJob } = opts.hub ?? {};
-  // One worker for every shard download; its jobs run side by side.
-  let worker: Worker | null = null;
-  let nextJob = 0;
-  const jobs = new Map<
-    number,
-    { onBytes: (n: number) => void; done: (n: number) => void; fail: (e: Error) => void }
-  >();
-  const download = (f: HubFile, dest: string, onBytes: (n: number) => void) => {
-    if (!worker) {
-      const w = new Worker(new URL("./download_worker.ts", import.meta.url), { type: "module" });
-      w.onmessage = (ev) => {
-        const m = ev.data as {
-          id: number;
-          bytes?: number;
-          log?: string;
-          done?: number;
-          error?: string;
-        };
-        const job = jobs.get(m.id)!;
-        if (m.log) log(m.log);
-        if (m.bytes) job.onBytes(m.bytes);
-        if (m.error !== undefined) job.fail(new HubError(m.error));
-        if (m.done !== undefined) job.done(m.done);
-        if (m.error !== undefined || m.done !== undefined) jobs.delete(m.id);
-      };
-      w.onerror = (ev) => {
-        ev.preventDefault();
-        for (const job of jobs.values()) job.fail(new Error(`download worker: ${ev.message}`));
-        jobs.clear();
-      };
-      worker = w;
-    }
-    const id = nextJob++;
-    return new Promise<number>((done, fail) => {
-      jobs.set(id, { onBytes, done, fail });
-      worker!.postMessage({ id, rev, file: f, dest, hub: hubJob } satisfies DownloadJob);
-    });
-  };
+  const downloader = new Downloader(opts.hub ?? {}, log);
   /**
    * Downloads shard `f` in the worker, so it proceeds while the main thread packs; with a
    * progress bar when the caller waits for it, else one line when it is done. Checks and renames
@@ -199,7 +161,7 @@ export async function pullModel(
       : null;
     if (existsSync(part)) progress?.add(statSync(part).size);
     const t1 = performance.now();
-    return download(f, part, (n) => {
+    return downloader.download(rev, f, part, (n) => {
       if (n > 0) progress?.add(n);
     }).then((fetched) => {
       downloaded += fetched;
@@ -374,7 +336,7 @@ export async function pullModel(
     });
   } finally {
     // A failed pack leaves background downloads half done: they resume on the next run.
-    (worker as Worker | null)?.terminate();
+    downloader.close();
   }
   rmSync(stage, { recursive: true, force: true });
   const seconds = (performance.now() - t0) / 1000;
