@@ -430,3 +430,25 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "pull: refused up front when the container and the peak shards do not fit the free space",
+  ignore: !present,
+  fn: async () => {
+    const hub = mockHub(fixtureDir(FIXTURE));
+    try {
+      const out = join(tempDir(), "nospace.sluice");
+      await assert.rejects(
+        () => pull(hub, out, { freeBytes: 100_000 }),
+        /has 97\.7 KiB free; the pull needs [\d.]+ [KM]iB more \(container [\d.]+ [KM]iB \+ peak shards/,
+      );
+      assert.ok(
+        !hub.requests.some((q) => q.includes(".safetensors ") && q.endsWith(" ")),
+        "no shard was downloaded",
+      );
+      assert.ok(!existsSync(out) && !existsSync(`${out}.tmp`));
+    } finally {
+      await hub.close();
+    }
+  },
+});

@@ -49,6 +49,8 @@ export interface PullOptions
   hub?: HubOptions;
   /** Informational lines (default: stderr). */
   log?: (line: string) => void;
+  /** Test hook: take the output's filesystem to have this many bytes free. */
+  freeBytes?: number;
   /** Test hook: fail on purpose right after layer k is packed. */
   stopAfterLayer?: number;
 }
@@ -280,8 +282,8 @@ export async function pullModel(
     log(`pull: one pack step reads ${schedule.peakShards} shards, more than --keep-shards ${keep}`);
   }
   const outDir = dirname(resolve(out));
-  const s = statfsSync(outDir);
-  const free = Number(s.bavail) * Number(s.bsize);
+  const fs = opts.freeBytes === undefined ? statfsSync(outDir) : null;
+  const free = opts.freeBytes ?? Number(fs!.bavail) * Number(fs!.bsize);
   const present = allocatedBytes(`${resolve(out)}.tmp`) + shardBytes();
   const needed = containerBytes + schedule.peakBytes - present;
   if (needed > free) {
