@@ -14,9 +14,10 @@ const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice conta
 
 Usage: deno run -A mod.ts pull <org/name>[@revision] <out>.sluice [options]
 
-Downloads config, tokenizer and chat files, then the safetensors shards one at a time (HTTP Range
-resume, size and sha256 checked), packing each layer as soon as the shards it reads are on disk
-and deleting a shard once no later layer reads it. An interrupted pull (Ctrl-C, kill -9, network
+Downloads config, tokenizer and chat files, then the safetensors shards (HTTP Range resume, size
+and sha256 checked), packing each layer as soon as the shards it reads are on disk, fetching the
+next shard in the background when --keep-shards leaves room, and deleting a shard once no later
+layer reads it. An interrupted pull (Ctrl-C, kill -9, network
 loss) resumes on rerun from <out>.pull/ and the pack journal in <out>.tmp/.
 
 Options:
@@ -26,6 +27,7 @@ Options:
   --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
   --trunk int8          per-row int8 for the layers' attention/dense matrices
   --convert f32|bf16    dequantise / convert every weight matrix
+  --vq3r-sample N  --vq3r-iterations N  --vq3r-experts N   VQ3R training, as for pack
   --force               replace an existing output
   -h, --help            this text
 
@@ -42,6 +44,9 @@ export async function pullCommand(args: string[]): Promise<number> {
     experts: { type: "string" },
     trunk: { type: "string" },
     convert: { type: "string" },
+    "vq3r-sample": { type: "string" },
+    "vq3r-iterations": { type: "string" },
+    "vq3r-experts": { type: "string" },
     force: { type: "boolean" },
     ...HELP_FLAG,
   }, { positionals: true });
@@ -60,6 +65,11 @@ export async function pullCommand(args: string[]): Promise<number> {
       experts: a.str("experts") as PackOptions["experts"],
       trunk: a.str("trunk") as PackOptions["trunk"],
       convert: a.str("convert") as PackOptions["convert"],
+      vq3r: {
+        sampleSize: a.int("vq3r-sample", 1),
+        iterations: a.int("vq3r-iterations", 1),
+        trainExperts: a.int("vq3r-experts", 1),
+      },
       force: a.bool("force"),
     });
   } catch (e) {
