@@ -14,6 +14,7 @@ import {
   CTX_FLAG,
   type Flags,
   HELP_FLAG,
+  helpShown,
   MODEL_FLAG,
   parseCommandArgs,
 } from "./args.ts";
@@ -69,22 +70,11 @@ Output:
   -h, --help            this text
 `;
 
-/** The flags of `generate`, with llama.cpp's spellings as aliases. */
-const FLAGS: Flags = {
-  ...MODEL_FLAG,
-  prompt: { type: "string", short: "p" },
-  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
-  "prompt-ids": { type: "string" },
-  chat: { type: "boolean" },
-  system: { type: "string" },
-  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
-  temperature: { type: "string", aliases: ["temp"] },
-  "top-k": { type: "string" },
-  "top-p": { type: "string" },
-  "min-p": { type: "string" },
-  "repeat-penalty": { type: "string" },
-  seed: { type: "string", short: "s" },
-  "ignore-eos": { type: "boolean" },
+/**
+ * The memory and I/O flags of every command that runs a model (generate, and chat and serve
+ * next), read by {@link runOptionsFromArgs}. None of them changes the output.
+ */
+export const RUN_FLAGS: Flags = {
   ...BUDGET_FLAGS,
   ...CTX_FLAG,
   threads: { type: "string", short: "t" },
@@ -101,18 +91,34 @@ const FLAGS: Flags = {
   learn: { type: "boolean" },
   "no-hot-list": { type: "boolean" },
   trace: { type: "string" },
+};
+
+/** The flags of `generate`, with llama.cpp's spellings as aliases. */
+const FLAGS: Flags = {
+  ...MODEL_FLAG,
+  prompt: { type: "string", short: "p" },
+  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
+  "prompt-ids": { type: "string" },
+  chat: { type: "boolean" },
+  system: { type: "string" },
+  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
+  temperature: { type: "string", aliases: ["temp"] },
+  "top-k": { type: "string" },
+  "top-p": { type: "string" },
+  "min-p": { type: "string" },
+  "repeat-penalty": { type: "string" },
+  seed: { type: "string", short: "s" },
+  "ignore-eos": { type: "boolean" },
   json: { type: "boolean" },
   quiet: { type: "boolean" },
+  ...RUN_FLAGS,
   ...HELP_FLAG,
 };
 
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("generate", args, FLAGS);
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const run = runOptionsFromArgs(a);
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
