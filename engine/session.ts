@@ -75,19 +75,39 @@ export class Session {
 
   /**
    * Generates from `prompt` (text, or ids used as they are) and yields each new token as it is
-   * sampled. The KV cache starts empty on every call.
+   * sampled. The KV cache starts empty on every call. An empty prompt starts from BOS when the
+   * model has one (as llama.cpp does); a prompt that leaves no room in the context, or an id
+   * outside the vocabulary, is refused with the numbers. The texts of the yielded tokens add up
+   * to the decode of all generated ids: a token whose text the stream decoder still holds back
+   * (part of a UTF-8 sequence) is yielded once its text is out, at the latest at the end.
    */
   async *generate(
     prompt: string | number[],
     opts: GenerateOptions = {},
   ): AsyncGenerator<GeneratedToken> {
     const ids = typeof prompt === "string" ? this.tokenize(prompt) : [...prompt];
-    if (ids.length === 0) throw new Error("generate: the prompt has no tokens");
-    const ctx = this.model.maxContext;
-    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    if (maxTokens < 0) {
-      throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
+    const bos = this.tokenizer.bosId ?? this.model.cfg.bosId;
+    if (ids.length === 0 && bos !== null) ids.push(bos);
+    if (ids.length === 0) {
+      throw new Error("the prompt has no tokens and the model has no BOS token to start from");
     }
+    const vocab = this.model.cfg.vocabSize;
+    const bad = ids.findIndex((id) => !Number.isInteger(id) || id < 0 || id >= vocab);
+    if (bad >= 0) {
+      throw new Error(
+        `prompt token ${bad} is id ${ids[bad]}, outside the vocabulary of ${vocab} (0..${
+          vocab - 1
+        })`,
+      );
+    }
+    const ctx = this.model.maxContext;
+    if (ids.length >= ctx) {
+      throw new Error(
+        `the prompt has ${ids.length} tokens but the context holds ${ctx}, leaving no room to ` +
+          `generate: shorten the prompt or raise --ctx (this model allows up to ${this.model.cfg.maxPositions})`,
+      );
+    }
+    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
     const given = Object.fromEntries(Object.entries(opts).filter(([, x]) => x !== undefined));
     const sampler = createSampler({ ...this.samplingDefaults, ...given });
     const stop = opts.ignoreEos
@@ -106,6 +126,8 @@ export class Session {
     t.generateMs = 0;
     const history = [...ids];
     const stream = this.tokenizer.decodeStream();
+    // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
+    let held: GeneratedToken[] = [];
     for (let n = 0; n < maxTokens; n++) {
       const t1 = performance.now();
       const id = sampler.sample(logits, history);
@@ -114,7 +136,15 @@ export class Session {
       t.generatedTokens++;
       if (n + 1 < maxTokens) logits = this.model.forward([id], history.length - 1);
       t.generateMs += performance.now() - t1;
-      yield { id, text: stream.push(id) };
+      held.push({ id, text: stream.push(id) });
+      if (!stream.holding) {
+        yield* held;
+        held = [];
+      }
+    }
+    if (held.length > 0) {
+      held[held.length - 1].text += stream.flush();
+      yield* held;
     }
   }
 

@@ -6,7 +6,6 @@
  * malformed compact entries.
  */
 import assert from "node:assert/strict";
-import { copyFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../io/model_config.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
@@ -23,6 +22,7 @@ import { openContainer, parseManifest } from "../engine/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { type ExpertsOption, packCheckpoint } from "../tools/pack.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";
+import { writeInt4Checkpoint } from "./int4_checkpoint.ts";
 
 const MOE = fixtureDir("stories260k-moe");
 const VQ = { sampleSize: 4096, iterations: 3 };
@@ -184,90 +184,9 @@ Deno.test("--trunk int8 quantises attention weights per row, keeps norms and rou
   }
 });
 
-/** Writes a safetensors file of raw tensors. */
-function writeSafetensors(
-  path: string,
-  tensors: { name: string; dtype: string; shape: number[]; data: Uint8Array }[],
-): void {
-  const header: Record<string, unknown> = {};
-  let at = 0;
-  for (const t of tensors) {
-    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [at, at + t.data.length] };
-    at += t.data.length;
-  }
-  let json = JSON.stringify(header);
-  json += " ".repeat((8 - (json.length % 8)) % 8);
-  const out = new Uint8Array(8 + json.length + at);
-  new DataView(out.buffer).setBigUint64(0, BigInt(json.length), true);
-  out.set(new TextEncoder().encode(json), 8);
-  let p = 8 + json.length;
-  for (const t of tensors) {
-    out.set(t.data, p);
-    p += t.data.length;
-  }
-  writeFileSync(path, out);
-}
-
-/** Deterministic pseudo-random bytes. */
-function randomBytes(n: number, seed: number): Uint8Array {
-  const out = new Uint8Array(n);
-  let s = seed >>> 0;
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s >>> 24;
-  }
-  return out;
-}
-
-/**
- * stories260k-moe with its routed experts replaced by Kimi-K2-Thinking-style INT4 triples. down
- * has 172 columns, which group-32 INT4 cannot hold, so down stays F32 (as a mixed checkpoint).
- */
-function writeInt4Checkpoint(dir: string): Map<string, { packed: Uint8Array; scale: Uint8Array }> {
-  Deno.mkdirSync(dir, { recursive: true });
-  for (const f of ["config.json", "tokenizer.json", "tokenizer_config.json"]) {
-    copyFileSync(join(MOE, f), join(dir, f));
-  }
-  const ckpt = openCheckpoint(MOE);
-  const made = new Map<string, { packed: Uint8Array; scale: Uint8Array }>();
-  try {
-    const tensors = [];
-    let seed = 1;
-    for (const [name, t] of ckpt.tensors) {
-      const isUpGate = /experts\.\d+\.w[13]\.weight$/.test(name);
-      if (!isUpGate) {
-        tensors.push({ name, dtype: t.dtype, shape: t.shape, data: ckpt.read(name) });
-        continue;
-      }
-      const [rows, cols] = t.shape;
-      const packed = randomBytes((rows * cols) / 2, seed++);
-      // bf16 scales of moderate positive magnitude: exponent byte 0x3b..0x3c, random mantissa.
-      const scale = randomBytes((rows * cols) / 32 * 2, seed++);
-      for (let i = 1; i < scale.length; i += 2) scale[i] = 0x3b + (scale[i] & 1);
-      const base = name.slice(0, -"weight".length);
-      tensors.push(
-        { name: `${base}weight_packed`, dtype: "I32", shape: [rows, cols / 8], data: packed },
-        { name: `${base}weight_scale`, dtype: "BF16", shape: [rows, cols / 32], data: scale },
-        {
-          name: `${base}weight_shape`,
-          dtype: "I32",
-          shape: [2],
-          data: new Uint8Array(new Int32Array([rows, cols]).buffer),
-        },
-      );
-      made.set(name, { packed, scale });
-    }
-    tensors.sort((a, b) => (a.name < b.name ? -1 : 1));
-    writeSafetensors(join(dir, "model.safetensors"), tensors);
-  } finally {
-    ckpt.close();
-  }
-  return made;
-}
-
 Deno.test("Kimi-style INT4 experts pack as int4g32 bit for bit, and convert to mxfp4", async () => {
   const dir = join(tempDir(), "int4-ckpt");
-  const made = writeInt4Checkpoint(dir);
+  const made = writeInt4Checkpoint(dir, MOE);
   const { out, lines } = await pack("int4-kept", dir, {});
   const c = openContainer(out);
   verifyContainer(c);

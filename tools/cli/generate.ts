@@ -37,6 +37,8 @@ Input:
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  An empty prompt starts from BOS (as llama.cpp does); --chat refuses an empty user message.
+  A prompt that does not fit in --ctx is refused with both lengths (raise --ctx or shorten it).
 
 Sampling (greedy by default):
   -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
@@ -171,6 +173,11 @@ export async function generateCommand(args: string[]): Promise<number> {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
+  if (a.bool("chat") && prompt.trim() === "") {
+    throw new Error(
+      "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
+    );
+  }
   const modelPath = a.str("model") ??
     await (await import("../demo_model.ts")).demoModelPath(quiet);
 

@@ -8,7 +8,7 @@ import { openContainer } from "../../engine/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
-import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
+import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
 
@@ -44,7 +44,7 @@ export function planCommand(args: string[]): Promise<number> {
     ctx,
     maxBatch: 64,
   });
-  const recommended = Math.min(plan.wholeModelBytes, Math.floor(usableMemory() * 0.75));
+  const recommended = recommendedBudget(plan.wholeModelBytes);
   if (a.bool("json")) {
     console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
     return Promise.resolve(0);

@@ -42,6 +42,12 @@ export interface PackOptions {
   progress?: ProgressMode;
   /** Largest streaming buffer for one tensor (default 64 MiB). */
   chunkBytes?: number;
+  /**
+   * Awaited before the globals ("globals") and before each layer are written, once per step that
+   * is not already journaled, so a caller can make the source files that step reads complete
+   * (`pull` downloads shards here). Source files are reopened after it returns.
+   */
+  beforeStep?: (step: "globals" | number) => Promise<void>;
   /** Test hook: fail on purpose right after layer k is written and journaled. */
   stopAfterLayer?: number;
   /** Informational lines (default: stderr). */

@@ -47,6 +47,7 @@ import {
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
 import { computeLayout, type PackLayout, reportFallbacks } from "./layout.ts";
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
+import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
@@ -57,6 +58,7 @@ export async function packCheckpoint(
 ): Promise<PackResult> {
   const t0 = performance.now();
   const optionKey = packOptionKey(opts);
+  src = checkpointDir(src);
   checkPackOutput(src, out, opts.force ?? false);
   mkdirSync(dirname(resolve(out)), { recursive: true });
   const lock = lockPackOutput(out);
@@ -113,6 +115,12 @@ async function packLocked(
       done: 0,
       total: layout.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
+    // The caller may replace source files in beforeStep: drop the open descriptors after it.
+    const ready = async (step: "globals" | number) => {
+      if (!opts.beforeStep) return;
+      await opts.beforeStep(step);
+      ckpt.close();
+    };
     const resumed: number[] = [];
     const packed: number[] = [];
     try {
@@ -131,6 +139,7 @@ async function packLocked(
       });
       if (journal.globals) progress.add(layout.globals.region.bytes);
       else {
+        await ready("globals");
         const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
@@ -149,6 +158,7 @@ async function packLocked(
           resumed.push(l);
           progress.add(bytesOf(l));
         } else {
+          await ready(l);
           const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,

@@ -33,8 +33,9 @@ import {
   formatTable,
   type ManifestBytes,
 } from "./compare_report.ts";
-import { measureDramNative } from "./dram.ts";
-import { benchDisk, dropPageCache } from "./disk.ts";
+import { measureDramNative } from "../../../io/dram_probe.ts";
+import { benchDisk } from "./disk.ts";
+import { dropPageCache } from "../../../io/disk_probe.ts";
 import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
 
 const GiB = 2 ** 30;

@@ -16,7 +16,7 @@
 import { parseArgs } from "node:util";
 import { DEFAULT_CRC_SAMPLE, Model, type RunOptions } from "../../../engine/model.ts";
 import { parseSize } from "../../synth.ts";
-import { dropPageCache } from "./disk.ts";
+import { dropPageCache } from "../../../io/disk_probe.ts";
 import { decode, ensureStreamModel, fixedPrompt } from "./stream.ts";
 
 interface ModeResult {

@@ -21,7 +21,7 @@ import { ROW_BLOCK } from "../../../engine/pool_protocol.ts";
 import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
-import { type DramResult, measureDramNative } from "./dram.ts";
+import { type DramResult, measureDramNative } from "../../../io/dram_probe.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

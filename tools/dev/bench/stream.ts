@@ -32,7 +32,8 @@ import { openContainer } from "../../../engine/container.ts";
 import { openReader, type ReadTicket } from "../../../io/reader.ts";
 import { packCheckpoint } from "../../pack.ts";
 import { parseSize, synthCheckpoint } from "../../synth.ts";
-import { benchDisk, dropPageCache } from "./disk.ts";
+import { benchDisk } from "./disk.ts";
+import { dropPageCache } from "../../../io/disk_probe.ts";
 
 const GiB = 2 ** 30;
 
