@@ -11,6 +11,8 @@ import type { Model } from "./model.ts";
 export interface Timings {
   loadMs: number;
   promptTokens: number;
+  /** Prompt tokens reused from the prompt cache (not run again). */
+  cachedTokens: number;
   promptMs: number;
   generatedTokens: number;
   generateMs: number;
@@ -63,7 +65,7 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
   const tokens = t.promptTokens + t.generatedTokens;
   return {
     ...t,
-    prompt_tok_s: t.promptMs > 0 ? (t.promptTokens * 1000) / t.promptMs : 0,
+    prompt_tok_s: t.promptMs > 0 ? ((t.promptTokens - t.cachedTokens) * 1000) / t.promptMs : 0,
     generate_tok_s: t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0,
     expert_hits: hits,
     expert_misses: misses,
@@ -92,7 +94,9 @@ export function formatStats(s: RunStats): string {
   const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
   const lines = [
     `load          ${(s.loadMs / 1000).toFixed(2)} s`,
-    `prompt        ${s.promptTokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
+    `prompt        ${s.promptTokens} tokens${
+      s.cachedTokens > 0 ? ` (${s.cachedTokens} from the prompt cache)` : ""
+    }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
     `generated     ${s.generatedTokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)

@@ -18,6 +18,14 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 export interface Attention {
   /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /** The position-indexed caches (arena offset, bytes per position): what a saved session holds. */
+  cacheRegions(): CacheRegion[];
+}
+
+/** One position-indexed cache in the arena: position p's row is at offset + p × rowBytes. */
+export interface CacheRegion {
+  offset: number;
+  rowBytes: number;
 }
 
 /** Weights that stay in the arena for the whole run. */
@@ -77,6 +85,11 @@ export class Transformer {
   /** Hooks run when a MoE layer's experts are chosen, before they compute (the lookahead). */
   get routedHooks(): ((layer: number, routes: Route[], h: number, nb: number) => void)[] {
     return this.#ffn.routedHooks;
+  }
+
+  /** The attention caches, in layer order (see {@link Attention.cacheRegions}). */
+  cacheRegions(): CacheRegion[] {
+    return this.#p.attention.cacheRegions();
   }
 
   /** Most tokens one call may take. */

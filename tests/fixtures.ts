@@ -5,6 +5,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import type { Model } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
@@ -24,6 +25,11 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
 export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
+}
+
+/** Why tests needing ../shared/models must skip (it is absent), or null when it is there. */
+export function sharedMissing(): string | null {
+  return existsSync(fixtureDir("README.md")) ? null : `${fixtureDir("")} is absent`;
 }
 
 let tmp: string | undefined;

@@ -16,6 +16,7 @@ import type { ModelConfig } from "../model_config.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
@@ -107,6 +108,11 @@ export class MlaAttention {
     const made = { kbT, vb };
     this.#absorbed[layer] = made;
     return made;
+  }
+
+  /** The latent cache of every layer (compressed KV and the shared RoPE key). */
+  cacheRegions(): CacheRegion[] {
+    return this.#cache.map((offset) => ({ offset, rowBytes: this.#row * 4 }));
   }
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */

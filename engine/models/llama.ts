@@ -8,6 +8,7 @@ import type { Arena } from "../arena.ts";
 import type { ModelConfig } from "../model_config.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 
 /** Attention of every layer of one model, with its KV cache and scratch. */
@@ -52,6 +53,12 @@ export class GqaAttention {
       vStride: kvDim,
       scale: cfg.attnScale,
     };
+  }
+
+  /** The K and V caches of every layer. */
+  cacheRegions(): CacheRegion[] {
+    const rowBytes = this.#cfg.numKvHeads * this.#cfg.headDim * 4;
+    return this.#k.flatMap((k, l) => [{ offset: k, rowBytes }, { offset: this.#v[l], rowBytes }]);
   }
 
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
