@@ -5,6 +5,7 @@
  * @module
  */
 import { existsSync, readFileSync } from "node:fs";
+import { type ChatMessage, renderChat } from "./chat.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -71,6 +72,15 @@ export class Session {
   /** Token ids of `text`, with BOS when the tokenizer adds it. */
   tokenize(text: string): number[] {
     return this.tokenizer.encode(text);
+  }
+
+  /**
+   * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
+   * appended (the template writes any BOS itself, as transformers does).
+   */
+  chatIds(messages: ChatMessage[]): number[] {
+    const text = renderChat(this.model.container.dir, messages, { addGenerationPrompt: true });
+    return this.tokenizer.encode(text, { addSpecial: false });
   }
 
   /** Text of `ids`, special tokens skipped. */

@@ -5,11 +5,17 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { renderChat } from "../../engine/chat.ts";
-import type { RunOptions } from "../../engine/model.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
-import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
+import {
+  modelPath,
+  RUN_FLAGS,
+  RUN_HELP,
+  runOptions,
+  SAMPLING_FLAGS,
+  SAMPLING_HELP,
+  samplingOptions,
+} from "./run_flags.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
 
@@ -26,30 +32,10 @@ Input:
   --system TEXT         system message for --chat
 
 Sampling (greedy by default):
-  -n, --max-tokens N    new tokens to generate (default 256)
-  --temperature T       0 = greedy (default 0)
-  --top-k K  --top-p P  --min-p P  --repeat-penalty R
-  --seed S              same seed, same tokens
-  --ignore-eos          do not stop at end-of-sequence tokens
+${SAMPLING_HELP}
 
 Memory and I/O (none of these change the output):
-${BUDGET_HELP}
-  --ctx N               context length the KV cache is sized for (default min(model, 4096))
-  --threads N           compute threads including the main thread (default: all cores)
-  --cache lfru|lru      expert cache policy (default lfru)
-  --no-readahead        read each expert only when it is needed
-  --readahead-depth N   expert reads kept in flight after routing (default 4)
-  --ring-slots N        ring slots for unpinned trunk layers (default 2)
-  --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64)
-  --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
-  --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
-  --verify              check each expert record's CRC32 as it is read
-  --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
-                        (default 1 while experts stream, 0 when all fit)
-  --learn               add this run's expert use counts to the hot list (<model>.hot.json)
-  --no-hot-list         do not warm the expert cache from the hot list
-  --trace FILE          write the routed experts of every (token, layer) as JSON lines
+${RUN_HELP}
 
 Output:
   --json                print one JSON object (prompt_ids, generated_ids, text, stats)
@@ -67,31 +53,8 @@ export async function generateCommand(args: string[]): Promise<number> {
       "prompt-file": { type: "string" },
       chat: { type: "boolean" },
       system: { type: "string" },
-      "max-tokens": { type: "string", short: "n" },
-      temperature: { type: "string" },
-      "top-k": { type: "string" },
-      "top-p": { type: "string" },
-      "min-p": { type: "string" },
-      "repeat-penalty": { type: "string" },
-      seed: { type: "string" },
-      "ignore-eos": { type: "boolean" },
-      budget: { type: "string" },
-      preset: { type: "string" },
-      ctx: { type: "string" },
-      threads: { type: "string" },
-      cache: { type: "string" },
-      "no-readahead": { type: "boolean" },
-      "readahead-depth": { type: "string" },
-      "ring-slots": { type: "string" },
-      "expert-slots": { type: "string" },
-      "prefill-chunk": { type: "string" },
-      shards: { type: "string" },
-      io: { type: "string" },
-      verify: { type: "boolean" },
-      lookahead: { type: "string" },
-      learn: { type: "boolean" },
-      "no-hot-list": { type: "boolean" },
-      trace: { type: "string" },
+      ...SAMPLING_FLAGS,
+      ...RUN_FLAGS,
       json: { type: "boolean" },
       quiet: { type: "boolean" },
       help: { type: "boolean", short: "h" },
@@ -102,47 +65,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return 0;
   }
-  const int = (name: string, s: string | undefined) => {
-    if (s === undefined) return undefined;
-    const n = Number(s);
-    if (!Number.isInteger(n) || n < 0) {
-      throw new Error(`--${name} expects a whole number, got "${s}"`);
-    }
-    return n;
-  };
-  const num = (name: string, s: string | undefined) => {
-    if (s === undefined) return undefined;
-    const n = Number(s);
-    if (!Number.isFinite(n)) throw new Error(`--${name} expects a number, got "${s}"`);
-    return n;
-  };
-  const oneOf = <T extends string>(name: string, s: string | undefined, ok: T[]) => {
-    if (s === undefined) return undefined;
-    if (!ok.includes(s as T)) {
-      throw new Error(`--${name} expects one of ${ok.join(", ")}, got "${s}"`);
-    }
-    return s as T;
-  };
-  const shards = v.shards ?? Deno.env.get("SLUICE_SHARDS");
-  const run: RunOptions = {
-    budget: budgetFromArgs(v.budget, v.preset),
-    ctx: int("ctx", v.ctx),
-    threads: int("threads", v.threads),
-    cache: oneOf("cache", v.cache, ["lfru", "lru"]),
-    readaheadDepth: v["no-readahead"] ? 0 : int("readahead-depth", v["readahead-depth"]),
-    trunkReadahead: !v["no-readahead"],
-    ringSlots: int("ring-slots", v["ring-slots"]),
-    expertSlots: int("expert-slots", v["expert-slots"]),
-    prefillChunk: int("prefill-chunk", v["prefill-chunk"]),
-    shards: shards ? shards.split(",").filter((s) => s) : undefined,
-    io: oneOf("io", v.io, ["direct", "buffered", "fallback"]),
-    verify: v.verify,
-    lookahead: int("lookahead", v.lookahead),
-    learn: v.learn,
-    hotList: !v["no-hot-list"],
-    trace: v.trace,
-    quiet: v.quiet || v.json,
-  };
+  const run = runOptions(v, Boolean(v.quiet || v.json));
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
   let prompt = v.prompt;
@@ -153,10 +76,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
-  const modelPath = v.model ??
-    await (await import("../demo_model.ts")).demoModelPath(Boolean(v.quiet || v.json));
-
-  const session = await Session.open(modelPath, run);
+  const session = await Session.open(await modelPath(v.model, Boolean(v.quiet || v.json)), run);
   try {
     let ids: number[];
     if (v.chat) {
@@ -164,8 +84,7 @@ export async function generateCommand(args: string[]): Promise<number> {
         ...(v.system ? [{ role: "system", content: v.system }] : []),
         { role: "user", content: prompt },
       ];
-      const text = renderChat(session.model.container.dir, messages, { addGenerationPrompt: true });
-      ids = session.tokenizer.encode(text, { addSpecial: false });
+      ids = session.chatIds(messages);
     } else {
       ids = session.tokenize(prompt);
     }
@@ -173,16 +92,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     let text = "";
     const enc = new TextEncoder();
     for await (
-      const tok of session.generate(ids, {
-        maxTokens: int("max-tokens", v["max-tokens"]),
-        temperature: num("temperature", v.temperature),
-        topK: int("top-k", v["top-k"]),
-        topP: num("top-p", v["top-p"]),
-        minP: num("min-p", v["min-p"]),
-        repetitionPenalty: num("repeat-penalty", v["repeat-penalty"]),
-        seed: int("seed", v.seed),
-        ignoreEos: v["ignore-eos"],
-      })
+      const tok of session.generate(ids, samplingOptions(v))
     ) {
       generated.push(tok.id);
       text += tok.text;
