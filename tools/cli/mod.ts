@@ -6,10 +6,12 @@
  */
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
+import { serveCommand } from "./serve.ts";
 
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; about: string }> = {
   generate: { run: generateCommand, about: "generate text from a container" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
+  serve: { run: serveCommand, about: "OpenAI-compatible HTTP server with a live view at /ui" },
 };
 
 function usage(): string {
