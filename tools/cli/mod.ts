@@ -4,12 +4,14 @@
  *
  * @module
  */
+import { chatCommand } from "./chat.ts";
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
 import { serveCommand } from "./serve.ts";
 
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; about: string }> = {
   generate: { run: generateCommand, about: "generate text from a container" },
+  chat: { run: chatCommand, about: "multi-turn chat in the terminal, KV cache kept" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
   serve: { run: serveCommand, about: "OpenAI-compatible HTTP server with a live view at /ui" },
 };
