@@ -362,7 +362,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method;
     if (method === "OPTIONS") return new Response(null, { status: 204, headers: CORS });
-    const open = path === "/health" || path === "/" || path === "/ui" || path === "/ui/state";
+    const open = ["/", "/health", "/ui", "/ui/state", "/favicon.ico"].includes(path);
     if (!open && !authorised(req)) {
       throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
         type: "authentication_error",
@@ -380,6 +380,8 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       case "/ui":
         if (!get) throw wrongMethod("GET");
         return new Response(uiHtml, { headers: { "content-type": "text/html; charset=utf-8" } });
+      case "/favicon.ico":
+        return new Response(null, { status: 204 });
       case "/ui/state":
         if (!get) throw wrongMethod("GET");
         return json(live.snapshot());
