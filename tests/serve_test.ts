@@ -272,7 +272,7 @@ Deno.test({
       });
 
       await t.step("a queued stream gets keep-alive comments", async () => {
-        const long = client.completions.create({ model: id, prompt: "x", max_tokens: 60 });
+        const long = client.completions.create({ model: id, prompt: "x", max_tokens: 400 });
         await new Promise((r) => setTimeout(r, 20));
         const sse = await fetch(`${server.url}/v1/completions`, {
           method: "POST",
