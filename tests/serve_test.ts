@@ -189,6 +189,9 @@ Deno.test({
         });
         assert.equal(key.status, 401);
         assert.equal(key.body.error.type, "authentication_error");
+        const logprobs = await post(url, JSON.stringify({ messages: user, logprobs: true }));
+        assert.equal(logprobs.status, 400);
+        assert.equal(logprobs.body.error.param, "logprobs");
         const tooLong = await post(
           `${server.url}/v1/completions`,
           JSON.stringify({ prompt: Array(600).fill(5) }),
@@ -308,6 +311,30 @@ Deno.test({
       ref.close();
     }
   },
+});
+
+Deno.test("serve: the command prints its address, answers, and stops on SIGTERM", async () => {
+  const model = await demoModelPath(true);
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", MOD, "serve", "--model", model, "--port", "0", "--ctx", "256"],
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const lines = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let err = "", url: string | undefined;
+  while (!url) {
+    const { value, done } = await lines.read();
+    if (done) break;
+    err += value;
+    url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(err)?.[1];
+  }
+  assert.ok(url, err);
+  const health = await (await fetch(`${url}/health`)).json();
+  assert.equal(health.status, "ok");
+  child.kill("SIGTERM");
+  while (!(await lines.read()).done);
+  assert.equal((await child.status).code, 0);
 });
 
 Deno.test({

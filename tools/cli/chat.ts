@@ -95,6 +95,13 @@ export async function chatCommand(args: string[]): Promise<number> {
     await modelPath(v.model, Boolean(v.quiet)),
     runOptions(v, Boolean(v.quiet)),
   );
+  try {
+    // A model without a chat template cannot chat: say so now, not at every line.
+    session.chatIds([{ role: "user", content: "" }]);
+  } catch (e) {
+    session.close();
+    throw e;
+  }
   const sampling = samplingOptions(v);
   // A drawn seed is kept in the state, so a saved session samples on as the original would.
   sampling.seed ??= crypto.getRandomValues(new Uint32Array(1))[0];

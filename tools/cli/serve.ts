@@ -22,7 +22,8 @@ Server:
   --model PATH          container made by 'deno task pack' (default: the synthetic demo model)
   --host ADDR           interface to listen on (default 127.0.0.1)
   --port N              port (default 8080; 0 picks a free one)
-  --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY)
+  --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
+                        the live view (/ui, which shows counts, never text) stay open
   --queue N             requests that may wait behind the running one (default 8); more get 429
   --max-body SIZE       largest request body in bytes (default 4194304)
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)

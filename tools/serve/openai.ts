@@ -141,6 +141,16 @@ export function parseCompletion(body: unknown, chat: boolean): CompletionRequest
   if (b.model !== undefined && typeof b.model !== "string") {
     throw bad("model", "expected a string");
   }
+  // Asked-for features the engine does not have are refused, never silently dropped.
+  if (b.logprobs === true || (typeof b.logprobs === "number" && b.logprobs > 0)) {
+    throw bad("logprobs", "log probabilities are not supported");
+  }
+  if (Array.isArray(b.tools) && b.tools.length > 0) throw bad("tools", "tools are not supported");
+  const format = (b.response_format as Json | undefined)?.type;
+  if (format !== undefined && format !== "text") {
+    throw bad("response_format", `only {"type": "text"} is supported, not "${format}"`);
+  }
+  if (b.echo === true) throw bad("echo", "echoing the prompt is not supported");
   const n = int(b, "n", 1);
   if (n !== undefined && n !== 1) throw bad("n", "only n = 1 is supported");
   let stop: string[] = [];
