@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { setImmediate } from "node:timers";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
@@ -53,18 +54,12 @@ function json(body: unknown, status = 200, headers: Record<string, string> = {})
   });
 }
 
-/** How often a generation yields to the event loop; a yield costs about a millisecond. */
-const YIELD_MS = 10;
-let lastYield = 0;
-
 /**
- * Yields to the event loop, at most every YIELD_MS, so other requests, timers, disconnects and
- * stream writes are seen without a tiny model's tokens each paying for a timer.
+ * Yields to the event loop so other requests, timers, disconnects and stream writes are seen.
+ * setImmediate costs microseconds where a zero timeout costs a millisecond or more.
  */
-async function tick(): Promise<void> {
-  if (performance.now() - lastYield < YIELD_MS) return;
-  await new Promise((r) => setTimeout(r, 0));
-  lastYield = performance.now();
+function tick(): Promise<void> {
+  return new Promise((r) => setImmediate(r));
 }
 
 /** The answer to an error: OpenAI's shape, never a stack trace. */
