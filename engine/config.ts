@@ -1,8 +1,9 @@
 /**
  * Turns a Hugging Face `config.json` (+ `generation_config.json`) into a {@link ModelConfig}.
- * One normaliser per model_type, in a table, so new families (glm4_moe, gpt_oss, kimi_linear) are
- * one entry each. Fields that change the math and have no documented Hugging Face default must be
- * present; missing ones are errors naming the field.
+ * The normaliser of each model_type lives in its family's file and is found through the registry
+ * (engine/models/mod.ts); this file picks the config object and model_type, and fills in the
+ * special token ids. Fields that change the math and have no documented Hugging Face default must
+ * be present; missing ones are errors naming the field.
  *
  * @module
  */
@@ -10,386 +11,12 @@
 import { readJson } from "../io/json_file.ts";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import type { ModelConfig, MoeConfig, RopeLayout, RopeScaling } from "../io/model_config.ts";
-
-type Json = Record<string, unknown>;
-
-/** Typed access to one config object; every error names the source and the field. */
-class Fields {
-  constructor(readonly src: Json, readonly where: string) {}
-
-  has(key: string): boolean {
-    return this.src[key] !== undefined && this.src[key] !== null;
-  }
-
-  private fail(key: string, expected: string): never {
-    throw new Error(
-      `${this.where}: field ${key} must be ${expected}, got ${JSON.stringify(this.src[key])}`,
-    );
-  }
-
-  /** A required positive or non-negative integer. */
-  int(key: string, opts: { def?: number; min?: number } = {}): number {
-    const v = this.src[key] ?? opts.def;
-    if (v === undefined || v === null) {
-      throw new Error(`${this.where}: required field ${key} is missing`);
-    }
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < (opts.min ?? 0)) {
-      this.fail(key, `an integer >= ${opts.min ?? 0}`);
-    }
-    return v;
-  }
-
-  /** A finite number, required unless a default is given. */
-  num(key: string, def?: number): number {
-    const v = this.src[key] ?? def;
-    if (v === undefined || v === null) {
-      throw new Error(`${this.where}: required field ${key} is missing`);
-    }
-    if (typeof v !== "number" || !Number.isFinite(v)) this.fail(key, "a finite number");
-    return v;
-  }
-
-  bool(key: string, def: boolean): boolean {
-    const v = this.src[key] ?? def;
-    if (typeof v !== "boolean") this.fail(key, "a boolean");
-    return v;
-  }
-
-  str(key: string, def?: string): string {
-    const v = this.src[key] ?? def;
-    if (v === undefined || v === null) {
-      throw new Error(`${this.where}: required field ${key} is missing`);
-    }
-    if (typeof v !== "string") this.fail(key, "a string");
-    return v;
-  }
-
-  intList(key: string): number[] {
-    const v = this.src[key] ?? [];
-    if (!Array.isArray(v) || !v.every((x) => Number.isSafeInteger(x) && x >= 0)) {
-      this.fail(key, "a list of integers >= 0");
-    }
-    return v as number[];
-  }
-}
-
-/** Default values of Hugging Face's config classes that do not depend on the model's size. */
-interface FamilyDefaults {
-  ropeTheta: number;
-  rmsNormEps: number;
-  maxPositions: number;
-}
-
-/** Turns one model_type's config into a ModelConfig (bos/eos are filled in afterwards). */
-type Normaliser = (f: Fields, modelType: string) => Omit<ModelConfig, "bosId" | "eosIds">;
-
-function requireSilu(f: Fields): void {
-  const act = f.str("hidden_act", "silu");
-  if (act !== "silu") {
-    throw new Error(`${f.where}: hidden_act ${act} is not supported (only silu)`);
-  }
-}
-
-/** Rope settings in either the classic (`rope_theta` + `rope_scaling`) or the newer
- * (`rope_parameters`) layout of transformers. */
-function ropeSource(f: Fields, defaults: FamilyDefaults): { theta: number; scaling: RopeScaling } {
-  const params = f.src.rope_parameters;
-  let theta: number;
-  let raw: unknown;
-  if (params && typeof params === "object" && !Array.isArray(params)) {
-    const p = new Fields(params as Json, `${f.where} rope_parameters`);
-    theta = p.num("rope_theta", f.has("rope_theta") ? f.num("rope_theta") : defaults.ropeTheta);
-    raw = params;
-  } else {
-    theta = f.num("rope_theta", defaults.ropeTheta);
-    raw = f.src.rope_scaling;
-  }
-  return { theta, scaling: resolveRopeScaling(raw, f) };
-}
-
-/** Resolves a `rope_scaling` object into a {@link RopeScaling}. */
-function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
-  if (raw === undefined || raw === null) return { type: "none" };
-  if (typeof raw !== "object" || Array.isArray(raw)) {
-    throw new Error(`${f.where}: field rope_scaling must be an object or null`);
-  }
-  const r = new Fields(raw as Json, `${f.where} rope_scaling`);
-  const type = r.str("rope_type", r.has("type") ? r.str("type") : "default");
-  switch (type) {
-    case "default":
-      return { type: "none" };
-    case "linear":
-      return { type: "linear", factor: r.num("factor") };
-    case "llama3":
-      return {
-        type: "llama3",
-        factor: r.num("factor"),
-        lowFreqFactor: r.num("low_freq_factor"),
-        highFreqFactor: r.num("high_freq_factor"),
-        originalMaxPositions: r.int("original_max_position_embeddings", { min: 1 }),
-      };
-    case "yarn":
-      return {
-        type: "yarn",
-        factor: r.num("factor"),
-        originalMaxPositions: r.int("original_max_position_embeddings", {
-          min: 1,
-          def: f.has("max_position_embeddings") ? f.int("max_position_embeddings") : undefined,
-        }),
-        betaFast: r.num("beta_fast", 32),
-        betaSlow: r.num("beta_slow", 1),
-        mscale: r.num("mscale", 1),
-        mscaleAllDim: r.num("mscale_all_dim", 0),
-      };
-    default:
-      throw new Error(
-        `${f.where}: rope_scaling type ${type} is not supported (default, linear, llama3, yarn)`,
-      );
-  }
-}
-
-/** Fields shared by all Llama-style (GQA) families. */
-function gqaBase(f: Fields, modelType: string, d: FamilyDefaults, opts: { qkNorm: boolean }) {
-  requireSilu(f);
-  const hidden = f.int("hidden_size", { min: 1 });
-  const numHeads = f.int("num_attention_heads", { min: 1 });
-  const headDim = f.has("head_dim") ? f.int("head_dim", { min: 1 }) : hidden / numHeads;
-  if (!Number.isInteger(headDim)) {
-    throw new Error(`${f.where}: hidden_size ${hidden} is not a multiple of num_attention_heads`);
-  }
-  const numKvHeads = f.int("num_key_value_heads", { def: numHeads, min: 1 });
-  if (numHeads % numKvHeads) {
-    throw new Error(
-      `${f.where}: num_attention_heads ${numHeads} not a multiple of num_key_value_heads`,
-    );
-  }
-  const { theta, scaling } = ropeSource(f, d);
-  return {
-    family: "llama" as const,
-    modelType,
-    vocabSize: f.int("vocab_size", { min: 1 }),
-    hiddenSize: hidden,
-    numLayers: f.int("num_hidden_layers", { min: 1 }),
-    numHeads,
-    numKvHeads,
-    headDim,
-    rmsNormEps: f.num("rms_norm_eps", d.rmsNormEps),
-    rope: { theta, layout: "half" as RopeLayout, dim: headDim, scaling },
-    maxPositions: f.int("max_position_embeddings", { def: d.maxPositions, min: 1 }),
-    tieWordEmbeddings: f.bool("tie_word_embeddings", false),
-    qkNorm: opts.qkNorm,
-    attentionBias: f.bool("attention_bias", false),
-    mla: null,
-    attnScale: 1 / Math.sqrt(headDim),
-  };
-}
-
-/** Softmax top-k routing as in Mixtral / Qwen3 (no groups, no bias, no shared expert). */
-function softmaxMoe(numExperts: number, topK: number, inter: number, normTopK: boolean): MoeConfig {
-  return {
-    numExperts,
-    topK,
-    expertIntermediate: inter,
-    scoring: "softmax",
-    normTopK,
-    routedScaling: 1,
-    nGroup: 1,
-    topkGroup: 1,
-    selectionBias: false,
-    sharedIntermediate: 0,
-  };
-}
-
-function checkTopK(f: Fields, numExperts: number, topK: number): void {
-  if (topK < 1 || topK > numExperts) {
-    throw new Error(`${f.where}: num_experts_per_tok ${topK} must be in 1..${numExperts}`);
-  }
-}
-
-const llama: Normaliser = (f, mt) => {
-  const base = gqaBase(f, mt, { ropeTheta: 10000, rmsNormEps: 1e-6, maxPositions: 2048 }, {
-    qkNorm: false,
-  });
-  return {
-    ...base,
-    intermediateSize: f.int("intermediate_size", { min: 1 }),
-    layerKinds: Array(base.numLayers).fill("dense"),
-    moe: null,
-  };
-};
-
-const mixtral: Normaliser = (f, mt) => {
-  const base = gqaBase(f, mt, { ropeTheta: 1e6, rmsNormEps: 1e-5, maxPositions: 4096 * 32 }, {
-    qkNorm: false,
-  });
-  const numExperts = f.int("num_local_experts", { min: 1 });
-  const topK = f.int("num_experts_per_tok", { min: 1 });
-  checkTopK(f, numExperts, topK);
-  return {
-    ...base,
-    attentionBias: false,
-    intermediateSize: 0,
-    layerKinds: Array(base.numLayers).fill("moe"),
-    // Mixtral always renormalises the chosen top-k weights.
-    moe: softmaxMoe(numExperts, topK, f.int("intermediate_size", { min: 1 }), true),
-  };
-};
-
-const qwen3Moe: Normaliser = (f, mt) => {
-  const base = gqaBase(f, mt, { ropeTheta: 10000, rmsNormEps: 1e-6, maxPositions: 32768 }, {
-    qkNorm: true,
-  });
-  const numExperts = f.int("num_experts", { min: 0 });
-  const step = f.int("decoder_sparse_step", { def: 1, min: 1 });
-  const mlpOnly = new Set(f.intList("mlp_only_layers"));
-  const layerKinds = Array.from(
-    { length: base.numLayers },
-    (_, l) => !mlpOnly.has(l) && numExperts > 0 && (l + 1) % step === 0 ? "moe" : "dense",
-  ) as ("dense" | "moe")[];
-  const anyDense = layerKinds.includes("dense");
-  const anyMoe = layerKinds.includes("moe");
-  let moe: MoeConfig | null = null;
-  if (anyMoe) {
-    const topK = f.int("num_experts_per_tok", { min: 1 });
-    checkTopK(f, numExperts, topK);
-    moe = softmaxMoe(
-      numExperts,
-      topK,
-      f.int("moe_intermediate_size", { min: 1 }),
-      f.bool("norm_topk_prob", false),
-    );
-  }
-  return {
-    ...base,
-    intermediateSize: anyDense ? f.int("intermediate_size", { min: 1 }) : 0,
-    layerKinds,
-    moe,
-  };
-};
-
-/** yarn_get_mscale of DeepSeek's code: the attention scale multiplier for a YaRN factor. */
-function yarnMscale(factor: number, mscale: number): number {
-  return factor <= 1 ? 1 : 0.1 * mscale * Math.log(factor) + 1;
-}
-
-const deepseekV3: Normaliser = (f, mt) => {
-  requireSilu(f);
-  const hidden = f.int("hidden_size", { min: 1 });
-  const numHeads = f.int("num_attention_heads", { min: 1 });
-  const numLayers = f.int("num_hidden_layers", { min: 1 });
-  const qkNope = f.int("qk_nope_head_dim", { min: 1 });
-  const qkRope = f.int("qk_rope_head_dim", { min: 2 });
-  if (qkRope % 2) throw new Error(`${f.where}: qk_rope_head_dim ${qkRope} must be even`);
-  const { theta, scaling } = ropeSource(f, {
-    ropeTheta: 10000,
-    rmsNormEps: 1e-6,
-    maxPositions: 4096,
-  });
-  let attnScale = 1 / Math.sqrt(qkNope + qkRope);
-  if (scaling.type === "yarn" && scaling.mscaleAllDim) {
-    const m = yarnMscale(scaling.factor, scaling.mscaleAllDim);
-    attnScale *= m * m;
-  }
-  const numExperts = f.has("n_routed_experts") ? f.int("n_routed_experts", { min: 1 }) : 0;
-  const firstDense = f.int("first_k_dense_replace", { def: numExperts ? undefined : 0 });
-  const freq = f.int("moe_layer_freq", { def: 1, min: 1 });
-  const layerKinds = Array.from(
-    { length: numLayers },
-    (_, l) => numExperts > 0 && l >= firstDense && l % freq === 0 ? "moe" : "dense",
-  ) as ("dense" | "moe")[];
-  let moe: MoeConfig | null = null;
-  if (layerKinds.includes("moe")) {
-    const topK = f.int("num_experts_per_tok", { min: 1 });
-    checkTopK(f, numExperts, topK);
-    const scoring = f.str("scoring_func", "sigmoid");
-    if (scoring !== "sigmoid" && scoring !== "softmax") {
-      throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
-    }
-    const topkMethod = f.str("topk_method", "noaux_tc");
-    if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
-      throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
-    }
-    const grouped = topkMethod !== "greedy";
-    const nGroup = grouped ? f.int("n_group", { min: 1 }) : 1;
-    const topkGroup = grouped ? f.int("topk_group", { min: 1 }) : 1;
-    if (numExperts % nGroup || topkGroup > nGroup) {
-      throw new Error(
-        `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
-          `topk_group ${topkGroup}`,
-      );
-    }
-    const inter = f.int("moe_intermediate_size", { min: 1 });
-    moe = {
-      numExperts,
-      topK,
-      expertIntermediate: inter,
-      scoring,
-      normTopK: f.bool("norm_topk_prob", true),
-      routedScaling: f.num("routed_scaling_factor"),
-      nGroup,
-      topkGroup,
-      selectionBias: topkMethod === "noaux_tc",
-      sharedIntermediate: inter * f.int("n_shared_experts"),
-    };
-  }
-  const qLora = f.src.q_lora_rank === null ? null : f.int("q_lora_rank", { min: 1 });
-  return {
-    family: "deepseek_v3",
-    modelType: mt,
-    vocabSize: f.int("vocab_size", { min: 1 }),
-    hiddenSize: hidden,
-    numLayers,
-    numHeads,
-    // MLA: every head has its own k and v (decompressed from the shared latent).
-    numKvHeads: numHeads,
-    headDim: qkNope + qkRope,
-    intermediateSize: layerKinds.includes("dense") ? f.int("intermediate_size", { min: 1 }) : 0,
-    rmsNormEps: f.num("rms_norm_eps", 1e-6),
-    rope: {
-      theta,
-      // transformers' rope_interleave defaults to true: the checkpoint's q_pe/k_pe pairs are (2i, 2i+1).
-      layout: f.bool("rope_interleave", true) ? "interleaved" : "half",
-      dim: qkRope,
-      scaling,
-    },
-    maxPositions: f.int("max_position_embeddings", { def: 4096, min: 1 }),
-    tieWordEmbeddings: f.bool("tie_word_embeddings", false),
-    qkNorm: false,
-    attentionBias: f.bool("attention_bias", false),
-    layerKinds,
-    moe,
-    mla: {
-      qLoraRank: qLora,
-      kvLoraRank: f.int("kv_lora_rank", { min: 1 }),
-      qkNopeHeadDim: qkNope,
-      qkRopeHeadDim: qkRope,
-      vHeadDim: f.int("v_head_dim", { min: 1 }),
-    },
-    attnScale,
-  };
-};
-
-/** The normaliser of each supported model_type. */
-const NORMALISERS: Record<string, Normaliser> = {
-  llama,
-  mixtral,
-  qwen3_moe: qwen3Moe,
-  deepseek_v3: deepseekV3,
-  // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
-  kimi_k2: deepseekV3,
-};
-
-/** model_type of each supported `architectures` entry, for configs without a model_type. */
-const ARCHITECTURES: Record<string, string> = {
-  LlamaForCausalLM: "llama",
-  MixtralForCausalLM: "mixtral",
-  Qwen3MoeForCausalLM: "qwen3_moe",
-  DeepseekV3ForCausalLM: "deepseek_v3",
-};
+import type { ModelConfig } from "../io/model_config.ts";
+import { Fields, type Json } from "./models/hf_config.ts";
+import { MODEL_TYPES } from "./models/mod.ts";
 
 /** The model_types {@link normalizeConfig} accepts. */
-export const SUPPORTED_MODEL_TYPES: readonly string[] = Object.keys(NORMALISERS);
+export const SUPPORTED_MODEL_TYPES: readonly string[] = Object.keys(MODEL_TYPES);
 
 function asObject(v: unknown, where: string): Json {
   if (v === null || typeof v !== "object" || Array.isArray(v)) {
@@ -401,7 +28,7 @@ function asObject(v: unknown, where: string): Json {
 /** Picks the config object and model_type to normalise, descending into `text_config`. */
 function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; where: string } {
   const mt = hf.model_type;
-  if (typeof mt === "string" && Object.hasOwn(NORMALISERS, mt)) {
+  if (typeof mt === "string" && Object.hasOwn(MODEL_TYPES, mt)) {
     return { cfg: hf, modelType: mt, where };
   }
   if (hf.text_config !== undefined && hf.text_config !== null) {
@@ -410,8 +37,9 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
   }
   const archs = Array.isArray(hf.architectures) ? hf.architectures : [];
   for (const a of archs) {
-    if (typeof a === "string" && Object.hasOwn(ARCHITECTURES, a) && mt === undefined) {
-      return { cfg: hf, modelType: ARCHITECTURES[a], where };
+    const known = Object.entries(MODEL_TYPES).find(([, t]) => t.architectures.includes(a));
+    if (typeof a === "string" && known && mt === undefined) {
+      return { cfg: hf, modelType: known[0], where };
     }
   }
   throw new Error(
@@ -438,7 +66,7 @@ export function normalizeConfig(
 ): ModelConfig {
   const top = asObject(hf, where);
   const { cfg, modelType, where: at } = dispatch(top, where);
-  const base = NORMALISERS[modelType](new Fields(cfg, at), modelType);
+  const base = MODEL_TYPES[modelType].normalise(new Fields(cfg, at), modelType);
   const gen = generation === undefined || generation === null
     ? {}
     : asObject(generation, "generation_config.json");
