@@ -5,7 +5,9 @@
  */
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
-import { demoModelPath } from "../tools/demo_model.ts";
+import { DEMO_DIMS, demoModelPath } from "../tools/demo_model.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import { synthCheckpoint } from "../tools/synth.ts";
 import { packedFixture, sharedMissing, tempDir } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
@@ -62,28 +64,49 @@ Deno.test("chat: --system and --prompt, /system and /reset", async () => {
   assert.match(typed.stderr, /\(conversation cleared\)/);
 });
 
+/** A second small chat model (the demo recipe, another seed): a different container. */
+async function otherChatModel(): Promise<string> {
+  const dir = `${tempDir()}/other-chat`;
+  const ckpt = await synthCheckpoint({
+    arch: "mixtral",
+    out: dir,
+    size: 8 * 2 ** 20,
+    overrides: { ...DEMO_DIMS, layers: 2 },
+    seed: 7,
+    progress: "off",
+    log: () => {},
+  });
+  await packCheckpoint(ckpt.dir, `${dir}.sluice`, { progress: "off", log: () => {} });
+  return `${dir}.sluice`;
+}
+
+Deno.test("chat: another container's session or a damaged file is refused, the chat goes on", async () => {
+  const demo = await demoModelPath(true);
+  const file = `${tempDir()}/demo-chat.session`;
+  const saved = await chat(demo, `hi\n/save ${file}\n/exit\n`);
+  assert.equal(saved.code, 0, saved.stderr);
+  const wrong = await chat(await otherChatModel(), `/load ${file}\n/stats\n/exit\n`);
+  assert.equal(wrong.code, 0, wrong.stderr);
+  assert.match(
+    wrong.stderr,
+    /sluice chat: .*belongs to container "demo-.*\.sluice" \(.*\), not to .*other-chat/,
+  );
+  assert.match(wrong.stderr, /context +0\/512 tokens cached, 0 turn/);
+  const bytes = readFileSync(file);
+  bytes[bytes.length >> 1] ^= 1;
+  const damaged = `${tempDir()}/damaged-chat.session`;
+  writeFileSync(damaged, bytes);
+  const bad = await chat(demo, `/load ${damaged}\nhi\n/exit\n`);
+  assert.match(bad.stderr, /sluice chat: .*damaged \(its CRC-32 does not match\)/);
+  assert.equal(bad.stdout, saved.stdout);
+});
+
 Deno.test({
-  name: "chat: another container's session or a damaged file is refused, the chat goes on",
+  name: "chat: a model without a chat template is refused at start",
   ignore: sharedMissing() !== null,
   fn: async () => {
-    const demo = await demoModelPath(true);
-    const file = `${tempDir()}/demo-chat.session`;
-    const saved = await chat(demo, `hi\n/save ${file}\n/exit\n`);
-    assert.equal(saved.code, 0, saved.stderr);
-    const other = await packedFixture("stories260k-moe");
-    const wrong = await chat(other, `/load ${file}\n/stats\n/exit\n`);
-    assert.equal(wrong.code, 0);
-    assert.match(
-      wrong.stderr,
-      /sluice chat: .*belongs to container "demo-.*\.sluice" \(.*\), not to .*stories260k-moe/,
-    );
-    assert.match(wrong.stderr, /context +0\/512 tokens cached, 0 turn/);
-    const bytes = readFileSync(file);
-    bytes[bytes.length >> 1] ^= 1;
-    const damaged = `${tempDir()}/damaged-chat.session`;
-    writeFileSync(damaged, bytes);
-    const bad = await chat(demo, `/load ${damaged}\nhi\n/exit\n`);
-    assert.match(bad.stderr, /sluice chat: .*damaged \(its CRC-32 does not match\)/);
-    assert.equal(bad.stdout, saved.stdout);
+    const r = await chat(await packedFixture("stories260k-moe"), "hi\n");
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /sluice chat: .*stories260k-moe\.sluice: no chat template/);
   },
 });
