@@ -6,6 +6,7 @@
  * @module
  */
 import type { Session } from "../../engine/session.ts";
+import type { MoeObserver } from "../../engine/transformer.ts";
 
 /** The request being served, as the live view shows it. */
 export interface CurrentRequest {
@@ -53,6 +54,7 @@ export class LiveStats {
   readonly expertUse: (Float64Array | null)[];
   #queueDepth: () => number;
   #timer: ReturnType<typeof setInterval>;
+  #observer: MoeObserver;
   #last = { ms: performance.now(), tokens: 0, bytes: 0, waitMs: 0 };
 
   constructor(session: Session, queueDepth: () => number) {
@@ -61,10 +63,11 @@ export class LiveStats {
     const cfg = session.model.cfg;
     const n = cfg.moe?.numExperts ?? 0;
     this.expertUse = cfg.layerKinds.map((k) => (k === "moe" && n > 0 ? new Float64Array(n) : null));
-    session.model.transformer.moeObservers.push((layer, routes) => {
+    this.#observer = (layer, routes) => {
       const use = this.expertUse[layer];
       if (use) { for (const r of routes) for (const e of r.ids) use[e]++; }
-    });
+    };
+    session.model.transformer.moeObservers.push(this.#observer);
     this.#timer = setInterval(() => this.sample(), 1000);
   }
 
@@ -185,9 +188,12 @@ export class LiveStats {
     return lines.join("\n") + "\n";
   }
 
-  /** Stops the sampling timer. */
+  /** Stops the sampling timer and the expert-use counting. */
   close(): void {
     clearInterval(this.#timer);
+    const observers = this.session.model.transformer.moeObservers;
+    const i = observers.indexOf(this.#observer);
+    if (i >= 0) observers.splice(i, 1);
   }
 }
 
