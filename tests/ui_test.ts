@@ -16,7 +16,8 @@ const chromium = findChromium();
 if (!chromium) console.error("ui_test: skipped, no chromium on PATH (apt-get install chromium)");
 
 Deno.test({
-  name: "the live view renders live state in headless Chromium",
+  name: "the live view renders live state in headless Chromium" +
+    (chromium ? "" : " (skipped: no chromium on PATH; apt-get install chromium)"),
   ignore: chromium === null,
   sanitizeResources: false,
   sanitizeOps: false,
