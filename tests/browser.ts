@@ -81,7 +81,8 @@ export class Browser {
     (async () => {
       while (!(await reader.read()).done);
     })();
-    const targets = await (await fetch(`http://127.0.0.1:${port}/json/list`)).json();
+    const list = `http://127.0.0.1:${port}/json/list`;
+    const targets = await (await fetch(list, { signal: AbortSignal.timeout(10_000) })).json();
     const page = targets.find((t: { type: string }) => t.type === "page");
     if (!page) throw new Error("chromium has no page target");
     const ws = new WebSocket(page.webSocketDebuggerUrl);

@@ -26,7 +26,10 @@ async function chat(model: string, input: string, ...args: string[]) {
   const w = child.stdin.getWriter();
   await w.write(new TextEncoder().encode(input));
   await w.close();
+  // A chat that hangs is killed, and fails the test, after a minute.
+  const watchdog = setTimeout(() => child.kill("SIGKILL"), 60_000);
   const out = await child.output();
+  clearTimeout(watchdog);
   const dec = new TextDecoder();
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }

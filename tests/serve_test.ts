@@ -13,6 +13,8 @@ import { packedFixture, sharedMissing } from "./fixtures.ts";
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const KEY = "test-key";
 const RUN = { quiet: true, ctx: 512, threads: 1 };
+/** Every request of these tests gives up after this long, so a hang fails instead of stalling. */
+const limit = () => AbortSignal.timeout(30_000);
 
 /** `mod.ts generate --json` on a model and prompt: the reference the server must match. */
 async function generateCli(model: string, args: string[]): Promise<{ text: string }> {
@@ -39,7 +41,7 @@ async function post(url: string, body: string, headers: Record<string, string> =
     method: "POST",
     body,
     headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json", ...headers },
-    signal: AbortSignal.timeout(30_000),
+    signal: limit(),
   });
   return { status: r.status, headers: r.headers, body: await r.json() };
 }
@@ -65,7 +67,7 @@ Deno.test({
       apiKey: KEY,
       baseURL: `${server.url}/v1`,
       maxRetries: 0,
-      timeout: 60_000,
+      timeout: 30_000,
     });
     try {
       const id = "demo-" + model.split("/demo-")[1].replace(/\.sluice$/, "");
@@ -203,11 +205,12 @@ Deno.test({
           (e: unknown) => e instanceof OpenAI.NotFoundError && /no-such-model/.test(e.message),
         );
         const unknown = await fetch(`${server.url}/v2/nothing`, {
+          signal: limit(),
           headers: { authorization: `Bearer ${KEY}` },
         });
         assert.equal(unknown.status, 404);
         assert.equal((await unknown.json()).error.code, "not_found");
-        const health = await fetch(`${server.url}/health`);
+        const health = await fetch(`${server.url}/health`, { signal: limit() });
         assert.equal((await health.json()).status, "ok");
       });
 
@@ -256,6 +259,7 @@ Deno.test({
         const a = [{ role: "user" as const, content: "First client." }];
         const raw = fetch(`${server.url}/v1/chat/completions`, {
           method: "POST",
+          signal: limit(),
           headers: { authorization: `Bearer ${KEY}` },
           body: JSON.stringify({ messages: a, max_tokens: 40, temperature: 0, stream: true }),
         }).then((r) => r.text());
@@ -279,6 +283,7 @@ Deno.test({
         await new Promise((r) => setTimeout(r, 20));
         const sse = await fetch(`${server.url}/v1/completions`, {
           method: "POST",
+          signal: limit(),
           headers: { authorization: `Bearer ${KEY}` },
           body: JSON.stringify({ prompt: "y", max_tokens: 2, stream: true }),
         }).then((r) => r.text());
@@ -289,6 +294,7 @@ Deno.test({
 
       await t.step("metrics: Prometheus text with the counters", async () => {
         const r = await fetch(`${server.url}/metrics`, {
+          signal: limit(),
           headers: { authorization: `Bearer ${KEY}` },
         });
         assert.match(r.headers.get("content-type") ?? "", /^text\/plain; version=0\.0\.4/);
@@ -321,6 +327,7 @@ Deno.test("serve: the command prints its address, answers, and stops on SIGTERM"
     stdout: "null",
     stderr: "piped",
   }).spawn();
+  const watchdog = setTimeout(() => child.kill("SIGKILL"), 60_000);
   const lines = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
   let err = "", url: string | undefined;
   while (!url) {
@@ -330,11 +337,12 @@ Deno.test("serve: the command prints its address, answers, and stops on SIGTERM"
     url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(err)?.[1];
   }
   assert.ok(url, err);
-  const health = await (await fetch(`${url}/health`)).json();
+  const health = await (await fetch(`${url}/health`, { signal: limit() })).json();
   assert.equal(health.status, "ok");
   child.kill("SIGTERM");
   while (!(await lines.read()).done);
   assert.equal((await child.status).code, 0);
+  clearTimeout(watchdog);
 });
 
 Deno.test({
