@@ -5,19 +5,19 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import type { ChatMessage } from "../../engine/chat.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
+import { HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
   RUN_FLAGS,
   RUN_HELP,
-  runOptions,
+  runOptionsFromArgs,
   SAMPLING_FLAGS,
   SAMPLING_HELP,
-  samplingOptions,
+  samplingFromArgs,
 } from "./run_flags.ts";
 
 const HELP = `sluice chat — talk to a model, turn after turn, keeping its KV cache
@@ -34,9 +34,9 @@ Commands inside the chat:
   /exit            leave (also Ctrl-D); Ctrl-C stops the answer being written
 
 Chat:
-  --model PATH          container made by 'deno task pack' (default: the synthetic demo model)
+  -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
   --system TEXT         system message
-  --prompt TEXT         first user message (then the chat continues on stdin)
+  -p, --prompt TEXT     first user message (then the chat continues on stdin)
 
 Sampling (greedy by default; each turn is seeded from --seed and its turn number, so a loaded
 session samples what the original would have):
@@ -73,28 +73,22 @@ async function* lines(input: ReadableStream<Uint8Array>): AsyncGenerator<string>
 
 /** Runs the chat command; returns the exit code. */
 export async function chatCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      system: { type: "string" },
-      prompt: { type: "string" },
-      ...SAMPLING_FLAGS,
-      ...RUN_FLAGS,
-      quiet: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
+  const a = parseCommandArgs("chat", args, {
+    ...MODEL_FLAG,
+    system: { type: "string" },
+    prompt: { type: "string", short: "p" },
+    ...SAMPLING_FLAGS,
+    ...RUN_FLAGS,
+    quiet: { type: "boolean" },
+    ...HELP_FLAG,
   });
-  if (v.help) {
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
+  const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
-  const session = await Session.open(
-    await modelPath(v.model, Boolean(v.quiet)),
-    runOptions(v, Boolean(v.quiet)),
-  );
+  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
   try {
     // A model without a chat template cannot chat: say so now, not at every line.
     session.chatIds([{ role: "user", content: "" }]);
@@ -102,12 +96,12 @@ export async function chatCommand(args: string[]): Promise<number> {
     session.close();
     throw e;
   }
-  const sampling = samplingOptions(v);
+  const sampling = samplingFromArgs(a);
   // A drawn seed is kept in the state, so a saved session samples on as the original would.
   sampling.seed ??= crypto.getRandomValues(new Uint32Array(1))[0];
   let state: ChatState = {
     kind: "sluice-chat",
-    system: v.system ?? null,
+    system: a.str("system") ?? null,
     messages: [],
     turn: 0,
     sampling,
@@ -148,7 +142,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     out("\n");
     state.messages = [...messages, { role: "assistant", content: answer }];
     state.turn++;
-    if (!v.quiet) {
+    if (!quiet) {
       const t = session.timings;
       const rate = t.generateMs > 0 ? (1000 * t.generatedTokens) / t.generateMs : 0;
       note(
@@ -212,7 +206,8 @@ export async function chatCommand(args: string[]): Promise<number> {
 
   try {
     if (tty) note("sluice chat — /help for commands, /exit or Ctrl-D to leave");
-    if (v.prompt !== undefined) await turn(v.prompt);
+    const first = a.str("prompt");
+    if (first !== undefined) await turn(first);
     if (tty) out("> ");
     for await (const raw of lines(Deno.stdin.readable)) {
       const line = raw.trim();

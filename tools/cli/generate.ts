@@ -4,17 +4,17 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
+import { type Flags, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
   RUN_FLAGS,
   RUN_HELP,
-  runOptions,
+  runOptionsFromArgs,
   SAMPLING_FLAGS,
   SAMPLING_HELP,
-  samplingOptions,
+  samplingFromArgs,
 } from "./run_flags.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
@@ -24,10 +24,11 @@ Usage:
   echo "Once upon a time" | deno run -A mod.ts generate --model X.sluice
 
 Input:
-  --model PATH          container made by 'deno task pack' (default: a small synthetic demo
+  -m, --model PATH      container made by 'mod.ts pack' (default: a small synthetic demo
                         model with random weights, made on first use; its text is gibberish)
-  --prompt TEXT         prompt text (else --prompt-file, else stdin)
-  --prompt-file FILE    read the prompt from a file
+  -p, --prompt TEXT     prompt text (else --prompt-file, else stdin)
+  -f, --prompt-file FILE  read the prompt from a file
+  --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
 
@@ -43,45 +44,65 @@ Output:
   -h, --help            this text
 `;
 
+/** The flags of `generate`, with llama.cpp's spellings as aliases. */
+const FLAGS: Flags = {
+  ...MODEL_FLAG,
+  prompt: { type: "string", short: "p" },
+  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
+  "prompt-ids": { type: "string" },
+  chat: { type: "boolean" },
+  system: { type: "string" },
+  ...SAMPLING_FLAGS,
+  ...RUN_FLAGS,
+  json: { type: "boolean" },
+  quiet: { type: "boolean" },
+  ...HELP_FLAG,
+};
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      prompt: { type: "string" },
-      "prompt-file": { type: "string" },
-      chat: { type: "boolean" },
-      system: { type: "string" },
-      ...SAMPLING_FLAGS,
-      ...RUN_FLAGS,
-      json: { type: "boolean" },
-      quiet: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
-  });
-  if (v.help) {
+  const a = parseCommandArgs("generate", args, FLAGS);
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
-  const run = runOptions(v, Boolean(v.quiet || v.json));
+  const run = runOptionsFromArgs(a);
+  const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
-  let prompt = v.prompt;
-  if (prompt === undefined && v["prompt-file"]) {
-    prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
+  const promptIds = a.list("prompt-ids")?.map((s) => {
+    const n = Number(s);
+    if (!Number.isSafeInteger(n) || n < 0) {
+      throw new Error(`--prompt-ids expects token ids separated by commas, got "${s}"`);
+    }
+    return n;
+  });
+  let prompt = a.str("prompt");
+  if (promptIds && (prompt !== undefined || a.str("prompt-file") || a.bool("chat"))) {
+    throw new Error(
+      "give --prompt-ids or a text prompt (--prompt, --prompt-file, --chat), not both",
+    );
   }
-  if (prompt === undefined && !Deno.stdin.isTerminal()) {
+  const promptFile = a.str("prompt-file");
+  if (prompt === undefined && promptFile) prompt = chomp(await Deno.readTextFile(promptFile));
+  if (prompt === undefined && !promptIds && !Deno.stdin.isTerminal()) {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
-  const session = await Session.open(await modelPath(v.model, Boolean(v.quiet || v.json)), run);
+  const session = await Session.open(await modelPath(a, quiet), run);
   try {
     let ids: number[];
-    if (v.chat) {
+    if (promptIds) {
+      const vocab = session.model.cfg.vocabSize;
+      const bad = promptIds.find((id) => id >= vocab);
+      if (bad !== undefined) {
+        throw new Error(`--prompt-ids: token id ${bad} is outside the vocabulary of ${vocab}`);
+      }
+      ids = promptIds;
+    } else if (a.bool("chat")) {
+      const system = a.str("system");
       const messages = [
-        ...(v.system ? [{ role: "system", content: v.system }] : []),
+        ...(system ? [{ role: "system", content: system }] : []),
         { role: "user", content: prompt },
       ];
       ids = session.chatIds(messages);
@@ -91,19 +112,20 @@ export async function generateCommand(args: string[]): Promise<number> {
     const generated: number[] = [];
     let text = "";
     const enc = new TextEncoder();
+    const json = a.bool("json");
     for await (
-      const tok of session.generate(ids, samplingOptions(v))
+      const tok of session.generate(ids, samplingFromArgs(a))
     ) {
       generated.push(tok.id);
       text += tok.text;
-      if (!v.json) await Deno.stdout.write(enc.encode(tok.text));
+      if (!json) await Deno.stdout.write(enc.encode(tok.text));
     }
     const stats = session.stats();
-    if (v.json) {
+    if (json) {
       console.log(JSON.stringify({ prompt_ids: ids, generated_ids: generated, text, stats }));
     } else {
       await Deno.stdout.write(enc.encode("\n"));
-      if (!v.quiet) console.error(`\n${formatStats(stats)}`);
+      if (!a.bool("quiet")) console.error(`\n${formatStats(stats)}`);
     }
   } finally {
     session.close();

@@ -1,24 +1,26 @@
 /**
  * The flags every model-running command shares (generate, chat, serve): memory and I/O
- * placement, which never change the output, and sampling; parsed once here into RunOptions and
- * GenerateOptions.
+ * placement, which never change the output, and sampling; declared once here for the one
+ * argument parser (./args.ts) and read into RunOptions and GenerateOptions.
  *
  * @module
  */
 import type { RunOptions } from "../../engine/model.ts";
 import type { GenerateOptions } from "../../engine/session.ts";
+import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 
-/** The --help lines of the memory and I/O flags. */
+/** The --help lines of {@link RUN_FLAGS}. */
 export const RUN_HELP = `${BUDGET_HELP}
-  --ctx N               context length the KV cache is sized for (default min(model, 4096))
-  --threads N           compute threads including the main thread (default: all cores)
+  -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
+                        also --ctx-size)
+  -t, --threads N       compute threads including the main thread (default: all cores)
   --cache lfru|lru      expert cache policy (default lfru)
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64)
+  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64; also --batch-size)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check each expert record's CRC32 as it is read
@@ -28,25 +30,25 @@ export const RUN_HELP = `${BUDGET_HELP}
   --no-hot-list         do not warm the expert cache from the hot list
   --trace FILE          write the routed experts of every (token, layer) as JSON lines`;
 
-/** The --help lines of the sampling flags. */
-export const SAMPLING_HELP = `  -n, --max-tokens N    new tokens to generate (default 256)
-  --temperature T       0 = greedy (default 0)
+/** The --help lines of {@link SAMPLING_FLAGS}. */
+export const SAMPLING_HELP =
+  `  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
+  --temperature T       0 = greedy (default 0; also --temp)
   --top-k K  --top-p P  --min-p P  --repeat-penalty R
-  --seed S              same seed, same tokens
+  -s, --seed S          same seed, same tokens
   --ignore-eos          do not stop at end-of-sequence tokens`;
 
-/** parseArgs options of the memory and I/O flags. */
-export const RUN_FLAGS = {
-  budget: { type: "string" },
-  preset: { type: "string" },
-  ctx: { type: "string" },
-  threads: { type: "string" },
+/** The memory and I/O flags, with llama.cpp's spellings as aliases. */
+export const RUN_FLAGS: Flags = {
+  ...BUDGET_FLAGS,
+  ...CTX_FLAG,
+  threads: { type: "string", short: "t" },
   cache: { type: "string" },
   "no-readahead": { type: "boolean" },
   "readahead-depth": { type: "string" },
   "ring-slots": { type: "string" },
   "expert-slots": { type: "string" },
-  "prefill-chunk": { type: "string" },
+  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
   shards: { type: "string" },
   io: { type: "string" },
   verify: { type: "boolean" },
@@ -54,90 +56,59 @@ export const RUN_FLAGS = {
   learn: { type: "boolean" },
   "no-hot-list": { type: "boolean" },
   trace: { type: "string" },
-} as const;
+};
 
-/** parseArgs options of the sampling flags. */
-export const SAMPLING_FLAGS = {
-  "max-tokens": { type: "string", short: "n" },
-  temperature: { type: "string" },
+/** The sampling flags, with llama.cpp's spellings as aliases. */
+export const SAMPLING_FLAGS: Flags = {
+  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
+  temperature: { type: "string", aliases: ["temp"] },
   "top-k": { type: "string" },
   "top-p": { type: "string" },
   "min-p": { type: "string" },
   "repeat-penalty": { type: "string" },
-  seed: { type: "string" },
+  seed: { type: "string", short: "s" },
   "ignore-eos": { type: "boolean" },
-} as const;
+};
 
-type Values = Record<string, string | boolean | undefined>;
-
-/** A whole-number flag (undefined when absent). */
-export function intFlag(name: string, s: string | boolean | undefined): number | undefined {
-  if (s === undefined) return undefined;
-  const n = Number(s);
-  if (typeof s !== "string" || !Number.isInteger(n) || n < 0) {
-    throw new Error(`--${name} expects a whole number, got "${s}"`);
-  }
-  return n;
-}
-
-/** A number flag (undefined when absent). */
-export function numFlag(name: string, s: string | boolean | undefined): number | undefined {
-  if (s === undefined) return undefined;
-  const n = Number(s);
-  if (typeof s !== "string" || !Number.isFinite(n)) {
-    throw new Error(`--${name} expects a number, got "${s}"`);
-  }
-  return n;
-}
-
-function oneOf<T extends string>(name: string, s: unknown, ok: T[]): T | undefined {
-  if (s === undefined) return undefined;
-  if (!ok.includes(s as T)) {
-    throw new Error(`--${name} expects one of ${ok.join(", ")}, got "${s}"`);
-  }
-  return s as T;
-}
-
-/** RunOptions from parsed {@link RUN_FLAGS}. */
-export function runOptions(v: Values, quiet: boolean): RunOptions {
-  const str = (k: string) => v[k] as string | undefined;
-  const shards = str("shards") ?? Deno.env.get("SLUICE_SHARDS");
+/** The run options of {@link RUN_FLAGS} (quiet with --quiet or --json). */
+export function runOptionsFromArgs(a: Args): RunOptions {
+  const shards = a.str("shards") ?? Deno.env.get("SLUICE_SHARDS");
   return {
-    budget: budgetFromArgs(str("budget"), str("preset")),
-    ctx: intFlag("ctx", v.ctx),
-    threads: intFlag("threads", v.threads),
-    cache: oneOf("cache", v.cache, ["lfru", "lru"]),
-    readaheadDepth: v["no-readahead"] ? 0 : intFlag("readahead-depth", v["readahead-depth"]),
-    trunkReadahead: !v["no-readahead"],
-    ringSlots: intFlag("ring-slots", v["ring-slots"]),
-    expertSlots: intFlag("expert-slots", v["expert-slots"]),
-    prefillChunk: intFlag("prefill-chunk", v["prefill-chunk"]),
+    budget: budgetFromArgs(a.str("budget"), a.str("preset")),
+    ctx: a.int("ctx"),
+    threads: a.int("threads"),
+    cache: a.oneOf("cache", ["lfru", "lru"]),
+    readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
+    trunkReadahead: !a.bool("no-readahead"),
+    ringSlots: a.int("ring-slots"),
+    expertSlots: a.int("expert-slots"),
+    prefillChunk: a.int("prefill-chunk"),
     shards: shards ? shards.split(",").filter((s) => s) : undefined,
-    io: oneOf("io", v.io, ["direct", "buffered", "fallback"]),
-    verify: Boolean(v.verify),
-    lookahead: intFlag("lookahead", v.lookahead),
-    learn: Boolean(v.learn),
-    hotList: !v["no-hot-list"],
-    trace: str("trace"),
-    quiet,
+    io: a.oneOf("io", ["direct", "buffered", "fallback"]),
+    verify: a.bool("verify"),
+    lookahead: a.int("lookahead"),
+    learn: a.bool("learn"),
+    hotList: !a.bool("no-hot-list"),
+    trace: a.str("trace"),
+    quiet: a.bool("quiet") || a.bool("json"),
   };
 }
 
-/** GenerateOptions from parsed {@link SAMPLING_FLAGS}. */
-export function samplingOptions(v: Values): GenerateOptions {
+/** The generate options of {@link SAMPLING_FLAGS}. */
+export function samplingFromArgs(a: Args): GenerateOptions {
   return {
-    maxTokens: intFlag("max-tokens", v["max-tokens"]),
-    temperature: numFlag("temperature", v.temperature),
-    topK: intFlag("top-k", v["top-k"]),
-    topP: numFlag("top-p", v["top-p"]),
-    minP: numFlag("min-p", v["min-p"]),
-    repetitionPenalty: numFlag("repeat-penalty", v["repeat-penalty"]),
-    seed: intFlag("seed", v.seed),
-    ignoreEos: Boolean(v["ignore-eos"]),
+    maxTokens: a.int("max-tokens"),
+    temperature: a.num("temperature"),
+    topK: a.int("top-k"),
+    topP: a.num("top-p"),
+    minP: a.num("min-p"),
+    repetitionPenalty: a.num("repeat-penalty"),
+    seed: a.int("seed"),
+    ignoreEos: a.bool("ignore-eos"),
   };
 }
 
 /** The model to open: --model, or the demo model (made on first use). */
-export async function modelPath(model: string | undefined, quiet: boolean): Promise<string> {
-  return model ?? await (await import("../demo_model.ts")).demoModelPath(quiet);
+export async function modelPath(a: Args, quiet: boolean): Promise<string> {
+  return a.str("model") ?? await (await import("../demo_model.ts")).demoModelPath(quiet);
 }

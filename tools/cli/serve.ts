@@ -4,10 +4,10 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { Session } from "../../engine/session.ts";
 import { startServer } from "../serve/server.ts";
-import { intFlag, modelPath, RUN_FLAGS, RUN_HELP, runOptions } from "./run_flags.ts";
+import { HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
 
@@ -19,7 +19,7 @@ Endpoints:
   GET /metrics (Prometheus)   POST /tokenize   POST /detokenize   GET /ui (live view)
 
 Server:
-  --model PATH          container made by 'deno task pack' (default: the synthetic demo model)
+  -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
   --host ADDR           interface to listen on (default 127.0.0.1)
   --port N              port (default 8080; 0 picks a free one)
   --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
@@ -39,38 +39,35 @@ ${RUN_HELP}
 
 /** Runs the serve command; returns the exit code when the server stops. */
 export async function serveCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      host: { type: "string" },
-      port: { type: "string" },
-      "api-key": { type: "string" },
-      queue: { type: "string" },
-      "max-body": { type: "string" },
-      "keep-alive": { type: "string" },
-      ...RUN_FLAGS,
-      quiet: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
+  const a = parseCommandArgs("serve", args, {
+    ...MODEL_FLAG,
+    host: { type: "string" },
+    port: { type: "string" },
+    "api-key": { type: "string" },
+    queue: { type: "string" },
+    "max-body": { type: "string" },
+    "keep-alive": { type: "string" },
+    ...RUN_FLAGS,
+    quiet: { type: "boolean" },
+    ...HELP_FLAG,
   });
-  if (v.help) {
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
-  const run = runOptions(v, Boolean(v.quiet));
-  const session = await Session.open(await modelPath(v.model, Boolean(v.quiet)), run);
-  const keepAlive = intFlag("keep-alive", v["keep-alive"]);
-  const server = startServer(session, {
-    host: v.host,
-    port: intFlag("port", v.port),
-    apiKey: v["api-key"] ?? Deno.env.get("SLUICE_API_KEY"),
-    queueSize: intFlag("queue", v.queue),
-    maxBodyBytes: intFlag("max-body", v["max-body"]),
+  const quiet = a.bool("quiet");
+  const keepAlive = a.num("keep-alive");
+  const options = {
+    host: a.str("host"),
+    port: a.int("port"),
+    apiKey: a.str("api-key") ?? Deno.env.get("SLUICE_API_KEY"),
+    queueSize: a.int("queue"),
+    maxBodyBytes: a.int("max-body", 1),
     keepAliveMs: keepAlive === undefined ? undefined : keepAlive * 1000,
-    log: v.quiet ? () => {} : undefined,
-  });
+    log: quiet ? () => {} : undefined,
+  };
+  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const server = startServer(session, options);
   console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
   const { promise, resolve } = Promise.withResolvers<void>();
   const stop = () => resolve();
