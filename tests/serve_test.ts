@@ -255,6 +255,25 @@ Deno.test({
         assert.equal(server.live.totals.cancelled, 1);
       });
 
+      await t.step("a JSON client that goes away cancels its generation", async () => {
+        const before = { ...server.live.totals };
+        await assert.rejects(
+          fetch(`${server.url}/v1/completions`, {
+            method: "POST",
+            headers: { authorization: `Bearer ${KEY}` },
+            body: JSON.stringify({ prompt: "x", max_tokens: 400, ignore_eos: true }),
+            signal: AbortSignal.timeout(40),
+          }),
+        );
+        const end = Date.now() + 10_000;
+        while (server.live.current || server.live.totals.requests === before.requests) {
+          assert.ok(Date.now() < end, "the abandoned request never finished");
+          await new Promise((r) => setTimeout(r, 10));
+        }
+        assert.equal(server.live.totals.cancelled, before.cancelled + 1);
+        assert.ok(server.live.totals.generatedTokens - before.generatedTokens < 400);
+      });
+
       await t.step("two clients at once are both served, one after the other", async () => {
         const a = [{ role: "user" as const, content: "First client." }];
         const raw = fetch(`${server.url}/v1/chat/completions`, {
@@ -304,7 +323,7 @@ Deno.test({
         assert.equal(value("generated_tokens_total"), server.live.totals.generatedTokens);
         assert.ok(value("prompt_cached_tokens_total") > 0);
         assert.ok(value("expert_hits_total") > 0);
-        assert.equal(value("requests_cancelled_total"), 1);
+        assert.equal(value("requests_cancelled_total"), 2);
         assert.equal(value("queue_depth"), 0);
         assert.ok(value("resident_memory_bytes") > 0);
         assert.match(text, /^# TYPE sluice_read_bytes_total counter$/m);

@@ -69,6 +69,12 @@ export async function serveCommand(args: string[]): Promise<number> {
   const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
   const server = startServer(session, options);
   console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
+  const host = options.host ?? "127.0.0.1";
+  if (!options.apiKey && !["127.0.0.1", "localhost", "::1"].includes(host)) {
+    console.error(
+      `sluice serve: warning: listening on ${host} without --api-key: anyone who can reach it can use it`,
+    );
+  }
   const { promise, resolve } = Promise.withResolvers<void>();
   const stop = () => resolve();
   Deno.addSignalListener("SIGINT", stop);
