@@ -257,14 +257,20 @@ Deno.test({
 
       await t.step("a JSON client that goes away cancels its generation", async () => {
         const before = { ...server.live.totals };
-        await assert.rejects(
-          fetch(`${server.url}/v1/completions`, {
-            method: "POST",
-            headers: { authorization: `Bearer ${KEY}` },
-            body: JSON.stringify({ prompt: "x", max_tokens: 400, ignore_eos: true }),
-            signal: AbortSignal.timeout(40),
-          }),
-        );
+        const gone = new AbortController();
+        const request = fetch(`${server.url}/v1/completions`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${KEY}` },
+          body: JSON.stringify({ prompt: "x", max_tokens: 400, ignore_eos: true }),
+          signal: gone.signal,
+        });
+        // Leave once the server is generating for it.
+        for (let i = 0; !server.live.current; i++) {
+          assert.ok(i < 10_000, "the request never started");
+          await new Promise((r) => setTimeout(r, 1));
+        }
+        gone.abort();
+        await assert.rejects(request);
         const end = Date.now() + 10_000;
         while (server.live.current || server.live.totals.requests === before.requests) {
           assert.ok(Date.now() < end, "the abandoned request never finished");
