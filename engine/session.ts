@@ -41,6 +41,8 @@ export class Session {
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
   #cached: number[] = [];
+  /** The transformer's call count when #cached was last true: other calls invalidate it. */
+  #cachedAt = 0;
 
   private constructor(model: Model, tokenizer: Tokenizer, loadMs: number) {
     this.model = model;
@@ -97,6 +99,8 @@ export class Session {
 
   /** Token ids whose state the KV cache holds at positions 0..n−1: the prompt cache. */
   get cachedTokens(): readonly number[] {
+    // Forward calls made outside this session (model.forward) overwrote the KV cache.
+    if (this.model.transformer.calls !== this.#cachedAt) this.#cached = [];
     return this.#cached;
   }
 
@@ -114,6 +118,7 @@ export class Session {
       throw new Error(`${ids.length} cached tokens; the context holds ${this.model.maxContext}`);
     }
     this.#cached = [...ids];
+    this.#cachedAt = this.model.transformer.calls;
   }
 
   /**
@@ -141,7 +146,7 @@ export class Session {
     const t = this.timings;
     const t0 = performance.now();
     // The last prompt token always runs: its logits pick the first new token.
-    const reuse = commonPrefix(this.#cached, ids, ids.length - 1);
+    const reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
     this.#cached = this.#cached.slice(0, reuse);
     t.promptTokens = ids.length;
     t.cachedTokens = reuse;
@@ -154,6 +159,7 @@ export class Session {
       const part = ids.slice(p, p + chunk);
       logits = this.model.forward(part, p);
       this.#cached.push(...part);
+      this.#cachedAt = this.model.transformer.calls;
       t.promptMs = performance.now() - t0;
       await onPrefill?.(p + part.length, ids.length);
     }
@@ -169,6 +175,7 @@ export class Session {
       if (n + 1 < maxTokens) {
         logits = this.model.forward([id], history.length - 1);
         this.#cached.push(id);
+        this.#cachedAt = this.model.transformer.calls;
       }
       t.generateMs += performance.now() - t1;
       yield { id, text: stream.push(id) };

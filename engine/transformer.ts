@@ -70,6 +70,7 @@ export class Transformer {
   #h: number;
   #tmp: number;
   #logits: number;
+  #calls = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -92,6 +93,11 @@ export class Transformer {
     return this.#p.attention.cacheRegions();
   }
 
+  /** Forward calls so far: a prompt cache knows by it whether anyone else wrote the KV cache. */
+  get calls(): number {
+    return this.#calls;
+  }
+
   /** Most tokens one call may take. */
   get maxBatch(): number {
     return this.#p.maxBatch;
@@ -102,6 +108,7 @@ export class Transformer {
    * token when `allLogits` (n × vocab floats). The returned array is a copy.
    */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    this.#calls++;
     const { cfg, arena, ops, trunk, globals, attention } = this.#p;
     const nb = tokens.length;
     const d = cfg.hiddenSize;

@@ -35,6 +35,12 @@ Deno.test("a prompt extending the cached one runs only its new tokens, same toke
     cold.resetCache();
     assert.deepEqual(g2, await ids(cold, p2, 12));
     assert.equal(cold.timings.cachedTokens, 0);
+    // Forward calls made around the session overwrite the KV cache: nothing is reused then.
+    warm.model.forward([9, 9, 9], 0);
+    assert.equal(warm.cachedTokens.length, 0);
+    const again = await ids(warm, p2, 12);
+    assert.equal(warm.timings.cachedTokens, 0);
+    assert.deepEqual(again, g2);
     // A prompt that diverges early reuses only the shared part.
     const p3 = [...p1.slice(0, 3), 7, 8, 9];
     const g3 = await ids(warm, p3, 8);
