@@ -53,6 +53,27 @@ Deno.test("a prompt extending the cached one runs only its new tokens, same toke
   }
 });
 
+Deno.test("under a budget that streams experts, warm turns give the resident model's tokens", async () => {
+  const model = await demoModelPath(true);
+  const resident = await Session.open(model, OPTS);
+  const tight = await Session.open(model, { ...OPTS, budget: 8 * 2 ** 20 });
+  try {
+    assert.ok(tight.model.plan.expertSlots < 64, "experts stream");
+    let prompt = tight.tokenize("a conversation under a small budget");
+    for (let turn = 0; turn < 3; turn++) {
+      const got = await ids(tight, prompt, 10);
+      resident.resetCache();
+      assert.deepEqual(got, await ids(resident, prompt, 10), `turn ${turn}`);
+      if (turn > 0) assert.ok(tight.timings.cachedTokens > 0);
+      prompt = [...prompt, ...got, 17, 18, 19];
+    }
+    assert.ok(tight.stats().expert_misses > 0, "experts were streamed");
+  } finally {
+    resident.close();
+    tight.close();
+  }
+});
+
 Deno.test("a saved session reloads into a fresh process state and continues identically", async () => {
   const model = await demoModelPath(true);
   const path = `${tempDir()}/turn1.session`;
