@@ -5,6 +5,7 @@
  * @module
  */
 import { Session } from "../../engine/session.ts";
+import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
 import { HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
@@ -25,7 +26,7 @@ Server:
   --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
                         the live view (/ui, which shows counts, never text) stay open
   --queue N             requests that may wait behind the running one (default 8); more get 429
-  --max-body SIZE       largest request body in bytes (default 4194304)
+  --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
 
 Requests run one at a time. Each keeps the KV cache of its prompt: a request that extends the
@@ -57,12 +58,13 @@ export async function serveCommand(args: string[]): Promise<number> {
   }
   const quiet = a.bool("quiet");
   const keepAlive = a.num("keep-alive");
+  const maxBody = a.str("max-body");
   const options = {
     host: a.str("host"),
     port: a.int("port"),
     apiKey: a.str("api-key") ?? Deno.env.get("SLUICE_API_KEY"),
     queueSize: a.int("queue"),
-    maxBodyBytes: a.int("max-body", 1),
+    maxBodyBytes: maxBody === undefined ? undefined : parseBytes(maxBody),
     keepAliveMs: keepAlive === undefined ? undefined : keepAlive * 1000,
     log: quiet ? () => {} : undefined,
   };
