@@ -9,7 +9,7 @@ import type { ChatMessage } from "../../engine/chat.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
-import { HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
   RUN_FLAGS,
@@ -82,10 +82,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     quiet: { type: "boolean" },
     ...HELP_FLAG,
   });
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
   const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));

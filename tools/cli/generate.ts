@@ -6,7 +6,7 @@
  */
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
-import { type Flags, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
   RUN_FLAGS,
@@ -62,10 +62,7 @@ const FLAGS: Flags = {
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("generate", args, FLAGS);
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const run = runOptionsFromArgs(a);
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.

@@ -7,7 +7,7 @@
 import { Session } from "../../engine/session.ts";
 import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
-import { HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
@@ -52,10 +52,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     quiet: { type: "boolean" },
     ...HELP_FLAG,
   });
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const quiet = a.bool("quiet");
   const keepAlive = a.num("keep-alive");
   const maxBody = a.str("max-body");
