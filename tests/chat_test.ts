@@ -8,30 +8,14 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { DEMO_DIMS, demoModelPath } from "../tools/demo_model.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { synthCheckpoint } from "../tools/synth.ts";
-import { packedFixture, sharedMissing, tempDir } from "./fixtures.ts";
+import { packedFixture, runSluice, sharedMissing, tempDir } from "./fixtures.ts";
 
-const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const SAMPLING = [
   ...["-n", "10", "--ignore-eos", "--temperature", "0.9", "--seed", "11", "--ctx", "512"],
 ];
 
-async function chat(model: string, input: string, ...args: string[]) {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, "chat", "--model", model, ...SAMPLING, ...args],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-    env: { NO_COLOR: "1" },
-  }).spawn();
-  const w = child.stdin.getWriter();
-  await w.write(new TextEncoder().encode(input));
-  await w.close();
-  // A chat that hangs is killed, and fails the test, after a minute.
-  const watchdog = setTimeout(() => child.kill("SIGKILL"), 60_000);
-  const out = await child.output();
-  clearTimeout(watchdog);
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+function chat(model: string, input: string, ...args: string[]) {
+  return runSluice(["chat", "--model", model, ...SAMPLING, ...args], input, 60_000);
 }
 
 Deno.test("chat: a saved session resumes with the same tokens as one that never stopped", async () => {

@@ -8,7 +8,7 @@ import OpenAI from "openai";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { packedFixture, sharedMissing } from "./fixtures.ts";
+import { packedFixture, runSluice, sharedMissing } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const KEY = "test-key";
@@ -18,14 +18,9 @@ const limit = () => AbortSignal.timeout(30_000);
 
 /** `mod.ts generate --json` on a model and prompt: the reference the server must match. */
 async function generateCli(model: string, args: string[]): Promise<{ text: string }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, "generate", "--model", model, "--json", "--ctx", "512", ...args],
-    stdin: "null",
-    env: { NO_COLOR: "1" },
-  }).output();
-  const stderr = new TextDecoder().decode(out.stderr);
-  assert.equal(out.code, 0, stderr);
-  return JSON.parse(new TextDecoder().decode(out.stdout));
+  const r = await runSluice(["generate", "--model", model, "--json", "--ctx", "512", ...args]);
+  assert.equal(r.code, 0, r.stderr);
+  return JSON.parse(r.stdout);
 }
 
 /** Text of a cold greedy generation on a reference session. */
