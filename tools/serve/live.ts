@@ -6,6 +6,7 @@
  * @module
  */
 import type { Session } from "../../engine/session.ts";
+import { formatBytes } from "../../engine/units.ts";
 import type { MoeObserver } from "../../engine/transformer.ts";
 
 /** The request being served, as the live view shows it. */
@@ -129,6 +130,13 @@ export class LiveStats {
       },
       memory: { budget: m.plan.budget, arena: m.arena.capacity, rss: Deno.memoryUsage().rss },
       bytesRead: s.bytes_read,
+      // Sizes as the stats block writes them, so the page needs no formatter of its own.
+      text: {
+        budget: formatBytes(m.plan.budget),
+        arena: formatBytes(m.arena.capacity),
+        rss: formatBytes(Deno.memoryUsage().rss),
+        bytesRead: formatBytes(s.bytes_read),
+      },
       ioWaitMs: s.io_wait_ms,
       contextTokens: this.session.cachedTokens.length,
       maxContext: m.maxContext,
