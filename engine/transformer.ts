@@ -19,6 +19,14 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 export interface Attention {
   /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /** The position-indexed caches (arena offset, bytes per position): what a saved session holds. */
+  cacheRegions(): CacheRegion[];
+}
+
+/** One position-indexed cache in the arena: position p's row is at offset + p × rowBytes. */
+export interface CacheRegion {
+  offset: number;
+  rowBytes: number;
 }
 
 /** Weights that stay in the arena for the whole run. */
@@ -63,6 +71,7 @@ export class Transformer {
   #h: number;
   #tmp: number;
   #logits: number;
+  #calls = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -80,6 +89,16 @@ export class Transformer {
     return this.#ffn.observers;
   }
 
+  /** The attention caches, in layer order (see {@link Attention.cacheRegions}). */
+  cacheRegions(): CacheRegion[] {
+    return this.#p.attention.cacheRegions();
+  }
+
+  /** Forward calls so far: a prompt cache knows by it whether anyone else wrote the KV cache. */
+  get calls(): number {
+    return this.#calls;
+  }
+
   /** Most tokens one call may take. */
   get maxBatch(): number {
     return this.#p.maxBatch;
@@ -90,6 +109,7 @@ export class Transformer {
    * token when `allLogits` (n × vocab floats). The returned array is a copy.
    */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    this.#calls++;
     const { cfg, arena, ops, trunk, globals, attention } = this.#p;
     const nb = tokens.length;
     const d = cfg.hiddenSize;

@@ -22,6 +22,7 @@ import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { mlaReference } from "../reference/mla.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family } from "./family.ts";
 import { checkTopK, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
@@ -118,6 +119,11 @@ export class MlaAttention {
     const made = { kbT, vb };
     this.#absorbed[layer] = made;
     return made;
+  }
+
+  /** The latent cache of every layer (compressed KV and the shared RoPE key). */
+  cacheRegions(): CacheRegion[] {
+    return this.#cache.map((offset) => ({ offset, rowBytes: this.#row * 4 }));
   }
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */

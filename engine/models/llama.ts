@@ -12,6 +12,7 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { gqaReference } from "../reference/gqa.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family, MoeNaming } from "./family.ts";
 import {
@@ -69,6 +70,12 @@ export class GqaAttention {
       vStride: kvDim,
       scale: cfg.attnScale,
     };
+  }
+
+  /** The K and V caches of every layer. */
+  cacheRegions(): CacheRegion[] {
+    const rowBytes = this.#cfg.numKvHeads * this.#cfg.headDim * 4;
+    return this.#k.flatMap((k, l) => [{ offset: k, rowBytes }, { offset: this.#v[l], rowBytes }]);
   }
 
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */

@@ -46,6 +46,11 @@ export const BENCHES: Record<string, BenchEntry> = {
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
     load: () => import("./compare.ts"),
   },
+  serve: {
+    summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
+      "prompt cache saves over a conversation, with targets",
+    load: () => import("./serve.ts"),
+  },
 };
 
 /** The usage text listing every registered bench. */
