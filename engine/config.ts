@@ -272,6 +272,49 @@ function yarnMscale(factor: number, mscale: number): number {
   return factor <= 1 ? 1 : 0.1 * mscale * Math.log(factor) + 1;
 }
 
+/**
+ * DeepSeek-style routing (DeepSeek-V3, Kimi-K2, GLM-4.5): sigmoid or softmax scores, optional
+ * group-limited selection, the noaux_tc selection bias, routed_scaling_factor and shared experts.
+ */
+function groupedMoe(
+  f: Fields,
+  numExperts: number,
+  scoring: string,
+  topkMethod: string,
+  defaults: { routedScaling?: number; groups?: number; sharedExperts?: number } = {},
+): MoeConfig {
+  const topK = f.int("num_experts_per_tok", { min: 1 });
+  checkTopK(f, numExperts, topK);
+  if (scoring !== "sigmoid" && scoring !== "softmax") {
+    throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
+  }
+  if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
+    throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
+  }
+  const grouped = topkMethod !== "greedy";
+  const nGroup = grouped ? f.int("n_group", { min: 1, def: defaults.groups }) : 1;
+  const topkGroup = grouped ? f.int("topk_group", { min: 1, def: defaults.groups }) : 1;
+  if (numExperts % nGroup || topkGroup > nGroup) {
+    throw new Error(
+      `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
+        `topk_group ${topkGroup}`,
+    );
+  }
+  const inter = f.int("moe_intermediate_size", { min: 1 });
+  return {
+    numExperts,
+    topK,
+    expertIntermediate: inter,
+    scoring,
+    normTopK: f.bool("norm_topk_prob", true),
+    routedScaling: f.num("routed_scaling_factor", defaults.routedScaling),
+    nGroup,
+    topkGroup,
+    selectionBias: topkMethod === "noaux_tc",
+    sharedIntermediate: inter * f.int("n_shared_experts", { def: defaults.sharedExperts }),
+  };
+}
+
 const deepseekV3: Normaliser = (f, mt) => {
   requireSilu(f);
   const hidden = f.int("hidden_size", { min: 1 });
@@ -297,41 +340,9 @@ const deepseekV3: Normaliser = (f, mt) => {
     { length: numLayers },
     (_, l) => numExperts > 0 && l >= firstDense && l % freq === 0 ? "moe" : "dense",
   ) as ("dense" | "moe")[];
-  let moe: MoeConfig | null = null;
-  if (layerKinds.includes("moe")) {
-    const topK = f.int("num_experts_per_tok", { min: 1 });
-    checkTopK(f, numExperts, topK);
-    const scoring = f.str("scoring_func", "sigmoid");
-    if (scoring !== "sigmoid" && scoring !== "softmax") {
-      throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
-    }
-    const topkMethod = f.str("topk_method", "noaux_tc");
-    if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
-      throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
-    }
-    const grouped = topkMethod !== "greedy";
-    const nGroup = grouped ? f.int("n_group", { min: 1 }) : 1;
-    const topkGroup = grouped ? f.int("topk_group", { min: 1 }) : 1;
-    if (numExperts % nGroup || topkGroup > nGroup) {
-      throw new Error(
-        `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
-          `topk_group ${topkGroup}`,
-      );
-    }
-    const inter = f.int("moe_intermediate_size", { min: 1 });
-    moe = {
-      numExperts,
-      topK,
-      expertIntermediate: inter,
-      scoring,
-      normTopK: f.bool("norm_topk_prob", true),
-      routedScaling: f.num("routed_scaling_factor"),
-      nGroup,
-      topkGroup,
-      selectionBias: topkMethod === "noaux_tc",
-      sharedIntermediate: inter * f.int("n_shared_experts"),
-    };
-  }
+  const moe = layerKinds.includes("moe")
+    ? groupedMoe(f, numExperts, f.str("scoring_func", "sigmoid"), f.str("topk_method", "noaux_tc"))
+    : null;
   const qLora = f.src.q_lora_rank === null ? null : f.int("q_lora_rank", { min: 1 });
   return {
     family: "deepseek_v3",
@@ -369,6 +380,46 @@ const deepseekV3: Normaliser = (f, mt) => {
   };
 };
 
+/**
+ * GLM-4.5/4.6/4.7 and -Air (`Glm4MoeForCausalLM`): GQA with q/k/v biases, optional per-head q/k
+ * norm and rotate_half RoPE on the leading partial_rotary_factor of each head (its inverse
+ * frequencies normalised by the rotary dim); dense layers below first_k_dense_replace, then
+ * noaux_tc sigmoid routing with shared experts. The multi-token-prediction layers stored at
+ * index ≥ num_hidden_layers are not part of this model.
+ */
+const glm4Moe: Normaliser = (f, mt) => {
+  const base = gqaBase(f, mt, { ropeTheta: 10000, rmsNormEps: 1e-5, maxPositions: 131072 }, {
+    qkNorm: f.bool("use_qk_norm", false),
+  });
+  const partial = f.num("partial_rotary_factor", 0.5);
+  const rotDim = Math.floor(base.headDim * partial);
+  if (!(partial > 0 && partial <= 1) || rotDim < 2 || rotDim % 2) {
+    throw new Error(
+      `${f.where}: partial_rotary_factor ${partial} of head_dim ${base.headDim} must give an ` +
+        `even rotary dim >= 2, got ${rotDim}`,
+    );
+  }
+  const numExperts = f.int("n_routed_experts", { def: 128, min: 1 });
+  const firstDense = f.int("first_k_dense_replace", { def: 1 });
+  const layerKinds = Array.from(
+    { length: base.numLayers },
+    (_, l) => l >= firstDense ? "moe" : "dense",
+  ) as ("dense" | "moe")[];
+  return {
+    ...base,
+    rope: { ...base.rope, dim: rotDim },
+    intermediateSize: firstDense > 0 ? f.int("intermediate_size", { min: 1 }) : 0,
+    layerKinds,
+    moe: layerKinds.includes("moe")
+      ? groupedMoe(f, numExperts, "sigmoid", "noaux_tc", {
+        routedScaling: 1,
+        groups: 1,
+        sharedExperts: 1,
+      })
+      : null,
+  };
+};
+
 /** The normaliser of each supported model_type. */
 const NORMALISERS: Record<string, Normaliser> = {
   llama,
@@ -377,6 +428,7 @@ const NORMALISERS: Record<string, Normaliser> = {
   deepseek_v3: deepseekV3,
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: deepseekV3,
+  glm4_moe: glm4Moe,
 };
 
 /** model_type of each supported `architectures` entry, for configs without a model_type. */
@@ -385,6 +437,7 @@ const ARCHITECTURES: Record<string, string> = {
   MixtralForCausalLM: "mixtral",
   Qwen3MoeForCausalLM: "qwen3_moe",
   DeepseekV3ForCausalLM: "deepseek_v3",
+  Glm4MoeForCausalLM: "glm4_moe",
 };
 
 /** The model_types {@link normalizeConfig} accepts. */

@@ -56,6 +56,7 @@ const NAMINGS: Record<string, Naming> = {
   qwen3_moe: { moe: "mlp", expert: MLP_EXPERTS },
   deepseek_v3: { moe: "mlp", expert: MLP_EXPERTS },
   kimi_k2: { moe: "mlp", expert: MLP_EXPERTS },
+  glm4_moe: { moe: "mlp", expert: MLP_EXPERTS },
 };
 
 function namingOf(cfg: ModelConfig): Naming {

@@ -5,6 +5,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import type { Model } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
@@ -19,11 +20,17 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "stories260k-qwen3moe",
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
+  "tiny-glm4-moe",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
 export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
+}
+
+/** Whether fixture `name` is present (tests that need it are skipped when it is not). */
+export function hasFixture(name: string): boolean {
+  return existsSync(fixtureDir(name));
 }
 
 let tmp: string | undefined;

@@ -34,7 +34,7 @@ import { writeJson } from "./json_file.ts";
 import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { planLayout, reportFallbacks } from "./plan.ts";
+import { planLayout, reportFallbacks, reportSkippedLayers } from "./plan.ts";
 import { copySideFiles } from "./side_files.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
@@ -57,6 +57,7 @@ export async function packCheckpoint(
   try {
     const plan = planLayout(cfg, ckpt, opts);
     reportFallbacks(plan, log);
+    reportSkippedLayers(cfg, ckpt, log);
     const fp = await fingerprint(src, ckpt);
     const tmp = out + ".tmp";
     const journal = openJournal(

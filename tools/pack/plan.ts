@@ -300,3 +300,26 @@ export function reportFallbacks(plan: Plan, log: (line: string) => void): void {
     }
   }
 }
+
+/**
+ * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
+ * multi-token-prediction layers): they are not part of the model, so they are never packed.
+ */
+export function reportSkippedLayers(
+  cfg: ModelConfig,
+  ckpt: Checkpoint,
+  log: (line: string) => void,
+): void {
+  const counts = new Map<number, number>();
+  for (const name of ckpt.tensors.keys()) {
+    const m = /^model\.layers\.(\d+)\./.exec(name);
+    const l = m ? Number(m[1]) : -1;
+    if (l >= cfg.numLayers) counts.set(l, (counts.get(l) ?? 0) + 1);
+  }
+  for (const [l, n] of [...counts].sort((a, b) => a[0] - b[0])) {
+    log(
+      `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
+        `a multi-token-prediction layer, not used for generation`,
+    );
+  }
+}
