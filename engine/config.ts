@@ -128,7 +128,8 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         highFreqFactor: r.num("high_freq_factor"),
         originalMaxPositions: r.int("original_max_position_embeddings", { min: 1 }),
       };
-    case "yarn":
+    case "yarn": {
+      const truncate = r.has("truncate") ? { truncate: r.bool("truncate", true) } : {};
       return {
         type: "yarn",
         factor: r.num("factor"),
@@ -140,7 +141,9 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         betaSlow: r.num("beta_slow", 1),
         mscale: r.num("mscale", 1),
         mscaleAllDim: r.num("mscale_all_dim", 0),
+        ...truncate,
       };
+    }
     default:
       throw new Error(
         `${f.where}: rope_scaling type ${type} is not supported (default, linear, llama3, yarn)`,
@@ -420,6 +423,57 @@ const glm4Moe: Normaliser = (f, mt) => {
   };
 };
 
+/**
+ * gpt-oss (`GptOssForCausalLM`): GQA with q/k/v/o biases, one sink logit per head, sliding-window
+ * attention on the layers `layer_types` marks, YaRN; every layer MoE with a biased router (top-k
+ * of the logits, softmax over the chosen), biased experts and the clamped SwiGLU. alpha 1.702 is
+ * not a config key: transformers and llama.cpp hard-code it.
+ */
+const gptOss: Normaliser = (f, mt) => {
+  const base = gqaBase(f, mt, { ropeTheta: 150000, rmsNormEps: 1e-5, maxPositions: 131072 }, {
+    qkNorm: false,
+  });
+  const numExperts = f.int("num_local_experts", { min: 1 });
+  const topK = f.int("num_experts_per_tok", {
+    min: 1,
+    def: f.has("experts_per_token") ? f.int("experts_per_token") : undefined,
+  });
+  checkTopK(f, numExperts, topK);
+  const window = f.int("sliding_window", { def: 128, min: 1 });
+  const types = f.src.layer_types ??
+    Array.from(
+      { length: base.numLayers },
+      (_, l) => l % 2 === 0 ? "sliding_attention" : "full_attention",
+    );
+  if (
+    !Array.isArray(types) || types.length !== base.numLayers ||
+    !types.every((t) => t === "sliding_attention" || t === "full_attention")
+  ) {
+    throw new Error(
+      `${f.where}: field layer_types must list sliding_attention or full_attention for each of ` +
+        `the ${base.numLayers} layers, got ${JSON.stringify(f.src.layer_types)}`,
+    );
+  }
+  return {
+    ...base,
+    attentionBias: f.bool("attention_bias", true),
+    intermediateSize: 0,
+    layerKinds: Array(base.numLayers).fill("moe"),
+    moe: {
+      ...softmaxMoe(numExperts, topK, f.int("intermediate_size", { min: 1 }), false),
+      scoring: "topk_softmax",
+      routerLogitBias: true,
+      expertBias: true,
+      clampedSwiglu: { limit: f.num("swiglu_limit", 7), alpha: 1.702 },
+    },
+    attention: {
+      sinks: true,
+      outputBias: f.bool("attention_bias", true),
+      windows: types.map((t) => t === "sliding_attention" ? window : 0),
+    },
+  };
+};
+
 /** The normaliser of each supported model_type. */
 const NORMALISERS: Record<string, Normaliser> = {
   llama,
@@ -429,6 +483,7 @@ const NORMALISERS: Record<string, Normaliser> = {
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: deepseekV3,
   glm4_moe: glm4Moe,
+  gpt_oss: gptOss,
 };
 
 /** model_type of each supported `architectures` entry, for configs without a model_type. */
@@ -438,6 +493,7 @@ const ARCHITECTURES: Record<string, string> = {
   Qwen3MoeForCausalLM: "qwen3_moe",
   DeepseekV3ForCausalLM: "deepseek_v3",
   Glm4MoeForCausalLM: "glm4_moe",
+  GptOssForCausalLM: "gpt_oss",
 };
 
 /** The model_types {@link normalizeConfig} accepts. */

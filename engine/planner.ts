@@ -12,6 +12,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { alignUp, PAGE } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { kvSlots } from "./models/llama.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
@@ -95,12 +96,16 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
-/** Bytes of the KV cache for `ctx` positions. */
-export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
-  const perPos = cfg.mla
-    ? cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim
-    : 2 * cfg.numKvHeads * cfg.headDim;
-  return cfg.numLayers * alignUp(ctx * perPos * 4, PAGE);
+/** Bytes of the KV cache for `ctx` positions (sliding-window layers hold fewer). */
+export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  if (cfg.mla) {
+    return cfg.numLayers * alignUp(ctx * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) * 4, PAGE);
+  }
+  let bytes = 0;
+  for (let l = 0; l < cfg.numLayers; l++) {
+    bytes += alignUp(kvSlots(cfg, l, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4, PAGE);
+  }
+  return bytes;
 }
 
 /** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
@@ -137,7 +142,7 @@ export function mlaAbsorbedBytes(cfg: ModelConfig): number {
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
-  const kvBytes = kvCacheBytes(cfg, opts.ctx);
+  const kvBytes = kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;

@@ -20,6 +20,8 @@ export interface TensorRef {
   codebook?: number;
   /** vq3r: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
+  /** mxfp4: multiply f32 activations exactly (matvec_mxfp4_exact) instead of their Q8 copy. */
+  exact?: boolean;
 }
 
 /**
@@ -30,6 +32,7 @@ export type InputForm = "f32" | "q8" | "lut";
 
 /** The input form the kernel of `w`'s format reads. */
 export function inputFormOf(w: TensorRef): InputForm {
+  if (w.dtype === "mxfp4" && w.exact) return "f32";
   if (w.dtype === "mxfp4" || w.dtype === "int4g32") return "q8";
   return w.dtype === "vq3r" ? "lut" : "f32";
 }
@@ -44,6 +47,7 @@ const GEMV: Record<string, { kernel: string; scaled: boolean }> = {
   f16: { kernel: "gemv_f16", scaled: false },
   f8_e4m3: { kernel: "matvec_fp8b128", scaled: true },
   mxfp4: { kernel: "matvec_mxfp4", scaled: true },
+  mxfp4_exact: { kernel: "matvec_mxfp4_exact", scaled: true },
   int4g32: { kernel: "matvec_int4g32", scaled: true },
   int8row: { kernel: "matvec_int8row", scaled: true },
   vq3r: { kernel: "matvec_vq3r", scaled: true },
@@ -76,7 +80,7 @@ export function matmulJobs(
       rows: w.rows,
     }];
   }
-  const g = GEMV[w.dtype];
+  const g = GEMV[w.dtype === "mxfp4" && w.exact ? "mxfp4_exact" : w.dtype];
   if (!g) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
   if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
   const form = inputFormOf(w);

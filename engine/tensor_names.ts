@@ -17,6 +17,8 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "bq",
   "bk",
   "bv",
+  "bo",
+  "sinks",
   "q_norm",
   "k_norm",
   "wq_a",
@@ -31,6 +33,7 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "ffn_down",
   "router",
   "router_bias",
+  "router_b",
   "shared_gate",
   "shared_up",
   "shared_down",
@@ -42,6 +45,13 @@ interface Naming {
   moe: string;
   /** Expert matrix names inside `experts.E.`. */
   expert: Record<ExpertMatrix, string>;
+  /** The router's module name inside the MoE block (default `gate`). */
+  router?: string;
+  /**
+   * gpt-oss: all experts of a layer in two fused MXFP4 tensors (see {@link hfFusedExperts})
+   * instead of one tensor per expert and matrix.
+   */
+  fused?: boolean;
 }
 
 const MLP_EXPERTS: Record<ExpertMatrix, string> = {
@@ -57,6 +67,7 @@ const NAMINGS: Record<string, Naming> = {
   deepseek_v3: { moe: "mlp", expert: MLP_EXPERTS },
   kimi_k2: { moe: "mlp", expert: MLP_EXPERTS },
   glm4_moe: { moe: "mlp", expert: MLP_EXPERTS },
+  gpt_oss: { moe: "mlp", expert: MLP_EXPERTS, router: "router", fused: true },
 };
 
 function namingOf(cfg: ModelConfig): Naming {
@@ -112,6 +123,10 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "bk":
     case "bv":
       return !mla && cfg.attentionBias ? `self_attn.${t[1]}_proj.bias` : null;
+    case "bo":
+      return cfg.attention?.outputBias ? "self_attn.o_proj.bias" : null;
+    case "sinks":
+      return cfg.attention?.sinks ? "self_attn.sinks" : null;
     case "q_norm":
     case "k_norm":
       return cfg.qkNorm ? `self_attn.${t}.weight` : null;
@@ -132,9 +147,11 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "ffn_down":
       return moeLayer ? null : `mlp.${t.slice(4)}_proj.weight`;
     case "router":
-      return moeLayer ? `${naming.moe}.gate.weight` : null;
+      return moeLayer ? `${naming.moe}.${naming.router ?? "gate"}.weight` : null;
     case "router_bias":
       return moeLayer && moe?.selectionBias ? `${naming.moe}.gate.e_score_correction_bias` : null;
+    case "router_b":
+      return moeLayer && moe?.routerLogitBias ? `${naming.moe}.${naming.router}.bias` : null;
     case "shared_gate":
     case "shared_up":
     case "shared_down":
@@ -166,7 +183,30 @@ export function hfExpertName(
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
   const naming = namingOf(cfg);
+  if (naming.fused) {
+    throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
+  }
   return `model.layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
+}
+
+/**
+ * Where matrix `m` of every expert of MoE layer `layer` lies when the family fuses its experts
+ * (gpt-oss), else null. `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8 [E, R, cols/32]
+ * and `<base>_bias` [E, R] hold all experts; the matrix's row r is fused row first + r·step: gate
+ * and up rows interleave in gate_up_proj (row 2m gate unit m, 2m + 1 up unit m), down_proj is
+ * the down matrix as is.
+ */
+export function hfFusedExpertSlice(
+  cfg: ModelConfig,
+  layer: number,
+  m: ExpertMatrix,
+): { base: string; first: number; step: number } | null {
+  checkLayer(cfg, layer);
+  const naming = namingOf(cfg);
+  if (!naming.fused || cfg.layerKinds[layer] !== "moe") return null;
+  const p = `model.layers.${layer}.${naming.moe}.experts`;
+  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
+  return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

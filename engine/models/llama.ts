@@ -1,6 +1,8 @@
 /**
- * The Llama family (Llama, Mixtral, Qwen3-MoE): grouped-query attention with RoPE and a float32 KV cache (Llama, Mixtral, Qwen3), for a batch
- * of consecutive tokens. Qwen3's per-head q/k RMSNorm runs before RoPE.
+ * The Llama family: grouped-query attention with RoPE and a float32 KV cache, for a batch of
+ * consecutive tokens — Llama, Mixtral, Qwen3-MoE (per-head q/k RMSNorm before RoPE), GLM-4.5
+ * (q/k/v biases, RoPE on the leading part of each head) and gpt-oss (q/k/v/o biases, one sink
+ * logit per head, sliding-window layers whose cache is a ring holding only what the window needs).
  *
  * @module
  */
@@ -9,6 +11,16 @@ import type { ModelConfig } from "../model_config.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";
+
+/**
+ * Positions the KV cache of `layer` holds: a sliding-window layer needs its window W plus the
+ * other tokens of a prefill chunk (all of a chunk's keys are written before any of its queries
+ * run), so min(ctx, W + maxBatch − 1); every other layer ctx.
+ */
+export function kvSlots(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number {
+  const w = cfg.attention?.windows[layer] ?? 0;
+  return w > 0 ? Math.min(ctx, w + maxBatch - 1) : ctx;
+}
 
 /** Attention of every layer of one model, with its KV cache and scratch. */
 export class GqaAttention {
@@ -24,6 +36,7 @@ export class GqaAttention {
   #scores: number;
   #scoreTokens: number;
   #maxCtx: number;
+  #slots: number[] = [];
   #shape: AttentionShape;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
@@ -33,8 +46,10 @@ export class GqaAttention {
     const hd = cfg.headDim;
     const kvDim = cfg.numKvHeads * hd;
     for (let l = 0; l < cfg.numLayers; l++) {
-      this.#k.push(arena.alloc(`kv cache k L${l}`, maxCtx * kvDim * 4));
-      this.#v.push(arena.alloc(`kv cache v L${l}`, maxCtx * kvDim * 4));
+      const slots = kvSlots(cfg, l, maxCtx, maxBatch);
+      this.#slots.push(slots);
+      this.#k.push(arena.alloc(`kv cache k L${l}`, slots * kvDim * 4));
+      this.#v.push(arena.alloc(`kv cache v L${l}`, slots * kvDim * 4));
     }
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
     this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);
@@ -88,15 +103,22 @@ export class GqaAttention {
       );
     }
     const interleaved = cfg.rope.layout === "interleaved";
+    const window = cfg.attention?.windows[layer] ?? 0;
+    const slots = this.#slots[layer];
     const lengths: number[] = [];
+    const first: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
+      const p = pos + b;
+      const [cos, sin] = ropeAt(this.#rope, p);
       ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, cfg.rope.dim, cos, sin, interleaved);
       ops.rope(this.#kNew + b * kvDim * 4, cfg.numKvHeads, hd, cfg.rope.dim, cos, sin, interleaved);
-      lengths.push(pos + b + 1);
+      // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
+      const start = window > 0 ? Math.max(0, p - window + 1) : 0;
+      lengths.push(p - start + 1);
+      first.push(start % slots);
+      ops.copy(this.#k[layer] + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
+      ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
     }
-    ops.copy(this.#k[layer] + pos * kvDim * 4, this.#kNew, nb * kvDim);
-    ops.copy(this.#v[layer] + pos * kvDim * 4, this.#vNew, nb * kvDim);
     ops.attention({
       shape: this.#shape,
       q: this.#q,
@@ -109,7 +131,14 @@ export class GqaAttention {
       scoresPerToken: cfg.numHeads * this.#maxCtx,
       scoreTokens: this.#scoreTokens,
       lengths,
+      ring: { slots, first },
+      sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
     });
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
+    if (cfg.attention?.outputBias) {
+      for (let b = 0; b < nb; b++) {
+        ops.add(out + b * cfg.hiddenSize * 4, lw.get("bo").ptr, cfg.hiddenSize);
+      }
+    }
   }
 }

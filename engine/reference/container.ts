@@ -40,6 +40,19 @@ export function containerExpertF32(
   );
 }
 
+/** The f32 bias vector of one expert matrix of a container (gpt-oss). */
+export function containerExpertBias(
+  c: Container,
+  layer: number,
+  expert: number,
+  m: ExpertMatrix,
+): Float32Array {
+  const e = c.manifest.experts[layer]?.biases?.[m];
+  if (!e) throw new Error(`${c.dir}: layer ${layer} experts have no ${m} bias`);
+  const { record } = readExpertRecord(c, layer, expert);
+  return new Float32Array(record.slice(e.offset, e.offset + e.bytes).buffer);
+}
+
 /** The float32 values of a trunk tensor ("globals" or a layer) of a container. */
 export function containerTrunkF32(
   c: Container,
@@ -66,6 +79,8 @@ export function referenceWeightsFromContainer(
       v = containerTrunkF32(c, "globals", g);
     } else if (p[0] === "layers" && p.length === 3) {
       v = containerTrunkF32(c, Number(p[1]), p[2]);
+    } else if (p[0] === "experts" && p.length === 4 && p[3].endsWith("_bias")) {
+      v = containerExpertBias(c, Number(p[1]), Number(p[2]), p[3].slice(0, -5) as ExpertMatrix);
     } else if (p[0] === "experts" && p.length === 4) {
       v = containerExpertF32(c, Number(p[1]), Number(p[2]), p[3] as ExpertMatrix);
     } else {

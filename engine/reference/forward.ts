@@ -1,12 +1,12 @@
 /**
  * The scalar reference forward pass: one token at a time, float64 everywhere, straight from the
- * published model semantics (Hugging Face transformers' Llama, Mixtral, Qwen3-MoE and
- * DeepSeek-V3). It is slow on purpose: it is the oracle the WASM engine is tested against, so it
+ * published model semantics (Hugging Face transformers' Llama, Mixtral, Qwen3-MoE, GLM-4.5,
+ * gpt-oss and DeepSeek-V3). It is slow on purpose: it is the oracle the WASM engine is tested against, so it
  * shares no code with the engine beyond the config type, and DeepSeek's MLA is computed in the
  * expanded form (full per-head keys and values) rather than the engine's absorbed form.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
- * `experts.N.E.gate|up|down`.
+ * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
  *
  * @module
  */
@@ -163,11 +163,21 @@ export class ReferenceModel {
     }
     const group = numHeads / numKvHeads;
     const out = new Float64Array(numHeads * headDim);
+    const extras = cfg.attention;
+    // A sliding layer's query at position pos sees keys pos − W + 1 .. pos.
+    const window = extras?.windows[l] ?? 0;
+    const from = window > 0 ? Math.max(0, cache.keys.length - window) : 0;
+    const sinks = extras?.sinks ? this.lw(l, "sinks") : undefined;
     for (let hd = 0; hd < numHeads; hd++) {
       const kvOff = Math.floor(hd / group) * headDim;
-      this.attend(q, hd * headDim, cache, kvOff, kvOff, headDim, headDim, out, hd * headDim);
+      this.attend(q, hd * headDim, cache, kvOff, kvOff, headDim, headDim, out, hd * headDim, {
+        from,
+        sink: sinks?.[hd],
+      });
     }
-    return matvec(this.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
+    const y = matvec(this.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
+    if (extras?.outputBias) addInto(y, Float64Array.from(this.lw(l, "bo")));
+    return y;
   }
 
   /** DeepSeek-V3 multi-head latent attention, expanded to full per-head keys and values. */
@@ -223,7 +233,10 @@ export class ReferenceModel {
     return matvec(this.lw(l, "wo"), out, d, numHeads * vd, `layer ${l} wo`);
   }
 
-  /** Causal softmax attention of one head over every cached position, written into `out`. */
+  /**
+   * Causal softmax attention of one head over the cached positions from `from` on (all by
+   * default), written into `out`. A `sink` logit joins the softmax denominator only (gpt-oss).
+   */
   private attend(
     q: Float64Array,
     qOff: number,
@@ -234,18 +247,21 @@ export class ReferenceModel {
     vDim: number,
     out: Float64Array,
     outOff: number,
+    opts: { from?: number; sink?: number } = {},
   ): void {
-    const n = cache.keys.length;
-    const scores = new Float64Array(n);
+    const from = opts.from ?? 0;
+    const n = cache.keys.length - from;
+    const logits = new Float64Array(n + (opts.sink === undefined ? 0 : 1));
     for (let t = 0; t < n; t++) {
-      const key = cache.keys[t];
+      const key = cache.keys[from + t];
       let s = 0;
       for (let i = 0; i < kDim; i++) s += q[qOff + i] * key[kOff + i];
-      scores[t] = s * this.cfg.attnScale;
+      logits[t] = s * this.cfg.attnScale;
     }
-    const p = softmax(scores);
+    if (opts.sink !== undefined) logits[n] = opts.sink;
+    const p = softmax(logits);
     for (let t = 0; t < n; t++) {
-      const val = cache.values[t];
+      const val = cache.values[from + t];
       for (let i = 0; i < vDim; i++) out[outOff + i] += p[t] * val[vOff + i];
     }
   }
@@ -268,6 +284,7 @@ export class ReferenceModel {
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
     const logits = matvec(this.lw(l, "router"), h, moe.numExperts, d, `layer ${l} router`);
+    if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
     const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
     const route = routeReference(moe, logits, bias);
     const out = new Float64Array(d);
@@ -279,6 +296,16 @@ export class ReferenceModel {
         h,
         moe.expertIntermediate,
         `layer ${l} expert ${e}`,
+        {
+          biases: moe.expertBias
+            ? [
+              this.w(`experts.${l}.${e}.gate_bias`),
+              this.w(`experts.${l}.${e}.up_bias`),
+              this.w(`experts.${l}.${e}.down_bias`),
+            ]
+            : undefined,
+          clamp: moe.clampedSwiglu,
+        },
       );
       for (let i = 0; i < d; i++) out[i] += route.weights[k] * y[i];
     });

@@ -21,7 +21,13 @@ import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { BankPlan } from "./plan.ts";
-import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
+import {
+  readFusedBias,
+  readFusedMxfp4,
+  readMatrixF32,
+  readPackedInt4,
+  type SourceMatrix,
+} from "./source.ts";
 
 /** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
 function writeExpertMatrix(
@@ -35,6 +41,13 @@ function writeExpertMatrix(
   if (src.packed && entry.dtype === "int4g32") {
     // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
     const { data, scale } = readPackedInt4(ckpt, src);
+    record.set(data, entry.offset);
+    record.set(scale, entry.scale!.offset);
+    return;
+  }
+  if (src.fused && entry.dtype === "mxfp4") {
+    // gpt-oss's MXFP4 rows are sluice's mxfp4 rows: copied byte for byte, never re-quantised.
+    const { data, scale } = readFusedMxfp4(ckpt, src);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);
     return;
@@ -94,6 +107,12 @@ export function writeBank(
           scaleOffset: entry.scale?.offset ?? 0,
           scaleBytes: entry.scale?.bytes ?? 0,
         };
+        const bias = bank.biases?.[m];
+        if (bias) {
+          const f = readFusedBias(ckpt, mats.get(m)!);
+          record.set(new Uint8Array(f.buffer, f.byteOffset, f.byteLength), bias.offset);
+          payloadEnd = Math.max(payloadEnd, bias.offset + bias.bytes);
+        }
       }
       record.set(
         encodeRecordHeader({

@@ -15,6 +15,7 @@ import {
 } from "../../engine/model_config.ts";
 import {
   hfExpertName,
+  hfFusedExpertSlice,
   hfGlobalName,
   hfLayerName,
   layerTensorsOf,
@@ -37,7 +38,13 @@ import {
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
-import { findMatrix, INT4_PACKED, type SourceMatrix } from "./source.ts";
+import {
+  findFusedMxfp4,
+  findMatrix,
+  INT4_PACKED,
+  MXFP4_FUSED,
+  type SourceMatrix,
+} from "./source.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {
@@ -61,6 +68,10 @@ export interface BankPlan {
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
   format: ExpertFormat;
+  /** Whether the mxfp4 matrices were shipped as MXFP4 and multiply f32 activations exactly. */
+  nativeMxfp4: boolean;
+  /** gpt-oss: each matrix's f32 bias vector, after the matrices in every record. */
+  biases?: Record<ExpertMatrix, TensorEntry>;
   fallback: Partial<Record<ExpertMatrix, string>>;
   /** Offset in codebooks.bin of each vq3r matrix kind's codebooks. */
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
@@ -206,6 +217,7 @@ function expertDtype(
   const plainOf = (): StoredDtype => {
     if (opts.convert) return opts.convert;
     if (src.dtype === INT4_PACKED) return "int4g32";
+    if (src.dtype === MXFP4_FUSED) return "mxfp4";
     const kept = KEPT_DTYPE[src.dtype];
     if (!kept) {
       throw new Error(
@@ -230,10 +242,13 @@ function expertDtype(
 function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankPlan {
   const moe = cfg.moe!;
   const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
+  const fused = hfFusedExpertSlice(cfg, l, "gate") !== null;
   for (let e = 0; e < moe.numExperts; e++) {
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
-      const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+      const src = fused
+        ? findFusedMxfp4(ckpt, cfg, l, e, m)
+        : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
       const want = m === "down"
         ? [cfg.hiddenSize, moe.expertIntermediate]
         : [moe.expertIntermediate, cfg.hiddenSize];
@@ -274,18 +289,26 @@ function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptio
   if (formats.size > 1) {
     throw new Error(`${ckpt.dir}: layer ${l}: experts mix dtypes ${[...formats].join(", ")}`);
   }
-  const end = place(placed as Placed[], RECORD_HEADER_BYTES);
-  const matrices = Object.fromEntries(
-    EXPERT_MATRICES.map((m, i) => [m, placed[i].entry]),
-  ) as Record<ExpertMatrix, TensorEntry>;
-  return {
+  const biasItems = moe.expertBias
+    ? EXPERT_MATRICES.map((m) => ({ entry: entryOf("f32", [experts[0].get(m)!.rows], m) }))
+    : [];
+  const end = place([...placed, ...biasItems] as Placed[], RECORD_HEADER_BYTES);
+  const byMatrix = (items: { entry: TensorEntry }[]) =>
+    Object.fromEntries(EXPERT_MATRICES.map((m, i) => [m, items[i].entry])) as Record<
+      ExpertMatrix,
+      TensorEntry
+    >;
+  const bank: BankPlan = {
     experts,
-    matrices,
+    matrices: byMatrix(placed),
     stride: alignUp(end, BLOCK_ALIGN),
     format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
     fallback,
     codebookOffsets: {},
+    nativeMxfp4: fused && placed.every((p) => p.entry.dtype === "mxfp4"),
   };
+  if (biasItems.length) bank.biases = byMatrix(biasItems);
+  return bank;
 }
 
 /** Says once per matrix kind which expert matrices keep a plain dtype, and why. */
