@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "./model_config.ts";
+import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
 
 /** Every canonical layer tensor, in the fixed order runs and listings use. */
 export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [

@@ -9,14 +9,15 @@
 import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
-import type { ModelConfig } from "../engine/model_config.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
 import { containerExpertBias, containerExpertF32 } from "../engine/reference/container.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { ropeInvFreq } from "../engine/reference/rope.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
-import { openContainer, readExpertRecord } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
+import { readExpertRecord } from "../io/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import {
   decodeAgainstReference,

@@ -16,7 +16,7 @@ import {
   type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
-} from "../model_config.ts";
+} from "../../io/model_config.ts";
 import { dequantizeMxfp4 } from "../quant/mxfp4.ts";
 import { hfExpertName, hfFusedExpertSlice, hfGlobalName, hfLayerName } from "../tensor_names.ts";
 import type { WeightGetter } from "./forward.ts";

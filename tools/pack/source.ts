@@ -10,7 +10,7 @@
  *
  * @module
  */
-import type { ExpertMatrix, ModelConfig } from "../../engine/model_config.ts";
+import type { ExpertMatrix, ModelConfig } from "../../io/model_config.ts";
 import { dequantizeInt4g32 } from "../../engine/quant/int4.ts";
 import { dequantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
 import { hfFusedExpertSlice } from "../../engine/tensor_names.ts";
