@@ -4,9 +4,12 @@
  *
  * Architectures: llama.cpp's `llama` (dense Llama, and Mixtral-style MoE with stacked experts
  * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py
- * writes Mixtral) and `qwen3moe` (q/k norms, expert_feed_forward_length). Tensor names, dims
+ * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
+ * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
+ * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
+ * sliding window; the MXFP4 experts are written dequantised to `--type`). Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
- * f32 export of a Hugging Face directory reproduces its output. The vocabulary is written as
+ * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written as
  * SentencePiece metadata (tools/dev/gguf/spm_vocab.ts).
  *
  * @module
@@ -16,6 +19,8 @@ import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
 import { readF32 } from "../../io/checkpoint_weights.ts";
+import { referenceWeightsFromCheckpoint } from "../../engine/reference/checkpoint.ts";
+import { containerExpertBias } from "../../engine/reference/container.ts";
 import { decodeStored } from "../../engine/quant/stored_decode.ts";
 import {
   type Container,
@@ -35,6 +40,7 @@ import {
 } from "../../io/model_config.ts";
 import {
   hfExpertName,
+  hfFusedExpertSlice,
   hfGlobalName,
   hfLayerName,
   layerTensorsOf,
@@ -44,6 +50,9 @@ import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
+
+/** The llama.cpp architectures the exporter writes. */
+export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss";
 
 /** Output types of the weight matrices (vectors and routers always stay f32). */
 export type ExportType = "f32" | "f16" | "bf16" | "q8_0";
@@ -60,7 +69,7 @@ export interface ExportGgufOptions {
 
 /** What {@link exportGguf} wrote. */
 export interface ExportGgufResult {
-  arch: "llama" | "qwen3moe";
+  arch: GgufArch;
   tensors: number;
   bytes: number;
   /** Tensor name → ggml type, for the tensors not written as the requested type. */
@@ -94,6 +103,13 @@ const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
   ffn_up: "ffn_up.weight",
   ffn_down: "ffn_down.weight",
   router: "ffn_gate_inp.weight",
+  router_bias: "exp_probs_b.bias",
+  router_b: "ffn_gate_inp.bias",
+  bo: "attn_output.bias",
+  sinks: "attn_sinks.weight",
+  shared_gate: "ffn_gate_shexp.weight",
+  shared_up: "ffn_up_shexp.weight",
+  shared_down: "ffn_down_shexp.weight",
 };
 
 const GLOBAL_GGUF: Record<GlobalTensor, string> = {
@@ -113,6 +129,8 @@ interface WeightSource {
   global(t: GlobalTensor): Float32Array;
   layer(l: number, t: LayerTensor): Float32Array;
   expert(l: number, e: number, m: ExpertMatrix): Float32Array;
+  /** gpt-oss: the bias vector of an expert matrix. */
+  expertBias(l: number, e: number, m: ExpertMatrix): Float32Array;
   close(): void;
 }
 
@@ -120,6 +138,8 @@ function checkpointSource(dir: string): WeightSource {
   const cfg = loadModelConfig(dir);
   const ckpt: Checkpoint = openCheckpoint(dir);
   const lmHead = hfGlobalName(cfg, "lm_head") ?? "lm_head.weight";
+  // The float64 reference's reader already cuts fused (gpt-oss) experts and their biases out.
+  const fused = referenceWeightsFromCheckpoint(dir).weight;
   const need = (name: string | null, what: string): string => {
     if (name === null || !ckpt.tensors.has(name)) {
       throw new Error(`${dir}: ${what} needs tensor ${name}, which the checkpoint lacks`);
@@ -133,7 +153,11 @@ function checkpointSource(dir: string): WeightSource {
     hasLmHead: ckpt.tensors.has(lmHead),
     global: (t) => readF32(ckpt, need(t === "lm_head" ? lmHead : hfGlobalName(cfg, t), t)),
     layer: (l, t) => readF32(ckpt, need(hfLayerName(cfg, l, t), `layer ${l} ${t}`)),
-    expert: (l, e, m) => readF32(ckpt, need(hfExpertName(cfg, l, e, m), `layer ${l} expert ${e}`)),
+    expert: (l, e, m) =>
+      hfFusedExpertSlice(cfg, l, m)
+        ? fused(`experts.${l}.${e}.${m}`)
+        : readF32(ckpt, need(hfExpertName(cfg, l, e, m), `layer ${l} expert ${e}`)),
+    expertBias: (l, e, m) => fused(`experts.${l}.${e}.${m}_bias`),
     close: () => ckpt.close(),
   };
 }
@@ -177,6 +201,7 @@ function containerSource(path: string): WeightSource {
         : undefined;
       return decodeEntry(ent, data, scale, `${c.expertBankPath(l)}: expert ${e} ${m}`);
     },
+    expertBias: (l, e, m) => containerExpertBias(c, l, e, m),
     close: () => {},
   };
 }
@@ -210,29 +235,56 @@ export function permuteToPairs(
 }
 
 /** Which llama.cpp architecture a model maps to; throws for what llama.cpp cannot express. */
-function archOf(cfg: ModelConfig, src: string): "llama" | "qwen3moe" {
+function archOf(cfg: ModelConfig, src: string): GgufArch {
   const fail = (why: string): never => {
     throw new Error(`${src}: cannot export model_type ${cfg.modelType} to GGUF: ${why}`);
   };
-  const arch = { llama: "llama", mixtral: "llama", qwen3_moe: "qwen3moe" }[cfg.modelType] as
-    | "llama"
-    | "qwen3moe"
-    | undefined;
-  if (!arch) fail("supported model_types are llama, mixtral and qwen3_moe");
+  const archs: Record<string, GgufArch> = {
+    llama: "llama",
+    mixtral: "llama",
+    qwen3_moe: "qwen3moe",
+    glm4_moe: "glm4moe",
+    gpt_oss: "gpt-oss",
+  };
+  const arch = archs[cfg.modelType];
+  if (!arch) fail(`supported model_types are ${Object.keys(archs).join(", ")}`);
   if (cfg.family !== "llama" || cfg.mla) fail("only GQA attention is supported");
-  if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear") {
+  const yarn = arch === "gpt-oss" && cfg.rope.scaling.type === "yarn";
+  if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
   }
-  if (cfg.rope.layout !== "half" || cfg.rope.dim !== cfg.headDim) {
+  if (cfg.rope.layout !== "half" || (cfg.rope.dim !== cfg.headDim && arch !== "glm4moe")) {
     fail("RoPE must be rotate_half over the whole head");
   }
   if (arch === "llama" && cfg.qkNorm) fail("llama has no q/k norms");
   if (arch === "qwen3moe" && (!cfg.qkNorm || cfg.attentionBias)) {
     fail("qwen3moe needs q/k norms and no attention biases");
   }
+  const moe = cfg.moe;
+  if (arch === "glm4moe") {
+    const first = cfg.layerKinds.indexOf("moe");
+    if (!moe || first < 0 || cfg.layerKinds.slice(first).includes("dense")) {
+      fail("glm4moe needs its dense layers first, then MoE layers");
+    }
+    if (moe!.scoring !== "sigmoid" || !moe!.selectionBias || moe!.nGroup !== 1) {
+      fail("glm4moe routing must be sigmoid noaux_tc with one group");
+    }
+    return arch;
+  }
   const kinds = new Set(cfg.layerKinds);
   if (kinds.size !== 1) fail("llama.cpp needs every layer to be dense or every layer MoE");
-  const moe = cfg.moe;
+  if (arch === "gpt-oss") {
+    // llama.cpp hard-codes these: sliding layers 0, 2, 4, …, and the clamped SwiGLU's constants.
+    const w = cfg.attention?.windows ?? [];
+    if (!w.every((x, l) => (x > 0) === (l % 2 === 0) && (x === 0 || x === w[0]))) {
+      fail("llama.cpp's gpt-oss slides the even layers with one window");
+    }
+    const c = moe?.clampedSwiglu;
+    if (!c || c.limit !== 7 || c.alpha !== 1.702) {
+      fail("llama.cpp's gpt-oss clamps at 7, alpha 1.702");
+    }
+    return arch;
+  }
   if (kinds.has("moe")) {
     if (
       !moe || moe.scoring !== "softmax" || !moe.normTopK || moe.routedScaling !== 1 ||
@@ -259,7 +311,7 @@ function typeFor(dims: number[], router: boolean, want: EncodableType): Encodabl
   return want;
 }
 
-function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: EncodableType) {
+function planTensors(src: WeightSource, arch: GgufArch, want: EncodableType) {
   const cfg = src.cfg;
   const out: Planned[] = [];
   const add = (name: string, shape: number[], key: string, read: () => Float32Array) => {
@@ -304,9 +356,19 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       ffn_up: [cfg.intermediateSize, H],
       ffn_down: [H, cfg.intermediateSize],
       router: [cfg.moe?.numExperts ?? 0, H],
+      router_bias: [cfg.moe?.numExperts ?? 0],
+      router_b: [cfg.moe?.numExperts ?? 0],
+      bo: [H],
+      sinks: [cfg.numHeads],
+      shared_gate: [cfg.moe?.sharedIntermediate ?? 0, H],
+      shared_up: [cfg.moe?.sharedIntermediate ?? 0, H],
+      shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
     for (const t of layerTensorsOf(cfg, l)) {
-      const rel = LAYER_GGUF[t];
+      // llama.cpp's glm4moe and gpt-oss call the FFN norm the post-attention norm.
+      const rel = t === "ffn_norm" && (arch === "glm4moe" || arch === "gpt-oss")
+        ? "post_attention_norm.weight"
+        : LAYER_GGUF[t];
       if (!rel) throw new Error(`layer ${l}: tensor ${t} has no GGUF name for ${arch}`);
       add(
         `blk.${l}.${rel}`,
@@ -317,22 +379,38 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
     }
     if (cfg.layerKinds[l] !== "moe") continue;
     const moe = cfg.moe!;
+    // A fused checkpoint names one tensor per matrix kind; others one per expert and matrix.
+    const hfName = (e: number, m: ExpertMatrix) =>
+      hfFusedExpertSlice(cfg, l, m)?.base ?? hfExpertName(cfg, l, e, m);
     let last = "";
     for (let e = 0; e < moe.numExperts; e++) {
       for (const m of EXPERT_MATRICES) {
-        const n = hfExpertName(cfg, l, e, m);
+        const n = hfName(e, m);
         if (n > last) last = n;
       }
     }
     for (const m of EXPERT_MATRICES) {
       const shape = m === "down" ? [H, moe.expertIntermediate] : [moe.expertIntermediate, H];
       const dims = [shape[1], shape[0], moe.numExperts];
+      // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
+      const key = `${last}\u0000${hfName(0, m)}\u0000${m}`;
       out.push({
         spec: { name: `blk.${l}.ffn_${m}_exps.weight`, dims, type: typeFor(dims, false, want) },
-        // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
-        key: `${last}\u0000${hfExpertName(cfg, l, 0, m)}`,
+        key,
         chunks: function* () {
           for (let e = 0; e < moe.numExperts; e++) yield src.expert(l, e, m);
+        },
+      });
+      if (!moe.expertBias) continue;
+      out.push({
+        spec: {
+          name: `blk.${l}.ffn_${m}_exps.bias`,
+          dims: [shape[0], moe.numExperts],
+          type: "F32",
+        },
+        key: `${key}\u0000bias`,
+        chunks: function* () {
+          for (let e = 0; e < moe.numExperts; e++) yield src.expertBias(l, e, m);
         },
       });
     }
@@ -368,7 +446,7 @@ export function sizeLabel(planned: readonly GgufTensorSpec[]): string {
 
 function metadataFor(
   src: WeightSource,
-  arch: "llama" | "qwen3moe",
+  arch: GgufArch,
   type: ExportType,
   name: string,
   specs: GgufTensorSpec[],
@@ -382,11 +460,20 @@ function metadataFor(
   str("general.type", "model");
   str("general.name", name);
   str("general.size_label", sizeLabel(specs));
-  const moe = cfg.layerKinds[0] === "moe" ? cfg.moe : null;
+  const moe = cfg.layerKinds.includes("moe") ? cfg.moe : null;
+  const firstMoe = cfg.layerKinds.indexOf("moe");
   u32(`${arch}.block_count`, cfg.numLayers);
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
-  u32(`${arch}.feed_forward_length`, moe ? moe.expertIntermediate : cfg.intermediateSize);
+  // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
+  const ff = arch === "gpt-oss"
+    ? moe!.expertIntermediate
+    : arch === "glm4moe" && firstMoe > 0
+    ? cfg.intermediateSize
+    : moe
+    ? moe.expertIntermediate
+    : cfg.intermediateSize;
+  u32(`${arch}.feed_forward_length`, ff);
   u32(`${arch}.attention.head_count`, cfg.numHeads);
   u32(`${arch}.attention.head_count_kv`, cfg.numKvHeads);
   f32(`${arch}.rope.freq_base`, cfg.rope.theta);
@@ -398,7 +485,27 @@ function metadataFor(
   u32(`${arch}.attention.key_length`, cfg.headDim);
   u32(`${arch}.attention.value_length`, cfg.headDim);
   u32("general.file_type", FILE_TYPE[type]);
-  if (arch === "qwen3moe") u32(`${arch}.expert_feed_forward_length`, moe!.expertIntermediate);
+  if (arch !== "llama" && moe) u32(`${arch}.expert_feed_forward_length`, moe.expertIntermediate);
+  if (arch === "glm4moe") {
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
+    u32(`${arch}.expert_shared_count`, moe!.sharedIntermediate / moe!.expertIntermediate);
+    u32(`${arch}.leading_dense_block_count`, firstMoe);
+    f32(`${arch}.expert_weights_scale`, moe!.routedScaling);
+    m.set(`${arch}.expert_weights_norm`, { type: "bool", value: moe!.normTopK });
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+    u32(`${arch}.expert_gating_func`, 2);
+  }
+  if (arch === "gpt-oss") {
+    const w = cfg.attention?.windows.find((x) => x > 0);
+    if (w) u32(`${arch}.attention.sliding_window`, w);
+    const s = cfg.rope.scaling;
+    if (s.type === "yarn") {
+      // llama.cpp has no key for YaRN's truncate flag: it always floors/ceils the ramp.
+      str(`${arch}.rope.scaling.type`, "yarn");
+      f32(`${arch}.rope.scaling.factor`, s.factor);
+      u32(`${arch}.rope.scaling.original_context_length`, s.originalMaxPositions);
+    }
+  }
   if (arch === "llama") {
     u32(`${arch}.vocab_size`, cfg.vocabSize);
     u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
