@@ -13,7 +13,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
 import type { ModelConfig } from "../io/model_config.ts";
-import { kvSlots } from "./models/llama.ts";
+import { familyOf } from "./models/mod.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
@@ -97,27 +97,21 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
-/** Bytes of the KV cache for `ctx` positions (sliding-window layers hold fewer). */
+/** Bytes of the KV cache (or recurrent state) of every layer for `ctx` positions. */
 export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  if (cfg.mla) {
-    return cfg.numLayers * alignUp(ctx * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) * 4, PAGE);
-  }
+  const family = familyOf(cfg);
   let bytes = 0;
   for (let l = 0; l < cfg.numLayers; l++) {
-    bytes += alignUp(kvSlots(cfg, l, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4, PAGE);
+    bytes += alignUp(family.stateBytes(cfg, l, ctx, maxBatch), PAGE);
   }
   return bytes;
 }
 
 /** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
 export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  const family = familyOf(cfg);
   const d = cfg.hiddenSize;
   const moe = cfg.moe;
-  const heads = cfg.numHeads;
-  const qDim = cfg.mla
-    ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim)
-    : heads * cfg.headDim;
-  const latent = cfg.mla ? heads * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) : 0;
   const inter = Math.max(
     cfg.intermediateSize,
     moe?.expertIntermediate ?? 0,
@@ -125,19 +119,12 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
   );
   const floats =
     maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
-    maxBatch * (3 * qDim + 2 * latent + 2 * cfg.numKvHeads * cfg.headDim + cfg.vocabSize) +
-    Math.min(maxBatch, 8) * heads * ctx +
+    family.scratchFloats(cfg, maxBatch) + maxBatch * cfg.vocabSize +
+    Math.min(maxBatch, 8) * cfg.numHeads * ctx +
     2 * ctx * cfg.rope.dim;
   // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
   return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
-    mlaAbsorbedBytes(cfg);
-}
-
-/** Bytes of MLA's per-layer absorbed float32 matrices (W_kbᵀ and W_vb of every head). */
-export function mlaAbsorbedBytes(cfg: ModelConfig): number {
-  if (!cfg.mla) return 0;
-  const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla;
-  return cfg.numLayers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+    family.persistentBytes(cfg);
 }
 
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */

@@ -6,9 +6,6 @@
  * @module
  */
 
-/** Forward-pass families: one file each under engine/models/. */
-export type Family = "llama" | "deepseek_v3";
-
 /** How RoPE pairs the dimensions of a head. */
 export type RopeLayout =
   /** Pairs (i, i + d/2): Hugging Face Llama, Mixtral, Qwen3. */
@@ -68,8 +65,8 @@ export interface MoeConfig {
   /** Rows of one expert's gate/up matrices. */
   expertIntermediate: number;
   /**
-   * softmax: Mixtral/Qwen3 (softmax over all experts, then top-k); sigmoid: DeepSeek-V3
-   * (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k).
+   * softmax: Mixtral/Qwen3 (softmax over all experts, then top-k); sigmoid: DeepSeek-V3 and
+   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k).
    */
   scoring: "softmax" | "sigmoid" | "topk_softmax";
   /** Divide the chosen weights by their sum. */
@@ -94,7 +91,7 @@ export interface MoeConfig {
   clampedSwiglu?: { limit: number; alpha: number };
 }
 
-/** gpt-oss attention extras. */
+/** The gpt_oss family's attention extras. */
 export interface AttentionExtras {
   /** One learned logit per query head in the softmax denominator (layer tensor `sinks`). */
   sinks: boolean;
@@ -109,7 +106,8 @@ export interface AttentionExtras {
 
 /** Everything the engine needs to know about a model's math. */
 export interface ModelConfig {
-  family: Family;
+  /** The attention family, a key of the engine's registry (engine/models/mod.ts FAMILIES). */
+  family: string;
   /** The checkpoint's model_type, kept for messages and export. */
   modelType: string;
   vocabSize: number;
@@ -135,42 +133,51 @@ export interface ModelConfig {
   mla: MlaConfig | null;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
-  /** gpt-oss: sinks, o_proj bias, sliding windows (absent for the other families). */
+  /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
   attention?: AttentionExtras;
   bosId: number | null;
   eosIds: number[];
 }
 
-/** Canonical names of per-layer trunk tensors, as stored in the container. */
-export type LayerTensor =
-  | "attn_norm"
-  | "wq"
-  | "wk"
-  | "wv"
-  | "wo"
-  | "bq"
-  | "bk"
-  | "bv"
-  | "q_norm"
-  | "k_norm"
-  | "wq_a"
-  | "q_a_norm"
-  | "wq_b"
-  | "wkv_a"
-  | "kv_a_norm"
-  | "wkv_b"
-  | "ffn_norm"
-  | "ffn_gate"
-  | "ffn_up"
-  | "ffn_down"
-  | "router"
-  | "router_bias"
-  | "router_b"
-  | "bo"
-  | "sinks"
-  | "shared_gate"
-  | "shared_up"
-  | "shared_down";
+/**
+ * Canonical names of per-layer trunk tensors, as stored in the container, in the order a layer's
+ * run lists them: the skeleton's attention norm, then every family's attention tensors, then the
+ * skeleton's FFN and MoE tensors. Which of them a layer holds is its family's business
+ * (engine/models/); a new family appends its new names to its part of the list.
+ */
+export const LAYER_TENSOR_ORDER = [
+  "attn_norm",
+  "wq",
+  "wk",
+  "wv",
+  "wo",
+  "bq",
+  "bk",
+  "bv",
+  "bo",
+  "sinks",
+  "q_norm",
+  "k_norm",
+  "wq_a",
+  "q_a_norm",
+  "wq_b",
+  "wkv_a",
+  "kv_a_norm",
+  "wkv_b",
+  "ffn_norm",
+  "ffn_gate",
+  "ffn_up",
+  "ffn_down",
+  "router",
+  "router_bias",
+  "router_b",
+  "shared_gate",
+  "shared_up",
+  "shared_down",
+] as const;
+
+/** One of {@link LAYER_TENSOR_ORDER}. */
+export type LayerTensor = typeof LAYER_TENSOR_ORDER[number];
 
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor = "embed" | "final_norm" | "lm_head";

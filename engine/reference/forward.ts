@@ -1,9 +1,11 @@
 /**
  * The scalar reference forward pass: one token at a time, float64 everywhere, straight from the
- * published model semantics (Hugging Face transformers' Llama, Mixtral, Qwen3-MoE, GLM-4.5,
- * gpt-oss and DeepSeek-V3). It is slow on purpose: it is the oracle the WASM engine is tested against, so it
- * shares no code with the engine beyond the config type, and DeepSeek's MLA is computed in the
- * expanded form (full per-head keys and values) rather than the engine's absorbed form.
+ * published model semantics (Hugging Face transformers' Llama, Mixtral, Qwen3-MoE and
+ * DeepSeek-V3). It is slow on purpose: it is the oracle the WASM engine is tested against, so it
+ * shares no math with the engine: the layer skeleton, FFN and routing are here, and each family's
+ * attention is a function beside this file (gqa.ts, mla.ts; MLA in the expanded form rather than
+ * the engine's absorbed form) that the family registry (engine/models/) names. This file is the
+ * place to start reading how a model computes.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -14,19 +16,66 @@
 import { type LayerTensor, layerTensorName, type ModelConfig } from "../../io/model_config.ts";
 import { addInto, matvec, rmsNorm, softmax, swiglu } from "./math.ts";
 import { routeReference } from "./moe_routing.ts";
+import { familyOf } from "../models/mod.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";
 
 /** Returns the float32 values of a weight by canonical name; throws when it does not exist. */
 export type WeightGetter = (canonical: string) => Float32Array;
 
 /** Keys and values of one layer, one entry per cached position. */
-interface LayerCache {
+export interface LayerCache {
   keys: Float64Array[];
   values: Float64Array[];
 }
 
+/**
+ * Causal softmax attention of one head (query `q` from `qOff`) over the positions of `cache` from
+ * `opts.from` on (all by default; keys from `kOff`, `kDim` long; values from `vOff`, `vDim`
+ * long), added into `out` from `outOff`. `opts.sink` is a logit that joins the softmax
+ * denominator only (gpt-oss).
+ */
+export type Attend = (
+  q: Float64Array,
+  qOff: number,
+  cache: LayerCache,
+  kOff: number,
+  vOff: number,
+  kDim: number,
+  vDim: number,
+  out: Float64Array,
+  outOff: number,
+  opts?: { from?: number; sink?: number },
+) => void;
+
+/**
+ * What a family's reference attention (engine/reference/<attention>.ts, named by the family's
+ * `reference` in engine/models/) uses of the reference model.
+ */
+export interface ReferenceContext {
+  /** The model description. */
+  readonly cfg: ModelConfig;
+  /** The float32 values of a layer tensor. */
+  lw(layer: number, t: LayerTensor): Float32Array;
+  /** Layer `layer`'s cached keys and values (append this position's). */
+  cacheOf(layer: number): LayerCache;
+  /** RoPE of the rotary dimensions of `v` from offset `off`, at position `pos`, in place. */
+  rope(v: Float64Array, off: number, pos: number): void;
+  /** Causal softmax attention of one head over every cached position, added into `out`. */
+  attend: Attend;
+  /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
+  normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void;
+}
+
+/** A family's float64 attention of layer `l` for the normalised input `h` at position `pos`. */
+export type ReferenceAttention = (
+  m: ReferenceContext,
+  l: number,
+  h: Float64Array,
+  pos: number,
+) => Float64Array;
+
 /** A model evaluated token by token, with a KV cache per layer. */
-export class ReferenceModel {
+export class ReferenceModel implements ReferenceContext {
   /** Per layer: the experts chosen for the last token, in routing order ([] for dense layers). */
   lastRouting: number[][] = [];
   /** The model description the pass follows. */
@@ -35,6 +84,7 @@ export class ReferenceModel {
   private readonly memo = new Map<string, Float32Array>();
   private readonly invFreq: Float64Array;
   private readonly ropeMagnitude: number;
+  private readonly attention: ReferenceAttention;
   private cache: LayerCache[] = [];
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
@@ -43,9 +93,7 @@ export class ReferenceModel {
     this.get = weight;
     this.invFreq = ropeInvFreq(cfg.rope);
     this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
-    if (cfg.family === "deepseek_v3" && !cfg.mla) {
-      throw new Error(`${cfg.modelType}: the deepseek_v3 family needs an MLA config`);
-    }
+    this.attention = familyOf(cfg).reference;
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -96,7 +144,7 @@ export class ReferenceModel {
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
       const h = rmsNorm(x, this.lw(l, "attn_norm"), cfg.rmsNormEps, `layer ${l} attn_norm`);
-      const attn = cfg.family === "deepseek_v3" ? this.mla(l, h, pos) : this.gqa(l, h, pos);
+      const attn = this.attention(this, l, h, pos);
       addInto(x, attn);
       const h2 = rmsNorm(x, this.lw(l, "ffn_norm"), cfg.rmsNormEps, `layer ${l} ffn_norm`);
       if (cfg.layerKinds[l] === "moe") {
@@ -133,122 +181,18 @@ export class ReferenceModel {
     return v;
   }
 
-  private lw(layer: number, t: LayerTensor): Float32Array {
+  /** The float32 values of a layer tensor. */
+  lw(layer: number, t: LayerTensor): Float32Array {
     return this.w(layerTensorName(layer, t));
   }
 
-  /** Grouped-query attention with optional biases, q/k RMSNorm per head, and RoPE. */
-  private gqa(l: number, h: Float64Array, pos: number): Float64Array {
-    const cfg = this.cfg;
-    const { numHeads, numKvHeads, headDim, hiddenSize: d } = cfg;
-    const proj = (t: "wq" | "wk" | "wv", b: "bq" | "bk" | "bv", heads: number) => {
-      const y = matvec(this.lw(l, t), h, heads * headDim, d, `layer ${l} ${t}`);
-      if (cfg.attentionBias) addInto(y, Float64Array.from(this.lw(l, b)));
-      return y;
-    };
-    const q = proj("wq", "bq", numHeads);
-    const k = proj("wk", "bk", numKvHeads);
-    const v = proj("wv", "bv", numKvHeads);
-    if (cfg.qkNorm) {
-      this.normHeads(q, numHeads, this.lw(l, "q_norm"), `layer ${l} q_norm`);
-      this.normHeads(k, numKvHeads, this.lw(l, "k_norm"), `layer ${l} k_norm`);
-    }
-    for (let hd = 0; hd < numHeads; hd++) this.rope(q, hd * headDim, pos);
-    for (let hd = 0; hd < numKvHeads; hd++) this.rope(k, hd * headDim, pos);
-    const cache = this.cache[l];
-    cache.keys.push(k);
-    cache.values.push(v);
-    if (numHeads % numKvHeads !== 0) {
-      throw new Error(`${numHeads} heads do not share ${numKvHeads} kv heads evenly`);
-    }
-    const group = numHeads / numKvHeads;
-    const out = new Float64Array(numHeads * headDim);
-    const extras = cfg.attention;
-    // A sliding layer's query at position pos sees keys pos − W + 1 .. pos.
-    const window = extras?.windows[l] ?? 0;
-    const from = window > 0 ? Math.max(0, cache.keys.length - window) : 0;
-    const sinks = extras?.sinks ? this.lw(l, "sinks") : undefined;
-    for (let hd = 0; hd < numHeads; hd++) {
-      const kvOff = Math.floor(hd / group) * headDim;
-      this.attend(q, hd * headDim, cache, kvOff, kvOff, headDim, headDim, out, hd * headDim, {
-        from,
-        sink: sinks?.[hd],
-      });
-    }
-    const y = matvec(this.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
-    if (extras?.outputBias) addInto(y, Float64Array.from(this.lw(l, "bo")));
-    return y;
+  /** Layer `layer`'s cached keys and values. */
+  cacheOf(layer: number): LayerCache {
+    return this.cache[layer];
   }
 
-  /** DeepSeek-V3 multi-head latent attention, expanded to full per-head keys and values. */
-  private mla(l: number, h: Float64Array, pos: number): Float64Array {
-    const cfg = this.cfg;
-    const mla = cfg.mla!;
-    const { numHeads, hiddenSize: d, rmsNormEps: eps } = cfg;
-    const nope = mla.qkNopeHeadDim;
-    const rope = mla.qkRopeHeadDim;
-    const qk = nope + rope;
-    const vd = mla.vHeadDim;
-    let q: Float64Array;
-    if (mla.qLoraRank === null) {
-      q = matvec(this.lw(l, "wq"), h, numHeads * qk, d, `layer ${l} wq`);
-    } else {
-      const qa = matvec(this.lw(l, "wq_a"), h, mla.qLoraRank, d, `layer ${l} wq_a`);
-      const qn = rmsNorm(qa, this.lw(l, "q_a_norm"), eps, `layer ${l} q_a_norm`);
-      q = matvec(this.lw(l, "wq_b"), qn, numHeads * qk, mla.qLoraRank, `layer ${l} wq_b`);
-    }
-    const kva = matvec(this.lw(l, "wkv_a"), h, mla.kvLoraRank + rope, d, `layer ${l} wkv_a`);
-    const ckv = rmsNorm(
-      kva,
-      this.lw(l, "kv_a_norm"),
-      eps,
-      `layer ${l} kv_a_norm`,
-      0,
-      mla.kvLoraRank,
-    );
-    const kpe = kva.slice(mla.kvLoraRank);
-    this.rope(kpe, 0, pos);
-    const kv = matvec(
-      this.lw(l, "wkv_b"),
-      ckv,
-      numHeads * (nope + vd),
-      mla.kvLoraRank,
-      `layer ${l} wkv_b`,
-    );
-    const keys = new Float64Array(numHeads * qk);
-    const values = new Float64Array(numHeads * vd);
-    for (let hd = 0; hd < numHeads; hd++) {
-      this.rope(q, hd * qk + nope, pos);
-      keys.set(kv.subarray(hd * (nope + vd), hd * (nope + vd) + nope), hd * qk);
-      keys.set(kpe, hd * qk + nope);
-      values.set(kv.subarray(hd * (nope + vd) + nope, (hd + 1) * (nope + vd)), hd * vd);
-    }
-    const cache = this.cache[l];
-    cache.keys.push(keys);
-    cache.values.push(values);
-    const out = new Float64Array(numHeads * vd);
-    for (let hd = 0; hd < numHeads; hd++) {
-      this.attend(q, hd * qk, cache, hd * qk, hd * vd, qk, vd, out, hd * vd);
-    }
-    return matvec(this.lw(l, "wo"), out, d, numHeads * vd, `layer ${l} wo`);
-  }
-
-  /**
-   * Causal softmax attention of one head over the cached positions from `from` on (all by
-   * default), written into `out`. A `sink` logit joins the softmax denominator only (gpt-oss).
-   */
-  private attend(
-    q: Float64Array,
-    qOff: number,
-    cache: LayerCache,
-    kOff: number,
-    vOff: number,
-    kDim: number,
-    vDim: number,
-    out: Float64Array,
-    outOff: number,
-    opts: { from?: number; sink?: number } = {},
-  ): void {
+  /** Causal softmax attention of one head over every cached position, added into `out`. */
+  readonly attend: Attend = (q, qOff, cache, kOff, vOff, kDim, vDim, out, outOff, opts = {}) => {
     const from = opts.from ?? 0;
     const n = cache.keys.length - from;
     const logits = new Float64Array(n + (opts.sink === undefined ? 0 : 1));
@@ -264,14 +208,15 @@ export class ReferenceModel {
       const val = cache.values[from + t];
       for (let i = 0; i < vDim; i++) out[outOff + i] += p[t] * val[vOff + i];
     }
-  }
+  };
 
-  private rope(v: Float64Array, off: number, pos: number): void {
+  /** RoPE of `v` from offset `off` at position `pos`, in place. */
+  rope(v: Float64Array, off: number, pos: number): void {
     applyRope(v, off, pos, this.invFreq, this.cfg.rope.layout, this.ropeMagnitude);
   }
 
   /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
-  private normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void {
+  normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void {
     const hd = this.cfg.headDim;
     for (let i = 0; i < heads; i++) {
       v.set(rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd), i * hd);

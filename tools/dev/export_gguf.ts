@@ -15,6 +15,7 @@
  * @module
  */
 
+import { MODEL_TYPES } from "../../engine/models/mod.ts";
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
@@ -239,16 +240,13 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   const fail = (why: string): never => {
     throw new Error(`${src}: cannot export model_type ${cfg.modelType} to GGUF: ${why}`);
   };
-  const archs: Record<string, GgufArch> = {
-    llama: "llama",
-    mixtral: "llama",
-    qwen3_moe: "qwen3moe",
-    glm4_moe: "glm4moe",
-    gpt_oss: "gpt-oss",
-  };
-  const arch = archs[cfg.modelType];
-  if (!arch) fail(`supported model_types are ${Object.keys(archs).join(", ")}`);
-  if (cfg.family !== "llama" || cfg.mla) fail("only GQA attention is supported");
+  const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
+  const arch = known?.llamaCppArch as GgufArch | undefined;
+  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss"].includes(arch)) {
+    const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
+    return fail(`supported model_types are ${names.join(", ")}`);
+  }
+  if (cfg.mla) fail("only GQA attention is supported");
   const yarn = arch === "gpt-oss" && cfg.rope.scaling.type === "yarn";
   if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
