@@ -41,7 +41,9 @@ export function planInput(c: Container): PlanInput {
   const banks = m.experts.filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
-    routerBytes += (run.tensors["router"]?.bytes ?? 0) + (run.tensors["router_bias"]?.bytes ?? 0);
+    for (const t of ["router", "router_bias", "router_b"]) {
+      routerBytes += run.tensors[t]?.bytes ?? 0;
+    }
   }
   return {
     cfg: c.config,

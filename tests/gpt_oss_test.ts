@@ -18,7 +18,8 @@ import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import { openContainer } from "../engine/container.ts";
 import { readExpertRecord } from "../io/container.ts";
-import { openCheckpoint } from "../io/safetensors.ts";
+import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
+import { findFusedMxfp4 } from "../tools/pack/source.ts";
 import {
   decodeAgainstReference,
   fixtureDir,
@@ -254,6 +255,40 @@ Deno.test({
     ];
     for (const [what, opts] of settings) {
       assert.deepEqual(await logitsOf(path, opts, tokens), base, `${what} changed the logits`);
+    }
+  },
+});
+
+Deno.test({
+  name: "gpt_oss: a fused expert tensor of the wrong shape or dtype is an error naming it",
+  ignore,
+  fn: () => {
+    const cfg = loadModelConfig(fixtureDir(NAME));
+    const real = openCheckpoint(fixtureDir(NAME));
+    try {
+      const blocks = "model.layers.2.mlp.experts.down_proj_blocks";
+      const broken = (change: (t: Checkpoint["tensors"]) => void): Checkpoint => {
+        const tensors = new Map(real.tensors);
+        change(tensors);
+        return { ...real, tensors };
+      };
+      const wrongShape = broken((t) =>
+        t.set(blocks, { ...t.get(blocks)!, shape: [16, 64, 1, 16] })
+      );
+      assert.throws(
+        () => findFusedMxfp4(wrongShape, cfg, 2, 3, "down"),
+        (e: Error) => e.message.includes(blocks) && e.message.includes("expected U8 [16,64,2,16]"),
+      );
+      const bias = "model.layers.2.mlp.experts.gate_up_proj_bias";
+      const wrongDtype = broken((t) => t.set(bias, { ...t.get(bias)!, dtype: "I32" }));
+      assert.throws(() => findFusedMxfp4(wrongDtype, cfg, 2, 0, "up"), new RegExp(bias));
+      const missing = broken((t) => t.delete("model.layers.0.mlp.experts.gate_up_proj_scales"));
+      assert.throws(
+        () => findFusedMxfp4(missing, cfg, 0, 0, "gate"),
+        /gate_up_proj_scales, which is missing/,
+      );
+    } finally {
+      real.close();
     }
   },
 });

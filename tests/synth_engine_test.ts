@@ -34,7 +34,7 @@ const SHAPE = {
   maxPositions: 256,
 };
 
-for (const arch of ["qwen3_moe", "deepseek_v3", "mixtral"] as SynthArch[]) {
+for (const arch of ["qwen3_moe", "deepseek_v3", "mixtral", "glm4_moe"] as SynthArch[]) {
   Deno.test(`engine matches the reference on a synthetic bf16 ${arch}`, async () => {
     const out = `${tempDir()}/synth-${arch}`;
     const ckpt = await synthCheckpoint({

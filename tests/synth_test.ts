@@ -78,6 +78,9 @@ function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
       wk: [kv, h],
       wv: [kv, h],
       wo: mla ? [h, cfg.numHeads * mla.vHeadDim] : [h, q],
+      bq: [q],
+      bk: [kv],
+      bv: [kv],
       q_norm: [cfg.headDim],
       k_norm: [cfg.headDim],
       ffn_gate: [cfg.intermediateSize, h],
@@ -184,8 +187,9 @@ Deno.test("synthShape: sizes within 10% of the target, config valid and realisti
     }
     // At 2 GiB the real model's width and expert shape are kept.
     const big = normalizeConfig(synthShape(arch, parseSize("2G")).config);
-    assert.equal(big.hiddenSize, arch === "mixtral" ? 1024 : 2048);
-    if (arch !== "mixtral") assert.equal(big.moe!.expertIntermediate, 768);
+    const real = { mixtral: [1024], glm4_moe: [4096, 1408] }[arch as string] ?? [2048, 768];
+    assert.equal(big.hiddenSize, real[0]);
+    if (real[1]) assert.equal(big.moe!.expertIntermediate, real[1]);
   }
   const fixed = synthShape("qwen3_moe", parseSize("2G"), { layers: 5, experts: 40, topK: 6 });
   assert.equal(fixed.dims.layers, 5);

@@ -24,6 +24,9 @@ Input:
   --prompt-file FILE    read the prompt from a file
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  --chat-template-kwargs JSON
+                        extra template variables for --chat, as llama.cpp takes them, e.g.
+                        '{"reasoning_effort":"high"}' for gpt-oss's harmony template
 
 Sampling (greedy by default):
   -n, --max-tokens N    new tokens to generate (default 256)
@@ -57,6 +60,21 @@ Output:
   -h, --help            this text
 `;
 
+/** The `--chat-template-kwargs` object, or an error naming the flag. */
+function templateKwargs(raw: string | undefined): Record<string, unknown> | undefined {
+  if (raw === undefined) return undefined;
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch (e) {
+    throw new Error(`--chat-template-kwargs: not valid JSON (${(e as Error).message})`);
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) {
+    throw new Error(`--chat-template-kwargs: expected a JSON object, got ${raw}`);
+  }
+  return v as Record<string, unknown>;
+}
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const { values: v } = parseArgs({
@@ -67,6 +85,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       "prompt-file": { type: "string" },
       chat: { type: "boolean" },
       system: { type: "string" },
+      "chat-template-kwargs": { type: "string" },
       "max-tokens": { type: "string", short: "n" },
       temperature: { type: "string" },
       "top-k": { type: "string" },
@@ -164,7 +183,10 @@ export async function generateCommand(args: string[]): Promise<number> {
         ...(v.system ? [{ role: "system", content: v.system }] : []),
         { role: "user", content: prompt },
       ];
-      const text = renderChat(session.model.container.dir, messages, { addGenerationPrompt: true });
+      const text = renderChat(session.model.container.dir, messages, {
+        addGenerationPrompt: true,
+        extra: templateKwargs(v["chat-template-kwargs"]),
+      });
       ids = session.tokenizer.encode(text, { addSpecial: false });
     } else {
       ids = session.tokenize(prompt);

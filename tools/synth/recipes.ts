@@ -1,6 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
- * Mixtral at hidden 1024) as functions of the hidden size, their config.json and their tensors.
+ * Mixtral at hidden 1024, GLM-4.5-Air) as functions of the hidden size, their config.json and
+ * their tensors.
  *
  * @module
  */
@@ -305,10 +306,103 @@ const DEEPSEEK_V3: Recipe = {
   minLayers: (d) => d.firstDense + 1,
 };
 
+/**
+ * GLM-4.5-Air (hidden 4096, 46 layers, 128 experts top-8, 96/8 heads of 128, one dense layer,
+ * one shared expert, q/k/v biases, RoPE on half of each head, no q/k norm, no MTP layer).
+ */
+const GLM4_MOE: Recipe = {
+  baseHidden: 4096,
+  baseLayers: 46,
+  baseExperts: 128,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 256,
+  maxPositions: 131072,
+  width: (h) => {
+    const headDim = Math.round(clamp(h / 32, 16, 128));
+    return {
+      headDim,
+      // Air: 96 query heads of 128 on hidden 4096 (q is 3 × hidden), 8 kv heads.
+      ...gqaHeads((3 * h) / headDim, 12),
+      // Air: moe_intermediate 1408, dense 10944, of hidden 4096.
+      expertInter: 32 * Math.max(1, Math.round((1408 / 4096) * h / 32)),
+      denseInter: 32 * Math.max(1, Math.round((10944 / 4096) * h / 32)),
+      sharedExperts: 1,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8), firstDense: 1 }),
+  config: (d, dtype) => ({
+    architectures: ["Glm4MoeForCausalLM"],
+    model_type: "glm4_moe",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.denseInter,
+    moe_intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    num_nextn_predict_layers: 0,
+    first_k_dense_replace: d.firstDense,
+    n_routed_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    n_shared_experts: d.sharedExperts,
+    n_group: 1,
+    topk_group: 1,
+    norm_topk_prob: true,
+    routed_scaling_factor: 1,
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.kvHeads,
+    head_dim: d.headDim,
+    partial_rotary_factor: 0.5,
+    attention_bias: true,
+    use_qk_norm: false,
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rms_norm_eps: 1e-5,
+    rope_theta: 1e6,
+    rope_scaling: null,
+    attention_dropout: 0,
+    pad_token_id: null,
+    ...hfConfigTail(dtype),
+  }),
+  layer: (d, l, dt) => {
+    const p = `model.layers.${l}.`;
+    const bias = (name: string, n: number): SynthTensor => ({
+      name: p + name,
+      shape: [n],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 0.02 },
+      layer: l,
+    });
+    const out = [
+      ...gqaAttention(d, l, dt),
+      bias("self_attn.q_proj.bias", d.heads * d.headDim),
+      bias("self_attn.k_proj.bias", d.kvHeads * d.headDim),
+      bias("self_attn.v_proj.bias", d.kvHeads * d.headDim),
+    ];
+    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
+    return [
+      ...out,
+      router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
+      {
+        name: p + "mlp.gate.e_score_correction_bias",
+        shape: [d.experts],
+        dtype: "F32",
+        init: { kind: "zeros" },
+        layer: l,
+      },
+      ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
+    ];
+  },
+  expert: (d, l, e, dt) =>
+    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: (d) => d.firstDense + 1,
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
   mixtral: MIXTRAL,
+  glm4_moe: GLM4_MOE,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

@@ -6,7 +6,7 @@
  */
 
 /** The architectures {@link synthCheckpoint} can write. */
-export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral"] as const;
+export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral", "glm4_moe"] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];

@@ -51,7 +51,7 @@ const HELP = `usage: deno task bench compare [options]
   --cap SIZE         memory cap (cgroup) of the over-cap regime (default 0.5G)
   --budget SIZE      sluice arena budget under the cap (default: the cap less 160 MiB for the
                      runtime's own memory, measured at about 90-120 MiB, and at least 60%)
-  --arch A           qwen3_moe or mixtral (default qwen3_moe)
+  --arch A           qwen3_moe, mixtral or glm4_moe (default qwen3_moe)
   --threads N        threads of both engines (default: all cores)
   --prompt N         prompt tokens (default 128)
   --tokens N         decode tokens timed in RAM (default 32)
@@ -250,8 +250,10 @@ export async function main(args: string[]): Promise<void> {
     return;
   }
   const arch = v.arch as SynthArch;
-  if (arch !== "qwen3_moe" && arch !== "mixtral") {
-    throw new Error(`--arch must be qwen3_moe or mixtral (what GGUF export writes), got ${arch}`);
+  if (arch !== "qwen3_moe" && arch !== "mixtral" && arch !== "glm4_moe") {
+    throw new Error(
+      `--arch must be qwen3_moe, mixtral or glm4_moe (what GGUF export writes), got ${arch}`,
+    );
   }
   const threads = Number(v.threads ?? navigator.hardwareConcurrency);
   const cap = parseSize(v.cap!), overSize = parseSize(v["over-size"]!);
