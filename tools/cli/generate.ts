@@ -131,6 +131,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     return 0;
   }
   const run = runOptionsFromArgs(a);
+  const kwargs = templateKwargs(a.str("chat-template-kwargs"));
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
@@ -174,7 +175,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       ];
       const text = renderChat(session.model.container.dir, messages, {
         addGenerationPrompt: true,
-        extra: templateKwargs(a.str("chat-template-kwargs")),
+        extra: kwargs,
       });
       ids = session.tokenizer.encode(text, { addSpecial: false });
     } else {
