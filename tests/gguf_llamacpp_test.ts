@@ -8,7 +8,7 @@
  * Skipped when the fixtures or node-llama-cpp's prebuilt CPU binary are not available.
  */
 import assert from "node:assert/strict";
-import { readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
@@ -44,11 +44,11 @@ async function sluiceIds(dir: string, name: string): Promise<number[]> {
   }
 }
 
-/** llama.cpp's greedy ids after PROMPT on the f32 GGUF export of `dir`. */
-async function llamaIds(dir: string, name: string): Promise<number[]> {
+/** llama.cpp's greedy ids after PROMPT on the GGUF export (f32 unless `type`) of `dir`. */
+async function llamaIds(dir: string, name: string, type?: "mxfp4"): Promise<number[]> {
   if (!llama?.ok) throw new Error("node-llama-cpp is not set up");
   const gguf = join(tempDir(), `${name}.gguf`);
-  exportGguf(dir, gguf, { progress: "off", force: true });
+  exportGguf(dir, gguf, { progress: "off", force: true, type });
   const job: EngineJob = {
     model: gguf,
     threads: 2,
@@ -83,22 +83,42 @@ Deno.test({
   },
 });
 
+/** A copy of tiny-gpt-oss (symlinks) whose config says `truncate: true`, as llama.cpp computes. */
+function truncatedGptOss(): string {
+  const src = fixtureDir("tiny-gpt-oss");
+  const dir = join(tempDir(), "gpt-oss-truncate");
+  if (existsSync(join(dir, "config.json"))) return dir;
+  Deno.mkdirSync(dir, { recursive: true });
+  for (const f of Deno.readDirSync(src)) {
+    if (f.name !== "config.json") symlinkSync(join(src, f.name), join(dir, f.name));
+  }
+  const cfg = JSON.parse(readFileSync(join(src, "config.json"), "utf8"));
+  cfg.rope_scaling.truncate = true;
+  writeFileSync(join(dir, "config.json"), JSON.stringify(cfg));
+  return dir;
+}
+
 Deno.test({
   name: "gpt-oss GGUF export: llama.cpp's greedy ids equal sluice's (YaRN truncated for both)",
   ignore,
   fn: async () => {
-    const src = fixtureDir("tiny-gpt-oss");
-    const dir = join(tempDir(), "gpt-oss-truncate");
-    Deno.mkdirSync(dir);
-    for (const f of Deno.readDirSync(src)) {
-      if (f.name !== "config.json") symlinkSync(join(src, f.name), join(dir, f.name));
-    }
-    const cfg = JSON.parse(readFileSync(join(src, "config.json"), "utf8"));
-    cfg.rope_scaling.truncate = true;
-    writeFileSync(join(dir, "config.json"), JSON.stringify(cfg));
+    const dir = truncatedGptOss();
     const [want, got] = [await sluiceIds(dir, "oss"), await llamaIds(dir, "oss")];
     assert.deepEqual(got, want);
     // The real config (truncate false) gives other ids: the variant is not a no-op.
-    assert.notDeepEqual(await sluiceIds(src, "oss-real"), want);
+    assert.notDeepEqual(await sluiceIds(fixtureDir("tiny-gpt-oss"), "oss-real"), want);
+  },
+});
+
+Deno.test({
+  name: "gpt-oss MXFP4 GGUF export runs in llama.cpp's native MXFP4 path",
+  ignore,
+  fn: async () => {
+    const dir = truncatedGptOss();
+    const got = await llamaIds(dir, "oss-mxfp4", "mxfp4");
+    assert.equal(got.length, STEPS + 1);
+    // llama.cpp multiplies MXFP4 with Q8 activations, so only the start of the path is shared
+    // (it leaves sluice's exact path at generated token 28 here).
+    assert.deepEqual(got.slice(0, 10), (await sluiceIds(dir, "oss-mx")).slice(0, 10));
   },
 });

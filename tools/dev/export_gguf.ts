@@ -55,8 +55,12 @@ import { Progress, type ProgressMode } from "../progress.ts";
 /** The llama.cpp architectures the exporter writes. */
 export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss";
 
-/** Output types of the weight matrices (vectors and routers always stay f32). */
-export type ExportType = "f32" | "f16" | "bf16" | "q8_0";
+/**
+ * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
+ * experts as ggml MXFP4, everything else bf16 (how gpt-oss GGUFs are made; llama.cpp runs MXFP4
+ * natively).
+ */
+export type ExportType = "f32" | "f16" | "bf16" | "q8_0" | "mxfp4";
 
 /** Options of {@link exportGguf}. */
 export interface ExportGgufOptions {
@@ -82,10 +86,11 @@ const EXPORT_TYPES: Record<ExportType, EncodableType> = {
   f16: "F16",
   bf16: "BF16",
   q8_0: "Q8_0",
+  mxfp4: "BF16",
 };
 
 /** llama.cpp's llama_ftype of a whole file of each type. */
-const FILE_TYPE: Record<ExportType, number> = { f32: 0, f16: 1, q8_0: 7, bf16: 32 };
+const FILE_TYPE: Record<ExportType, number> = { f32: 0, f16: 1, q8_0: 7, bf16: 32, mxfp4: 38 };
 
 /** GGUF names of the canonical layer tensors this exporter knows. */
 const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
@@ -309,7 +314,12 @@ function typeFor(dims: number[], router: boolean, want: EncodableType): Encodabl
   return want;
 }
 
-function planTensors(src: WeightSource, arch: GgufArch, want: EncodableType) {
+function planTensors(
+  src: WeightSource,
+  arch: GgufArch,
+  want: EncodableType,
+  expertType: EncodableType,
+) {
   const cfg = src.cfg;
   const out: Planned[] = [];
   const add = (name: string, shape: number[], key: string, read: () => Float32Array) => {
@@ -393,7 +403,11 @@ function planTensors(src: WeightSource, arch: GgufArch, want: EncodableType) {
       // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
       const key = `${last}\u0000${hfName(0, m)}\u0000${m}`;
       out.push({
-        spec: { name: `blk.${l}.ffn_${m}_exps.weight`, dims, type: typeFor(dims, false, want) },
+        spec: {
+          name: `blk.${l}.ffn_${m}_exps.weight`,
+          dims,
+          type: expertType === "MXFP4" && dims[0] % 32 === 0 ? "MXFP4" : typeFor(dims, false, want),
+        },
         key,
         chunks: function* () {
           for (let e = 0; e < moe.numExperts; e++) yield src.expert(l, e, m);
@@ -559,14 +573,17 @@ export function exportGguf(
   const source = existsSync(`${src}/manifest.json`) ? containerSource(src) : checkpointSource(src);
   try {
     const arch = archOf(source.cfg, src);
-    const planned = planTensors(source, arch, EXPORT_TYPES[type]);
+    const expertType = type === "mxfp4" ? "MXFP4" : EXPORT_TYPES[type];
+    const planned = planTensors(source, arch, EXPORT_TYPES[type], expertType);
     const specs = planned.map((p) => p.spec);
     const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
     const fallbacks: Record<string, GgmlTypeName> = {};
     for (const s of specs) {
-      if (
-        s.type !== EXPORT_TYPES[type] && s.dims.length > 1 && !s.name.endsWith("gate_inp.weight")
-      ) {
+      const wanted = s.name.includes("_exps.") ? expertType : EXPORT_TYPES[type];
+      // Vectors, routers and the stacked expert biases ([rows, experts]) are f32 by design.
+      const f32 = s.dims.length === 1 || s.name.endsWith("gate_inp.weight") ||
+        s.name.endsWith("_exps.bias");
+      if (s.type !== wanted && !f32) {
         fallbacks[s.name] = s.type;
       }
     }
@@ -586,7 +603,7 @@ export function exportGguf(
 }
 
 const USAGE = "usage: deno task export-gguf <hf-dir|x.sluice> <out.gguf> " +
-  "[--type f32|f16|bf16|q8_0] [--name NAME] [--force] [--progress auto|tty|lines|off]";
+  "[--type f32|f16|bf16|q8_0|mxfp4] [--name NAME] [--force] [--progress auto|tty|lines|off]";
 
 function main(args: string[]): void {
   const { values, positionals } = parseArgs({
