@@ -1,6 +1,7 @@
 /**
- * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0]`: writes a GGUF
- * v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice container.
+ * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0|mxfp4]`: writes
+ * a GGUF v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice
+ * container.
  *
  * Architectures: llama.cpp's `llama` (dense Llama, and Mixtral-style MoE with stacked experts
  * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py
