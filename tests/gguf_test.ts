@@ -9,7 +9,7 @@ import { bf16ToF32, decodeGgmlToF32, type GgufFile, readGguf } from "../tools/de
 import { spmVocabFromTokenizerJson, TOKEN_TYPE } from "../tools/dev/gguf/spm_vocab.ts";
 import { writeGguf } from "../tools/dev/gguf/write.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { fixtureDir, hasFixture } from "./fixtures.ts";
 
 const REF_GGUF = fixtureDir("gguf/");

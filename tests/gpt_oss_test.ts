@@ -10,8 +10,11 @@ import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import type { ModelConfig } from "../io/model_config.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
-import { containerExpertBias, containerExpertF32 } from "../engine/reference/container.ts";
+import {
+  containerExpertBias,
+  containerExpertF32,
+  referenceWeightsFromCheckpoint,
+} from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { ropeInvFreq } from "../engine/reference/rope.ts";
 import { argmax } from "../engine/sampler.ts";
@@ -19,7 +22,7 @@ import { Session } from "../engine/session.ts";
 import { openContainer } from "../engine/container.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
-import { findFusedMxfp4 } from "../tools/pack/source.ts";
+import { findFusedMxfp4 } from "../engine/checkpoint_matrix.ts";
 import {
   decodeAgainstReference,
   fixtureDir,

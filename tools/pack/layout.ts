@@ -44,7 +44,7 @@ import {
   INT4_PACKED,
   MXFP4_FUSED,
   type SourceMatrix,
-} from "./source.ts";
+} from "../../engine/checkpoint_matrix.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {

@@ -10,12 +10,12 @@
  *
  * @module
  */
-import type { ExpertMatrix, ModelConfig } from "../../io/model_config.ts";
-import { dequantizeInt4g32 } from "../../engine/quant/int4.ts";
-import { dequantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
-import { hfFusedExpertSlice } from "../../engine/tensor_names.ts";
-import { decodeDtypeToF32, readExpertRows, readF32 } from "../../io/checkpoint_weights.ts";
-import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
+import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
+import { dequantizeInt4g32 } from "./quant/int4.ts";
+import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { hfFusedExpertSlice } from "./tensor_names.ts";
+import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
+import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
 export const INT4_PACKED = "INT4_PACKED";
