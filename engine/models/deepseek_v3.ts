@@ -66,7 +66,10 @@ export class MlaAttention {
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
     for (let l = 0; l < cfg.numLayers; l++) {
-      this.#cache.push(arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4));
+      // Sized by the function the planner sums.
+      this.#cache.push(
+        arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx, maxBatch)),
+      );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);

@@ -14,7 +14,7 @@ import { manifestField, MAX_DIM } from "../../io/manifest.ts";
 import { gqaReference } from "../reference/gqa.ts";
 import type { Family, MoeNaming } from "./family.ts";
 import { checkTopK, type Normaliser, softmaxMoe } from "./hf_config.ts";
-import { GqaAttention, gqaBase, kvSlots, LLAMA } from "./llama.ts";
+import { GqaAttention, gqaBase, gqaStateBytes, LLAMA } from "./llama.ts";
 
 /** gpt-oss's config.json: alpha 1.702 is no config key (transformers and llama.cpp hard-code it). */
 export const normaliseGptOss: Normaliser = (f, mt) => {
@@ -92,8 +92,7 @@ export const GPT_OSS: Family = {
     }
     a.windows.forEach((x, i) => int(x, `${where}.attention.windows[${i}]`, 0, MAX_DIM));
   },
-  stateBytes: (cfg, layer, ctx, maxBatch) =>
-    kvSlots(cfg, layer, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4,
+  stateBytes: gqaStateBytes,
   scratchFloats: LLAMA.scratchFloats,
   persistentBytes: () => 0,
   createAttention: (ops, arena, cfg, maxBatch, maxCtx) =>

@@ -38,6 +38,16 @@ export function kvSlots(cfg: ModelConfig, layer: number, ctx: number, maxBatch: 
   return w > 0 ? Math.min(ctx, w + maxBatch - 1) : ctx;
 }
 
+/** Bytes of layer `layer`'s keys and values ({@link kvSlots} positions of each). */
+export function gqaStateBytes(
+  cfg: ModelConfig,
+  layer: number,
+  ctx: number,
+  maxBatch: number,
+): number {
+  return kvSlots(cfg, layer, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4;
+}
+
 /** Attention of every layer of one model, with its KV cache and scratch. */
 export class GqaAttention {
   #ops: Ops;
@@ -62,10 +72,12 @@ export class GqaAttention {
     const hd = cfg.headDim;
     const kvDim = cfg.numKvHeads * hd;
     for (let l = 0; l < cfg.numLayers; l++) {
+      // One region per layer, sized by the function the planner sums: keys, then values.
       const slots = kvSlots(cfg, l, maxCtx, maxBatch);
       this.#slots.push(slots);
-      this.#k.push(arena.alloc(`kv cache k L${l}`, slots * kvDim * 4));
-      this.#v.push(arena.alloc(`kv cache v L${l}`, slots * kvDim * 4));
+      const kv = arena.alloc(`kv cache L${l}`, gqaStateBytes(cfg, l, maxCtx, maxBatch));
+      this.#k.push(kv);
+      this.#v.push(kv + slots * kvDim * 4);
     }
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
     this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);
@@ -329,7 +341,7 @@ export const LLAMA: Family = {
       throw new Error(`${where}.attention: sinks and windows belong to the gpt_oss family`);
     }
   },
-  stateBytes: (cfg, _layer, ctx) => ctx * 2 * cfg.numKvHeads * cfg.headDim * 4,
+  stateBytes: (cfg, layer, ctx, maxBatch) => gqaStateBytes(cfg, layer, ctx, maxBatch),
   scratchFloats: (cfg, maxBatch) =>
     maxBatch * (3 * cfg.numHeads * cfg.headDim + 2 * cfg.numKvHeads * cfg.headDim),
   persistentBytes: () => 0,

@@ -86,6 +86,29 @@ function templateKwargs(raw: string | undefined): Record<string, unknown> | unde
   return v as Record<string, unknown>;
 }
 
+/**
+ * The memory and I/O flags of every command that runs a model (generate, and chat and serve
+ * next), read by {@link runOptionsFromArgs}. None of them changes the output.
+ */
+export const RUN_FLAGS: Flags = {
+  ...BUDGET_FLAGS,
+  ...CTX_FLAG,
+  threads: { type: "string", short: "t" },
+  cache: { type: "string" },
+  "no-readahead": { type: "boolean" },
+  "readahead-depth": { type: "string" },
+  "ring-slots": { type: "string" },
+  "expert-slots": { type: "string" },
+  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
+  shards: { type: "string" },
+  io: { type: "string" },
+  verify: { type: "boolean" },
+  lookahead: { type: "string" },
+  learn: { type: "boolean" },
+  "no-hot-list": { type: "boolean" },
+  trace: { type: "string" },
+};
+
 /** The flags of `generate`, with llama.cpp's spellings as aliases. */
 const FLAGS: Flags = {
   ...MODEL_FLAG,
@@ -103,24 +126,9 @@ const FLAGS: Flags = {
   "repeat-penalty": { type: "string" },
   seed: { type: "string", short: "s" },
   "ignore-eos": { type: "boolean" },
-  ...BUDGET_FLAGS,
-  ...CTX_FLAG,
-  threads: { type: "string", short: "t" },
-  cache: { type: "string" },
-  "no-readahead": { type: "boolean" },
-  "readahead-depth": { type: "string" },
-  "ring-slots": { type: "string" },
-  "expert-slots": { type: "string" },
-  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
-  shards: { type: "string" },
-  io: { type: "string" },
-  verify: { type: "boolean" },
-  lookahead: { type: "string" },
-  learn: { type: "boolean" },
-  "no-hot-list": { type: "boolean" },
-  trace: { type: "string" },
   json: { type: "boolean" },
   quiet: { type: "boolean" },
+  ...RUN_FLAGS,
   ...HELP_FLAG,
 };
 
