@@ -45,7 +45,15 @@ export interface AttentionCall {
   scores: number;
   scoresPerToken: number;
   scoreTokens: number;
+  /** Keys token i attends to (its own included). */
   lengths: number[];
+  /**
+   * A ring cache of `slots` positions (a sliding-window layer): token i's oldest key is in slot
+   * first[i]. Absent: a linear cache whose slot t is position t.
+   */
+  ring?: { slots: number; first: number[] };
+  /** Arena offset of one sink logit per query head (gpt-oss), or absent. */
+  sinks?: number;
 }
 
 /** Typed kernel calls on one pool. */
@@ -100,6 +108,11 @@ export class Ops {
     this.#k.silu_mul_f32(BigInt(g), BigInt(u), n);
   }
 
+  /** gpt-oss's clamped SwiGLU: g = (clamp(u) + 1) · min(g, limit) · σ(alpha · min(g, limit)). */
+  swigluClamped(g: number, u: number, n: number, limit: number, alpha: number): void {
+    this.#k.swiglu_clamped_f32(BigInt(g), BigInt(u), n, limit, alpha);
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);
@@ -117,7 +130,8 @@ export class Ops {
 
   /**
    * Causal attention for consecutive tokens: token i's query at `q + i·qStride` floats attends to
-   * the first `lengths[i]` cached positions and writes its heads to `out + i·outStride`. `scores`
+   * `lengths[i]` cached positions (the first ones, or in a ring from slot `ring.first[i]`) and
+   * writes its heads to `out + i·outStride`. `scores`
    * holds `scoreTokens` buffers of `scoresPerToken` floats, so that many tokens run per dispatch.
    */
   attention(a: AttentionCall): void {
@@ -144,6 +158,9 @@ export class Ops {
             s.kStride,
             s.vStride,
             s.scale,
+            BigInt(a.sinks ?? 0),
+            a.ring ? a.ring.first[i] : 0,
+            a.ring ? a.ring.slots : T,
           ],
           rows: s.nHeads,
         });

@@ -78,10 +78,14 @@ export class Session {
 
   /**
    * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
-   * appended (the template writes any BOS itself, as transformers does).
+   * appended (the template writes any BOS itself, as transformers does); `extra` holds further
+   * template variables (llama.cpp's --chat-template-kwargs).
    */
-  chatIds(messages: ChatMessage[]): number[] {
-    const text = renderChat(this.model.container.dir, messages, { addGenerationPrompt: true });
+  chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
+    const text = renderChat(this.model.container.dir, messages, {
+      addGenerationPrompt: true,
+      extra,
+    });
     return this.tokenizer.encode(text, { addSpecial: false });
   }
 

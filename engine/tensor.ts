@@ -23,11 +23,18 @@ export interface TensorRef {
   codebook?: number;
   /** vq3r, vq4p: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
+  /**
+   * The weights are the model as shipped (gpt-oss's MXFP4): multiply f32 activations with the
+   * format's exact kernel instead of its prepared-input one.
+   */
+  exact?: boolean;
 }
 
 /** The input form the kernel of `w`'s format reads (f32 for a dtype no format has). */
 export function inputFormOf(w: TensorRef): InputForm {
-  return findFormat(w.dtype)?.input ?? "f32";
+  const f = findFormat(w.dtype);
+  if (w.exact && f?.exactGemv) return "f32";
+  return f?.input ?? "f32";
 }
 
 /**
@@ -54,7 +61,7 @@ export function matmulJobs(
     }];
   }
   if (!f) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
-  const g = f.gemv;
+  const g = w.exact && f.exactGemv ? f.exactGemv : f.gemv;
   if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
   const form = inputFormOf(w);
   if (form !== "f32" && prep?.length !== nb) {

@@ -31,6 +31,8 @@ export interface ExpertWeights {
   gate: TensorRef;
   up: TensorRef;
   down: TensorRef;
+  /** gpt-oss: arena addresses of each matrix's f32 bias vector. */
+  biases?: { gate: number; up: number; down: number };
 }
 
 /** Hands out experts; reads the missing ones. */
@@ -76,7 +78,17 @@ export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
   const bind = (m: "gate" | "up" | "down"): TensorRef => {
     const ref = tensorRef(bank.matrices[m], base);
     if (isCodebookDtype(ref.dtype)) ref.codebook = codebookPointer(bank, m);
+    if (ref.dtype === "mxfp4" && bank.mxfp4Activations === "f32") ref.exact = true;
     return ref;
   };
-  return { gate: bind("gate"), up: bind("up"), down: bind("down") };
+  const ew: ExpertWeights = { gate: bind("gate"), up: bind("up"), down: bind("down") };
+  const b = bank.biases;
+  if (b) {
+    ew.biases = {
+      gate: base + b.gate.offset,
+      up: base + b.up.offset,
+      down: base + b.down.offset,
+    };
+  }
+  return ew;
 }

@@ -155,7 +155,10 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   int(rope.dim, w("rope.dim"), 0, MAX_DIM);
   const scaling = obj(rope.scaling, w("rope.scaling"));
   oneOf(scaling.type, ["none", "linear", "llama3", "yarn"], w("rope.scaling.type"));
-  for (const [k, x] of Object.entries(scaling)) if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  for (const [k, x] of Object.entries(scaling)) {
+    if (k === "truncate") bool(x, w("rope.scaling.truncate"));
+    else if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  }
   if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
     throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
   }
@@ -165,7 +168,15 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
-    oneOf(m.scoring, ["softmax", "sigmoid"], w("moe.scoring"));
+    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
+    for (const k of ["routerLogitBias", "expertBias"]) {
+      if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
+    }
+    if (m.clampedSwiglu !== undefined) {
+      const g = obj(m.clampedSwiglu, w("moe.clampedSwiglu"));
+      num(g.limit, w("moe.clampedSwiglu.limit"));
+      num(g.alpha, w("moe.clampedSwiglu.alpha"));
+    }
     bool(m.normTopK, w("moe.normTopK"));
     bool(m.selectionBias, w("moe.selectionBias"));
     num(m.routedScaling, w("moe.routedScaling"));
@@ -443,8 +454,36 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
         throw new Error(`${at}.fallback: ${k} is not an expert matrix`);
       }
     }
-    checkNoOverlap(Object.entries(matrices), at);
+    let biases: Record<ExpertMatrix, TensorEntry> | undefined;
+    if (moe.expertBias) {
+      const bs = obj(b.biases, `${at}.biases`);
+      biases = {} as Record<ExpertMatrix, TensorEntry>;
+      for (const k of EXPERT_MATRICES) {
+        const e = tensorEntry(bs[k], `${at}.biases.${k}`, stride);
+        const rows = rules.expertShape(config, k)[0];
+        if (e.dtype !== "f32" || String(e.shape) !== String([rows])) {
+          throw new Error(`${at}.biases.${k}: expected f32 [${rows}]`);
+        }
+        biases[k] = e;
+      }
+    } else if (b.biases !== undefined) {
+      throw new Error(`${at}.biases: this model's experts have no biases`);
+    }
+    checkNoOverlap(
+      [
+        ...Object.entries(matrices),
+        ...Object.entries(biases ?? {}).map(([k, e]) => [`${k} bias`, e] as [string, TensorEntry]),
+      ],
+      at,
+    );
     const bank: ExpertBank = { layer: l, file: b.file, count, stride, format, matrices };
+    if (biases) bank.biases = biases;
+    if (b.mxfp4Activations !== undefined) {
+      if (b.mxfp4Activations !== "f32" || format !== "mxfp4") {
+        throw new Error(`${at}.mxfp4Activations: only "f32", on an mxfp4 bank`);
+      }
+      bank.mxfp4Activations = "f32";
+    }
     if (Object.keys(fellBack).length) bank.fallback = fellBack;
     if (Object.keys(refs).length) bank.codebooks = refs;
     return bank;

@@ -75,6 +75,13 @@ export interface ExpertBank {
    * int4g32 need cols a multiple of 32).
    */
   fallback?: Partial<Record<ExpertMatrix, string>>;
+  /**
+   * "f32": the mxfp4 matrices multiply f32 activations exactly, because the checkpoint shipped
+   * them as MXFP4 (gpt-oss); absent: their Q8 copy (weights quantised at pack time anyway).
+   */
+  mxfp4Activations?: "f32";
+  /** gpt-oss: each matrix's f32 bias vector [rows], after the matrices, inside the payload. */
+  biases?: Record<ExpertMatrix, TensorEntry>;
   /** vq3r, vq4p: each such matrix's codebooks in codebooks.bin. */
   codebooks?: Partial<Record<ExpertMatrix, CodebookRef>>;
 }

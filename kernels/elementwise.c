@@ -27,6 +27,28 @@ void silu_mul_f32(float *g, const float *u, int n) {
   for (; i < n; i++) g[i] = lane0(silu_f32x4(wasm_f32x4_splat(g[i]))) * u[i];
 }
 
+/*
+ * gpt-oss's clamped SwiGLU: gate = min(g, limit), up = clamp(u, -limit, limit),
+ * g[i] = (up + 1) * gate * sigmoid(alpha * gate). min/max are the IEEE ones (NaN propagates).
+ */
+static inline v128_t swiglu_clamped_f32x4(v128_t g, v128_t u, v128_t lim, v128_t alpha) {
+  v128_t gate = wasm_f32x4_min(g, lim);
+  v128_t up = wasm_f32x4_max(wasm_f32x4_min(u, lim), wasm_f32x4_neg(lim));
+  v128_t glu = wasm_f32x4_mul(gate, sigmoid_f32x4(wasm_f32x4_mul(alpha, gate)));
+  return wasm_f32x4_mul(wasm_f32x4_add(up, wasm_f32x4_splat(1.0f)), glu);
+}
+
+KEXPORT("swiglu_clamped_f32")
+void swiglu_clamped_f32(float *g, const float *u, int n, float limit, float alpha) {
+  v128_t lim = wasm_f32x4_splat(limit), al = wasm_f32x4_splat(alpha);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(g + i, swiglu_clamped_f32x4(wasm_v128_load(g + i), wasm_v128_load(u + i), lim,
+                                                al));
+  for (; i < n; i++)
+    g[i] = lane0(swiglu_clamped_f32x4(wasm_f32x4_splat(g[i]), wasm_f32x4_splat(u[i]), lim, al));
+}
+
 /** x[i] = 1 / (1 + e^-x[i]) in place. */
 KEXPORT("sigmoid_f32")
 void sigmoid_f32(float *x, int n) {

@@ -28,6 +28,9 @@ function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
     wk: [cfg.numKvHeads * hd, h],
     wv: [cfg.numKvHeads * hd, h],
     wo: [h, cfg.numHeads * (mla ? mla.vHeadDim : hd)],
+    bq: [cfg.numHeads * hd],
+    bk: [cfg.numKvHeads * hd],
+    bv: [cfg.numKvHeads * hd],
     q_norm: [hd],
     k_norm: [hd],
     ffn_gate: [cfg.intermediateSize, h],
@@ -176,8 +179,10 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
         }
       }
     }
-    // Nothing in the checkpoint is left unnamed (a tied model may keep an explicit lm_head copy).
-    const rest = [...ck.tensors.keys()].filter((n) => !used.has(n));
+    // Nothing in the checkpoint is left unnamed (a tied model may keep an explicit lm_head copy)
+    // but the layers at index >= num_hidden_layers (GLM's MTP layer), which are not the model's.
+    const beyond = (n: string) => Number(/^model\.layers\.(\d+)\./.exec(n)?.[1]) >= cfg.numLayers;
+    const rest = [...ck.tensors.keys()].filter((n) => !used.has(n) && !beyond(n));
     assert.deepEqual(
       rest,
       cfg.tieWordEmbeddings && ck.tensors.has("lm_head.weight") ? ["lm_head.weight"] : [],

@@ -20,6 +20,7 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "stories260k-qwen3moe",
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
+  "tiny-glm4-moe",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
@@ -74,6 +75,11 @@ export async function runSluice(
   clearTimeout(watchdog);
   const dec = new TextDecoder();
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** Whether fixture `name` is present (tests that need it are skipped when it is not). */
+export function hasFixture(name: string): boolean {
+  return existsSync(fixtureDir(name));
 }
 
 let tmp: string | undefined;

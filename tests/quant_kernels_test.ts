@@ -228,6 +228,51 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
   got.forEach((v, r) => assert.equal(Number.isNaN(v), r === 2, `row ${r}: ${v}`));
 });
 
+Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte", () => {
+  const rand = rng(4);
+  for (const rows of ROWS) {
+    for (const cols of [...BLOCK_COLS, 256 * 32]) {
+      reset();
+      const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+      // Scales 1..200: every value stays a normal or subnormal f32 times a gaussian x.
+      const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => 1 + (i * 7) % 200);
+      const x = gaussian(cols, rand);
+      const m = { rows, cols, blocks, scales };
+      const wm = Float64Array.from(
+        { length: rows * cols },
+        (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols),
+      );
+      const [W, S, X] = [put(blocks), put(scales), put(x)];
+      checkMatvec(
+        `mxfp4 exact ${rows}×${cols}`,
+        (y, nr, r0, r1) => qk.matvec_mxfp4_exact(W, S, X, y, nr, cols, r0, r1),
+        rows,
+        denseMatvecRef(wm, x, rows, cols),
+        denseAbsRef(wm, x, rows, cols),
+        1e-6,
+      );
+    }
+  }
+  reset();
+  const rows = 3, cols = 64;
+  const scales = new Uint8Array(rows * 2).fill(127);
+  scales[3] = 255;
+  const y = alloc(rows * 4);
+  const W = put(new Uint8Array((rows * cols) / 2).fill(0x21));
+  qk.matvec_mxfp4_exact(
+    W,
+    put(scales),
+    put(new Float32Array(cols).fill(1)),
+    y,
+    rows,
+    cols,
+    0,
+    rows,
+  );
+  // 0x21: low nibble 1 (0.5), high nibble 2 (1.0), so every pair sums to 1.5.
+  assert.deepEqual(Array.from(f32At(y, rows)), [48, NaN, 48]);
+});
+
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {
   const rand = rng(4);
   for (const rows of [...ROWS, 130]) {

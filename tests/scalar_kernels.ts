@@ -199,31 +199,58 @@ export interface AttentionShape {
   scale: number;
 }
 
-/** Decode attention for all heads; returns out (nHeads·vHeadDim floats). */
+/**
+ * Decode attention for all heads; returns out (nHeads·vHeadDim floats). `ring`: the cache is a
+ * ring of `slots` positions whose oldest key is in slot `first`; `sinks`: one extra softmax
+ * denominator logit per query head.
+ */
 export function attentionRef(
   q: Float32Array,
   kcache: Float32Array,
   vcache: Float32Array,
   s: AttentionShape,
+  extra: { sinks?: Float32Array; ring?: { first: number; slots: number } } = {},
 ): Float32Array {
   const out = new Float32Array(s.nHeads * s.vHeadDim);
   const group = s.nHeads / s.nKvHeads;
+  const slot = (t: number) => extra.ring ? (extra.ring.first + t) % extra.ring.slots : t;
   for (let h = 0; h < s.nHeads; h++) {
     const g = Math.floor(h / group);
     const scores = new Float32Array(s.T);
     for (let t = 0; t < s.T; t++) {
       let d = 0;
       for (let i = 0; i < s.headDim; i++) {
-        d += q[h * s.headDim + i] * kcache[t * s.kStride + g * s.headDim + i];
+        d += q[h * s.headDim + i] * kcache[slot(t) * s.kStride + g * s.headDim + i];
       }
       scores[t] = f32(s.scale) * d;
     }
-    const p = softmaxRef(scores);
+    let p = softmaxRef(scores);
+    if (extra.sinks) {
+      // p_t = e^{s_t} / (Σ e^{s} + e^{sink}): the softmax rescaled by Σ / (Σ + e^{sink}).
+      const m = Math.max(...scores, extra.sinks[h]);
+      const sum = scores.reduce((a, v) => a + Math.exp(v - m), 0);
+      const keep = sum / (sum + Math.exp(extra.sinks[h] - m));
+      p = p.map((v) => v * keep);
+    }
     for (let i = 0; i < s.vHeadDim; i++) {
       let o = 0;
-      for (let t = 0; t < s.T; t++) o += p[t] * vcache[t * s.vStride + g * s.vHeadDim + i];
+      for (let t = 0; t < s.T; t++) o += p[t] * vcache[slot(t) * s.vStride + g * s.vHeadDim + i];
       out[h * s.vHeadDim + i] = o;
     }
   }
   return out;
+}
+
+/** gpt-oss's clamped SwiGLU (swiglu_clamped_f32). */
+export function swigluClampedRef(
+  g: Float32Array,
+  u: Float32Array,
+  limit: number,
+  alpha: number,
+): Float32Array {
+  return Float32Array.from(g, (v, i) => {
+    const gate = Math.min(v, limit);
+    const up = Math.min(Math.max(u[i], -limit), limit);
+    return (up + 1) * gate / (1 + Math.exp(-alpha * gate));
+  });
 }

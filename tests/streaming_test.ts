@@ -72,7 +72,7 @@ async function logitsOf(path: string, opts: RunOptions): Promise<Float32Array> {
   return logits;
 }
 
-for (const name of ["stories260k-moe64", "tiny-deepseek-v3"]) {
+for (const name of ["stories260k-moe64", "tiny-deepseek-v3", "tiny-glm4-moe"]) {
   Deno.test(`bit-identical logits across placement settings: ${name}`, async () => {
     const path = await packedFixture(name);
     const base = await logitsOf(path, {});

@@ -99,6 +99,9 @@ export interface Kernels {
    * Σ_t p[t]·v_t. Key t of kv head g at kcache + (t·kStride + g·headDim) floats, value at
    * vcache + (t·vStride + g·vHeadDim) floats, g = h / (nHeads / nKvHeads); q_h at q + h·headDim,
    * out_h at out + h·vHeadDim; scores + h·T floats is head h's scratch (nHeads·T floats in all).
+   * The cache is a ring of `ring` ≥ T slots: key t (oldest first) is in slot (t0 + t) mod ring
+   * (a linear cache passes t0 = 0). `sinks` (0 for none) holds one logit per query head that
+   * joins the softmax denominator only (gpt-oss).
    */
   attention_f32(
     q: Ptr,
@@ -114,9 +117,17 @@ export interface Kernels {
     kStride: number,
     vStride: number,
     scale: number,
+    sinks: Ptr,
+    t0: number,
+    ring: number,
     h0: number,
     h1: number,
   ): void;
+  /**
+   * gpt-oss's clamped SwiGLU in place: gate = min(g, limit), up = clamp(u, ±limit),
+   * g = (up + 1)·gate·σ(alpha·gate).
+   */
+  swiglu_clamped_f32(g: Ptr, u: Ptr, n: number, limit: number, alpha: number): void;
 }
 
 /** Names of the functions in {@link Kernels}; instantiation checks that each one is exported. */
@@ -140,6 +151,7 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "argmax_f32",
   "topk_f32",
   "attention_f32",
+  "swiglu_clamped_f32",
 ];
 
 const WASM_URL = new URL("./kernels.wasm", import.meta.url);

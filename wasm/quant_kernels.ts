@@ -27,6 +27,17 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** matvec_mxfp4 with f32 x instead of its Q8 copy: every product exact, f32 sums. */
+  matvec_mxfp4_exact(
+    W: Ptr,
+    S: Ptr,
+    x: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
   /** y[r] = Σ_c W[r,c]·x[c]: W int4 packed [rows, cols/8] int32, S bf16 [rows, cols/32], xq Q8. */
   matvec_int4g32(
     W: Ptr,
@@ -92,6 +103,7 @@ export interface QuantKernels {
 export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "quantize_act_q8",
   "matvec_mxfp4",
+  "matvec_mxfp4_exact",
   "matvec_int4g32",
   "matvec_fp8b128",
   "matvec_int8row",

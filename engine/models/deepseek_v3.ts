@@ -14,7 +14,7 @@
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
-import type { LayerTensor, ModelConfig, MoeConfig } from "../../io/model_config.ts";
+import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import { alignUp } from "../../io/format.ts";
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
@@ -25,7 +25,7 @@ import type { TensorRef } from "../tensor.ts";
 import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family } from "./family.ts";
-import { checkTopK, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
+import { groupedMoe, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
 interface Absorbed {
@@ -69,7 +69,7 @@ export class MlaAttention {
     for (let l = 0; l < cfg.numLayers; l++) {
       // Sized by the function the planner sums.
       this.#cache.push(
-        arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx)),
+        arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx, maxBatch)),
       );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
@@ -245,41 +245,9 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
     { length: numLayers },
     (_, l) => numExperts > 0 && l >= firstDense && l % freq === 0 ? "moe" : "dense",
   ) as ("dense" | "moe")[];
-  let moe: MoeConfig | null = null;
-  if (layerKinds.includes("moe")) {
-    const topK = f.int("num_experts_per_tok", { min: 1 });
-    checkTopK(f, numExperts, topK);
-    const scoring = f.str("scoring_func", "sigmoid");
-    if (scoring !== "sigmoid" && scoring !== "softmax") {
-      throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
-    }
-    const topkMethod = f.str("topk_method", "noaux_tc");
-    if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
-      throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
-    }
-    const grouped = topkMethod !== "greedy";
-    const nGroup = grouped ? f.int("n_group", { min: 1 }) : 1;
-    const topkGroup = grouped ? f.int("topk_group", { min: 1 }) : 1;
-    if (numExperts % nGroup || topkGroup > nGroup) {
-      throw new Error(
-        `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
-          `topk_group ${topkGroup}`,
-      );
-    }
-    const inter = f.int("moe_intermediate_size", { min: 1 });
-    moe = {
-      numExperts,
-      topK,
-      expertIntermediate: inter,
-      scoring,
-      normTopK: f.bool("norm_topk_prob", true),
-      routedScaling: f.num("routed_scaling_factor"),
-      nGroup,
-      topkGroup,
-      selectionBias: topkMethod === "noaux_tc",
-      sharedIntermediate: inter * f.int("n_shared_experts"),
-    };
-  }
+  const moe = layerKinds.includes("moe")
+    ? groupedMoe(f, numExperts, f.str("scoring_func", "sigmoid"), f.str("topk_method", "noaux_tc"))
+    : null;
   const qLora = f.src.q_lora_rank === null ? null : f.int("q_lora_rank", { min: 1 });
   return {
     family: "deepseek_v3",

@@ -23,6 +23,13 @@ export interface MoeNaming {
   moe: string;
   /** Expert matrix names inside `experts.E.`. */
   expert: Record<"gate" | "up" | "down", string>;
+  /** The router's module name inside the MoE block (default `gate`). */
+  router?: string;
+  /**
+   * gpt-oss: all experts of a layer in fused MXFP4 tensors (engine/tensor_names.ts
+   * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
+   */
+  fused?: boolean;
 }
 
 /** One supported Hugging Face model_type. */
@@ -63,8 +70,11 @@ export interface Family {
    * sections of other families are absent). `where` names the manifest field.
    */
   validateConfig(config: Json, where: string): void;
-  /** Bytes of layer `layer`'s KV cache or recurrent state for `ctx` positions (for the planner). */
-  stateBytes(cfg: ModelConfig, layer: number, ctx: number): number;
+  /**
+   * Bytes of layer `layer`'s KV cache or recurrent state for `ctx` positions and prefill chunks
+   * of up to `maxBatch` tokens (for the planner).
+   */
+  stateBytes(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number;
   /** Floats of attention scratch for a batch of `maxBatch` tokens (for the planner). */
   scratchFloats(cfg: ModelConfig, maxBatch: number): number;
   /** Bytes the attention allocates once per model besides state and scratch (for the planner). */

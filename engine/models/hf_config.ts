@@ -146,7 +146,8 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         highFreqFactor: r.num("high_freq_factor"),
         originalMaxPositions: r.int("original_max_position_embeddings", { min: 1 }),
       };
-    case "yarn":
+    case "yarn": {
+      const truncate = r.has("truncate") ? { truncate: r.bool("truncate", true) } : {};
       return {
         type: "yarn",
         factor: r.num("factor"),
@@ -158,7 +159,9 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         betaSlow: r.num("beta_slow", 1),
         mscale: r.num("mscale", 1),
         mscaleAllDim: r.num("mscale_all_dim", 0),
+        ...truncate,
       };
+    }
     default:
       throw new Error(
         `${f.where}: rope_scaling type ${type} is not supported (default, linear, llama3, yarn)`,
@@ -184,6 +187,50 @@ export function softmaxMoe(
     topkGroup: 1,
     selectionBias: false,
     sharedIntermediate: 0,
+  };
+}
+
+/**
+ * DeepSeek-style routing (DeepSeek-V3, Kimi-K2, GLM-4.5): sigmoid or softmax scores, optional
+ * group-limited selection, the noaux_tc selection bias, routed_scaling_factor and shared experts.
+ * `defaults` stands in for fields a model_type's config class defaults (GLM's).
+ */
+export function groupedMoe(
+  f: Fields,
+  numExperts: number,
+  scoring: string,
+  topkMethod: string,
+  defaults: { routedScaling?: number; groups?: number; sharedExperts?: number } = {},
+): MoeConfig {
+  const topK = f.int("num_experts_per_tok", { min: 1 });
+  checkTopK(f, numExperts, topK);
+  if (scoring !== "sigmoid" && scoring !== "softmax") {
+    throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
+  }
+  if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
+    throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
+  }
+  const grouped = topkMethod !== "greedy";
+  const nGroup = grouped ? f.int("n_group", { min: 1, def: defaults.groups }) : 1;
+  const topkGroup = grouped ? f.int("topk_group", { min: 1, def: defaults.groups }) : 1;
+  if (numExperts % nGroup || topkGroup > nGroup) {
+    throw new Error(
+      `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
+        `topk_group ${topkGroup}`,
+    );
+  }
+  const inter = f.int("moe_intermediate_size", { min: 1 });
+  return {
+    numExperts,
+    topK,
+    expertIntermediate: inter,
+    scoring,
+    normTopK: f.bool("norm_topk_prob", true),
+    routedScaling: f.num("routed_scaling_factor", defaults.routedScaling),
+    nGroup,
+    topkGroup,
+    selectionBias: topkMethod === "noaux_tc",
+    sharedIntermediate: inter * f.int("n_shared_experts", { def: defaults.sharedExperts }),
   };
 }
 

@@ -56,6 +56,11 @@ export interface WeightFormat {
    */
   readonly table?: { readonly kernel: string; bytes(cols: number): number };
   /**
+   * A single-vector kernel that multiplies f32 activations exactly, for weights that are the model
+   * as shipped (a TensorRef with `exact`: gpt-oss's MXFP4), when the format has one.
+   */
+  readonly exactGemv?: { kernel: string; scaled: boolean };
+  /**
    * Encodes float32 `w` [rows, cols] (pack). vq3r needs the trained `codebooks` ([3][256][8],
    * engine/quant/vq3r.ts). Throws naming `what` for a matrix the format cannot hold.
    */

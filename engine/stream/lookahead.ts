@@ -19,6 +19,8 @@ export interface ResidentRouter {
   weight: TensorRef;
   /** Arena offset of the f32 selection bias, if the model has one. */
   bias?: number;
+  /** Arena offset of the f32 bias added to the logits (gpt-oss), if the model has one. */
+  logitBias?: number;
 }
 
 /** Where predictions go: the expert store's speculative reads. */
@@ -120,6 +122,9 @@ export class Lookahead {
     if (!router || this.#n <= 0) return;
     const moe = this.#cfg.moe!;
     this.#ops.matmul({ w: router.weight, x: h, y: this.#logits, nb: 1 });
+    if (router.logitBias !== undefined) {
+      this.#ops.add(this.#logits, router.logitBias, moe.numExperts);
+    }
     const logits = this.#ops.f32(this.#logits, moe.numExperts);
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guess = route(moe, logits, bias, this.#n).ids;

@@ -32,6 +32,9 @@ Input:
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  --chat-template-kwargs JSON
+                        extra template variables for --chat, as llama.cpp takes them, e.g.
+                        '{"reasoning_effort":"high"}' for gpt-oss's harmony template
   An empty prompt starts from BOS (as llama.cpp does); --chat refuses an empty user message.
   A prompt that does not fit in --ctx is refused with both lengths (raise --ctx or shorten it).
 
@@ -47,6 +50,21 @@ Output:
   -h, --help            this text
 `;
 
+/** The `--chat-template-kwargs` object, or an error naming the flag. */
+function templateKwargs(raw: string | undefined): Record<string, unknown> | undefined {
+  if (raw === undefined) return undefined;
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch (e) {
+    throw new Error(`--chat-template-kwargs: not valid JSON (${(e as Error).message})`);
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) {
+    throw new Error(`--chat-template-kwargs: expected a JSON object, got ${raw}`);
+  }
+  return v as Record<string, unknown>;
+}
+
 /** The flags of `generate`, with llama.cpp's spellings as aliases. */
 const FLAGS: Flags = {
   ...MODEL_FLAG,
@@ -55,6 +73,7 @@ const FLAGS: Flags = {
   "prompt-ids": { type: "string" },
   chat: { type: "boolean" },
   system: { type: "string" },
+  "chat-template-kwargs": { type: "string" },
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
   json: { type: "boolean" },
@@ -72,14 +91,15 @@ export function parseGenerateArgs(args: string[]) {
   const run = runOptionsFromArgs(a);
   const sampling = samplingFromArgs(a);
   createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
-  return { a, run, sampling };
+  const kwargs = templateKwargs(a.str("chat-template-kwargs"));
+  return { a, run, sampling, kwargs };
 }
 
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const parsed = parseGenerateArgs(args);
   if (!parsed) return 0;
-  const { a, run, sampling } = parsed;
+  const { a, run, sampling, kwargs } = parsed;
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
@@ -123,7 +143,7 @@ export async function generateCommand(args: string[]): Promise<number> {
         ...(system ? [{ role: "system", content: system }] : []),
         { role: "user", content: prompt },
       ];
-      ids = session.chatIds(messages);
+      ids = session.chatIds(messages, kwargs);
     } else {
       ids = session.tokenize(prompt);
     }

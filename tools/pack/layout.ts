@@ -16,6 +16,7 @@ import {
 } from "../../io/model_config.ts";
 import {
   hfExpertName,
+  hfFusedExpertSlice,
   hfGlobalName,
   hfLayerName,
   layerTensorsOf,
@@ -44,7 +45,13 @@ import {
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
-import { findMatrix, INT4_PACKED, type SourceMatrix } from "../../engine/checkpoint_matrix.ts";
+import {
+  findFusedMxfp4,
+  findMatrix,
+  INT4_PACKED,
+  MXFP4_FUSED,
+  type SourceMatrix,
+} from "../../engine/checkpoint_matrix.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {
@@ -68,6 +75,10 @@ export interface BankLayout {
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
   format: ExpertFormat;
+  /** Whether the mxfp4 matrices were shipped as MXFP4 and multiply f32 activations exactly. */
+  nativeMxfp4: boolean;
+  /** gpt-oss: each matrix's f32 bias vector, after the matrices in every record. */
+  biases?: Record<ExpertMatrix, TensorEntry>;
   fallback: Partial<Record<ExpertMatrix, string>>;
   /** Offset in codebooks.bin of each vq3r / vq4p matrix kind's codebooks. */
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
@@ -209,6 +220,7 @@ function expertDtype(
   const plainOf = (): StoredDtype => {
     if (opts.convert) return opts.convert;
     if (src.dtype === INT4_PACKED) return "int4g32";
+    if (src.dtype === MXFP4_FUSED) return "mxfp4";
     const kept = KEPT_DTYPE[src.dtype];
     if (!kept) {
       throw new Error(
@@ -233,10 +245,13 @@ function expertDtype(
 function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankLayout {
   const moe = cfg.moe!;
   const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
+  const fused = hfFusedExpertSlice(cfg, l, "gate") !== null;
   for (let e = 0; e < moe.numExperts; e++) {
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
-      const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+      const src = fused
+        ? findFusedMxfp4(ckpt, cfg, l, e, m)
+        : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
       const want = expertMatrixShape(cfg, m);
       if (String([src.rows, src.cols]) !== String(want)) {
         throw new Error(
@@ -275,18 +290,26 @@ function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOpt
   if (formats.size > 1) {
     throw new Error(`${ckpt.dir}: layer ${l}: experts mix dtypes ${[...formats].join(", ")}`);
   }
-  const end = place(placed as Placed[], RECORD_HEADER_BYTES);
-  const matrices = Object.fromEntries(
-    EXPERT_MATRICES.map((m, i) => [m, placed[i].entry]),
-  ) as Record<ExpertMatrix, TensorEntry>;
-  return {
+  const biasItems = moe.expertBias
+    ? EXPERT_MATRICES.map((m) => ({ entry: entryOf("f32", [experts[0].get(m)!.rows], m) }))
+    : [];
+  const end = place([...placed, ...biasItems] as Placed[], RECORD_HEADER_BYTES);
+  const byMatrix = (items: { entry: TensorEntry }[]) =>
+    Object.fromEntries(EXPERT_MATRICES.map((m, i) => [m, items[i].entry])) as Record<
+      ExpertMatrix,
+      TensorEntry
+    >;
+  const bank: BankLayout = {
     experts,
-    matrices,
+    matrices: byMatrix(placed),
     stride: alignUp(end, BLOCK_ALIGN),
     format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
     fallback,
     codebookOffsets: {},
+    nativeMxfp4: fused && placed.every((p) => p.entry.dtype === "mxfp4"),
   };
+  if (biasItems.length) bank.biases = byMatrix(biasItems);
+  return bank;
 }
 
 /** Says once per matrix kind which expert matrices keep a plain dtype, and why. */
@@ -306,4 +329,27 @@ export function reportFallbacks(layout: PackLayout, log: (line: string) => void)
 export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
   const d = bank.matrices[m].dtype;
   return isCodebookDtype(d) ? CODEBOOK_BYTES[d] : 0;
+}
+
+/**
+ * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
+ * multi-token-prediction layers): they are not part of the model, so they are never packed.
+ */
+export function reportSkippedLayers(
+  cfg: ModelConfig,
+  ckpt: Checkpoint,
+  log: (line: string) => void,
+): void {
+  const counts = new Map<number, number>();
+  for (const name of ckpt.tensors.keys()) {
+    const m = /^model\.layers\.(\d+)\./.exec(name);
+    const l = m ? Number(m[1]) : -1;
+    if (l >= cfg.numLayers) counts.set(l, (counts.get(l) ?? 0) + 1);
+  }
+  for (const [l, n] of [...counts].sort((a, b) => a[0] - b[0])) {
+    log(
+      `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
+        `a multi-token-prediction layer, not used for generation`,
+    );
+  }
 }

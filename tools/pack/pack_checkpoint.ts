@@ -45,7 +45,7 @@ import {
   lockPackOutput,
 } from "./output_guard.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { computeLayout, type PackLayout, reportFallbacks } from "./layout.ts";
+import { computeLayout, type PackLayout, reportFallbacks, reportSkippedLayers } from "./layout.ts";
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
@@ -95,6 +95,7 @@ async function packLocked(
     const layout = computeLayout(cfg, ckpt, opts);
     await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
+    reportSkippedLayers(cfg, ckpt, log);
     const fp = await fingerprint(src, ckpt);
     const tmp = out + ".tmp";
     checkFreeSpace(tmp, containerBytesOf(layout) - bytesUnder(tmp));
