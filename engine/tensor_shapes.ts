@@ -42,6 +42,7 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
     case "router":
       return { shape: [moe!.numExperts, H], role: "router" };
     case "router_bias":
+    case "router_b":
       return { shape: [moe!.numExperts], role: "router" };
     case "shared_gate":
     case "shared_up":
