@@ -7,7 +7,7 @@
  */
 
 /** Forward-pass families: one file each under engine/models/. */
-export type Family = "llama" | "deepseek_v3";
+export type Family = "llama" | "deepseek_v3" | "kimi_linear";
 
 /** How RoPE pairs the dimensions of a head. */
 export type RopeLayout =
@@ -54,6 +54,27 @@ export interface MlaConfig {
   qkNopeHeadDim: number;
   qkRopeHeadDim: number;
   vHeadDim: number;
+  /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
+  nope?: boolean;
+}
+
+/**
+ * Kimi Delta Attention (Kimi-Linear, Kimi K3): gated delta-rule linear attention behind a causal
+ * short conv, with a fixed-size recurrent state per layer instead of a KV cache.
+ */
+export interface KdaConfig {
+  numHeads: number;
+  /** Key and value dims of a head (equal in every released checkpoint). */
+  headDim: number;
+  /** Width of the depthwise causal conv on q, k and v. */
+  convKernel: number;
+  /** Per layer: true for a KDA layer, false for a full-attention (MLA) layer. */
+  layers: boolean[];
+  /**
+   * null: Kimi-Linear's forget gate g = −exp(A_log)·softplus(z); a number lb: K3's bounded
+   * g = lb·σ(exp(A_log)·z).
+   */
+  gateLowerBound: number | null;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -103,6 +124,8 @@ export interface ModelConfig {
   layerKinds: ("dense" | "moe")[];
   moe: MoeConfig | null;
   mla: MlaConfig | null;
+  /** KDA layers (absent for families without them). */
+  kda?: KdaConfig;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
   bosId: number | null;
@@ -135,7 +158,23 @@ export type LayerTensor =
   | "router_bias"
   | "shared_gate"
   | "shared_up"
-  | "shared_down";
+  | "shared_down"
+  | "q_conv"
+  | "k_conv"
+  | "v_conv"
+  | "f_a"
+  | "f_b"
+  | "dt_bias"
+  | "a_log"
+  | "beta_proj"
+  | "g_a"
+  | "g_b"
+  | "o_norm";
+
+/** Whether `layer` is a KDA (linear-attention) layer. */
+export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
+  return cfg.kda?.layers[layer] ?? false;
+}
 
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor = "embed" | "final_norm" | "lm_head";

@@ -5,7 +5,13 @@
  * @module
  */
 
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "./model_config.ts";
+import {
+  type ExpertMatrix,
+  type GlobalTensor,
+  isKdaLayer,
+  type LayerTensor,
+  type ModelConfig,
+} from "./model_config.ts";
 
 /** Every canonical layer tensor, in the fixed order runs and listings use. */
 export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
@@ -34,6 +40,17 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "f_a",
+  "f_b",
+  "dt_bias",
+  "a_log",
+  "beta_proj",
+  "g_a",
+  "g_b",
+  "o_norm",
 ];
 
 /** Naming of one checkpoint family, relative to `model.layers.N.`. */
@@ -56,6 +73,22 @@ const NAMINGS: Record<string, Naming> = {
   qwen3_moe: { moe: "mlp", expert: MLP_EXPERTS },
   deepseek_v3: { moe: "mlp", expert: MLP_EXPERTS },
   kimi_k2: { moe: "mlp", expert: MLP_EXPERTS },
+  kimi_linear: { moe: "block_sparse_moe", expert: { gate: "w1", up: "w3", down: "w2" } },
+};
+
+/** KDA tensors, relative to `self_attn.` (the names of the released Kimi-Linear checkpoint). */
+const KDA_NAMES: Partial<Record<LayerTensor, string>> = {
+  q_conv: "q_conv1d.weight",
+  k_conv: "k_conv1d.weight",
+  v_conv: "v_conv1d.weight",
+  f_a: "f_a_proj.weight",
+  f_b: "f_b_proj.weight",
+  dt_bias: "dt_bias",
+  a_log: "A_log",
+  beta_proj: "b_proj.weight",
+  g_a: "g_a_proj.weight",
+  g_b: "g_b_proj.weight",
+  o_norm: "o_norm.weight",
 };
 
 function namingOf(cfg: ModelConfig): Naming {
@@ -91,7 +124,9 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
   const moeLayer = cfg.layerKinds[layer] === "moe";
-  const mla = cfg.mla;
+  const kda = isKdaLayer(cfg, layer);
+  // A KDA layer has q/k/v/o projections like GQA, and no MLA tensors.
+  const mla = kda ? null : cfg.mla;
   const moe = cfg.moe;
   const naming = namingOf(cfg);
   switch (t) {
@@ -140,6 +175,8 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
       return moeLayer && moe && moe.sharedIntermediate > 0
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
+    default:
+      return kda ? `self_attn.${KDA_NAMES[t]}` : null;
   }
 }
 

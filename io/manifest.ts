@@ -84,7 +84,7 @@ function bool(v: unknown, where: string): boolean {
 export function validateModelConfig(v: unknown, where: string): ModelConfig {
   const c = obj(v, where);
   const w = (k: string) => `${where}.${k}`;
-  oneOf(c.family, ["llama", "deepseek_v3"], w("family"));
+  oneOf(c.family, ["llama", "deepseek_v3", "kimi_linear"], w("family"));
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
     int(c[k], w(k), 1, MAX_DIM);
@@ -127,6 +127,18 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
     for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
       int(m[k], w(`mla.${k}`), 1, MAX_DIM);
     }
+    if (m.nope !== undefined) bool(m.nope, w("mla.nope"));
+  }
+  if (c.kda !== undefined) {
+    const k = obj(c.kda, w("kda"));
+    for (const key of ["numHeads", "headDim", "convKernel"]) {
+      int(k[key], w(`kda.${key}`), 1, MAX_DIM);
+    }
+    if (!Array.isArray(k.layers) || k.layers.length !== numLayers) {
+      throw new Error(`${w("kda.layers")}: expected ${numLayers} entries`);
+    }
+    k.layers.forEach((x, i) => bool(x, `${w("kda.layers")}[${i}]`));
+    if (k.gateLowerBound !== null) num(k.gateLowerBound, w("kda.gateLowerBound"));
   }
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);

@@ -12,7 +12,7 @@
  */
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
-import type { ModelConfig } from "../model_config.ts";
+import { isKdaLayer, type ModelConfig } from "../model_config.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
@@ -31,7 +31,8 @@ export class MlaAttention {
   #ops: Ops;
   #arena: Arena;
   #cfg: ModelConfig;
-  #rope: RopeTable;
+  /** null under NoPE (Kimi-Linear). */
+  #rope: RopeTable | null;
   #cache: number[] = [];
   #absorbed: (Absorbed | null)[];
   #qa: number;
@@ -57,11 +58,14 @@ export class MlaAttention {
     const H = cfg.numHeads;
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
+    // Hybrids (Kimi-Linear) keep a latent cache only for their full-attention layers.
     for (let l = 0; l < cfg.numLayers; l++) {
-      this.#cache.push(arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4));
+      this.#cache.push(
+        isKdaLayer(cfg, l) ? -1 : arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4),
+      );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
-    this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
+    this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
     this.#qa = arena.alloc("mla q_a", maxBatch * (mla.qLoraRank ?? 1) * 4);
     this.#q = arena.alloc("mla q", maxBatch * H * this.#qkDim * 4);
     this.#kva = arena.alloc("mla kv_a", maxBatch * this.#row * 4);
@@ -144,11 +148,13 @@ export class MlaAttention {
     const interleaved = cfg.rope.layout === "interleaved";
     const lengths: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
       const kv = this.#kva + b * row * 4;
       ops.rmsnorm(kv, lw.get("kv_a_norm").ptr, kv, r, 1, eps);
-      ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
-      ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      if (this.#rope) {
+        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
+        ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      }
       lengths.push(pos + b + 1);
     }
     ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);

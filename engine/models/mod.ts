@@ -9,6 +9,7 @@ import type { ModelConfig } from "../model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import { MlaAttention } from "./deepseek_v3.ts";
+import { KimiLinearAttention } from "./kimi_linear.ts";
 import { GqaAttention } from "./llama.ts";
 
 /** The attention of `cfg.family`, with its KV cache allocated in `arena`. */
@@ -24,5 +25,7 @@ export function createAttention(
       return new GqaAttention(ops, arena, cfg, maxBatch, maxCtx);
     case "deepseek_v3":
       return new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
+    case "kimi_linear":
+      return new KimiLinearAttention(ops, arena, cfg, maxBatch, maxCtx);
   }
 }

@@ -66,6 +66,15 @@ export interface BankPlan {
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
 }
 
+/** KDA's conv taps, per-head decay rates and gate bias: small, read as f32 vectors, never converted. */
+const VECTOR_TENSORS: ReadonlySet<LayerTensor> = new Set([
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "a_log",
+  "dt_bias",
+]);
+
 /** Layer tensors `--trunk int8` leaves alone: MLA's wkv_b is widened to f32 at load time. */
 const TRUNK_INT8_EXCLUDED: ReadonlySet<LayerTensor> = new Set(["router", "wkv_b"]);
 
@@ -160,7 +169,11 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const role = t === "router" ? "router" : src.shape.length === 1 ? "vector" : "weight";
+      const role = t === "router"
+        ? "router"
+        : src.shape.length === 1 || VECTOR_TENSORS.has(t)
+        ? "vector"
+        : "weight";
       if (role === "weight" && src.shape.length !== 2) {
         throw new Error(`${src.file}: tensor ${src.name} has shape [${src.shape}], expected 2-D`);
       }
