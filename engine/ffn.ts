@@ -8,7 +8,7 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { LayerTensor, ModelConfig } from "./model_config.ts";
+import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
 import { inputFormOf } from "./tensor.ts";

@@ -11,7 +11,7 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { KdaConfig, ModelConfig } from "./model_config.ts";
+import type { KdaConfig, ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import type { LayerWeights } from "./weights.ts";
 

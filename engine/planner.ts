@@ -8,11 +8,12 @@
  *
  * @module
  */
+import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
-import { alignUp, PAGE } from "./arena.ts";
+import { PAGE } from "./arena.ts";
 import { kdaLayerStateBytes } from "./kda.ts";
-import { isKdaLayer, type ModelConfig } from "./model_config.ts";
+import { isKdaLayer, type ModelConfig } from "../io/model_config.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";

@@ -11,7 +11,7 @@ import {
   isKdaLayer,
   type LayerTensor,
   type ModelConfig,
-} from "./model_config.ts";
+} from "../io/model_config.ts";
 
 /** Every canonical layer tensor, in the fixed order runs and listings use. */
 export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [

@@ -9,7 +9,7 @@
  */
 import type { Arena } from "../arena.ts";
 import { KdaAttention } from "../kda.ts";
-import { isKdaLayer, type ModelConfig } from "../model_config.ts";
+import { isKdaLayer, type ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";

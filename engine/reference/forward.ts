@@ -18,7 +18,7 @@ import {
   type LayerTensor,
   layerTensorName,
   type ModelConfig,
-} from "../model_config.ts";
+} from "../../io/model_config.ts";
 import { addInto, matvec, rmsNorm, sigmoid, silu, softmax, swiglu } from "./math.ts";
 import { routeReference } from "./moe_routing.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";

@@ -12,7 +12,7 @@ import {
   type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
-} from "../../engine/model_config.ts";
+} from "../../io/model_config.ts";
 import {
   hfExpertName,
   hfGlobalName,
