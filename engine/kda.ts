@@ -11,7 +11,7 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { KdaConfig, ModelConfig } from "../io/model_config.ts";
+import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import type { LayerWeights } from "./weights.ts";
 
@@ -19,6 +19,31 @@ import type { LayerWeights } from "./weights.ts";
 export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number } {
   const p = k.numHeads * k.headDim;
   return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
+}
+
+/** The checkpoint shape of a KDA layer tensor (Kimi-Linear's layout), or null for other tensors. */
+export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | null {
+  const k = cfg.kda;
+  if (!k) return null;
+  const h = cfg.hiddenSize, H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+  const shapes: Partial<Record<LayerTensor, number[]>> = {
+    wq: [p, h],
+    wk: [p, h],
+    wv: [p, h],
+    wo: [h, p],
+    q_conv: [p, 1, K],
+    k_conv: [p, 1, K],
+    v_conv: [p, 1, K],
+    f_a: [dk, h],
+    f_b: [p, dk],
+    dt_bias: [p],
+    a_log: [1, 1, H, 1],
+    beta_proj: [H, h],
+    g_a: [dk, h],
+    g_b: [p, dk],
+    o_norm: [dk],
+  };
+  return shapes[t] ?? null;
 }
 
 /**

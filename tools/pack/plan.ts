@@ -10,9 +10,11 @@ import {
   EXPERT_MATRICES,
   type ExpertMatrix,
   type GlobalTensor,
+  isKdaLayer,
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
+import { kdaTensorShape } from "../../engine/kda.ts";
 import {
   hfExpertName,
   hfGlobalName,
@@ -169,6 +171,8 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
+      const kdaShape = isKdaLayer(cfg, l) ? kdaTensorShape(cfg, t) : null;
+      if (kdaShape) checkShape(src, kdaShape);
       const role = t === "router"
         ? "router"
         : src.shape.length === 1 || VECTOR_TENSORS.has(t)
