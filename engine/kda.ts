@@ -14,6 +14,12 @@ import type { Arena } from "./arena.ts";
 import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import type { LayerWeights } from "./weights.ts";
+import { kdaChunkScratchFloats } from "../wasm/mod.ts";
+
+/** Bytes of the chunked form's scratch for prefill calls of up to `maxBatch` tokens. */
+export function kdaScratchBytes(k: KdaConfig, maxBatch: number): number {
+  return maxBatch > 1 ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4 : 0;
+}
 
 /** Bytes of one KDA layer's recurrent state and conv windows. */
 export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number } {
@@ -94,6 +100,8 @@ export class KdaAttention {
   #lowG: number;
   #gate: number;
   #o: number;
+  #chunk: number;
+  #chunkScratch: number;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
     const k = cfg.kda;
@@ -121,6 +129,10 @@ export class KdaAttention {
     this.#lowG = buf("kda g_a", k.headDim);
     this.#gate = buf("kda output gate", p);
     this.#o = buf("kda output", p);
+    this.#chunk = maxBatch;
+    this.#chunkScratch = maxBatch > 1
+      ? arena.alloc("kda chunk scratch", kdaScratchBytes(k, maxBatch))
+      : -1;
   }
 
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
@@ -180,7 +192,8 @@ export class KdaAttention {
     );
     ops.sigmoid(this.#beta, nb * H);
     ops.sigmoid(this.#gate, nb * p);
-    ops.kdaRecurrent({
+    // Prefill calls run the chunked form (one chunk per call), decode the recurrence.
+    ops.kda({
       state: st.state,
       q,
       k: kk,
@@ -197,6 +210,7 @@ export class KdaAttention {
       gStride: p,
       betaStride: H,
       outStride: p,
+      chunked: nb > 1 ? { chunk: this.#chunk, scratch: this.#chunkScratch } : undefined,
     });
     ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
     ops.mul(this.#o, this.#gate, nb * p);
