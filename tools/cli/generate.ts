@@ -22,6 +22,7 @@ Input:
                         model with random weights, made on first use; its text is gibberish)
   --prompt TEXT         prompt text (else --prompt-file, else stdin)
   --prompt-file FILE    read the prompt from a file
+  --prompt-ids 1,403,7  the prompt as token ids, used as given (no BOS is added)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
 
@@ -57,6 +58,18 @@ Output:
   -h, --help            this text
 `;
 
+/** Parses `--prompt-ids`: comma-separated token ids inside the vocabulary. */
+function promptIds(s: string, vocab: number): number[] {
+  const ids = s.split(",").map((x) => x.trim()).filter((x) => x !== "").map(Number);
+  const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= vocab);
+  if (ids.length === 0 || bad !== undefined) {
+    throw new Error(
+      `--prompt-ids expects comma-separated token ids in 0..${vocab - 1}, got "${s}"`,
+    );
+  }
+  return ids;
+}
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const { values: v } = parseArgs({
@@ -65,6 +78,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       model: { type: "string" },
       prompt: { type: "string" },
       "prompt-file": { type: "string" },
+      "prompt-ids": { type: "string" },
       chat: { type: "boolean" },
       system: { type: "string" },
       "max-tokens": { type: "string", short: "n" },
@@ -146,10 +160,13 @@ export async function generateCommand(args: string[]): Promise<number> {
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
   let prompt = v.prompt;
+  if (v["prompt-ids"] !== undefined && (prompt !== undefined || v["prompt-file"] || v.chat)) {
+    throw new Error("--prompt-ids cannot be combined with --prompt, --prompt-file or --chat");
+  }
   if (prompt === undefined && v["prompt-file"]) {
     prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
   }
-  if (prompt === undefined && !Deno.stdin.isTerminal()) {
+  if (prompt === undefined && v["prompt-ids"] === undefined && !Deno.stdin.isTerminal()) {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
@@ -159,7 +176,9 @@ export async function generateCommand(args: string[]): Promise<number> {
   const session = await Session.open(modelPath, run);
   try {
     let ids: number[];
-    if (v.chat) {
+    if (v["prompt-ids"] !== undefined) {
+      ids = promptIds(v["prompt-ids"], session.model.cfg.vocabSize);
+    } else if (v.chat) {
       const messages = [
         ...(v.system ? [{ role: "system", content: v.system }] : []),
         { role: "user", content: prompt },
