@@ -1,4 +1,4 @@
-// Compute kernels (wasm/kernels.wasm) against the scalar references of wasm/reference.ts, plus
+// Compute kernels (wasm/kernels.wasm) against the scalar references of tests/scalar_kernels.ts, plus
 // the invariants the engine relies on: row splits and batching never change a result's bits.
 import assert from "node:assert/strict";
 import {
@@ -30,7 +30,7 @@ import {
   softmaxRef,
   topkRef,
   type Weights,
-} from "../wasm/reference.ts";
+} from "./scalar_kernels.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);

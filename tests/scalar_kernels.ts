@@ -1,5 +1,5 @@
 /**
- * Scalar TypeScript references of every kernel in wasm/mod.ts, on plain typed arrays. They define
+ * Scalar TypeScript versions of every kernel in wasm/mod.ts, on plain typed arrays. They define
  * the semantics the tests hold the kernels to. Reductions (dot products, sums of squares, softmax
  * sums) run in float64 and round to f32 once at the store, so they are more accurate than the
  * kernels, which are compared with a tolerance. Element-wise arithmetic (add, axpy, scale, RoPE)
