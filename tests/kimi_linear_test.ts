@@ -15,6 +15,8 @@ import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.t
 import { referenceWeightsFromContainer } from "../engine/reference/container.ts";
 import { join } from "node:path";
 import { type ExpertsOption, packCheckpoint } from "../tools/pack.ts";
+import { splitBanks } from "../tools/split_banks.ts";
+import { cpSync } from "node:fs";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
@@ -173,13 +175,15 @@ Deno.test({
   },
 });
 
-/** Logits of every position of `tokens`: prefilled in calls of `chunk`, then decoded. */
+/** Logits of every position of `tokens` (of the fixture, or the container at `path`). */
 async function allLogits(
   tokens: number[],
   prompt: number,
   opts: RunOptions,
+  path?: string,
 ): Promise<Float32Array> {
-  const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 64, ...opts });
+  const dir = path ?? await packedFixture(NAME);
+  const model = await Model.open(dir, { quiet: true, ctx: 64, ...opts });
   try {
     const parts: Float32Array[] = [];
     const chunk = model.prefillChunk;
@@ -267,6 +271,31 @@ Deno.test({
     for (const [what, opts] of settings) {
       assert.deepEqual(await allLogits(tokens, prompt, opts), base, `${what} changed the logits`);
     }
+  },
+});
+
+Deno.test({
+  name: "kimi_linear: bank shards and a learned hot list change no bit",
+  ignore,
+  async fn() {
+    const { tokens, prompt } = await longSequence();
+    const path = join(tempDir(), "kimi-linear-hot.sluice");
+    cpSync(await packedFixture(NAME), path, { recursive: true });
+    const base = await allLogits(tokens, prompt, { expertSlots: 12 }, path);
+    const dirs = [0, 1, 2].map((i) => join(tempDir(), `kimi-linear-shard${i}`));
+    splitBanks(path, dirs, { progress: "off", log: () => {} });
+    assert.deepEqual(
+      await allLogits(tokens, prompt, { expertSlots: 12, shards: dirs }, path),
+      base,
+      "shards changed the logits",
+    );
+    await allLogits(tokens, prompt, { expertSlots: 12, learn: true }, path);
+    assert.ok(existsSync(`${path}.hot.json`), "--learn wrote no hot list");
+    assert.deepEqual(
+      await allLogits(tokens, prompt, { expertSlots: 12 }, path),
+      base,
+      "the hot list changed the logits",
+    );
   },
 });
 
