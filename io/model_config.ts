@@ -72,6 +72,11 @@ export interface KdaConfig {
    * g = lb·σ(exp(A_log)·z).
    */
   gateLowerBound: number | null;
+  /**
+   * false: the output gate is σ(W_gb·W_ga·u) through a low-rank pair (Kimi-Linear's g_a/g_b);
+   * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
+   */
+  fullRankOutputGate: boolean;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -163,6 +168,7 @@ export const LAYER_TENSOR_ORDER = [
   "beta_proj",
   "g_a",
   "g_b",
+  "g_proj",
   "o_norm",
   "ffn_norm",
   "ffn_gate",
