@@ -234,11 +234,7 @@ export class Model {
         (experts?.stats.bytesRead ?? 0);
       trunk.resetStats();
       experts?.resetStats();
-      transformer.moeObservers.push((l, routes, _h, _nb, pos) => observers.observe(l, routes, pos));
-      const guesser = observers.lookahead;
-      if (guesser) {
-        transformer.routedHooks.push((l, routes, h, nb) => guesser.observe(l, routes, h, nb));
-      }
+      transformer.moeObservers.push(observers.observe);
       return new Model({
         container,
         plan,

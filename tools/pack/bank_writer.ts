@@ -21,7 +21,11 @@ import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { BankLayout } from "./layout.ts";
-import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
+import {
+  readMatrixF32,
+  readPackedInt4,
+  type SourceMatrix,
+} from "../../engine/checkpoint_matrix.ts";
 
 /** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
 function writeExpertMatrix(
