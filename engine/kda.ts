@@ -37,11 +37,19 @@ export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number 
   return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
 }
 
-/** The checkpoint shape of a KDA layer tensor (Kimi-Linear's layout), or null for other tensors. */
-export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | null {
+/**
+ * Checks a KDA layer tensor's checkpoint shape; returns what was expected when it does not fit,
+ * else null. A_log need only hold one rate per head (Kimi-Linear stores [1, 1, H, 1], K3 a padded
+ * vector), so its element count is what is checked.
+ */
+export function kdaShapeMismatch(cfg: ModelConfig, t: LayerTensor, shape: number[]): string | null {
   const k = cfg.kda;
   if (!k) return null;
   const h = cfg.hiddenSize, H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+  if (t === "a_log") {
+    const n = shape.reduce((a, b) => a * b, 1);
+    return n >= H ? null : `at least ${H} values (one decay rate per head)`;
+  }
   const shapes: Partial<Record<LayerTensor, number[]>> = {
     wq: [p, h],
     wk: [p, h],
@@ -53,14 +61,14 @@ export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | nul
     f_a: [dk, h],
     f_b: [p, dk],
     dt_bias: [p],
-    a_log: [1, 1, H, 1],
     beta_proj: [H, h],
     g_a: [dk, h],
     g_b: [p, dk],
     g_proj: [p, h],
     o_norm: [dk],
   };
-  return shapes[t] ?? null;
+  const want = shapes[t];
+  return want && String(want) !== String(shape) ? `shape [${want}]` : null;
 }
 
 /**

@@ -302,6 +302,32 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "pack refuses a KDA tensor of the wrong shape, naming the file, tensor and layer",
+  ignore,
+  async fn() {
+    const src = join(tempDir(), "kimi-linear-bad-conv");
+    cpSync(fixtureDir(NAME), src, { recursive: true });
+    const file = join(src, "model.safetensors");
+    Deno.chmodSync(file, 0o644);
+    const bytes = Deno.readFileSync(file);
+    const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    const header = new TextDecoder().decode(bytes.subarray(8, 8 + n));
+    // Same byte count, transposed taps: only a shape check can tell.
+    const key = '"model.layers.3.self_attn.k_conv1d.weight":{"dtype":"F32","shape":[64,1,4]';
+    assert.ok(header.includes(key), "fixture header layout changed");
+    const edited = header.replace(key, key.replace("[64,1,4]", "[64,4,1]"));
+    bytes.set(new TextEncoder().encode(edited), 8);
+    Deno.writeFileSync(file, bytes);
+    const out = join(tempDir(), "kimi-linear-bad-conv.sluice");
+    await assert.rejects(
+      packCheckpoint(src, out, { progress: "off", log: () => {} }),
+      /model\.safetensors: tensor model\.layers\.3\.self_attn\.k_conv1d\.weight \(layer 3 k_conv\) has shape \[64,4,1\], expected shape \[64,1,4\]/,
+    );
+    assert.ok(!existsSync(out), "a refused pack left a container");
+  },
+});
+
 // Compact expert formats: the engine against the float64 reference fed with the container's own
 // (dequantised) weights, as tests/quant_engine_test.ts does. mxfp4 and int4 also round their
 // inputs to Q8 blocks, which the reference does not; on this model (router near-ties, o_norm
