@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
+import { kvCacheBytes, planMemory } from "../engine/planner.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import {
   referenceWeightsFromCheckpoint,
@@ -94,6 +95,53 @@ Deno.test({
     assert.equal(c.moe?.sharedIntermediate, 32);
     assert.equal(c.maxPositions, 512);
     assert.equal(c.rmsNormEps, 1e-6);
+  },
+});
+
+Deno.test({
+  name: "the planner sizes a Kimi-Linear-48B-shaped model's KDA state and MLA latent cache",
+  ignore,
+  fn() {
+    // The fixture's config at the real KDA/MLA widths (README: 32 KDA heads of 128, convs on
+    // 3 × 4096 channels, 20 KDA layers; latent 512 + 64 per position).
+    const hf = hfConfig();
+    const kdaLayers: number[] = [], fullLayers: number[] = [];
+    for (let n = 1; n <= 27; n++) (n % 4 === 0 || n === 27 ? fullLayers : kdaLayers).push(n);
+    Object.assign(hf, {
+      hidden_size: 2304,
+      num_hidden_layers: 27,
+      num_attention_heads: 32,
+      num_key_value_heads: 32,
+      kv_lora_rank: 512,
+      qk_nope_head_dim: 128,
+      qk_rope_head_dim: 64,
+      v_head_dim: 128,
+      linear_attn_config: {
+        full_attn_layers: fullLayers,
+        kda_layers: kdaLayers,
+        num_heads: 32,
+        head_dim: 128,
+        short_conv_kernel_size: 4,
+      },
+    });
+    const cfg = normalizeConfig(hf);
+    assert.equal(cfg.kda!.layers.filter((x) => x).length, 20);
+    const ctx = 4096;
+    const plan = planMemory({
+      cfg,
+      globalsBytes: 0,
+      layerBytes: new Array(27).fill(4096),
+      expertStride: 0,
+      totalExperts: 0,
+      routerBytes: 0,
+    }, { ctx, maxBatch: 64 });
+    const kdaBytes = (32 * 128 * 128 + 3 * 3 * 4096) * 4;
+    cfg.kda!.layers.forEach((isKda, l) => {
+      assert.equal(plan.layerStateBytes[l], isKda ? kdaBytes : ctx * (512 + 64) * 4, `layer ${l}`);
+    });
+    // The recurrent state does not grow with the context; the latent cache does, linearly.
+    const grow = kvCacheBytes(cfg, 2 * ctx) - kvCacheBytes(cfg, ctx);
+    assert.equal(grow, 7 * ctx * (512 + 64) * 4);
   },
 });
 
