@@ -158,6 +158,20 @@ export class KdaAttention {
       : -1;
   }
 
+  /**
+   * Throws unless `pos` is 0 (a restart) or the next position of KDA layer `layer` (of the
+   * first KDA layer when absent): a recurrent state cannot rewind. The family's `begin` calls it
+   * before the first layer, so a refused call changes no layer's state or cache.
+   */
+  checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
+    if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
+      throw new Error(
+        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
+          `(a recurrent state cannot rewind; start again from position 0)`,
+      );
+    }
+  }
+
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
@@ -165,14 +179,8 @@ export class KdaAttention {
     const st = this.#layers[layer];
     if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    if (pos === 0) {
-      this.#zero(st);
-    } else if (pos !== this.#next[layer]) {
-      throw new Error(
-        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
-          `(a recurrent state cannot rewind; start again from position 0)`,
-      );
-    }
+    this.checkPosition(pos, layer);
+    if (pos === 0) this.#zero(st);
     this.#next[layer] = pos + nb;
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;

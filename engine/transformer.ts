@@ -18,6 +18,11 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 export interface Attention {
   /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * Called once per forward pass before any layer runs: a recurrent state (KDA) refuses a
+   * position it cannot continue from here, before any cache or state changes.
+   */
+  begin?(pos: number, nb: number): void;
 }
 
 /** Weights that stay in the arena for the whole run. */
@@ -97,6 +102,7 @@ export class Transformer {
       throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
     }
     const x = this.#x, h = this.#h, tmp = this.#tmp;
+    attention.begin?.(pos, nb);
     embedRows(arena, globals.embed, tokens, x);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       const lw = trunk.acquire(layer);

@@ -206,6 +206,26 @@ Deno.test({
 });
 
 Deno.test({
+  name: "position 0 restarts the recurrent state; another earlier position is refused",
+  ignore,
+  async fn() {
+    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 32 });
+    try {
+      const first = model.forward(KNOWN_PROMPT, 0, true);
+      model.forward([KNOWN_IDS[0]], KNOWN_PROMPT.length);
+      assert.throws(
+        () => model.forward([5], 2),
+        /KDA state is at position 6, not 2.*cannot rewind/,
+      );
+      // A second run from 0 sees none of the first run's state: the same bits.
+      assert.deepEqual(model.forward(KNOWN_PROMPT, 0, true), first);
+    } finally {
+      model.close();
+    }
+  },
+});
+
+Deno.test({
   name: "engine matches the float64 reference within 1e-4 on every prompt",
   ignore,
   async fn() {
