@@ -33,7 +33,7 @@ export const FAMILY_RULES: FamilyRules = {
   layerTensors: layerTensorsOf,
   checkBounds: checkConfigBounds,
   globalSpec: globalTensorSpec,
-  layerSpec: (cfg, t) => layerTensorSpec(cfg, t as LayerTensor),
+  layerSpec: (cfg, t, l) => layerTensorSpec(cfg, t as LayerTensor, l),
   expertShape: expertMatrixShape,
 };
 

@@ -79,6 +79,8 @@ export interface MemoryPlan {
   /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
   fixedBytes: number;
   kvBytes: number;
+  /** Per layer: its KV cache at `ctx`, or its recurrent state (KDA), before page rounding. */
+  layerStateBytes: number[];
   scratchBytes: number;
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
@@ -125,6 +127,11 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
+  const family = familyOf(cfg);
+  const layerStateBytes = Array.from(
+    { length: cfg.numLayers },
+    (_, l) => family.stateBytes(cfg, l, opts.ctx, opts.maxBatch),
+  );
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
@@ -181,6 +188,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     budget,
     fixedBytes,
     kvBytes,
+    layerStateBytes,
     scratchBytes: scratch,
     floor,
     pinned,

@@ -169,8 +169,11 @@ export class Session {
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
     const t = this.timings;
     const t0 = performance.now();
-    // The last prompt token always runs: its logits pick the first new token.
-    const reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
+    // The last prompt token always runs: its logits pick the first new token. A recurrent state
+    // (KDA) cannot rewind, so it is reused only when the prompt extends all it holds.
+    let reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
+    const recurrent = this.model.transformer.stateRegions().length > 0;
+    if (recurrent && reuse !== this.#cached.length) reuse = 0;
     this.#cached = this.#cached.slice(0, reuse);
     t.promptTokens = ids.length;
     t.cachedTokens = reuse;

@@ -26,8 +26,8 @@ export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec 
   return g === "final_norm" ? vector(cfg.hiddenSize) : weight(cfg.vocabSize, cfg.hiddenSize);
 }
 
-/** The spec of layer tensor `t` (which the layer must have, see layerTensorsOf). */
-export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
+/** The spec of layer `layer`'s tensor `t` (which the layer must have, see layerTensorsOf). */
+export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number): TensorSpec {
   const H = cfg.hiddenSize;
   const moe = cfg.moe;
   switch (t) {
@@ -50,8 +50,9 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
     default: {
-      const shape = familyOf(cfg).attentionShape(cfg, t);
-      return { shape, role: shape.length === 1 ? "vector" : "weight" };
+      const spec = familyOf(cfg).attentionShape(cfg, t, layer);
+      if (!Array.isArray(spec)) return spec;
+      return { shape: spec, role: spec.length === 2 ? "weight" : "vector" };
     }
   }
 }
@@ -138,7 +139,9 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   // One layer of each kind stands for all: the shapes only differ between kinds.
   for (const kind of new Set(cfg.layerKinds)) {
     const l = cfg.layerKinds.indexOf(kind);
-    for (const t of layerTensorsOf(cfg, l)) sized(`layer ${l} ${t}`, layerTensorSpec(cfg, t).shape);
+    for (const t of layerTensorsOf(cfg, l)) {
+      sized(`layer ${l} ${t}`, layerTensorSpec(cfg, t, l).shape);
+    }
   }
   if (moe) sized("an expert matrix", expertMatrixShape(cfg, "gate"));
 }

@@ -106,7 +106,7 @@ export interface FamilyRules {
   checkBounds(config: ModelConfig, where: string): void;
   /** The shape and role `config` gives a global tensor, a layer tensor, an expert matrix. */
   globalSpec(config: ModelConfig, g: GlobalTensor): TensorSpec;
-  layerSpec(config: ModelConfig, t: string): TensorSpec;
+  layerSpec(config: ModelConfig, t: string, layer: number): TensorSpec;
   expertShape(config: ModelConfig, m: ExpertMatrix): [number, number];
 }
 
@@ -120,13 +120,21 @@ export type TensorRole = "vector" | "router" | "weight";
 export interface TensorSpec {
   shape: number[];
   role: TensorRole;
+  /** Any shape holding at least `shape`'s element count is fine (KDA's A_log: one rate a head). */
+  atLeast?: boolean;
+}
+
+/** Why `shape` does not fit `spec` (as "[…]" or "at least N values"), or null when it does. */
+export function specMismatch(shape: readonly number[], spec: TensorSpec): string | null {
+  if (!spec.atLeast) return String(shape) === String(spec.shape) ? null : `[${spec.shape}]`;
+  const n = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
+  return n(shape) >= n(spec.shape) ? null : `at least ${n(spec.shape)} values`;
 }
 
 /** Checks an entry against the shape and role the config gives its tensor. */
 function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
-  if (String(e.shape) !== String(spec.shape)) {
-    throw new Error(`${where}: shape [${e.shape}], but the config gives [${spec.shape}]`);
-  }
+  const want = specMismatch(e.shape, spec);
+  if (want) throw new Error(`${where}: shape [${e.shape}], but the config gives ${want}`);
   if (spec.role !== "weight" && e.dtype !== "f32") {
     throw new Error(`${where}: dtype ${e.dtype}, expected f32 for a ${spec.role}`);
   }
@@ -352,7 +360,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     const tensors: Record<string, TensorEntry> = {};
     for (const k of want) {
       const e = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
-      checkSpec(e, rules.layerSpec(config, k), `${at}.tensors.${k}`);
+      checkSpec(e, rules.layerSpec(config, k, l), `${at}.tensors.${k}`);
       tensors[k] = e;
     }
     checkNoOverlap(Object.entries(tensors), at);

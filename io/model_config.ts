@@ -56,6 +56,32 @@ export interface MlaConfig {
   qkNopeHeadDim: number;
   qkRopeHeadDim: number;
   vHeadDim: number;
+  /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
+  nope?: boolean;
+}
+
+/**
+ * Kimi Delta Attention (Kimi-Linear, Kimi K3): gated delta-rule linear attention behind a causal
+ * short conv, with a fixed-size recurrent state per layer instead of a KV cache.
+ */
+export interface KdaConfig {
+  numHeads: number;
+  /** Key and value dims of a head (equal in every released checkpoint). */
+  headDim: number;
+  /** Width of the depthwise causal conv on q, k and v. */
+  convKernel: number;
+  /** Per layer: true for a KDA layer, false for a full-attention (MLA) layer. */
+  layers: boolean[];
+  /**
+   * null: Kimi-Linear's forget gate g = −exp(A_log)·softplus(z); a number lb: K3's bounded
+   * g = lb·σ(exp(A_log)·z).
+   */
+  gateLowerBound: number | null;
+  /**
+   * false: the output gate is σ(W_gb·W_ga·u) through a low-rank pair (Kimi-Linear's g_a/g_b);
+   * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
+   */
+  fullRankOutputGate: boolean;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -131,6 +157,8 @@ export interface ModelConfig {
   layerKinds: ("dense" | "moe")[];
   moe: MoeConfig | null;
   mla: MlaConfig | null;
+  /** KDA layers (absent for families without them). */
+  kda?: KdaConfig;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
   /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
@@ -164,6 +192,18 @@ export const LAYER_TENSOR_ORDER = [
   "wkv_a",
   "kv_a_norm",
   "wkv_b",
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "f_a",
+  "f_b",
+  "dt_bias",
+  "a_log",
+  "beta_proj",
+  "g_a",
+  "g_b",
+  "g_proj",
+  "o_norm",
   "ffn_norm",
   "ffn_gate",
   "ffn_up",
@@ -178,6 +218,11 @@ export const LAYER_TENSOR_ORDER = [
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
 export type LayerTensor = typeof LAYER_TENSOR_ORDER[number];
+
+/** Whether `layer` is a KDA (linear-attention) layer. */
+export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
+  return cfg.kda?.layers[layer] ?? false;
+}
 
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor = "embed" | "final_norm" | "lm_head";

@@ -21,6 +21,7 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
   "tiny-glm4-moe",
+  "tiny-kimi-linear",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */

@@ -10,6 +10,7 @@
  *
  * @module
  */
+import type { TensorSpec } from "../../io/manifest.ts";
 import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import type { Ops } from "../ops.ts";
@@ -60,11 +61,12 @@ export interface Family {
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
   /**
-   * The shape of each attention tensor `attentionTensors` names ([rows, cols] as in PyTorch, [n]
-   * for a vector), derived from the config: engine/tensor_shapes.ts checks checkpoints (at pack)
-   * and manifests (at open) against it.
+   * The shape of each attention tensor `attentionTensors` names for layer `layer` ([rows, cols]
+   * as in PyTorch, [n] for a vector; a full spec where the shape is looser), derived from the
+   * config: engine/tensor_shapes.ts checks checkpoints (at pack) and manifests (at open) against
+   * it. Anything but a 2-D shape is stored as an f32 vector.
    */
-  attentionShape(cfg: ModelConfig, t: LayerTensor): number[];
+  attentionShape(cfg: ModelConfig, t: LayerTensor, layer: number): number[] | TensorSpec;
   /**
    * Checks the family's own parts of a stored config (its sections such as `mla`, and that the
    * sections of other families are absent). `where` names the manifest field.

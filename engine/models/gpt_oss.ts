@@ -80,10 +80,10 @@ export const GPT_OSS: Family = {
     if (cfg.attention?.sinks) names.sinks = "self_attn.sinks";
     return names;
   },
-  attentionShape(cfg, t) {
+  attentionShape(cfg, t, layer) {
     if (t === "bo") return [cfg.hiddenSize];
     if (t === "sinks") return [cfg.numHeads];
-    return LLAMA.attentionShape(cfg, t);
+    return LLAMA.attentionShape(cfg, t, layer);
   },
   validateConfig(c, where) {
     const { obj, bool, int } = manifestField;

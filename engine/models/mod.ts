@@ -14,6 +14,7 @@ import type { Attention } from "../transformer.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
+import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
 import {
   LLAMA,
   MIXTRAL_NAMING,
@@ -29,6 +30,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   llama: LLAMA,
   deepseek_v3: DEEPSEEK_V3,
   gpt_oss: GPT_OSS,
+  kimi_linear: KIMI_LINEAR,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -81,6 +83,13 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseDeepseekV3,
     naming: MLP_NAMING,
     architectures: [],
+  },
+  kimi_linear: {
+    family: KIMI_LINEAR,
+    normalise: normaliseKimiLinear,
+    // block_sparse_moe with w1/w3/w2 experts, as Mixtral names them.
+    naming: MIXTRAL_NAMING,
+    architectures: ["KimiLinearForCausalLM"],
   },
 };
 

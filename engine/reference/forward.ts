@@ -64,6 +64,11 @@ export interface ReferenceContext {
   attend: Attend;
   /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
   normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void;
+  /**
+   * Layer `layer`'s recurrent state (KDA), made by `make` at position 0. A model with one can
+   * restart at position 0 but not rewind to another earlier position.
+   */
+  stateOf<T>(layer: number, make: () => T): T;
 }
 
 /** A family's float64 attention of layer `l` for the normalised input `h` at position `pos`. */
@@ -86,6 +91,8 @@ export class ReferenceModel implements ReferenceContext {
   private readonly ropeMagnitude: number;
   private readonly attention: ReferenceAttention;
   private cache: LayerCache[] = [];
+  private states: unknown[] = [];
+  private positions = 0;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
   constructor(cfg: ModelConfig, weight: WeightGetter) {
@@ -105,12 +112,14 @@ export class ReferenceModel implements ReferenceContext {
   /** Forgets every cached position. */
   reset(): void {
     this.cache = Array.from({ length: this.cfg.numLayers }, () => ({ keys: [], values: [] }));
+    this.states = [];
+    this.positions = 0;
     this.lastRouting = [];
   }
 
-  /** Number of positions in the KV cache. */
+  /** Number of positions seen (the KV cache length). */
   get length(): number {
-    return this.cache[0]?.keys.length ?? 0;
+    return this.positions;
   }
 
   /** Logits (float32) for `token` at position `pos`; see {@link forward64}. */
@@ -135,10 +144,17 @@ export class ReferenceModel implements ReferenceContext {
     if (pos >= cfg.maxPositions) {
       throw new Error(`position ${pos} is beyond the model's ${cfg.maxPositions} positions`);
     }
+    if (pos < this.length && this.states.length > 0) {
+      if (pos !== 0) {
+        throw new Error(`position ${pos}: a recurrent state is at ${this.length}; restart at 0`);
+      }
+      this.reset();
+    }
     for (const c of this.cache) {
       c.keys.length = pos;
       c.values.length = pos;
     }
+    this.positions = pos + 1;
     const d = cfg.hiddenSize;
     const x = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
     const routing: number[][] = [];
@@ -189,6 +205,12 @@ export class ReferenceModel implements ReferenceContext {
   /** Layer `layer`'s cached keys and values. */
   cacheOf(layer: number): LayerCache {
     return this.cache[layer];
+  }
+
+  /** Layer `layer`'s recurrent state, made on first use after a reset. */
+  stateOf<T>(layer: number, make: () => T): T {
+    this.states[layer] ??= make();
+    return this.states[layer] as T;
   }
 
   /** Causal softmax attention of one head over every cached position, added into `out`. */

@@ -14,6 +14,7 @@ import {
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
+import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
 import {
   hfExpertName,
   hfFusedExpertSlice,
@@ -146,10 +147,11 @@ function lookup(ckpt: Checkpoint, name: string, what: string): TensorInfo {
   return t;
 }
 
-function checkShape(t: TensorInfo, want: number[]): void {
-  if (String(t.shape) !== String(want)) {
+function checkShape(t: TensorInfo, spec: TensorSpec, what: string): void {
+  const want = specMismatch(t.shape, spec);
+  if (want) {
     throw new Error(
-      `${t.file}: tensor ${t.name} has shape [${t.shape}], but config.json gives [${want}]`,
+      `${t.file}: tensor ${t.name} (${what}) has shape [${t.shape}], but config.json gives ${want}`,
     );
   }
 }
@@ -163,7 +165,7 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     if (name === null) continue;
     const src = lookup(ckpt, name, g);
     const spec = globalTensorSpec(cfg, g);
-    checkShape(src, spec.shape);
+    checkShape(src, spec, g);
     gItems.set(g, { src, entry: entryFor(ckpt, src, storedDtype(src, spec.role, convert)) });
   }
   const gEnd = place([...gItems.values()], 0);
@@ -174,8 +176,9 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const { shape, role } = layerTensorSpec(cfg, t);
-      checkShape(src, shape);
+      const spec = layerTensorSpec(cfg, t, l);
+      checkShape(src, spec, `layer ${l} ${t}`);
+      const role = spec.role;
       let dtype = storedDtype(src, role, convert);
       if (opts.trunk === "int8" && role === "weight" && !TRUNK_INT8_EXCLUDED.has(t)) {
         dtype = "int8row";

@@ -22,6 +22,7 @@ import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "../../../io/dram_probe.ts";
+import { kdaBenchInputs, type KdaRow, timeKdaKernels } from "./kda.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -98,6 +99,8 @@ export interface KernelBenchReport {
   /** True when a GEMV streamed faster than the DRAM read: the ceiling was measured under load. */
   dram_suspect: boolean;
   gemv: GemvRow[];
+  /** KDA's decode recurrence and short conv at Kimi-Linear-48B's shape (tools/dev/bench/kda.ts). */
+  kda: KdaRow[];
   f32_gemv_gbps: number;
   bf16_gemv_gbps: number;
   f32_gweights_per_s: number;
@@ -187,6 +190,7 @@ export const BENCH_FORMATS: BenchFormat[] = WEIGHT_FORMATS.filter((f) => f.optio
 export const TARGETS = {
   bf16_over_dram: 0.65,
   f32_over_dram: 0.85,
+  kda_state_over_dram: 0.7,
   dispatch_median_us: 5,
   odirect_over_dd: 0.9,
   /** Issue 16: a 3-bit expert format at least as fast as bf16 in weights per second. */
@@ -506,6 +510,8 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   fillWeights(arena, regionOff, sizes.region);
   fillFloats(arena, Number(scratch.x), maxCols);
   fillFloats(arena, Number(scratch.codebooks), 3 * 8 * 256);
+  const kdaInputs = kdaBenchInputs(arena);
+  const kda: KdaRow[] = [];
 
   const module = await loadKernelModule();
   const gemv: GemvRow[] = [];
@@ -559,6 +565,21 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
       const pair = timePaired(pool, pr, pc, { off: regionOff, bytes: sizes.region }, scratch, 2);
       paired.push(pair);
       log(`vq4p / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
+      const k = timeKdaKernels(
+        arena,
+        pool,
+        { off: regionOff, bytes: sizes.region },
+        kdaInputs,
+        sizes.passes,
+      );
+      for (const row of [k.recurrence, k.conv]) {
+        const have = kda.find((r) => r.kernel === row.kernel);
+        if (have) have.by_threads.push(...row.by_threads);
+        else kda.push(row);
+        log(`${row.kernel} ${t} thread(s): ${row.by_threads[0].gbps.toFixed(2)} GB/s of state`);
+      }
+      // The KDA bench wrote floats over the weights: put the GEMV filler back for the next pool.
+      fillWeights(arena, regionOff, sizes.region);
       if (t === maxThreads) {
         dispatch = timeDispatch(pool, BigInt(regionOff), scratch, sizes.dispatchSamples);
         log(`dispatch ${t} thread(s): median ${dispatch.median.toFixed(2)} µs`);
@@ -614,6 +635,14 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   const ratios = [
     check("bf16 GEMV / DRAM", bf16Gbps / dramGbps, TARGETS.bf16_over_dram, ">="),
     check("f32 GEMV / DRAM", f32Gbps / dramGbps, TARGETS.f32_over_dram, ">="),
+    ...kda.map((row) =>
+      check(
+        `${row.kernel} state / DRAM`,
+        row.by_threads[row.by_threads.length - 1].gbps / dramGbps,
+        TARGETS.kda_state_over_dram,
+        ">=",
+      )
+    ),
     check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
     check(
       "vq4p / bf16 weights/s (alternating, all threads)",
@@ -640,6 +669,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     dram_read_gbps: dramGbps,
     dram_suspect: dramSuspect,
     gemv,
+    kda,
     f32_gemv_gbps: f32Gbps,
     bf16_gemv_gbps: bf16Gbps,
     f32_gweights_per_s: bestAtMax(gemv, "f32", "gweights_per_s")!,
@@ -712,6 +742,18 @@ export function formatKernelReport(r: KernelBenchReport): string {
       ).join(", ") + ".",
     "",
   );
+  out.push(
+    `| KDA kernel | one call | cold set | ${th.map((t) => `${t} thr state GB/s`).join(" | ")} |`,
+  );
+  out.push(`|---|---|---:|${th.map(() => "---:").join("|")}|`);
+  for (const k of r.kda) {
+    out.push(
+      `| \`${k.kernel}\` | ${k.shape} | ${k.layers} layers = ${
+        (k.bytes_per_pass / GiB).toFixed(2)
+      } GiB | ${k.by_threads.map((p) => fmt2(p.gbps)).join(" | ")} |`,
+    );
+  }
+  out.push("");
   out.push(
     `Dispatch (${r.dispatch_threads} threads, ${r.dispatch_samples} samples): median ` +
       `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs; after the ` +
