@@ -6,7 +6,6 @@
  * @module
  */
 
-import { closeSync, fdatasyncSync, openSync, writeSync } from "node:fs";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import type { TensorEntry } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
@@ -22,6 +21,7 @@ import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
+import { BlockWriter, STAGE_BYTES } from "./block_writer.ts";
 import {
   readMatrixF32,
   readPackedInt4,
@@ -80,10 +80,11 @@ export function writeBank(
   chunk: number,
   codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
 ): void {
-  const fd = openSync(path, "w");
+  // Records are built in place in the staging buffer: several per write when they are small.
+  const out = new BlockWriter(path, 0, true, Math.max(STAGE_BYTES, bank.stride));
   try {
-    const record = new Uint8Array(bank.stride);
     bank.experts.forEach((mats, e) => {
+      const record = out.reserve(bank.stride);
       record.fill(0);
       let payloadEnd = RECORD_HEADER_BYTES;
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
@@ -112,14 +113,11 @@ export function writeBank(
           matrices: headerMats,
         }),
       );
-      let done = 0;
-      while (done < record.length) {
-        done += writeSync(fd, record, done, record.length - done, e * bank.stride + done);
-      }
       progress.add(record.length);
     });
-    fdatasyncSync(fd);
-  } finally {
-    closeSync(fd);
+  } catch (e) {
+    out.discard();
+    throw e;
   }
+  out.close();
 }

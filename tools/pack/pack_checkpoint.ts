@@ -143,14 +143,13 @@ async function packLocked(
         const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
-          fd,
+          trunkPath,
           offset,
           bytes,
           [...layout.globals.items.values()],
           progress,
           chunk,
         );
-        fdatasyncSync(fd);
         saveJournal(tmp, journal);
       }
       for (let l = 0; l < cfg.numLayers; l++) {
@@ -162,14 +161,13 @@ async function packLocked(
           const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,
-            fd,
+            trunkPath,
             lp.offset,
             lp.bytes,
             [...lp.items.values()],
             progress,
             chunk,
           );
-          fdatasyncSync(fd);
           const bank = layout.banks[l];
           if (bank) {
             const { books, crcs } = trainBankCodebooks(

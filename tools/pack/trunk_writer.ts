@@ -5,7 +5,6 @@
  * @module
  */
 
-import { writeSync } from "node:fs";
 import { readF32 } from "../../io/checkpoint_weights.ts";
 import type { Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
@@ -14,18 +13,16 @@ import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { Placed } from "./layout.ts";
+import { BlockWriter } from "./block_writer.ts";
 
-/** Writes sequentially from `start` in a file, keeping the CRC of everything written. */
+/** Writes sequentially from the region's start, keeping the CRC of everything written. */
 class RegionWriter {
   crc = 0;
   #rel = 0;
-  constructor(readonly fd: number, readonly start: number, readonly progress: Progress) {}
+  constructor(readonly out: BlockWriter, readonly progress: Progress) {}
 
   write(bytes: Uint8Array): void {
-    let done = 0;
-    while (done < bytes.length) {
-      done += writeSync(this.fd, bytes, done, bytes.length - done, this.start + this.#rel + done);
-    }
+    this.out.append(bytes);
     this.crc = crc32(bytes, this.crc);
     this.#rel += bytes.length;
     this.progress.add(bytes.length);
@@ -58,20 +55,27 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
 }
 
 /**
- * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the file `fd`,
- * padded with zeros to its end; returns the region with its CRC-32.
+ * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the existing file
+ * `path`, padded with zeros to its end and made durable; returns the region with its CRC-32.
  */
 export function writeRegion(
   ckpt: Checkpoint,
-  fd: number,
+  path: string,
   offset: number,
   bytes: number,
   items: Placed[],
   progress: Progress,
   chunk: number,
 ): Region {
-  const w = new RegionWriter(fd, offset, progress);
-  writeTensors(ckpt, items, w, chunk);
-  w.padTo(bytes);
+  const out = new BlockWriter(path, offset, false);
+  const w = new RegionWriter(out, progress);
+  try {
+    writeTensors(ckpt, items, w, chunk);
+    w.padTo(bytes);
+  } catch (e) {
+    out.discard();
+    throw e;
+  }
+  out.close();
   return { offset, bytes, crc32: w.crc };
 }
