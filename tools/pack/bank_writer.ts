@@ -18,10 +18,10 @@ import {
 } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
-import { BlockWriter, STAGE_BYTES } from "./block_writer.ts";
+import type { PackWriter } from "./block_writer.ts";
 import {
   readMatrixF32,
   readPackedInt4,
@@ -43,6 +43,12 @@ function writeExpertMatrix(
     checkFinite(scale, src.packed.scale.dtype, `${src.file}: tensor ${src.packed.scale.name}`);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);
+    return;
+  }
+  if (src.plain && KEPT_DTYPE[src.plain.dtype] === entry.dtype) {
+    // Read straight into the record: no staging copy.
+    readKeptInto(ckpt, src.plain, 0, record.subarray(entry.offset, entry.offset + src.plain.bytes));
+    if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
     return;
   }
   const streamable = entry.dtype === "f8_e4m3"
@@ -70,9 +76,13 @@ function writeExpertMatrix(
   if (enc.scale) record.set(enc.scale, entry.scale!.offset);
 }
 
-/** Writes all records of one expert bank into `path` (a temporary name the caller renames). */
+/**
+ * Writes all records of one expert bank into `path` (a temporary name the caller renames) through
+ * `writer`, whose slots hold at least one record.
+ */
 export function writeBank(
   ckpt: Checkpoint,
+  writer: PackWriter,
   l: number,
   bank: BankLayout,
   path: string,
@@ -81,7 +91,7 @@ export function writeBank(
   codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
 ): void {
   // Records are built in place in the staging buffer: several per write when they are small.
-  const out = new BlockWriter(path, 0, true, Math.max(STAGE_BYTES, bank.stride));
+  const out = writer.file(path, 0, true);
   try {
     bank.experts.forEach((mats, e) => {
       const record = out.reserve(bank.stride);

@@ -1,82 +1,199 @@
 /**
- * Large, block-aligned sequential writes for the packer. Buffered writes on the test machine's
- * virtual disk ran at 186 MB/s (dirty-page throttling) against 1.4 GB/s with O_DIRECT
- * (docs/PERFORMANCE.md, "Pack against the disk"), so the packer stages its output in a
- * 4 KiB-aligned buffer and writes it with O_DIRECT in pieces of {@link STAGE_BYTES}. Where O_DIRECT
- * is refused (tmpfs, some FUSE mounts) or the buffer's address cannot be learnt (no FFI
- * permission), the same writes go through the page cache. The bytes written are the same either way.
+ * Large, block-aligned sequential writes for the packer, done behind its back. Buffered writes on
+ * the test machine's virtual disk ran at 186 MB/s (dirty-page throttling) against 1.4 GB/s with
+ * O_DIRECT (docs/PERFORMANCE.md, "Pack against the disk"), and the pack's reads waited on the disk
+ * too. So the packer fills 4 KiB-aligned staging slots of {@link STAGE_BYTES} in shared memory and
+ * a worker thread (block_write_worker.ts) writes each full slot with O_DIRECT while the pack's
+ * thread reads and encodes into the next one. Where O_DIRECT is refused (tmpfs, some FUSE mounts)
+ * or the slots' address cannot be learnt (no FFI permission), the same writes go through the page
+ * cache. The bytes written are the same either way.
  *
  * @module
  */
 
-import { closeSync, constants, fdatasyncSync, openSync, writeSync } from "node:fs";
 import { BLOCK_ALIGN } from "../../io/format.ts";
 
-/** Bytes staged before each write: large enough that a write's fixed cost is lost in it. */
+/** Bytes per staging slot: large enough that a write's fixed cost is lost in it. */
 export const STAGE_BYTES = 16 << 20;
 
-/** `bytes` of zeros whose address is a multiple of BLOCK_ALIGN, or null when it cannot be known. */
-function alignedBuffer(bytes: number): { buf: Uint8Array; aligned: boolean } {
-  const raw = new Uint8Array(bytes + BLOCK_ALIGN);
-  try {
-    const addr = Number(Deno.UnsafePointer.value(Deno.UnsafePointer.of(raw)) % BigInt(BLOCK_ALIGN));
-    const skip = (BLOCK_ALIGN - addr) % BLOCK_ALIGN;
-    return { buf: raw.subarray(skip, skip + bytes), aligned: true };
-  } catch {
-    return { buf: raw.subarray(0, bytes), aligned: false };
+/** Staging slots: one being filled while the others are written. */
+const SLOTS = 3;
+/** Control word counting finished closes (after the slot states 0..SLOTS-1). */
+export const CTL_DONE = SLOTS;
+/** Control word set to 1 by the worker on its first failure. */
+export const CTL_ERROR = SLOTS + 1;
+
+/** The first message to the worker: the shared memory. */
+export interface WriterSetup {
+  control: SharedArrayBuffer;
+  stages: SharedArrayBuffer;
+  stageOffset: number;
+  stageBytes: number;
+  errorBuffer: SharedArrayBuffer;
+}
+
+/** The worker's requests, served in order. */
+export type WriteRequest =
+  | { op: "open"; id: number; path: string; create: boolean; direct: boolean }
+  | { op: "write"; id: number; slot: number; len: number; pos: number }
+  | { op: "close"; id: number; sync: boolean };
+
+/**
+ * The write-behind thread of one pack and its staging slots, each at least `slotBytes`. Open files
+ * through {@link PackWriter.file}; {@link PackWriter.close} ends the thread.
+ */
+export class PackWriter {
+  readonly #worker: Worker;
+  readonly #ctl: Int32Array;
+  readonly #error: SharedArrayBuffer;
+  readonly #stages: Uint8Array[];
+  /** Whether the slots are block-aligned, so O_DIRECT may be asked for. */
+  readonly aligned: boolean;
+  #next = 0;
+  #ids = 0;
+  #closes = 0;
+
+  constructor(slotBytes = STAGE_BYTES) {
+    const stageBytes = Math.ceil(Math.max(slotBytes, BLOCK_ALIGN) / BLOCK_ALIGN) * BLOCK_ALIGN;
+    const stages = new SharedArrayBuffer(SLOTS * stageBytes + BLOCK_ALIGN);
+    let stageOffset = 0;
+    try {
+      const p = Deno.UnsafePointer.of(new Uint8Array(stages));
+      const addr = Number(Deno.UnsafePointer.value(p) % BigInt(BLOCK_ALIGN));
+      stageOffset = (BLOCK_ALIGN - addr) % BLOCK_ALIGN;
+      this.aligned = true;
+    } catch {
+      this.aligned = false;
+    }
+    this.#stages = Array.from(
+      { length: SLOTS },
+      (_, i) => new Uint8Array(stages, stageOffset + i * stageBytes, stageBytes),
+    );
+    const control = new SharedArrayBuffer(4 * (CTL_ERROR + 1));
+    this.#ctl = new Int32Array(control);
+    this.#error = new SharedArrayBuffer(4096);
+    this.#worker = new Worker(new URL("./block_write_worker.ts", import.meta.url).href, {
+      type: "module",
+    });
+    const setup: WriterSetup = {
+      control,
+      stages,
+      stageOffset,
+      stageBytes,
+      errorBuffer: this.#error,
+    };
+    this.#worker.postMessage(setup);
+  }
+
+  /** Bytes per slot. */
+  get slotBytes(): number {
+    return this.#stages[0].length;
+  }
+
+  /**
+   * A writer of `path` (created and truncated when `create`, else it must exist) from byte
+   * `start` on.
+   */
+  file(path: string, start: number, create: boolean): BlockWriter {
+    const id = ++this.#ids;
+    const direct = this.aligned && start % BLOCK_ALIGN === 0;
+    this.#send({ op: "open", id, path, create, direct });
+    return new BlockWriter(this, id, path, start, direct);
+  }
+
+  /** Ends the worker; staged data not flushed is dropped. */
+  close(): void {
+    this.#worker.terminate();
+  }
+
+  /** @internal The next free slot, waiting for the worker if all are being written. */
+  acquire(): { slot: number; buf: Uint8Array } {
+    const slot = this.#next;
+    this.#next = (this.#next + 1) % SLOTS;
+    while (Atomics.load(this.#ctl, slot) !== 0) Atomics.wait(this.#ctl, slot, 1);
+    this.check();
+    Atomics.store(this.#ctl, slot, 1);
+    return { slot, buf: this.#stages[slot] };
+  }
+
+  /** @internal Hands a filled slot to the worker. */
+  write(id: number, slot: number, len: number, pos: number): void {
+    this.#send({ op: "write", id, slot, len, pos });
+  }
+
+  /** @internal Closes file `id` after its writes (syncing it first when `sync`), and waits. */
+  closeFile(id: number, sync: boolean): void {
+    this.#send({ op: "close", id, sync });
+    const want = ++this.#closes;
+    for (;;) {
+      const done = Atomics.load(this.#ctl, CTL_DONE);
+      if (done >= want) break;
+      Atomics.wait(this.#ctl, CTL_DONE, done);
+    }
+  }
+
+  /** @internal Throws the worker's first failure, as the error it was (code and message). */
+  check(): void {
+    if (!Atomics.load(this.#ctl, CTL_ERROR)) return;
+    const n = new DataView(this.#error).getUint32(0, true);
+    const text = new TextDecoder().decode(new Uint8Array(this.#error, 4, n).slice());
+    const [code, message] = JSON.parse(text) as [string, string];
+    throw Object.assign(new Error(message), code ? { code } : {});
+  }
+
+  #send(req: WriteRequest): void {
+    this.#worker.postMessage(req);
   }
 }
 
 /**
- * Writes a file sequentially from byte `start` (a multiple of BLOCK_ALIGN) through an aligned
- * staging buffer. Every flush but the last is a whole buffer; the total written must be a multiple
- * of BLOCK_ALIGN when O_DIRECT is in use, which the layout guarantees for trunk regions and bank
- * records.
+ * Writes one file sequentially from byte `start` through the slots of a {@link PackWriter}. Every
+ * write but the last is a whole slot; with O_DIRECT the total must be whole BLOCK_ALIGN blocks,
+ * which the layout guarantees for trunk regions and bank records.
  */
 export class BlockWriter {
-  readonly #stage: Uint8Array;
-  readonly #fd: number;
-  /** Whether the descriptor bypasses the page cache. */
-  readonly direct: boolean;
+  #slot: number;
+  #stage: Uint8Array;
   #fill = 0;
   #pos: number;
 
-  /**
-   * Opens `path` (created and truncated when `create`, else it must exist) with a staging buffer
-   * of at least `stageBytes`.
-   */
-  constructor(readonly path: string, start: number, create: boolean, stageBytes = STAGE_BYTES) {
-    const size = Math.ceil(Math.max(stageBytes, BLOCK_ALIGN) / BLOCK_ALIGN) * BLOCK_ALIGN;
-    const { buf, aligned } = alignedBuffer(size);
-    this.#stage = buf;
+  constructor(
+    readonly pack: PackWriter,
+    readonly id: number,
+    readonly path: string,
+    start: number,
+    readonly direct: boolean,
+  ) {
     this.#pos = start;
-    const flags = constants.O_WRONLY | (create ? constants.O_CREAT | constants.O_TRUNC : 0);
-    let fd = -1;
-    if (aligned && start % BLOCK_ALIGN === 0) {
-      try {
-        fd = openSync(path, flags | constants.O_DIRECT);
-      } catch (e) {
-        if ((e as { code?: string }).code !== "EINVAL") throw e;
-      }
-    }
-    this.direct = fd >= 0;
-    this.#fd = this.direct ? fd : openSync(path, flags);
+    ({ slot: this.#slot, buf: this.#stage } = pack.acquire());
   }
 
-  /** Bytes the staging buffer holds. */
+  /** Bytes a slot holds. */
   get capacity(): number {
     return this.#stage.length;
   }
 
   /**
-   * The next `n` bytes of the file as a view of the staging buffer (flushed first if they do not
+   * The next `n` bytes of the file as a view of the staging slot (flushed first if they do not
    * fit), for the caller to fill in place; n ≤ {@link capacity}. The view holds earlier data.
    */
   reserve(n: number): Uint8Array {
     if (n > this.#stage.length) {
-      throw new Error(`${this.path}: ${n} bytes reserved in a ${this.#stage.length}-byte stage`);
+      throw new Error(`${this.path}: ${n} bytes reserved in a ${this.#stage.length}-byte slot`);
     }
     if (this.#fill + n > this.#stage.length) this.flush();
+    const view = this.#stage.subarray(this.#fill, this.#fill + n);
+    this.#fill += n;
+    return view;
+  }
+
+  /**
+   * The next min(`max`, room left) bytes of the file as a view of the staging slot (a full slot
+   * is flushed first), for the caller to fill in place; max > 0.
+   */
+  next(max: number): Uint8Array {
+    if (this.#fill === this.#stage.length) this.flush();
+    const n = Math.min(max, this.#stage.length - this.#fill);
     const view = this.#stage.subarray(this.#fill, this.#fill + n);
     this.#fill += n;
     return view;
@@ -93,33 +210,34 @@ export class BlockWriter {
     }
   }
 
-  /** Writes out what is staged. */
+  /** Hands what is staged to the worker and takes the next slot. */
   flush(): void {
+    this.#hand();
+    ({ slot: this.#slot, buf: this.#stage } = this.pack.acquire());
+  }
+
+  /** Writes out the rest, makes the file's data durable (fdatasync) and closes it. */
+  close(): void {
+    this.#hand();
+    this.pack.closeFile(this.id, true);
+    this.pack.check();
+  }
+
+  #hand(): void {
     const n = this.#fill;
     if (this.direct && n % BLOCK_ALIGN) {
       throw new Error(
         `${this.path}: ${n} bytes at ${this.#pos} are not whole ${BLOCK_ALIGN}-byte blocks`,
       );
     }
-    for (let done = 0; done < n;) {
-      done += writeSync(this.#fd, this.#stage, done, n - done, this.#pos + done);
-    }
+    this.pack.write(this.id, this.#slot, n, this.#pos);
     this.#pos += n;
     this.#fill = 0;
   }
 
-  /** Flushes, makes the data durable (fdatasync) and closes the descriptor. */
-  close(): void {
-    try {
-      this.flush();
-      fdatasyncSync(this.#fd);
-    } finally {
-      closeSync(this.#fd);
-    }
-  }
-
-  /** Closes the descriptor without writing what is staged (after a failure). */
+  /** Closes the file without writing what is staged (after a failure). */
   discard(): void {
-    closeSync(this.#fd);
+    this.pack.write(this.id, this.#slot, 0, this.#pos);
+    this.pack.closeFile(this.id, false);
   }
 }

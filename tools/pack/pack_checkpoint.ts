@@ -49,6 +49,7 @@ import { computeLayout, type PackLayout, reportFallbacks } from "./layout.ts";
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
+import { PackWriter, STAGE_BYTES } from "./block_writer.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
 export async function packCheckpoint(
@@ -123,6 +124,9 @@ async function packLocked(
     };
     const resumed: number[] = [];
     const packed: number[] = [];
+    const writer = new PackWriter(
+      layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
+    );
     try {
       ftruncateSync(fd, layout.trunkBytes);
       if (booksFd >= 0) ftruncateSync(booksFd, layout.codebooksBytes);
@@ -143,6 +147,7 @@ async function packLocked(
         const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
+          writer,
           trunkPath,
           offset,
           bytes,
@@ -161,6 +166,7 @@ async function packLocked(
           const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,
+            writer,
             trunkPath,
             lp.offset,
             lp.bytes,
@@ -182,7 +188,7 @@ async function packLocked(
             if (booksFd >= 0) fdatasyncSync(booksFd);
             journal.codebooks[l] = crcs;
             const bankPath = join(tmp, expertBankFile(l));
-            writeBank(ckpt, l, bank, bankPath + ".part", progress, chunk, books);
+            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, books);
             renameSync(bankPath + ".part", bankPath);
           }
           journal.layers[l] = run;
@@ -195,6 +201,7 @@ async function packLocked(
       }
       progress.finish();
     } finally {
+      writer.close();
       closeSync(fd);
       if (booksFd >= 0) closeSync(booksFd);
     }

@@ -9,11 +9,11 @@ import { readF32 } from "../../io/checkpoint_weights.ts";
 import type { Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
 import { isCompactDtype } from "../../io/format.ts";
-import type { Checkpoint } from "../../io/safetensors.ts";
+import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { Placed } from "./layout.ts";
-import { BlockWriter } from "./block_writer.ts";
+import type { BlockWriter, PackWriter } from "./block_writer.ts";
 
 /** Writes sequentially from the region's start, keeping the CRC of everything written. */
 class RegionWriter {
@@ -23,6 +23,20 @@ class RegionWriter {
 
   write(bytes: Uint8Array): void {
     this.out.append(bytes);
+    this.#count(bytes);
+  }
+
+  /** Reads tensor `src`, kept in its dtype, straight into the staging slots. */
+  readKept(ckpt: Checkpoint, src: TensorInfo): void {
+    for (let at = 0; at < src.bytes;) {
+      const view = this.out.next(src.bytes - at);
+      readKeptInto(ckpt, src, at, view);
+      this.#count(view);
+      at += view.length;
+    }
+  }
+
+  #count(bytes: Uint8Array): void {
     this.crc = crc32(bytes, this.crc);
     this.#rel += bytes.length;
     this.progress.add(bytes.length);
@@ -46,7 +60,8 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
       w.write(enc.scale!);
       continue;
     }
-    streamTensor(ckpt, src, entry.dtype, chunk, (b) => w.write(b));
+    if (KEPT_DTYPE[src.dtype] === entry.dtype) w.readKept(ckpt, src);
+    else streamTensor(ckpt, src, entry.dtype, chunk, (b) => w.write(b));
     if (entry.scale) {
       w.padTo(entry.scale.offset);
       w.write(scaleBytesF32(ckpt, src));
@@ -56,10 +71,12 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
 
 /**
  * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the existing file
- * `path`, padded with zeros to its end and made durable; returns the region with its CRC-32.
+ * `path`, through `writer`, padded with zeros to its end and made durable; returns the region
+ * with its CRC-32.
  */
 export function writeRegion(
   ckpt: Checkpoint,
+  writer: PackWriter,
   path: string,
   offset: number,
   bytes: number,
@@ -67,7 +84,7 @@ export function writeRegion(
   progress: Progress,
   chunk: number,
 ): Region {
-  const out = new BlockWriter(path, offset, false);
+  const out = writer.file(path, offset, false);
   const w = new RegionWriter(out, progress);
   try {
     writeTensors(ckpt, items, w, chunk);
