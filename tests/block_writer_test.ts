@@ -44,7 +44,8 @@ Deno.test("write-behind slots land every byte where a plain write would", () => 
       view.set(data.subarray(at, at + view.length));
       at += view.length;
     }
-    w.close();
+    w.end();
+    pack.settle();
     assert.deepEqual(new Uint8Array(readFileSync(path)), expect);
 
     // Whole records reserved in place, several per slot, in a new file.
@@ -55,7 +56,8 @@ Deno.test("write-behind slots land every byte where a plain write would", () => 
     for (let e = 0; e < 11; e++) {
       b.reserve(stride).set(records.subarray(e * stride, (e + 1) * stride));
     }
-    b.close();
+    b.end();
+    pack.settle();
     assert.deepEqual(new Uint8Array(readFileSync(bank)), records);
   } finally {
     pack.close();
@@ -69,8 +71,9 @@ Deno.test("a failed write in the worker is thrown with its code and path", () =>
   try {
     const w = pack.file(join(dir, "missing", "x.bin"), 0, true);
     w.append(noise(4096, 3));
+    w.end();
     assert.throws(
-      () => w.close(),
+      () => pack.settle(),
       (e: Error & { code?: string }) => e.code === "ENOENT" && e.message.includes("x.bin"),
     );
   } finally {

@@ -78,7 +78,7 @@ function writeExpertMatrix(
 
 /**
  * Writes all records of one expert bank into `path` (a temporary name the caller renames) through
- * `writer`, whose slots hold at least one record.
+ * `writer`, whose slots hold at least one record. It is durable once `writer.settle()` returns.
  */
 export function writeBank(
   ckpt: Checkpoint,
@@ -129,5 +129,5 @@ export function writeBank(
     out.discard();
     throw e;
   }
-  out.close();
+  out.end();
 }

@@ -40,7 +40,8 @@ export type WriteRequest =
 
 /**
  * The write-behind thread of one pack and its staging slots, each at least `slotBytes`. Open files
- * through {@link PackWriter.file}; {@link PackWriter.close} ends the thread.
+ * through {@link PackWriter.file}, wait for the ones ended with {@link PackWriter.settle} before
+ * recording them as done; {@link PackWriter.close} ends the thread.
  */
 export class PackWriter {
   readonly #worker: Worker;
@@ -51,6 +52,7 @@ export class PackWriter {
   readonly aligned: boolean;
   #next = 0;
   #ids = 0;
+  /** Closes asked of the worker so far. */
   #closes = 0;
 
   constructor(slotBytes = STAGE_BYTES) {
@@ -121,15 +123,23 @@ export class PackWriter {
     this.#send({ op: "write", id, slot, len, pos });
   }
 
-  /** @internal Closes file `id` after its writes (syncing it first when `sync`), and waits. */
+  /** @internal Has file `id` closed after its writes (synced first when `sync`). */
   closeFile(id: number, sync: boolean): void {
     this.#send({ op: "close", id, sync });
-    const want = ++this.#closes;
+    this.#closes++;
+  }
+
+  /**
+   * Waits until every file ended so far is written, synced and closed; throws the worker's first
+   * failure.
+   */
+  settle(): void {
     for (;;) {
       const done = Atomics.load(this.#ctl, CTL_DONE);
-      if (done >= want) break;
+      if (done >= this.#closes) break;
       Atomics.wait(this.#ctl, CTL_DONE, done);
     }
+    this.check();
   }
 
   /** @internal Throws the worker's first failure, as the error it was (code and message). */
@@ -216,11 +226,13 @@ export class BlockWriter {
     ({ slot: this.#slot, buf: this.#stage } = this.pack.acquire());
   }
 
-  /** Writes out the rest, makes the file's data durable (fdatasync) and closes it. */
-  close(): void {
+  /**
+   * Hands the rest to the worker, which then makes the file's data durable (fdatasync) and closes
+   * it; {@link PackWriter.settle} waits for that.
+   */
+  end(): void {
     this.#hand();
     this.pack.closeFile(this.id, true);
-    this.pack.check();
   }
 
   #hand(): void {
@@ -235,9 +247,14 @@ export class BlockWriter {
     this.#fill = 0;
   }
 
-  /** Closes the file without writing what is staged (after a failure). */
+  /** Closes the file without writing what is staged (after a failure), and waits. */
   discard(): void {
     this.pack.write(this.id, this.#slot, 0, this.#pos);
     this.pack.closeFile(this.id, false);
+    try {
+      this.pack.settle();
+    } catch {
+      // The failure being handled is the one to report.
+    }
   }
 }

@@ -124,6 +124,8 @@ async function packLocked(
     };
     const resumed: number[] = [];
     const packed: number[] = [];
+    /** Bytes kept from an earlier run (resumed), not written by this one. */
+    let skipped = 0;
     const writer = new PackWriter(
       layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
     );
@@ -141,8 +143,10 @@ async function packLocked(
         total,
         mode: opts.progress ?? "auto",
       });
-      if (journal.globals) progress.add(layout.globals.region.bytes);
-      else {
+      if (journal.globals) {
+        progress.add(layout.globals.region.bytes);
+        skipped += layout.globals.region.bytes;
+      } else {
         await ready("globals");
         const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
@@ -155,12 +159,14 @@ async function packLocked(
           progress,
           chunk,
         );
+        writer.settle();
         saveJournal(tmp, journal);
       }
       for (let l = 0; l < cfg.numLayers; l++) {
         if (journal.layers[l]) {
           resumed.push(l);
           progress.add(bytesOf(l));
+          skipped += bytesOf(l);
         } else {
           await ready(l);
           const lp = layout.layers[l];
@@ -189,8 +195,11 @@ async function packLocked(
             journal.codebooks[l] = crcs;
             const bankPath = join(tmp, expertBankFile(l));
             writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, books);
+            writer.settle();
             renameSync(bankPath + ".part", bankPath);
           }
+          // The trunk run (written behind the codebooks and the bank) is durable from here.
+          writer.settle();
           journal.layers[l] = run;
           saveJournal(tmp, journal);
           packed.push(l);
@@ -222,7 +231,12 @@ async function packLocked(
     const containerBytes = containerBytesOf(layout);
     const seconds = (performance.now() - t0) / 1000;
     if (resumed.length) log(`pack: resumed ${resumed.length} finished layer(s) from ${tmp}`);
-    log(`pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s`);
+    // MB/s of what this run wrote: resumed layers were not rewritten.
+    const written = containerBytes - skipped;
+    log(
+      `pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s, ` +
+        `${(written / seconds / 1e6).toFixed(0)} MB/s`,
+    );
     return { out, manifest, layersPacked: packed, layersResumed: resumed, containerBytes, seconds };
   } finally {
     ckpt.close();

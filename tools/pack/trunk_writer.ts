@@ -71,8 +71,8 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
 
 /**
  * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the existing file
- * `path`, through `writer`, padded with zeros to its end and made durable; returns the region
- * with its CRC-32.
+ * `path`, through `writer`, padded with zeros to its end; returns the region with its CRC-32.
+ * It is durable once `writer.settle()` returns.
  */
 export function writeRegion(
   ckpt: Checkpoint,
@@ -93,6 +93,6 @@ export function writeRegion(
     out.discard();
     throw e;
   }
-  out.close();
+  out.end();
   return { offset, bytes, crc32: w.crc };
 }
