@@ -144,7 +144,7 @@ async function packLocked(
         mode: opts.progress ?? "auto",
       });
       if (journal.globals) {
-        progress.add(layout.globals.region.bytes);
+        progress.skip(layout.globals.region.bytes);
         skipped += layout.globals.region.bytes;
       } else {
         await ready("globals");
@@ -165,7 +165,7 @@ async function packLocked(
       for (let l = 0; l < cfg.numLayers; l++) {
         if (journal.layers[l]) {
           resumed.push(l);
-          progress.add(bytesOf(l));
+          progress.skip(bytesOf(l));
           skipped += bytesOf(l);
         } else {
           await ready(l);
