@@ -77,6 +77,38 @@ function writeExpertMatrix(
 }
 
 /**
+ * Zeroes what of `record` (a reused staging slot) no matrix will overwrite: only the gaps when
+ * every matrix is read in place at its full size (the common bf16 case, sparing a second pass
+ * over the record), else all of it.
+ */
+function zeroUncovered(
+  record: Uint8Array,
+  bank: BankLayout,
+  mats: Map<ExpertMatrix, SourceMatrix>,
+): void {
+  const spans: [number, number][] = [];
+  for (const m of EXPERT_MATRICES) {
+    const entry = bank.matrices[m];
+    const plain = mats.get(m)!.plain;
+    if (
+      !plain || KEPT_DTYPE[plain.dtype] !== entry.dtype || entry.scale ||
+      plain.bytes !== entry.bytes
+    ) {
+      record.fill(0);
+      return;
+    }
+    spans.push([entry.offset, entry.offset + entry.bytes]);
+  }
+  spans.sort((a, b) => a[0] - b[0]);
+  let at = 0;
+  for (const [start, end] of spans) {
+    record.fill(0, at, Math.max(at, start));
+    at = Math.max(at, end);
+  }
+  record.fill(0, at);
+}
+
+/**
  * Writes all records of one expert bank into `path` (a temporary name the caller renames) through
  * `writer`, whose slots hold at least one record. It is durable once `writer.settle()` returns.
  */
@@ -95,7 +127,7 @@ export function writeBank(
   try {
     bank.experts.forEach((mats, e) => {
       const record = out.reserve(bank.stride);
-      record.fill(0);
+      zeroUncovered(record, bank, mats);
       let payloadEnd = RECORD_HEADER_BYTES;
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
       for (const m of EXPERT_MATRICES) {
