@@ -92,8 +92,13 @@ async function packLocked(
   const convert = opts.convert;
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
+  let writer: PackWriter | null = null;
   try {
     const layout = computeLayout(cfg, ckpt, opts);
+    // Started now, the write-behind worker loads while the source is checked.
+    writer = new PackWriter(
+      layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
+    );
     await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
     const fp = await fingerprint(src, ckpt);
@@ -126,9 +131,6 @@ async function packLocked(
     const packed: number[] = [];
     /** Bytes kept from an earlier run (resumed), not written by this one. */
     let skipped = 0;
-    const writer = new PackWriter(
-      layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
-    );
     try {
       ftruncateSync(fd, layout.trunkBytes);
       if (booksFd >= 0) ftruncateSync(booksFd, layout.codebooksBytes);
@@ -210,7 +212,6 @@ async function packLocked(
       }
       progress.finish();
     } finally {
-      writer.close();
       closeSync(fd);
       if (booksFd >= 0) closeSync(booksFd);
     }
@@ -239,6 +240,7 @@ async function packLocked(
     );
     return { out, manifest, layersPacked: packed, layersResumed: resumed, containerBytes, seconds };
   } finally {
+    writer?.close();
     ckpt.close();
   }
 }
