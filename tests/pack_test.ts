@@ -424,3 +424,20 @@ Deno.test("progress reports percent, rate and ETA, as lines or a redrawn bar", (
   assert.match(tty[0], /^\r\[#{14}-{14}\] y {2}50\.0%/);
   assert.ok(tty.at(-1)!.endsWith("\n"));
 });
+
+Deno.test("progress keeps a resume's head start out of the rate and the ETA", () => {
+  let now = 0;
+  const lines: string[] = [];
+  const p = new Progress({
+    label: "r",
+    total: 4_000_000,
+    mode: "lines",
+    write: (t) => lines.push(t),
+    now: () => now,
+  });
+  p.skip(2_000_000);
+  now = 1000;
+  p.add(1_000_000);
+  // 1 MB in 1 s, not 3 MB/s; 1 MB left at that rate.
+  assert.match(lines.at(-1)!, /^r {2}75\.0% .* 1\.0 MB\/s ETA 0:01\n$/);
+});

@@ -43,6 +43,8 @@ export class Progress {
   readonly #now: () => number;
   readonly #start: number;
   #done = 0;
+  /** Bytes counted as done without work (a resume's head start): not part of the rate. */
+  #skipped = 0;
   #lastDraw = -Infinity;
   #lastTenth = -1;
   #lastLineDone = -1;
@@ -69,6 +71,12 @@ export class Progress {
     this.#draw(false);
   }
 
+  /** Counts `bytes` already done before this run (kept from a resume), outside the rate. */
+  skip(bytes: number): void {
+    this.#skipped += bytes;
+    this.add(bytes);
+  }
+
   /** Draws the final state and ends the line. */
   finish(): void {
     this.#draw(true);
@@ -77,7 +85,7 @@ export class Progress {
   /** The status text: percentage, bytes, MB/s and ETA. */
   status(): string {
     const secs = (this.#now() - this.#start) / 1000;
-    const rate = secs > 0 ? this.#done / secs : 0;
+    const rate = secs > 0 ? Math.max(0, this.#done - this.#skipped) / secs : 0;
     const eta = rate > 0 ? (this.#total - this.#done) / rate : Infinity;
     const pct = this.#total ? (100 * this.#done) / this.#total : 100;
     return `${this.#label} ${pct.toFixed(1).padStart(5)}% ${formatBytes(this.#done)} / ` +

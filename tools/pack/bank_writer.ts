@@ -6,7 +6,6 @@
  * @module
  */
 
-import { closeSync, fdatasyncSync, openSync, writeSync } from "node:fs";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import type { TensorEntry } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
@@ -19,9 +18,10 @@ import {
 } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
+import type { PackWriter } from "./block_writer.ts";
 import {
   readFusedBias,
   readFusedMxfp4,
@@ -54,6 +54,12 @@ function writeExpertMatrix(
     record.set(scale, entry.scale!.offset);
     return;
   }
+  if (src.plain && KEPT_DTYPE[src.plain.dtype] === entry.dtype) {
+    // Read straight into the record: no staging copy.
+    readKeptInto(ckpt, src.plain, 0, record.subarray(entry.offset, entry.offset + src.plain.bytes));
+    if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
+    return;
+  }
   const streamable = entry.dtype === "f8_e4m3"
     ? src.dtype === "F8_E4M3"
     : !isCompactDtype(entry.dtype);
@@ -79,9 +85,45 @@ function writeExpertMatrix(
   if (enc.scale) record.set(enc.scale, entry.scale!.offset);
 }
 
-/** Writes all records of one expert bank into `path` (a temporary name the caller renames). */
+/**
+ * Zeroes what of `record` (a reused staging slot) no matrix will overwrite: only the gaps when
+ * every matrix is read in place at its full size (the common bf16 case, sparing a second pass
+ * over the record), else all of it.
+ */
+function zeroUncovered(
+  record: Uint8Array,
+  bank: BankLayout,
+  mats: Map<ExpertMatrix, SourceMatrix>,
+): void {
+  const spans: [number, number][] = [];
+  for (const m of EXPERT_MATRICES) {
+    const entry = bank.matrices[m];
+    const plain = mats.get(m)!.plain;
+    if (
+      !plain || KEPT_DTYPE[plain.dtype] !== entry.dtype || entry.scale ||
+      plain.bytes !== entry.bytes
+    ) {
+      record.fill(0);
+      return;
+    }
+    spans.push([entry.offset, entry.offset + entry.bytes]);
+  }
+  spans.sort((a, b) => a[0] - b[0]);
+  let at = 0;
+  for (const [start, end] of spans) {
+    record.fill(0, at, Math.max(at, start));
+    at = Math.max(at, end);
+  }
+  record.fill(0, at);
+}
+
+/**
+ * Writes all records of one expert bank into `path` (a temporary name the caller renames) through
+ * `writer`, whose slots hold at least one record. It is durable once `writer.settle()` returns.
+ */
 export function writeBank(
   ckpt: Checkpoint,
+  writer: PackWriter,
   l: number,
   bank: BankLayout,
   path: string,
@@ -89,11 +131,12 @@ export function writeBank(
   chunk: number,
   codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
 ): void {
-  const fd = openSync(path, "w");
+  // Records are built in place in the staging buffer: several per write when they are small.
+  const out = writer.file(path, 0, true);
   try {
-    const record = new Uint8Array(bank.stride);
     bank.experts.forEach((mats, e) => {
-      record.fill(0);
+      const record = out.reserve(bank.stride);
+      zeroUncovered(record, bank, mats);
       let payloadEnd = RECORD_HEADER_BYTES;
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
       for (const m of EXPERT_MATRICES) {
@@ -127,14 +170,11 @@ export function writeBank(
           matrices: headerMats,
         }),
       );
-      let done = 0;
-      while (done < record.length) {
-        done += writeSync(fd, record, done, record.length - done, e * bank.stride + done);
-      }
       progress.add(record.length);
     });
-    fdatasyncSync(fd);
-  } finally {
-    closeSync(fd);
+  } catch (e) {
+    out.discard();
+    throw e;
   }
+  out.end();
 }

@@ -16,7 +16,7 @@ import {
 import type { EncodedMatrix } from "../../engine/quant/format.ts";
 import { findFormat } from "../../engine/quant/mod.ts";
 import { encodeF32 } from "../../engine/quant/plain.ts";
-import { elementBytes, type PlainDtype, type StoredDtype } from "../../io/format.ts";
+import type { PlainDtype, StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
 import { checkFinite, checkFiniteF32 } from "./finite.ts";
 
@@ -37,8 +37,18 @@ export function scaleBytesF32(ckpt: Checkpoint, weight: TensorInfo): Uint8Array 
 }
 
 /**
- * Emits the bytes of tensor `src` stored as `dst`, in order, in pieces of at most about
- * `chunkBytes` (one row at least). The emitted views are only valid during the call.
+ * Reads `dst.length` bytes of tensor `src` from byte `at` into `dst`, as the container keeps them
+ * (its dtype unchanged), refusing NaN and infinity.
+ */
+export function readKeptInto(ckpt: Checkpoint, src: TensorInfo, at: number, dst: Uint8Array): void {
+  ckpt.readRangeInto(src.name, at, dst);
+  checkFinite(dst, src.dtype, `${src.file}: tensor ${src.name}`, at / DTYPE_BYTES[src.dtype]);
+}
+
+/**
+ * Emits the bytes of tensor `src` converted to `dst` (a dtype other than its own; kept dtypes are
+ * read in place with {@link readKeptInto}), in order, in pieces of at most about `chunkBytes`
+ * (one row at least). The emitted views are only valid during the call.
  */
 export function streamTensor(
   ckpt: Checkpoint,
@@ -48,17 +58,6 @@ export function streamTensor(
   emit: (bytes: Uint8Array) => void,
 ): void {
   const what = `${src.file}: tensor ${src.name}`;
-  if (KEPT_DTYPE[src.dtype] === dst) {
-    const step = Math.max(elementBytes(dst as PlainDtype), chunkBytes - (chunkBytes % 8));
-    const buf = new Uint8Array(Math.min(step, src.bytes));
-    for (let at = 0; at < src.bytes; at += step) {
-      const piece = buf.subarray(0, Math.min(step, src.bytes - at));
-      ckpt.readRangeInto(src.name, at, piece);
-      checkFinite(piece, src.dtype, what, at / DTYPE_BYTES[src.dtype]);
-      emit(piece);
-    }
-    return;
-  }
   const cols = src.shape.length ? src.shape[src.shape.length - 1] : 1;
   // Convert row by row: FP8 block scales are indexed by the absolute row.
   const srcRowBytes = cols * DTYPE_BYTES[src.dtype];

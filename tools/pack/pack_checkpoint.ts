@@ -49,6 +49,7 @@ import { computeLayout, type PackLayout, reportFallbacks, reportSkippedLayers } 
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
+import { PackWriter, STAGE_BYTES } from "./block_writer.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
 export async function packCheckpoint(
@@ -91,8 +92,13 @@ async function packLocked(
   const convert = opts.convert;
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
+  let writer: PackWriter | null = null;
   try {
     const layout = computeLayout(cfg, ckpt, opts);
+    // Started now, the write-behind worker loads while the source is checked.
+    writer = new PackWriter(
+      layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
+    );
     await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
     reportSkippedLayers(cfg, ckpt, log);
@@ -124,6 +130,8 @@ async function packLocked(
     };
     const resumed: number[] = [];
     const packed: number[] = [];
+    /** Bytes kept from an earlier run (resumed), not written by this one. */
+    let skipped = 0;
     try {
       ftruncateSync(fd, layout.trunkBytes);
       if (booksFd >= 0) ftruncateSync(booksFd, layout.codebooksBytes);
@@ -138,39 +146,43 @@ async function packLocked(
         total,
         mode: opts.progress ?? "auto",
       });
-      if (journal.globals) progress.add(layout.globals.region.bytes);
-      else {
+      if (journal.globals) {
+        progress.skip(layout.globals.region.bytes);
+        skipped += layout.globals.region.bytes;
+      } else {
         await ready("globals");
         const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
-          fd,
+          writer,
+          trunkPath,
           offset,
           bytes,
           [...layout.globals.items.values()],
           progress,
           chunk,
         );
-        fdatasyncSync(fd);
+        writer.settle();
         saveJournal(tmp, journal);
       }
       for (let l = 0; l < cfg.numLayers; l++) {
         if (journal.layers[l]) {
           resumed.push(l);
-          progress.add(bytesOf(l));
+          progress.skip(bytesOf(l));
+          skipped += bytesOf(l);
         } else {
           await ready(l);
           const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,
-            fd,
+            writer,
+            trunkPath,
             lp.offset,
             lp.bytes,
             [...lp.items.values()],
             progress,
             chunk,
           );
-          fdatasyncSync(fd);
           const bank = layout.banks[l];
           if (bank) {
             const { books, crcs } = trainBankCodebooks(
@@ -185,9 +197,12 @@ async function packLocked(
             if (booksFd >= 0) fdatasyncSync(booksFd);
             journal.codebooks[l] = crcs;
             const bankPath = join(tmp, expertBankFile(l));
-            writeBank(ckpt, l, bank, bankPath + ".part", progress, chunk, books);
+            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, books);
+            writer.settle();
             renameSync(bankPath + ".part", bankPath);
           }
+          // The trunk run (written behind the codebooks and the bank) is durable from here.
+          writer.settle();
           journal.layers[l] = run;
           saveJournal(tmp, journal);
           packed.push(l);
@@ -218,9 +233,15 @@ async function packLocked(
     const containerBytes = containerBytesOf(layout);
     const seconds = (performance.now() - t0) / 1000;
     if (resumed.length) log(`pack: resumed ${resumed.length} finished layer(s) from ${tmp}`);
-    log(`pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s`);
+    // MB/s of what this run wrote: resumed layers were not rewritten.
+    const written = containerBytes - skipped;
+    log(
+      `pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s, ` +
+        `${(written / seconds / 1e6).toFixed(0)} MB/s`,
+    );
     return { out, manifest, layersPacked: packed, layersResumed: resumed, containerBytes, seconds };
   } finally {
+    writer?.close();
     ckpt.close();
   }
 }

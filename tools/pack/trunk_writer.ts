@@ -5,27 +5,38 @@
  * @module
  */
 
-import { writeSync } from "node:fs";
 import { readF32 } from "../../io/checkpoint_weights.ts";
 import type { Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
 import { isCompactDtype } from "../../io/format.ts";
-import type { Checkpoint } from "../../io/safetensors.ts";
+import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { Placed } from "./layout.ts";
+import type { BlockWriter, PackWriter } from "./block_writer.ts";
 
-/** Writes sequentially from `start` in a file, keeping the CRC of everything written. */
+/** Writes sequentially from the region's start, keeping the CRC of everything written. */
 class RegionWriter {
   crc = 0;
   #rel = 0;
-  constructor(readonly fd: number, readonly start: number, readonly progress: Progress) {}
+  constructor(readonly out: BlockWriter, readonly progress: Progress) {}
 
   write(bytes: Uint8Array): void {
-    let done = 0;
-    while (done < bytes.length) {
-      done += writeSync(this.fd, bytes, done, bytes.length - done, this.start + this.#rel + done);
+    this.out.append(bytes);
+    this.#count(bytes);
+  }
+
+  /** Reads tensor `src`, kept in its dtype, straight into the staging slots. */
+  readKept(ckpt: Checkpoint, src: TensorInfo): void {
+    for (let at = 0; at < src.bytes;) {
+      const view = this.out.next(src.bytes - at);
+      readKeptInto(ckpt, src, at, view);
+      this.#count(view);
+      at += view.length;
     }
+  }
+
+  #count(bytes: Uint8Array): void {
     this.crc = crc32(bytes, this.crc);
     this.#rel += bytes.length;
     this.progress.add(bytes.length);
@@ -49,7 +60,8 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
       w.write(enc.scale!);
       continue;
     }
-    streamTensor(ckpt, src, entry.dtype, chunk, (b) => w.write(b));
+    if (KEPT_DTYPE[src.dtype] === entry.dtype) w.readKept(ckpt, src);
+    else streamTensor(ckpt, src, entry.dtype, chunk, (b) => w.write(b));
     if (entry.scale) {
       w.padTo(entry.scale.offset);
       w.write(scaleBytesF32(ckpt, src));
@@ -58,20 +70,29 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
 }
 
 /**
- * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the file `fd`,
- * padded with zeros to its end; returns the region with its CRC-32.
+ * Writes the tensors `items` into the region of `bytes` bytes at `offset` of the existing file
+ * `path`, through `writer`, padded with zeros to its end; returns the region with its CRC-32.
+ * It is durable once `writer.settle()` returns.
  */
 export function writeRegion(
   ckpt: Checkpoint,
-  fd: number,
+  writer: PackWriter,
+  path: string,
   offset: number,
   bytes: number,
   items: Placed[],
   progress: Progress,
   chunk: number,
 ): Region {
-  const w = new RegionWriter(fd, offset, progress);
-  writeTensors(ckpt, items, w, chunk);
-  w.padTo(bytes);
+  const out = writer.file(path, offset, false);
+  const w = new RegionWriter(out, progress);
+  try {
+    writeTensors(ckpt, items, w, chunk);
+    w.padTo(bytes);
+  } catch (e) {
+    out.discard();
+    throw e;
+  }
+  out.end();
   return { offset, bytes, crc32: w.crc };
 }
