@@ -78,10 +78,14 @@ export class Session {
 
   /**
    * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
-   * appended (the template writes any BOS itself, as transformers does).
+   * appended (the template writes any BOS itself, as transformers does); `extra` holds further
+   * template variables (llama.cpp's --chat-template-kwargs).
    */
-  chatIds(messages: ChatMessage[]): number[] {
-    const text = renderChat(this.model.container.dir, messages, { addGenerationPrompt: true });
+  chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
+    const text = renderChat(this.model.container.dir, messages, {
+      addGenerationPrompt: true,
+      extra,
+    });
     return this.tokenizer.encode(text, { addSpecial: false });
   }
 
@@ -124,19 +128,39 @@ export class Session {
   /**
    * Generates from `prompt` (text, or ids used as they are) and yields each new token as it is
    * sampled. The longest prefix of the prompt that the KV cache already holds (from the previous
-   * generation) is not run again; the tokens are the same as from an empty cache.
+   * generation) is not run again; the tokens are the same as from an empty cache. An empty prompt
+   * starts from BOS when the model has one (as llama.cpp does); a prompt that leaves no room in the
+   * context, or an id outside the vocabulary, is refused with the numbers. The texts of the yielded
+   * tokens add up to the decode of all generated ids: a token whose text the stream decoder still
+   * holds back (part of a UTF-8 sequence) is yielded once its text is out, at the latest at the end.
    */
   async *generate(
     prompt: string | number[],
     opts: GenerateOptions = {},
   ): AsyncGenerator<GeneratedToken> {
     const ids = typeof prompt === "string" ? this.tokenize(prompt) : [...prompt];
-    if (ids.length === 0) throw new Error("generate: the prompt has no tokens");
-    const ctx = this.model.maxContext;
-    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    if (maxTokens < 0) {
-      throw new Error(`the prompt has ${ids.length} tokens; the context holds ${ctx}`);
+    const bos = this.tokenizer.bosId ?? this.model.cfg.bosId;
+    if (ids.length === 0 && bos !== null) ids.push(bos);
+    if (ids.length === 0) {
+      throw new Error("the prompt has no tokens and the model has no BOS token to start from");
     }
+    const vocab = this.model.cfg.vocabSize;
+    const bad = ids.findIndex((id) => !Number.isInteger(id) || id < 0 || id >= vocab);
+    if (bad >= 0) {
+      throw new Error(
+        `prompt token ${bad} is id ${ids[bad]}, outside the vocabulary of ${vocab} (0..${
+          vocab - 1
+        })`,
+      );
+    }
+    const ctx = this.model.maxContext;
+    if (ids.length >= ctx) {
+      throw new Error(
+        `the prompt has ${ids.length} tokens but the context holds ${ctx}, leaving no room to ` +
+          `generate: shorten the prompt or raise --ctx (this model allows up to ${this.model.cfg.maxPositions})`,
+      );
+    }
+    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
     const { signal, onPrefill, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const sampler = createSampler({ ...this.samplingDefaults, ...given });
@@ -145,8 +169,11 @@ export class Session {
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
     const t = this.timings;
     const t0 = performance.now();
-    // The last prompt token always runs: its logits pick the first new token.
-    const reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
+    // The last prompt token always runs: its logits pick the first new token. A recurrent state
+    // (KDA) cannot rewind, so it is reused only when the prompt extends all it holds.
+    let reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
+    const recurrent = this.model.transformer.stateRegions().length > 0;
+    if (recurrent && reuse !== this.#cached.length) reuse = 0;
     this.#cached = this.#cached.slice(0, reuse);
     t.promptTokens = ids.length;
     t.cachedTokens = reuse;
@@ -166,6 +193,8 @@ export class Session {
     t.promptMs = performance.now() - t0;
     const history = [...ids];
     const stream = this.tokenizer.decodeStream();
+    // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
+    let held: GeneratedToken[] = [];
     for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
       const t1 = performance.now();
       const id = sampler.sample(logits, history);
@@ -178,7 +207,15 @@ export class Session {
         this.#cachedAt = this.model.transformer.calls;
       }
       t.generateMs += performance.now() - t1;
-      yield { id, text: stream.push(id) };
+      held.push({ id, text: stream.push(id) });
+      if (!stream.holding) {
+        yield* held;
+        held = [];
+      }
+    }
+    if (held.length > 0) {
+      held[held.length - 1].text += stream.flush();
+      yield* held;
     }
   }
 

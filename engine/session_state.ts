@@ -6,7 +6,8 @@
  * says which.
  *
  * Layout: the magic `SLUICE-SESSION-1` (16 bytes), the header length (u32 LE), the header (UTF-8
- * JSON), the cache rows region after region (positions 0..n−1 of each), the CRC-32 (u32 LE).
+ * JSON), the cache rows region after region (positions 0..n−1 of each), each recurrent state
+ * whole, the CRC-32 (u32 LE).
  *
  * @module
  */
@@ -28,6 +29,8 @@ export interface SessionHeader {
   tokens: number[];
   /** Bytes per position of each cache region, in the engine's order. */
   rowBytes: number[];
+  /** Bytes of each recurrent state (KDA), saved whole after the rows. */
+  stateBytes: number[];
   /** The caller's own state (JSON), returned by {@link loadSession} as it was saved. */
   app: unknown;
 }
@@ -44,12 +47,14 @@ export function manifestSha256(session: Session): string {
  */
 export function saveSession(session: Session, path: string, app: unknown = null): number {
   const regions = session.model.transformer.cacheRegions();
+  const states = session.model.transformer.stateRegions();
   const tokens = [...session.cachedTokens];
   const header: SessionHeader = {
     container: basename(session.model.container.dir),
     manifestSha256: manifestSha256(session),
     tokens,
     rowBytes: regions.map((r) => r.rowBytes),
+    stateBytes: states.map((s) => s.bytes),
     app,
   };
   const json = new TextEncoder().encode(JSON.stringify(header));
@@ -68,6 +73,7 @@ export function saveSession(session: Session, path: string, app: unknown = null)
     put(len);
     put(json);
     for (const r of regions) put(session.model.arena.u8(r.offset, tokens.length * r.rowBytes));
+    for (const s of states) put(session.model.arena.u8(s.offset, s.bytes));
     const tail = new Uint8Array(4);
     new DataView(tail.buffer).setUint32(0, crc, true);
     writeSync(fd, tail);
@@ -112,10 +118,16 @@ export function readSessionFile(path: string): { header: SessionHeader; rows: Ui
   }
   const ok = header && typeof header.manifestSha256 === "string" &&
     Array.isArray(header.tokens) && header.tokens.every(Number.isInteger) &&
-    Array.isArray(header.rowBytes) && header.rowBytes.every(Number.isInteger);
-  if (!ok) throw new Error(`${path}: the session header lacks manifestSha256, tokens or rowBytes`);
+    Array.isArray(header.rowBytes) && header.rowBytes.every(Number.isInteger) &&
+    Array.isArray(header.stateBytes) && header.stateBytes.every(Number.isInteger);
+  if (!ok) {
+    throw new Error(
+      `${path}: the session header lacks manifestSha256, tokens, rowBytes or stateBytes`,
+    );
+  }
   const rows = bytes.subarray(hEnd, bytes.length - 4);
-  const expected = header.rowBytes.reduce((s, r) => s + r * header.tokens.length, 0);
+  const expected = header.rowBytes.reduce((s, r) => s + r * header.tokens.length, 0) +
+    header.stateBytes.reduce((s, b) => s + b, 0);
   if (rows.length !== expected) {
     throw new Error(`${path}: ${rows.length} bytes of cache rows, the header implies ${expected}`);
   }
@@ -138,8 +150,11 @@ export function loadSession(session: Session, path: string): SessionHeader {
     );
   }
   const regions = session.model.transformer.cacheRegions();
+  const states = session.model.transformer.stateRegions();
   const same = regions.length === header.rowBytes.length &&
-    regions.every((r, i) => r.rowBytes === header.rowBytes[i]);
+    regions.every((r, i) => r.rowBytes === header.rowBytes[i]) &&
+    states.length === header.stateBytes.length &&
+    states.every((s, i) => s.bytes === header.stateBytes[i]);
   if (!same) throw new Error(`${path}: the cache layout differs from ${dir}'s`);
   const n = header.tokens.length;
   if (n > session.model.maxContext) {
@@ -154,6 +169,11 @@ export function loadSession(session: Session, path: string): SessionHeader {
     session.model.arena.u8(r.offset, len).set(rows.subarray(at, at + len));
     at += len;
   }
+  for (const s of states) {
+    session.model.arena.u8(s.offset, s.bytes).set(rows.subarray(at, at + s.bytes));
+    at += s.bytes;
+  }
+  session.model.transformer.resumeAt(n);
   session.adoptCache(header.tokens);
   return header;
 }

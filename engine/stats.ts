@@ -50,6 +50,8 @@ export interface RunStats {
   speculative_reads: number;
   /** Speculatively read records that were then used. */
   speculative_used: number;
+  /** Lookahead predictions not read because their recent precision was below 1/2. */
+  speculative_skipped: number;
   /** Share of routed experts the lookahead had predicted; null when it was off or idle. */
   lookahead_recall: number | null;
   /** Bytes read after the model was open (load bytes excluded). */
@@ -113,6 +115,7 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
     speculative_reads: store?.speculative ?? 0,
     speculative_used: store?.speculativeUsed ?? 0,
+    speculative_skipped: model.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: lookaheadRecall,
     bytes_read: bytes,
     load_bytes: model.loadBytes,
@@ -143,6 +146,9 @@ export function formatStats(s: RunStats): string {
       pct(s.expert_hit_rate)
     })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
+    (s.speculative_skipped
+      ? `, ${s.speculative_skipped} predictions not read (precision < 50%)`
+      : "") +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
     `read          ${formatBytes(s.bytes_read)} (${formatBytes(s.bytes_read_per_token)}/token) ` +
     `via ${s.reader}, ${formatBytes(s.load_bytes)} at load`,

@@ -9,6 +9,7 @@
 import { readJsonObject, readJsonObjectIfExists } from "../io/json_file.ts";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tiktoken } from "js-tiktoken/lite";
+import { checkTiktokenRank, checkTokenizerJsonIds } from "./tokenizer_bounds.ts";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -18,6 +19,8 @@ export interface DecodeStream {
   push(id: number): string;
   /** Returns whatever is still held back (an incomplete UTF-8 sequence at the end). */
   flush(): string;
+  /** Whether pushed ids are held back, waiting for more (their text is not printed yet). */
+  readonly holding: boolean;
 }
 
 /** Text ↔ ids for one model. */
@@ -180,7 +183,20 @@ function streamFrom(decode: (ids: number[]) => string): DecodeStream {
     flush() {
       return pending.length > 0 ? emit(true) : "";
     },
+    get holding() {
+      return pending.length > 0;
+    },
   };
+}
+
+/**
+ * Adds BOS / EOS around the ids of one sequence as tokenizer_config.json's `add_bos_token` /
+ * `add_eos_token` say (transformers' template `[bos] $A [eos]`).
+ */
+function withSpecialIds(ids: number[], config: Json, named: SpecialTokenIds): number[] {
+  if (config.add_bos_token === true && named.bosId !== null) ids.unshift(named.bosId);
+  if (config.add_eos_token === true && named.eosTok !== null) ids.push(named.eosTok);
+  return ids;
 }
 
 /**
@@ -209,8 +225,24 @@ function tokenizerOf(
 
 function loadHfTokenizer(dir: string): Tokenizer {
   const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
-  const json = readJsonObject(join(dir, "tokenizer.json"));
-  const hf = new HfTokenizer(json, config);
+  const path = join(dir, "tokenizer.json");
+  const json = readJsonObject(path);
+  checkTokenizerJsonIds(json, path);
+  // Like the Rust library and transformers 5, decode does no clean_up_tokenization_spaces on
+  // BPE vocabularies (it strips spaces before punctuation: " 'stop'" would print as "'stop'");
+  // tokenizers.js applies it whenever the config says so, and even when it is absent.
+  const wordPiece = (json.model as Json | undefined)?.type === "WordPiece";
+  let hf: HfTokenizer;
+  try {
+    hf = new HfTokenizer(json, {
+      ...config,
+      clean_up_tokenization_spaces: wordPiece && config.clean_up_tokenization_spaces === true,
+    });
+  } catch (e) {
+    // The library's messages name a field but not the file, and say "undefined" for a missing one.
+    const why = (e as Error).message.replace(/\bundefined\b/g, "(missing)");
+    throw new Error(`${path}: not a tokenizer this engine can load (${why})`);
+  }
   const generation = readJsonObjectIfExists(join(dir, "generation_config.json"));
   const named = specialTokenIds(dir, config, generation, (content) => hf.token_to_id(content));
   let vocabSize = 0;
@@ -218,8 +250,17 @@ function loadHfTokenizer(dir: string): Tokenizer {
   // tokenizers.js rejects an empty list; the empty sequence decodes to "".
   const decode = (ids: number[], skip: boolean) =>
     ids.length === 0 ? "" : hf.decode(ids, { skip_special_tokens: skip });
-  const encode: Tokenizer["encode"] = (text, opts) =>
-    hf.encode(text, { add_special_tokens: opts?.addSpecial ?? true }).ids;
+  // transformers 5 replaces tokenizer.json's post-processor by `[bos] $A [eos]` from
+  // add_bos_token / add_eos_token when the config names either (DeepSeek-V3 says
+  // add_bos_token: true and ships a post-processor that adds nothing), or when there is none.
+  const rebuilt = "add_bos_token" in config || "add_eos_token" in config ||
+    json.post_processor === null || json.post_processor === undefined;
+  const encode: Tokenizer["encode"] = (text, opts) => {
+    const addSpecial = opts?.addSpecial ?? true;
+    if (!rebuilt) return hf.encode(text, { add_special_tokens: addSpecial }).ids;
+    const ids = hf.encode(text, { add_special_tokens: false }).ids;
+    return addSpecial ? withSpecialIds(ids, config, named) : ids;
+  };
   return tokenizerOf(dir, config, named, vocabSize, encode, decode);
 }
 
@@ -235,6 +276,7 @@ export function parseTiktokenRanks(text: string, path: string): Map<string, numb
     if (parts.length !== 2 || !Number.isSafeInteger(rank) || rank < 0) {
       throw new Error(`${path}:${i + 1}: expected "<base64 token> <rank>", got "${line}"`);
     }
+    checkTiktokenRank(rank, path, i + 1);
     ranks.set(parts[0], rank);
   }
   return ranks;
@@ -270,20 +312,13 @@ function loadTiktokenTokenizer(dir: string): Tokenizer {
   });
   const specialSet = new Set(specialIds.values());
   const named = specialTokenIds(dir, config, generation, (content) => specialIds.get(content));
-  const { bosId, eosTok } = named;
-  const addBos = config.add_bos_token === true;
-  const addEos = config.add_eos_token === true;
   let vocabSize = 0;
   for (const id of [...ranks.values(), ...specialSet]) vocabSize = Math.max(vocabSize, id + 1);
   const decode = (ids: number[], skip: boolean) =>
     tk.decode(skip ? ids.filter((id) => !specialSet.has(id)) : ids);
   const encode: Tokenizer["encode"] = (text, opts) => {
     const ids = tk.encode(text, "all");
-    if (opts?.addSpecial ?? true) {
-      if (addBos && bosId !== null) ids.unshift(bosId);
-      if (addEos && eosTok !== null) ids.push(eosTok);
-    }
-    return ids;
+    return opts?.addSpecial ?? true ? withSpecialIds(ids, config, named) : ids;
   };
   return tokenizerOf(dir, config, named, vocabSize, encode, decode);
 }

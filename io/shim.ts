@@ -81,6 +81,8 @@ interface OpenFile {
   fd: number;
   path: string;
   inFlight: number;
+  /** Opened with O_DIRECT (false where the filesystem refused it). */
+  direct: boolean;
 }
 
 class ShimTicket implements ReadTicket {
@@ -157,7 +159,9 @@ export class ShimReader implements BlockReader {
     if (path.includes("\0")) throw new Error(`cannot open ${JSON.stringify(path)}: NUL in path`);
     const cpath = new TextEncoder().encode(path + "\0");
     let fd = this.#lib.sio_open(cpath, this.#direct ? 1 : 0);
+    let direct = this.#direct;
     if (fd === -EINVAL && this.#direct) {
+      direct = false;
       fd = this.#lib.sio_open(cpath, 0);
       if (fd >= 0) {
         noticeOnce(
@@ -167,8 +171,13 @@ export class ShimReader implements BlockReader {
       }
     }
     if (fd < 0) throw new Error(`cannot open ${path}: ${errnoText(this.#lib, fd)}`);
-    this.#files.set(fd, { fd, path, inFlight: 0 });
+    this.#files.set(fd, { fd, path, inFlight: 0, direct });
     return fd;
+  }
+
+  /** Whether the file of `handle` bypasses the page cache (its filesystem took O_DIRECT). */
+  isDirect(handle: number): boolean {
+    return this.#file(handle).direct;
   }
 
   /** File size in bytes. */

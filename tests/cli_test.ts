@@ -121,6 +121,18 @@ Deno.test("llama.cpp spellings and --prompt-ids give the known answer too", asyn
   const bad = await sluice("generate", "-m", model, "--prompt-ids", "1,99999", "-n", "1");
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /--prompt-ids: token id 99999 is outside the vocabulary of 512/);
+  const kw = await sluice(
+    "generate",
+    "-m",
+    model,
+    "--chat",
+    "-p",
+    "hi",
+    "--chat-template-kwargs",
+    "{x",
+  );
+  assert.equal(kw.code, 1);
+  assert.match(kw.stderr, /--chat-template-kwargs: not valid JSON/);
 });
 
 Deno.test("mod.ts --help lists every command, and each runs through the one dispatcher", async () => {

@@ -20,12 +20,23 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "stories260k-qwen3moe",
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
+  "tiny-glm4-moe",
+  "tiny-kimi-linear",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
 export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
 }
+
+/** Whether ../shared/models is there: tests that need it are ignored (skipped) when it is not. */
+export const HAVE_FIXTURES: boolean = (() => {
+  try {
+    return Deno.statSync(fixtureDir("stories260k")).isDirectory;
+  } catch {
+    return false;
+  }
+})();
 
 /** Why tests needing ../shared/models must skip (it is absent), or null when it is there. */
 export function sharedMissing(): string | null {
@@ -65,6 +76,11 @@ export async function runSluice(
   clearTimeout(watchdog);
   const dec = new TextDecoder();
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** Whether fixture `name` is present (tests that need it are skipped when it is not). */
+export function hasFixture(name: string): boolean {
+  return existsSync(fixtureDir(name));
 }
 
 let tmp: string | undefined;

@@ -6,7 +6,6 @@
  * malformed compact entries.
  */
 import assert from "node:assert/strict";
-import { copyFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../io/model_config.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
@@ -14,6 +13,7 @@ import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeInt8Row, quantizeInt8Row, relativeError } from "../engine/quant/int8.ts";
 import { dequantizeMxfp4, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
 import { dequantizeVq3r, encodeVq3r, VQ_DIM, VQ_ENTRIES, VQ_STAGES } from "../engine/quant/vq3r.ts";
+import { dequantizeVq4p, encodeVq4p, VQ4P_ENTRIES } from "../engine/quant/vq4p.ts";
 import { containerExpertF32, containerTrunkF32 } from "../engine/float_weights.ts";
 import { hfExpertName, hfLayerName } from "../engine/tensor_names.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
@@ -22,6 +22,7 @@ import { openContainer, parseManifest } from "../engine/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { type ExpertsOption, packCheckpoint } from "../tools/pack.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";
+import { writeInt4Checkpoint } from "./int4_checkpoint.ts";
 
 const MOE = fixtureDir("stories260k-moe");
 const VQ = { sampleSize: 4096, iterations: 3 };
@@ -58,13 +59,13 @@ function sameValues(a: Float32Array, b: Float32Array, what: string): void {
   }
 }
 
-/** [3][8][256] kernel-layout codebooks back to the quantiser's [3][256][8]. */
-function trainingLayout(kernel: Float32Array): Float32Array {
+/** [stages][8][entries] kernel-layout codebooks back to the quantiser's [stages][entries][8]. */
+function trainingLayout(kernel: Float32Array, stages = VQ_STAGES, entries = VQ_ENTRIES) {
   const out = new Float32Array(kernel.length);
-  for (let s = 0; s < VQ_STAGES; s++) {
-    for (let e = 0; e < VQ_ENTRIES; e++) {
+  for (let s = 0; s < stages; s++) {
+    for (let e = 0; e < entries; e++) {
       for (let d = 0; d < VQ_DIM; d++) {
-        out[(s * VQ_ENTRIES + e) * VQ_DIM + d] = kernel[(s * VQ_DIM + d) * VQ_ENTRIES + e];
+        out[(s * entries + e) * VQ_DIM + d] = kernel[(s * VQ_DIM + d) * entries + e];
       }
     }
   }
@@ -84,9 +85,10 @@ const ERROR_BOUND: Record<string, number> = {
   int8: 0.02,
   fp8: 0.05,
   vq3r: 0.3,
+  vq4p: 0.3,
 };
 
-for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r"] as ExpertsOption[]) {
+for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r", "vq4p"] as ExpertsOption[]) {
   Deno.test(`--experts ${f}: experts decode to the quantiser's values of the checkpoint`, async () => {
     const { out, lines } = await pack(`moe-${f}`, MOE, { experts: f });
     const c = openContainer(out);
@@ -105,12 +107,18 @@ for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r"] as ExpertsOption[]) {
             assert.equal(entry.dtype, "f32");
             assert.ok(lines.some((s) => s.includes(`expert ${m} matrices stay f32`)), lines.join());
           }
-          const books = entry.dtype === "vq3r" ? trainingLayout(readCodebooks(c, l, m)) : undefined;
+          const books = entry.dtype === "vq3r"
+            ? trainingLayout(readCodebooks(c, l, m))
+            : entry.dtype === "vq4p"
+            ? trainingLayout(readCodebooks(c, l, m), 4, VQ4P_ENTRIES)
+            : undefined;
           for (const e of [0, 5]) {
             const w = readF32(ckpt, hfExpertName(cfg, l, e, m));
             const got = containerExpertF32(c, l, e, m);
             const want = fellBack
               ? w
+              : books && f === "vq4p"
+              ? dequantizeVq4p(encodeVq4p({ data: w, rows, cols }, books), books)
               : books
               ? dequantizeVq3r(encodeVq3r({ data: w, rows, cols }, books), books)
               : ROUND_TRIP[f](w, rows, cols);
@@ -142,6 +150,22 @@ Deno.test("--experts vq3r: codebooks.bin holds one 4 KiB-aligned set per layer a
   assert.equal(lines.filter((l) => l.includes("VQ3R codebooks")).length, 15);
 });
 
+Deno.test("--experts vq4p: one 8 KiB codebook set per layer and kind, padded rows and columns", async () => {
+  const { out, lines } = await pack("moe-vq4p", MOE, { experts: "vq4p" });
+  const c = openContainer(out);
+  const offsets = c.manifest.experts.flatMap((b) =>
+    EXPERT_MATRICES.map((m) => b!.codebooks![m]!.offset)
+  );
+  assert.equal(new Set(offsets).size, 15);
+  assert.ok(offsets.every((o) => o % 4096 === 0));
+  assert.equal(c.manifest.codebooks?.bytes, 15 * 8192);
+  const { gate, down } = c.manifest.experts[0]!.matrices;
+  assert.equal(down.paddedCols, 176);
+  // 172 gate rows go in 11 groups of 16; 64 columns are 8 chunks of 3 index bytes per row.
+  assert.equal(gate.bytes, 176 * 3 * 8);
+  assert.equal(lines.filter((l) => l.includes("VQ4P codebooks")).length, 15);
+});
+
 Deno.test("--trunk int8 quantises attention weights per row, keeps norms and routers", async () => {
   const { out } = await pack("moe-trunk-int8", MOE, { trunk: "int8" });
   const c = openContainer(out);
@@ -160,90 +184,9 @@ Deno.test("--trunk int8 quantises attention weights per row, keeps norms and rou
   }
 });
 
-/** Writes a safetensors file of raw tensors. */
-function writeSafetensors(
-  path: string,
-  tensors: { name: string; dtype: string; shape: number[]; data: Uint8Array }[],
-): void {
-  const header: Record<string, unknown> = {};
-  let at = 0;
-  for (const t of tensors) {
-    header[t.name] = { dtype: t.dtype, shape: t.shape, data_offsets: [at, at + t.data.length] };
-    at += t.data.length;
-  }
-  let json = JSON.stringify(header);
-  json += " ".repeat((8 - (json.length % 8)) % 8);
-  const out = new Uint8Array(8 + json.length + at);
-  new DataView(out.buffer).setBigUint64(0, BigInt(json.length), true);
-  out.set(new TextEncoder().encode(json), 8);
-  let p = 8 + json.length;
-  for (const t of tensors) {
-    out.set(t.data, p);
-    p += t.data.length;
-  }
-  writeFileSync(path, out);
-}
-
-/** Deterministic pseudo-random bytes. */
-function randomBytes(n: number, seed: number): Uint8Array {
-  const out = new Uint8Array(n);
-  let s = seed >>> 0;
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s >>> 24;
-  }
-  return out;
-}
-
-/**
- * stories260k-moe with its routed experts replaced by Kimi-K2-Thinking-style INT4 triples. down
- * has 172 columns, which group-32 INT4 cannot hold, so down stays F32 (as a mixed checkpoint).
- */
-function writeInt4Checkpoint(dir: string): Map<string, { packed: Uint8Array; scale: Uint8Array }> {
-  Deno.mkdirSync(dir, { recursive: true });
-  for (const f of ["config.json", "tokenizer.json", "tokenizer_config.json"]) {
-    copyFileSync(join(MOE, f), join(dir, f));
-  }
-  const ckpt = openCheckpoint(MOE);
-  const made = new Map<string, { packed: Uint8Array; scale: Uint8Array }>();
-  try {
-    const tensors = [];
-    let seed = 1;
-    for (const [name, t] of ckpt.tensors) {
-      const isUpGate = /experts\.\d+\.w[13]\.weight$/.test(name);
-      if (!isUpGate) {
-        tensors.push({ name, dtype: t.dtype, shape: t.shape, data: ckpt.read(name) });
-        continue;
-      }
-      const [rows, cols] = t.shape;
-      const packed = randomBytes((rows * cols) / 2, seed++);
-      // bf16 scales of moderate positive magnitude: exponent byte 0x3b..0x3c, random mantissa.
-      const scale = randomBytes((rows * cols) / 32 * 2, seed++);
-      for (let i = 1; i < scale.length; i += 2) scale[i] = 0x3b + (scale[i] & 1);
-      const base = name.slice(0, -"weight".length);
-      tensors.push(
-        { name: `${base}weight_packed`, dtype: "I32", shape: [rows, cols / 8], data: packed },
-        { name: `${base}weight_scale`, dtype: "BF16", shape: [rows, cols / 32], data: scale },
-        {
-          name: `${base}weight_shape`,
-          dtype: "I32",
-          shape: [2],
-          data: new Uint8Array(new Int32Array([rows, cols]).buffer),
-        },
-      );
-      made.set(name, { packed, scale });
-    }
-    tensors.sort((a, b) => (a.name < b.name ? -1 : 1));
-    writeSafetensors(join(dir, "model.safetensors"), tensors);
-  } finally {
-    ckpt.close();
-  }
-  return made;
-}
-
 Deno.test("Kimi-style INT4 experts pack as int4g32 bit for bit, and convert to mxfp4", async () => {
   const dir = join(tempDir(), "int4-ckpt");
-  const made = writeInt4Checkpoint(dir);
+  const made = writeInt4Checkpoint(dir, MOE);
   const { out, lines } = await pack("int4-kept", dir, {});
   const c = openContainer(out);
   verifyContainer(c);

@@ -68,6 +68,11 @@ export function usableMemory(): number {
   return limit === null ? totalmem() : Math.min(totalmem(), limit);
 }
 
+/** The budget to recommend for a model: all of it when it fits in ¾ of usable RAM, else that ¾. */
+export function recommendedBudget(wholeModelBytes: number): number {
+  return Math.min(wholeModelBytes, Math.floor(usableMemory() * 0.75));
+}
+
 /** The budget in bytes that --budget / --preset ask for, or undefined for the whole model. */
 export function budgetFromArgs(budget?: string, preset?: string): number | undefined {
   if (budget !== undefined && preset !== undefined) {

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { createSampler } from "../../engine/sampler.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
@@ -31,6 +32,11 @@ Input:
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  --chat-template-kwargs JSON
+                        extra template variables for --chat, as llama.cpp takes them, e.g.
+                        '{"reasoning_effort":"high"}' for gpt-oss's harmony template
+  An empty prompt starts from BOS (as llama.cpp does); --chat refuses an empty user message.
+  A prompt that does not fit in --ctx is refused with both lengths (raise --ctx or shorten it).
 
 Sampling (greedy by default):
 ${SAMPLING_HELP}
@@ -44,6 +50,21 @@ Output:
   -h, --help            this text
 `;
 
+/** The `--chat-template-kwargs` object, or an error naming the flag. */
+function templateKwargs(raw: string | undefined): Record<string, unknown> | undefined {
+  if (raw === undefined) return undefined;
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch (e) {
+    throw new Error(`--chat-template-kwargs: not valid JSON (${(e as Error).message})`);
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) {
+    throw new Error(`--chat-template-kwargs: expected a JSON object, got ${raw}`);
+  }
+  return v as Record<string, unknown>;
+}
+
 /** The flags of `generate`, with llama.cpp's spellings as aliases. */
 const FLAGS: Flags = {
   ...MODEL_FLAG,
@@ -52,6 +73,7 @@ const FLAGS: Flags = {
   "prompt-ids": { type: "string" },
   chat: { type: "boolean" },
   system: { type: "string" },
+  "chat-template-kwargs": { type: "string" },
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
   json: { type: "boolean" },
@@ -59,11 +81,25 @@ const FLAGS: Flags = {
   ...HELP_FLAG,
 };
 
+/**
+ * Parses and checks the generate command line: everything that can be refused is refused here,
+ * before a model loads (run options, --trace's path, the sampling values). Null for --help.
+ */
+export function parseGenerateArgs(args: string[]) {
+  const a = parseCommandArgs("generate", args, FLAGS);
+  if (helpShown(a, HELP)) return null;
+  const run = runOptionsFromArgs(a);
+  const sampling = samplingFromArgs(a);
+  createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
+  const kwargs = templateKwargs(a.str("chat-template-kwargs"));
+  return { a, run, sampling, kwargs };
+}
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
-  const a = parseCommandArgs("generate", args, FLAGS);
-  if (helpShown(a, HELP)) return 0;
-  const run = runOptionsFromArgs(a);
+  const parsed = parseGenerateArgs(args);
+  if (!parsed) return 0;
+  const { a, run, sampling, kwargs } = parsed;
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
@@ -86,6 +122,11 @@ export async function generateCommand(args: string[]): Promise<number> {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
+  if (a.bool("chat") && prompt.trim() === "") {
+    throw new Error(
+      "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
+    );
+  }
   const session = await Session.open(await modelPath(a, quiet), run);
   try {
     let ids: number[];
@@ -102,7 +143,7 @@ export async function generateCommand(args: string[]): Promise<number> {
         ...(system ? [{ role: "system", content: system }] : []),
         { role: "user", content: prompt },
       ];
-      ids = session.chatIds(messages);
+      ids = session.chatIds(messages, kwargs);
     } else {
       ids = session.tokenize(prompt);
     }
@@ -111,7 +152,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     const enc = new TextEncoder();
     const json = a.bool("json");
     for await (
-      const tok of session.generate(ids, samplingFromArgs(a))
+      const tok of session.generate(ids, sampling)
     ) {
       generated.push(tok.id);
       text += tok.text;

@@ -10,8 +10,10 @@ import { inspectCommand } from "../inspect.ts";
 import { packCommand } from "../pack.ts";
 import { splitBanksCommand } from "../split_banks.ts";
 import { chatCommand } from "./chat.ts";
+import { doctorCommand } from "./doctor.ts";
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
+import { pullCommand } from "./pull.ts";
 import { serveCommand } from "./serve.ts";
 
 /** One command: what it does (one line for --help) and how it runs. */
@@ -33,6 +35,8 @@ export const COMMANDS: Record<string, Command> = {
     run: splitBanksCommand,
     about: "spread a container's expert banks over several disks",
   },
+  pull: { run: pullCommand, about: "download a Hub checkpoint shard by shard into a container" },
+  doctor: { run: doctorCommand, about: "measure this machine and recommend a budget for a model" },
 };
 
 function usage(): string {

@@ -6,7 +6,10 @@
  * @module
  */
 import type { RunOptions } from "../../engine/model.ts";
+import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
 import type { GenerateOptions } from "../../engine/session.ts";
+import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
+import { checkTracePath } from "../../io/trace.ts";
 import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 
@@ -14,16 +17,18 @@ import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 export const RUN_HELP = `${BUDGET_HELP}
   -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
                         also --ctx-size)
-  -t, --threads N       compute threads including the main thread (default: all cores)
-  --cache lfru|lru      expert cache policy (default lfru)
+  -t, --threads N       compute threads including the main thread (default and most: all cores)
+  --cache POLICY        expert cache policy: decay (default), lfru or lru
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64; also --batch-size)
+  --prefill-chunk N     prompt tokens per forward pass, 1..64 (default 64; also --batch-size)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
-  --verify              check each expert record's CRC32 as it is read
+  --verify              check the CRC32 of each expert record and trunk region as it is read
+  --crc-sample P        share of expert reads whose CRC32 is checked without --verify
+                        (default 1/64; every read gets its header checked)
   --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
                         (default 1 while experts stream, 0 when all fit)
   --learn               add this run's expert use counts to the hot list (<model>.hot.json)
@@ -52,6 +57,7 @@ export const RUN_FLAGS: Flags = {
   shards: { type: "string" },
   io: { type: "string" },
   verify: { type: "boolean" },
+  "crc-sample": { type: "string" },
   lookahead: { type: "string" },
   learn: { type: "boolean" },
   "no-hot-list": { type: "boolean" },
@@ -70,14 +76,17 @@ export const SAMPLING_FLAGS: Flags = {
   "ignore-eos": { type: "boolean" },
 };
 
-/** The run options of {@link RUN_FLAGS} (quiet with --quiet or --json). */
+/**
+ * The run options of {@link RUN_FLAGS} (quiet with --quiet or --json), checked as the model
+ * would check them.
+ */
 export function runOptionsFromArgs(a: Args): RunOptions {
   const shards = a.str("shards") ?? Deno.env.get("SLUICE_SHARDS");
-  return {
+  const run: RunOptions = {
     budget: budgetFromArgs(a.str("budget"), a.str("preset")),
     ctx: a.int("ctx"),
     threads: a.int("threads"),
-    cache: a.oneOf("cache", ["lfru", "lru"]),
+    cache: a.oneOf("cache", [...CACHE_POLICIES]),
     readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
     trunkReadahead: !a.bool("no-readahead"),
     ringSlots: a.int("ring-slots"),
@@ -86,12 +95,19 @@ export function runOptionsFromArgs(a: Args): RunOptions {
     shards: shards ? shards.split(",").filter((s) => s) : undefined,
     io: a.oneOf("io", ["direct", "buffered", "fallback"]),
     verify: a.bool("verify"),
+    crcSample: a.num("crc-sample"),
     lookahead: a.int("lookahead"),
     learn: a.bool("learn"),
     hotList: !a.bool("no-hot-list"),
     trace: a.str("trace"),
     quiet: a.bool("quiet") || a.bool("json"),
   };
+  // Checked as the model would check them, so a bad value fails before it loads.
+  if (run.trace !== undefined) checkTracePath(run.trace);
+  prefillChunkOf(run.prefillChunk);
+  crcSampleOf(run.crcSample);
+  checkContext(run.ctx);
+  return run;
 }
 
 /** The generate options of {@link SAMPLING_FLAGS}. */

@@ -8,11 +8,11 @@
  */
 
 import { sharedMemory64 } from "../../../wasm/mod.ts";
-import { existsSync, renameSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { type BlockReader, openReader, type ReadTicket } from "../../../io/reader.ts";
+import { openReader } from "../../../io/reader.ts";
+import { dropPageCache, timeSequential, writeTestFile } from "../../../io/disk_probe.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -48,68 +48,6 @@ function log(quiet: boolean | undefined, text: string): void {
   if (!quiet) console.error(`bench disk: ${text}`);
 }
 
-/** Writes `bytes` of random-looking data to `path` (temp file, fsync, rename) unless present. */
-function ensureTestFile(path: string, bytes: number, quiet?: boolean): void {
-  if (existsSync(path) && statSync(path).size === bytes) return;
-  log(quiet, `writing ${(bytes / GiB).toFixed(2)} GiB test file ${path}`);
-  const chunk = new Uint8Array(64 * MiB);
-  for (let i = 0; i < chunk.length; i += 65536) {
-    crypto.getRandomValues(chunk.subarray(i, i + 65536));
-  }
-  const tmp = `${path}.tmp-${Deno.pid}`;
-  const f = Deno.openSync(tmp, { write: true, create: true, truncate: true });
-  try {
-    for (let done = 0; done < bytes;) {
-      const n = Math.min(chunk.length, bytes - done);
-      // Vary each chunk so no layer below can deduplicate or compress the file.
-      new DataView(chunk.buffer).setFloat64(0, done);
-      let w = 0;
-      while (w < n) w += f.writeSync(chunk.subarray(w, n));
-      done += n;
-    }
-    f.syncSync();
-  } finally {
-    f.close();
-  }
-  renameSync(tmp, path);
-}
-
-/** Drops the page cache when root; returns false when not permitted. */
-export function dropPageCache(): boolean {
-  try {
-    new Deno.Command("sync").outputSync();
-    Deno.writeTextFileSync("/proc/sys/vm/drop_caches", "3");
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** Reads the whole file sequentially, `inFlight` requests at a time; returns GB/s. */
-function timeReader(reader: BlockReader, path: string, reqBytes: number, inFlight: number): number {
-  const h = reader.open(path);
-  try {
-    const size = reader.size(h);
-    const slots: { t: ReadTicket; slot: number }[] = [];
-    let next = 0;
-    const issue = (slot: number) => {
-      const len = Math.min(reqBytes, size - next);
-      slots.push({ t: reader.submit(h, slot * reqBytes, len, next), slot });
-      next += len;
-    };
-    const t0 = performance.now();
-    for (let s = 0; s < inFlight && next < size; s++) issue(s);
-    while (slots.length > 0) {
-      const { t, slot } = slots.shift()!;
-      reader.wait(t);
-      if (next < size) issue(slot);
-    }
-    return size / ((performance.now() - t0) / 1000) / 1e9;
-  } finally {
-    reader.closeFile(h);
-  }
-}
-
 /** Runs dd with O_DIRECT over the file; GB/s from its own byte count and our wall time. */
 async function timeDd(path: string): Promise<number | null> {
   try {
@@ -142,7 +80,7 @@ export async function benchDisk(opts: DiskBenchOptions): Promise<DiskBenchResult
   }
   const bytes = Math.ceil(opts.bytes / 4096) * 4096;
   const path = opts.path ?? join(tmpdir(), `sluice-disk-bench-${bytes}.bin`);
-  ensureTestFile(path, bytes, opts.quiet);
+  writeTestFile(path, bytes, (line) => log(opts.quiet, line));
 
   const memory = sharedMemory64(reqBytes * inFlight);
   const direct = openReader(memory, { direct: true, threads: inFlight, quiet: opts.quiet });
@@ -158,11 +96,11 @@ export async function benchDisk(opts: DiskBenchOptions): Promise<DiskBenchResult
     for (let run = 0; run < runs; run++) {
       if (direct.kind === "shim-direct") {
         dropPageCache();
-        const gbps = timeReader(direct, path, reqBytes, inFlight);
+        const gbps = timeSequential(direct, path, reqBytes, inFlight);
         result.odirect_gbps = Math.max(result.odirect_gbps, gbps);
       }
       cold = dropPageCache() && cold;
-      const bgbps = timeReader(buffered, path, reqBytes, inFlight);
+      const bgbps = timeSequential(buffered, path, reqBytes, inFlight);
       result.buffered_cold_gbps = Math.max(result.buffered_cold_gbps, bgbps);
       const dd = await timeDd(path);
       if (dd !== null) result.dd_direct_gbps = Math.max(result.dd_direct_gbps ?? 0, dd);

@@ -1,14 +1,15 @@
 /**
- * DRAM read bandwidth, the ceiling every weight-streaming kernel is judged against. The kernels
- * module has no plain sum kernel, so this compiles a tiny native C program (`cc -O3
- * -march=native`, pthreads, wide-vector sum) into a temp dir at bench time and runs it. Without
- * a C compiler it returns null and the caller falls back to the f32 GEMV as a lower bound.
+ * DRAM read bandwidth, the ceiling every weight-streaming kernel is judged against (used by the
+ * benchmarks and by `mod.ts doctor`). The kernels module has no plain sum kernel, so this
+ * compiles a tiny native C program (`cc -O3 -march=native`, pthreads, wide-vector sum) into a
+ * temp dir and runs it. Without a C compiler it returns null and the caller says so (the bench
+ * falls back to the f32 GEMV as a lower bound).
  *
  * @module
  */
 
 import { join } from "node:path";
-import { findCompiler } from "../../../io/build_shim.ts";
+import { findCompiler } from "./build_shim.ts";
 
 /** Options of {@link measureDramNative}. */
 export interface DramOptions {
@@ -123,14 +124,14 @@ export async function measureDramNative(opts: DramOptions): Promise<DramResult |
     const build = await new Deno.Command(cc, { args: flags, stderr: "piped" }).output();
     if (!build.success) {
       throw new Error(
-        `bench dram: ${cc} ${flags.join(" ")} failed: ${new TextDecoder().decode(build.stderr)}`,
+        `dram probe: ${cc} ${flags.join(" ")} failed: ${new TextDecoder().decode(build.stderr)}`,
       );
     }
     const args = [String(opts.bytes), String(opts.passes), ...opts.threads.map(String)];
     const run = await new Deno.Command(exe, { args, stdout: "piped", stderr: "piped" }).output();
     if (!run.success) {
       throw new Error(
-        `bench dram: ${exe} ${args.join(" ")} exited ${run.code}: ` +
+        `dram probe: ${exe} ${args.join(" ")} exited ${run.code}: ` +
           new TextDecoder().decode(run.stderr),
       );
     }

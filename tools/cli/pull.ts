@@ -1,0 +1,81 @@
+/**
+ * `mod.ts pull <org/name>[@revision] <out>.sluice`: download a Hugging Face Hub checkpoint shard by
+ * shard and pack it as it arrives (tools/pull/), never holding the whole checkpoint on disk.
+ *
+ * @module
+ */
+import { existsSync } from "node:fs";
+import { resolve } from "node:path";
+import type { PackOptions } from "../pack/options.ts";
+import { pullModel } from "../pull/pull.ts";
+import { HELP_FLAG, parseCommandArgs } from "./args.ts";
+
+const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
+
+Usage: deno run -A mod.ts pull <org/name>[@revision] <out>.sluice [options]
+
+Downloads config, tokenizer and chat files, then the safetensors shards (HTTP Range resume, size
+and sha256 checked), packing each layer as soon as the shards it reads are on disk, fetching the
+next shard in the background when --keep-shards leaves room, and deleting a shard once no later
+layer reads it. An interrupted pull (Ctrl-C, kill -9, network
+loss) resumes on rerun from <out>.pull/ and the pack journal in <out>.tmp/.
+
+Options:
+  --keep-shards N       most complete shards on disk at once (default 2); the peak extra disk
+                        this gives is printed before the download starts and checked against
+                        the free space
+  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+  --trunk int8          per-row int8 for the layers' attention/dense matrices
+  --convert f32|bf16    dequantise / convert every weight matrix
+  --vq3r-sample N  --vq3r-iterations N  --vq3r-experts N   VQ3R training, as for pack
+  --force               replace an existing output
+  -h, --help            this text
+
+Environment:
+  HF_ENDPOINT           Hub base URL (default https://huggingface.co)
+  HF_TOKEN              access token for private or gated repos (sent as a bearer token, never
+                        printed)
+`;
+
+/** Runs the pull command; returns the exit code. */
+export async function pullCommand(args: string[]): Promise<number> {
+  const a = parseCommandArgs("pull", args, {
+    "keep-shards": { type: "string" },
+    experts: { type: "string" },
+    trunk: { type: "string" },
+    convert: { type: "string" },
+    "vq3r-sample": { type: "string" },
+    "vq3r-iterations": { type: "string" },
+    "vq3r-experts": { type: "string" },
+    force: { type: "boolean" },
+    ...HELP_FLAG,
+  }, { positionals: true });
+  if (a.bool("help")) {
+    console.log(HELP);
+    return 0;
+  }
+  if (a.positionals.length !== 2) {
+    console.error(`pull: expected a Hub repo and an output path\n\n${HELP}`);
+    return 2;
+  }
+  const [spec, out] = a.positionals;
+  try {
+    await pullModel(spec, out, {
+      keepShards: a.int("keep-shards", 1),
+      experts: a.str("experts") as PackOptions["experts"],
+      trunk: a.str("trunk") as PackOptions["trunk"],
+      convert: a.str("convert") as PackOptions["convert"],
+      vq3r: {
+        sampleSize: a.int("vq3r-sample", 1),
+        iterations: a.int("vq3r-iterations", 1),
+        trainExperts: a.int("vq3r-experts", 1),
+      },
+      force: a.bool("force"),
+    });
+  } catch (e) {
+    const stage = `${resolve(out)}.pull`;
+    if (!existsSync(stage)) throw e;
+    throw new Error(`${(e as Error).message} (downloads kept in ${stage}; rerun to resume)`);
+  }
+  return 0;
+}
