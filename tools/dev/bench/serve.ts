@@ -1,5 +1,6 @@
 /**
- * `deno task bench serve [--model X.sluice] [--tokens 512] [--turns 4] [--repeat 3] [--json]`:
+ * `deno task bench serve [--model X.sluice] [--tokens 512] [--turns 4] [--repeat 3]
+ * [--threads N] [--json]`:
  * what the HTTP server costs and what the prompt cache saves, measured side by side in one
  * process on one open model (default: the demo model).
  *
@@ -163,16 +164,18 @@ export async function main(args: string[]): Promise<void> {
       tokens: { type: "string", default: "512" },
       turns: { type: "string", default: "4" },
       repeat: { type: "string", default: "3" },
+      threads: { type: "string" },
       json: { type: "boolean", default: false },
     },
   });
-  const n = (k: "tokens" | "turns" | "repeat") => {
+  const n = (k: "tokens" | "turns" | "repeat" | "threads") => {
     const x = Number(v[k]);
     if (!Number.isInteger(x) || x < 1) throw new Error(`--${k} must be a positive integer`);
     return x;
   };
   const model = v.model ?? await (await import("../../demo_model.ts")).demoModelPath(true);
-  const session = await Session.open(model, { quiet: true, ctx: 2048 });
+  const threads = v.threads === undefined ? undefined : n("threads");
+  const session = await Session.open(model, { quiet: true, ctx: 2048, threads });
   try {
     const result = await benchServe(session, {
       tokens: n("tokens"),
