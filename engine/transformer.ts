@@ -10,6 +10,7 @@ import { embedRows } from "./embedding.ts";
 import { FeedForward } from "./ffn.ts";
 import type { ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
+import { skeletonBuffers } from "./run_state.ts";
 import type { Route } from "./routing.ts";
 import type { TensorRef } from "./tensor.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
@@ -66,12 +67,12 @@ export class Transformer {
   constructor(p: TransformerParts) {
     this.#p = p;
     this.cfg = p.cfg;
-    const d = p.cfg.hiddenSize;
     this.#ffn = new FeedForward(p.ops, p.arena, p.cfg, p.experts, p.maxBatch);
-    this.#x = p.arena.alloc("hidden x", p.maxBatch * d * 4);
-    this.#h = p.arena.alloc("hidden h", p.maxBatch * d * 4);
-    this.#tmp = p.arena.alloc("hidden tmp", p.maxBatch * d * 4);
-    this.#logits = p.arena.alloc("logits", p.maxBatch * p.cfg.vocabSize * 4);
+    const b = skeletonBuffers(p.cfg, p.maxBatch);
+    this.#x = p.arena.alloc("hidden x", b.hidden * 4);
+    this.#h = p.arena.alloc("hidden h", b.hidden * 4);
+    this.#tmp = p.arena.alloc("hidden tmp", b.hidden * 4);
+    this.#logits = p.arena.alloc("logits", b.logits * 4);
   }
 
   /** Observers of MoE routing (may be empty). */
