@@ -25,6 +25,8 @@ export type { MemoryPlan } from "./engine/planner.ts";
 export type { ModelConfig } from "./io/model_config.ts";
 export { Session } from "./engine/session.ts";
 export type { GeneratedToken, GenerateOptions } from "./engine/session.ts";
+export { loadSession, saveSession } from "./engine/session_state.ts";
+export type { SessionHeader } from "./engine/session_state.ts";
 export type { RunStats } from "./engine/stats.ts";
 export { formatStats } from "./engine/stats.ts";
 export type { Tokenizer } from "./engine/tokenizer.ts";

@@ -3,16 +3,37 @@
  * block scales), or an INT4 matrix in compressed-tensors' "pack-quantized" form as
  * Kimi-K2-Thinking ships its experts (`<name>_packed` I32 [rows, cols/8], `<name>_scale` BF16
  * [rows, cols/32], `<name>_shape` I32 [2] = [rows, cols]; group 32, symmetric, no zero point;
- * engine/quant/int4.ts has the bit layout).
+ * engine/quant/int4.ts has the bit layout), or one expert's slice of gpt-oss's fused MXFP4
+ * tensors (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate
+ * and up rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are
+ * already sluice's mxfp4 layout, so they are copied, never re-quantised.
  *
  * @module
  */
+import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
-import { readF32 } from "../io/checkpoint_weights.ts";
+import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { hfFusedExpertSlice } from "./tensor_names.ts";
+import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
 export const INT4_PACKED = "INT4_PACKED";
+
+/** Dtype label of one expert's matrix inside gpt-oss's fused MXFP4 tensors. */
+export const MXFP4_FUSED = "MXFP4_FUSED";
+
+/** Where one expert matrix lies inside a fused MXFP4 tensor pair. */
+export interface FusedSlice {
+  blocks: TensorInfo;
+  scales: TensorInfo;
+  /** The bias tensor [E, rows of the fused tensor] (BF16 or F32). */
+  bias: TensorInfo;
+  expert: number;
+  /** Fused row of the matrix's row r: first + r × step (gate 0, 2, …; up 1, 3, …; down r). */
+  first: number;
+  step: number;
+}
 
 /** One 2-D weight matrix of a checkpoint. */
 export interface SourceMatrix {
@@ -21,10 +42,11 @@ export interface SourceMatrix {
   file: string;
   rows: number;
   cols: number;
-  /** The checkpoint dtype of a plain tensor, or {@link INT4_PACKED}. */
+  /** The checkpoint dtype of a plain tensor, {@link INT4_PACKED} or {@link MXFP4_FUSED}. */
   dtype: string;
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
+  fused?: FusedSlice;
 }
 
 function readShapeTensor(ckpt: Checkpoint, t: TensorInfo): number[] {
@@ -93,9 +115,84 @@ export function readPackedInt4(
   return { data: ckpt.read(src.packed.packed.name), scale: ckpt.read(src.packed.scale.name) };
 }
 
+function fusedTensor(ckpt: Checkpoint, name: string, dtypes: string[], shape: number[]) {
+  const t = ckpt.tensors.get(name);
+  if (!t) throw new Error(`${ckpt.dir}: fused MXFP4 experts need tensor ${name}, which is missing`);
+  if (!dtypes.includes(t.dtype) || String(t.shape) !== String(shape)) {
+    throw new Error(
+      `${t.file}: tensor ${name} is ${t.dtype} [${t.shape}], expected ${
+        dtypes.join(" or ")
+      } [${shape}]`,
+    );
+  }
+  return t;
+}
+
+/**
+ * Matrix `m` of expert `e` of MoE layer `l` in gpt-oss's fused MXFP4 tensors, with their shapes
+ * and dtypes checked against the config.
+ */
+export function findFusedMxfp4(
+  ckpt: Checkpoint,
+  cfg: ModelConfig,
+  l: number,
+  e: number,
+  m: ExpertMatrix,
+): SourceMatrix {
+  const slice = hfFusedExpertSlice(cfg, l, m);
+  if (!slice) throw new Error(`${cfg.modelType}: layer ${l} has no fused experts`);
+  const E = cfg.moe!.numExperts, I = cfg.moe!.expertIntermediate, H = cfg.hiddenSize;
+  const base = slice.base;
+  const [fusedRows, cols] = m === "down" ? [H, I] : [2 * I, H];
+  if (cols % 32) {
+    throw new Error(`${ckpt.dir}: ${base}: MXFP4 needs a multiple of 32 columns, has ${cols}`);
+  }
+  const blocks = fusedTensor(ckpt, `${base}_blocks`, ["U8"], [E, fusedRows, cols / 32, 16]);
+  const scales = fusedTensor(ckpt, `${base}_scales`, ["U8"], [E, fusedRows, cols / 32]);
+  const bias = fusedTensor(ckpt, `${base}_bias`, ["BF16", "F32", "F16"], [E, fusedRows]);
+  return {
+    name: `${base}[${e}].${m}`,
+    file: blocks.file,
+    rows: m === "down" ? H : I,
+    cols,
+    dtype: MXFP4_FUSED,
+    fused: { blocks, scales, bias, expert: e, first: slice.first, step: slice.step },
+  };
+}
+
+function fusedRows(ckpt: Checkpoint, t: TensorInfo, src: SourceMatrix): Uint8Array {
+  const f = src.fused!;
+  return readExpertRows(ckpt, t.name, f.expert, f.first, f.step, src.rows);
+}
+
+/** One fused MXFP4 expert matrix as sluice mxfp4 bytes: its rows' blocks and E8M0 scales as shipped. */
+export function readFusedMxfp4(
+  ckpt: Checkpoint,
+  src: SourceMatrix,
+): { data: Uint8Array; scale: Uint8Array } {
+  const f = src.fused;
+  if (!f) throw new Error(`${src.file}: ${src.name} is not a fused MXFP4 matrix`);
+  return { data: fusedRows(ckpt, f.blocks, src), scale: fusedRows(ckpt, f.scales, src) };
+}
+
+/** The bias vector of one fused expert matrix, as float32 (bf16 widens exactly). */
+export function readFusedBias(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
+  const f = src.fused;
+  if (!f) throw new Error(`${src.file}: ${src.name} is not a fused MXFP4 matrix`);
+  return decodeDtypeToF32(
+    f.bias.dtype,
+    fusedRows(ckpt, f.bias, src),
+    `${f.bias.file}: tensor ${f.bias.name}`,
+  );
+}
+
 /** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
 export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
   if (src.plain) return readF32(ckpt, src.name);
+  if (src.fused) {
+    const { data, scale } = readFusedMxfp4(ckpt, src);
+    return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });
+  }
   const { data, scale } = readPackedInt4(ckpt, src);
   return dequantizeInt4g32({
     rows: src.rows,

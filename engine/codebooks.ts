@@ -1,7 +1,8 @@
 /**
- * VQ3R codebooks in the arena. A container with vq3r experts has codebooks.bin (one f32
- * [3][8][256] set per MoE layer and matrix kind, docs/FORMAT.md); the engine keeps all of it
- * resident (24 KiB per set) and binds each vq3r expert matrix to its layer's set.
+ * VQ3R / VQ4P codebooks in the arena. A container with vq3r or vq4p experts has codebooks.bin
+ * (one f32 [3][8][256] or [4][8][64] set per MoE layer and matrix kind, docs/FORMAT.md); the
+ * engine keeps all of it resident (24 or 8 KiB per set) and binds each such expert matrix to its
+ * layer's set.
  *
  * @module
  */
@@ -15,7 +16,7 @@ import { PAGE } from "./arena.ts";
 /** Arena address of each loaded codebook set, by bank (manifest object) and matrix kind. */
 const loaded = new WeakMap<ExpertBank, Partial<Record<ExpertMatrix, number>>>();
 
-/** Arena bytes {@link loadCodebooks} takes for a container's manifest (0 without vq3r). */
+/** Arena bytes {@link loadCodebooks} takes for a container's manifest (0 without vq3r or vq4p). */
 export function codebookArenaBytes(c: Container): number {
   const bytes = c.manifest.codebooks?.bytes ?? 0;
   return bytes ? alignUp(bytes, PAGE) : 0;
@@ -29,7 +30,7 @@ export function codebookArenaBytes(c: Container): number {
 export function loadCodebooks(c: Container, arena: Arena): void {
   const bytes = codebookArenaBytes(c);
   if (!bytes) return;
-  const base = arena.alloc("vq3r codebooks", bytes);
+  const base = arena.alloc("expert codebooks", bytes);
   c.manifest.experts.forEach((bank, layer) => {
     if (!bank?.codebooks) return;
     const where: Partial<Record<ExpertMatrix, number>> = {};
@@ -48,7 +49,7 @@ export function codebookPointer(bank: ExpertBank, m: ExpertMatrix): number {
   const p = loaded.get(bank)?.[m];
   if (p === undefined) {
     throw new Error(
-      `layer ${bank.layer} ${m}: vq3r codebooks are not in the arena (loadCodebooks was not run)`,
+      `layer ${bank.layer} ${m}: codebooks are not in the arena (loadCodebooks was not run)`,
     );
   }
   return p;

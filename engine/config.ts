@@ -14,6 +14,7 @@ import { join } from "node:path";
 import type { ModelConfig } from "../io/model_config.ts";
 import { Fields, type Json } from "./models/hf_config.ts";
 import { MODEL_TYPES } from "./models/mod.ts";
+import { checkConfigBounds } from "./tensor_shapes.ts";
 
 /** The model_types {@link normalizeConfig} accepts. */
 export const SUPPORTED_MODEL_TYPES: readonly string[] = Object.keys(MODEL_TYPES);
@@ -43,7 +44,8 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
     }
   }
   throw new Error(
-    `${where}: model_type ${JSON.stringify(mt)} (architectures ${JSON.stringify(archs)}) is not ` +
+    `${where}: model_type ${mt === undefined ? "(none)" : JSON.stringify(mt)} (architectures ` +
+      `${JSON.stringify(archs)}) is not ` +
       `supported; supported model_types: ${SUPPORTED_MODEL_TYPES.join(", ")}`,
   );
 }
@@ -89,13 +91,19 @@ export function normalizeConfig(
     bosId: bos.v === undefined || bos.v === null ? null : tokenId(bos.v, "bos_token_id", bos.from),
     eosIds: eosList.map((v) => tokenId(v, "eos_token_id", eos.from)),
   };
-  for (const id of [cfgOut.bosId ?? 0, ...cfgOut.eosIds]) {
-    if (id >= cfgOut.vocabSize) {
+  const ids: [number | null, string][] = [
+    [cfgOut.bosId, bos.from],
+    ...cfgOut.eosIds.map((id): [number, string] => [id, eos.from]),
+  ];
+  for (const [id, from] of ids) {
+    if (id !== null && id >= cfgOut.vocabSize) {
       throw new Error(
-        `${where}: special token id ${id} is outside the vocabulary of ${cfgOut.vocabSize}`,
+        `${from}: special token id ${id} is outside the vocabulary of ${cfgOut.vocabSize} ` +
+          `(vocab_size of ${at})`,
       );
     }
   }
+  checkConfigBounds(cfgOut, at);
   return cfgOut;
 }
 

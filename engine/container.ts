@@ -1,7 +1,8 @@
 /**
  * Opening a container with the engine's knowledge of model families: io/ checks the container
  * format, and the family registry (engine/models/mod.ts) checks the config's family sections and
- * says which tensors each layer must hold. Everything that opens a container goes through here.
+ * says which tensors each layer must hold, and engine/tensor_shapes.ts in which shapes and roles,
+ * and which config values are in bounds. Everything that opens a container goes through here.
  *
  * @module
  */
@@ -13,8 +14,15 @@ import {
   readContainer,
 } from "../io/container.ts";
 import { manifestField } from "../io/manifest.ts";
+import type { LayerTensor } from "../io/model_config.ts";
 import { FAMILIES } from "./models/mod.ts";
 import { layerTensorsOf } from "./tensor_names.ts";
+import {
+  checkConfigBounds,
+  expertMatrixShape,
+  globalTensorSpec,
+  layerTensorSpec,
+} from "./tensor_shapes.ts";
 
 /** The family registry, as the container format asks for it. */
 export const FAMILY_RULES: FamilyRules = {
@@ -23,6 +31,10 @@ export const FAMILY_RULES: FamilyRules = {
     FAMILIES[name].validateConfig(c, where);
   },
   layerTensors: layerTensorsOf,
+  checkBounds: checkConfigBounds,
+  globalSpec: globalTensorSpec,
+  layerSpec: (cfg, t, l) => layerTensorSpec(cfg, t as LayerTensor, l),
+  expertShape: expertMatrixShape,
 };
 
 /** Opens a container directory and validates its manifest against its files and its family. */

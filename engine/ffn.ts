@@ -1,6 +1,7 @@
 /**
  * The feed-forward half of a layer: a dense SwiGLU MLP, or a mixture of experts (router → top-k →
- * experts as they arrive → sum in routing order → plus shared experts). Works on a batch of
+ * experts as they arrive → sum in routing order → plus shared experts). gpt-oss's experts add
+ * their bias vectors and use the clamped SwiGLU; its router adds a bias to the logits. Works on a batch of
  * tokens so that chunked prefill reads each distinct expert once per chunk. Experts in compact
  * formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up inputs are
  * prepared once per layer and shared by every expert the token is routed to.
@@ -122,11 +123,22 @@ export class FeedForward {
       { w: ew.gate, x, y: this.#gate, nb: n, prep: pick(ew.gate) },
       { w: ew.up, x, y: this.#up, nb: n, prep: pick(ew.up) },
     );
-    ops.siluMul(this.#gate, this.#up, n * ew.gate.rows);
+    const inter = ew.gate.rows, d = ew.down.rows;
+    const b = ew.biases;
+    if (b) {
+      for (let t = 0; t < n; t++) {
+        ops.add(this.#gate + t * inter * 4, b.gate, inter);
+        ops.add(this.#up + t * inter * 4, b.up, inter);
+      }
+    }
+    const clamp = this.#cfg.moe?.clampedSwiglu;
+    if (clamp) ops.swigluClamped(this.#gate, this.#up, n * inter, clamp.limit, clamp.alpha);
+    else ops.siluMul(this.#gate, this.#up, n * inter);
     prep?.local.reset();
     const downPrep = prep?.local.prepare(ew.down, this.#gate, n);
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
     ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep });
+    if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
   }
 
   /** Dense FFN of a layer: out = MLP(h) for `nb` tokens. */
@@ -145,6 +157,9 @@ export class FeedForward {
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
     ops.matmul({ w: lw.get("router"), x: h, y: this.#logits, nb });
+    if (moe.routerLogitBias) {
+      for (let b = 0; b < nb; b++) ops.add(this.#logits + b * E * 4, lw.get("router_b").ptr, E);
+    }
     const logits = ops.f32(this.#logits, nb * E);
     const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
     const routes: Route[] = [];

@@ -1,7 +1,8 @@
 /**
  * Float32 access to a model's weights by canonical name, whatever stores them: a Hugging Face
- * checkpoint (FP8 dequantised with its block scales, INT4 pack-quantized experts widened) or a
- * container (every stored format decoded by its weight-format entry). The float64 reference
+ * checkpoint (FP8 dequantised with its block scales, INT4 pack-quantized experts widened,
+ * gpt-oss's fused MXFP4 experts cut out per expert) or a container (every stored format decoded
+ * by its weight-format entry). The float64 reference
  * pass, the GGUF export and quant-report all read weights through this one adapter.
  *
  * @module
@@ -12,16 +13,17 @@ import {
   readExpertRecord,
   readTrunkTensor,
 } from "../io/container.ts";
+import { isCodebookDtype } from "../io/format.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
 import { EXPERT_MATRICES, type ExpertMatrix, type GlobalTensor } from "../io/model_config.ts";
 import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-import { findMatrix, readMatrixF32 } from "./checkpoint_matrix.ts";
+import { findFusedMxfp4, findMatrix, readFusedBias, readMatrixF32 } from "./checkpoint_matrix.ts";
 import { loadModelConfig } from "./config.ts";
 import { openContainer } from "./container.ts";
 import { decodeStored } from "./quant/stored_decode.ts";
 import type { WeightGetter } from "./reference/forward.ts";
-import { hfExpertName, hfGlobalName, hfLayerName } from "./tensor_names.ts";
+import { hfExpertName, hfFusedExpertSlice, hfGlobalName, hfLayerName } from "./tensor_names.ts";
 
 /** A model's tensors as float32, with their shapes. */
 export interface FloatWeights {
@@ -40,6 +42,8 @@ export interface FloatWeights {
   expert(l: number, e: number, m: ExpertMatrix): Float32Array;
   /** [rows, cols] of expert `e`'s matrix `m` in layer `l`. */
   expertShape(l: number, e: number, m: ExpertMatrix): [number, number];
+  /** gpt-oss: the bias vector of one matrix of one routed expert. */
+  expertBias(l: number, e: number, m: ExpertMatrix): Float32Array;
   close(): void;
 }
 
@@ -57,7 +61,9 @@ export function checkpointWeights(dir: string): FloatWeights {
   };
   const layerName = (l: number, t: LayerTensor) => need(hfLayerName(cfg, l, t), `layer ${l} ${t}`);
   const expertMatrix = (l: number, e: number, m: ExpertMatrix) =>
-    findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+    hfFusedExpertSlice(cfg, l, m)
+      ? findFusedMxfp4(ckpt, cfg, l, e, m)
+      : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
   return {
     cfg,
     dir,
@@ -70,6 +76,7 @@ export function checkpointWeights(dir: string): FloatWeights {
       const src = expertMatrix(l, e, m);
       return [src.rows, src.cols];
     },
+    expertBias: (l, e, m) => readFusedBias(ckpt, expertMatrix(l, e, m)),
     close: () => ckpt.close(),
   };
 }
@@ -91,9 +98,23 @@ export function containerExpertF32(
     e,
     rec.subarray(e.offset, e.offset + e.bytes),
     scale,
-    e.dtype === "vq3r" ? readCodebooks(c, layer, m) : undefined,
+    isCodebookDtype(e.dtype) ? readCodebooks(c, layer, m) : undefined,
     `${c.dir}: layer ${layer} expert ${expert} ${m}`,
   );
+}
+
+/** The f32 bias vector of one expert matrix of a container (gpt-oss). */
+export function containerExpertBias(
+  c: Container,
+  layer: number,
+  expert: number,
+  m: ExpertMatrix,
+  record?: Uint8Array,
+): Float32Array {
+  const e = c.manifest.experts[layer]?.biases?.[m];
+  if (!e) throw new Error(`${c.dir}: layer ${layer} experts have no ${m} bias`);
+  const rec = record ?? readExpertRecord(c, layer, expert).record;
+  return new Float32Array(rec.slice(e.offset, e.offset + e.bytes).buffer);
 }
 
 /** The float32 values of a trunk tensor ("globals" or a layer) of a container. */
@@ -128,6 +149,12 @@ export function containerWeights(dir: string): FloatWeights {
       }
       return containerExpertF32(c, l, e, m, last.record);
     },
+    expertBias(l, e, m) {
+      if (!last || last.l !== l || last.e !== e) {
+        last = { l, e, record: readExpertRecord(c, l, e).record };
+      }
+      return containerExpertBias(c, l, e, m, last.record);
+    },
     expertShape(l, _e, m) {
       const bank = c.manifest.experts[l];
       if (!bank) throw new Error(`${dir}: layer ${l} has no experts`);
@@ -140,7 +167,8 @@ export function containerWeights(dir: string): FloatWeights {
 
 /**
  * The reference pass's view of `w`: canonical names (`embed`, `layers.N.wq`,
- * `experts.N.E.gate`), a tied lm_head read as the embedding, each tensor fetched once.
+ * `experts.N.E.gate`, gpt-oss's `experts.N.E.gate_bias`), a tied lm_head read as the embedding,
+ * each tensor fetched once.
  */
 export function referenceWeights(w: FloatWeights): { cfg: ModelConfig; weight: WeightGetter } {
   const cfg = w.cfg;
@@ -158,6 +186,8 @@ export function referenceWeights(w: FloatWeights): { cfg: ModelConfig; weight: W
       p[0] === "experts" && p.length === 4 && EXPERT_MATRICES.includes(p[3] as ExpertMatrix)
     ) {
       v = w.expert(Number(p[1]), Number(p[2]), p[3] as ExpertMatrix);
+    } else if (p[0] === "experts" && p.length === 4 && p[3].endsWith("_bias")) {
+      v = w.expertBias(Number(p[1]), Number(p[2]), p[3].slice(0, -5) as ExpertMatrix);
     } else {
       throw new Error(`not a canonical tensor name: ${canonical}`);
     }

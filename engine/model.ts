@@ -7,10 +7,11 @@
  */
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "./container.ts";
-import { type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
+import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
+import { regionChecker } from "./stream/region_check.ts";
 import { type BlockReader, openReader } from "../io/reader.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
@@ -24,8 +25,11 @@ import { Ops } from "./ops.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
+import { checkContext, crcSampleOf, prefillChunkOf, threadsOf } from "./run_limits.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
 import { type GlobalWeights, Transformer } from "./transformer.ts";
+
+export { DEFAULT_CRC_SAMPLE } from "./run_limits.ts";
 
 /** How to run a container. Every option changes speed or memory, never the output. */
 export interface RunOptions {
@@ -37,7 +41,7 @@ export interface RunOptions {
   threads?: number;
   /** Most prompt tokens per forward call (chunked prefill; default 64). */
   prefillChunk?: number;
-  /** Expert cache policy (default lfru). */
+  /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;
   /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
   readaheadDepth?: number;
@@ -47,8 +51,13 @@ export interface RunOptions {
   trunkReadahead?: boolean;
   /** Cap on expert slots (tests, benchmarks). */
   expertSlots?: number;
-  /** Check each expert record's CRC32 as it lands. */
+  /** Check each expert record's CRC32 and each trunk region's CRC32 as it lands. */
   verify?: boolean;
+  /**
+   * Share of expert record landings whose payload CRC32 is checked besides the always-on header
+   * check (0..1; default {@link DEFAULT_CRC_SAMPLE}; `verify` checks every one).
+   */
+  crcSample?: number;
   /** Directories holding bank shards: expert e in shard e % n (see tools/split_banks.ts). */
   shards?: string[];
   /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
@@ -124,16 +133,18 @@ export class Model {
    * lookahead, forward pass.
    */
   static async open(path: string, opts: RunOptions = {}): Promise<Model> {
+    // Run options that size things are refused before anything is read or allocated.
+    prefillChunkOf(opts.prefillChunk);
+    checkContext(opts.ctx);
+    const sample = opts.verify ? 1 : crcSampleOf(opts.crcSample);
+    const notice = (line: string) => opts.quiet || console.error(line);
+    const threads = threadsOf(opts.threads, defaultThreads(), notice);
     const container = openContainer(path);
     const cfg = container.config;
     const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
-    const pool = await Pool.create(
-      arena,
-      await loadKernelModule(),
-      opts.threads ?? defaultThreads(),
-    );
+    const pool = await Pool.create(arena, await loadKernelModule(), threads);
     const reader = openReader(arena.memory, {
       direct: opts.io !== "buffered" && opts.io !== "fallback",
       forceFallback: opts.io === "fallback",
@@ -141,14 +152,16 @@ export class Model {
     });
     try {
       const trunkFile = reader.open(container.trunkPath);
-      const globals = readGlobals(arena, reader, trunkFile, container);
+      const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
+      const globals = readGlobals(arena, reader, trunkFile, container, checkRegion);
       const trunk = new TrunkRing(arena, reader, trunkFile, container.manifest.trunk.layers, {
         pinned: plan.pinned,
         slots: plan.ringSlots,
         readahead: opts.trunkReadahead ?? true,
+        check: checkRegion,
       });
       const experts = plan.totalExperts > 0
-        ? openExpertStore(arena, reader, container, plan.expertSlots, opts)
+        ? openExpertStore(arena, reader, container, plan.expertSlots, opts, sample)
         : null;
       const ops = new Ops(arena, pool);
       const attention = createAttention(ops, arena, cfg, prefillChunk, ctx);
@@ -232,7 +245,7 @@ function planRun(
   opts: RunOptions,
 ): { plan: MemoryPlan; lookahead: number; ctx: number; prefillChunk: number } {
   const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
-  const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
+  const prefillChunk = prefillChunkOf(opts.prefillChunk);
   const input = planInput(container);
   const planFor = (lookahead: number) =>
     planMemory(input, {
@@ -256,16 +269,25 @@ function planRun(
   return { plan, lookahead, ctx, prefillChunk };
 }
 
-/** Reads the globals region (embedding, final norm, LM head) into the arena, where it stays. */
+/**
+ * Reads the globals region (embedding, final norm, LM head) into the arena, where it stays;
+ * `check` (--verify) CRC-checks it.
+ */
 function readGlobals(
   arena: Arena,
   reader: BlockReader,
   trunkFile: number,
   container: Container,
+  check?: (layer: "globals", at: number) => void,
 ): GlobalWeights {
   const region = container.manifest.trunk.globals.region;
   const gOff = arena.alloc("globals (embedding, final norm, LM head)", region.bytes);
-  reader.read(trunkFile, gOff, region.bytes, region.offset);
+  try {
+    reader.read(trunkFile, gOff, region.bytes, region.offset);
+  } catch (e) {
+    throw new Error(`globals region: ${(e as Error).message}`);
+  }
+  check?.("globals", gOff);
   const rel = gOff - region.offset;
   const g = container.manifest.trunk.globals.tensors;
   const global = (t: "embed" | "final_norm") => {
@@ -280,13 +302,17 @@ function readGlobals(
   };
 }
 
-/** The expert cache and store over the container's banks (or their shards), `slots` records. */
+/**
+ * The expert cache and store over the container's banks (or their shards), `slots` records;
+ * every landing gets its header checked, a random share `crcSample` its payload CRC too.
+ */
 function openExpertStore(
   arena: Arena,
   reader: BlockReader,
   container: Container,
   slots: number,
   opts: RunOptions,
+  crcSample: number,
 ): ExpertStore {
   const m = container.manifest;
   const shards = opts.shards ?? [];
@@ -297,7 +323,7 @@ function openExpertStore(
       : [container.expertBankPath(bank.layer)];
     return { bank, paths, handles: paths.map((p) => reader.open(p)) };
   });
-  const cache = new ExpertCache({ slots, policy: opts.cache ?? "lfru" });
+  const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
   return new ExpertStore(arena, reader, files, cache, {
     readaheadDepth: opts.readaheadDepth ?? 4,
     check: (layer, expert, slot, file, fileOffset) => {
@@ -309,7 +335,7 @@ function openExpertStore(
         expert,
         file,
         fileOffset,
-        opts.verify ?? false,
+        crcSample >= 1 || Math.random() < crcSample,
       );
     },
   });

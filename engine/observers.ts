@@ -56,7 +56,7 @@ export class RunObservers {
 }
 
 /**
- * Copies every MoE layer's router (and selection bias) into the arena once, so the lookahead can
+ * Copies every MoE layer's router (and its biases) into the arena once, so the lookahead can
  * score layer L+1 while L+1 is still on disk. f32, a few MiB per layer at most.
  */
 export function residentRouters(arena: Arena, c: Container): (ResidentRouter | null)[] {
@@ -71,7 +71,11 @@ export function residentRouters(arena: Arena, c: Container): (ResidentRouter | n
       return off;
     };
     const weight = tensorRef(w, copy(w, "router") - w.offset);
-    const b = run.tensors["router_bias"];
-    return { weight, bias: b ? copy(b, "router bias") : undefined };
+    const b = run.tensors["router_bias"], lb = run.tensors["router_b"];
+    return {
+      weight,
+      bias: b ? copy(b, "router bias") : undefined,
+      logitBias: lb ? copy(lb, "router logit bias") : undefined,
+    };
   });
 }

@@ -9,6 +9,7 @@ import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { MAX_JOBS } from "./pool_protocol.ts";
 import { matmulJobs, type TensorRef } from "./tensor.ts";
+import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -45,7 +46,61 @@ export interface AttentionCall {
   scores: number;
   scoresPerToken: number;
   scoreTokens: number;
+  /** Keys token i attends to (its own included). */
   lengths: number[];
+  /**
+   * A ring cache of `slots` positions (a sliding-window layer): token i's oldest key is in slot
+   * first[i]. Absent: a linear cache whose slot t is position t.
+   */
+  ring?: { slots: number; first: number[] };
+  /** Arena offset of one sink logit per query head (gpt-oss), or absent. */
+  sinks?: number;
+}
+
+/** One KDA call over consecutive tokens (see {@link Ops.kda}). */
+export interface KdaCall {
+  /** State of every head: heads × dk × dv floats, key rows. */
+  state: number;
+  /** Token t's q/k of head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
+  q: number;
+  k: number;
+  v: number;
+  /** Log-decays, laid out as q; rewritten (e^g). */
+  g: number;
+  /** Per token and head, already a sigmoid. */
+  beta: number;
+  out: number;
+  tokens: number;
+  heads: number;
+  dk: number;
+  dv: number;
+  qkStride: number;
+  vStride: number;
+  gStride: number;
+  betaStride: number;
+  outStride: number;
+  /**
+   * Run the chunked form in chunks of this many tokens (prefill), with `scratch` holding
+   * kdaChunkScratchFloats(chunk, dk, dv) floats per head; absent: the recurrence (decode).
+   */
+  chunked?: { chunk: number; scratch: number };
+}
+
+/** One causal short conv over consecutive tokens (see {@link Ops.shortConv}). */
+export interface ShortConvCall {
+  x: number;
+  /** The last K−1 inputs, [K−1][channels]; advanced by the call. */
+  state: number;
+  /** Taps, [channels][K] (PyTorch's depthwise Conv1d [C, 1, K]). */
+  w: number;
+  y: number;
+  tokens: number;
+  channels: number;
+  kernel: number;
+  xStride: number;
+  yStride: number;
+  /** Channels per head: the unit the pool splits. */
+  group: number;
 }
 
 /** Typed kernel calls on one pool. */
@@ -100,6 +155,11 @@ export class Ops {
     this.#k.silu_mul_f32(BigInt(g), BigInt(u), n);
   }
 
+  /** gpt-oss's clamped SwiGLU: g = (clamp(u) + 1) · min(g, limit) · σ(alpha · min(g, limit)). */
+  swigluClamped(g: number, u: number, n: number, limit: number, alpha: number): void {
+    this.#k.swiglu_clamped_f32(BigInt(g), BigInt(u), n, limit, alpha);
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);
@@ -117,7 +177,8 @@ export class Ops {
 
   /**
    * Causal attention for consecutive tokens: token i's query at `q + i·qStride` floats attends to
-   * the first `lengths[i]` cached positions and writes its heads to `out + i·outStride`. `scores`
+   * `lengths[i]` cached positions (the first ones, or in a ring from slot `ring.first[i]`) and
+   * writes its heads to `out + i·outStride`. `scores`
    * holds `scoreTokens` buffers of `scoresPerToken` floats, so that many tokens run per dispatch.
    */
   attention(a: AttentionCall): void {
@@ -144,6 +205,9 @@ export class Ops {
             s.kStride,
             s.vStride,
             s.scale,
+            BigInt(a.sinks ?? 0),
+            a.ring ? a.ring.first[i] : 0,
+            a.ring ? a.ring.slots : T,
           ],
           rows: s.nHeads,
         });
@@ -151,6 +215,68 @@ export class Ops {
       }
       this.pool.run(jobs, work);
     }
+  }
+
+  /** y = y · x over n floats. */
+  mul(y: number, x: number, n: number): void {
+    this.#k.mul_f32(BigInt(y), BigInt(x), n);
+  }
+
+  /** x = sigmoid(x) over n floats. */
+  sigmoid(x: number, n: number): void {
+    this.#k.sigmoid_f32(BigInt(x), n);
+  }
+
+  /** KDA's gated delta rule (kernels/kda.c), recurrent or chunked, split over the pool by head. */
+  kda(c: KdaCall): void {
+    const ptrs = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out];
+    if (c.chunked) ptrs.push(c.chunked.scratch);
+    const tail = c.chunked
+      ? [c.chunked.chunk, kdaChunkScratchFloats(c.chunked.chunk, c.dk, c.dv)]
+      : [];
+    this.pool.run([{
+      kernel: c.chunked ? "kda_chunk_f32" : "kda_recurrent_f32",
+      args: [
+        ...ptrs.map(BigInt),
+        c.tokens,
+        c.heads,
+        c.dk,
+        c.dv,
+        c.qkStride,
+        c.vStride,
+        c.gStride,
+        c.betaStride,
+        c.outStride,
+        ...tail,
+      ],
+      rows: c.heads,
+    }], 4 * c.tokens * c.heads * c.dk * c.dv);
+  }
+
+  /** Causal depthwise convs + SiLU (kernels/kda.c), one job each, split by head. */
+  shortConv(...list: ShortConvCall[]): void {
+    const jobs: Job[] = [];
+    let work = 0;
+    for (const c of list) {
+      jobs.push({
+        kernel: "short_conv_f32",
+        args: [
+          BigInt(c.x),
+          BigInt(c.state),
+          BigInt(c.w),
+          BigInt(c.y),
+          c.tokens,
+          c.channels,
+          c.kernel,
+          c.xStride,
+          c.yStride,
+          c.group,
+        ],
+        rows: Math.ceil(c.channels / c.group),
+      });
+      work += c.tokens * c.channels * c.kernel;
+    }
+    this.#dispatch(jobs, work);
   }
 
   /** A Float32Array view of the arena. */

@@ -42,7 +42,9 @@ export function planInput(c: Container): PlanInput {
   const banks = m.experts.filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
-    routerBytes += (run.tensors["router"]?.bytes ?? 0) + (run.tensors["router_bias"]?.bytes ?? 0);
+    for (const t of ["router", "router_bias", "router_b"]) {
+      routerBytes += run.tensors[t]?.bytes ?? 0;
+    }
   }
   return {
     cfg: c.config,
@@ -77,6 +79,8 @@ export interface MemoryPlan {
   /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
   fixedBytes: number;
   kvBytes: number;
+  /** Per layer: its KV cache at `ctx`, or its recurrent state (KDA), before page rounding. */
+  layerStateBytes: number[];
   scratchBytes: number;
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
@@ -99,10 +103,12 @@ export interface MemoryPlan {
 }
 
 /** Bytes of the KV cache (or recurrent state) of every layer for `ctx` positions. */
-export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
+export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
   const family = familyOf(cfg);
   let bytes = 0;
-  for (let l = 0; l < cfg.numLayers; l++) bytes += alignUp(family.stateBytes(cfg, l, ctx), PAGE);
+  for (let l = 0; l < cfg.numLayers; l++) {
+    bytes += alignUp(family.stateBytes(cfg, l, ctx, maxBatch), PAGE);
+  }
   return bytes;
 }
 
@@ -120,7 +126,12 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
-  const kvBytes = kvCacheBytes(cfg, opts.ctx);
+  const kvBytes = kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
+  const family = familyOf(cfg);
+  const layerStateBytes = Array.from(
+    { length: cfg.numLayers },
+    (_, l) => family.stateBytes(cfg, l, opts.ctx, opts.maxBatch),
+  );
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
@@ -177,6 +188,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     budget,
     fixedBytes,
     kvBytes,
+    layerStateBytes,
     scratchBytes: scratch,
     floor,
     pinned,

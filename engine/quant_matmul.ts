@@ -1,16 +1,17 @@
 /**
  * Prepared inputs of the compact formats' matvecs: the Q8 copy of an input vector that the
  * mxfp4 and int4g32 kernels read (quantize_act_q8), and the table of partial dot products that
- * the vq3r kernel reads (vq3r_lut). Each is made once per input vector on the main thread and
- * then shared by every matrix that reads the same vector in the same form: gate and up of an
+ * the vq3r and vq4p kernels read (vq3r_lut, vq4p_lut). Each is made once per input vector on the
+ * main thread and then shared by every matrix that reads the same vector in the same form: gate and up of an
  * expert, and, in the MoE layer, all experts a token is routed to. Preparation is deterministic
  * and per vector, so outputs never depend on threads, batching or expert arrival order.
  *
  * @module
  */
-import { alignUp } from "../io/format.ts";
+import { alignUp, isCodebookDtype } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
-import { q8Bytes, vq3rLutFloats } from "../wasm/quant_kernels.ts";
+import { q8Bytes } from "../wasm/quant_kernels.ts";
+import { formatOf } from "./quant/mod.ts";
 import { type Arena, PAGE } from "./arena.ts";
 import { codebookArenaBytes } from "./codebooks.ts";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
@@ -22,13 +23,20 @@ type Fn = (...a: (number | bigint)[]) => unknown;
 /** Alignment of every prepared vector (the kernels load 16 bytes at a time). */
 const PREP_ALIGN = 64;
 
+/** The table builder of a lookup-table format (engine/quant/mod.ts). */
+function tableOf(w: TensorRef): { kernel: string; bytes(cols: number): number } {
+  const t = formatOf(w.dtype).table;
+  if (!t) throw new Error(`${w.dtype} weights have no lookup table`);
+  return t;
+}
+
 /** Bytes of one prepared input vector of `w` (0 for formats that read f32). */
 export function preparedBytes(w: TensorRef): number {
   switch (inputFormOf(w)) {
     case "q8":
       return alignUp(q8Bytes(w.cols), PREP_ALIGN);
     case "lut":
-      return alignUp(vq3rLutFloats(w.paddedCols ?? w.cols) * 4, PREP_ALIGN);
+      return alignUp(tableOf(w).bytes(w.paddedCols ?? w.cols), PREP_ALIGN);
     default:
       return 0;
   }
@@ -41,7 +49,7 @@ export function preparedBytes(w: TensorRef): number {
 export function preparedKey(w: TensorRef): string {
   const form = inputFormOf(w);
   if (form === "q8") return `q8:${w.cols}`;
-  if (form === "lut") return `lut:${w.codebook}:${w.paddedCols}`;
+  if (form === "lut") return `lut:${w.dtype}:${w.codebook}:${w.paddedCols}`;
   return "f32";
 }
 
@@ -51,7 +59,7 @@ export interface ExpertPrepSizes {
   shared: number;
   /** The down projection's inputs of one expert (up to `maxBatch` vectors). */
   local: number;
-  /** One zero-padded copy of the longest vq3r input vector. */
+  /** One zero-padded copy of the longest vq3r / vq4p input vector. */
   pad: number;
 }
 
@@ -73,7 +81,7 @@ export function expertPrepSizes(
 
 /**
  * Arena bytes a container needs beyond the planner's float scratch to run its compact expert
- * formats with batches of up to `maxBatch` tokens: the VQ3R codebooks and the prepared-input
+ * formats with batches of up to `maxBatch` tokens: the VQ3R / VQ4P codebooks and the prepared-input
  * scratch (each region rounded up to a page).
  */
 export function quantArenaBytes(c: Container, maxBatch: number): number {
@@ -83,7 +91,7 @@ export function quantArenaBytes(c: Container, maxBatch: number): number {
     const [g, u, d] = EXPERT_MATRICES.map((m) => {
       const ref = tensorRef(bank.matrices[m], 0);
       // Distinct stand-in codebook addresses: gate and up of a vq3r bank never share tables.
-      if (ref.dtype === "vq3r") ref.codebook = bank.codebooks?.[m]?.offset ?? 0;
+      if (isCodebookDtype(ref.dtype)) ref.codebook = bank.codebooks?.[m]?.offset ?? 0;
       return ref;
     });
     const s = expertPrepSizes(g, u, d, maxBatch);
@@ -108,7 +116,7 @@ export class InputPrep {
 
   /**
    * A region of `bytes` at arena offset `offset`; `pad` (`padBytes` long) holds zero-padded
-   * copies of vq3r inputs whose length is not a multiple of 8.
+   * copies of vq3r / vq4p inputs whose length is not a multiple of 8.
    */
   constructor(
     arena: Arena,
@@ -153,18 +161,20 @@ export class InputPrep {
       if (form === "q8") {
         this.#k.quantize_act_q8(BigInt(xb), BigInt(dst), w.cols);
       } else {
-        if (w.codebook === undefined) throw new Error("vq3r weights need their codebooks");
+        if (w.codebook === undefined) throw new Error(`${w.dtype} weights need their codebooks`);
         const cols = w.paddedCols ?? w.cols;
         let src = xb;
         if (cols !== w.cols) {
           // The padding columns of the weights are zero-coded, but x must be zero there too.
-          if (cols * 4 > this.#padBytes) throw new Error(`vq3r pad buffer too small for ${cols}`);
+          if (cols * 4 > this.#padBytes) {
+            throw new Error(`${w.dtype} pad buffer too small for ${cols}`);
+          }
           const padded = this.#arena.f32(this.#pad, cols);
           padded.set(this.#arena.f32(xb, w.cols));
           padded.fill(0, w.cols);
           src = this.#pad;
         }
-        this.#k.vq3r_lut(BigInt(w.codebook), BigInt(src), BigInt(dst), cols);
+        this.#k[tableOf(w).kernel](BigInt(w.codebook), BigInt(src), BigInt(dst), cols);
       }
       out.push(dst);
     }

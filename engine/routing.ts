@@ -37,7 +37,8 @@ export function topK(
 /**
  * Routes one token. Softmax scoring (Mixtral, Qwen3): softmax over all logits, top-k, optional
  * renormalisation. Sigmoid scoring (DeepSeek-V3 noaux_tc): sigmoid scores, the selection bias added
- * for choosing only, group-limited top-k, weights from the unbiased scores. `k` other than top_k
+ * for choosing only, group-limited top-k, weights from the unbiased scores. topk_softmax
+ * (gpt-oss): top-k of the raw logits, weights the softmax of those k logits. `k` other than top_k
  * ranks more (or fewer) experts the same way, for the lookahead.
  */
 export function route(
@@ -47,6 +48,13 @@ export function route(
   k = moe.topK,
 ): Route {
   const n = moe.numExperts;
+  if (moe.scoring === "topk_softmax") {
+    const ids = topK(logits, k);
+    const top = ids.length ? logits[ids[0]] : 0;
+    const e = ids.map((i) => Math.exp(logits[i] - top));
+    const sum = e.reduce((a, b) => a + b, 0);
+    return { ids, weights: e.map((v) => v / sum) };
+  }
   const prob = new Float64Array(n);
   if (moe.scoring === "softmax") {
     let max = -Infinity;

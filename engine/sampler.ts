@@ -3,7 +3,8 @@
  *
  * Filter order follows Hugging Face transformers' logits processors, applied in this order:
  * 1. repetition penalty on the raw logits (every distinct id in the history: positive logits are
- *    divided by the penalty, negative ones multiplied);
+ *    divided by the penalty, negative ones multiplied), then OpenAI's frequency and presence
+ *    penalties (minus count × frequency, minus presence once an id occurred), as llama.cpp does;
  * 2. temperature (logits / T);
  * 3. top-k (keep the logits ≥ the k-th largest, so ties at the cut are kept);
  * 4. top-p (keep the most probable tokens until their mass reaches p; the token that crosses p is
@@ -27,6 +28,10 @@ export interface SamplerOptions {
   minP?: number;
   /** > 0; 1 or undefined disables. */
   repetitionPenalty?: number;
+  /** Subtracted from a logit once per occurrence of its id in the history; 0 disables. */
+  frequencyPenalty?: number;
+  /** Subtracted from a logit once its id occurs in the history; 0 disables. */
+  presencePenalty?: number;
   /** Seed of the PRNG; a random one is drawn when undefined. */
   seed?: number;
 }
@@ -41,6 +46,7 @@ export interface Sampler {
 
 function checkOptions(opts: SamplerOptions): void {
   const { temperature = 0, topK = 0, topP = 1, minP = 0, repetitionPenalty = 1 } = opts;
+  const { frequencyPenalty = 0, presencePenalty = 0 } = opts;
   if (!(temperature >= 0) || !Number.isFinite(temperature)) {
     throw new Error(`sampler: temperature must be a finite number ≥ 0, got ${temperature}`);
   }
@@ -52,22 +58,32 @@ function checkOptions(opts: SamplerOptions): void {
   if (!(repetitionPenalty > 0) || !Number.isFinite(repetitionPenalty)) {
     throw new Error(`sampler: repetitionPenalty must be > 0, got ${repetitionPenalty}`);
   }
+  for (const [name, v] of Object.entries({ frequencyPenalty, presencePenalty })) {
+    if (!Number.isFinite(v)) throw new Error(`sampler: ${name} must be a finite number, got ${v}`);
+  }
 }
 
-/** Applies the repetition penalty (transformers' rule) to a float64 copy of the logits. */
+/**
+ * Applies the repetition penalty (transformers' rule), then the frequency and presence penalties
+ * (OpenAI's rule), to a float64 copy of the logits.
+ */
 export function penalisedLogits(
   logits: Float32Array,
   history: readonly number[],
   penalty = 1,
+  frequency = 0,
+  presence = 0,
 ): Float64Array {
   const out = Float64Array.from(logits);
-  if (penalty === 1) return out;
-  for (const id of new Set(history)) {
+  if (penalty === 1 && frequency === 0 && presence === 0) return out;
+  const counts = new Map<number, number>();
+  for (const id of history) counts.set(id, (counts.get(id) ?? 0) + 1);
+  for (const [id, count] of counts) {
     if (!Number.isInteger(id) || id < 0 || id >= out.length) {
       throw new Error(`sampler: history id ${id} is outside the vocabulary [0, ${out.length})`);
     }
     const v = out[id];
-    out[id] = v < 0 ? v * penalty : v / penalty;
+    out[id] = (v < 0 ? v * penalty : v / penalty) - count * frequency - presence;
   }
   return out;
 }
@@ -93,7 +109,13 @@ export function samplingDistribution(
   if (temperature === 0) {
     throw new Error("sampler: temperature 0 is greedy, it has no distribution");
   }
-  const z = penalisedLogits(logits, history, repetitionPenalty);
+  const z = penalisedLogits(
+    logits,
+    history,
+    repetitionPenalty,
+    opts.frequencyPenalty,
+    opts.presencePenalty,
+  );
   const n = z.length;
   for (let i = 0; i < n; i++) z[i] /= temperature;
   // Ids sorted by decreasing logit, ties by id, so every filter has a deterministic order.
@@ -178,7 +200,17 @@ export function createSampler(opts: SamplerOptions = {}): Sampler {
   return {
     seed,
     sample(logits, history) {
-      if (greedy) return argmax(penalisedLogits(logits, history, opts.repetitionPenalty));
+      if (greedy) {
+        return argmax(
+          penalisedLogits(
+            logits,
+            history,
+            opts.repetitionPenalty,
+            opts.frequencyPenalty,
+            opts.presencePenalty,
+          ),
+        );
+      }
       const probs = samplingDistribution(logits, history, opts);
       const u = uniform();
       let acc = 0;

@@ -5,6 +5,7 @@
  * @module
  */
 import { readJsonObjectIfExists } from "../io/json_file.ts";
+import { type ChatMessage, renderChat } from "./chat.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -18,6 +19,10 @@ export interface GenerateOptions extends SamplerOptions {
   ignoreEos?: boolean;
   /** Extra ids that end the generation. */
   stopIds?: number[];
+  /** Ends the generation quietly at the next prompt chunk or token once aborted. */
+  signal?: AbortSignal;
+  /** Awaited after each prompt chunk with the prompt tokens done so far (progress, keep-alives). */
+  onPrefill?: (done: number, total: number) => void | Promise<void>;
 }
 
 /** One generated token. */
@@ -35,12 +40,22 @@ export class Session {
   readonly timings: Timings;
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
+  #cached: number[] = [];
+  /** The transformer's call count when #cached was last true: other calls invalidate it. */
+  #cachedAt = 0;
 
   private constructor(model: Model, tokenizer: Tokenizer, loadMs: number) {
     this.model = model;
     this.tokenizer = tokenizer;
     this.samplingDefaults = samplingDefaults(model.container.dir);
-    this.timings = { loadMs, promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+    this.timings = {
+      loadMs,
+      promptTokens: 0,
+      cachedTokens: 0,
+      promptMs: 0,
+      generatedTokens: 0,
+      generateMs: 0,
+    };
   }
 
   /** Opens a container and its tokenizer. */
@@ -61,6 +76,19 @@ export class Session {
     return this.tokenizer.encode(text);
   }
 
+  /**
+   * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
+   * appended (the template writes any BOS itself, as transformers does); `extra` holds further
+   * template variables (llama.cpp's --chat-template-kwargs).
+   */
+  chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
+    const text = renderChat(this.model.container.dir, messages, {
+      addGenerationPrompt: true,
+      extra,
+    });
+    return this.tokenizer.encode(text, { addSpecial: false });
+  }
+
   /** Text of `ids`, special tokens skipped. */
   detokenize(ids: number[]): string {
     return this.tokenizer.decode(ids, { skipSpecial: true });
@@ -73,13 +101,38 @@ export class Session {
     return ids;
   }
 
+  /** Token ids whose state the KV cache holds at positions 0..n−1: the prompt cache. */
+  get cachedTokens(): readonly number[] {
+    // Forward calls made outside this session (model.forward) overwrote the KV cache.
+    if (this.model.transformer.calls !== this.#cachedAt) this.#cached = [];
+    return this.#cached;
+  }
+
+  /** Forgets the prompt cache: the next generation runs its whole prompt. */
+  resetCache(): void {
+    this.#cached = [];
+  }
+
+  /**
+   * Declares that the KV cache now holds the state of `ids` (a saved session was written back
+   * into it; see engine/session_state.ts).
+   */
+  adoptCache(ids: readonly number[]): void {
+    if (ids.length > this.model.maxContext) {
+      throw new Error(`${ids.length} cached tokens; the context holds ${this.model.maxContext}`);
+    }
+    this.#cached = [...ids];
+    this.#cachedAt = this.model.transformer.calls;
+  }
+
   /**
    * Generates from `prompt` (text, or ids used as they are) and yields each new token as it is
-   * sampled. The KV cache starts empty on every call. An empty prompt starts from BOS when the
-   * model has one (as llama.cpp does); a prompt that leaves no room in the context, or an id
-   * outside the vocabulary, is refused with the numbers. The texts of the yielded tokens add up
-   * to the decode of all generated ids: a token whose text the stream decoder still holds back
-   * (part of a UTF-8 sequence) is yielded once its text is out, at the latest at the end.
+   * sampled. The longest prefix of the prompt that the KV cache already holds (from the previous
+   * generation) is not run again; the tokens are the same as from an empty cache. An empty prompt
+   * starts from BOS when the model has one (as llama.cpp does); a prompt that leaves no room in the
+   * context, or an id outside the vocabulary, is refused with the numbers. The texts of the yielded
+   * tokens add up to the decode of all generated ids: a token whose text the stream decoder still
+   * holds back (part of a UTF-8 sequence) is yielded once its text is out, at the latest at the end.
    */
   async *generate(
     prompt: string | number[],
@@ -108,33 +161,51 @@ export class Session {
       );
     }
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    const given = Object.fromEntries(Object.entries(opts).filter(([, x]) => x !== undefined));
+    const { signal, onPrefill, ...sampling } = opts;
+    const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const sampler = createSampler({ ...this.samplingDefaults, ...given });
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
     const t = this.timings;
     const t0 = performance.now();
-    let logits: Float32Array = new Float32Array(0);
-    const chunk = this.model.prefillChunk;
-    for (let p = 0; p < ids.length; p += chunk) {
-      logits = this.model.forward(ids.slice(p, p + chunk), p);
-    }
+    // The last prompt token always runs: its logits pick the first new token. A recurrent state
+    // (KDA) cannot rewind, so it is reused only when the prompt extends all it holds.
+    let reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
+    const recurrent = this.model.transformer.stateRegions().length > 0;
+    if (recurrent && reuse !== this.#cached.length) reuse = 0;
+    this.#cached = this.#cached.slice(0, reuse);
     t.promptTokens = ids.length;
-    t.promptMs = performance.now() - t0;
+    t.cachedTokens = reuse;
     t.generatedTokens = 0;
     t.generateMs = 0;
+    let logits: Float32Array = new Float32Array(0);
+    const chunk = this.model.prefillChunk;
+    for (let p = reuse; p < ids.length; p += chunk) {
+      if (signal?.aborted) return;
+      const part = ids.slice(p, p + chunk);
+      logits = this.model.forward(part, p);
+      this.#cached.push(...part);
+      this.#cachedAt = this.model.transformer.calls;
+      t.promptMs = performance.now() - t0;
+      await onPrefill?.(p + part.length, ids.length);
+    }
+    t.promptMs = performance.now() - t0;
     const history = [...ids];
     const stream = this.tokenizer.decodeStream();
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
-    for (let n = 0; n < maxTokens; n++) {
+    for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
       const t1 = performance.now();
       const id = sampler.sample(logits, history);
       if (stop.has(id)) break;
       history.push(id);
       t.generatedTokens++;
-      if (n + 1 < maxTokens) logits = this.model.forward([id], history.length - 1);
+      if (n + 1 < maxTokens) {
+        logits = this.model.forward([id], history.length - 1);
+        this.#cached.push(id);
+        this.#cachedAt = this.model.transformer.calls;
+      }
       t.generateMs += performance.now() - t1;
       held.push({ id, text: stream.push(id) });
       if (!stream.holding) {
@@ -157,6 +228,13 @@ export class Session {
   close(): void {
     this.model.close();
   }
+}
+
+/** Length of the common prefix of `a` and `b`, at most `max`. */
+function commonPrefix(a: readonly number[], b: readonly number[], max: number): number {
+  let n = 0;
+  while (n < max && n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
 }
 
 /**

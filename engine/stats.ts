@@ -11,6 +11,8 @@ import type { Model } from "./model.ts";
 export interface Timings {
   loadMs: number;
   promptTokens: number;
+  /** Prompt tokens reused from the prompt cache (not run again). */
+  cachedTokens: number;
   promptMs: number;
   generatedTokens: number;
   generateMs: number;
@@ -24,15 +26,17 @@ export interface Timings {
 export interface RunStats {
   /** Opening the container: plan, arena, workers, reads of the resident weights. */
   load_ms: number;
-  /** Prompt tokens run (prefill). */
+  /** Prompt tokens of the last generate call. */
   prompt_tokens: number;
+  /** Of those, the ones reused from the prompt cache (not run again). */
+  prompt_cached_tokens: number;
   /** Time of the prefill. */
   prompt_ms: number;
   /** Tokens generated after the prompt. */
   generated_tokens: number;
   /** Time of the generated tokens (decode), sampling included. */
   generate_ms: number;
-  /** prompt_tokens per second of prompt_ms. */
+  /** Prompt tokens run (prompt_tokens − prompt_cached_tokens) per second of prompt_ms. */
   prompt_tok_s: number;
   /** generated_tokens per second of generate_ms. */
   generate_tok_s: number;
@@ -46,6 +50,8 @@ export interface RunStats {
   speculative_reads: number;
   /** Speculatively read records that were then used. */
   speculative_used: number;
+  /** Lookahead predictions not read because their recent precision was below 1/2. */
+  speculative_skipped: number;
   /** Share of routed experts the lookahead had predicted; null when it was off or idle. */
   lookahead_recall: number | null;
   /** Bytes read after the model was open (load bytes excluded). */
@@ -98,16 +104,18 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
   return {
     load_ms: t.loadMs,
     prompt_tokens: t.promptTokens,
+    prompt_cached_tokens: t.cachedTokens,
     prompt_ms: t.promptMs,
     generated_tokens: t.generatedTokens,
     generate_ms: t.generateMs,
-    prompt_tok_s: t.promptMs > 0 ? (t.promptTokens * 1000) / t.promptMs : 0,
+    prompt_tok_s: t.promptMs > 0 ? ((t.promptTokens - t.cachedTokens) * 1000) / t.promptMs : 0,
     generate_tok_s: t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0,
     expert_hits: hits,
     expert_misses: misses,
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
     speculative_reads: store?.speculative ?? 0,
     speculative_used: store?.speculativeUsed ?? 0,
+    speculative_skipped: model.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: lookaheadRecall,
     bytes_read: bytes,
     load_bytes: model.loadBytes,
@@ -130,12 +138,17 @@ export function formatStats(s: RunStats): string {
   const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
   const lines = [
     `load          ${(s.load_ms / 1000).toFixed(2)} s`,
-    `prompt        ${s.prompt_tokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
+    `prompt        ${s.prompt_tokens} tokens${
+      s.prompt_cached_tokens > 0 ? ` (${s.prompt_cached_tokens} from the prompt cache)` : ""
+    }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
     `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
     })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
+    (s.speculative_skipped
+      ? `, ${s.speculative_skipped} predictions not read (precision < 50%)`
+      : "") +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
     `read          ${formatBytes(s.bytes_read)} (${formatBytes(s.bytes_read_per_token)}/token) ` +
     `via ${s.reader}, ${formatBytes(s.load_bytes)} at load`,

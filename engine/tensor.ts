@@ -19,15 +19,22 @@ export interface TensorRef {
   cols: number;
   /** Byte offset of the scales for block-scaled formats. */
   scale?: number;
-  /** vq3r: byte offset of the codebooks (f32 [3][8][256]) in the arena. */
+  /** vq3r, vq4p: byte offset of the codebooks (f32 [3][8][256] or [4][8][64]) in the arena. */
   codebook?: number;
-  /** vq3r: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
+  /** vq3r, vq4p: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
+  /**
+   * The weights are the model as shipped (gpt-oss's MXFP4): multiply f32 activations with the
+   * format's exact kernel instead of its prepared-input one.
+   */
+  exact?: boolean;
 }
 
 /** The input form the kernel of `w`'s format reads (f32 for a dtype no format has). */
 export function inputFormOf(w: TensorRef): InputForm {
-  return findFormat(w.dtype)?.input ?? "f32";
+  const f = findFormat(w.dtype);
+  if (w.exact && f?.exactGemv) return "f32";
+  return f?.input ?? "f32";
 }
 
 /**
@@ -54,7 +61,7 @@ export function matmulJobs(
     }];
   }
   if (!f) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
-  const g = f.gemv;
+  const g = w.exact && f.exactGemv ? f.exactGemv : f.gemv;
   if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
   const form = inputFormOf(w);
   if (form !== "f32" && prep?.length !== nb) {
@@ -64,7 +71,7 @@ export function matmulJobs(
     );
   }
   if (form === "lut" && w.paddedCols === undefined) {
-    throw new Error("vq3r weights need their padded column count");
+    throw new Error(`${w.dtype} weights need their padded column count`);
   }
   const cols = form === "lut" ? w.paddedCols! : w.cols;
   const jobs: Job[] = [];

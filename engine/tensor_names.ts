@@ -48,9 +48,13 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "ffn_down":
       return moeLayer ? null : `mlp.${t.slice(4)}_proj.weight`;
     case "router":
-      return moeLayer ? `${naming.moe}.gate.weight` : null;
+      return moeLayer ? `${naming.moe}.${naming.router ?? "gate"}.weight` : null;
     case "router_bias":
       return moeLayer && moe?.selectionBias ? `${naming.moe}.gate.e_score_correction_bias` : null;
+    case "router_b":
+      return moeLayer && moe?.routerLogitBias
+        ? `${naming.moe}.${naming.router ?? "gate"}.bias`
+        : null;
     case "shared_gate":
     case "shared_up":
     case "shared_down":
@@ -84,7 +88,30 @@ export function hfExpertName(
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
   const naming = modelTypeOf(cfg).naming;
+  if (naming.fused) {
+    throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
+  }
   return `model.layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
+}
+
+/**
+ * Where matrix `m` of every expert of MoE layer `layer` lies when the model_type fuses its
+ * experts (gpt-oss), else null. `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
+ * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts; the matrix's row r is fused row
+ * first + r·step: gate and up rows interleave in gate_up_proj (row 2m gate unit m, 2m + 1 up
+ * unit m), down_proj is the down matrix as is.
+ */
+export function hfFusedExpertSlice(
+  cfg: ModelConfig,
+  layer: number,
+  m: ExpertMatrix,
+): { base: string; first: number; step: number } | null {
+  checkLayer(cfg, layer);
+  const naming = modelTypeOf(cfg).naming;
+  if (!naming.fused || cfg.layerKinds[layer] !== "moe") return null;
+  const p = `model.layers.${layer}.${naming.moe}.experts`;
+  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
+  return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

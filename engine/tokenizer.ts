@@ -9,6 +9,7 @@
 import { readJsonObject, readJsonObjectIfExists } from "../io/json_file.ts";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tiktoken } from "js-tiktoken/lite";
+import { checkTiktokenRank, checkTokenizerJsonIds } from "./tokenizer_bounds.ts";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -224,15 +225,24 @@ function tokenizerOf(
 
 function loadHfTokenizer(dir: string): Tokenizer {
   const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
-  const json = readJsonObject(join(dir, "tokenizer.json"));
+  const path = join(dir, "tokenizer.json");
+  const json = readJsonObject(path);
+  checkTokenizerJsonIds(json, path);
   // Like the Rust library and transformers 5, decode does no clean_up_tokenization_spaces on
   // BPE vocabularies (it strips spaces before punctuation: " 'stop'" would print as "'stop'");
   // tokenizers.js applies it whenever the config says so, and even when it is absent.
   const wordPiece = (json.model as Json | undefined)?.type === "WordPiece";
-  const hf = new HfTokenizer(json, {
-    ...config,
-    clean_up_tokenization_spaces: wordPiece && config.clean_up_tokenization_spaces === true,
-  });
+  let hf: HfTokenizer;
+  try {
+    hf = new HfTokenizer(json, {
+      ...config,
+      clean_up_tokenization_spaces: wordPiece && config.clean_up_tokenization_spaces === true,
+    });
+  } catch (e) {
+    // The library's messages name a field but not the file, and say "undefined" for a missing one.
+    const why = (e as Error).message.replace(/\bundefined\b/g, "(missing)");
+    throw new Error(`${path}: not a tokenizer this engine can load (${why})`);
+  }
   const generation = readJsonObjectIfExists(join(dir, "generation_config.json"));
   const named = specialTokenIds(dir, config, generation, (content) => hf.token_to_id(content));
   let vocabSize = 0;
@@ -266,6 +276,7 @@ export function parseTiktokenRanks(text: string, path: string): Map<string, numb
     if (parts.length !== 2 || !Number.isSafeInteger(rank) || rank < 0) {
       throw new Error(`${path}:${i + 1}: expected "<base64 token> <rank>", got "${line}"`);
     }
+    checkTiktokenRank(rank, path, i + 1);
     ranks.set(parts[0], rank);
   }
   return ranks;

@@ -19,6 +19,32 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 export interface Attention {
   /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * Called once per forward pass before any layer runs: a recurrent state (KDA) refuses a
+   * position it cannot continue from here, before any cache or state changes.
+   */
+  begin?(pos: number, nb: number): void;
+  /** The position-indexed caches (arena offset, bytes per position): what a saved session holds. */
+  cacheRegions(): CacheRegion[];
+  /**
+   * Recurrent state (KDA): fixed-size regions that carry the whole past, saved whole by a saved
+   * session. A model with any cannot rewind: a prompt cache reuses it only to its very end.
+   */
+  stateRegions?(): StateRegion[];
+  /** Declares the recurrent state written back into the arena to be at position `pos`. */
+  resumeAt?(pos: number): void;
+}
+
+/** One fixed-size recurrent state in the arena. */
+export interface StateRegion {
+  offset: number;
+  bytes: number;
+}
+
+/** One position-indexed cache in the arena: position p's row is at offset + p × rowBytes. */
+export interface CacheRegion {
+  offset: number;
+  rowBytes: number;
 }
 
 /** Weights that stay in the arena for the whole run. */
@@ -63,6 +89,7 @@ export class Transformer {
   #h: number;
   #tmp: number;
   #logits: number;
+  #calls = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -80,6 +107,26 @@ export class Transformer {
     return this.#ffn.observers;
   }
 
+  /** The attention caches, in layer order (see {@link Attention.cacheRegions}). */
+  cacheRegions(): CacheRegion[] {
+    return this.#p.attention.cacheRegions();
+  }
+
+  /** The recurrent states, in layer order (see {@link Attention.stateRegions}). */
+  stateRegions(): StateRegion[] {
+    return this.#p.attention.stateRegions?.() ?? [];
+  }
+
+  /** Declares restored recurrent states to be at position `pos` (see {@link Attention.resumeAt}). */
+  resumeAt(pos: number): void {
+    this.#p.attention.resumeAt?.(pos);
+  }
+
+  /** Forward calls so far: a prompt cache knows by it whether anyone else wrote the KV cache. */
+  get calls(): number {
+    return this.#calls;
+  }
+
   /** Most tokens one call may take. */
   get maxBatch(): number {
     return this.#p.maxBatch;
@@ -90,6 +137,7 @@ export class Transformer {
    * token when `allLogits` (n × vocab floats). The returned array is a copy.
    */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    this.#calls++;
     const { cfg, arena, ops, trunk, globals, attention } = this.#p;
     const nb = tokens.length;
     const d = cfg.hiddenSize;
@@ -98,6 +146,7 @@ export class Transformer {
       throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
     }
     const x = this.#x, h = this.#h, tmp = this.#tmp;
+    attention.begin?.(pos, nb);
     embedRows(arena, globals.embed, tokens, x);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       const lw = trunk.acquire(layer);

@@ -7,6 +7,7 @@
  */
 import type { ExpertBank, LayerRun, TensorEntry } from "../io/container.ts";
 import { codebookPointer } from "./codebooks.ts";
+import { isCodebookDtype } from "../io/format.ts";
 import type { LayerTensor } from "../io/model_config.ts";
 import type { TensorRef } from "./tensor.ts";
 
@@ -30,6 +31,8 @@ export interface ExpertWeights {
   gate: TensorRef;
   up: TensorRef;
   down: TensorRef;
+  /** gpt-oss: arena addresses of each matrix's f32 bias vector. */
+  biases?: { gate: number; up: number; down: number };
 }
 
 /** Hands out experts; reads the missing ones. */
@@ -68,14 +71,24 @@ export function bindLayer(layer: number, run: LayerRun, base: number): LayerWeig
 }
 
 /**
- * Binds an expert record that was read to arena offset `base`; vq3r matrices get the arena
+ * Binds an expert record that was read to arena offset `base`; vq3r and vq4p matrices get the arena
  * address of their layer's codebooks (engine/codebooks.ts must have loaded them).
  */
 export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
   const bind = (m: "gate" | "up" | "down"): TensorRef => {
     const ref = tensorRef(bank.matrices[m], base);
-    if (ref.dtype === "vq3r") ref.codebook = codebookPointer(bank, m);
+    if (isCodebookDtype(ref.dtype)) ref.codebook = codebookPointer(bank, m);
+    if (ref.dtype === "mxfp4" && bank.mxfp4Activations === "f32") ref.exact = true;
     return ref;
   };
-  return { gate: bind("gate"), up: bind("up"), down: bind("down") };
+  const ew: ExpertWeights = { gate: bind("gate"), up: bind("up"), down: bind("down") };
+  const b = bank.biases;
+  if (b) {
+    ew.biases = {
+      gate: base + b.gate.offset,
+      up: base + b.up.offset,
+      down: base + b.down.offset,
+    };
+  }
+  return ew;
 }

@@ -143,3 +143,35 @@ export function readF32(ckpt: Checkpoint, name: string): Float32Array {
   const scale = decodeDtypeToF32(s.dtype, ckpt.read(s.name), `${s.file}: tensor ${s.name}`);
   return dequantFp8Blocks(ckpt.read(name), t.shape[0], t.shape[1], scale);
 }
+
+/**
+ * Rows first, first + step, … (`rows` of them) of expert `expert` in a tensor that fuses all
+ * experts along its first dimension ([E, R, …], gpt-oss), as their bytes in order.
+ */
+export function readExpertRows(
+  ckpt: Checkpoint,
+  name: string,
+  expert: number,
+  first: number,
+  step: number,
+  rows: number,
+): Uint8Array {
+  const t = ckpt.tensors.get(name);
+  if (!t) throw new Error(`${ckpt.dir}: checkpoint has no tensor ${name}`);
+  const [E, R] = t.shape;
+  if (t.shape.length < 2 || expert < 0 || expert >= E || first + (rows - 1) * step >= R) {
+    throw new Error(
+      `${t.file}: tensor ${name} [${t.shape}] has no expert ${expert} rows ${first}+${step}·${rows}`,
+    );
+  }
+  const rowBytes = t.bytes / (E * R);
+  const all = new Uint8Array(R * rowBytes);
+  ckpt.readRangeInto(name, expert * R * rowBytes, all);
+  if (step === 1 && first === 0 && rows === R) return all;
+  const out = new Uint8Array(rows * rowBytes);
+  for (let r = 0; r < rows; r++) {
+    const at = (first + r * step) * rowBytes;
+    out.set(all.subarray(at, at + rowBytes), r * rowBytes);
+  }
+  return out;
+}

@@ -155,12 +155,12 @@ export function verifyContainer(c: Container): void {
 }
 
 /**
- * Reads and CRC-checks the VQ3R codebooks of one vq3r matrix kind of a MoE layer: f32
- * [3][8][256], the kernel's dimension-major layout.
+ * Reads and CRC-checks the codebooks of one vq3r or vq4p matrix kind of a MoE layer: f32
+ * [3][8][256] or [4][8][64], the kernels' dimension-major layout.
  */
 export function readCodebooks(c: Container, layer: number, m: ExpertMatrix): Float32Array {
   const ref = c.manifest.experts[layer]?.codebooks?.[m];
-  if (!ref) throw new Error(`${c.dir}: layer ${layer} ${m} has no VQ3R codebooks`);
+  if (!ref) throw new Error(`${c.dir}: layer ${layer} ${m} has no codebooks`);
   const path = join(c.dir, CODEBOOKS_FILE);
   const bytes = readFileRange(path, ref.offset, ref.bytes);
   if (crc32(bytes) !== ref.crc32) {

@@ -32,6 +32,23 @@ export const VQ3R_DIM = 8;
 export const VQ3R_STAGES = 3;
 /** Bytes of one VQ3R codebook set in codebooks.bin: f32 [3][8][256] (kernel layout). */
 export const VQ3R_CODEBOOK_BYTES = VQ3R_STAGES * VQ3R_DIM * 256 * 4;
+/** VQ4P: stages, and rows interleaved per index group (one byte lane each). */
+export const VQ4P_STAGES = 4;
+export const VQ4P_ROW_GROUP = 16;
+
+/** Formats whose matrices are coded against codebooks in codebooks.bin (residual VQ). */
+export type CodebookDtype = "vq3r" | "vq4p";
+
+/** Bytes of one codebook set in codebooks.bin: vq3r f32 [3][8][256], vq4p f32 [4][8][64]. */
+export const CODEBOOK_BYTES: Record<CodebookDtype, number> = {
+  vq3r: VQ3R_CODEBOOK_BYTES,
+  vq4p: VQ4P_STAGES * VQ3R_DIM * 64 * 4,
+};
+
+/** Whether `d` is coded against codebooks (and carries `paddedCols`). */
+export function isCodebookDtype(d: string): d is CodebookDtype {
+  return d === "vq3r" || d === "vq4p";
+}
 
 /** The scale tensor (dtype and shape) a scaled weight carries. */
 export interface ScaleSpec {
@@ -94,6 +111,12 @@ export const FORMAT_LAYOUTS = {
     matrixBytes: (rows: number, cols: number) => rows * VQ3R_STAGES * Math.ceil(cols / VQ3R_DIM),
     scale: (rows: number): ScaleSpec => ({ dtype: "f32", shape: [rows] }),
   },
+  vq4p: {
+    recordId: 9,
+    matrixBytes: (rows: number, cols: number) =>
+      alignUp(rows, VQ4P_ROW_GROUP) * 3 * Math.ceil(cols / VQ3R_DIM),
+    scale: (rows: number): ScaleSpec => ({ dtype: "f32", shape: [rows] }),
+  },
 } as const satisfies Record<string, Layout>;
 
 type Layouts = typeof FORMAT_LAYOUTS;
@@ -149,7 +172,8 @@ export function isCompactDtype(d: string): d is CompactDtype {
 /**
  * Bytes of a tensor of `shape` stored as `dtype`. Compact formats are 2-D [rows, cols]:
  * mxfp4 and int4g32 take rows × cols / 2 (cols a multiple of 32), int8row rows × cols, vq3r
- * rows × 3 × ceil(cols / 8) index bytes. Returns NaN for a shape the format cannot hold.
+ * rows × 3 × ceil(cols / 8) index bytes, vq4p the same with rows rounded up to 16. Returns NaN for
+ * a shape the format cannot hold.
  */
 export function storedBytes(dtype: StoredDtype, shape: readonly number[]): number {
   const l = LAYOUT[dtype];
@@ -160,7 +184,7 @@ export function storedBytes(dtype: StoredDtype, shape: readonly number[]): numbe
 /**
  * The scale tensor (dtype and shape) a weight of `dtype` and `shape` must carry, or null:
  * f8_e4m3 f32 [ceil(R/128), ceil(C/128)]; mxfp4 e8m0 [R, C/32]; int4g32 bf16 [R, C/32];
- * int8row and vq3r f32 [R].
+ * int8row, vq3r and vq4p f32 [R].
  */
 export function scaleSpecOf(dtype: StoredDtype, shape: readonly number[]): ScaleSpec | null {
   return LAYOUT[dtype].scale?.(shape[0], shape[1]) ?? null;

@@ -17,6 +17,8 @@ import {
 } from "./model_config.ts";
 import {
   BLOCK_ALIGN,
+  CODEBOOK_BYTES,
+  isCodebookDtype,
   isCompactDtype,
   isExpertFormat,
   isStoredDtype,
@@ -24,7 +26,6 @@ import {
   scaleSpecOf,
   storedBytes,
   TENSOR_ALIGN,
-  VQ3R_CODEBOOK_BYTES,
   VQ3R_DIM,
 } from "./format.ts";
 import {
@@ -54,23 +55,28 @@ function obj(v: unknown, where: string): Obj {
   return v as Obj;
 }
 
+/** A value for a message: its JSON, or "nothing" when the field is missing. */
+function shown(v: unknown): string {
+  return v === undefined ? "nothing (the field is missing)" : JSON.stringify(v);
+}
+
 function int(v: unknown, where: string, min: number, max: number): number {
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
-    throw new Error(`${where}: expected an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected an integer in [${min}, ${max}], got ${shown(v)}`);
   }
   return v;
 }
 
 function num(v: unknown, where: string): number {
   if (typeof v !== "number" || !Number.isFinite(v)) {
-    throw new Error(`${where}: expected a finite number, got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected a finite number, got ${shown(v)}`);
   }
   return v;
 }
 
 function oneOf<T extends string>(v: unknown, allowed: readonly T[], where: string): T {
   if (!allowed.includes(v as T)) {
-    throw new Error(`${where}: expected one of ${allowed.join(", ")}, got ${JSON.stringify(v)}`);
+    throw new Error(`${where}: expected one of ${allowed.join(", ")}, got ${shown(v)}`);
   }
   return v as T;
 }
@@ -96,6 +102,42 @@ export interface FamilyRules {
   validateFamily(config: Record<string, unknown>, where: string): void;
   /** The canonical tensors layer `layer` of `config` holds, in run order. */
   layerTensors(config: ModelConfig, layer: number): readonly string[];
+  /** Throws, naming `where` and the field, when a config value is out of bounds. */
+  checkBounds(config: ModelConfig, where: string): void;
+  /** The shape and role `config` gives a global tensor, a layer tensor, an expert matrix. */
+  globalSpec(config: ModelConfig, g: GlobalTensor): TensorSpec;
+  layerSpec(config: ModelConfig, t: string, layer: number): TensorSpec;
+  expertShape(config: ModelConfig, m: ExpertMatrix): [number, number];
+}
+
+/**
+ * How a tensor is stored: vectors (norms, biases) and routers always as f32, weights as 2-D
+ * matrices in any stored dtype.
+ */
+export type TensorRole = "vector" | "router" | "weight";
+
+/** The shape ([rows, cols] for matrices) and role a model's config gives one tensor. */
+export interface TensorSpec {
+  shape: number[];
+  role: TensorRole;
+  /** Any shape holding at least `shape`'s element count is fine (KDA's A_log: one rate a head). */
+  atLeast?: boolean;
+}
+
+/** Why `shape` does not fit `spec` (as "[…]" or "at least N values"), or null when it does. */
+export function specMismatch(shape: readonly number[], spec: TensorSpec): string | null {
+  if (!spec.atLeast) return String(shape) === String(spec.shape) ? null : `[${spec.shape}]`;
+  const n = (s: readonly number[]) => s.reduce((a, b) => a * b, 1);
+  return n(shape) >= n(spec.shape) ? null : `at least ${n(spec.shape)} values`;
+}
+
+/** Checks an entry against the shape and role the config gives its tensor. */
+function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
+  const want = specMismatch(e.shape, spec);
+  if (want) throw new Error(`${where}: shape [${e.shape}], but the config gives ${want}`);
+  if (spec.role !== "weight" && e.dtype !== "f32") {
+    throw new Error(`${where}: dtype ${e.dtype}, expected f32 for a ${spec.role}`);
+  }
 }
 
 /**
@@ -121,7 +163,10 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   int(rope.dim, w("rope.dim"), 0, MAX_DIM);
   const scaling = obj(rope.scaling, w("rope.scaling"));
   oneOf(scaling.type, ["none", "linear", "llama3", "yarn"], w("rope.scaling.type"));
-  for (const [k, x] of Object.entries(scaling)) if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  for (const [k, x] of Object.entries(scaling)) {
+    if (k === "truncate") bool(x, w("rope.scaling.truncate"));
+    else if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  }
   if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
     throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
   }
@@ -131,7 +176,15 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
-    oneOf(m.scoring, ["softmax", "sigmoid"], w("moe.scoring"));
+    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
+    for (const k of ["routerLogitBias", "expertBias"]) {
+      if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
+    }
+    if (m.clampedSwiglu !== undefined) {
+      const g = obj(m.clampedSwiglu, w("moe.clampedSwiglu"));
+      num(g.limit, w("moe.clampedSwiglu.limit"));
+      num(g.alpha, w("moe.clampedSwiglu.alpha"));
+    }
     bool(m.normTopK, w("moe.normTopK"));
     bool(m.selectionBias, w("moe.selectionBias"));
     num(m.routedScaling, w("moe.routedScaling"));
@@ -154,7 +207,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
  */
 function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   const e = obj(v, where);
-  if (!isStoredDtype(e.dtype)) throw new Error(`${where}.dtype: unknown dtype ${e.dtype}`);
+  if (!isStoredDtype(e.dtype)) throw new Error(`${where}.dtype: unknown dtype ${shown(e.dtype)}`);
   if (!Array.isArray(e.shape) || e.shape.length < 1 || e.shape.length > 4) {
     throw new Error(`${where}.shape: expected 1 to 4 dimensions`);
   }
@@ -185,14 +238,14 @@ function tensorEntry(v: unknown, where: string, limit: number): TensorEntry {
   } else if (e.scale !== undefined) {
     throw new Error(`${where}.scale: ${e.dtype} tensors have no scale`);
   }
-  if (e.dtype === "vq3r") {
+  if (isCodebookDtype(e.dtype)) {
     const want = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
     if (e.paddedCols !== want) {
       throw new Error(`${where}.paddedCols: expected ${want} for ${shape[1]} columns`);
     }
     out.paddedCols = want;
   } else if (e.paddedCols !== undefined) {
-    throw new Error(`${where}.paddedCols: only vq3r tensors have paddedCols`);
+    throw new Error(`${where}.paddedCols: only vq3r and vq4p tensors have paddedCols`);
   }
   return out;
 }
@@ -250,9 +303,12 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
   if (m.version !== CONTAINER_VERSION) {
-    throw new Error(`${where}: version ${m.version}, this reader knows ${CONTAINER_VERSION}`);
+    throw new Error(
+      `${where}: version ${shown(m.version)}, this reader knows ${CONTAINER_VERSION}`,
+    );
   }
   const config = validateModelConfig(m.config, `${where} config`, rules);
+  rules.checkBounds(config, `${where} config`);
   const source = obj(m.source, `${where} source`);
   if (typeof source.fingerprint !== "string") {
     throw new Error(`${where} source.fingerprint: expected a string`);
@@ -262,7 +318,9 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
   if (trunk.file !== TRUNK_FILE) throw new Error(`${where} trunk.file: expected ${TRUNK_FILE}`);
   const trunkBytes = fileSize(join(dir, TRUNK_FILE), `${where} trunk`);
   if (trunk.bytes !== trunkBytes) {
-    throw new Error(`${where} trunk.bytes: ${trunk.bytes} but ${TRUNK_FILE} has ${trunkBytes}`);
+    throw new Error(
+      `${where} trunk.bytes: ${shown(trunk.bytes)} but ${TRUNK_FILE} has ${trunkBytes}`,
+    );
   }
   const g = obj(trunk.globals, `${where} trunk.globals`);
   const gRegion = region(g.region, `${where} trunk.globals.region`, trunkBytes);
@@ -275,6 +333,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
   }
   for (const k of wantGlobals) {
     const e = tensorEntry(gTensors[k], `${where} trunk.globals.tensors.${k}`, trunkBytes);
+    checkSpec(e, rules.globalSpec(config, k), `${where} trunk.globals.tensors.${k}`);
     for (const span of [e, e.scale].filter((x) => x) as TensorEntry[]) {
       if (
         span.offset < gRegion.offset || span.offset + span.bytes > gRegion.offset + gRegion.bytes
@@ -299,7 +358,11 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }
     const tensors: Record<string, TensorEntry> = {};
-    for (const k of want) tensors[k] = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
+    for (const k of want) {
+      const e = tensorEntry(t[k], `${at}.tensors.${k}`, r.bytes);
+      checkSpec(e, rules.layerSpec(config, k, l), `${at}.tensors.${k}`);
+      tensors[k] = e;
+    }
     checkNoOverlap(Object.entries(tensors), at);
     regions.push([r.offset, r.bytes, `layer ${l}`]);
     return { ...r, tensors };
@@ -319,7 +382,9 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     }
     const size = fileSize(join(dir, CODEBOOKS_FILE), `${where} codebooks`);
     if (cb.bytes !== size) {
-      throw new Error(`${where} codebooks.bytes: ${cb.bytes} but ${CODEBOOKS_FILE} has ${size}`);
+      throw new Error(
+        `${where} codebooks.bytes: ${shown(cb.bytes)} but ${CODEBOOKS_FILE} has ${size}`,
+      );
     }
     codebooks = { file: CODEBOOKS_FILE, bytes: size };
   }
@@ -342,7 +407,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     const stride = int(b.stride, `${at}.stride`, BLOCK_ALIGN, 2 ** 32 - 1);
     if (stride % BLOCK_ALIGN) throw new Error(`${at}.stride: ${stride} is not a multiple of 4096`);
     const format = isExpertFormat(b.format) ? b.format : null;
-    if (!format) throw new Error(`${at}.format: unknown format ${b.format}`);
+    if (!format) throw new Error(`${at}.format: unknown format ${shown(b.format)}`);
     const fallback = b.fallback === undefined ? undefined : obj(b.fallback, `${at}.fallback`);
     const cbs = b.codebooks === undefined ? undefined : obj(b.codebooks, `${at}.codebooks`);
     const size = fileSize(join(dir, b.file), at);
@@ -351,12 +416,11 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     }
     const mats = obj(b.matrices, `${at}.matrices`);
     const matrices = {} as Record<ExpertMatrix, TensorEntry>;
-    const [inter, hidden] = [moe.expertIntermediate, config.hiddenSize];
     const fellBack: Partial<Record<ExpertMatrix, string>> = {};
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {
       const e = tensorEntry(mats[k], `${at}.matrices.${k}`, stride);
-      const want = k === "down" ? [hidden, inter] : [inter, hidden];
+      const want = rules.expertShape(config, k);
       const reason = fallback?.[k];
       // A fallback matrix keeps a plain dtype; every other matrix has the bank's format.
       const dtypeOk = reason === undefined
@@ -369,7 +433,8 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
         );
       }
       if (reason !== undefined) fellBack[k] = reason as string;
-      if (e.dtype === "vq3r") {
+      if (isCodebookDtype(e.dtype)) {
+        const setBytes = CODEBOOK_BYTES[e.dtype];
         const r = obj(cbs?.[k], `${at}.codebooks.${k}`);
         const ref: CodebookRef = {
           offset: int(r.offset, `${at}.codebooks.${k}.offset`, 0, codebooks?.bytes ?? 0),
@@ -377,18 +442,18 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
           crc32: int(r.crc32, `${at}.codebooks.${k}.crc32`, 0, 0xffffffff),
         };
         if (
-          !codebooks || ref.offset % BLOCK_ALIGN || ref.bytes !== VQ3R_CODEBOOK_BYTES ||
+          !codebooks || ref.offset % BLOCK_ALIGN || ref.bytes !== setBytes ||
           ref.offset + ref.bytes > codebooks.bytes
         ) {
           throw new Error(
-            `${at}.codebooks.${k}: expected ${VQ3R_CODEBOOK_BYTES} bytes at a 4096-aligned ` +
+            `${at}.codebooks.${k}: expected ${setBytes} bytes at a 4096-aligned ` +
               `offset inside ${CODEBOOKS_FILE}`,
           );
         }
         codebookSpans.push([ref.offset, ref.bytes, `layer ${l} ${k} codebooks`]);
         refs[k] = ref;
       } else if (cbs?.[k] !== undefined) {
-        throw new Error(`${at}.codebooks.${k}: only vq3r matrices have codebooks`);
+        throw new Error(`${at}.codebooks.${k}: only vq3r and vq4p matrices have codebooks`);
       }
       matrices[k] = e;
     }
@@ -397,8 +462,36 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
         throw new Error(`${at}.fallback: ${k} is not an expert matrix`);
       }
     }
-    checkNoOverlap(Object.entries(matrices), at);
+    let biases: Record<ExpertMatrix, TensorEntry> | undefined;
+    if (moe.expertBias) {
+      const bs = obj(b.biases, `${at}.biases`);
+      biases = {} as Record<ExpertMatrix, TensorEntry>;
+      for (const k of EXPERT_MATRICES) {
+        const e = tensorEntry(bs[k], `${at}.biases.${k}`, stride);
+        const rows = rules.expertShape(config, k)[0];
+        if (e.dtype !== "f32" || String(e.shape) !== String([rows])) {
+          throw new Error(`${at}.biases.${k}: expected f32 [${rows}]`);
+        }
+        biases[k] = e;
+      }
+    } else if (b.biases !== undefined) {
+      throw new Error(`${at}.biases: this model's experts have no biases`);
+    }
+    checkNoOverlap(
+      [
+        ...Object.entries(matrices),
+        ...Object.entries(biases ?? {}).map(([k, e]) => [`${k} bias`, e] as [string, TensorEntry]),
+      ],
+      at,
+    );
     const bank: ExpertBank = { layer: l, file: b.file, count, stride, format, matrices };
+    if (biases) bank.biases = biases;
+    if (b.mxfp4Activations !== undefined) {
+      if (b.mxfp4Activations !== "f32" || format !== "mxfp4") {
+        throw new Error(`${at}.mxfp4Activations: only "f32", on an mxfp4 bank`);
+      }
+      bank.mxfp4Activations = "f32";
+    }
     if (Object.keys(fellBack).length) bank.fallback = fellBack;
     if (Object.keys(refs).length) bank.codebooks = refs;
     return bank;
@@ -445,7 +538,9 @@ function packSettings(v: unknown, where: string): PackSettings {
   const nullOr = <T extends string>(x: unknown, allowed: readonly T[], at: string): T | null =>
     x === null ? null : oneOf(x, allowed, at);
   const experts = p.experts === null ? null : isExpertFormat(p.experts) ? p.experts : undefined;
-  if (experts === undefined) throw new Error(`${where}.experts: unknown format ${p.experts}`);
+  if (experts === undefined) {
+    throw new Error(`${where}.experts: unknown format ${shown(p.experts)}`);
+  }
   return {
     convert: nullOr(p.convert, ["f32", "bf16"], `${where}.convert`),
     experts,

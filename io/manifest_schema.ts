@@ -25,8 +25,9 @@ export function expertBankFile(layer: number): string {
 }
 
 /**
- * One stored tensor. Block- or row-scaled formats (f8_e4m3, mxfp4, int4g32, int8row, vq3r)
- * carry their scale in `scale`; vq3r also its zero-padded column count in `paddedCols`.
+ * One stored tensor. Block- or row-scaled formats (f8_e4m3, mxfp4, int4g32, int8row, vq3r,
+ * vq4p) carry their scale in `scale`; vq3r and vq4p also their zero-padded column count in
+ * `paddedCols`.
  */
 export interface TensorEntry {
   dtype: StoredDtype;
@@ -34,11 +35,11 @@ export interface TensorEntry {
   offset: number;
   bytes: number;
   scale?: TensorEntry;
-  /** vq3r only: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
+  /** vq3r and vq4p only: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
 }
 
-/** Where one VQ3R codebook set (f32 [3][8][256]) lies in codebooks.bin. */
+/** Where one codebook set (vq3r f32 [3][8][256], vq4p f32 [4][8][64]) lies in codebooks.bin. */
 export interface CodebookRef {
   offset: number;
   bytes: number;
@@ -74,7 +75,14 @@ export interface ExpertBank {
    * int4g32 need cols a multiple of 32).
    */
   fallback?: Partial<Record<ExpertMatrix, string>>;
-  /** vq3r: each vq3r matrix's codebooks in codebooks.bin. */
+  /**
+   * "f32": the mxfp4 matrices multiply f32 activations exactly, because the checkpoint shipped
+   * them as MXFP4 (gpt-oss); absent: their Q8 copy (weights quantised at pack time anyway).
+   */
+  mxfp4Activations?: "f32";
+  /** gpt-oss: each matrix's f32 bias vector [rows], after the matrices, inside the payload. */
+  biases?: Record<ExpertMatrix, TensorEntry>;
+  /** vq3r, vq4p: each such matrix's codebooks in codebooks.bin. */
   codebooks?: Partial<Record<ExpertMatrix, CodebookRef>>;
 }
 
@@ -101,7 +109,7 @@ export interface Manifest {
   };
   /** Index = layer; null for dense layers. */
   experts: (ExpertBank | null)[];
-  /** Present exactly when some expert matrix is vq3r. */
+  /** Present exactly when some expert matrix is vq3r or vq4p. */
   codebooks?: { file: typeof CODEBOOKS_FILE; bytes: number };
   /** Absent in containers packed before quantisation existed. */
   pack?: PackSettings;

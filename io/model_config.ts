@@ -32,6 +32,11 @@ export type RopeScaling =
     betaSlow: number;
     mscale: number;
     mscaleAllDim: number;
+    /**
+     * false: the correction range [low, high] stays fractional (gpt-oss's config); absent or
+     * true: floored and ceiled, transformers' default.
+     */
+    truncate?: boolean;
   };
 
 /** Rotary position embedding of the attention. */
@@ -51,6 +56,32 @@ export interface MlaConfig {
   qkNopeHeadDim: number;
   qkRopeHeadDim: number;
   vHeadDim: number;
+  /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
+  nope?: boolean;
+}
+
+/**
+ * Kimi Delta Attention (Kimi-Linear, Kimi K3): gated delta-rule linear attention behind a causal
+ * short conv, with a fixed-size recurrent state per layer instead of a KV cache.
+ */
+export interface KdaConfig {
+  numHeads: number;
+  /** Key and value dims of a head (equal in every released checkpoint). */
+  headDim: number;
+  /** Width of the depthwise causal conv on q, k and v. */
+  convKernel: number;
+  /** Per layer: true for a KDA layer, false for a full-attention (MLA) layer. */
+  layers: boolean[];
+  /**
+   * null: Kimi-Linear's forget gate g = −exp(A_log)·softplus(z); a number lb: K3's bounded
+   * g = lb·σ(exp(A_log)·z).
+   */
+  gateLowerBound: number | null;
+  /**
+   * false: the output gate is σ(W_gb·W_ga·u) through a low-rank pair (Kimi-Linear's g_a/g_b);
+   * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
+   */
+  fullRankOutputGate: boolean;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -59,8 +90,11 @@ export interface MoeConfig {
   topK: number;
   /** Rows of one expert's gate/up matrices. */
   expertIntermediate: number;
-  /** softmax: Mixtral/Qwen3; sigmoid: DeepSeek-V3 (noaux_tc). */
-  scoring: "softmax" | "sigmoid";
+  /**
+   * softmax: Mixtral/Qwen3 (softmax over all experts, then top-k); sigmoid: DeepSeek-V3 and
+   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k).
+   */
+  scoring: "softmax" | "sigmoid" | "topk_softmax";
   /** Divide the chosen weights by their sum. */
   normTopK: boolean;
   /** Multiplies the routing weights after normalisation (DeepSeek: routed_scaling_factor). */
@@ -72,6 +106,28 @@ export interface MoeConfig {
   selectionBias: boolean;
   /** Rows of the shared experts' gate/up, 0 when there are none (all shared experts as one MLP). */
   sharedIntermediate: number;
+  /** gpt-oss: the router has a bias added to its logits (layer tensor `router_b`). */
+  routerLogitBias?: boolean;
+  /** gpt-oss: every expert matrix has a bias vector, stored in the expert's record. */
+  expertBias?: boolean;
+  /**
+   * gpt-oss's activation instead of silu(gate)·up: gate = min(gate, limit), up = clamp(up, ±limit),
+   * (up + 1) · gate · σ(alpha · gate).
+   */
+  clampedSwiglu?: { limit: number; alpha: number };
+}
+
+/** The gpt_oss family's attention extras. */
+export interface AttentionExtras {
+  /** One learned logit per query head in the softmax denominator (layer tensor `sinks`). */
+  sinks: boolean;
+  /** o_proj has a bias (layer tensor `bo`). */
+  outputBias: boolean;
+  /**
+   * Per layer: 0 for full causal attention, else the sliding window W (a query sees itself and
+   * the W − 1 positions before it); a sliding layer's KV cache holds only what its window needs.
+   */
+  windows: number[];
 }
 
 /** Everything the engine needs to know about a model's math. */
@@ -101,8 +157,12 @@ export interface ModelConfig {
   layerKinds: ("dense" | "moe")[];
   moe: MoeConfig | null;
   mla: MlaConfig | null;
+  /** KDA layers (absent for families without them). */
+  kda?: KdaConfig;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
+  /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
+  attention?: AttentionExtras;
   bosId: number | null;
   eosIds: number[];
 }
@@ -122,6 +182,8 @@ export const LAYER_TENSOR_ORDER = [
   "bq",
   "bk",
   "bv",
+  "bo",
+  "sinks",
   "q_norm",
   "k_norm",
   "wq_a",
@@ -130,12 +192,25 @@ export const LAYER_TENSOR_ORDER = [
   "wkv_a",
   "kv_a_norm",
   "wkv_b",
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "f_a",
+  "f_b",
+  "dt_bias",
+  "a_log",
+  "beta_proj",
+  "g_a",
+  "g_b",
+  "g_proj",
+  "o_norm",
   "ffn_norm",
   "ffn_gate",
   "ffn_up",
   "ffn_down",
   "router",
   "router_bias",
+  "router_b",
   "shared_gate",
   "shared_up",
   "shared_down",
@@ -144,10 +219,15 @@ export const LAYER_TENSOR_ORDER = [
 /** One of {@link LAYER_TENSOR_ORDER}. */
 export type LayerTensor = typeof LAYER_TENSOR_ORDER[number];
 
+/** Whether `layer` is a KDA (linear-attention) layer. */
+export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
+  return cfg.kda?.layers[layer] ?? false;
+}
+
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor = "embed" | "final_norm" | "lm_head";
 
-/** The three matrices of one expert, in record order. */
+/** The three matrices of one expert, in record order (gpt-oss's biases follow them). */
 export const EXPERT_MATRICES = ["gate", "up", "down"] as const;
 
 /** One of {@link EXPERT_MATRICES}. */

@@ -175,3 +175,16 @@ export function openReader(memory: WebAssembly.Memory, opts: ReaderOptions = {})
   }
   return new ShimReader(memory, { threads: opts.threads ?? 2, direct, quiet });
 }
+
+/**
+ * Waits for `tickets`; a failed read is rethrown with `what` (the layer or expert it was for) in
+ * front of the reader's message, which names the file and offset. The tickets not reached stay
+ * in flight for the owner's abandon().
+ */
+export function waitAll(reader: BlockReader, tickets: ReadTicket[], what: string): void {
+  try {
+    for (const t of tickets) reader.wait(t);
+  } catch (e) {
+    throw new Error(`${what}: ${(e as Error).message}`);
+  }
+}

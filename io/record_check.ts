@@ -12,7 +12,7 @@ import { EXPERT_MATRICES } from "./model_config.ts";
 /** Throws when the record at `record` is not expert `expert` of `layer` as the manifest lays it out. */
 export function checkRecord(
   record: Uint8Array,
-  bank: ExpertBank,
+  bank: Pick<ExpertBank, "stride" | "matrices">,
   layer: number,
   expert: number,
   file: string,

@@ -140,12 +140,12 @@ export function readSafetensorsHeader(path: string): TensorInfo[] {
         throw new Error(`${where}: entry is not an object`);
       }
       const { dtype, shape, data_offsets: offs } = raw as Record<string, unknown>;
-      if (!isDtype(dtype)) throw new Error(`${where}: unknown dtype ${JSON.stringify(dtype)}`);
+      if (!isDtype(dtype)) throw new Error(`${where}: unknown dtype ${shown(dtype)}`);
       if (!Array.isArray(shape) || !shape.every(isNonNegInt)) {
-        throw new Error(`${where}: shape ${JSON.stringify(shape)} is not a list of integers >= 0`);
+        throw new Error(`${where}: shape ${shown(shape)} is not a list of integers >= 0`);
       }
       if (!Array.isArray(offs) || offs.length !== 2 || !offs.every(isNonNegInt)) {
-        throw new Error(`${where}: data_offsets ${JSON.stringify(offs)} is not [begin, end]`);
+        throw new Error(`${where}: data_offsets ${shown(offs)} is not [begin, end]`);
       }
       const [begin, end] = offs as number[];
       if (begin > end || end > dataSize) {
@@ -181,6 +181,11 @@ export function readSafetensorsHeader(path: string): TensorInfo[] {
   }
 }
 
+/** A header value for a message: its JSON, or "nothing" when the field is missing. */
+function shown(v: unknown): string {
+  return v === undefined ? "nothing (the field is missing)" : JSON.stringify(v);
+}
+
 /** Reads the shard index and returns the shard file names it names, validated. */
 function shardsFromIndex(dir: string, indexPath: string): Map<string, string> {
   let index: unknown;
@@ -196,7 +201,9 @@ function shardsFromIndex(dir: string, indexPath: string): Map<string, string> {
   const byTensor = new Map<string, string>();
   for (const [name, file] of Object.entries(map as Record<string, unknown>)) {
     if (typeof file !== "string" || file === "" || /[\\/]/.test(file) || file.startsWith(".")) {
-      throw new Error(`${indexPath}: tensor ${name} maps to an invalid shard name ${file}`);
+      throw new Error(
+        `${indexPath}: tensor ${name} maps to an invalid shard name ${JSON.stringify(file)}`,
+      );
     }
     if (!existsSync(join(dir, file))) {
       throw new Error(`${indexPath}: shard ${file} (holding tensor ${name}) does not exist`);

@@ -65,6 +65,75 @@ typedef struct sio_queue {
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static sio_queue *live_queues = NULL;
 
+/* Fault injection for tests, off unless SLUICE_FAULTS is set when the first file is opened:
+ * rules separated by ';', each KIND[=MS]@FILE[:OFFSET] — KIND eio, enospc (the read fails with
+ * that errno), short (it returns half the bytes) or delay=MS (it sleeps first); FILE a substring
+ * of the opened path; OFFSET a byte the request must cover (default: every request). */
+#define SIO_MAX_FAULTS 16
+#define SIO_FAULT_FDS 4096
+enum { FAULT_EIO = 1, FAULT_ENOSPC, FAULT_SHORT, FAULT_DELAY };
+typedef struct {
+  int kind;
+  int64_t ms;
+  int64_t at; /* -1: any request */
+  char file[200];
+} sio_fault;
+static sio_fault faults[SIO_MAX_FAULTS];
+static int nfaults = 0;
+static pthread_once_t faults_once = PTHREAD_ONCE_INIT;
+/* Bit r set: rule r applies to the file open on this fd (written at open, read by readers). */
+static uint32_t fd_faults[SIO_FAULT_FDS];
+
+static void parse_faults(void) {
+  const char *env = getenv("SLUICE_FAULTS");
+  if (!env) return;
+  char buf[2048];
+  strncpy(buf, env, sizeof buf - 1);
+  buf[sizeof buf - 1] = 0;
+  char *save = NULL;
+  for (char *rule = strtok_r(buf, ";", &save); rule && nfaults < SIO_MAX_FAULTS;
+       rule = strtok_r(NULL, ";", &save)) {
+    char *atsign = strchr(rule, '@');
+    if (!atsign) continue;
+    *atsign = 0;
+    sio_fault f = {0, 0, -1, {0}};
+    char *eq = strchr(rule, '=');
+    if (eq) {
+      *eq = 0;
+      f.ms = strtoll(eq + 1, NULL, 10);
+    }
+    if (strcmp(rule, "eio") == 0) f.kind = FAULT_EIO;
+    else if (strcmp(rule, "enospc") == 0) f.kind = FAULT_ENOSPC;
+    else if (strcmp(rule, "short") == 0) f.kind = FAULT_SHORT;
+    else if (strcmp(rule, "delay") == 0) f.kind = FAULT_DELAY;
+    else continue;
+    char *colon = strrchr(atsign + 1, ':');
+    if (colon) {
+      *colon = 0;
+      f.at = strtoll(colon + 1, NULL, 10);
+    }
+    strncpy(f.file, atsign + 1, sizeof f.file - 1);
+    faults[nfaults++] = f;
+  }
+}
+
+/* The injected outcome of a read of [off, off + len) on fd: 0 to read normally (after any delay),
+ * a negative errno to fail, or 1 to return a short count. */
+static int injected_fault(int fd, uint64_t len, int64_t off) {
+  if (fd < 0 || fd >= SIO_FAULT_FDS || fd_faults[fd] == 0) return 0;
+  int outcome = 0;
+  for (int r = 0; r < nfaults; r++) {
+    if (!(fd_faults[fd] & (1u << r))) continue;
+    const sio_fault *f = &faults[r];
+    if (f->at >= 0 && (f->at < off || f->at >= off + (int64_t)len)) continue;
+    if (f->kind == FAULT_DELAY) usleep((useconds_t)(f->ms * 1000));
+    else if (f->kind == FAULT_EIO) outcome = -EIO;
+    else if (f->kind == FAULT_ENOSPC) outcome = -ENOSPC;
+    else if (f->kind == FAULT_SHORT && outcome == 0) outcome = 1;
+  }
+  return outcome;
+}
+
 /* Opens `path` read-only. direct != 0 bypasses the page cache: O_DIRECT on Linux (EINVAL when the
  * filesystem refuses it, e.g. tmpfs; the caller then reopens buffered), F_NOCACHE on macOS. */
 int32_t sio_open(const char *path, int32_t direct) {
@@ -74,6 +143,14 @@ int32_t sio_open(const char *path, int32_t direct) {
 #endif
   int fd = open(path, flags);
   if (fd < 0) return -errno;
+  pthread_once(&faults_once, parse_faults);
+  if (fd < SIO_FAULT_FDS) {
+    uint32_t mask = 0;
+    for (int r = 0; r < nfaults; r++) {
+      if (strstr(path, faults[r].file)) mask |= 1u << r;
+    }
+    fd_faults[fd] = mask;
+  }
 #if defined(__APPLE__) && defined(F_NOCACHE)
   if (direct && fcntl(fd, F_NOCACHE, 1) != 0) {
     int err = errno;
@@ -96,7 +173,10 @@ int32_t sio_direct_supported(void) {
 /* Text for a positive errno value (called from the JS thread only). */
 const char *sio_strerror(int32_t err) { return strerror(err); }
 
-int32_t sio_close(int32_t fd) { return close(fd) == 0 ? 0 : -errno; }
+int32_t sio_close(int32_t fd) {
+  if (fd >= 0 && fd < SIO_FAULT_FDS) fd_faults[fd] = 0;
+  return close(fd) == 0 ? 0 : -errno;
+}
 
 int64_t sio_file_size(int32_t fd) {
   struct stat st;
@@ -108,6 +188,9 @@ int64_t sio_file_size(int32_t fd) {
  * or -errno. A short pread away from end of file is retried; one that ends at end of file stops
  * the loop, since O_DIRECT would reject the now unaligned continuation with EINVAL. */
 int64_t sio_pread(int32_t fd, void *dst, uint64_t len, int64_t off) {
+  int fault = injected_fault(fd, len, off);
+  if (fault < 0) return fault;
+  if (fault == 1) len /= 2;
   uint8_t *p = (uint8_t *)dst;
   uint64_t got = 0;
   while (got < len) {

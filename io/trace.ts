@@ -112,8 +112,46 @@ export function traceShape(events: TraceEvent[], meta?: TraceMeta | null): Trace
   return { nLayers: meta.n_layers, nExperts: meta.n_experts };
 }
 
+/** What is at `path` when it is not a regular file: "a symlink", "a directory", "a device"... */
+function specialKind(path: string): string | null {
+  let st: Deno.FileInfo;
+  try {
+    st = Deno.lstatSync(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return null;
+    throw e;
+  }
+  if (st.isFile) return null;
+  if (st.isSymlink) return "a symbolic link";
+  if (st.isDirectory) return "a directory";
+  if (st.isCharDevice || st.isBlockDevice) return "a device";
+  if (st.isFifo) return "a named pipe";
+  return "not a regular file";
+}
+
 /**
- * Appends trace lines to `<path>.tmp` and renames it to `path` on {@link close}, so a crashed run
+ * Throws unless a trace can be written to `path` by renaming a new file over it: the path and
+ * the meta.json beside it must be absent or regular files (never a link, directory or device,
+ * which the rename would replace), in an existing directory.
+ */
+export function checkTracePath(path: string): void {
+  for (const p of [path, metaPathFor(path)]) {
+    const kind = specialKind(p);
+    if (kind) throw new Error(`--trace ${path}: ${p} is ${kind}; expected a regular file path`);
+  }
+  const slash = path.lastIndexOf("/");
+  const dir = slash < 0 ? "." : path.slice(0, slash) || "/";
+  let ok = false;
+  try {
+    ok = Deno.statSync(dir).isDirectory;
+  } catch {
+    // Reported below.
+  }
+  if (!ok) throw new Error(`--trace ${path}: folder ${dir} does not exist`);
+}
+
+/**
+ * Appends trace lines to a new temporary file beside `path` and renames it to `path` on {@link close}, so a crashed run
  * never leaves a truncated trace under the final name. Used by `generate --trace`.
  */
 export class TraceWriter {
@@ -124,11 +162,12 @@ export class TraceWriter {
   #buf: string[] = [];
   #closed = false;
 
-  /** Creates (truncates) the temporary file. */
+  /** Checks `path` ({@link checkTracePath}) and creates a new temporary file beside it. */
   constructor(path: string) {
+    checkTracePath(path);
     this.path = path;
-    this.#tmp = `${path}.tmp`;
-    this.#file = Deno.openSync(this.#tmp, { write: true, create: true, truncate: true });
+    this.#tmp = `${path}.${Deno.pid}.tmp`;
+    this.#file = Deno.openSync(this.#tmp, { write: true, createNew: true });
   }
 
   /** Records the experts routed to for one (token, layer). */
@@ -139,26 +178,65 @@ export class TraceWriter {
     if (this.#buf.length >= 4096) this.flush();
   }
 
-  /** Writes buffered lines to the temporary file. */
+  /**
+   * Writes buffered lines to the temporary file. A failed write (a full disk) removes the
+   * temporary file and closes the writer, so no partial trace is ever renamed into place.
+   */
   flush(): void {
     if (this.#buf.length === 0) return;
     const bytes = this.#enc.encode(this.#buf.join("\n") + "\n");
     this.#buf = [];
     let off = 0;
-    while (off < bytes.length) off += this.#file.writeSync(bytes.subarray(off));
+    try {
+      while (off < bytes.length) off += this.#file.writeSync(bytes.subarray(off));
+    } catch (e) {
+      this.#closed = true;
+      this.#discard();
+      throw new Error(`--trace ${this.path}: cannot write the trace (${(e as Error).message})`);
+    }
   }
 
-  /** Flushes, closes and renames into place; writes meta.json beside it when given. */
+  /** Closes and removes the temporary file, ignoring errors: the caller reports the first one. */
+  #discard(): void {
+    for (const step of [() => this.#file.close(), () => Deno.removeSync(this.#tmp)]) {
+      try {
+        step();
+      } catch {
+        // Already closed or gone.
+      }
+    }
+  }
+
+  /**
+   * Flushes, closes and renames into place; writes meta.json beside it when given. The path is
+   * checked again first: what was a regular file at open may have been replaced since.
+   */
   close(meta?: TraceMeta): void {
     if (this.#closed) return;
     this.flush();
-    this.#file.close();
     this.#closed = true;
+    try {
+      this.#file.close();
+      checkTracePath(this.path);
+    } catch (e) {
+      this.#discard();
+      throw e;
+    }
     Deno.renameSync(this.#tmp, this.path);
     if (meta) {
       const metaPath = metaPathFor(this.path);
-      Deno.writeTextFileSync(`${metaPath}.tmp`, JSON.stringify(meta, null, 1) + "\n");
-      Deno.renameSync(`${metaPath}.tmp`, metaPath);
+      const tmp = `${metaPath}.${Deno.pid}.tmp`;
+      try {
+        Deno.writeTextFileSync(tmp, JSON.stringify(meta, null, 1) + "\n", { createNew: true });
+        Deno.renameSync(tmp, metaPath);
+      } catch (e) {
+        try {
+          Deno.removeSync(tmp);
+        } catch {
+          // Never created.
+        }
+        throw new Error(`--trace ${metaPath}: cannot write (${(e as Error).message})`);
+      }
     }
   }
 }

@@ -43,6 +43,7 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
       "bf16_gweights_per_s",
       "mxfp4_gweights_per_s",
       "vq3r_gweights_per_s",
+      "vq4p_gweights_per_s",
       "int8_gweights_per_s",
       "dispatch_median_us",
       "dispatch_p99_us",
@@ -72,8 +73,20 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
   const load = r.load_average as number[];
   assert.equal(load.length, 3);
   for (const l of load) assert.ok(Number.isFinite(l) && l >= 0);
+  // KDA's decode recurrence and short conv: one row each, a positive figure per thread count.
+  const kda = r.kda as { kernel: string; layers: number; by_threads: { gbps: number }[] }[];
+  assert.deepEqual(kda.map((k) => k.kernel), ["kda_recurrent_f32", "short_conv_f32"]);
+  for (const k of kda) {
+    assert.ok(k.layers >= 2, `${k.kernel}: only ${k.layers} layers cycled`);
+    assert.equal(k.by_threads.length, threads);
+    for (const p of k.by_threads) assert.ok(p.gbps > 0 && Number.isFinite(p.gbps));
+  }
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
-  assert.equal(ratios.length, 4);
+  assert.equal(ratios.length, 7);
+  assert.ok(ratios.some((c) => c.name.startsWith("vq4p / bf16 weights/s")));
+  const paired = r.vq4p_vs_bf16 as { threads: number; ratio: number }[];
+  assert.deepEqual(paired.map((p) => p.threads), r.threads);
+  for (const p of paired) assert.ok(p.ratio > 0 && Number.isFinite(p.ratio));
 });
 
 Deno.test("bench with an unknown name lists the benches and fails", async () => {
@@ -81,4 +94,27 @@ Deno.test("bench with an unknown name lists the benches and fails", async () => 
   assert.equal(code, 2);
   assert.match(stderr, /unknown bench "no-such-bench"/);
   assert.match(stderr, /^\s+kernels\s/m);
+});
+
+Deno.test("bench pack --json reports pack_mb_s and disk_write_mb_s and removes what it made", async () => {
+  const cache = Deno.makeTempDirSync({ prefix: "sluice-bench-pack-" });
+  try {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", MOD, "pack", "--size", "24M", "--json"],
+      env: { SLUICE_CACHE: cache },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const dec = new TextDecoder();
+    assert.equal(out.code, 0, dec.decode(out.stderr));
+    const r = JSON.parse(dec.decode(out.stdout)) as Record<string, unknown>;
+    positive(r, "pack_mb_s");
+    positive(r, "container_bytes");
+    const disk = r.disk_write_mb_s;
+    assert.ok(disk === null || (typeof disk === "number" && disk > 0), `disk_write_mb_s = ${disk}`);
+    if (typeof disk === "number") assert.equal(r.ratio, (r.pack_mb_s as number) / disk);
+    assert.deepEqual([...Deno.readDirSync(cache)], [], "the bench leaves nothing behind");
+  } finally {
+    Deno.removeSync(cache, { recursive: true });
+  }
 });

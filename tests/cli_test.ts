@@ -4,21 +4,9 @@
  */
 import assert from "node:assert/strict";
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
-import { fixtureDir, packedFixture, tempDir } from "./fixtures.ts";
+import { fixtureDir, packedFixture, runSluice, tempDir } from "./fixtures.ts";
 
-const MOD = new URL("../mod.ts", import.meta.url).pathname;
-
-async function sluice(
-  ...args: string[]
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", MOD, ...args],
-    stdin: "null",
-    env: { NO_COLOR: "1" },
-  }).output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
-}
+const sluice = (...args: string[]) => runSluice(args);
 
 Deno.test("generate --json reproduces the stories260k known answer", async () => {
   const known = JSON.parse(readFileSync(`${fixtureDir("stories260k")}/reference.json`, "utf8"));
@@ -133,6 +121,18 @@ Deno.test("llama.cpp spellings and --prompt-ids give the known answer too", asyn
   const bad = await sluice("generate", "-m", model, "--prompt-ids", "1,99999", "-n", "1");
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /--prompt-ids: token id 99999 is outside the vocabulary of 512/);
+  const kw = await sluice(
+    "generate",
+    "-m",
+    model,
+    "--chat",
+    "-p",
+    "hi",
+    "--chat-template-kwargs",
+    "{x",
+  );
+  assert.equal(kw.code, 1);
+  assert.match(kw.stderr, /--chat-template-kwargs: not valid JSON/);
 });
 
 Deno.test("mod.ts --help lists every command, and each runs through the one dispatcher", async () => {

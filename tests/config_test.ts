@@ -17,9 +17,10 @@ function throwsMentioning(fn: () => unknown, ...parts: string[]): void {
 }
 
 /** The shape each canonical tensor must have, derived from the config's dimensions. */
-function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
+function expectedShape(cfg: ModelConfig, layer: number, t: LayerTensor): number[] {
   const h = cfg.hiddenSize, hd = cfg.headDim;
-  const mla = cfg.mla;
+  const kda = cfg.kda?.layers[layer] ? cfg.kda : null;
+  const mla = kda ? null : cfg.mla;
   const moe = cfg.moe;
   const table: Partial<Record<LayerTensor, number[]>> = {
     attn_norm: [h],
@@ -28,6 +29,9 @@ function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
     wk: [cfg.numKvHeads * hd, h],
     wv: [cfg.numKvHeads * hd, h],
     wo: [h, cfg.numHeads * (mla ? mla.vHeadDim : hd)],
+    bq: [cfg.numHeads * hd],
+    bk: [cfg.numKvHeads * hd],
+    bv: [cfg.numKvHeads * hd],
     q_norm: [hd],
     k_norm: [hd],
     ffn_gate: [cfg.intermediateSize, h],
@@ -43,6 +47,27 @@ function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
       wkv_a: [mla.kvLoraRank + mla.qkRopeHeadDim, h],
       kv_a_norm: [mla.kvLoraRank],
       wkv_b: [cfg.numHeads * (mla.qkNopeHeadDim + mla.vHeadDim), mla.kvLoraRank],
+    });
+  }
+  if (kda) {
+    // Kimi-Linear's checkpoint layout (../shared/models/README.md, tiny-kimi-linear tensors).
+    const H = kda.numHeads, dk = kda.headDim, p = H * dk, K = kda.convKernel;
+    Object.assign(table, {
+      wq: [p, h],
+      wk: [p, h],
+      wv: [p, h],
+      wo: [h, p],
+      q_conv: [p, 1, K],
+      k_conv: [p, 1, K],
+      v_conv: [p, 1, K],
+      f_a: [dk, h],
+      f_b: [p, dk],
+      dt_bias: [p],
+      a_log: [1, 1, H, 1],
+      beta_proj: [H, h],
+      g_a: [dk, h],
+      g_b: [p, dk],
+      o_norm: [dk],
     });
   }
   if (moe) {
@@ -165,7 +190,7 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
       for (const t of LAYER_TENSOR_ORDER) {
         const name = hfLayerName(cfg, l, t);
         assert.equal(name !== null, present.includes(t), `${dir} layer ${l} ${t}`);
-        if (name !== null) expect(name, expectedShape(cfg, t), `layer ${l} ${t}`);
+        if (name !== null) expect(name, expectedShape(cfg, l, t), `layer ${l} ${t}`);
       }
       if (cfg.layerKinds[l] !== "moe") continue;
       const inter = cfg.moe!.expertIntermediate;
@@ -176,8 +201,10 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
         }
       }
     }
-    // Nothing in the checkpoint is left unnamed (a tied model may keep an explicit lm_head copy).
-    const rest = [...ck.tensors.keys()].filter((n) => !used.has(n));
+    // Nothing in the checkpoint is left unnamed (a tied model may keep an explicit lm_head copy)
+    // but the layers at index >= num_hidden_layers (GLM's MTP layer), which are not the model's.
+    const beyond = (n: string) => Number(/^model\.layers\.(\d+)\./.exec(n)?.[1]) >= cfg.numLayers;
+    const rest = [...ck.tensors.keys()].filter((n) => !used.has(n) && !beyond(n));
     assert.deepEqual(
       rest,
       cfg.tieWordEmbeddings && ck.tensors.has("lm_head.weight") ? ["lm_head.weight"] : [],

@@ -53,6 +53,41 @@ class ArrayLfu {
   }
 }
 
+/**
+ * Reference decayed LFU: every use time of every key is kept, a score is Σ 0.5^((now − t) / h)
+ * over its uses, and the victim is the resident with the lowest score now, ties to the least
+ * recently used.
+ */
+class ArrayDecay {
+  readonly items: number[] = [];
+  readonly #uses = new Map<number, number[]>();
+  readonly #last = new Map<number, number>();
+  #now = 0;
+  constructor(readonly cap: number, readonly h: number) {}
+  score(k: number): number {
+    let s = 0;
+    for (const t of this.#uses.get(k) ?? []) s += 0.5 ** ((this.#now - t) / this.h);
+    return s;
+  }
+  access(k: number): { hit: boolean; evicted: number | null } {
+    this.#now++;
+    this.#uses.set(k, [...(this.#uses.get(k) ?? []), this.#now]);
+    const hit = this.items.includes(k);
+    let evicted: number | null = null;
+    if (!hit && this.items.length >= this.cap) {
+      const rank = (x: number) => [this.score(x), this.#last.get(x)!];
+      evicted = this.items.reduce((v, x) => {
+        const [sx, tx] = rank(x), [sv, tv] = rank(v);
+        return sx < sv || (sx === sv && tx < tv) ? x : v;
+      });
+      this.items.splice(this.items.indexOf(evicted), 1);
+    }
+    if (!hit) this.items.push(k);
+    this.#last.set(k, this.#now);
+    return { hit, evicted };
+  }
+}
+
 /** Checks the slot bookkeeping after an access: one key per slot, slots in range. */
 function checkSlots(c: ExpertCache, a: Access, key: number): void {
   assert.equal(c.slotOf(key), a.slot);
@@ -102,6 +137,42 @@ Deno.test("lfru: with the sample covering every slot it is in-cache LFU with LRU
   }
 });
 
+Deno.test("decay: equals a reference decayed LFU with remembered scores, across rescales", () => {
+  for (let trial = 0; trial < 16; trial++) {
+    const r = rng(300 + trial);
+    const cap = 1 + r(8), universe = cap + 1 + r(12);
+    // Half-lives of 1-3 accesses push the weight past 2^512 within the run: rescaling is covered.
+    const halfLife = trial < 8 ? 1 + r(3) : 8 * cap;
+    const c = new ExpertCache({ slots: cap, policy: "decay", halfLife });
+    assert.equal(c.halfLife, halfLife);
+    const ref = new ArrayDecay(cap, halfLife);
+    for (let i = 0; i < 1500; i++) {
+      const k = r(r(2) ? universe : Math.max(1, universe >> 2));
+      const a = c.access(k), b = ref.access(k);
+      assert.equal(a.hit, b.hit, `trial ${trial} step ${i}`);
+      assert.equal(a.evicted, b.evicted, `trial ${trial} step ${i}`);
+      const got = c.countOf(k)!, want = ref.score(k);
+      assert.ok(Math.abs(got - want) <= 1e-9 * want, `trial ${trial} step ${i}: ${got} vs ${want}`);
+      checkSlots(c, a, k);
+    }
+  }
+  assert.equal(new ExpertCache({ slots: 12, policy: "decay" }).halfLife, 96);
+});
+
+Deno.test("decay: a newcomer goes before a record with history; prefetches are not uses", () => {
+  const c = new ExpertCache({ slots: 2, policy: "decay" });
+  for (let i = 0; i < 3; i++) c.access(1);
+  c.access(2);
+  assert.equal(c.access(3).evicted, 2, "2 and 3 have one use each; 2 is older");
+  assert.equal(c.access(4).evicted, 3, "1 has three uses; the one-off newcomer goes");
+  c.access(2);
+  assert.equal(c.countOf(2)! > 1, true, "2 resumed from its remembered use");
+  assert.equal(c.prefetch(5)?.evicted, 2, "two uses of 2 weigh less than three of 1");
+  assert.equal(c.countOf(5), 0);
+  assert.deepEqual(c.access(5), { slot: c.slotOf(5)!, hit: true, evicted: null, prefetched: true });
+  assert.ok(Math.abs(c.countOf(5)! - 1) < 1e-12, "its first demand use counts once");
+});
+
 Deno.test("lfru: random pins and unpins, pinned records are never evicted", () => {
   const r = rng(7);
   const c = new ExpertCache({ slots: 32, policy: "lfru", sample: 4, seed: 3 });
@@ -120,7 +191,7 @@ Deno.test("lfru: random pins and unpins, pinned records are never evicted", () =
 });
 
 Deno.test("pins nest, block eviction, and a full pinned cache throws on a miss", () => {
-  for (const policy of ["lru", "lfru"] as const) {
+  for (const policy of ["lru", "lfru", "decay"] as const) {
     const c = new ExpertCache({ slots: 2, policy });
     c.access(1);
     c.access(2);
@@ -255,4 +326,5 @@ Deno.test("constructor rejects bad options", () => {
   assert.throws(() => new ExpertCache({ slots: 0, policy: "lru" }), /slots/);
   assert.throws(() => new ExpertCache({ slots: 2, policy: "lfu" as "lru" }), /policy/);
   assert.throws(() => new ExpertCache({ slots: 2, policy: "lfru", sample: 0 }), /sample/);
+  assert.throws(() => new ExpertCache({ slots: 2, policy: "decay", halfLife: 0 }), /halfLife/);
 });

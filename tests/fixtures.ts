@@ -5,6 +5,7 @@
  * @module
  */
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import type { Model } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
@@ -19,11 +20,67 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "stories260k-qwen3moe",
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
+  "tiny-glm4-moe",
+  "tiny-kimi-linear",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
 export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
+}
+
+/** Whether ../shared/models is there: tests that need it are ignored (skipped) when it is not. */
+export const HAVE_FIXTURES: boolean = (() => {
+  try {
+    return Deno.statSync(fixtureDir("stories260k")).isDirectory;
+  } catch {
+    return false;
+  }
+})();
+
+/** Why tests needing ../shared/models must skip (it is absent), or null when it is there. */
+export function sharedMissing(): string | null {
+  return existsSync(fixtureDir("README.md")) ? null : `${fixtureDir("")} is absent`;
+}
+
+/** What a finished `mod.ts` run printed. */
+export interface SluiceRun {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/**
+ * Runs `deno run -A mod.ts ...args` as a user would, with `stdin` as its input (else none); a
+ * run that hangs is killed after `timeoutMs` (and fails on its exit code).
+ */
+export async function runSluice(
+  args: string[],
+  stdin?: string,
+  timeoutMs = 120_000,
+): Promise<SluiceRun> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", fileURLToPath(new URL("../mod.ts", import.meta.url)), ...args],
+    stdin: stdin === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+    env: { NO_COLOR: "1" },
+  }).spawn();
+  if (stdin !== undefined) {
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode(stdin));
+    await w.close();
+  }
+  const watchdog = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+  const out = await child.output();
+  clearTimeout(watchdog);
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** Whether fixture `name` is present (tests that need it are skipped when it is not). */
+export function hasFixture(name: string): boolean {
+  return existsSync(fixtureDir(name));
 }
 
 let tmp: string | undefined;

@@ -9,7 +9,8 @@ import { bf16ToF32, decodeGgmlToF32, type GgufFile, readGguf } from "../tools/de
 import { spmVocabFromTokenizerJson, TOKEN_TYPE } from "../tools/dev/gguf/spm_vocab.ts";
 import { writeGguf } from "../tools/dev/gguf/write.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { fixtureDir } from "./fixtures.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
+import { fixtureDir, hasFixture } from "./fixtures.ts";
 
 const REF_GGUF = fixtureDir("gguf/");
 
@@ -593,4 +594,36 @@ Deno.test("SPM scores follow the merge ranks, not the ids", () => {
   } finally {
     Deno.removeSync(dir, { recursive: true });
   }
+});
+
+Deno.test({
+  name: "mxfp4 export of gpt-oss: MXFP4 experts that decode (ggml's rule) to the shipped values",
+  ignore: !hasFixture("tiny-gpt-oss"),
+  fn: () => {
+    const dir = tempDir();
+    try {
+      const out = join(dir, "oss.gguf");
+      const r = exportGguf(fixtureDir("tiny-gpt-oss"), out, { type: "mxfp4", progress: "off" });
+      assert.equal(r.arch, "gpt-oss");
+      assert.deepEqual(r.fallbacks, {});
+      const g = readGguf(out);
+      const { weight } = referenceWeightsFromCheckpoint(fixtureDir("tiny-gpt-oss"));
+      for (const m of ["gate", "up", "down"]) {
+        const t = g.tensors.find((x) => x.name === `blk.1.ffn_${m}_exps.weight`)!;
+        assert.equal(t.type, "MXFP4");
+        const got = decodeGgmlToF32("MXFP4", g.readTensor(t.name), t.name);
+        const per = got.length / 16;
+        for (const e of [0, 9, 15]) {
+          const want = weight(`experts.1.${e}.${m}`);
+          assert.deepEqual(Array.from(got.subarray(e * per, (e + 1) * per)), Array.from(want), m);
+        }
+      }
+      const q = g.tensors.find((x) => x.name === "blk.0.attn_q.weight")!;
+      assert.equal(q.type, "BF16");
+      assert.equal(g.metadata.get("general.file_type")!.value, 38);
+      g.close();
+    } finally {
+      Deno.removeSync(dir, { recursive: true });
+    }
+  },
 });

@@ -28,6 +28,7 @@ import {
   sigmoidRef,
   siluMulRef,
   softmaxRef,
+  swigluClampedRef,
   topkRef,
   type Weights,
 } from "./scalar_kernels.ts";
@@ -490,9 +491,11 @@ function runAttention(
   ks: Float32Array,
   vs: Float32Array,
   splits: number[],
+  extra: { sinks?: Float32Array; ring?: { first: number; slots: number } } = {},
 ): Float32Array {
   reset();
   const q = putF32(qs), kc = putF32(ks), vc = putF32(vs);
+  const sinks = extra.sinks ? putF32(extra.sinks) : 0n;
   const out = alloc(s.nHeads * s.vHeadDim * 4), scores = alloc(s.nHeads * s.T * 4);
   for (let i = 0; i + 1 < splits.length; i++) {
     k.attention_f32(
@@ -509,6 +512,9 @@ function runAttention(
       s.kStride,
       s.vStride,
       s.scale,
+      sinks,
+      extra.ring?.first ?? 0,
+      extra.ring?.slots ?? s.T,
       splits[i],
       splits[i + 1],
     );
@@ -545,6 +551,61 @@ Deno.test("attention_f32 (GQA and MLA-like shapes) matches the reference for any
     const perHead = Array.from({ length: s.nHeads + 1 }, (_, i) => i);
     assert.deepEqual(bitsOf(runAttention(s, qs, ks, vs, perHead)), bitsOf(got), "head split");
   }
+});
+
+Deno.test("attention_f32 with sinks and a wrapping ring cache matches the reference", () => {
+  const s: AttentionShape = {
+    nHeads: 4,
+    nKvHeads: 2,
+    headDim: 16,
+    vHeadDim: 16,
+    T: 7,
+    kStride: 32,
+    vStride: 32,
+    scale: 0.25,
+  };
+  const slots = 10;
+  const qs = randomF32(s.nHeads * s.headDim, 3, -2, 2);
+  const ks = randomF32(slots * s.kStride, 4, -2, 2);
+  const vs = randomF32(slots * s.vStride, 5);
+  const sinks = Float32Array.of(0.5, -1, 2, 0);
+  const ones = new Array(s.nHeads * s.vHeadDim).fill(1);
+  for (const first of [0, 3, 6, 9]) {
+    const ring = { first, slots };
+    const got = runAttention(s, qs, ks, vs, [0, s.nHeads], { sinks, ring });
+    const want = attentionRef(qs, ks, vs, s, { sinks, ring });
+    assertClose(got, want, 1e-5, ones, `ring first ${first}`);
+    const split = runAttention(s, qs, ks, vs, [0, 1, 3, 4], { sinks, ring });
+    assert.deepEqual(bitsOf(split), bitsOf(got), `ring first ${first}: head split`);
+    // A sink takes probability mass away from every key: dropping it changes the output.
+    const noSink = runAttention(s, qs, ks, vs, [0, s.nHeads], { ring });
+    const moved = Math.max(...noSink.map((v, i) => Math.abs(v - got[i])));
+    assert.ok(moved > 1e-3, `ring first ${first}: the sinks had no effect`);
+  }
+  // A ring that does not wrap is the linear cache bit for bit.
+  const linear = runAttention(s, qs, ks.subarray(2 * s.kStride), vs.subarray(2 * s.vStride), [
+    0,
+    s.nHeads,
+  ]);
+  const ring = runAttention(s, qs, ks, vs, [0, s.nHeads], { ring: { first: 2, slots } });
+  assert.deepEqual(bitsOf(ring), bitsOf(linear));
+});
+
+Deno.test("swiglu_clamped_f32 matches the reference and clamps at the limit", () => {
+  reset();
+  const n = 37;
+  const gs = randomF32(n, 7, -12, 12), us = randomF32(n, 8, -12, 12);
+  const g = putF32(gs), u = putF32(us);
+  k.swiglu_clamped_f32(g, u, n, 7, 1.702);
+  const got = Float32Array.from(f32At(g, n));
+  const want = swigluClampedRef(gs, us, 7, 1.702);
+  assertClose(got, want, 1e-6, Array.from(want, (v) => Math.max(1, Math.abs(v))), "swiglu");
+  reset();
+  const g2 = putF32(Float32Array.of(20)), u2 = putF32(Float32Array.of(-20));
+  k.swiglu_clamped_f32(g2, u2, 1, 7, 1.702);
+  // gate = min(20, 7) = 7, up = max(−20, −7) = −7: (−7 + 1) · 7 · σ(1.702 · 7).
+  const want2 = -6 * 7 / (1 + Math.exp(-1.702 * 7));
+  assert.ok(Math.abs(f32At(g2, 1)[0] - want2) < 1e-4, "gate and up clamp at ±7");
 });
 
 Deno.test("createArenaMemory rejects sizes V8 cannot map, instantiate rejects tiny memories", () => {

@@ -3,8 +3,8 @@
  * the container's own weights, dequantised (engine/float_weights.ts): the quantisation
  * error is then shared, and what is left is the kernels'. int8 and vq3r read f32 inputs (vq3r
  * through f32 tables) and must agree within 1e-4; mxfp4 and int4 read Q8 copies of their inputs
- * (int8 per 32-block), whose rounding the reference does not make, so they get a bound sized for
- * that. Greedy tokens must agree in every case, outputs must not depend on threads or batching,
+ * (int8 per 32-block) and vq4p int8 tables, whose rounding the reference does not make, so they
+ * get a bound sized for that. Greedy tokens must agree in every case, outputs must not depend on threads or batching,
  * and a quantised stories260k-moe must still write readable text.
  */
 import assert from "node:assert/strict";
@@ -44,6 +44,8 @@ const CASES: { name: string; opts: PackOptions; tol: number }[] = [
   // Q8 inputs: a per-32-block int8 rounding of every activation (about 0.4% of the block max).
   { name: "mxfp4", opts: { experts: "mxfp4" }, tol: 5e-2 },
   { name: "int4", opts: { experts: "int4" }, tol: 5e-2 },
+  // Int8 tables: each lookup is rounded to 1/126 of the table's largest entry.
+  { name: "vq4p", opts: { experts: "vq4p" }, tol: 5e-2 },
 ];
 
 for (const { name, opts, tol } of CASES) {
@@ -61,7 +63,7 @@ for (const { name, opts, tol } of CASES) {
   });
 }
 
-for (const experts of ["mxfp4", "vq3r"] as ExpertsOption[]) {
+for (const experts of ["mxfp4", "vq3r", "vq4p"] as ExpertsOption[]) {
   Deno.test(`${experts}: logits do not depend on threads or prefill batching`, async () => {
     const dir = await packed(experts, { experts });
     const seq = [...PROMPT, 300, 301, 302];

@@ -4,16 +4,27 @@
  */
 import assert from "node:assert/strict";
 import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../wasm/mod.ts";
-import { q8Bytes, quantKernels, vq3rLutFloats } from "../wasm/quant_kernels.ts";
+import { q8Bytes, quantKernels, vq3rLutFloats, vq4pLutBytes } from "../wasm/quant_kernels.ts";
 import {
   denseAbsRef,
   denseMatvecRef,
   dequantizeActQ8,
   matvecVq3rRef,
+  matvecVq4pRef,
   quantizeActQ8Ref,
   vq3rAbsRef,
   vq3rLutRef,
+  vq4pLutRef,
 } from "./scalar_quant_kernels.ts";
+import {
+  dequantizeVq4p,
+  encodeVq4p,
+  packVq4p,
+  trainVq4p,
+  VQ4P_LUT_MAX,
+  vq4pIndex,
+  vq4pKernelCodebooks,
+} from "../engine/quant/vq4p.ts";
 import { dequantizeMxfp4, mxfp4At, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
 import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
@@ -217,6 +228,51 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
   got.forEach((v, r) => assert.equal(Number.isNaN(v), r === 2, `row ${r}: ${v}`));
 });
 
+Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte", () => {
+  const rand = rng(4);
+  for (const rows of ROWS) {
+    for (const cols of [...BLOCK_COLS, 256 * 32]) {
+      reset();
+      const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+      // Scales 1..200: every value stays a normal or subnormal f32 times a gaussian x.
+      const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => 1 + (i * 7) % 200);
+      const x = gaussian(cols, rand);
+      const m = { rows, cols, blocks, scales };
+      const wm = Float64Array.from(
+        { length: rows * cols },
+        (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols),
+      );
+      const [W, S, X] = [put(blocks), put(scales), put(x)];
+      checkMatvec(
+        `mxfp4 exact ${rows}×${cols}`,
+        (y, nr, r0, r1) => qk.matvec_mxfp4_exact(W, S, X, y, nr, cols, r0, r1),
+        rows,
+        denseMatvecRef(wm, x, rows, cols),
+        denseAbsRef(wm, x, rows, cols),
+        1e-6,
+      );
+    }
+  }
+  reset();
+  const rows = 3, cols = 64;
+  const scales = new Uint8Array(rows * 2).fill(127);
+  scales[3] = 255;
+  const y = alloc(rows * 4);
+  const W = put(new Uint8Array((rows * cols) / 2).fill(0x21));
+  qk.matvec_mxfp4_exact(
+    W,
+    put(scales),
+    put(new Float32Array(cols).fill(1)),
+    y,
+    rows,
+    cols,
+    0,
+    rows,
+  );
+  // 0x21: low nibble 1 (0.5), high nibble 2 (1.0), so every pair sums to 1.5.
+  assert.deepEqual(Array.from(f32At(y, rows)), [48, NaN, 48]);
+});
+
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {
   const rand = rng(4);
   for (const rows of [...ROWS, 130]) {
@@ -312,6 +368,108 @@ Deno.test("vq3r_lut and matvec_vq3r match the reference", () => {
         vq3rAbsRef(idx, scales, got, rows, cols),
         1e-5,
       );
+    }
+  }
+});
+
+/** Random VQ4P indices ([rows][4][nch], 0..63) packed for the kernel. */
+function randomVq4p(rows: number, cols: number, rand: () => number) {
+  const indices = Uint8Array.from({ length: rows * 4 * (cols / 8) }, () => Math.floor(rand() * 64));
+  return packVq4p({ rows, cols, indices, scales: gaussian(rows, rand) });
+}
+
+Deno.test("vq4p_lut rounds the reference table; matvec_vq4p equals the exact reference", () => {
+  const rand = rng(8);
+  for (const rows of [1, 3, 5, 17, 33]) {
+    // 129 and 517 chunks end in partial scale groups of 16 chunks.
+    for (const cols of [8, 24, 1032, 4096 + 40]) {
+      reset();
+      const book = gaussian(4 * 8 * 64, rand);
+      // One outlier column: only its own group's scales may grow.
+      const x = gaussian(cols, rand).map((v, i) => (i === cols - 3 ? v * 50 : v));
+      const lut = alloc(vq4pLutBytes(cols));
+      qk.vq4p_lut(put(book), put(x), lut, cols);
+      const want = vq4pLutRef(book, x);
+      const nch = cols / 8, ng = Math.ceil(nch / 16);
+      const table = new Int8Array(memory.buffer, Number(lut), want.length).slice();
+      const q = f32At(lut + BigInt(want.length), ng * 4);
+      for (let g = 0; g < ng; g++) {
+        for (let s = 0; s < 4; s++) {
+          let max = 0;
+          for (let k = 16 * g; k < Math.min(nch, 16 * g + 16); k++) {
+            for (let e = 0; e < 64; e++) max = Math.max(max, Math.abs(want[k * 256 + s * 64 + e]));
+          }
+          const qs = q[g * 4 + s];
+          assert.ok(Math.abs(qs - max / VQ4P_LUT_MAX) <= 1e-6 * qs, `lut ${cols}: q[${g}][${s}]`);
+          for (let k = 16 * g; k < Math.min(nch, 16 * g + 16); k++) {
+            for (let e = 0; e < 64; e++) {
+              const i = k * 256 + s * 64 + e;
+              // Rounding to nearest, allowing where a relaxed FMA lands across a half.
+              assert.ok(Math.abs(table[i] - want[i] / qs) <= 0.5 + 1e-4, `lut ${cols}: entry ${i}`);
+            }
+          }
+        }
+      }
+      const m = randomVq4p(rows, cols, rand);
+      const [I, S] = [put(m.indices), put(m.scales)];
+      checkMatvec(
+        `vq4p ${rows}×${cols}`,
+        (y, n, r0, r1) => qk.matvec_vq4p(I, S, lut, y, n, cols, r0, r1),
+        rows,
+        matvecVq4pRef((r, st, k) => vq4pIndex(m, r, st, k), m.scales, table, q, rows, cols),
+        new Float64Array(rows),
+        0,
+      );
+    }
+  }
+});
+
+Deno.test("matvec_vq4p: every entry at ±127 over 517 chunks does not overflow", () => {
+  reset();
+  const rows = 20, cols = 4096 + 40, nch = cols / 8;
+  const rand = rng(9);
+  const m = randomVq4p(rows, cols, rand);
+  for (const sign of [1, -1]) {
+    const bytes = new Uint8Array(vq4pLutBytes(cols));
+    bytes.fill(sign > 0 ? 127 : 256 - 127, 0, nch * 256);
+    new Float32Array(bytes.buffer, nch * 256).fill(1);
+    const lut = put(bytes), y = alloc(rows * 4);
+    qk.matvec_vq4p(put(m.indices), put(m.scales), lut, y, rows, cols, 0, rows);
+    const got = f32At(y, rows);
+    for (let r = 0; r < rows; r++) {
+      assert.equal(got[r], Math.fround(m.scales[r] * sign * 127 * 4 * nch), `row ${r}`);
+    }
+  }
+});
+
+Deno.test("vq4p: encoded matrices multiply as their dequantised weights, within the table's rounding", () => {
+  const rand = rng(10);
+  for (const [rows, cols] of [[17, 64], [40, 200]]) {
+    reset();
+    const w = gaussian(rows * cols, rand);
+    const book = trainVq4p([{ data: w, rows, cols }], { sampleSize: 4096, iterations: 4 });
+    const m = encodeVq4p({ data: w, rows, cols }, book);
+    const wd = dequantizeVq4p(m, book);
+    const rel = Math.sqrt(
+      wd.reduce((a, v, i) => a + (v - w[i]) ** 2, 0) / w.reduce((a, v) => a + v * v, 0),
+    );
+    assert.ok(rel < 0.5, `${rows}×${cols}: relative weight error ${rel}`);
+    const x = gaussian(cols, rand);
+    const lut = alloc(vq4pLutBytes(cols));
+    qk.vq4p_lut(put(vq4pKernelCodebooks(book)), put(x), lut, cols);
+    const nch = cols / 8;
+    const q = f32At(lut + BigInt(nch * 256), Math.ceil(nch / 16) * 4);
+    const y = alloc(rows * 4);
+    qk.matvec_vq4p(put(m.indices), put(m.scales), lut, y, rows, cols, 0, rows);
+    const got = f32At(y, rows), want = denseMatvecRef(wd, x, rows, cols);
+    for (let r = 0; r < rows; r++) {
+      // Each lookup is off by at most half its table's scale (plus f32 rounding).
+      let bound = 0;
+      for (let k = 0; k < nch; k++) {
+        for (let st = 0; st < 4; st++) bound += q[Math.floor(k / 16) * 4 + st] / 2;
+      }
+      bound = Math.abs(m.scales[r]) * bound * 1.001 + 1e-5;
+      assert.ok(Math.abs(got[r] - want[r]) <= bound, `row ${r}: ${got[r]} vs ${want[r]}`);
     }
   }
 });

@@ -13,6 +13,7 @@ import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeInt8Row, quantizeInt8Row, relativeError } from "../engine/quant/int8.ts";
 import { dequantizeMxfp4, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
 import { dequantizeVq3r, encodeVq3r, VQ_DIM, VQ_ENTRIES, VQ_STAGES } from "../engine/quant/vq3r.ts";
+import { dequantizeVq4p, encodeVq4p, VQ4P_ENTRIES } from "../engine/quant/vq4p.ts";
 import { containerExpertF32, containerTrunkF32 } from "../engine/float_weights.ts";
 import { hfExpertName, hfLayerName } from "../engine/tensor_names.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
@@ -58,13 +59,13 @@ function sameValues(a: Float32Array, b: Float32Array, what: string): void {
   }
 }
 
-/** [3][8][256] kernel-layout codebooks back to the quantiser's [3][256][8]. */
-function trainingLayout(kernel: Float32Array): Float32Array {
+/** [stages][8][entries] kernel-layout codebooks back to the quantiser's [stages][entries][8]. */
+function trainingLayout(kernel: Float32Array, stages = VQ_STAGES, entries = VQ_ENTRIES) {
   const out = new Float32Array(kernel.length);
-  for (let s = 0; s < VQ_STAGES; s++) {
-    for (let e = 0; e < VQ_ENTRIES; e++) {
+  for (let s = 0; s < stages; s++) {
+    for (let e = 0; e < entries; e++) {
       for (let d = 0; d < VQ_DIM; d++) {
-        out[(s * VQ_ENTRIES + e) * VQ_DIM + d] = kernel[(s * VQ_DIM + d) * VQ_ENTRIES + e];
+        out[(s * entries + e) * VQ_DIM + d] = kernel[(s * VQ_DIM + d) * entries + e];
       }
     }
   }
@@ -84,9 +85,10 @@ const ERROR_BOUND: Record<string, number> = {
   int8: 0.02,
   fp8: 0.05,
   vq3r: 0.3,
+  vq4p: 0.3,
 };
 
-for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r"] as ExpertsOption[]) {
+for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r", "vq4p"] as ExpertsOption[]) {
   Deno.test(`--experts ${f}: experts decode to the quantiser's values of the checkpoint`, async () => {
     const { out, lines } = await pack(`moe-${f}`, MOE, { experts: f });
     const c = openContainer(out);
@@ -105,12 +107,18 @@ for (const f of ["mxfp4", "int4", "int8", "fp8", "vq3r"] as ExpertsOption[]) {
             assert.equal(entry.dtype, "f32");
             assert.ok(lines.some((s) => s.includes(`expert ${m} matrices stay f32`)), lines.join());
           }
-          const books = entry.dtype === "vq3r" ? trainingLayout(readCodebooks(c, l, m)) : undefined;
+          const books = entry.dtype === "vq3r"
+            ? trainingLayout(readCodebooks(c, l, m))
+            : entry.dtype === "vq4p"
+            ? trainingLayout(readCodebooks(c, l, m), 4, VQ4P_ENTRIES)
+            : undefined;
           for (const e of [0, 5]) {
             const w = readF32(ckpt, hfExpertName(cfg, l, e, m));
             const got = containerExpertF32(c, l, e, m);
             const want = fellBack
               ? w
+              : books && f === "vq4p"
+              ? dequantizeVq4p(encodeVq4p({ data: w, rows, cols }, books), books)
               : books
               ? dequantizeVq3r(encodeVq3r({ data: w, rows, cols }, books), books)
               : ROUND_TRIP[f](w, rows, cols);
@@ -140,6 +148,22 @@ Deno.test("--experts vq3r: codebooks.bin holds one 4 KiB-aligned set per layer a
   const down = c.manifest.experts[0]!.matrices.down;
   assert.equal(down.paddedCols, 176); // 172 columns, zero-padded to a multiple of 8
   assert.equal(lines.filter((l) => l.includes("VQ3R codebooks")).length, 15);
+});
+
+Deno.test("--experts vq4p: one 8 KiB codebook set per layer and kind, padded rows and columns", async () => {
+  const { out, lines } = await pack("moe-vq4p", MOE, { experts: "vq4p" });
+  const c = openContainer(out);
+  const offsets = c.manifest.experts.flatMap((b) =>
+    EXPERT_MATRICES.map((m) => b!.codebooks![m]!.offset)
+  );
+  assert.equal(new Set(offsets).size, 15);
+  assert.ok(offsets.every((o) => o % 4096 === 0));
+  assert.equal(c.manifest.codebooks?.bytes, 15 * 8192);
+  const { gate, down } = c.manifest.experts[0]!.matrices;
+  assert.equal(down.paddedCols, 176);
+  // 172 gate rows go in 11 groups of 16; 64 columns are 8 chunks of 3 index bytes per row.
+  assert.equal(gate.bytes, 176 * 3 * 8);
+  assert.equal(lines.filter((l) => l.includes("VQ4P codebooks")).length, 15);
 });
 
 Deno.test("--trunk int8 quantises attention weights per row, keeps norms and routers", async () => {

@@ -42,6 +42,8 @@ Deno.test("weight errors equal independent quantise/dequantise round trips", asy
     const mx = relativeError(gate, dequantizeMxfp4(quantizeMxfp4(gate, 172, 64)));
     assert.ok(Math.abs(g.errors.mxfp4! - mx) < 1e-9, `${g.errors.mxfp4} vs ${mx}`);
     assert.ok(g.errors.vq3r! > 0 && g.errors.vq3r! < 0.5);
+    assert.ok(g.errors.vq4p! > 0 && g.errors.vq4p! < 0.5);
+    assert.equal(row.errors.vq4p, null);
     // 172 columns: no 32-blocks.
     assert.equal(r.weights.find((w) => w.matrix === "L3 experts.down")!.errors.mxfp4, null);
     assert.match(formatReport(r), /L3 experts\.down +64×172 +— +— /);
@@ -78,6 +80,7 @@ Deno.test("model quality: the reference is exact, int8 beats the 4-bit formats",
       "experts int8",
       "experts fp8",
       "experts vq3r",
+      "experts vq4p",
       "trunk int8",
     ],
   );

@@ -135,6 +135,16 @@ Deno.test("repetition penalty: divides positive logits, multiplies negative ones
   assert.throws(() => penalisedLogits(logits, [9], 1.2), /outside the vocabulary/);
 });
 
+Deno.test("frequency and presence penalties: minus count × f, minus p once an id occurred", () => {
+  const logits = new Float32Array([2, -2, 3, 0.5]);
+  const out = penalisedLogits(logits, [0, 1, 1, 1], 1, 0.5, 0.25);
+  assert.deepEqual(Array.from(out), [2 - 0.5 - 0.25, -2 - 1.5 - 0.25, 3, 0.5]);
+  // Id 0 seen three times loses to id 1 under a frequency penalty.
+  const s = createSampler({ frequencyPenalty: 1 });
+  assert.equal(s.sample(new Float32Array([3, 1]), [0, 0, 0]), 1);
+  assert.throws(() => createSampler({ presencePenalty: NaN }), /presencePenalty/);
+});
+
 Deno.test("invalid options are rejected", () => {
   assert.throws(() => createSampler({ temperature: -1 }), /temperature/);
   assert.throws(() => createSampler({ topP: 0 }), /topP/);

@@ -140,3 +140,53 @@ export function vq3rAbsRef(
   }
   return y;
 }
+
+/**
+ * vq4p_lut before rounding: f64 dots of each entry of C (the kernel's [4][8][64] layout) with each
+ * 8-chunk of x, as [nch][4][64].
+ */
+export function vq4pLutRef(kernelCodebooks: Float32Array, x: Float32Array): Float64Array {
+  const nch = x.length / 8;
+  const lut = new Float64Array(nch * 256);
+  for (let k = 0; k < nch; k++) {
+    for (let s = 0; s < 4; s++) {
+      for (let e = 0; e < 64; e++) {
+        let v = 0;
+        for (let d = 0; d < 8; d++) v += kernelCodebooks[(s * 8 + d) * 64 + e] * x[8 * k + d];
+        lut[k * 256 + s * 64 + e] = v;
+      }
+    }
+  }
+  return lut;
+}
+
+/**
+ * matvec_vq4p as the kernel computes it: per group g of 16 chunks and stage s, the exact integer
+ * sum of the row's table entries times q[g][s], added into an f32 accumulator (g, then s, unfused),
+ * times S[r]. `index(r, s, k)` reads the packed indices; `q` is [ceil(nch/16)][4].
+ */
+export function matvecVq4pRef(
+  index: (r: number, s: number, k: number) => number,
+  scales: Float32Array,
+  lut: Int8Array,
+  q: Float32Array,
+  rows: number,
+  cols: number,
+): Float32Array {
+  const nch = cols / 8, f = Math.fround;
+  const y = new Float32Array(rows);
+  for (let r = 0; r < rows; r++) {
+    let acc = 0;
+    for (let k0 = 0; k0 < nch; k0 += 16) {
+      for (let s = 0; s < 4; s++) {
+        let sum = 0;
+        for (let k = k0; k < Math.min(nch, k0 + 16); k++) {
+          sum += lut[k * 256 + s * 64 + index(r, s, k)];
+        }
+        acc = f(acc + f(q[(k0 / 16) * 4 + s] * sum));
+      }
+    }
+    y[r] = f(scales[r] * acc);
+  }
+  return y;
+}

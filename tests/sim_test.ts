@@ -1,5 +1,13 @@
 import assert from "node:assert/strict";
-import { type SimMode, type SimPolicy, simulate, slotsPerLayer } from "../tools/dev/sim.ts";
+import {
+  ENGINE_POLICY,
+  jsonReport,
+  SIM_POLICIES,
+  type SimMode,
+  type SimPolicy,
+  simulate,
+  slotsPerLayer,
+} from "../tools/dev/sim.ts";
 import { renderLineChart } from "../tools/dev/svg_chart.ts";
 import { readTrace, readTraceMeta, type TraceEvent, traceShape, TraceWriter } from "../io/trace.ts";
 
@@ -94,7 +102,7 @@ Deno.test("sim lru equals a reference event-level LRU per layer", () => {
 });
 
 Deno.test("belady (bypass) never loses to any policy; belady-admit never loses to online ones", () => {
-  const online: SimPolicy[] = ["lru", "lfu", "lfru"];
+  const online: SimPolicy[] = ["lru", "lfu", "lfru", "decay"];
   for (let seed = 1; seed <= 8; seed++) {
     const k = 1 + (seed % 4);
     const events = randomTrace(seed, 120, 3, 24, k);
@@ -169,6 +177,27 @@ Deno.test("per-layer LRU / LFU / Belady match the traces README table (±0.01)",
         );
       });
     }
+  }
+});
+
+Deno.test("--json rows: one per (mode, capacity), every policy plus engine and belady", () => {
+  const events = randomTrace(4, 60, 3, 16, 2);
+  const shape = traceShape(events);
+  const results = (["per-layer", "global"] as SimMode[]).flatMap((mode) =>
+    [3, 5].flatMap((cap) => SIM_POLICIES.map((p) => simulate(events, p, cap, mode, { shape })))
+  );
+  const { rows } = jsonReport("t.jsonl", shape, results);
+  assert.deepEqual(rows.map((r) => `${r.mode}:${r.capacity}`), [
+    "per-layer:3",
+    "per-layer:5",
+    "global:3",
+    "global:5",
+  ]);
+  for (const row of rows) {
+    assert.deepEqual(Object.keys(row.hit_rates).sort(), [...SIM_POLICIES, "engine"].sort());
+    const own = simulate(events, ENGINE_POLICY, row.capacity, row.mode, { shape }).hitRate;
+    assert.equal(row.hit_rates.engine, own);
+    assert.ok(row.hit_rates.belady >= row.hit_rates.engine);
   }
 });
 

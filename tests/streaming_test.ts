@@ -9,7 +9,7 @@ import { closeSync, copyFileSync, cpSync, openSync, writeSync } from "node:fs";
 import { Model, type RunOptions } from "../engine/model.ts";
 import { hotListPath } from "../engine/stream/hot_list.ts";
 import { readTrace } from "../io/trace.ts";
-import { simulate } from "../tools/dev/sim.ts";
+import { ENGINE_POLICY, simulate } from "../tools/dev/sim.ts";
 import { packedFixture, tempDir } from "./fixtures.ts";
 
 /** Greedy-ish fixed token stream: prompt then a story-like continuation from stories260k. */
@@ -72,7 +72,7 @@ async function logitsOf(path: string, opts: RunOptions): Promise<Float32Array> {
   return logits;
 }
 
-for (const name of ["stories260k-moe64", "tiny-deepseek-v3"]) {
+for (const name of ["stories260k-moe64", "tiny-deepseek-v3", "tiny-glm4-moe"]) {
   Deno.test(`bit-identical logits across placement settings: ${name}`, async () => {
     const path = await packedFixture(name);
     const base = await logitsOf(path, {});
@@ -122,22 +122,33 @@ Deno.test("a learned hot list warms the cache and changes nothing", async () => 
 });
 
 // The simulator replays demand accesses only, so the engine runs without the lookahead here.
-Deno.test("the simulator's LFRU replays the engine's trace to the engine's hit count", async () => {
-  const path = await packedFixture("stories260k-moe64");
-  const trace = `${tempDir()}/trace.jsonl`;
-  const slots = 20;
-  const { model } = await run(path, { expertSlots: slots, prefillChunk: 1, lookahead: 0, trace });
-  const engine = model.experts!.cache.stats;
-  model.close();
-  const events = readTrace(trace);
-  assert.equal(events.length, TOKENS.length * 5);
-  const sim = simulate(events, "lfru", slots / 5, "global", {
-    shape: { nLayers: 5, nExperts: 64 },
+for (const cache of [undefined, "lfru"] as const) {
+  const policy = cache ?? ENGINE_POLICY;
+  Deno.test(`the simulator replays the engine's trace to its hit count: ${cache ?? "default"}`, async () => {
+    const path = await packedFixture("stories260k-moe64");
+    const trace = `${tempDir()}/trace-${policy}.jsonl`;
+    const slots = 20;
+    const { model } = await run(path, {
+      expertSlots: slots,
+      prefillChunk: 1,
+      lookahead: 0,
+      trace,
+      cache,
+    });
+    const engine = model.experts!.cache.stats;
+    assert.equal(model.experts!.cache.policy, policy);
+    model.close();
+    const events = readTrace(trace);
+    assert.equal(events.length, TOKENS.length * 5);
+    const sim = simulate(events, policy, slots / 5, "global", {
+      shape: { nLayers: 5, nExperts: 64 },
+    });
+    assert.equal(sim.slots, slots);
+    assert.ok(engine.misses > slots, `the cache must evict: ${engine.misses} misses`);
+    assert.equal(sim.hits, engine.hits);
+    assert.equal(sim.accesses, engine.hits + engine.misses);
   });
-  assert.equal(sim.slots, slots);
-  assert.equal(sim.hits, engine.hits);
-  assert.equal(sim.accesses, engine.hits + engine.misses);
-});
+}
 
 Deno.test("verify catches a corrupted expert record", async () => {
   const src = await packedFixture("stories260k-moe64");

@@ -4,7 +4,13 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { loadModelConfig, normalizeConfig } from "../engine/config.ts";
 import { EXPERT_MATRICES, type ModelConfig } from "../io/model_config.ts";
-import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
+import {
+  hfExpertName,
+  hfFusedExpertSlice,
+  hfGlobalName,
+  hfLayerName,
+  layerTensorsOf,
+} from "../engine/tensor_names.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
@@ -78,6 +84,12 @@ function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
       wk: [kv, h],
       wv: [kv, h],
       wo: mla ? [h, cfg.numHeads * mla.vHeadDim] : [h, q],
+      bq: [q],
+      bk: [kv],
+      bv: [kv],
+      bo: [h],
+      sinks: [cfg.numHeads],
+      router_b: [moe.numExperts],
       q_norm: [cfg.headDim],
       k_norm: [cfg.headDim],
       ffn_gate: [cfg.intermediateSize, h],
@@ -102,6 +114,18 @@ function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
     }
     for (const t of layerTensorsOf(cfg, l)) add(hfLayerName(cfg, l, t), shapes[t]);
     if (cfg.layerKinds[l] !== "moe") continue;
+    if (hfFusedExpertSlice(cfg, l, "gate")) {
+      // gpt-oss: one fused MXFP4 tensor set per matrix kind (gate and up share gate_up_proj).
+      const i = moe.expertIntermediate, E = moe.numExperts;
+      for (const m of ["up", "down"] as const) {
+        const base = hfFusedExpertSlice(cfg, l, m)!.base;
+        const [rows, cols] = m === "down" ? [h, i] : [2 * i, h];
+        add(`${base}_blocks`, [E, rows, cols / 32, 16]);
+        add(`${base}_scales`, [E, rows, cols / 32]);
+        add(`${base}_bias`, [E, rows]);
+      }
+      continue;
+    }
     for (let e = 0; e < moe.numExperts; e++) {
       for (const m of EXPERT_MATRICES) {
         const i = moe.expertIntermediate;
@@ -112,19 +136,27 @@ function expectedTensors(cfg: ModelConfig): Map<string, number[]> {
   return out;
 }
 
-/** Bytes of a bf16 checkpoint of `cfg`; DeepSeek's selection bias is F32 (2 more bytes each). */
+/**
+ * Bytes of a bf16 checkpoint of `cfg`; DeepSeek's selection bias is F32 (2 more bytes each),
+ * gpt-oss's MXFP4 blocks and scales U8 (1 byte each).
+ */
 function bf16Bytes(cfg: ModelConfig): number {
-  const shapes = [...expectedTensors(cfg).values()];
   const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
   const bias = cfg.moe!.selectionBias ? 2 * cfg.moe!.numExperts * moeLayers : 0;
-  return shapes.reduce((n, s) => n + s.reduce((a, b) => a * b, 1) * 2, 0) + bias;
+  let n = bias;
+  for (const [name, s] of expectedTensors(cfg)) {
+    n += s.reduce((a, b) => a * b, 1) * (/_(blocks|scales)$/.test(name) ? 1 : 2);
+  }
+  return n;
 }
 
 for (const arch of SYNTH_ARCHS) {
   Deno.test(
     `synth ${arch}: config, tensor shapes, tokenizer and pack`,
     withTemp(async (dir) => {
-      const res = await synth(dir, "ckpt", { arch, maxShardBytes: 64 * 1024 });
+      // gpt-oss's MXFP4 experts need an intermediate size that is a multiple of 32.
+      const overrides = arch === "gpt_oss" ? { ...TINY, expertInter: 32 } : TINY;
+      const res = await synth(dir, "ckpt", { arch, maxShardBytes: 64 * 1024, overrides });
       const cfg = loadModelConfig(res.dir);
       assert.equal(cfg.modelType, arch);
       assert.equal(cfg.hiddenSize, TINY.hidden);
@@ -141,7 +173,8 @@ for (const arch of SYNTH_ARCHS) {
         for (const [name, t] of ckpt.tensors) {
           assert.deepEqual(t.shape, want.get(name), name);
           const isBias = name.endsWith("e_score_correction_bias");
-          assert.equal(t.dtype, isBias ? "F32" : "BF16", name);
+          const mxfp4 = /_(blocks|scales)$/.test(name);
+          assert.equal(t.dtype, isBias ? "F32" : mxfp4 ? "U8" : "BF16", name);
         }
         const files = new Set([...ckpt.tensors.values()].map((t) => t.file));
         assert.ok(files.size > 1, "a 64 KiB shard limit gives several shards");
@@ -184,8 +217,11 @@ Deno.test("synthShape: sizes within 10% of the target, config valid and realisti
     }
     // At 2 GiB the real model's width and expert shape are kept.
     const big = normalizeConfig(synthShape(arch, parseSize("2G")).config);
-    assert.equal(big.hiddenSize, arch === "mixtral" ? 1024 : 2048);
-    if (arch !== "mixtral") assert.equal(big.moe!.expertIntermediate, 768);
+    const real = { mixtral: [1024], glm4_moe: [4096, 1408], gpt_oss: [2880, 2880] }[
+      arch as string
+    ] ?? [2048, 768];
+    assert.equal(big.hiddenSize, real[0]);
+    if (real[1]) assert.equal(big.moe!.expertIntermediate, real[1]);
   }
   const fixed = synthShape("qwen3_moe", parseSize("2G"), { layers: 5, experts: 40, topK: 6 });
   assert.equal(fixed.dims.layers, 5);

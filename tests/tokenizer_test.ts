@@ -226,3 +226,27 @@ Deno.test("renderChat: transformers variables (bos/eos tokens, add_generation_pr
   );
   assert.throws(() => renderChat(stories, messages), /no chat template/);
 });
+
+Deno.test("renderChat: a harmony-format template (gpt-oss) with strftime_now and reasoning_effort", () => {
+  // The constructs gpt-oss's chat_template.jinja relies on: a namespace, strftime_now for the
+  // date in the system header, the reasoning_effort keyword argument and <|start|>…<|end|> turns.
+  const template = "{%- set ns = namespace(effort=reasoning_effort | default('medium')) -%}" +
+    "<|start|>system<|message|>Current date: {{ strftime_now('%Y-%m-%d') }}\n\n" +
+    "Reasoning: {{ ns.effort }}<|end|>" +
+    "{%- for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor -%}" +
+    "{%- if add_generation_prompt %}<|start|>assistant{% endif %}";
+  const today = new Date();
+  const pad = (n: number) => String(n).padStart(2, "0");
+  const date = `${today.getFullYear()}-${pad(today.getMonth() + 1)}-${pad(today.getDate())}`;
+  const messages = [{ role: "user", content: "Hi" }];
+  const text = renderChat({ template }, messages, {
+    addGenerationPrompt: true,
+    extra: { reasoning_effort: "high" },
+  });
+  assert.equal(
+    text,
+    `<|start|>system<|message|>Current date: ${date}\n\nReasoning: high<|end|>` +
+      "<|start|>user<|message|>Hi<|end|><|start|>assistant",
+  );
+  assert.match(renderChat({ template }, messages), /Reasoning: medium/);
+});

@@ -45,9 +45,9 @@ Options:
                         (default: as shipped); matrices a format cannot hold keep their dtype
   --trunk int8          per-row int8 for the layers' attention/dense matrices
   --convert f32|bf16    dequantise / convert every weight matrix
-  --vq3r-sample N       vectors sampled to train each VQ3R codebook
-  --vq3r-iterations N   k-means iterations per VQ3R stage
-  --vq3r-experts N      experts per layer whose rows train the VQ3R codebooks
+  --vq3r-sample N       vectors sampled to train each VQ3R / VQ4P codebook
+  --vq3r-iterations N   k-means iterations per VQ3R / VQ4P stage
+  --vq3r-experts N      experts per layer whose rows train the VQ3R / VQ4P codebooks
   --force               replace an existing output
   -h, --help            this text
 

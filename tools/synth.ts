@@ -1,5 +1,5 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral --size 2G --out DIR [options]`: writes a
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss --size 2G --out DIR [options]`: writes a
  * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
@@ -54,7 +54,8 @@ export function parseSize(s: string): number {
   return Math.round(Number(m[1]) * (decimal ? 1000 : 1024) ** exp);
 }
 
-const USAGE = `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral --size 2G --out DIR
+const USAGE =
+  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss --size 2G --out DIR
   [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
   size overrides: --layers --experts --top-k --hidden --expert-inter --dense-inter --heads

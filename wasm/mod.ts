@@ -99,6 +99,9 @@ export interface Kernels {
    * Σ_t p[t]·v_t. Key t of kv head g at kcache + (t·kStride + g·headDim) floats, value at
    * vcache + (t·vStride + g·vHeadDim) floats, g = h / (nHeads / nKvHeads); q_h at q + h·headDim,
    * out_h at out + h·vHeadDim; scores + h·T floats is head h's scratch (nHeads·T floats in all).
+   * The cache is a ring of `ring` ≥ T slots: key t (oldest first) is in slot (t0 + t) mod ring
+   * (a linear cache passes t0 = 0). `sinks` (0 for none) holds one logit per query head that
+   * joins the softmax denominator only (gpt-oss).
    */
   attention_f32(
     q: Ptr,
@@ -114,8 +117,88 @@ export interface Kernels {
     kStride: number,
     vStride: number,
     scale: number,
+    sinks: Ptr,
+    t0: number,
+    ring: number,
     h0: number,
     h1: number,
+  ): void;
+  /**
+   * gpt-oss's clamped SwiGLU in place: gate = min(g, limit), up = clamp(u, ±limit),
+   * g = (up + 1)·gate·σ(alpha·gate).
+   */
+  swiglu_clamped_f32(g: Ptr, u: Ptr, n: number, limit: number, alpha: number): void;
+  /** y[i] *= x[i] over n floats. */
+  mul_f32(y: Ptr, x: Ptr, n: number): void;
+  /**
+   * KDA's gated delta rule for heads [h0, h1) over T tokens (kernels/kda.c): per head the state
+   * S_h (dk × dv, key rows) decays by e^g, takes the delta-rule update with beta, and is read by
+   * q. q, k (L2-normalised in place, q also scaled by dk^−½) and g (e^g in place) are scratch.
+   */
+  kda_recurrent_f32(
+    S: Ptr,
+    q: Ptr,
+    k: Ptr,
+    v: Ptr,
+    g: Ptr,
+    beta: Ptr,
+    out: Ptr,
+    T: number,
+    nHeads: number,
+    dk: number,
+    dv: number,
+    qkStride: number,
+    vStride: number,
+    gStride: number,
+    betaStride: number,
+    outStride: number,
+    h0: number,
+    h1: number,
+  ): void;
+  /**
+   * kda_recurrent_f32's rule in the chunked form for prefill (chunks of `chunk` tokens), with
+   * `scratchStride` floats of scratch per head (see {@link kdaChunkScratchFloats}).
+   */
+  kda_chunk_f32(
+    S: Ptr,
+    q: Ptr,
+    k: Ptr,
+    v: Ptr,
+    g: Ptr,
+    beta: Ptr,
+    out: Ptr,
+    scratch: Ptr,
+    T: number,
+    nHeads: number,
+    dk: number,
+    dv: number,
+    qkStride: number,
+    vStride: number,
+    gStride: number,
+    betaStride: number,
+    outStride: number,
+    chunk: number,
+    scratchStride: number,
+    h0: number,
+    h1: number,
+  ): void;
+  /**
+   * Causal depthwise conv of width K + SiLU for the channels of heads [r0, r1) of `group`
+   * channels, with the last K−1 inputs in `state` ([K−1][channels], advanced by T tokens).
+   */
+  short_conv_f32(
+    x: Ptr,
+    state: Ptr,
+    w: Ptr,
+    y: Ptr,
+    T: number,
+    channels: number,
+    K: number,
+    xStride: number,
+    yStride: number,
+    group: number,
+    r0: number,
+    r1: number,
   ): void;
 }
 
@@ -140,7 +223,18 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "argmax_f32",
   "topk_f32",
   "attention_f32",
+  "swiglu_clamped_f32",
+  "mul_f32",
+  "kda_recurrent_f32",
+  "kda_chunk_f32",
+  "short_conv_f32",
 ];
+
+/** Scratch floats one head needs in kda_chunk_f32 (a multiple of 16, so heads stay aligned). */
+export function kdaChunkScratchFloats(chunk: number, dk: number, dv: number): number {
+  const n = 2 * chunk * chunk + 2 * chunk * dk + chunk * dv + dk;
+  return Math.ceil(n / 16) * 16;
+}
 
 const WASM_URL = new URL("./kernels.wasm", import.meta.url);
 let cachedModule: Promise<WebAssembly.Module> | null = null;

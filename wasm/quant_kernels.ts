@@ -5,7 +5,8 @@
  *
  * MXFP4 and INT4 multiply by a Q8 copy of x (int8 per 32-block with an f32 scale) that
  * quantize_act_q8 writes once per input vector; VQ3R multiplies through a table vq3r_lut builds
- * once per input vector. Formats: engine/quant/*.ts; layouts: kernels/quant.h and the C files.
+ * once per input vector, VQ4P through the int8 table vq4p_lut builds. Formats: engine/quant/*.ts;
+ * layouts: kernels/quant.h and the C files.
  *
  * @module
  */
@@ -20,6 +21,17 @@ export interface QuantKernels {
     W: Ptr,
     S: Ptr,
     xq: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** matvec_mxfp4 with f32 x instead of its Q8 copy: every product exact, f32 sums. */
+  matvec_mxfp4_exact(
+    W: Ptr,
+    S: Ptr,
+    x: Ptr,
     y: Ptr,
     rows: number,
     cols: number,
@@ -72,17 +84,33 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** lut int8 [cols/8][4][64] + f32 scales (vq4pLutBytes) from codebooks C f32 [4][8][64], x. */
+  vq4p_lut(C: Ptr, x: Ptr, lut: Ptr, cols: number): void;
+  /** y[r] = S[r]·Σ_g Σ_s q[g][s]·Σ_{k∈g} lut[k][s][i_s(r, k)]: I as engine/quant/vq4p.ts. */
+  matvec_vq4p(
+    I: Ptr,
+    S: Ptr,
+    lut: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
 }
 
 /** Names of the functions in {@link QuantKernels}. */
 export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "quantize_act_q8",
   "matvec_mxfp4",
+  "matvec_mxfp4_exact",
   "matvec_int4g32",
   "matvec_fp8b128",
   "matvec_int8row",
   "vq3r_lut",
   "matvec_vq3r",
+  "vq4p_lut",
+  "matvec_vq4p",
 ];
 
 /** Bytes of the Q8 copy of a cols-vector: cols int8, then cols/32 f32 scales and i32 sums. */
@@ -93,6 +121,18 @@ export function q8Bytes(cols: number): number {
 /** Floats of a VQ3R lookup table for a cols-vector. */
 export function vq3rLutFloats(cols: number): number {
   return 3 * (cols / 8) * 256;
+}
+
+/** Chunks of 8 columns per VQ4P table-scale group. */
+export const VQ4P_LUT_GROUP = 16;
+
+/**
+ * Bytes of a VQ4P matvec table for a cols-vector: int8 [cols/8][4][64], then f32 scales
+ * [ceil(cols/128)][4] (one per stage per group of 16 chunks).
+ */
+export function vq4pLutBytes(cols: number): number {
+  const nch = cols / 8;
+  return nch * 4 * 64 + Math.ceil(nch / VQ4P_LUT_GROUP) * 4 * 4;
 }
 
 /** The quant kernels from an instance's exports; throws naming the first one missing. */

@@ -14,7 +14,7 @@
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
-import type { LayerTensor, ModelConfig, MoeConfig } from "../../io/model_config.ts";
+import { isKdaLayer, type LayerTensor, type ModelConfig } from "../../io/model_config.ts";
 import { alignUp } from "../../io/format.ts";
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
@@ -22,9 +22,10 @@ import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { mlaReference } from "../reference/mla.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family } from "./family.ts";
-import { checkTopK, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
+import { groupedMoe, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
 interface Absorbed {
@@ -39,7 +40,8 @@ export class MlaAttention {
   #ops: Ops;
   #arena: Arena;
   #cfg: ModelConfig;
-  #rope: RopeTable;
+  /** null under NoPE (Kimi-Linear). */
+  #rope: RopeTable | null;
   #cache: number[] = [];
   #absorbed: (Absorbed | null)[];
   #qa: number;
@@ -65,14 +67,17 @@ export class MlaAttention {
     const H = cfg.numHeads;
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
+    // Hybrids (Kimi-Linear) keep a latent cache only for their full-attention layers.
     for (let l = 0; l < cfg.numLayers; l++) {
       // Sized by the function the planner sums.
       this.#cache.push(
-        arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx)),
+        isKdaLayer(cfg, l)
+          ? -1
+          : arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx, maxBatch)),
       );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
-    this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
+    this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
     this.#qa = arena.alloc("mla q_a", maxBatch * (mla.qLoraRank ?? 1) * 4);
     this.#q = arena.alloc("mla q", maxBatch * H * this.#qkDim * 4);
     this.#kva = arena.alloc("mla kv_a", maxBatch * this.#row * 4);
@@ -120,6 +125,11 @@ export class MlaAttention {
     return made;
   }
 
+  /** The latent cache of every layer (compressed KV and the shared RoPE key). */
+  cacheRegions(): CacheRegion[] {
+    return this.#cache.map((offset) => ({ offset, rowBytes: this.#row * 4 }));
+  }
+
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
@@ -155,11 +165,13 @@ export class MlaAttention {
     const interleaved = cfg.rope.layout === "interleaved";
     const lengths: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
       const kv = this.#kva + b * row * 4;
       ops.rmsnorm(kv, lw.get("kv_a_norm").ptr, kv, r, 1, eps);
-      ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
-      ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      if (this.#rope) {
+        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
+        ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      }
       lengths.push(pos + b + 1);
     }
     ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);
@@ -218,7 +230,7 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
   requireSilu(f);
   const hidden = f.int("hidden_size", { min: 1 });
   const numHeads = f.int("num_attention_heads", { min: 1 });
-  const numLayers = f.int("num_hidden_layers", { min: 1 });
+  const numLayers = f.int("num_hidden_layers", { min: 1, max: MAX_LAYERS });
   const qkNope = f.int("qk_nope_head_dim", { min: 1 });
   const qkRope = f.int("qk_rope_head_dim", { min: 2 });
   if (qkRope % 2) throw new Error(`${f.where}: qk_rope_head_dim ${qkRope} must be even`);
@@ -239,41 +251,9 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
     { length: numLayers },
     (_, l) => numExperts > 0 && l >= firstDense && l % freq === 0 ? "moe" : "dense",
   ) as ("dense" | "moe")[];
-  let moe: MoeConfig | null = null;
-  if (layerKinds.includes("moe")) {
-    const topK = f.int("num_experts_per_tok", { min: 1 });
-    checkTopK(f, numExperts, topK);
-    const scoring = f.str("scoring_func", "sigmoid");
-    if (scoring !== "sigmoid" && scoring !== "softmax") {
-      throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
-    }
-    const topkMethod = f.str("topk_method", "noaux_tc");
-    if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
-      throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
-    }
-    const grouped = topkMethod !== "greedy";
-    const nGroup = grouped ? f.int("n_group", { min: 1 }) : 1;
-    const topkGroup = grouped ? f.int("topk_group", { min: 1 }) : 1;
-    if (numExperts % nGroup || topkGroup > nGroup) {
-      throw new Error(
-        `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
-          `topk_group ${topkGroup}`,
-      );
-    }
-    const inter = f.int("moe_intermediate_size", { min: 1 });
-    moe = {
-      numExperts,
-      topK,
-      expertIntermediate: inter,
-      scoring,
-      normTopK: f.bool("norm_topk_prob", true),
-      routedScaling: f.num("routed_scaling_factor"),
-      nGroup,
-      topkGroup,
-      selectionBias: topkMethod === "noaux_tc",
-      sharedIntermediate: inter * f.int("n_shared_experts"),
-    };
-  }
+  const moe = layerKinds.includes("moe")
+    ? groupedMoe(f, numExperts, f.str("scoring_func", "sigmoid"), f.str("topk_method", "noaux_tc"))
+    : null;
   const qLora = f.src.q_lora_rank === null ? null : f.int("q_lora_rank", { min: 1 });
   return {
     family: "deepseek_v3",
@@ -311,29 +291,69 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
   };
 };
 
+/** The MLA tensors of a layer and their Hugging Face names (also Kimi-Linear's MLA layers). */
+export function mlaTensors(cfg: ModelConfig): Partial<Record<LayerTensor, string>> {
+  const names: Partial<Record<LayerTensor, string>> = {};
+  if (cfg.mla?.qLoraRank === null) names.wq = "self_attn.q_proj.weight";
+  names.wo = "self_attn.o_proj.weight";
+  if (cfg.mla?.qLoraRank !== null) {
+    names.wq_a = "self_attn.q_a_proj.weight";
+    names.q_a_norm = "self_attn.q_a_layernorm.weight";
+    names.wq_b = "self_attn.q_b_proj.weight";
+  }
+  names.wkv_a = "self_attn.kv_a_proj_with_mqa.weight";
+  names.kv_a_norm = "self_attn.kv_a_layernorm.weight";
+  names.wkv_b = "self_attn.kv_b_proj.weight";
+  return names;
+}
+
+/** The shape of MLA attention tensor `t` (also Kimi-Linear's and K3's MLA layers). */
+export function mlaShape(cfg: ModelConfig, t: LayerTensor): number[] {
+  const m = cfg.mla!;
+  const H = cfg.hiddenSize, heads = cfg.numHeads;
+  const q = heads * (m.qkNopeHeadDim + m.qkRopeHeadDim);
+  switch (t) {
+    case "wq":
+      return [q, H];
+    case "wq_a":
+      return [m.qLoraRank!, H];
+    case "q_a_norm":
+      return [m.qLoraRank!];
+    case "wq_b":
+      return [q, m.qLoraRank!];
+    case "wkv_a":
+      return [m.kvLoraRank + m.qkRopeHeadDim, H];
+    case "kv_a_norm":
+      return [m.kvLoraRank];
+    case "wkv_b":
+      return [heads * (m.qkNopeHeadDim + m.vHeadDim), m.kvLoraRank];
+    case "wo":
+      return [H, heads * m.vHeadDim];
+    default:
+      throw new Error(`the deepseek_v3 family has no attention tensor ${t}`);
+  }
+}
+
 /** The deepseek_v3 family. */
 export const DEEPSEEK_V3: Family = {
   name: "deepseek_v3",
-  attentionTensors(cfg) {
-    const names: Partial<Record<LayerTensor, string>> = {};
-    if (cfg.mla?.qLoraRank === null) names.wq = "self_attn.q_proj.weight";
-    names.wo = "self_attn.o_proj.weight";
-    if (cfg.mla?.qLoraRank !== null) {
-      names.wq_a = "self_attn.q_a_proj.weight";
-      names.q_a_norm = "self_attn.q_a_layernorm.weight";
-      names.wq_b = "self_attn.q_b_proj.weight";
-    }
-    names.wkv_a = "self_attn.kv_a_proj_with_mqa.weight";
-    names.kv_a_norm = "self_attn.kv_a_layernorm.weight";
-    names.wkv_b = "self_attn.kv_b_proj.weight";
-    return names;
-  },
+  attentionTensors: mlaTensors,
+  attentionShape: (cfg, t) => mlaShape(cfg, t),
   validateConfig(c, where) {
     const m = manifestField.obj(c.mla, `${where}.mla`);
     if (m.qLoraRank !== null) manifestField.int(m.qLoraRank, `${where}.mla.qLoraRank`, 1, MAX_DIM);
     for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
       manifestField.int(m[k], `${where}.mla.${k}`, 1, MAX_DIM);
     }
+    // Derived fields must say what the MLA section says (normaliseDeepseekV3 sets them so).
+    const qk = (m.qkNopeHeadDim as number) + (m.qkRopeHeadDim as number);
+    if (c.headDim !== qk || c.numKvHeads !== c.numHeads) {
+      throw new Error(
+        `${where}: headDim ${c.headDim} and numKvHeads ${c.numKvHeads} must be ` +
+          `qkNopeHeadDim + qkRopeHeadDim (${qk}) and numHeads (${c.numHeads}) for MLA`,
+      );
+    }
+    if (m.nope !== undefined) manifestField.bool(m.nope, `${where}.mla.nope`);
   },
   stateBytes: (cfg, _layer, ctx) => ctx * (cfg.mla!.kvLoraRank + cfg.mla!.qkRopeHeadDim) * 4,
   scratchFloats(cfg, maxBatch) {
@@ -342,10 +362,12 @@ export const DEEPSEEK_V3: Family = {
     return maxBatch *
       (3 * heads * (nope + rope) + 2 * heads * (r + rope) + 2 * cfg.numKvHeads * cfg.headDim);
   },
-  // The absorbed float32 matrices of every layer: W_kbᵀ and W_vb of every head.
+  // The absorbed float32 matrices of every (MLA) layer: W_kbᵀ and W_vb of every head.
   persistentBytes(cfg) {
     const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla!;
-    return cfg.numLayers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+    let layers = 0;
+    for (let l = 0; l < cfg.numLayers; l++) if (!isKdaLayer(cfg, l)) layers++;
+    return layers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
   },
   createAttention: (ops, arena, cfg, maxBatch, maxCtx) =>
     new MlaAttention(ops, arena, cfg, maxBatch, maxCtx),

@@ -10,6 +10,7 @@
  *
  * @module
  */
+import type { TensorSpec } from "../../io/manifest.ts";
 import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import type { Ops } from "../ops.ts";
@@ -23,6 +24,13 @@ export interface MoeNaming {
   moe: string;
   /** Expert matrix names inside `experts.E.`. */
   expert: Record<"gate" | "up" | "down", string>;
+  /** The router's module name inside the MoE block (default `gate`). */
+  router?: string;
+  /**
+   * gpt-oss: all experts of a layer in fused MXFP4 tensors (engine/tensor_names.ts
+   * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
+   */
+  fused?: boolean;
 }
 
 /** One supported Hugging Face model_type. */
@@ -53,12 +61,22 @@ export interface Family {
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
   /**
+   * The shape of each attention tensor `attentionTensors` names for layer `layer` ([rows, cols]
+   * as in PyTorch, [n] for a vector; a full spec where the shape is looser), derived from the
+   * config: engine/tensor_shapes.ts checks checkpoints (at pack) and manifests (at open) against
+   * it. Anything but a 2-D shape is stored as an f32 vector.
+   */
+  attentionShape(cfg: ModelConfig, t: LayerTensor, layer: number): number[] | TensorSpec;
+  /**
    * Checks the family's own parts of a stored config (its sections such as `mla`, and that the
    * sections of other families are absent). `where` names the manifest field.
    */
   validateConfig(config: Json, where: string): void;
-  /** Bytes of layer `layer`'s KV cache or recurrent state for `ctx` positions (for the planner). */
-  stateBytes(cfg: ModelConfig, layer: number, ctx: number): number;
+  /**
+   * Bytes of layer `layer`'s KV cache or recurrent state for `ctx` positions and prefill chunks
+   * of up to `maxBatch` tokens (for the planner).
+   */
+  stateBytes(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number;
   /** Floats of attention scratch for a batch of `maxBatch` tokens (for the planner). */
   scratchFloats(cfg: ModelConfig, maxBatch: number): number;
   /** Bytes the attention allocates once per model besides state and scratch (for the planner). */

@@ -12,6 +12,12 @@ import type { ModelConfig, MoeConfig, RopeScaling } from "../../io/model_config.
 /** A parsed JSON object. */
 export type Json = Record<string, unknown>;
 
+/**
+ * Most layers a config may have: the normalisers build per-layer arrays from num_hidden_layers, so
+ * it is bounded before they do (a fuzzed 2^32 took a minute and then failed inside V8).
+ */
+export const MAX_LAYERS = 1 << 16;
+
 /** Typed access to one config object; every error names the source and the field. */
 export class Fields {
   /** `src` is the object, `where` names it in errors (file and path). */
@@ -29,13 +35,17 @@ export class Fields {
   }
 
   /** A required positive or non-negative integer. */
-  int(key: string, opts: { def?: number; min?: number } = {}): number {
+  int(key: string, opts: { def?: number; min?: number; max?: number } = {}): number {
     const v = this.src[key] ?? opts.def;
     if (v === undefined || v === null) {
       throw new Error(`${this.where}: required field ${key} is missing`);
     }
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < (opts.min ?? 0)) {
-      this.fail(key, `an integer >= ${opts.min ?? 0}`);
+    const min = opts.min ?? 0, max = opts.max ?? Number.MAX_SAFE_INTEGER;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+      this.fail(
+        key,
+        opts.max === undefined ? `an integer >= ${min}` : `an integer in ${min}..${max}`,
+      );
     }
     return v;
   }
@@ -136,7 +146,8 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         highFreqFactor: r.num("high_freq_factor"),
         originalMaxPositions: r.int("original_max_position_embeddings", { min: 1 }),
       };
-    case "yarn":
+    case "yarn": {
+      const truncate = r.has("truncate") ? { truncate: r.bool("truncate", true) } : {};
       return {
         type: "yarn",
         factor: r.num("factor"),
@@ -148,7 +159,9 @@ function resolveRopeScaling(raw: unknown, f: Fields): RopeScaling {
         betaSlow: r.num("beta_slow", 1),
         mscale: r.num("mscale", 1),
         mscaleAllDim: r.num("mscale_all_dim", 0),
+        ...truncate,
       };
+    }
     default:
       throw new Error(
         `${f.where}: rope_scaling type ${type} is not supported (default, linear, llama3, yarn)`,
@@ -174,6 +187,50 @@ export function softmaxMoe(
     topkGroup: 1,
     selectionBias: false,
     sharedIntermediate: 0,
+  };
+}
+
+/**
+ * DeepSeek-style routing (DeepSeek-V3, Kimi-K2, GLM-4.5): sigmoid or softmax scores, optional
+ * group-limited selection, the noaux_tc selection bias, routed_scaling_factor and shared experts.
+ * `defaults` stands in for fields a model_type's config class defaults (GLM's).
+ */
+export function groupedMoe(
+  f: Fields,
+  numExperts: number,
+  scoring: string,
+  topkMethod: string,
+  defaults: { routedScaling?: number; groups?: number; sharedExperts?: number } = {},
+): MoeConfig {
+  const topK = f.int("num_experts_per_tok", { min: 1 });
+  checkTopK(f, numExperts, topK);
+  if (scoring !== "sigmoid" && scoring !== "softmax") {
+    throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
+  }
+  if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
+    throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
+  }
+  const grouped = topkMethod !== "greedy";
+  const nGroup = grouped ? f.int("n_group", { min: 1, def: defaults.groups }) : 1;
+  const topkGroup = grouped ? f.int("topk_group", { min: 1, def: defaults.groups }) : 1;
+  if (numExperts % nGroup || topkGroup > nGroup) {
+    throw new Error(
+      `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
+        `topk_group ${topkGroup}`,
+    );
+  }
+  const inter = f.int("moe_intermediate_size", { min: 1 });
+  return {
+    numExperts,
+    topK,
+    expertIntermediate: inter,
+    scoring,
+    normTopK: f.bool("norm_topk_prob", true),
+    routedScaling: f.num("routed_scaling_factor", defaults.routedScaling),
+    nGroup,
+    topkGroup,
+    selectionBias: topkMethod === "noaux_tc",
+    sharedIntermediate: inter * f.int("n_shared_experts", { def: defaults.sharedExperts }),
   };
 }
 

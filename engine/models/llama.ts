@@ -1,6 +1,9 @@
 /**
- * The llama family: grouped-query attention with RoPE and a float32 KV cache, for Llama, Mixtral
- * and Qwen3-MoE (optional q/k/v biases; Qwen3's per-head q/k RMSNorm runs before RoPE). This file
+ * The llama family: grouped-query attention with RoPE and a float32 KV cache, for Llama, Mixtral,
+ * Qwen3-MoE (optional q/k/v biases; Qwen3's per-head q/k RMSNorm runs before RoPE) and GLM-4.5
+ * (q/k/v biases, optional q/k norm, RoPE on the leading part of each head). Its attention class
+ * also serves the gpt_oss family (engine/models/gpt_oss.ts: o bias, sinks, sliding-window layers
+ * whose cache is a ring holding only what the window needs). This file
  * holds everything about the family: how each model_type's config.json normalises, the attention
  * tensors and their Hugging Face names, the planner's sizes, the stored-config check, the engine's
  * attention, and the pointer to its float64 reference (engine/reference/gqa.ts).
@@ -12,17 +15,40 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { gqaReference } from "../reference/gqa.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
+import type { CacheRegion } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { Family, MoeNaming } from "./family.ts";
 import {
   checkTopK,
   type FamilyDefaults,
   type Fields,
+  groupedMoe,
+  MAX_LAYERS,
   type Normaliser,
   requireSilu,
   ropeSource,
   softmaxMoe,
 } from "./hf_config.ts";
+
+/**
+ * Positions the KV cache of `layer` holds: a sliding-window layer needs its window W plus the
+ * other tokens of a prefill chunk (all of a chunk's keys are written before any of its queries
+ * run), so min(ctx, W + maxBatch − 1); every other layer ctx.
+ */
+export function kvSlots(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number {
+  const w = cfg.attention?.windows[layer] ?? 0;
+  return w > 0 ? Math.min(ctx, w + maxBatch - 1) : ctx;
+}
+
+/** Bytes of layer `layer`'s keys and values ({@link kvSlots} positions of each). */
+export function gqaStateBytes(
+  cfg: ModelConfig,
+  layer: number,
+  ctx: number,
+  maxBatch: number,
+): number {
+  return kvSlots(cfg, layer, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4;
+}
 
 /** Attention of every layer of one model, with its KV cache and scratch. */
 export class GqaAttention {
@@ -38,6 +64,7 @@ export class GqaAttention {
   #scores: number;
   #scoreTokens: number;
   #maxCtx: number;
+  #slots: number[] = [];
   #shape: AttentionShape;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
@@ -48,9 +75,11 @@ export class GqaAttention {
     const kvDim = cfg.numKvHeads * hd;
     for (let l = 0; l < cfg.numLayers; l++) {
       // One region per layer, sized by the function the planner sums: keys, then values.
-      const kv = arena.alloc(`kv cache L${l}`, LLAMA.stateBytes(cfg, l, maxCtx));
+      const slots = kvSlots(cfg, l, maxCtx, maxBatch);
+      this.#slots.push(slots);
+      const kv = arena.alloc(`kv cache L${l}`, gqaStateBytes(cfg, l, maxCtx, maxBatch));
       this.#k.push(kv);
-      this.#v.push(kv + maxCtx * kvDim * 4);
+      this.#v.push(kv + slots * kvDim * 4);
     }
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
     this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);
@@ -68,6 +97,12 @@ export class GqaAttention {
       vStride: kvDim,
       scale: cfg.attnScale,
     };
+  }
+
+  /** The K and V caches of every layer. */
+  cacheRegions(): CacheRegion[] {
+    const rowBytes = this.#cfg.numKvHeads * this.#cfg.headDim * 4;
+    return this.#k.flatMap((k, l) => [{ offset: k, rowBytes }, { offset: this.#v[l], rowBytes }]);
   }
 
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
@@ -104,15 +139,22 @@ export class GqaAttention {
       );
     }
     const interleaved = cfg.rope.layout === "interleaved";
+    const window = cfg.attention?.windows[layer] ?? 0;
+    const slots = this.#slots[layer];
     const lengths: number[] = [];
+    const first: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
+      const p = pos + b;
+      const [cos, sin] = ropeAt(this.#rope, p);
       ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, cfg.rope.dim, cos, sin, interleaved);
       ops.rope(this.#kNew + b * kvDim * 4, cfg.numKvHeads, hd, cfg.rope.dim, cos, sin, interleaved);
-      lengths.push(pos + b + 1);
+      // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
+      const start = window > 0 ? Math.max(0, p - window + 1) : 0;
+      lengths.push(p - start + 1);
+      first.push(start % slots);
+      ops.copy(this.#k[layer] + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
+      ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
     }
-    ops.copy(this.#k[layer] + pos * kvDim * 4, this.#kNew, nb * kvDim);
-    ops.copy(this.#v[layer] + pos * kvDim * 4, this.#vNew, nb * kvDim);
     ops.attention({
       shape: this.#shape,
       q: this.#q,
@@ -125,13 +167,25 @@ export class GqaAttention {
       scoresPerToken: cfg.numHeads * this.#maxCtx,
       scoreTokens: this.#scoreTokens,
       lengths,
+      ring: { slots, first },
+      sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
     });
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
+    if (cfg.attention?.outputBias) {
+      for (let b = 0; b < nb; b++) {
+        ops.add(out + b * cfg.hiddenSize * 4, lw.get("bo").ptr, cfg.hiddenSize);
+      }
+    }
   }
 }
 
 /** Fields shared by all Llama-style (GQA) families. */
-function gqaBase(f: Fields, modelType: string, d: FamilyDefaults, opts: { qkNorm: boolean }) {
+export function gqaBase(
+  f: Fields,
+  modelType: string,
+  d: FamilyDefaults,
+  opts: { qkNorm: boolean },
+) {
   requireSilu(f);
   const hidden = f.int("hidden_size", { min: 1 });
   const numHeads = f.int("num_attention_heads", { min: 1 });
@@ -151,7 +205,7 @@ function gqaBase(f: Fields, modelType: string, d: FamilyDefaults, opts: { qkNorm
     modelType,
     vocabSize: f.int("vocab_size", { min: 1 }),
     hiddenSize: hidden,
-    numLayers: f.int("num_hidden_layers", { min: 1 }),
+    numLayers: f.int("num_hidden_layers", { min: 1, max: MAX_LAYERS }),
     numHeads,
     numKvHeads,
     headDim,
@@ -230,6 +284,46 @@ export const normaliseQwen3Moe: Normaliser = (f, mt) => {
   };
 };
 
+/**
+ * GLM-4.5/4.6/4.7 and -Air (`Glm4MoeForCausalLM`): GQA with q/k/v biases, optional per-head q/k
+ * norm and rotate_half RoPE on the leading partial_rotary_factor of each head (its inverse
+ * frequencies normalised by the rotary dim); dense layers below first_k_dense_replace, then
+ * noaux_tc sigmoid routing with shared experts. The multi-token-prediction layers stored at
+ * index ≥ num_hidden_layers are not part of this model (the packer skips them).
+ */
+export const normaliseGlm4Moe: Normaliser = (f, mt) => {
+  const base = gqaBase(f, mt, { ropeTheta: 10000, rmsNormEps: 1e-5, maxPositions: 131072 }, {
+    qkNorm: f.bool("use_qk_norm", false),
+  });
+  const partial = f.num("partial_rotary_factor", 0.5);
+  const rotDim = Math.floor(base.headDim * partial);
+  if (!(partial > 0 && partial <= 1) || rotDim < 2 || rotDim % 2) {
+    throw new Error(
+      `${f.where}: partial_rotary_factor ${partial} of head_dim ${base.headDim} must give an ` +
+        `even rotary dim >= 2, got ${rotDim}`,
+    );
+  }
+  const numExperts = f.int("n_routed_experts", { def: 128, min: 1 });
+  const firstDense = f.int("first_k_dense_replace", { def: 1 });
+  const layerKinds = Array.from(
+    { length: base.numLayers },
+    (_, l) => l >= firstDense ? "moe" : "dense",
+  ) as ("dense" | "moe")[];
+  return {
+    ...base,
+    rope: { ...base.rope, dim: rotDim },
+    intermediateSize: firstDense > 0 ? f.int("intermediate_size", { min: 1 }) : 0,
+    layerKinds,
+    moe: layerKinds.includes("moe")
+      ? groupedMoe(f, numExperts, "sigmoid", "noaux_tc", {
+        routedScaling: 1,
+        groups: 1,
+        sharedExperts: 1,
+      })
+      : null,
+  };
+};
+
 /** The llama family. */
 export const LLAMA: Family = {
   name: "llama",
@@ -249,10 +343,35 @@ export const LLAMA: Family = {
     }
     return names;
   },
+  attentionShape(cfg, t) {
+    const H = cfg.hiddenSize, q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
+    switch (t) {
+      case "wq":
+        return [q, H];
+      case "wk":
+      case "wv":
+        return [kv, H];
+      case "wo":
+        return [H, q];
+      case "bq":
+        return [q];
+      case "bk":
+      case "bv":
+        return [kv];
+      case "q_norm":
+      case "k_norm":
+        return [cfg.headDim];
+      default:
+        throw new Error(`the llama family has no attention tensor ${t}`);
+    }
+  },
   validateConfig(c, where) {
     if (c.mla !== null) throw new Error(`${where}.mla: the llama family has no MLA section`);
+    if (c.attention !== undefined) {
+      throw new Error(`${where}.attention: sinks and windows belong to the gpt_oss family`);
+    }
   },
-  stateBytes: (cfg, _layer, ctx) => ctx * 2 * cfg.numKvHeads * cfg.headDim * 4,
+  stateBytes: (cfg, layer, ctx, maxBatch) => gqaStateBytes(cfg, layer, ctx, maxBatch),
   scratchFloats: (cfg, maxBatch) =>
     maxBatch * (3 * cfg.numHeads * cfg.headDim + 2 * cfg.numKvHeads * cfg.headDim),
   persistentBytes: () => 0,

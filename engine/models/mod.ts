@@ -13,10 +13,13 @@ import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
 import type { Family, ModelType } from "./family.ts";
+import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
+import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
 import {
   LLAMA,
   MIXTRAL_NAMING,
   MLP_NAMING,
+  normaliseGlm4Moe,
   normaliseLlama,
   normaliseMixtral,
   normaliseQwen3Moe,
@@ -26,6 +29,8 @@ import {
 export const FAMILIES: Readonly<Record<string, Family>> = {
   llama: LLAMA,
   deepseek_v3: DEEPSEEK_V3,
+  gpt_oss: GPT_OSS,
+  kimi_linear: KIMI_LINEAR,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -58,12 +63,33 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: MLP_NAMING,
     architectures: ["DeepseekV3ForCausalLM"],
   },
+  glm4_moe: {
+    family: LLAMA,
+    normalise: normaliseGlm4Moe,
+    naming: MLP_NAMING,
+    architectures: ["Glm4MoeForCausalLM"],
+    llamaCppArch: "glm4moe",
+  },
+  gpt_oss: {
+    family: GPT_OSS,
+    normalise: normaliseGptOss,
+    naming: GPT_OSS_NAMING,
+    architectures: ["GptOssForCausalLM"],
+    llamaCppArch: "gpt-oss",
+  },
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: {
     family: DEEPSEEK_V3,
     normalise: normaliseDeepseekV3,
     naming: MLP_NAMING,
     architectures: [],
+  },
+  kimi_linear: {
+    family: KIMI_LINEAR,
+    normalise: normaliseKimiLinear,
+    // block_sparse_moe with w1/w3/w2 experts, as Mixtral names them.
+    naming: MIXTRAL_NAMING,
+    architectures: ["KimiLinearForCausalLM"],
   },
 };
 

@@ -12,7 +12,7 @@ import { type ExpertFormat, Q4_BLOCK } from "../../io/format.ts";
 
 /**
  * What form a format's kernel reads its input vector in: f32 as is, the Q8 copy of
- * quantize_act_q8 (mxfp4, int4g32), or the lookup table of vq3r_lut (vq3r).
+ * quantize_act_q8 (mxfp4, int4g32), or the lookup table of vq3r_lut / vq4p_lut (vq3r, vq4p).
  */
 export type InputForm = "f32" | "q8" | "lut";
 
@@ -50,6 +50,16 @@ export interface WeightFormat {
   readonly gemv: { kernel: string; scaled: boolean };
   /** The batched kernel that reads each weight once for a whole batch, when there is one. */
   readonly gemm?: string;
+  /**
+   * "lut" formats: the kernel that builds the table from the codebooks and an input vector
+   * (codebooks, x, table, cols), and the table's bytes for `cols` (padded) columns.
+   */
+  readonly table?: { readonly kernel: string; bytes(cols: number): number };
+  /**
+   * A single-vector kernel that multiplies f32 activations exactly, for weights that are the model
+   * as shipped (a TensorRef with `exact`: gpt-oss's MXFP4), when the format has one.
+   */
+  readonly exactGemv?: { kernel: string; scaled: boolean };
   /**
    * Encodes float32 `w` [rows, cols] (pack). vq3r needs the trained `codebooks` ([3][256][8],
    * engine/quant/vq3r.ts). Throws naming `what` for a matrix the format cannot hold.

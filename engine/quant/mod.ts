@@ -15,6 +15,7 @@ import { INT8ROW } from "./int8.ts";
 import { MXFP4 } from "./mxfp4.ts";
 import { BF16, F16, F32 } from "./plain.ts";
 import { VQ3R } from "./vq3r.ts";
+import { VQ4P } from "./vq4p.ts";
 
 /** Every weight format, lossy ones first (the order quant-report reports them in). */
 export const WEIGHT_FORMATS: readonly WeightFormat[] = [
@@ -23,6 +24,7 @@ export const WEIGHT_FORMATS: readonly WeightFormat[] = [
   INT8ROW,
   F8_E4M3,
   VQ3R,
+  VQ4P,
   BF16,
   F32,
   F16,

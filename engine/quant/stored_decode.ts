@@ -10,8 +10,8 @@ import { findFormat } from "./mod.ts";
 
 /**
  * The float32 values [rows × cols] of a stored tensor from its bytes `data`, its scale bytes and,
- * for vq3r, its codebooks (f32 [3][8][256], the codebooks.bin layout). Throws naming `what` when
- * a needed part is missing.
+ * for vq3r and vq4p, its codebooks (f32 [3][8][256] or [4][8][64], the codebooks.bin layout).
+ * Throws naming `what` when a needed part is missing.
  */
 export function decodeStored(
   entry: TensorEntry,

@@ -19,6 +19,7 @@ import { VQ3R_DIM, VQ3R_STAGES } from "../../io/format.ts";
 import type { Decode, WeightFormat } from "./format.ts";
 import { compactFormat, f32View, needScale, stored } from "./format.ts";
 import { checkMatrixShape } from "./int8.ts";
+import { vq3rLutFloats } from "../../wasm/quant_kernels.ts";
 
 /** Stages, entries per codebook, and dimensions per vector. */
 export const VQ_STAGES = 3;
@@ -75,12 +76,20 @@ export function vq3rChunks(cols: number): number {
   return Math.ceil(cols / VQ_DIM);
 }
 
-/** Index of the entry of `book` (256 × 8, at stage offset `off`) nearest to v[vo..vo+8). */
-function nearest(book: Float32Array, off: number, v: Float32Array, vo: number): number {
+/**
+ * Index of the entry of `book` (`entries` × 8, at stage offset `off`) nearest to v[vo..vo+8).
+ */
+function nearest(
+  book: Float32Array,
+  off: number,
+  entries: number,
+  v: Float32Array,
+  vo: number,
+): number {
   let best = 0, bestD = Infinity;
   const v0 = v[vo], v1 = v[vo + 1], v2 = v[vo + 2], v3 = v[vo + 3];
   const v4 = v[vo + 4], v5 = v[vo + 5], v6 = v[vo + 6], v7 = v[vo + 7];
-  for (let k = 0, p = off; k < VQ_ENTRIES; k++, p += VQ_DIM) {
+  for (let k = 0, p = off; k < entries; k++, p += VQ_DIM) {
     const d = (book[p] - v0) ** 2 + (book[p + 1] - v1) ** 2 + (book[p + 2] - v2) ** 2 +
       (book[p + 3] - v3) ** 2 + (book[p + 4] - v4) ** 2 + (book[p + 5] - v5) ** 2 +
       (book[p + 6] - v6) ** 2 + (book[p + 7] - v7) ** 2;
@@ -92,31 +101,35 @@ function nearest(book: Float32Array, off: number, v: Float32Array, vo: number): 
   return best;
 }
 
-/** Lloyd's k-means of n vectors into book[off .. off + 256·8); samples are updated to residuals. */
+/**
+ * Lloyd's k-means of n vectors into book[off .. off + entries·8); samples are updated to
+ * residuals.
+ */
 function kmeansStage(
   samples: Float32Array,
   n: number,
   book: Float32Array,
   off: number,
+  entries: number,
   iterations: number,
   rand: () => number,
 ): void {
   // Initial centres: distinct samples drawn by a partial Fisher-Yates shuffle.
   const order = Int32Array.from({ length: n }, (_, i) => i);
-  for (let k = 0; k < VQ_ENTRIES; k++) {
+  for (let k = 0; k < entries; k++) {
     const j = k + Math.floor(rand() * (n - k));
     [order[k], order[j]] = [order[j], order[k]];
     book.set(samples.subarray(order[k] * VQ_DIM, order[k] * VQ_DIM + VQ_DIM), off + k * VQ_DIM);
   }
   const assign = new Int32Array(n);
-  const sums = new Float64Array(VQ_ENTRIES * VQ_DIM);
-  const counts = new Int32Array(VQ_ENTRIES);
+  const sums = new Float64Array(entries * VQ_DIM);
+  const counts = new Int32Array(entries);
   for (let it = 0; it < iterations; it++) {
     sums.fill(0);
     counts.fill(0);
     let far = 0, farD = -1;
     for (let i = 0; i < n; i++) {
-      const k = nearest(book, off, samples, i * VQ_DIM);
+      const k = nearest(book, off, entries, samples, i * VQ_DIM);
       assign[i] = k;
       counts[k]++;
       let d = 0;
@@ -130,7 +143,7 @@ function kmeansStage(
         far = i;
       }
     }
-    for (let k = 0; k < VQ_ENTRIES; k++) {
+    for (let k = 0; k < entries; k++) {
       for (let j = 0; j < VQ_DIM; j++) {
         // An empty cluster restarts at the worst-served sample, so no entry is wasted.
         book[off + k * VQ_DIM + j] = counts[k] > 0
@@ -140,7 +153,7 @@ function kmeansStage(
     }
   }
   for (let i = 0; i < n; i++) {
-    const k = nearest(book, off, samples, i * VQ_DIM);
+    const k = nearest(book, off, entries, samples, i * VQ_DIM);
     for (let j = 0; j < VQ_DIM; j++) samples[i * VQ_DIM + j] -= book[off + k * VQ_DIM + j];
   }
 }
@@ -150,6 +163,19 @@ function kmeansStage(
  * `matrices` (typically all experts' matrices of one kind in one layer).
  */
 export function trainVq3r(matrices: MatrixF32[], options: Vq3rTrainOptions = {}): Float32Array {
+  return trainResidualVq(matrices, VQ_STAGES, VQ_ENTRIES, options);
+}
+
+/**
+ * Trains residual codebooks ([stages][entries][8] f32, stage-major) the way
+ * {@link trainVq3r} does, for any stage and entry count (VQ4P: 4 × 64).
+ */
+export function trainResidualVq(
+  matrices: MatrixF32[],
+  stages: number,
+  entries: number,
+  options: Vq3rTrainOptions = {},
+): Float32Array {
   const seed = options.seed ?? 1, iterations = options.iterations ?? 12;
   const sampleSize = options.sampleSize ?? 32768;
   if (matrices.length === 0) throw new Error("trainVq3r: no matrices to train on");
@@ -176,25 +202,42 @@ export function trainVq3r(matrices: MatrixF32[], options: Vq3rTrainOptions = {})
       samples[i * VQ_DIM + j] = m.data[r * m.cols + c0 + j] / rms;
     }
   }
-  if (n < VQ_ENTRIES) {
-    throw new Error(`trainVq3r: ${n} chunks of 8 weights are too few for ${VQ_ENTRIES} entries`);
+  if (n < entries) {
+    throw new Error(`trainVq3r: ${n} chunks of 8 weights are too few for ${entries} entries`);
   }
-  const book = new Float32Array(VQ_STAGES * VQ_ENTRIES * VQ_DIM);
-  for (let s = 0; s < VQ_STAGES; s++) {
-    kmeansStage(samples, n, book, s * VQ_ENTRIES * VQ_DIM, iterations, rand);
+  const book = new Float32Array(stages * entries * VQ_DIM);
+  for (let s = 0; s < stages; s++) {
+    kmeansStage(samples, n, book, s * entries * VQ_DIM, entries, iterations, rand);
   }
   return book;
 }
 
 /** Encodes `m` with trained codebooks (greedy per stage, least-squares row scale). */
 export function encodeVq3r(m: MatrixF32, codebooks: Float32Array): Vq3rMatrix {
+  return encodeResidualVq(m, codebooks, VQ_STAGES, VQ_ENTRIES);
+}
+
+/**
+ * Encodes `m` with residual codebooks of `stages` × `entries` as {@link encodeVq3r} does;
+ * indices are [rows][stages][ceil(cols/8)].
+ */
+export function encodeResidualVq(
+  m: MatrixF32,
+  codebooks: Float32Array,
+  stages: number,
+  entries: number,
+): Vq3rMatrix {
   checkMatrixShape("encodeVq3r", m.data, m.rows, m.cols);
-  if (codebooks.length !== VQ_STAGES * VQ_ENTRIES * VQ_DIM) {
-    throw new Error(`encodeVq3r: codebooks hold ${codebooks.length} floats, expected 6144`);
+  if (codebooks.length !== stages * entries * VQ_DIM) {
+    throw new Error(
+      `encodeVq3r: codebooks hold ${codebooks.length} floats, expected ${
+        stages * entries * VQ_DIM
+      }`,
+    );
   }
   const { rows, cols, data } = m;
   const nch = vq3rChunks(cols);
-  const indices = new Uint8Array(rows * VQ_STAGES * nch);
+  const indices = new Uint8Array(rows * stages * nch);
   const scales = new Float32Array(rows);
   const res = new Float32Array(nch * VQ_DIM), dec = new Float32Array(nch * VQ_DIM);
   for (let r = 0; r < rows; r++) {
@@ -203,11 +246,11 @@ export function encodeVq3r(m: MatrixF32, codebooks: Float32Array): Vq3rMatrix {
     res.fill(0);
     for (let c = 0; c < cols; c++) res[c] = data[r * cols + c] / rms;
     dec.fill(0);
-    for (let s = 0; s < VQ_STAGES; s++) {
-      const off = s * VQ_ENTRIES * VQ_DIM;
+    for (let s = 0; s < stages; s++) {
+      const off = s * entries * VQ_DIM;
       for (let k = 0; k < nch; k++) {
-        const e = nearest(codebooks, off, res, k * VQ_DIM);
-        indices[(r * VQ_STAGES + s) * nch + k] = e;
+        const e = nearest(codebooks, off, entries, res, k * VQ_DIM);
+        indices[(r * stages + s) * nch + k] = e;
         for (let j = 0; j < VQ_DIM; j++) {
           res[k * VQ_DIM + j] -= codebooks[off + e * VQ_DIM + j];
           dec[k * VQ_DIM + j] += codebooks[off + e * VQ_DIM + j];
@@ -228,25 +271,38 @@ export function encodeVq3r(m: MatrixF32, codebooks: Float32Array): Vq3rMatrix {
 function chunkValue(
   m: Vq3rMatrix,
   codebooks: Float32Array,
+  stages: number,
+  entries: number,
   r: number,
   k: number,
   j: number,
 ): number {
   const nch = vq3rChunks(m.cols);
   let v = 0;
-  for (let s = 0; s < VQ_STAGES; s++) {
-    const e = m.indices[(r * VQ_STAGES + s) * nch + k];
-    v += codebooks[(s * VQ_ENTRIES + e) * VQ_DIM + j];
+  for (let s = 0; s < stages; s++) {
+    const e = m.indices[(r * stages + s) * nch + k];
+    v += codebooks[(s * entries + e) * VQ_DIM + j];
   }
   return v;
 }
 
 /** The f32 weights a VQ3R matrix stands for. */
 export function dequantizeVq3r(m: Vq3rMatrix, codebooks: Float32Array): Float32Array {
+  return dequantizeResidualVq(m, codebooks, VQ_STAGES, VQ_ENTRIES);
+}
+
+/** The f32 weights of a matrix coded by {@link encodeResidualVq}. */
+export function dequantizeResidualVq(
+  m: Vq3rMatrix,
+  codebooks: Float32Array,
+  stages: number,
+  entries: number,
+): Float32Array {
   const out = new Float32Array(m.rows * m.cols);
   for (let r = 0; r < m.rows; r++) {
     for (let c = 0; c < m.cols; c++) {
-      out[r * m.cols + c] = m.scales[r] * chunkValue(m, codebooks, r, c >> 3, c & 7);
+      out[r * m.cols + c] = m.scales[r] *
+        chunkValue(m, codebooks, stages, entries, r, c >> 3, c & 7);
     }
   }
   return out;
@@ -254,11 +310,20 @@ export function dequantizeVq3r(m: Vq3rMatrix, codebooks: Float32Array): Float32A
 
 /** Codebooks [3][256][8] → the kernel's dimension-major [3][8][256]. */
 export function vq3rKernelCodebooks(codebooks: Float32Array): Float32Array {
+  return dimensionMajor(codebooks, VQ_STAGES, VQ_ENTRIES);
+}
+
+/** Codebooks [stages][entries][8] → dimension-major [stages][8][entries] (the LUT kernels'). */
+export function dimensionMajor(
+  codebooks: Float32Array,
+  stages: number,
+  entries: number,
+): Float32Array {
   const out = new Float32Array(codebooks.length);
-  for (let s = 0; s < VQ_STAGES; s++) {
-    for (let e = 0; e < VQ_ENTRIES; e++) {
+  for (let s = 0; s < stages; s++) {
+    for (let e = 0; e < entries; e++) {
       for (let d = 0; d < VQ_DIM; d++) {
-        out[(s * VQ_DIM + d) * VQ_ENTRIES + e] = codebooks[(s * VQ_ENTRIES + e) * VQ_DIM + d];
+        out[(s * VQ_DIM + d) * entries + e] = codebooks[(s * entries + e) * VQ_DIM + d];
       }
     }
   }
@@ -292,6 +357,7 @@ const decodeVq3rBytes: Decode = (data, scale, rows, cols, what, codebooks) => {
  */
 export const VQ3R: WeightFormat = {
   ...compactFormat("vq3r", "vq3r", "lut", "matvec_vq3r"),
+  table: { kernel: "vq3r_lut", bytes: (cols) => vq3rLutFloats(cols) * 4 },
   encode(w, rows, cols, what, codebooks) {
     if (!codebooks) throw new Error(`${what}: vq3r needs trained codebooks`);
     return stored(encodeVq3r({ data: w, rows, cols }, codebooks), "indices");

@@ -8,7 +8,7 @@
  * place to start reading how a model computes.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
- * `experts.N.E.gate|up|down`.
+ * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
  *
  * @module
  */
@@ -29,8 +29,10 @@ export interface LayerCache {
 }
 
 /**
- * Causal softmax attention of one head (query `q` from `qOff`) over every position of `cache`
- * (keys from `kOff`, `kDim` long; values from `vOff`, `vDim` long), added into `out` from `outOff`.
+ * Causal softmax attention of one head (query `q` from `qOff`) over the positions of `cache` from
+ * `opts.from` on (all by default; keys from `kOff`, `kDim` long; values from `vOff`, `vDim`
+ * long), added into `out` from `outOff`. `opts.sink` is a logit that joins the softmax
+ * denominator only (gpt-oss).
  */
 export type Attend = (
   q: Float64Array,
@@ -42,6 +44,7 @@ export type Attend = (
   vDim: number,
   out: Float64Array,
   outOff: number,
+  opts?: { from?: number; sink?: number },
 ) => void;
 
 /**
@@ -61,6 +64,11 @@ export interface ReferenceContext {
   attend: Attend;
   /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
   normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void;
+  /**
+   * Layer `layer`'s recurrent state (KDA), made by `make` at position 0. A model with one can
+   * restart at position 0 but not rewind to another earlier position.
+   */
+  stateOf<T>(layer: number, make: () => T): T;
 }
 
 /** A family's float64 attention of layer `l` for the normalised input `h` at position `pos`. */
@@ -83,6 +91,8 @@ export class ReferenceModel implements ReferenceContext {
   private readonly ropeMagnitude: number;
   private readonly attention: ReferenceAttention;
   private cache: LayerCache[] = [];
+  private states: unknown[] = [];
+  private positions = 0;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
   constructor(cfg: ModelConfig, weight: WeightGetter) {
@@ -102,12 +112,14 @@ export class ReferenceModel implements ReferenceContext {
   /** Forgets every cached position. */
   reset(): void {
     this.cache = Array.from({ length: this.cfg.numLayers }, () => ({ keys: [], values: [] }));
+    this.states = [];
+    this.positions = 0;
     this.lastRouting = [];
   }
 
-  /** Number of positions in the KV cache. */
+  /** Number of positions seen (the KV cache length). */
   get length(): number {
-    return this.cache[0]?.keys.length ?? 0;
+    return this.positions;
   }
 
   /** Logits (float32) for `token` at position `pos`; see {@link forward64}. */
@@ -132,10 +144,17 @@ export class ReferenceModel implements ReferenceContext {
     if (pos >= cfg.maxPositions) {
       throw new Error(`position ${pos} is beyond the model's ${cfg.maxPositions} positions`);
     }
+    if (pos < this.length && this.states.length > 0) {
+      if (pos !== 0) {
+        throw new Error(`position ${pos}: a recurrent state is at ${this.length}; restart at 0`);
+      }
+      this.reset();
+    }
     for (const c of this.cache) {
       c.keys.length = pos;
       c.values.length = pos;
     }
+    this.positions = pos + 1;
     const d = cfg.hiddenSize;
     const x = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
     const routing: number[][] = [];
@@ -188,19 +207,27 @@ export class ReferenceModel implements ReferenceContext {
     return this.cache[layer];
   }
 
+  /** Layer `layer`'s recurrent state, made on first use after a reset. */
+  stateOf<T>(layer: number, make: () => T): T {
+    this.states[layer] ??= make();
+    return this.states[layer] as T;
+  }
+
   /** Causal softmax attention of one head over every cached position, added into `out`. */
-  readonly attend: Attend = (q, qOff, cache, kOff, vOff, kDim, vDim, out, outOff) => {
-    const n = cache.keys.length;
-    const scores = new Float64Array(n);
+  readonly attend: Attend = (q, qOff, cache, kOff, vOff, kDim, vDim, out, outOff, opts = {}) => {
+    const from = opts.from ?? 0;
+    const n = cache.keys.length - from;
+    const logits = new Float64Array(n + (opts.sink === undefined ? 0 : 1));
     for (let t = 0; t < n; t++) {
-      const key = cache.keys[t];
+      const key = cache.keys[from + t];
       let s = 0;
       for (let i = 0; i < kDim; i++) s += q[qOff + i] * key[kOff + i];
-      scores[t] = s * this.cfg.attnScale;
+      logits[t] = s * this.cfg.attnScale;
     }
-    const p = softmax(scores);
+    if (opts.sink !== undefined) logits[n] = opts.sink;
+    const p = softmax(logits);
     for (let t = 0; t < n; t++) {
-      const val = cache.values[t];
+      const val = cache.values[from + t];
       for (let i = 0; i < vDim; i++) out[outOff + i] += p[t] * val[vOff + i];
     }
   };
@@ -224,6 +251,7 @@ export class ReferenceModel implements ReferenceContext {
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
     const logits = matvec(this.lw(l, "router"), h, moe.numExperts, d, `layer ${l} router`);
+    if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
     const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
     const route = routeReference(moe, logits, bias);
     const out = new Float64Array(d);
@@ -235,6 +263,16 @@ export class ReferenceModel implements ReferenceContext {
         h,
         moe.expertIntermediate,
         `layer ${l} expert ${e}`,
+        {
+          biases: moe.expertBias
+            ? [
+              this.w(`experts.${l}.${e}.gate_bias`),
+              this.w(`experts.${l}.${e}.up_bias`),
+              this.w(`experts.${l}.${e}.down_bias`),
+            ]
+            : undefined,
+          clamp: moe.clampedSwiglu,
+        },
       );
       for (let i = 0; i < d; i++) out[i] += route.weights[k] * y[i];
     });

@@ -1,7 +1,9 @@
 /**
- * The float64 reference of grouped-query attention (the llama family: Llama, Mixtral, Qwen3):
- * optional q/k/v biases, Qwen3's per-head q/k RMSNorm, RoPE, and every query head attending to
- * its shared key/value head, as transformers' LlamaAttention computes it.
+ * The float64 reference of grouped-query attention (the llama family: Llama, Mixtral, Qwen3,
+ * GLM-4.5; and the gpt_oss family): optional q/k/v biases, Qwen3's per-head q/k RMSNorm, RoPE,
+ * and every query head attending to its shared key/value head, as transformers' LlamaAttention
+ * computes it; gpt-oss adds one sink logit per head, a sliding window on the layers that have
+ * one (the full cache is kept, the window is a mask) and an o_proj bias, as GptOssAttention does.
  *
  * @module
  */
@@ -34,9 +36,19 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
   }
   const group = numHeads / numKvHeads;
   const out = new Float64Array(numHeads * headDim);
+  const extras = cfg.attention;
+  // A sliding layer's query at position pos sees keys pos − W + 1 .. pos.
+  const window = extras?.windows[l] ?? 0;
+  const from = window > 0 ? Math.max(0, cache.keys.length - window) : 0;
+  const sinks = extras?.sinks ? m.lw(l, "sinks") : undefined;
   for (let hd = 0; hd < numHeads; hd++) {
     const kvOff = Math.floor(hd / group) * headDim;
-    m.attend(q, hd * headDim, cache, kvOff, kvOff, headDim, headDim, out, hd * headDim);
+    m.attend(q, hd * headDim, cache, kvOff, kvOff, headDim, headDim, out, hd * headDim, {
+      from,
+      sink: sinks?.[hd],
+    });
   }
-  return matvec(m.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
+  const y = matvec(m.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
+  if (extras?.outputBias) addInto(y, Float64Array.from(m.lw(l, "bo")));
+  return y;
 };

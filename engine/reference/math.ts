@@ -76,7 +76,16 @@ export function addInto(a: Float64Array, b: Float64Array): void {
   for (let i = 0; i < a.length; i++) a[i] += b[i];
 }
 
-/** SwiGLU MLP: down(silu(gate·x) ⊙ up·x). */
+/** gpt-oss's expert extras: bias vectors of gate, up and down, and the SwiGLU clamp. */
+export interface SwigluExtras {
+  biases?: [Float32Array, Float32Array, Float32Array];
+  clamp?: { limit: number; alpha: number };
+}
+
+/**
+ * SwiGLU MLP: down(silu(gate·x) ⊙ up·x). gpt-oss: each projection adds its bias, and the
+ * activation is (clamp(up, ±limit) + 1) · g·σ(alpha·g) with g = min(gate, limit).
+ */
 export function swiglu(
   gate: Float32Array,
   up: Float32Array,
@@ -84,9 +93,25 @@ export function swiglu(
   x: Float64Array,
   inter: number,
   what: string,
+  extra: SwigluExtras = {},
 ): Float64Array {
   const g = matvec(gate, x, inter, x.length, `${what} gate`);
   const u = matvec(up, x, inter, x.length, `${what} up`);
-  for (let i = 0; i < inter; i++) g[i] = silu(g[i]) * u[i];
-  return matvec(down, g, x.length, inter, `${what} down`);
+  const b = extra.biases;
+  if (b) {
+    addInto(g, Float64Array.from(b[0]));
+    addInto(u, Float64Array.from(b[1]));
+  }
+  const c = extra.clamp;
+  for (let i = 0; i < inter; i++) {
+    if (c) {
+      const gc = Math.min(g[i], c.limit);
+      g[i] = (Math.min(Math.max(u[i], -c.limit), c.limit) + 1) * gc * sigmoid(c.alpha * gc);
+    } else {
+      g[i] = silu(g[i]) * u[i];
+    }
+  }
+  const y = matvec(down, g, x.length, inter, `${what} down`);
+  if (b) addInto(y, Float64Array.from(b[2]));
+  return y;
 }

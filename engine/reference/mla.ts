@@ -37,7 +37,7 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
     mla.kvLoraRank,
   );
   const kpe = kva.slice(mla.kvLoraRank);
-  m.rope(kpe, 0, pos);
+  if (!mla.nope) m.rope(kpe, 0, pos);
   const kv = matvec(
     m.lw(l, "wkv_b"),
     ckv,
@@ -48,7 +48,7 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
   const keys = new Float64Array(numHeads * qk);
   const values = new Float64Array(numHeads * vd);
   for (let hd = 0; hd < numHeads; hd++) {
-    m.rope(q, hd * qk + nope, pos);
+    if (!mla.nope) m.rope(q, hd * qk + nope, pos);
     keys.set(kv.subarray(hd * (nope + vd), hd * (nope + vd) + nope), hd * qk);
     keys.set(kpe, hd * qk + nope);
     values.set(kv.subarray(hd * (nope + vd) + nope, (hd + 1) * (nope + vd)), hd * vd);

@@ -1,7 +1,8 @@
 /**
  * Expert selection of the reference MoE layer, written from the published semantics:
- * Mixtral/Qwen3 (softmax → top-k → optional renormalisation) and DeepSeek-V3 `noaux_tc`
- * (sigmoid scores, a selection-only bias, group-limited top-k, unbiased weights).
+ * Mixtral/Qwen3 (softmax → top-k → optional renormalisation), DeepSeek-V3 `noaux_tc`
+ * (sigmoid scores, a selection-only bias, group-limited top-k, unbiased weights) and gpt-oss
+ * (top-k of the logits, softmax over the chosen).
  *
  * @module
  */
@@ -47,6 +48,11 @@ export function routeReference(
   if (logits.length !== n) throw new Error(`router: ${logits.length} logits for ${n} experts`);
   if (bias && bias.length !== n) {
     throw new Error(`router: bias has ${bias.length} values, not ${n}`);
+  }
+  if (moe.scoring === "topk_softmax") {
+    // gpt-oss: the top k raw logits, then a softmax over just those k.
+    const experts = topIndices(logits, moe.topK, () => true);
+    return { experts, weights: Array.from(softmax(experts.map((e) => logits[e]))) };
   }
   const scores = moe.scoring === "softmax"
     ? softmax(logits)

@@ -19,9 +19,9 @@ export function yarnGetMscale(factor: number, mscale = 1): number {
  * - linear: θ_i / factor;
  * - llama3: wavelengths longer than original/lowFreqFactor divided by factor, shorter than
  *   original/highFreqFactor kept, a linear blend in between;
- * - yarn: a ramp from the correction range [low, high] (floor/ceil of the dimension where the
- *   wavelength makes betaFast resp. betaSlow turns over the original context, clamped to
- *   [0, dim − 1]) mixes θ_i (ramp 0) and θ_i / factor (ramp 1).
+ * - yarn: a ramp from the correction range [low, high] (the dimension where the wavelength makes
+ *   betaFast resp. betaSlow turns over the original context, floored/ceiled unless truncate is
+ *   false, clamped to [0, dim − 1]) mixes θ_i (ramp 0) and θ_i / factor (ramp 1).
  */
 export function ropeInvFreq(rope: RopeConfig): Float64Array {
   const { dim, theta, scaling } = rope;
@@ -52,7 +52,14 @@ export function ropeInvFreq(rope: RopeConfig): Float64Array {
     }
     case "yarn": {
       const { factor, betaFast, betaSlow, originalMaxPositions } = scaling;
-      const [low, high] = yarnCorrectionRange(betaFast, betaSlow, dim, theta, originalMaxPositions);
+      const [low, high] = yarnCorrectionRange(
+        betaFast,
+        betaSlow,
+        dim,
+        theta,
+        originalMaxPositions,
+        scaling.truncate ?? true,
+      );
       const ramp = yarnRamp(low, high, half);
       return base.map((f, i) => f * (1 - ramp[i]) + (f / factor) * ramp[i]);
     }
@@ -64,16 +71,21 @@ function yarnCorrectionDim(rotations: number, dim: number, theta: number, maxPos
   return (dim * Math.log(maxPos / (rotations * 2 * Math.PI))) / (2 * Math.log(theta));
 }
 
-/** YaRN's [low, high] correction range, truncated to integers as transformers does by default. */
+/**
+ * YaRN's [low, high] correction range, floored/ceiled to integers as transformers does unless
+ * `truncate` is false (gpt-oss), then kept fractional.
+ */
 export function yarnCorrectionRange(
   betaFast: number,
   betaSlow: number,
   dim: number,
   theta: number,
   maxPos: number,
+  truncate = true,
 ): [number, number] {
-  const low = Math.floor(yarnCorrectionDim(betaFast, dim, theta, maxPos));
-  const high = Math.ceil(yarnCorrectionDim(betaSlow, dim, theta, maxPos));
+  let low = yarnCorrectionDim(betaFast, dim, theta, maxPos);
+  let high = yarnCorrectionDim(betaSlow, dim, theta, maxPos);
+  if (truncate) [low, high] = [Math.floor(low), Math.ceil(high)];
   return [Math.max(low, 0), Math.min(high, dim - 1)];
 }
 

@@ -4,6 +4,14 @@
  * a hit rate the simulator prints is the hit rate the engine gets for the same routing.
  *
  * Policies:
+ * - `decay` (the engine's default): frequency with exponential decay over the whole history. Each
+ *   demand use of a key adds 1 to its score, and every score halves each `halfLife` demand
+ *   accesses (default 8 × slots); scores of evicted keys are remembered, so a readmitted record
+ *   resumes from its decayed past. The victim is the unpinned resident with the lowest score,
+ *   ties to the least recently used. A newcomer with no history therefore goes first, which acts
+ *   as admission control: a one-off record costs one slot, not a useful one. On the FLAME (12, 24
+ *   slots per layer) and Mixtral (2, 3, 4, 6) traces, per layer and shared, it matched or beat
+ *   LFRU and plain LFU in all 12 cases and LRU in 10 (docs/LEARNED.md).
  * - `lfru` (DESIGN.md): a record is admitted with count 1, each demand hit adds 1, and the victim
  *   is the lowest count among a random sample of resident unpinned records, ties going to the
  *   least recently used.
@@ -24,7 +32,23 @@
  */
 
 /** Eviction policy of an {@link ExpertCache}. */
-export type CachePolicy = "lfru" | "lru";
+export type CachePolicy = "decay" | "lfru" | "lru";
+
+/** Every {@link CachePolicy}, the default first. */
+export const CACHE_POLICIES: readonly CachePolicy[] = ["decay", "lfru", "lru"];
+
+/**
+ * Decay half-life in multiples of the slot count when {@link CacheOptions.halfLife} is absent.
+ * Measured on both traces (tools/dev/sim.ts): 8 was within 0.02 of the best per-trace half-life in
+ * every case; 1 × slots lost up to 0.11 on FLAME, 32 × up to 0.03 on Mixtral.
+ */
+const HALF_LIFE_SLOTS = 8;
+
+/**
+ * Decay scores grow as 2^(accesses / halfLife) instead of shrinking (the same order, no per-key
+ * work); every score is rescaled when the exponent passes this.
+ */
+const RESCALE_EXPONENT = 512;
 
 /** Construction options of an {@link ExpertCache}. */
 export interface CacheOptions {
@@ -42,6 +66,8 @@ export interface CacheOptions {
    * per key ever seen), instead of restarting at 1. Remembered counts do not age.
    */
   keepCounts?: boolean;
+  /** Decay: demand accesses over which a score halves (default 8 × slots). */
+  halfLife?: number;
 }
 
 /** Result of a demand access. */
@@ -91,9 +117,12 @@ export class ExpertCache {
   readonly sample: number;
   readonly agingPeriod: number;
   readonly keepCounts: boolean;
+  /** Decay half-life in demand accesses (0 for the other policies). */
+  readonly halfLife: number;
 
   readonly #slotOfKey = new Map<number, number>();
   readonly #keyOfSlot: Int32Array;
+  /** LFRU: the count; decay: the score, scaled by 2^(#scaleBase / halfLife). */
   readonly #count: Float64Array;
   /** Aging epoch at which `#count` was last brought up to date. */
   readonly #epoch: Float64Array;
@@ -108,8 +137,10 @@ export class ExpertCache {
   #tail = NONE;
   /** Stack of never-used or dropped slots. */
   readonly #free: number[] = [];
-  /** Counts of evicted records (keepCounts only). */
+  /** Counts of evicted records (keepCounts), or scores of evicted keys (decay). */
   readonly #history = new Map<number, number>();
+  /** Decay: demand access count at which a use is worth exactly 1 in stored scores. */
+  #scaleBase = 0;
   /** A permutation of the slots; its prefix is reshuffled to draw samples without repeats. */
   readonly #order: Int32Array;
   #clock = 0;
@@ -124,8 +155,10 @@ export class ExpertCache {
     if (!Number.isInteger(slots) || slots < 1) {
       throw new Error(`ExpertCache: slots must be a positive integer, got ${slots}`);
     }
-    if (policy !== "lfru" && policy !== "lru") {
-      throw new Error(`ExpertCache: policy must be "lfru" or "lru", got ${policy}`);
+    if (!CACHE_POLICIES.includes(policy)) {
+      throw new Error(
+        `ExpertCache: policy must be one of ${CACHE_POLICIES.join(", ")}, got ${policy}`,
+      );
     }
     const sample = opts.sample ?? 8;
     if (!Number.isInteger(sample) || sample < 1) {
@@ -140,6 +173,11 @@ export class ExpertCache {
     this.sample = sample;
     this.agingPeriod = aging;
     this.keepCounts = opts.keepCounts ?? false;
+    const halfLife = policy === "decay" ? opts.halfLife ?? HALF_LIFE_SLOTS * slots : 0;
+    if (policy === "decay" && !(halfLife > 0)) {
+      throw new Error(`ExpertCache: halfLife must be positive, got ${opts.halfLife}`);
+    }
+    this.halfLife = halfLife;
     this.#keyOfSlot = new Int32Array(slots).fill(FREE);
     this.#count = new Float64Array(slots);
     this.#epoch = new Float64Array(slots);
@@ -178,8 +216,9 @@ export class ExpertCache {
 
   /**
    * Demand access. A hit refreshes recency (and, for LFRU, adds 1 to the count unless this is the
-   * first use of a prefetched record). A miss takes a free slot or evicts a victim that is not
-   * pinned and admits `key` there with count 1; the caller fills the slot. Throws when every slot
+   * first use of a prefetched record; for decay, adds one use to the score). A miss takes a free
+   * slot or evicts a victim that is not pinned and admits `key` there (LFRU: count 1; decay: its
+   * remembered score plus this use); the caller fills the slot. Throws when every slot
    * is pinned.
    */
   access(key: number): Access {
@@ -188,14 +227,16 @@ export class ExpertCache {
     if (slot !== undefined) {
       this.stats.hits++;
       this.#age(slot);
-      let prefetched = false;
-      if (this.#prefetched[slot]) {
+      const prefetched = this.#prefetched[slot] === 1;
+      if (prefetched) {
         this.#prefetched[slot] = 0;
         this.stats.prefetchUsed++;
-        prefetched = true;
-      } else {
-        this.#count[slot]++;
       }
+      if (this.policy === "decay") {
+        // The weight first: computing it may rescale every stored score.
+        const w = this.#useWeight();
+        this.#count[slot] += w;
+      } else if (!prefetched) this.#count[slot]++;
       this.#touch(slot);
       return { slot, hit: true, evicted: null, prefetched };
     }
@@ -249,8 +290,9 @@ export class ExpertCache {
 
   /**
    * Speculative admission. Returns null when `key` is already resident or no record can be
-   * evicted; otherwise admits it (count 1, marked prefetched) and returns its slot for the caller
-   * to fill. Its first demand use is a hit that does not add to its count.
+   * evicted; otherwise admits it (LFRU: count 1; decay: its remembered score, no use added; marked
+   * prefetched) and returns its slot for the caller to fill. Its first demand use is a hit that
+   * does not add to an LFRU count.
    */
   prefetch(key: number): { slot: number; evicted: number | null } | null {
     if (this.#slotOfKey.has(key)) return null;
@@ -313,12 +355,17 @@ export class ExpertCache {
     return out;
   }
 
-  /** LFRU count of a resident key after aging (undefined when not resident). */
+  /**
+   * LFRU count of a resident key after aging, or its decay score in units of a use now (undefined
+   * when not resident).
+   */
   countOf(key: number): number | undefined {
     const slot = this.#slotOfKey.get(key);
     if (slot === undefined) return undefined;
     this.#age(slot);
-    return this.#count[slot];
+    if (this.policy !== "decay") return this.#count[slot];
+    const w = this.#useWeight();
+    return this.#count[slot] / w;
   }
 
   #residentSlot(key: number, op: string): number {
@@ -330,7 +377,11 @@ export class ExpertCache {
   #admit(key: number, slot: number, prefetched: boolean): void {
     this.#slotOfKey.set(key, slot);
     this.#keyOfSlot[slot] = key;
-    this.#count[slot] = 1 + (this.keepCounts ? this.#history.get(key) ?? 0 : 0);
+    if (this.policy === "decay") {
+      // A prefetch is not a use: its first demand access adds the weight instead.
+      const w = prefetched ? 0 : this.#useWeight();
+      this.#count[slot] = (this.#history.get(key) ?? 0) + w;
+    } else this.#count[slot] = 1 + (this.keepCounts ? this.#history.get(key) ?? 0 : 0);
     this.#epoch[slot] = this.#currentEpoch();
     this.#pins[slot] = 0;
     this.#prefetched[slot] = prefetched ? 1 : 0;
@@ -349,10 +400,14 @@ export class ExpertCache {
   #makeRoom(): { slot: number; evicted: number | null } | null {
     if (this.#free.length > 0) return { slot: this.#free.pop()!, evicted: null };
     if (this.#pinnedSlots === this.slots) return null;
-    const slot = this.policy === "lru" ? this.#oldestUnpinned() : this.#lfruVictim();
+    const slot = this.policy === "lru"
+      ? this.#oldestUnpinned()
+      : this.policy === "decay"
+      ? this.#lowestScore()
+      : this.#lfruVictim();
     if (slot === NONE) return null;
     const evicted = this.#keyOfSlot[slot];
-    if (this.keepCounts) this.#history.set(evicted, this.#count[slot]);
+    if (this.keepCounts || this.policy === "decay") this.#history.set(evicted, this.#count[slot]);
     this.#slotOfKey.delete(evicted);
     this.#unlink(slot);
     this.stats.evictions++;
@@ -362,6 +417,31 @@ export class ExpertCache {
   #oldestUnpinned(): number {
     for (let s = this.#head; s !== NONE; s = this.#next[s]) if (this.#pins[s] === 0) return s;
     return NONE;
+  }
+
+  /** Decay: the unpinned resident with the lowest score, ties to the least recently used. */
+  #lowestScore(): number {
+    let best = NONE;
+    for (let s = this.#head; s !== NONE; s = this.#next[s]) {
+      if (this.#pins[s] === 0 && (best === NONE || this.#count[s] < this.#count[best])) best = s;
+    }
+    return best;
+  }
+
+  /**
+   * Decay: what one demand use now adds to a stored score, 2^((accesses − base) / halfLife).
+   * Rescales every stored score (resident and remembered) before the weight can overflow.
+   */
+  #useWeight(): number {
+    let e = (this.#demand - this.#scaleBase) / this.halfLife;
+    if (e > RESCALE_EXPONENT) {
+      const f = 2 ** -e;
+      for (let s = 0; s < this.slots; s++) this.#count[s] *= f;
+      for (const [k, v] of this.#history) this.#history.set(k, v * f);
+      this.#scaleBase = this.#demand;
+      e = 0;
+    }
+    return 2 ** e;
   }
 
   /** Lowest (aged) count among a sample of unpinned resident slots; ties to the older one. */

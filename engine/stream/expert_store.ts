@@ -10,7 +10,7 @@ import type { Arena } from "../arena.ts";
 import { bindExpert, type ExpertSource, type ExpertWeights } from "../weights.ts";
 import type { ExpertBank } from "../../io/container.ts";
 import { type ExpertCache, expertKey } from "./expert_cache.ts";
-import { type BlockReader, ReadPriority, type ReadTicket } from "../../io/reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket, waitAll } from "../../io/reader.ts";
 
 /** Records read at once while warming the cache at open. */
 const WARM_BATCH = 16;
@@ -217,7 +217,7 @@ export class ExpertStore implements ExpertSource {
     const f = this.#inflight.get(key);
     if (!f) return;
     const t0 = performance.now();
-    for (const t of f.tickets) this.#reader.wait(t);
+    waitAll(this.#reader, f.tickets, `expert ${f.expert} of layer ${f.layer}`);
     this.stats.waitMs += performance.now() - t0;
     this.#inflight.delete(key);
     const { path, offset } = this.#location(f.layer, f.expert);

@@ -11,7 +11,7 @@ import type { Arena } from "../arena.ts";
 import type { LayerWeights, TrunkSource } from "../weights.ts";
 import { bindLayer } from "../weights.ts";
 import type { LayerRun } from "../../io/container.ts";
-import { type BlockReader, ReadPriority, type ReadTicket } from "../../io/reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket, waitAll } from "../../io/reader.ts";
 
 /** How the trunk is split between pinned layers and ring slots. */
 export interface TrunkPlan {
@@ -21,6 +21,11 @@ export interface TrunkPlan {
   slots: number;
   /** Read the next unpinned layer while the current one computes. */
   readahead: boolean;
+  /**
+   * Called with each layer's run as it lands (pinned layers once, ring slots on every read):
+   * `--verify` checks the region CRC here.
+   */
+  check?: (layer: number, arenaOffset: number) => void;
 }
 
 /** Largest single read request: several requests keep both reader threads busy. */
@@ -70,7 +75,8 @@ export class TrunkRing implements TrunkSource {
     this.#runs = runs;
     for (let l = 0; l < plan.pinned; l++) {
       const off = arena.alloc(`trunk layer ${l} (pinned)`, runs[l].bytes);
-      this.#readRun(l, off, ReadPriority.DEMAND).forEach((t) => reader.wait(t));
+      waitAll(reader, this.#readRun(l, off, ReadPriority.DEMAND), `trunk layer ${l}`);
+      plan.check?.(l, off);
       this.#pinned.push(bindLayer(l, runs[l], off));
     }
     const slotBytes = Math.max(0, ...runs.slice(plan.pinned).map((r) => r.bytes));
@@ -119,9 +125,11 @@ export class TrunkRing implements TrunkSource {
     if (slot.layer !== layer) this.#load(slot, layer, ReadPriority.DEMAND);
     else this.stats.readahead++;
     const t0 = performance.now();
-    for (const t of slot.tickets) this.#reader.wait(t);
+    const landed = slot.tickets.length > 0;
+    waitAll(this.#reader, slot.tickets, `trunk layer ${layer}`);
     this.stats.waitMs += performance.now() - t0;
     slot.tickets = [];
+    if (landed) this.plan.check?.(layer, slot.offset);
     slot.inUse = true;
     slot.lastUse = this.#clock++;
     this.#readAhead(layer);

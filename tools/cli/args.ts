@@ -116,6 +116,20 @@ export function parseCommandArgs(
   for (const [name, f] of Object.entries(flags)) {
     for (const a of f.aliases ?? []) alias.set(a, name);
   }
+  // node:util's parseArgs recurses over a group of short flags ("-abc"), so a long one overflows
+  // its stack (found by `deno task fuzz`): only a string flag's letter may carry more ("-n20").
+  const valued = new Set(
+    Object.values(flags).filter((f) => f.type === "string").map((f) => f.short),
+  );
+  for (const arg of args) {
+    if (arg === "--") break;
+    if (/^-[^-]./.test(arg) && !valued.has(arg[1])) {
+      throw new Error(
+        `${command}: unknown option ${JSON.stringify(arg.slice(0, 40))} (short options are ` +
+          `single letters; see --help)`,
+      );
+    }
+  }
   const rewritten = args.map((arg) => {
     const m = /^--([^=]+)(=.*)?$/.exec(arg);
     const to = m && alias.get(m[1]);

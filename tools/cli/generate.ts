@@ -4,21 +4,19 @@
  *
  * @module
  */
-import { renderChat } from "../../engine/chat.ts";
-import type { RunOptions } from "../../engine/model.ts";
+import { createSampler } from "../../engine/sampler.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
+import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  type Args,
-  BUDGET_FLAGS,
-  CTX_FLAG,
-  type Flags,
-  HELP_FLAG,
-  helpShown,
-  MODEL_FLAG,
-  parseCommandArgs,
-} from "./args.ts";
-import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
+  modelPath,
+  RUN_FLAGS,
+  RUN_HELP,
+  runOptionsFromArgs,
+  SAMPLING_FLAGS,
+  SAMPLING_HELP,
+  samplingFromArgs,
+} from "./run_flags.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
 
@@ -34,35 +32,17 @@ Input:
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
+  --chat-template-kwargs JSON
+                        extra template variables for --chat, as llama.cpp takes them, e.g.
+                        '{"reasoning_effort":"high"}' for gpt-oss's harmony template
   An empty prompt starts from BOS (as llama.cpp does); --chat refuses an empty user message.
   A prompt that does not fit in --ctx is refused with both lengths (raise --ctx or shorten it).
 
 Sampling (greedy by default):
-  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
-  --temperature T       0 = greedy (default 0; also --temp)
-  --top-k K  --top-p P  --min-p P  --repeat-penalty R
-  -s, --seed S          same seed, same tokens
-  --ignore-eos          do not stop at end-of-sequence tokens
+${SAMPLING_HELP}
 
 Memory and I/O (none of these change the output):
-${BUDGET_HELP}
-  -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
-                        also --ctx-size)
-  -t, --threads N       compute threads including the main thread (default: all cores)
-  --cache lfru|lru      expert cache policy (default lfru)
-  --no-readahead        read each expert only when it is needed
-  --readahead-depth N   expert reads kept in flight after routing (default 4)
-  --ring-slots N        ring slots for unpinned trunk layers (default 2)
-  --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64; also --batch-size)
-  --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
-  --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
-  --verify              check each expert record's CRC32 as it is read
-  --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
-                        (default 1 while experts stream, 0 when all fit)
-  --learn               add this run's expert use counts to the hot list (<model>.hot.json)
-  --no-hot-list         do not warm the expert cache from the hot list
-  --trace FILE          write the routed experts of every (token, layer) as JSON lines
+${RUN_HELP}
 
 Output:
   --json                print one JSON object (prompt_ids, generated_ids, text, stats)
@@ -70,28 +50,20 @@ Output:
   -h, --help            this text
 `;
 
-/**
- * The memory and I/O flags of every command that runs a model (generate, and chat and serve
- * next), read by {@link runOptionsFromArgs}. None of them changes the output.
- */
-export const RUN_FLAGS: Flags = {
-  ...BUDGET_FLAGS,
-  ...CTX_FLAG,
-  threads: { type: "string", short: "t" },
-  cache: { type: "string" },
-  "no-readahead": { type: "boolean" },
-  "readahead-depth": { type: "string" },
-  "ring-slots": { type: "string" },
-  "expert-slots": { type: "string" },
-  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
-  shards: { type: "string" },
-  io: { type: "string" },
-  verify: { type: "boolean" },
-  lookahead: { type: "string" },
-  learn: { type: "boolean" },
-  "no-hot-list": { type: "boolean" },
-  trace: { type: "string" },
-};
+/** The `--chat-template-kwargs` object, or an error naming the flag. */
+function templateKwargs(raw: string | undefined): Record<string, unknown> | undefined {
+  if (raw === undefined) return undefined;
+  let v: unknown;
+  try {
+    v = JSON.parse(raw);
+  } catch (e) {
+    throw new Error(`--chat-template-kwargs: not valid JSON (${(e as Error).message})`);
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) {
+    throw new Error(`--chat-template-kwargs: expected a JSON object, got ${raw}`);
+  }
+  return v as Record<string, unknown>;
+}
 
 /** The flags of `generate`, with llama.cpp's spellings as aliases. */
 const FLAGS: Flags = {
@@ -101,25 +73,33 @@ const FLAGS: Flags = {
   "prompt-ids": { type: "string" },
   chat: { type: "boolean" },
   system: { type: "string" },
-  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
-  temperature: { type: "string", aliases: ["temp"] },
-  "top-k": { type: "string" },
-  "top-p": { type: "string" },
-  "min-p": { type: "string" },
-  "repeat-penalty": { type: "string" },
-  seed: { type: "string", short: "s" },
-  "ignore-eos": { type: "boolean" },
+  "chat-template-kwargs": { type: "string" },
+  ...SAMPLING_FLAGS,
+  ...RUN_FLAGS,
   json: { type: "boolean" },
   quiet: { type: "boolean" },
-  ...RUN_FLAGS,
   ...HELP_FLAG,
 };
 
+/**
+ * Parses and checks the generate command line: everything that can be refused is refused here,
+ * before a model loads (run options, --trace's path, the sampling values). Null for --help.
+ */
+export function parseGenerateArgs(args: string[]) {
+  const a = parseCommandArgs("generate", args, FLAGS);
+  if (helpShown(a, HELP)) return null;
+  const run = runOptionsFromArgs(a);
+  const sampling = samplingFromArgs(a);
+  createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
+  const kwargs = templateKwargs(a.str("chat-template-kwargs"));
+  return { a, run, sampling, kwargs };
+}
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
-  const a = parseCommandArgs("generate", args, FLAGS);
-  if (helpShown(a, HELP)) return 0;
-  const run = runOptionsFromArgs(a);
+  const parsed = parseGenerateArgs(args);
+  if (!parsed) return 0;
+  const { a, run, sampling, kwargs } = parsed;
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
@@ -147,10 +127,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
     );
   }
-  const modelPath = a.str("model") ??
-    await (await import("../demo_model.ts")).demoModelPath(quiet);
-
-  const session = await Session.open(modelPath, run);
+  const session = await Session.open(await modelPath(a, quiet), run);
   try {
     let ids: number[];
     if (promptIds) {
@@ -166,8 +143,7 @@ export async function generateCommand(args: string[]): Promise<number> {
         ...(system ? [{ role: "system", content: system }] : []),
         { role: "user", content: prompt },
       ];
-      const text = renderChat(session.model.container.dir, messages, { addGenerationPrompt: true });
-      ids = session.tokenizer.encode(text, { addSpecial: false });
+      ids = session.chatIds(messages, kwargs);
     } else {
       ids = session.tokenize(prompt);
     }
@@ -176,16 +152,7 @@ export async function generateCommand(args: string[]): Promise<number> {
     const enc = new TextEncoder();
     const json = a.bool("json");
     for await (
-      const tok of session.generate(ids, {
-        maxTokens: a.int("max-tokens"),
-        temperature: a.num("temperature"),
-        topK: a.int("top-k"),
-        topP: a.num("top-p"),
-        minP: a.num("min-p"),
-        repetitionPenalty: a.num("repeat-penalty"),
-        seed: a.int("seed"),
-        ignoreEos: a.bool("ignore-eos"),
-      })
+      const tok of session.generate(ids, sampling)
     ) {
       generated.push(tok.id);
       text += tok.text;
@@ -202,28 +169,4 @@ export async function generateCommand(args: string[]): Promise<number> {
     session.close();
   }
   return 0;
-}
-
-/** The run options of the memory and I/O flags (`generate`, and later `chat` and `serve`). */
-export function runOptionsFromArgs(a: Args): RunOptions {
-  const shards = a.str("shards") ?? Deno.env.get("SLUICE_SHARDS");
-  return {
-    budget: budgetFromArgs(a.str("budget"), a.str("preset")),
-    ctx: a.int("ctx"),
-    threads: a.int("threads"),
-    cache: a.oneOf("cache", ["lfru", "lru"]),
-    readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
-    trunkReadahead: !a.bool("no-readahead"),
-    ringSlots: a.int("ring-slots"),
-    expertSlots: a.int("expert-slots"),
-    prefillChunk: a.int("prefill-chunk"),
-    shards: shards ? shards.split(",").filter((s) => s) : undefined,
-    io: a.oneOf("io", ["direct", "buffered", "fallback"]),
-    verify: a.bool("verify"),
-    lookahead: a.int("lookahead"),
-    learn: a.bool("learn"),
-    hotList: !a.bool("no-hot-list"),
-    trace: a.str("trace"),
-    quiet: a.bool("quiet") || a.bool("json"),
-  };
 }

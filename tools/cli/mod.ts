@@ -9,10 +9,12 @@
 import { inspectCommand } from "../inspect.ts";
 import { packCommand } from "../pack.ts";
 import { splitBanksCommand } from "../split_banks.ts";
+import { chatCommand } from "./chat.ts";
 import { doctorCommand } from "./doctor.ts";
 import { generateCommand } from "./generate.ts";
 import { planCommand } from "./plan.ts";
 import { pullCommand } from "./pull.ts";
+import { serveCommand } from "./serve.ts";
 
 /** One command: what it does (one line for --help) and how it runs. */
 export interface Command {
@@ -24,7 +26,9 @@ export interface Command {
 /** Every user command, in the order --help lists them. */
 export const COMMANDS: Record<string, Command> = {
   generate: { run: generateCommand, about: "generate text from a container" },
+  chat: { run: chatCommand, about: "multi-turn chat in the terminal, KV cache kept" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
+  serve: { run: serveCommand, about: "OpenAI-compatible HTTP server with a live view at /ui" },
   pack: { run: packCommand, about: "turn a Hugging Face checkpoint into a .sluice container" },
   inspect: { run: inspectCommand, about: "show what a container holds (--verify checks CRCs)" },
   "split-banks": {

@@ -1,12 +1,16 @@
 /**
- * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0]`: writes a GGUF
- * v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice container.
+ * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0|mxfp4]`: writes
+ * a GGUF v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice
+ * container.
  *
  * Architectures: llama.cpp's `llama` (dense Llama, and Mixtral-style MoE with stacked experts
  * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py
- * writes Mixtral) and `qwen3moe` (q/k norms, expert_feed_forward_length). Tensor names, dims
+ * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
+ * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
+ * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
+ * sliding window; the MXFP4 experts are written dequantised to `--type`). Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
- * f32 export of a Hugging Face directory reproduces its output. The vocabulary is written as
+ * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written as
  * SentencePiece metadata (tools/dev/gguf/spm_vocab.ts).
  *
  * @module
@@ -22,17 +26,35 @@ import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
 import { openContainer } from "../../engine/container.ts";
-import type { GlobalTensor, LayerTensor, ModelConfig } from "../../io/model_config.ts";
-import { EXPERT_MATRICES } from "../../io/model_config.ts";
-import * as names from "../../engine/tensor_names.ts";
+import {
+  EXPERT_MATRICES,
+  type ExpertMatrix,
+  type GlobalTensor,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../io/model_config.ts";
+import {
+  hfExpertName,
+  hfFusedExpertSlice,
+  hfGlobalName,
+  hfLayerName,
+  layerTensorsOf,
+} from "../../engine/tensor_names.ts";
 import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
-/** Output types of the weight matrices (vectors and routers always stay f32). */
-export type ExportType = "f32" | "f16" | "bf16" | "q8_0";
+/** The llama.cpp architectures the exporter writes. */
+export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss";
+
+/**
+ * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
+ * experts as ggml MXFP4, everything else bf16 (how gpt-oss GGUFs are made; llama.cpp runs MXFP4
+ * natively).
+ */
+export type ExportType = "f32" | "f16" | "bf16" | "q8_0" | "mxfp4";
 
 /** Options of {@link exportGguf}. */
 export interface ExportGgufOptions {
@@ -46,7 +68,7 @@ export interface ExportGgufOptions {
 
 /** What {@link exportGguf} wrote. */
 export interface ExportGgufResult {
-  arch: "llama" | "qwen3moe";
+  arch: GgufArch;
   tensors: number;
   bytes: number;
   /** Tensor name → ggml type, for the tensors not written as the requested type. */
@@ -58,10 +80,11 @@ const EXPORT_TYPES: Record<ExportType, EncodableType> = {
   f16: "F16",
   bf16: "BF16",
   q8_0: "Q8_0",
+  mxfp4: "BF16",
 };
 
 /** llama.cpp's llama_ftype of a whole file of each type. */
-const FILE_TYPE: Record<ExportType, number> = { f32: 0, f16: 1, q8_0: 7, bf16: 32 };
+const FILE_TYPE: Record<ExportType, number> = { f32: 0, f16: 1, q8_0: 7, bf16: 32, mxfp4: 38 };
 
 /** GGUF names of the canonical layer tensors this exporter knows. */
 const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
@@ -80,6 +103,13 @@ const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
   ffn_up: "ffn_up.weight",
   ffn_down: "ffn_down.weight",
   router: "ffn_gate_inp.weight",
+  router_bias: "exp_probs_b.bias",
+  router_b: "ffn_gate_inp.bias",
+  bo: "attn_output.bias",
+  sinks: "attn_sinks.weight",
+  shared_gate: "ffn_gate_shexp.weight",
+  shared_up: "ffn_up_shexp.weight",
+  shared_down: "ffn_down_shexp.weight",
 };
 
 const GLOBAL_GGUF: Record<GlobalTensor, string> = {
@@ -144,29 +174,53 @@ export function permuteToPairs(
 }
 
 /** Which llama.cpp architecture a model maps to; throws for what llama.cpp cannot express. */
-function archOf(cfg: ModelConfig, src: string): "llama" | "qwen3moe" {
+function archOf(cfg: ModelConfig, src: string): GgufArch {
   const fail = (why: string): never => {
     throw new Error(`${src}: cannot export model_type ${cfg.modelType} to GGUF: ${why}`);
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
-  const arch = known?.llamaCppArch;
-  if (arch !== "llama" && arch !== "qwen3moe") {
-    return fail("supported model_types are llama, mixtral and qwen3_moe");
+  const arch = known?.llamaCppArch as GgufArch | undefined;
+  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss"].includes(arch)) {
+    const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
+    return fail(`supported model_types are ${names.join(", ")}`);
   }
-  if (cfg.family !== "llama" || cfg.mla) fail("only GQA attention is supported");
-  if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear") {
+  if (cfg.mla) fail("only GQA attention is supported");
+  const yarn = arch === "gpt-oss" && cfg.rope.scaling.type === "yarn";
+  if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
   }
-  if (cfg.rope.layout !== "half" || cfg.rope.dim !== cfg.headDim) {
+  if (cfg.rope.layout !== "half" || (cfg.rope.dim !== cfg.headDim && arch !== "glm4moe")) {
     fail("RoPE must be rotate_half over the whole head");
   }
   if (arch === "llama" && cfg.qkNorm) fail("llama has no q/k norms");
   if (arch === "qwen3moe" && (!cfg.qkNorm || cfg.attentionBias)) {
     fail("qwen3moe needs q/k norms and no attention biases");
   }
+  const moe = cfg.moe;
+  if (arch === "glm4moe") {
+    const first = cfg.layerKinds.indexOf("moe");
+    if (!moe || first < 0 || cfg.layerKinds.slice(first).includes("dense")) {
+      fail("glm4moe needs its dense layers first, then MoE layers");
+    }
+    if (moe!.scoring !== "sigmoid" || !moe!.selectionBias || moe!.nGroup !== 1) {
+      fail("glm4moe routing must be sigmoid noaux_tc with one group");
+    }
+    return arch;
+  }
   const kinds = new Set(cfg.layerKinds);
   if (kinds.size !== 1) fail("llama.cpp needs every layer to be dense or every layer MoE");
-  const moe = cfg.moe;
+  if (arch === "gpt-oss") {
+    // llama.cpp hard-codes these: sliding layers 0, 2, 4, …, and the clamped SwiGLU's constants.
+    const w = cfg.attention?.windows ?? [];
+    if (!w.every((x, l) => (x > 0) === (l % 2 === 0) && (x === 0 || x === w[0]))) {
+      fail("llama.cpp's gpt-oss slides the even layers with one window");
+    }
+    const c = moe?.clampedSwiglu;
+    if (!c || c.limit !== 7 || c.alpha !== 1.702) {
+      fail("llama.cpp's gpt-oss clamps at 7, alpha 1.702");
+    }
+    return arch;
+  }
   if (kinds.has("moe")) {
     if (
       !moe || moe.scoring !== "softmax" || !moe.normTopK || moe.routedScaling !== 1 ||
@@ -193,7 +247,12 @@ function typeFor(dims: number[], router: boolean, want: EncodableType): Encodabl
   return want;
 }
 
-function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: EncodableType) {
+function planTensors(
+  src: WeightSource,
+  arch: GgufArch,
+  want: EncodableType,
+  expertType: EncodableType,
+) {
   const cfg = src.cfg;
   const out: Planned[] = [];
   const add = (name: string, shape: number[], key: string, read: () => Float32Array) => {
@@ -210,11 +269,11 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       : v;
   };
   const V = cfg.vocabSize, H = cfg.hiddenSize;
-  add(GLOBAL_GGUF.embed, [V, H], names.hfGlobalName(cfg, "embed")!, () => src.global("embed"));
+  add(GLOBAL_GGUF.embed, [V, H], hfGlobalName(cfg, "embed")!, () => src.global("embed"));
   add(
     GLOBAL_GGUF.final_norm,
     [H],
-    names.hfGlobalName(cfg, "final_norm")!,
+    hfGlobalName(cfg, "final_norm")!,
     () => src.global("final_norm"),
   );
   if (src.hasLmHead) {
@@ -238,35 +297,65 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       ffn_up: [cfg.intermediateSize, H],
       ffn_down: [H, cfg.intermediateSize],
       router: [cfg.moe?.numExperts ?? 0, H],
+      router_bias: [cfg.moe?.numExperts ?? 0],
+      router_b: [cfg.moe?.numExperts ?? 0],
+      bo: [H],
+      sinks: [cfg.numHeads],
+      shared_gate: [cfg.moe?.sharedIntermediate ?? 0, H],
+      shared_up: [cfg.moe?.sharedIntermediate ?? 0, H],
+      shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
-    for (const t of names.layerTensorsOf(cfg, l)) {
-      const rel = LAYER_GGUF[t];
+    for (const t of layerTensorsOf(cfg, l)) {
+      // llama.cpp's glm4moe and gpt-oss call the FFN norm the post-attention norm.
+      const rel = t === "ffn_norm" && (arch === "glm4moe" || arch === "gpt-oss")
+        ? "post_attention_norm.weight"
+        : LAYER_GGUF[t];
       if (!rel) throw new Error(`layer ${l}: tensor ${t} has no GGUF name for ${arch}`);
       add(
         `blk.${l}.${rel}`,
         shapes[t]!,
-        names.hfLayerName(cfg, l, t)!,
+        hfLayerName(cfg, l, t)!,
         () => permute(t, src.layer(l, t)),
       );
     }
     if (cfg.layerKinds[l] !== "moe") continue;
     const moe = cfg.moe!;
+    // A fused checkpoint names one tensor per matrix kind; others one per expert and matrix.
+    const hfName = (e: number, m: ExpertMatrix) =>
+      hfFusedExpertSlice(cfg, l, m)?.base ?? hfExpertName(cfg, l, e, m);
     let last = "";
     for (let e = 0; e < moe.numExperts; e++) {
       for (const m of EXPERT_MATRICES) {
-        const n = names.hfExpertName(cfg, l, e, m);
+        const n = hfName(e, m);
         if (n > last) last = n;
       }
     }
     for (const m of EXPERT_MATRICES) {
       const shape = m === "down" ? [H, moe.expertIntermediate] : [moe.expertIntermediate, H];
       const dims = [shape[1], shape[0], moe.numExperts];
+      // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
+      const key = `${last}\u0000${hfName(0, m)}\u0000${m}`;
       out.push({
-        spec: { name: `blk.${l}.ffn_${m}_exps.weight`, dims, type: typeFor(dims, false, want) },
-        // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
-        key: `${last}\u0000${names.hfExpertName(cfg, l, 0, m)}`,
+        spec: {
+          name: `blk.${l}.ffn_${m}_exps.weight`,
+          dims,
+          type: expertType === "MXFP4" && dims[0] % 32 === 0 ? "MXFP4" : typeFor(dims, false, want),
+        },
+        key,
         chunks: function* () {
           for (let e = 0; e < moe.numExperts; e++) yield src.expert(l, e, m);
+        },
+      });
+      if (!moe.expertBias) continue;
+      out.push({
+        spec: {
+          name: `blk.${l}.ffn_${m}_exps.bias`,
+          dims: [shape[0], moe.numExperts],
+          type: "F32",
+        },
+        key: `${key}\u0000bias`,
+        chunks: function* () {
+          for (let e = 0; e < moe.numExperts; e++) yield src.expertBias(l, e, m);
         },
       });
     }
@@ -302,7 +391,7 @@ export function sizeLabel(planned: readonly GgufTensorSpec[]): string {
 
 function metadataFor(
   src: WeightSource,
-  arch: "llama" | "qwen3moe",
+  arch: GgufArch,
   type: ExportType,
   name: string,
   specs: GgufTensorSpec[],
@@ -316,11 +405,20 @@ function metadataFor(
   str("general.type", "model");
   str("general.name", name);
   str("general.size_label", sizeLabel(specs));
-  const moe = cfg.layerKinds[0] === "moe" ? cfg.moe : null;
+  const moe = cfg.layerKinds.includes("moe") ? cfg.moe : null;
+  const firstMoe = cfg.layerKinds.indexOf("moe");
   u32(`${arch}.block_count`, cfg.numLayers);
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
-  u32(`${arch}.feed_forward_length`, moe ? moe.expertIntermediate : cfg.intermediateSize);
+  // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
+  const ff = arch === "gpt-oss"
+    ? moe!.expertIntermediate
+    : arch === "glm4moe" && firstMoe > 0
+    ? cfg.intermediateSize
+    : moe
+    ? moe.expertIntermediate
+    : cfg.intermediateSize;
+  u32(`${arch}.feed_forward_length`, ff);
   u32(`${arch}.attention.head_count`, cfg.numHeads);
   u32(`${arch}.attention.head_count_kv`, cfg.numKvHeads);
   f32(`${arch}.rope.freq_base`, cfg.rope.theta);
@@ -332,7 +430,27 @@ function metadataFor(
   u32(`${arch}.attention.key_length`, cfg.headDim);
   u32(`${arch}.attention.value_length`, cfg.headDim);
   u32("general.file_type", FILE_TYPE[type]);
-  if (arch === "qwen3moe") u32(`${arch}.expert_feed_forward_length`, moe!.expertIntermediate);
+  if (arch !== "llama" && moe) u32(`${arch}.expert_feed_forward_length`, moe.expertIntermediate);
+  if (arch === "glm4moe") {
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
+    u32(`${arch}.expert_shared_count`, moe!.sharedIntermediate / moe!.expertIntermediate);
+    u32(`${arch}.leading_dense_block_count`, firstMoe);
+    f32(`${arch}.expert_weights_scale`, moe!.routedScaling);
+    m.set(`${arch}.expert_weights_norm`, { type: "bool", value: moe!.normTopK });
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+    u32(`${arch}.expert_gating_func`, 2);
+  }
+  if (arch === "gpt-oss") {
+    const w = cfg.attention?.windows.find((x) => x > 0);
+    if (w) u32(`${arch}.attention.sliding_window`, w);
+    const s = cfg.rope.scaling;
+    if (s.type === "yarn") {
+      // llama.cpp has no key for YaRN's truncate flag: it always floors/ceils the ramp.
+      str(`${arch}.rope.scaling.type`, "yarn");
+      f32(`${arch}.rope.scaling.factor`, s.factor);
+      u32(`${arch}.rope.scaling.original_context_length`, s.originalMaxPositions);
+    }
+  }
   if (arch === "llama") {
     u32(`${arch}.vocab_size`, cfg.vocabSize);
     u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
@@ -388,14 +506,17 @@ export function exportGguf(
   const source = existsSync(`${src}/manifest.json`) ? containerSource(src) : checkpointSource(src);
   try {
     const arch = archOf(source.cfg, src);
-    const planned = planTensors(source, arch, EXPORT_TYPES[type]);
+    const expertType = type === "mxfp4" ? "MXFP4" : EXPORT_TYPES[type];
+    const planned = planTensors(source, arch, EXPORT_TYPES[type], expertType);
     const specs = planned.map((p) => p.spec);
     const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
     const fallbacks: Record<string, GgmlTypeName> = {};
     for (const s of specs) {
-      if (
-        s.type !== EXPORT_TYPES[type] && s.dims.length > 1 && !s.name.endsWith("gate_inp.weight")
-      ) {
+      const wanted = s.name.includes("_exps.") ? expertType : EXPORT_TYPES[type];
+      // Vectors, routers and the stacked expert biases ([rows, experts]) are f32 by design.
+      const f32 = s.dims.length === 1 || s.name.endsWith("gate_inp.weight") ||
+        s.name.endsWith("_exps.bias");
+      if (s.type !== wanted && !f32) {
         fallbacks[s.name] = s.type;
       }
     }
@@ -415,7 +536,7 @@ export function exportGguf(
 }
 
 const USAGE = "usage: deno task export-gguf <hf-dir|x.sluice> <out.gguf> " +
-  "[--type f32|f16|bf16|q8_0] [--name NAME] [--force] [--progress auto|tty|lines|off]";
+  "[--type f32|f16|bf16|q8_0|mxfp4] [--name NAME] [--force] [--progress auto|tty|lines|off]";
 
 function main(args: string[]): void {
   const { values, positionals } = parseArgs({

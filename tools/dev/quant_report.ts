@@ -4,7 +4,7 @@
  *
  * 1. Weight error: for every trunk matmul weight and every (MoE layer, expert matrix kind), the
  *    relative error ‖w − ŵ‖ / ‖w‖ of mxfp4, int4 (group 32), int8 (per row), fp8 (128×128 blocks)
- *    and, for experts, vq3r (codebooks trained as pack trains them). Expert errors pool the
+ *    and, for experts, vq3r and vq4p (codebooks trained as pack trains them). Expert errors pool the
  *    squared errors of evenly spaced sampled experts.
  * 2. Model quality (from a checkpoint directory): the checkpoint is packed once as is and once per
  *    variant (`--experts F` for each format, and `--trunk int8`) into a temporary directory; each
@@ -25,6 +25,7 @@ import { EXPERT_MATRICES, type LayerTensor, type ModelConfig } from "../../io/mo
 import { WEIGHT_FORMATS } from "../../engine/quant/mod.ts";
 import { storedBytes } from "../../io/format.ts";
 import { dequantizeVq3r, encodeVq3r, type MatrixF32, trainVq3r } from "../../engine/quant/vq3r.ts";
+import { dequantizeVq4p, encodeVq4p, trainVq4p } from "../../engine/quant/vq4p.ts";
 import {
   checkpointWeights,
   containerWeights,
@@ -130,24 +131,31 @@ function roundTrip(
   return fmt.decode(e.data, e.scale ?? undefined, rows, cols, `${f} [${rows}, ${cols}]`);
 }
 
-/** Errors of a group of matrices of one shape, pooled; vq3r trained on the group when asked. */
+/** Errors of a group of matrices of one shape, pooled; vq3r / vq4p trained on the group when asked. */
 function groupErrors(
   mats: MatrixF32[],
   vq3r: QuantReportOptions["vq3r"] | null,
 ): Record<ReportFormat, number | null> {
   const out = {} as Record<ReportFormat, number | null>;
   for (const f of REPORT_FORMATS) {
-    if (f === "vq3r" && !vq3r) {
+    const coded = f === "vq3r" || f === "vq4p";
+    if (coded && !vq3r) {
       out[f] = null;
       continue;
     }
-    const books = f === "vq3r" ? trainVq3r(mats, vq3r ?? {}) : null;
+    const books = f === "vq3r"
+      ? trainVq3r(mats, vq3r ?? {})
+      : f === "vq4p"
+      ? trainVq4p(mats, vq3r ?? {})
+      : null;
     const total: Sums = { err: 0, norm: 0 };
     let ok = true;
     for (const m of mats) {
-      const approx = books
-        ? dequantizeVq3r(encodeVq3r(m, books), books)
-        : roundTrip(f, m.data, m.rows, m.cols);
+      const approx = !books
+        ? roundTrip(f, m.data, m.rows, m.cols)
+        : f === "vq4p"
+        ? dequantizeVq4p(encodeVq4p(m, books), books)
+        : dequantizeVq3r(encodeVq3r(m, books), books);
       if (!approx) {
         ok = false;
         break;

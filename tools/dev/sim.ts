@@ -1,18 +1,21 @@
 /**
- * Expert-cache simulator: replays a routing trace (io/trace.ts format) through LRU, LFU, the
- * engine's LFRU (engine/stream/expert_cache.ts itself) and Belady, per layer (one cache of `capacity` slots
- * per layer) and overall (one cache of capacity × layers slots shared by all layers).
+ * Expert-cache simulator: replays a routing trace (io/trace.ts format) through LRU, LFU, LFRU,
+ * decay (the engine's default; LRU, LFRU and decay are engine/stream/expert_cache.ts itself) and
+ * Belady, per layer (one cache of `capacity` slots per layer) and overall (one cache of capacity ×
+ * layers slots shared by all layers).
  *
  * The engine hands a token's top-k ids of a layer to the cache at once (ExpertCache.acquire): the
  * hits are taken first and every routed record stays pinned until its matvec is done, so the
- * experts of one (token, layer) event never evict each other. LRU, LFU, LFRU and `belady-admit`
- * follow that rule; when a cache is smaller than an event, its experts are streamed one by one
+ * experts of one (token, layer) event never evict each other. LRU, LFU, LFRU, decay and
+ * `belady-admit` follow that rule; when a cache is smaller than an event, its experts are streamed one by one
  * without pins instead. `belady` is the offline optimum with bypass (a miss whose next use is
  * farther than every resident's is used and not kept); it needs no pins, since a record evicted
  * right after its use loses nothing. Missing (token, layer) pairs are skipped.
  *
  * Usage: deno task sim --trace FILE [--capacity a,b,c] [--per-layer | --global] [--svg out.svg]
- *        [--json] [--sample N] [--seed N] [--aging N] [--keep-counts]
+ *        [--json] [--sample N] [--seed N] [--aging N] [--keep-counts] [--half-life N]
+ * `--json` prints `{"rows": [{"mode", "capacity", "hit_rates": {policy: rate}}]}` where hit_rates
+ * also has `engine`, the rate of the engine's default policy, whichever that is.
  * A capacity below 1 is a fraction of each layer's experts (0.03 = 3%); one of 1 or more is a
  * number of slots per layer.
  *
@@ -20,7 +23,7 @@
  */
 
 import { parseArgs } from "node:util";
-import { ExpertCache } from "../../engine/stream/expert_cache.ts";
+import { CACHE_POLICIES, ExpertCache } from "../../engine/stream/expert_cache.ts";
 import {
   readTrace,
   readTraceMeta,
@@ -36,12 +39,22 @@ import { type Series, writeLineChart } from "./svg_chart.ts";
  * the optimum when every routed expert must be read into a slot (no bypass) and an event's records
  * are pinned, the engine's own constraint, and the "Belady" of ../shared/traces/README.md.
  */
-export type SimPolicy = "lru" | "lfu" | "lfru" | "belady" | "belady-admit";
+export type SimPolicy = "lru" | "lfu" | "lfru" | "decay" | "belady" | "belady-admit";
 /** Each layer its own cache, or one cache shared by all layers. */
 export type SimMode = "per-layer" | "global";
 
 /** All policies, in table order. */
-export const SIM_POLICIES: readonly SimPolicy[] = ["lru", "lfu", "lfru", "belady-admit", "belady"];
+export const SIM_POLICIES: readonly SimPolicy[] = [
+  "lru",
+  "lfu",
+  "lfru",
+  "decay",
+  "belady-admit",
+  "belady",
+];
+
+/** The engine's default policy (engine/stream/expert_cache.ts), reported as `engine` too. */
+export const ENGINE_POLICY: SimPolicy = CACHE_POLICIES[0];
 
 /** Knobs of {@link simulate}. */
 export interface SimOptions {
@@ -52,6 +65,8 @@ export interface SimOptions {
   seed?: number;
   agingPeriod?: number;
   keepCounts?: boolean;
+  /** Decay half-life in demand accesses (see engine/stream/expert_cache.ts). */
+  halfLife?: number;
 }
 
 /** Outcome of one replay. */
@@ -74,7 +89,7 @@ interface SimCache {
   request(keys: number[], nextUse: Float64Array, pos: number): number;
 }
 
-/** LRU or LFRU: the engine's own class, with the event's records pinned while it runs. */
+/** LRU, LFRU or decay: the engine's own class, with the event's records pinned while it runs. */
 class EngineCache implements SimCache {
   readonly cache: ExpertCache;
   constructor(cache: ExpertCache) {
@@ -212,6 +227,8 @@ function makeCache(policy: SimPolicy, slots: number, opts: SimOptions, salt: num
           keepCounts: opts.keepCounts,
         }),
       );
+    case "decay":
+      return new EngineCache(new ExpertCache({ slots, policy: "decay", halfLife: opts.halfLife }));
     case "lfu":
       return new LfuCache(slots);
     case "belady":
@@ -289,12 +306,14 @@ function main(args: string[]): void {
       seed: { type: "string" },
       aging: { type: "string" },
       "keep-counts": { type: "boolean", default: false },
+      "half-life": { type: "string" },
     },
   });
   if (!values.trace) {
     console.error(
       "usage: deno task sim --trace FILE [--capacity a,b,c] [--per-layer | --global] " +
-        "[--svg out.svg] [--json] [--sample N] [--seed N] [--aging N] [--keep-counts]",
+        "[--svg out.svg] [--json] [--sample N] [--seed N] [--aging N] [--keep-counts] " +
+        "[--half-life N]",
     );
     Deno.exit(2);
   }
@@ -320,6 +339,7 @@ function main(args: string[]): void {
     seed: int(values.seed),
     agingPeriod: int(values.aging),
     keepCounts: values["keep-counts"],
+    halfLife: int(values["half-life"]),
   };
   const results: SimResult[] = [];
   for (const mode of modes) {
@@ -330,7 +350,7 @@ function main(args: string[]): void {
     }
   }
   if (values.json) {
-    console.log(JSON.stringify({ trace: values.trace, shape, results }, null, 1));
+    console.log(JSON.stringify(jsonReport(values.trace, shape, results), null, 1));
   } else {
     printTable(values.trace, meta, shape, events.length, results);
   }
@@ -340,6 +360,7 @@ function main(args: string[]): void {
       lru: "#1f77b4",
       lfu: "#2ca02c",
       lfru: "#d62728",
+      decay: "#ff7f0e",
       "belady-admit": "#9467bd",
       belady: "#333333",
     };
@@ -367,6 +388,31 @@ function main(args: string[]): void {
   }
 }
 
+/** One row per (mode, capacity) with every policy's hit rate, plus `engine`. */
+export interface SimRow {
+  mode: SimMode;
+  /** Slots per layer as asked. */
+  capacity: number;
+  hit_rates: Record<string, number>;
+}
+
+/** The `--json` report: rows of {@link SimRow}, with the trace and its shape. */
+export function jsonReport(
+  trace: string,
+  shape: TraceShape,
+  results: SimResult[],
+): { trace: string; shape: TraceShape; rows: SimRow[] } {
+  const rows = new Map<string, SimRow>();
+  for (const r of results) {
+    const id = `${r.mode}:${r.capacity}`;
+    let row = rows.get(id);
+    if (!row) rows.set(id, row = { mode: r.mode, capacity: r.capacity, hit_rates: {} });
+    row.hit_rates[r.policy] = r.hitRate;
+    if (r.policy === ENGINE_POLICY) row.hit_rates.engine = r.hitRate;
+  }
+  return { trace, shape, rows: [...rows.values()] };
+}
+
 function printTable(
   path: string,
   meta: TraceMeta | null,
@@ -379,7 +425,7 @@ function printTable(
       `top-${meta?.top_k ?? "?"}, ${nEvents} (token, layer) events`,
   );
   console.log(
-    "mode       slots/layer  total  % experts   LRU    LFU    LFRU   Belady-admit  Belady",
+    "mode       slots/layer  total  % experts   LRU    LFU    LFRU   decay  Belady-admit  Belady",
   );
   for (let i = 0; i < results.length; i += SIM_POLICIES.length) {
     const row = results.slice(i, i + SIM_POLICIES.length);

@@ -20,8 +20,11 @@ import {
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
+import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import {
+  readFusedBias,
+  readFusedMxfp4,
   readMatrixF32,
   readPackedInt4,
   type SourceMatrix,
@@ -39,6 +42,14 @@ function writeExpertMatrix(
   if (src.packed && entry.dtype === "int4g32") {
     // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
     const { data, scale } = readPackedInt4(ckpt, src);
+    checkFinite(scale, src.packed.scale.dtype, `${src.file}: tensor ${src.packed.scale.name}`);
+    record.set(data, entry.offset);
+    record.set(scale, entry.scale!.offset);
+    return;
+  }
+  if (src.fused && entry.dtype === "mxfp4") {
+    // gpt-oss's MXFP4 rows are sluice's mxfp4 rows: copied byte for byte, never re-quantised.
+    const { data, scale } = readFusedMxfp4(ckpt, src);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);
     return;
@@ -98,6 +109,12 @@ export function writeBank(
           scaleOffset: entry.scale?.offset ?? 0,
           scaleBytes: entry.scale?.bytes ?? 0,
         };
+        const bias = bank.biases?.[m];
+        if (bias) {
+          const f = readFusedBias(ckpt, mats.get(m)!);
+          record.set(new Uint8Array(f.buffer, f.byteOffset, f.byteLength), bias.offset);
+          payloadEnd = Math.max(payloadEnd, bias.offset + bias.bytes);
+        }
       }
       record.set(
         encodeRecordHeader({

@@ -1,6 +1,6 @@
 /**
- * Trains the VQ3R codebooks of a MoE layer's vq3r matrix kinds (engine/quant/vq3r.ts) and writes
- * them into codebooks.bin at their offsets in the layout.
+ * Trains the codebooks of a MoE layer's vq3r / vq4p matrix kinds (engine/quant/vq3r.ts, vq4p.ts)
+ * and writes them into codebooks.bin at their offsets in the layout.
  *
  * @module
  */
@@ -8,6 +8,7 @@
 import { writeSync } from "node:fs";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import { trainVq3r, vq3rKernelCodebooks } from "../../engine/quant/vq3r.ts";
+import { trainVq4p, vq4pKernelCodebooks } from "../../engine/quant/vq4p.ts";
 import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Vq3rPackOptions } from "./options.ts";
@@ -15,7 +16,7 @@ import type { BankLayout } from "./layout.ts";
 import { readMatrixF32 } from "../../engine/checkpoint_matrix.ts";
 
 /**
- * Trains the VQ3R codebooks of each vq3r matrix kind of one MoE layer on evenly spaced experts,
+ * Trains the codebooks of each vq3r / vq4p matrix kind of one MoE layer on evenly spaced experts,
  * writes them (kernel layout) into codebooks.bin at their offsets in the layout, and returns the
  * training layout for encoding plus the CRC of each written set.
  */
@@ -43,12 +44,10 @@ export function trainBankCodebooks(
       const src = bank.experts[Math.floor((i * E) / n)].get(m)!;
       return { data: readMatrixF32(ckpt, src), rows: src.rows, cols: src.cols };
     });
-    const book = trainVq3r(mats, {
-      seed: opts.seed,
-      sampleSize: opts.sampleSize,
-      iterations: opts.iterations,
-    });
-    const kernel = vq3rKernelCodebooks(book);
+    const vq4p = bank.matrices[m].dtype === "vq4p";
+    const train = { seed: opts.seed, sampleSize: opts.sampleSize, iterations: opts.iterations };
+    const book = vq4p ? trainVq4p(mats, train) : trainVq3r(mats, train);
+    const kernel = vq4p ? vq4pKernelCodebooks(book) : vq3rKernelCodebooks(book);
     const bytes = new Uint8Array(kernel.buffer);
     for (let done = 0; done < bytes.length;) {
       done += writeSync(fd, bytes, done, bytes.length - done, offset + done);
@@ -57,7 +56,9 @@ export function trainBankCodebooks(
     crcs[m] = crc32(bytes);
     count.done++;
     log(
-      `pack: VQ3R codebooks ${count.done}/${count.total}: layer ${l} ${m}, ${n} experts sampled, ` +
+      `pack: ${
+        vq4p ? "VQ4P" : "VQ3R"
+      } codebooks ${count.done}/${count.total}: layer ${l} ${m}, ${n} experts sampled, ` +
         `${((performance.now() - t0) / 1000).toFixed(1)} s`,
     );
   }

@@ -18,6 +18,7 @@ import { findFormat } from "../../engine/quant/mod.ts";
 import { encodeF32 } from "../../engine/quant/plain.ts";
 import { elementBytes, type PlainDtype, type StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
+import { checkFinite, checkFiniteF32 } from "./finite.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
 export const KEPT_DTYPE: Record<string, PlainDtype> = {
@@ -31,6 +32,7 @@ export const KEPT_DTYPE: Record<string, PlainDtype> = {
 export function scaleBytesF32(ckpt: Checkpoint, weight: TensorInfo): Uint8Array {
   const s = fp8ScaleInfo(ckpt, weight);
   const f = readF32(ckpt, s.name);
+  checkFiniteF32(f, `${weight.file}: tensor ${s.name}`);
   return new Uint8Array(f.buffer, f.byteOffset, f.byteLength);
 }
 
@@ -52,6 +54,7 @@ export function streamTensor(
     for (let at = 0; at < src.bytes; at += step) {
       const piece = buf.subarray(0, Math.min(step, src.bytes - at));
       ckpt.readRangeInto(src.name, at, piece);
+      checkFinite(piece, src.dtype, what, at / DTYPE_BYTES[src.dtype]);
       emit(piece);
     }
     return;
@@ -69,6 +72,7 @@ export function streamTensor(
     const f = scale
       ? dequantFp8Blocks(raw, n, cols, scale, r0)
       : decodeDtypeToF32(src.dtype, raw, what);
+    checkFiniteF32(f, what, r0 * cols);
     emit(encodeF32(f, dst, what));
   }
 }
@@ -85,6 +89,7 @@ export function encodeMatrix(
   what: string,
   codebooks?: Float32Array,
 ): EncodedMatrix {
+  checkFiniteF32(w, what);
   const f = findFormat(dtype);
   if (!f) throw new Error(`${what}: cannot encode float32 as ${dtype}`);
   return f.encode(w, rows, cols, what, codebooks);

@@ -21,10 +21,10 @@ import { basename, join } from "node:path";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import { CONTAINER_VERSION, expertBankFile, type Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
-import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
+import { checkRecord } from "../../io/record_check.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import { writeJson } from "../../io/json_file.ts";
-import type { BankLayout, PackLayout } from "./layout.ts";
+import { type BankLayout, codebookSetBytes, type PackLayout } from "./layout.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 
 /** The journal's file name inside the temporary output directory. */
@@ -38,7 +38,7 @@ export interface Journal {
   options: string;
   globals: Region | null;
   layers: Record<string, Region>;
-  /** CRC-32 of each VQ3R codebook set written, per layer and matrix kind. */
+  /** CRC-32 of each codebook set written, per layer and matrix kind. */
   codebooks: Record<string, Partial<Record<ExpertMatrix, number>>>;
 }
 
@@ -87,7 +87,13 @@ export async function fingerprint(src: string, ckpt: Checkpoint): Promise<string
 function readJournal(tmp: string): Journal | null {
   try {
     const j = JSON.parse(readFileSync(join(tmp, JOURNAL), "utf-8"));
-    if (typeof j?.fingerprint === "string" && j.layers && typeof j.layers === "object") return j;
+    const isObj = (v: unknown) => typeof v === "object" && v !== null && !Array.isArray(v);
+    if (
+      typeof j?.fingerprint === "string" && isObj(j.layers) && isObj(j.codebooks) &&
+      (j.globals === null || isObj(j.globals))
+    ) {
+      return j;
+    }
   } catch {
     // A missing or torn journal means nothing can be trusted: start over.
   }
@@ -141,20 +147,38 @@ export function dropDamagedWork(
   booksFd: number,
   chunk: number,
 ): void {
-  if (journal.globals && !regionIntact(trunkFd, journal.globals, chunk)) journal.globals = null;
+  const g = journal.globals;
+  if (g && !regionIntact(trunkFd, g, layout.globals.region, chunk)) journal.globals = null;
   for (const [k, r] of Object.entries(journal.layers)) {
     const l = Number(k);
+    const planned = layout.layers[l];
+    if (!planned || String(l) !== k) {
+      delete journal.layers[k];
+      continue;
+    }
     const bank = layout.banks[l];
-    const bankOk = !bank ||
-      (existsSync(join(tmp, expertBankFile(l))) &&
-        statSync(join(tmp, expertBankFile(l))).size === bank.stride * bank.experts.length);
-    const booksOk = !bank || codebooksIntact(booksFd, bank, journal.codebooks[k]);
-    if (!bankOk || !booksOk || !regionIntact(trunkFd, r, chunk)) delete journal.layers[k];
+    const bankOk = !bank || bankIntact(join(tmp, expertBankFile(l)), l, bank);
+    const booksOk = !bank || codebooksIntact(booksFd, bank, journal.codebooks?.[k]);
+    if (!bankOk || !booksOk || !regionIntact(trunkFd, r, planned, chunk)) delete journal.layers[k];
   }
 }
 
-/** Checks a journaled trunk region still holds what was written (size and CRC). */
-function regionIntact(fd: number, r: Region, chunk: number): boolean {
+/**
+ * Checks a journaled trunk region is where the layout puts it and still holds what was written
+ * (size and CRC); a journal is a file on disk, so its numbers are checked, not trusted.
+ */
+function regionIntact(
+  fd: number,
+  r: Region,
+  planned: { offset: number; bytes: number },
+  chunk: number,
+): boolean {
+  if (
+    typeof r !== "object" || r === null || r.offset !== planned.offset ||
+    r.bytes !== planned.bytes || !Number.isInteger(r.crc32)
+  ) {
+    return false;
+  }
   if (fstatSync(fd).size < r.offset + r.bytes) return false;
   const buf = new Uint8Array(Math.min(chunk, r.bytes));
   let crc = 0;
@@ -167,6 +191,28 @@ function regionIntact(fd: number, r: Region, chunk: number): boolean {
   return crc === r.crc32;
 }
 
+/**
+ * Whether a finished bank file is whole: the planned size, and every record's header and payload
+ * CRC as the engine will check them.
+ */
+function bankIntact(path: string, layer: number, bank: BankLayout): boolean {
+  if (!existsSync(path) || statSync(path).size !== bank.stride * bank.experts.length) return false;
+  const fd = openSync(path, "r");
+  try {
+    const record = new Uint8Array(bank.stride);
+    for (let e = 0; e < bank.experts.length; e++) {
+      const at = e * bank.stride;
+      if (readSync(fd, record, 0, record.length, at) !== record.length) return false;
+      checkRecord(record, bank, layer, e, path, at, true);
+    }
+    return true;
+  } catch {
+    return false;
+  } finally {
+    closeSync(fd);
+  }
+}
+
 /** Whether a journaled layer's codebooks are still in codebooks.bin with their CRCs. */
 function codebooksIntact(
   fd: number,
@@ -177,10 +223,11 @@ function codebooksIntact(
     const off = bank.codebookOffsets[m];
     if (off === undefined) continue;
     const want = crcs?.[m];
-    if (want === undefined || fd < 0 || fstatSync(fd).size < off + VQ3R_CODEBOOK_BYTES) {
+    const bytes = codebookSetBytes(bank, m);
+    if (want === undefined || fd < 0 || fstatSync(fd).size < off + bytes) {
       return false;
     }
-    const buf = new Uint8Array(VQ3R_CODEBOOK_BYTES);
+    const buf = new Uint8Array(bytes);
     if (readSync(fd, buf, 0, buf.length, off) !== buf.length || crc32(buf) !== want) return false;
   }
   return true;

@@ -1,7 +1,8 @@
 /**
  * The layout of a container, computed before any byte is written: the stored dtype of every
  * tensor, its offset in trunk.bin (globals, then one 4 KiB-aligned run per layer), the record
- * layout of each MoE layer's expert bank, and where each VQ3R codebook set goes in codebooks.bin.
+ * layout of each MoE layer's expert bank, and where each VQ3R / VQ4P codebook set goes in
+ * codebooks.bin.
  *
  * @module
  */
@@ -13,31 +14,45 @@ import {
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
+import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
 import {
   hfExpertName,
+  hfFusedExpertSlice,
   hfGlobalName,
   hfLayerName,
   layerTensorsOf,
 } from "../../engine/tensor_names.ts";
+import {
+  expertMatrixShape,
+  globalTensorSpec,
+  layerTensorSpec,
+} from "../../engine/tensor_shapes.ts";
 import { fp8ScaleInfo } from "../../io/checkpoint_weights.ts";
 import type { TensorEntry } from "../../io/manifest_schema.ts";
 import {
   alignUp,
   BLOCK_ALIGN,
+  CODEBOOK_BYTES,
   type ExpertFormat,
+  isCodebookDtype,
   Q4_BLOCK,
   RECORD_HEADER_BYTES,
   scaleSpecOf,
   storedBytes,
   type StoredDtype,
   TENSOR_ALIGN,
-  VQ3R_CODEBOOK_BYTES,
   VQ3R_DIM,
 } from "../../io/format.ts";
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
-import { findMatrix, INT4_PACKED, type SourceMatrix } from "../../engine/checkpoint_matrix.ts";
+import {
+  findFusedMxfp4,
+  findMatrix,
+  INT4_PACKED,
+  MXFP4_FUSED,
+  type SourceMatrix,
+} from "../../engine/checkpoint_matrix.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {
@@ -51,18 +66,22 @@ export interface PackLayout {
   layers: { items: Map<LayerTensor, Placed>; offset: number; bytes: number }[];
   banks: (BankLayout | null)[];
   trunkBytes: number;
-  /** Size of codebooks.bin (0 when nothing is vq3r). */
+  /** Size of codebooks.bin (0 when nothing is vq3r or vq4p). */
   codebooksBytes: number;
 }
 
-/** One MoE layer's bank: sources, layout, and where its VQ3R codebooks go. */
+/** One MoE layer's bank: sources, layout, and where its codebooks go. */
 export interface BankLayout {
   experts: Map<ExpertMatrix, SourceMatrix>[];
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
   format: ExpertFormat;
+  /** Whether the mxfp4 matrices were shipped as MXFP4 and multiply f32 activations exactly. */
+  nativeMxfp4: boolean;
+  /** gpt-oss: each matrix's f32 bias vector, after the matrices in every record. */
+  biases?: Record<ExpertMatrix, TensorEntry>;
   fallback: Partial<Record<ExpertMatrix, string>>;
-  /** Offset in codebooks.bin of each vq3r matrix kind's codebooks. */
+  /** Offset in codebooks.bin of each vq3r / vq4p matrix kind's codebooks. */
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
 }
 
@@ -98,7 +117,7 @@ function entryOf(dtype: StoredDtype, shape: number[], what: string): TensorEntry
       bytes: storedBytes(spec.dtype, spec.shape),
     };
   }
-  if (dtype === "vq3r") e.paddedCols = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
+  if (isCodebookDtype(dtype)) e.paddedCols = Math.ceil(shape[1] / VQ3R_DIM) * VQ3R_DIM;
   return e;
 }
 
@@ -128,9 +147,12 @@ function lookup(ckpt: Checkpoint, name: string, what: string): TensorInfo {
   return t;
 }
 
-function checkShape(t: TensorInfo, want: number[]): void {
-  if (String(t.shape) !== String(want)) {
-    throw new Error(`${t.file}: tensor ${t.name} has shape [${t.shape}], expected [${want}]`);
+function checkShape(t: TensorInfo, spec: TensorSpec, what: string): void {
+  const want = specMismatch(t.shape, spec);
+  if (want) {
+    throw new Error(
+      `${t.file}: tensor ${t.name} (${what}) has shape [${t.shape}], but config.json gives ${want}`,
+    );
   }
 }
 
@@ -142,15 +164,9 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     const name = hfGlobalName(cfg, g);
     if (name === null) continue;
     const src = lookup(ckpt, name, g);
-    checkShape(src, g === "final_norm" ? [cfg.hiddenSize] : [cfg.vocabSize, cfg.hiddenSize]);
-    gItems.set(g, {
-      src,
-      entry: entryFor(
-        ckpt,
-        src,
-        storedDtype(src, g === "final_norm" ? "vector" : "weight", convert),
-      ),
-    });
+    const spec = globalTensorSpec(cfg, g);
+    checkShape(src, spec, g);
+    gItems.set(g, { src, entry: entryFor(ckpt, src, storedDtype(src, spec.role, convert)) });
   }
   const gEnd = place([...gItems.values()], 0);
   let cursor = alignUp(gEnd, BLOCK_ALIGN);
@@ -160,10 +176,9 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const role = t === "router" ? "router" : src.shape.length === 1 ? "vector" : "weight";
-      if (role === "weight" && src.shape.length !== 2) {
-        throw new Error(`${src.file}: tensor ${src.name} has shape [${src.shape}], expected 2-D`);
-      }
+      const spec = layerTensorSpec(cfg, t, l);
+      checkShape(src, spec, `layer ${l} ${t}`);
+      const role = spec.role;
       let dtype = storedDtype(src, role, convert);
       if (opts.trunk === "int8" && role === "weight" && !TRUNK_INT8_EXCLUDED.has(t)) {
         dtype = "int8row";
@@ -178,9 +193,11 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
   let codebooksBytes = 0;
   for (const b of banks) {
     for (const m of EXPERT_MATRICES) {
-      if (b?.matrices[m].dtype !== "vq3r") continue;
+      if (!b) continue;
+      const bytes = codebookSetBytes(b, m);
+      if (!bytes) continue;
       b.codebookOffsets[m] = codebooksBytes;
-      codebooksBytes += VQ3R_CODEBOOK_BYTES;
+      codebooksBytes += bytes;
     }
   }
   return {
@@ -206,6 +223,7 @@ function expertDtype(
   const plainOf = (): StoredDtype => {
     if (opts.convert) return opts.convert;
     if (src.dtype === INT4_PACKED) return "int4g32";
+    if (src.dtype === MXFP4_FUSED) return "mxfp4";
     const kept = KEPT_DTYPE[src.dtype];
     if (!kept) {
       throw new Error(
@@ -230,13 +248,14 @@ function expertDtype(
 function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankLayout {
   const moe = cfg.moe!;
   const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
+  const fused = hfFusedExpertSlice(cfg, l, "gate") !== null;
   for (let e = 0; e < moe.numExperts; e++) {
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
-      const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-      const want = m === "down"
-        ? [cfg.hiddenSize, moe.expertIntermediate]
-        : [moe.expertIntermediate, cfg.hiddenSize];
+      const src = fused
+        ? findFusedMxfp4(ckpt, cfg, l, e, m)
+        : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+      const want = expertMatrixShape(cfg, m);
       if (String([src.rows, src.cols]) !== String(want)) {
         throw new Error(
           `${src.file}: tensor ${src.name} has shape [${src.rows}, ${src.cols}], expected [${want}]`,
@@ -274,18 +293,26 @@ function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOpt
   if (formats.size > 1) {
     throw new Error(`${ckpt.dir}: layer ${l}: experts mix dtypes ${[...formats].join(", ")}`);
   }
-  const end = place(placed as Placed[], RECORD_HEADER_BYTES);
-  const matrices = Object.fromEntries(
-    EXPERT_MATRICES.map((m, i) => [m, placed[i].entry]),
-  ) as Record<ExpertMatrix, TensorEntry>;
-  return {
+  const biasItems = moe.expertBias
+    ? EXPERT_MATRICES.map((m) => ({ entry: entryOf("f32", [experts[0].get(m)!.rows], m) }))
+    : [];
+  const end = place([...placed, ...biasItems] as Placed[], RECORD_HEADER_BYTES);
+  const byMatrix = (items: { entry: TensorEntry }[]) =>
+    Object.fromEntries(EXPERT_MATRICES.map((m, i) => [m, items[i].entry])) as Record<
+      ExpertMatrix,
+      TensorEntry
+    >;
+  const bank: BankLayout = {
     experts,
-    matrices,
+    matrices: byMatrix(placed),
     stride: alignUp(end, BLOCK_ALIGN),
     format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
     fallback,
     codebookOffsets: {},
+    nativeMxfp4: fused && placed.every((p) => p.entry.dtype === "mxfp4"),
   };
+  if (biasItems.length) bank.biases = byMatrix(biasItems);
+  return bank;
 }
 
 /** Says once per matrix kind which expert matrices keep a plain dtype, and why. */
@@ -298,5 +325,34 @@ export function reportFallbacks(layout: PackLayout, log: (line: string) => void)
       if (!said.has(line)) log(line);
       said.add(line);
     }
+  }
+}
+
+/** Bytes of the codebook set of `bank`'s matrix kind `m` (0 when it has none). */
+export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
+  const d = bank.matrices[m].dtype;
+  return isCodebookDtype(d) ? CODEBOOK_BYTES[d] : 0;
+}
+
+/**
+ * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
+ * multi-token-prediction layers): they are not part of the model, so they are never packed.
+ */
+export function reportSkippedLayers(
+  cfg: ModelConfig,
+  ckpt: Checkpoint,
+  log: (line: string) => void,
+): void {
+  const counts = new Map<number, number>();
+  for (const name of ckpt.tensors.keys()) {
+    const m = /^model\.layers\.(\d+)\./.exec(name);
+    const l = m ? Number(m[1]) : -1;
+    if (l >= cfg.numLayers) counts.set(l, (counts.get(l) ?? 0) + 1);
+  }
+  for (const [l, n] of [...counts].sort((a, b) => a[0] - b[0])) {
+    log(
+      `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
+        `a multi-token-prediction layer, not used for generation`,
+    );
   }
 }

@@ -27,9 +27,8 @@ import {
   type TensorEntry,
   TRUNK_FILE,
 } from "../../io/manifest_schema.ts";
-import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Journal } from "./journal.ts";
-import type { PackLayout } from "./layout.ts";
+import { codebookSetBytes, type PackLayout } from "./layout.ts";
 
 function readOptionalJson(path: string): unknown {
   return existsSync(path) ? JSON.parse(readFileSync(path, "utf-8")) : undefined;
@@ -64,11 +63,13 @@ export function buildManifest(
       matrices: b.matrices,
     };
     if (Object.keys(b.fallback).length) bank.fallback = b.fallback;
+    if (b.nativeMxfp4) bank.mxfp4Activations = "f32";
+    if (b.biases) bank.biases = b.biases;
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const m of EXPERT_MATRICES) {
       const offset = b.codebookOffsets[m];
       if (offset === undefined) continue;
-      refs[m] = { offset, bytes: VQ3R_CODEBOOK_BYTES, crc32: journal.codebooks[l][m]! };
+      refs[m] = { offset, bytes: codebookSetBytes(b, m), crc32: journal.codebooks[l][m]! };
     }
     if (Object.keys(refs).length) bank.codebooks = refs;
     return bank;

@@ -14,7 +14,7 @@ export { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 /** An `--experts` choice: a key of {@link EXPERT_OPTIONS} (the weight formats' `option`). */
 export type ExpertsOption = string;
 
-/** VQ3R codebook training settings of a pack. */
+/** VQ3R / VQ4P codebook training settings of a pack. */
 export interface Vq3rPackOptions {
   /** k-means seed (default 1). */
   seed?: number;
@@ -34,7 +34,7 @@ export interface PackOptions {
   experts?: ExpertsOption;
   /** "int8": per-row int8 for the layers' 2-D matmul weights (not embeddings, norms, routers). */
   trunk?: "int8";
-  /** VQ3R training settings (with `experts: "vq3r"`). */
+  /** Codebook training settings (with `experts: "vq3r"` or `"vq4p"`). */
   vq3r?: Vq3rPackOptions;
   /** Replace an existing output. */
   force?: boolean;
@@ -88,6 +88,6 @@ export function packOptionKey(opts: PackOptions): string {
     convert: convert ?? null,
     experts: opts.experts ?? null,
     trunk: opts.trunk ?? null,
-    vq3r: opts.experts === "vq3r" ? opts.vq3r ?? {} : null,
+    vq3r: opts.experts === "vq3r" || opts.experts === "vq4p" ? opts.vq3r ?? {} : null,
   });
 }

@@ -12,12 +12,15 @@ import {
   existsSync,
   fdatasyncSync,
   ftruncateSync,
+  mkdirSync,
   openSync,
+  readdirSync,
   renameSync,
   rmSync,
+  statSync,
   writeFileSync,
 } from "node:fs";
-import { basename, join } from "node:path";
+import { basename, dirname, join, resolve } from "node:path";
 import { loadModelConfig } from "../../engine/config.ts";
 import {
   CODEBOOKS_FILE,
@@ -33,10 +36,18 @@ import { trainBankCodebooks } from "./codebook_trainer.ts";
 import { writeJson } from "../../io/json_file.ts";
 import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
+import {
+  checkFreeSpace,
+  checkPackOutput,
+  isContainerDir,
+  isDiskFull,
+  isPackTempDir,
+  lockPackOutput,
+} from "./output_guard.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { computeLayout, reportFallbacks } from "./layout.ts";
+import { computeLayout, type PackLayout, reportFallbacks, reportSkippedLayers } from "./layout.ts";
+import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
-import { copySideFiles } from "./side_files.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
@@ -46,21 +57,48 @@ export async function packCheckpoint(
   opts: PackOptions = {},
 ): Promise<PackResult> {
   const t0 = performance.now();
+  const optionKey = packOptionKey(opts);
+  src = checkpointDir(src);
+  checkPackOutput(src, out, opts.force ?? false);
+  mkdirSync(dirname(resolve(out)), { recursive: true });
+  const lock = lockPackOutput(out);
+  try {
+    // Checked again under the lock: another pack may have finished meanwhile.
+    checkPackOutput(src, out, opts.force ?? false);
+    return await packLocked(src, out, opts, t0, optionKey);
+  } catch (e) {
+    if (!isDiskFull(e)) throw e;
+    const tmp = out + ".tmp";
+    if (isPackTempDir(tmp)) rmSync(tmp, { recursive: true, force: true });
+    throw new Error(
+      `no space left on the disk of ${out}; removed the partial output ${tmp} ` +
+        `(${(e as Error).message})`,
+    );
+  } finally {
+    lock.release();
+  }
+}
+
+async function packLocked(
+  src: string,
+  out: string,
+  opts: PackOptions,
+  t0: number,
+  optionKey: string,
+): Promise<PackResult> {
   const log = opts.log ?? ((s: string) => console.error(s));
   const chunk = opts.chunkBytes ?? 64 << 20;
   const convert = opts.convert;
-  const optionKey = packOptionKey(opts);
-  if (existsSync(out) && !opts.force) {
-    throw new Error(`${out} already exists; pass --force to replace it`);
-  }
-  src = checkpointDir(src);
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   try {
     const layout = computeLayout(cfg, ckpt, opts);
+    await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
+    reportSkippedLayers(cfg, ckpt, log);
     const fp = await fingerprint(src, ckpt);
     const tmp = out + ".tmp";
+    checkFreeSpace(tmp, containerBytesOf(layout) - bytesUnder(tmp));
     const journal = openJournal(
       tmp,
       { fingerprint: fp, convert: convert ?? null, options: optionKey },
@@ -173,9 +211,11 @@ export async function packCheckpoint(
     manifest.tokenizer.files = copySideFiles(src, tmp);
     writeJson(join(tmp, "manifest.json"), manifest);
     rmSync(join(tmp, JOURNAL));
+    if (existsSync(out) && !isContainerDir(out)) {
+      throw new Error(`${out} changed into something that is not a sluice container; not replaced`);
+    }
     replaceDir(tmp, out);
-    const containerBytes = layout.trunkBytes + layout.codebooksBytes +
-      layout.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
+    const containerBytes = containerBytesOf(layout);
     const seconds = (performance.now() - t0) / 1000;
     if (resumed.length) log(`pack: resumed ${resumed.length} finished layer(s) from ${tmp}`);
     log(`pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s`);
@@ -183,4 +223,16 @@ export async function packCheckpoint(
   } finally {
     ckpt.close();
   }
+}
+
+/** Bytes of trunk.bin, codebooks.bin and every expert bank of a layout. */
+function containerBytesOf(layout: PackLayout): number {
+  return layout.trunkBytes + layout.codebooksBytes +
+    layout.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
+}
+
+/** Bytes allocated to the files directly in `dir` (0 when it does not exist): a resume's head start. */
+function bytesUnder(dir: string): number {
+  if (!existsSync(dir)) return 0;
+  return readdirSync(dir).reduce((n, f) => n + statSync(join(dir, f)).blocks * 512, 0);
 }

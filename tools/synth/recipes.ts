@@ -1,6 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
- * Mixtral at hidden 1024) as functions of the hidden size, their config.json and their tensors.
+ * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b) as functions of the hidden size, their
+ * config.json and their tensors.
  *
  * @module
  */
@@ -41,6 +42,8 @@ export interface Recipe {
   isMoe(d: SynthDims, l: number): boolean;
   /** Fewest layers the size solver tries. */
   minLayers(d: SynthDims): number;
+  /** Hidden sizes the solver tries are multiples of this (gpt-oss's MXFP4 needs 32). */
+  hiddenMultiple?: number;
 }
 
 /** About `q` query heads sharing each kv head among `ratio`, with kv heads dividing q heads. */
@@ -305,10 +308,233 @@ const DEEPSEEK_V3: Recipe = {
   minLayers: (d) => d.firstDense + 1,
 };
 
+/**
+ * GLM-4.5-Air (hidden 4096, 46 layers, 128 experts top-8, 96/8 heads of 128, one dense layer,
+ * one shared expert, q/k/v biases, RoPE on half of each head, no q/k norm, no MTP layer).
+ */
+const GLM4_MOE: Recipe = {
+  baseHidden: 4096,
+  baseLayers: 46,
+  baseExperts: 128,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 256,
+  maxPositions: 131072,
+  width: (h) => {
+    const headDim = Math.round(clamp(h / 32, 16, 128));
+    return {
+      headDim,
+      // Air: 96 query heads of 128 on hidden 4096 (q is 3 × hidden), 8 kv heads.
+      ...gqaHeads((3 * h) / headDim, 12),
+      // Air: moe_intermediate 1408, dense 10944, of hidden 4096.
+      expertInter: 32 * Math.max(1, Math.round((1408 / 4096) * h / 32)),
+      denseInter: 32 * Math.max(1, Math.round((10944 / 4096) * h / 32)),
+      sharedExperts: 1,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8), firstDense: 1 }),
+  config: (d, dtype) => ({
+    architectures: ["Glm4MoeForCausalLM"],
+    model_type: "glm4_moe",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.denseInter,
+    moe_intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    num_nextn_predict_layers: 0,
+    first_k_dense_replace: d.firstDense,
+    n_routed_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    n_shared_experts: d.sharedExperts,
+    n_group: 1,
+    topk_group: 1,
+    norm_topk_prob: true,
+    routed_scaling_factor: 1,
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.kvHeads,
+    head_dim: d.headDim,
+    partial_rotary_factor: 0.5,
+    attention_bias: true,
+    use_qk_norm: false,
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rms_norm_eps: 1e-5,
+    rope_theta: 1e6,
+    rope_scaling: null,
+    attention_dropout: 0,
+    pad_token_id: null,
+    ...hfConfigTail(dtype),
+  }),
+  layer: (d, l, dt) => {
+    const p = `model.layers.${l}.`;
+    const bias = (name: string, n: number): SynthTensor => ({
+      name: p + name,
+      shape: [n],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 0.02 },
+      layer: l,
+    });
+    const out = [
+      ...gqaAttention(d, l, dt),
+      bias("self_attn.q_proj.bias", d.heads * d.headDim),
+      bias("self_attn.k_proj.bias", d.kvHeads * d.headDim),
+      bias("self_attn.v_proj.bias", d.kvHeads * d.headDim),
+    ];
+    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
+    return [
+      ...out,
+      router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
+      {
+        name: p + "mlp.gate.e_score_correction_bias",
+        shape: [d.experts],
+        dtype: "F32",
+        init: { kind: "zeros" },
+        layer: l,
+      },
+      ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
+    ];
+  },
+  expert: (d, l, e, dt) =>
+    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: (d) => d.firstDense + 1,
+};
+
+/** E8M0 bytes whose random E2M1 codes (mean |value| ≈ 2.4) give weights of std ≈ 1/√fan_in. */
+function mxfp4ScaleBytes(fanIn: number): { kind: "bytes"; lo: number; hi: number } {
+  const e = 127 + Math.round(Math.log2(1 / Math.sqrt(fanIn) / 2.4));
+  return { kind: "bytes", lo: e - 1, hi: e };
+}
+
+/**
+ * gpt-oss-20b (hidden 2880, 24 layers, 32 experts top-4, 64 query heads and 8 kv heads of 64,
+ * expert intermediate = hidden) and -120b (36 layers, 128 experts): every layer MoE, experts as
+ * OpenAI ships them (fused MXFP4 blocks and scales, BF16 biases, random codes), q/k/v/o biases,
+ * sinks, alternating sliding (128) and full attention, YaRN with truncate false.
+ */
+const GPT_OSS: Recipe = {
+  baseHidden: 2880,
+  baseLayers: 24,
+  baseExperts: 32,
+  baseTopK: 4,
+  expertStep: 8,
+  maxExperts: 128,
+  maxPositions: 131072,
+  hiddenMultiple: 32,
+  width: (h) => {
+    const headDim = Math.round(clamp(h / 45, 16, 64));
+    // 20b: 64 query heads of 64 on hidden 2880 (q is 1.42 × hidden), 8 kv heads.
+    return { headDim, ...gqaHeads((64 * h) / 2880, 8), expertInter: 32 * Math.round(h / 32) };
+  },
+  counts: (d) => ({ topK: Math.min(4, d.experts) }),
+  config: (d, dtype) => ({
+    architectures: ["GptOssForCausalLM"],
+    model_type: "gpt_oss",
+    attention_bias: true,
+    attention_dropout: 0,
+    experts_per_token: d.topK,
+    head_dim: d.headDim,
+    hidden_act: "silu",
+    hidden_size: d.hidden,
+    initial_context_length: 4096,
+    intermediate_size: d.expertInter,
+    layer_types: Array.from(
+      { length: d.layers },
+      (_, l) => l % 2 === 0 ? "sliding_attention" : "full_attention",
+    ),
+    max_position_embeddings: d.maxPositions,
+    num_attention_heads: d.heads,
+    num_experts_per_tok: d.topK,
+    num_hidden_layers: d.layers,
+    num_key_value_heads: d.kvHeads,
+    num_local_experts: d.experts,
+    quantization_config: {
+      modules_to_not_convert: [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+      ],
+      quant_method: "mxfp4",
+    },
+    rms_norm_eps: 1e-5,
+    rope_scaling: {
+      beta_fast: 32,
+      beta_slow: 1,
+      factor: 32,
+      original_max_position_embeddings: 4096,
+      rope_type: "yarn",
+      truncate: false,
+    },
+    rope_theta: 150000,
+    sliding_window: 128,
+    swiglu_limit: 7,
+    vocab_size: d.vocab,
+    ...hfConfigTail(dtype),
+  }),
+  layer: (d, l, dt) => {
+    const p = `model.layers.${l}.`;
+    const vec = (name: string, n: number, std = 0.02): SynthTensor => ({
+      name: p + name,
+      shape: [n],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std },
+      layer: l,
+    });
+    const fused = (base: string, rows: number, cols: number): SynthTensor[] => [
+      {
+        name: `${p}mlp.experts.${base}_blocks`,
+        shape: [d.experts, rows, cols / 32, 16],
+        dtype: "U8",
+        init: { kind: "bytes", lo: 0, hi: 255 },
+        layer: l,
+      },
+      {
+        name: `${p}mlp.experts.${base}_scales`,
+        shape: [d.experts, rows, cols / 32],
+        dtype: "U8",
+        init: mxfp4ScaleBytes(cols),
+        layer: l,
+      },
+      {
+        name: `${p}mlp.experts.${base}_bias`,
+        shape: [d.experts, rows],
+        dtype: "BF16",
+        init: { kind: "normal", mean: 0, std: 0.02 },
+        layer: l,
+      },
+    ];
+    return [
+      ...gqaAttention(d, l, dt),
+      vec("self_attn.q_proj.bias", d.heads * d.headDim),
+      vec("self_attn.k_proj.bias", d.kvHeads * d.headDim),
+      vec("self_attn.v_proj.bias", d.kvHeads * d.headDim),
+      vec("self_attn.o_proj.bias", d.hidden),
+      vec("self_attn.sinks", d.heads, 1),
+      router(p + "mlp.router.weight", d.experts, d.hidden, dt, l),
+      {
+        name: p + "mlp.router.bias",
+        shape: [d.experts],
+        dtype: dt,
+        init: { kind: "zeros" },
+        layer: l,
+      },
+      ...fused("gate_up_proj", 2 * d.expertInter, d.hidden),
+      ...fused("down_proj", d.hidden, d.expertInter),
+    ];
+  },
+  // The experts are fused per layer (in layer()), not one tensor set per expert.
+  expert: () => [],
+  isMoe: () => true,
+  minLayers: () => 2,
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
   mixtral: MIXTRAL,
+  glm4_moe: GLM4_MOE,
+  gpt_oss: GPT_OSS,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

@@ -71,6 +71,22 @@ function writeTensor(
     progress.add(arr.byteLength);
   };
   let x = streamSeed(seed, t.name);
+  if (t.init.kind === "bytes") {
+    const { lo, hi } = t.init;
+    const u8 = new Uint8Array(buf.f32.buffer, 0, Math.min(buf.f32.byteLength, elems));
+    for (let i = 0; i < elems; i += u8.length) {
+      const v = u8.subarray(0, Math.min(u8.length, elems - i));
+      for (let j = 0; j < v.length; j++) {
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        v[j] = lo + ((x >>> 0) % (hi - lo + 1));
+      }
+      writeAll(fd, v);
+      progress.add(v.length);
+    }
+    return;
+  }
   if (t.init.kind === "zeros") {
     for (let i = 0; i < elems; i += CHUNK_ELEMS) {
       emit(view(Math.min(CHUNK_ELEMS, elems - i)).fill(0));

@@ -106,7 +106,10 @@ export function synthShape(
   checkOverrides(overrides);
   const widths: number[] = [];
   if (overrides.hidden) widths.push(overrides.hidden);
-  else for (let h = r.baseHidden; h >= 64; h /= 2) widths.push(h);
+  else {
+    const m = r.hiddenMultiple ?? 1;
+    for (let h = r.baseHidden; h >= 64; h /= 2) widths.push(Math.max(m, Math.round(h / m) * m));
+  }
   let best: Candidate | null = null;
   for (const h of widths) {
     const atWidth = searchCounts(r, h, bytes, overrides, dt);

@@ -6,7 +6,7 @@
  */
 
 /** The architectures {@link synthCheckpoint} can write. */
-export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral"] as const;
+export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral", "glm4_moe", "gpt_oss"] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];
@@ -15,7 +15,7 @@ export type SynthArch = typeof SYNTH_ARCHS[number];
 export type SynthDtype = "bf16" | "f32";
 
 /** A tensor's safetensors dtype. */
-export type SynthElemType = "BF16" | "F32";
+export type SynthElemType = "BF16" | "F32" | "U8";
 
 /** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
 export interface SynthDims {
@@ -52,7 +52,9 @@ export type SynthInit =
   | { kind: "normal"; mean: number; std: number }
   /** A router: normal rows with std 1/sqrt(hidden), each times its row scale. */
   | { kind: "router" }
-  | { kind: "zeros" };
+  | { kind: "zeros" }
+  /** U8 tensors (gpt-oss's MXFP4 blocks and scales): bytes uniform in [lo, hi]. */
+  | { kind: "bytes"; lo: number; hi: number };
 
 /** One tensor of the checkpoint. */
 export interface SynthTensor {
@@ -84,7 +86,7 @@ export function dtypeName(dtype: SynthDtype): SynthElemType {
 
 /** Bytes of one tensor's data. */
 export function tensorBytes(t: SynthTensor): number {
-  return t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "BF16" ? 2 : 4);
+  return t.shape.reduce((a, b) => a * b, 1) * { BF16: 2, F32: 4, U8: 1 }[t.dtype];
 }
 
 /** Bytes of the data of all of `ts`. */

@@ -52,7 +52,7 @@ const HELP = `usage: deno task bench compare [options]
   --cap SIZE         memory cap (cgroup) of the over-cap regime (default 0.5G)
   --budget SIZE      sluice arena budget under the cap (default: the cap less 160 MiB for the
                      runtime's own memory, measured at about 90-120 MiB, and at least 60%)
-  --arch A           qwen3_moe or mixtral (default qwen3_moe)
+  --arch A           qwen3_moe, mixtral, glm4_moe or gpt_oss (MXFP4 experts; default qwen3_moe)
   --threads N        threads of both engines (default: all cores)
   --prompt N         prompt tokens (default 128)
   --tokens N         decode tokens timed in RAM (default 32)
@@ -62,7 +62,10 @@ const HELP = `usage: deno task bench compare [options]
   --skip-over-cap    in-RAM and prefill only
   --json             print the report as JSON`;
 
-/** One model in the bench cache: HF checkpoint, sluice container and GGUF, all bf16. */
+/**
+ * One model in the bench cache: HF checkpoint, sluice container and GGUF, all bf16 — but
+ * gpt-oss's routed experts, MXFP4 in both (as shipped in the container, ggml MXFP4 in the GGUF).
+ */
 interface BenchModel {
   container: string;
   gguf: string;
@@ -72,7 +75,8 @@ interface BenchModel {
 
 /** Synthesises, packs and exports a model of `size` bytes unless the cache has it. */
 async function ensureModel(cache: string, arch: SynthArch, size: number): Promise<BenchModel> {
-  const dir = join(cache, `${arch}-${(size / GiB).toFixed(2)}G-bf16`);
+  const experts = arch === "gpt_oss" ? "mxfp4" : "bf16";
+  const dir = join(cache, `${arch}-${(size / GiB).toFixed(2)}G-${experts}`);
   const hf = join(dir, "hf"), container = join(dir, "model.sluice"), gguf = join(dir, "model.gguf");
   const done = join(dir, "done.json");
   if (!existsSync(done)) {
@@ -91,7 +95,7 @@ async function ensureModel(cache: string, arch: SynthArch, size: number): Promis
       copyFileSync(join(SPM_TOKENIZER_DIR, f), join(hf, f));
     }
     await packCheckpoint(hf, container, { force: true, progress: "off", log: () => {} });
-    exportGguf(hf, gguf, { type: "bf16", force: true, progress: "off" });
+    exportGguf(hf, gguf, { type: experts, force: true, progress: "off" });
     Deno.removeSync(hf, { recursive: true });
     writeFileSync(`${done}.tmp`, JSON.stringify({ arch, size }));
     renameSync(`${done}.tmp`, done);
@@ -251,8 +255,11 @@ export async function main(args: string[]): Promise<void> {
     return;
   }
   const arch = v.arch as SynthArch;
-  if (arch !== "qwen3_moe" && arch !== "mixtral") {
-    throw new Error(`--arch must be qwen3_moe or mixtral (what GGUF export writes), got ${arch}`);
+  const archs: SynthArch[] = ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"];
+  if (!archs.includes(arch)) {
+    throw new Error(
+      `--arch must be one of ${archs.join(", ")} (what GGUF export writes), got ${arch}`,
+    );
   }
   const threads = Number(v.threads ?? navigator.hardwareConcurrency);
   const cap = parseSize(v.cap!), overSize = parseSize(v["over-size"]!);
@@ -323,7 +330,10 @@ export async function main(args: string[]): Promise<void> {
   for (const n of [...ir.notes, ...oc.notes]) log(n);
 
   const report = buildReport({
-    precision: "bf16 weights in both (sluice container bf16, GGUF BF16; norms/routers f32)",
+    precision: arch === "gpt_oss"
+      ? "MXFP4 experts in both (sluice: as shipped, exact f32 activations; llama.cpp: Q8 " +
+        "activations), bf16 trunk, norms/routers f32"
+      : "bf16 weights in both (sluice container bf16, GGUF BF16; norms/routers f32)",
     arch,
     machine: {
       dram_gbps: dram?.points[0]?.gbps ?? null,

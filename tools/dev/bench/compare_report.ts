@@ -21,6 +21,8 @@ export interface EngineJob {
   warmup: boolean;
   /** Stop decoding after this many seconds (the run reports how many steps it did). */
   maxSeconds: number;
+  /** llama.cpp: an F32 KV cache instead of its default F16 (exact comparisons). */
+  kvF32?: boolean;
 }
 
 /** What one engine process measured (one JSON line on its stdout). */

@@ -22,6 +22,7 @@ import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "../../../io/dram_probe.ts";
+import { kdaBenchInputs, type KdaRow, timeKdaKernels } from "./kda.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -47,6 +48,15 @@ export interface GemvPoint {
   gweights_per_s: number;
   /** Cores that other processes kept busy during the best pass (null where /proc is absent). */
   other_cores: number | null;
+}
+
+/** Two formats timed in alternation at one thread count. */
+export interface PairedPoint {
+  threads: number;
+  bf16_gweights_per_s: number;
+  vq4p_gweights_per_s: number;
+  /** vq4p ÷ bf16 weights per second. */
+  ratio: number;
 }
 
 /** One weight format and shape, over every thread count. */
@@ -89,12 +99,20 @@ export interface KernelBenchReport {
   /** True when a GEMV streamed faster than the DRAM read: the ceiling was measured under load. */
   dram_suspect: boolean;
   gemv: GemvRow[];
+  /** KDA's decode recurrence and short conv at Kimi-Linear-48B's shape (tools/dev/bench/kda.ts). */
+  kda: KdaRow[];
   f32_gemv_gbps: number;
   bf16_gemv_gbps: number;
   f32_gweights_per_s: number;
   bf16_gweights_per_s: number;
   mxfp4_gweights_per_s: number | null;
   vq3r_gweights_per_s: number | null;
+  vq4p_gweights_per_s: number | null;
+  /**
+   * vq4p against bf16 on the first shape, the two timed in alternation (best of each), per thread
+   * count: a ratio that survives load which comes and goes between formats.
+   */
+  vq4p_vs_bf16: PairedPoint[];
   int8_gweights_per_s: number | null;
   int4_gweights_per_s: number | null;
   fp8_gweights_per_s: number | null;
@@ -160,7 +178,7 @@ function benchFormat(f: WeightFormat): BenchFormat {
     prepare: f.input === "q8"
       ? (k, s, c) => k.quantize_act_q8(s.x, s.xq, c)
       : f.input === "lut"
-      ? (k, s, c) => k.vq3r_lut(s.codebooks, s.x, s.lut, c)
+      ? (k, s, c) => k[f.table!.kernel](s.codebooks, s.x, s.lut, c)
       : undefined,
   };
 }
@@ -172,8 +190,11 @@ export const BENCH_FORMATS: BenchFormat[] = WEIGHT_FORMATS.filter((f) => f.optio
 export const TARGETS = {
   bf16_over_dram: 0.65,
   f32_over_dram: 0.85,
+  kda_state_over_dram: 0.7,
   dispatch_median_us: 5,
   odirect_over_dd: 0.9,
+  /** Issue 16: a 3-bit expert format at least as fast as bf16 in weights per second. */
+  vq4p_over_bf16_weights: 1.0,
 };
 
 interface Sizes {
@@ -310,6 +331,33 @@ function timeFormat(
       other_cores: others,
     },
   };
+}
+
+/** Rounds of alternating bf16 / vq4p timings in {@link timePaired}. */
+const PAIRED_ROUNDS = 3;
+
+/** bf16 and vq4p at one shape, timed in alternation; the best of each. */
+function timePaired(
+  pool: Pool,
+  rows: number,
+  cols: number,
+  region: { off: number; bytes: number },
+  scratch: Scratch,
+  passes: number,
+): PairedPoint {
+  const [bf16, vq4p] = ["bf16", "vq4p"].map((n) => BENCH_FORMATS.find((f) => f.name === n)!);
+  let b = 0, v = 0;
+  for (let i = 0; i < PAIRED_ROUNDS; i++) {
+    b = Math.max(
+      b,
+      timeFormat(pool, bf16, rows, cols, region, scratch, passes).point.gweights_per_s,
+    );
+    v = Math.max(
+      v,
+      timeFormat(pool, vq4p, rows, cols, region, scratch, passes).point.gweights_per_s,
+    );
+  }
+  return { threads: pool.threads, bf16_gweights_per_s: b, vq4p_gweights_per_s: v, ratio: v / b };
 }
 
 /** CPU time counters (jiffies) of the whole machine and of this process, from /proc. */
@@ -462,6 +510,8 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   fillWeights(arena, regionOff, sizes.region);
   fillFloats(arena, Number(scratch.x), maxCols);
   fillFloats(arena, Number(scratch.codebooks), 3 * 8 * 256);
+  const kdaInputs = kdaBenchInputs(arena);
+  const kda: KdaRow[] = [];
 
   const module = await loadKernelModule();
   const gemv: GemvRow[] = [];
@@ -485,6 +535,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     parkedP99: NaN,
     direct: NaN,
   };
+  const paired: PairedPoint[] = [];
   for (const t of threads) {
     const pool = await Pool.create(arena, module, t);
     try {
@@ -510,6 +561,25 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
           );
         }
       }
+      const [pr, pc] = sizes.shapes[0];
+      const pair = timePaired(pool, pr, pc, { off: regionOff, bytes: sizes.region }, scratch, 2);
+      paired.push(pair);
+      log(`vq4p / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
+      const k = timeKdaKernels(
+        arena,
+        pool,
+        { off: regionOff, bytes: sizes.region },
+        kdaInputs,
+        sizes.passes,
+      );
+      for (const row of [k.recurrence, k.conv]) {
+        const have = kda.find((r) => r.kernel === row.kernel);
+        if (have) have.by_threads.push(...row.by_threads);
+        else kda.push(row);
+        log(`${row.kernel} ${t} thread(s): ${row.by_threads[0].gbps.toFixed(2)} GB/s of state`);
+      }
+      // The KDA bench wrote floats over the weights: put the GEMV filler back for the next pool.
+      fillWeights(arena, regionOff, sizes.region);
       if (t === maxThreads) {
         dispatch = timeDispatch(pool, BigInt(regionOff), scratch, sizes.dispatchSamples);
         log(`dispatch ${t} thread(s): median ${dispatch.median.toFixed(2)} µs`);
@@ -561,10 +631,25 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   }
   const odirect = disk && Number.isFinite(disk.odirect_gbps) ? disk.odirect_gbps : null;
   const bf16Gbps = bestAtMax(gemv, "bf16", "gbps")!;
+  const vq4pW = bestAtMax(gemv, "vq4p", "gweights_per_s");
   const ratios = [
     check("bf16 GEMV / DRAM", bf16Gbps / dramGbps, TARGETS.bf16_over_dram, ">="),
     check("f32 GEMV / DRAM", f32Gbps / dramGbps, TARGETS.f32_over_dram, ">="),
+    ...kda.map((row) =>
+      check(
+        `${row.kernel} state / DRAM`,
+        row.by_threads[row.by_threads.length - 1].gbps / dramGbps,
+        TARGETS.kda_state_over_dram,
+        ">=",
+      )
+    ),
     check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
+    check(
+      "vq4p / bf16 weights/s (alternating, all threads)",
+      paired[paired.length - 1].ratio,
+      TARGETS.vq4p_over_bf16_weights,
+      ">=",
+    ),
     check(
       "O_DIRECT / dd",
       odirect !== null && disk?.dd_direct_gbps ? odirect / disk.dd_direct_gbps : null,
@@ -584,12 +669,15 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     dram_read_gbps: dramGbps,
     dram_suspect: dramSuspect,
     gemv,
+    kda,
     f32_gemv_gbps: f32Gbps,
     bf16_gemv_gbps: bf16Gbps,
     f32_gweights_per_s: bestAtMax(gemv, "f32", "gweights_per_s")!,
     bf16_gweights_per_s: bestAtMax(gemv, "bf16", "gweights_per_s")!,
     mxfp4_gweights_per_s: bestAtMax(gemv, "mxfp4", "gweights_per_s"),
     vq3r_gweights_per_s: bestAtMax(gemv, "vq3r", "gweights_per_s"),
+    vq4p_gweights_per_s: vq4pW,
+    vq4p_vs_bf16: paired,
     int8_gweights_per_s: bestAtMax(gemv, "int8", "gweights_per_s"),
     int4_gweights_per_s: bestAtMax(gemv, "int4", "gweights_per_s"),
     fp8_gweights_per_s: bestAtMax(gemv, "fp8", "gweights_per_s"),
@@ -646,6 +734,26 @@ export function formatKernelReport(r: KernelBenchReport): string {
     );
   }
   out.push("", "\\* other processes kept ≥ 0.3 cores busy during the best pass.", "");
+  out.push(
+    `vq4p ÷ bf16 weights/s, timed in alternation on ${r.gemv[0].rows}×${r.gemv[0].cols}: ` +
+      r.vq4p_vs_bf16.map((p) =>
+        `${p.threads} thr ${fmt2(p.ratio)} (${fmt2(p.vq4p_gweights_per_s)} vs ` +
+        `${fmt2(p.bf16_gweights_per_s)} Gw/s)`
+      ).join(", ") + ".",
+    "",
+  );
+  out.push(
+    `| KDA kernel | one call | cold set | ${th.map((t) => `${t} thr state GB/s`).join(" | ")} |`,
+  );
+  out.push(`|---|---|---:|${th.map(() => "---:").join("|")}|`);
+  for (const k of r.kda) {
+    out.push(
+      `| \`${k.kernel}\` | ${k.shape} | ${k.layers} layers = ${
+        (k.bytes_per_pass / GiB).toFixed(2)
+      } GiB | ${k.by_threads.map((p) => fmt2(p.gbps)).join(" | ")} |`,
+    );
+  }
+  out.push("");
   out.push(
     `Dispatch (${r.dispatch_threads} threads, ${r.dispatch_samples} samples): median ` +
       `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs; after the ` +

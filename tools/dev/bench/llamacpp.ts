@@ -36,6 +36,9 @@ const ctxSize = job.promptIds.length + job.decodeTokens + 16;
 const context = await model.createContext({
   contextSize: ctxSize, batchSize: Math.max(job.promptIds.length, 32),
   threads: { ideal: job.threads, min: job.threads },
+  ...(job.kvF32
+    ? { experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32", flashAttention: false }
+    : {}),
 });
 const loadMs = performance.now() - t0;
 async function pass(ids, steps, deadline) {

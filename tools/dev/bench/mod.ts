@@ -26,15 +26,30 @@ export const BENCHES: Record<string, BenchEntry> = {
       "latency, O_DIRECT vs buffered disk reads, with targets",
     load: () => import("./kernels.ts"),
   },
+  integrity: {
+    summary: "cost of the run-time integrity checks (record header, sampled CRC, --verify) " +
+      "during streaming decode",
+    load: () => import("./integrity.ts"),
+  },
   stream: {
     summary: "decode under a memory budget on a synthetic 2 GiB Qwen3-MoE: tok/s against the " +
       "O_DIRECT roofline, read-ahead and lookahead on/off, overlap of I/O and compute",
     load: () => import("./stream.ts"),
   },
+  pack: {
+    summary: "pack MB/s of a synthetic checkpoint against the disk's own O_DIRECT sequential " +
+      "write (dd), with the issue 16 target",
+    load: () => import("./pack.ts"),
+  },
   compare: {
     summary: "sluice vs llama.cpp (node-llama-cpp, installed on demand) in RAM, over a cgroup " +
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
     load: () => import("./compare.ts"),
+  },
+  serve: {
+    summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
+      "prompt cache saves over a conversation, with targets",
+    load: () => import("./serve.ts"),
   },
 };
 

@@ -19,7 +19,15 @@ import {
 const MiB = 1024 * 1024;
 
 /** Formats measured, in report order. */
-export const QUANT_BENCH_FORMATS = ["bf16", "mxfp4", "fp8", "int4", "int8", "vq3r"] as const;
+export const QUANT_BENCH_FORMATS = [
+  "bf16",
+  "mxfp4",
+  "mxfp4_exact",
+  "fp8",
+  "int4",
+  "int8",
+  "vq3r",
+] as const;
 /** One of {@link QUANT_BENCH_FORMATS}. */
 export type QuantBenchFormat = typeof QUANT_BENCH_FORMATS[number];
 
@@ -41,6 +49,7 @@ function rowBytes(format: QuantBenchFormat, cols: number): number {
     case "bf16":
       return 2 * cols;
     case "mxfp4":
+    case "mxfp4_exact":
       return cols / 2 + cols / 32;
     case "fp8":
       return cols + (4 * cols) / 128 / 128;
@@ -112,6 +121,14 @@ export function prepareQuantCase(
         () => qk.quantize_act_q8(pX, pT, cols),
         (r0, r1) => qk.matvec_mxfp4(pW, pS, pT, pY, rows, cols, r0, r1),
       );
+    }
+    case "mxfp4_exact": {
+      // gpt-oss's shipped MXFP4 times f32 activations (no Q8 copy to prepare).
+      fillRandom(new Uint8Array(buf, W, (rows * cols) / 2));
+      const S = take((rows * cols) / 32);
+      new Uint8Array(buf, S, (rows * cols) / 32).fill(120);
+      const pS = BigInt(S);
+      return caseOf(noPrep, (r0, r1) => qk.matvec_mxfp4_exact(pW, pS, pX, pY, rows, cols, r0, r1));
     }
     case "int4": {
       fillRandom(new Uint8Array(buf, W, (rows * cols) / 2));

@@ -73,6 +73,8 @@ export interface StreamRun {
   io_share: number;
   speculative_reads: number;
   speculative_used: number;
+  /** Lookahead predictions its precision gate kept from being read (whole run). */
+  speculative_skipped: number;
   lookahead_recall: number | null;
   trunk_pinned: number;
   expert_slots: number;
@@ -186,7 +188,7 @@ export function recordReadGbps(path: string, count: number, inFlight = 2): numbe
 }
 
 /** A fixed prompt of ordinary token ids (the BOS id is not needed by a synthetic model). */
-function fixedPrompt(vocab: number): number[] {
+export function fixedPrompt(vocab: number): number[] {
   return Array.from({ length: 8 }, (_, i) => (1000 + 37 * i) % vocab);
 }
 
@@ -214,7 +216,7 @@ function counters(m: Model): Counters {
 }
 
 /** Prefills `prompt`, then decodes `tokens` greedy tokens; returns the decode-step numbers. */
-function decode(m: Model, label: string, prompt: number[], tokens: number): StreamRun {
+export function decode(m: Model, label: string, prompt: number[], tokens: number): StreamRun {
   let logits: Float32Array = new Float32Array(0);
   for (let p = 0; p < prompt.length; p += m.prefillChunk) {
     logits = m.forward(prompt.slice(p, p + m.prefillChunk), p);
@@ -243,6 +245,7 @@ function decode(m: Model, label: string, prompt: number[], tokens: number): Stre
     io_share: wait / ms,
     speculative_reads: b.spec - a.spec,
     speculative_used: b.specUsed - a.specUsed,
+    speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: m.observers.lookahead?.recall ?? null,
     trunk_pinned: m.plan.pinned,
     expert_slots: m.plan.expertSlots,
@@ -417,7 +420,7 @@ export function formatStreamReport(r: StreamBenchResult): string {
     }; load average ${r.load_average.toFixed(2)}`,
     "",
     "| run | tok/s (all repeats) | ms/token | read/token | expert hit rate | io wait/token | io share | " +
-    "spec reads (used) | recall |",
+    "spec reads (used, not read) | recall |",
     "|---|---|---|---|---|---|---|---|---|",
     ...r.runs.map((x) =>
       `| ${x.label} | ${x.tok_s.toFixed(2)} (${
@@ -425,7 +428,7 @@ export function formatStreamReport(r: StreamBenchResult): string {
       }) | ${x.ms_per_token.toFixed(1)} | ` +
       `${mib(x.bytes_per_token)} | ${pct(x.expert_hit_rate)} | ` +
       `${x.io_wait_ms_per_token.toFixed(1)} ms | ${pct(x.io_share)} | ` +
-      `${x.speculative_reads} (${x.speculative_used}) | ` +
+      `${x.speculative_reads} (${x.speculative_used}, ${x.speculative_skipped}) | ` +
       `${x.lookahead_recall === null ? "-" : pct(x.lookahead_recall)} |`
     ),
     "",

@@ -64,6 +64,7 @@ export const GGML_TYPE = {
   Q5_K: 13,
   Q6_K: 14,
   BF16: 30,
+  MXFP4: 39,
 } as const;
 
 /** Name of a ggml tensor type. */
@@ -84,6 +85,8 @@ export const GGML_BLOCK: Record<GgmlTypeName, { elems: number; bytes: number }> 
   Q5_K: { elems: 256, bytes: 176 },
   Q6_K: { elems: 256, bytes: 210 },
   BF16: { elems: 1, bytes: 2 },
+  // ggml's block_mxfp4: the E8M0 byte, then 16 bytes of E2M1 pairs.
+  MXFP4: { elems: 32, bytes: 17 },
 };
 
 /** The name of a ggml type code, or undefined when it is not in {@link GGML_TYPE}. */

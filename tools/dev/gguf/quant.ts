@@ -1,11 +1,12 @@
 /**
- * Encoders from float32 to the ggml tensor types the GGUF exporter writes: F32, F16, BF16 and
- * Q8_0. Rounding follows ggml's reference code (and gguf-py's numpy port), so a tensor encoded
+ * Encoders from float32 to the ggml tensor types the GGUF exporter writes: F32, F16, BF16, Q8_0
+ * and MXFP4 (gpt-oss's experts). Rounding follows ggml's reference code (and gguf-py's numpy port), so a tensor encoded
  * here equals what llama.cpp's own converter writes for the same float32 input.
  *
  * @module
  */
 
+import { quantizeMxfp4 } from "../../../engine/quant/mxfp4.ts";
 import type { GgmlTypeName } from "./format.ts";
 
 /** Elements in one Q8_0 block. */
@@ -97,8 +98,30 @@ function encodeQ8_0(x: Float32Array, what: string): Uint8Array {
   return out;
 }
 
+/**
+ * MXFP4 as ggml's block_mxfp4 (17 bytes per 32 values): the E8M0 scale byte e, then qs[16] with
+ * element i in the low nibble of qs[i] and element i + 16 in the high nibble; ggml decodes
+ * doubled E2M1 values × 2^(e − 128), the same numbers as E2M1 × 2^(e − 127). The codes and scale
+ * come from the OCP rule (engine/quant/mxfp4.ts), so values that already are MXFP4 (gpt-oss's
+ * experts) come back unchanged.
+ */
+function encodeMxfp4(x: Float32Array, what: string): Uint8Array {
+  if (x.length % 32) {
+    throw new Error(`${what}: ${x.length} values are not a whole number of MXFP4 blocks of 32`);
+  }
+  const n = x.length / 32;
+  const m = quantizeMxfp4(x, n, 32);
+  const out = new Uint8Array(n * 17);
+  const code = (b: number, k: number) => (m.blocks[b * 16 + (k >> 1)] >> ((k & 1) * 4)) & 15;
+  for (let b = 0; b < n; b++) {
+    out[b * 17] = m.scales[b];
+    for (let i = 0; i < 16; i++) out[b * 17 + 1 + i] = code(b, i) | (code(b, i + 16) << 4);
+  }
+  return out;
+}
+
 /** Types {@link encodeTensor} can produce. */
-export type EncodableType = Extract<GgmlTypeName, "F32" | "F16" | "BF16" | "Q8_0">;
+export type EncodableType = Extract<GgmlTypeName, "F32" | "F16" | "BF16" | "Q8_0" | "MXFP4">;
 
 /** Encodes float32 values (row-major, rows of dims[0]) as `type`; `what` names the tensor. */
 export function encodeTensor(x: Float32Array, type: EncodableType, what: string): Uint8Array {
@@ -111,5 +134,7 @@ export function encodeTensor(x: Float32Array, type: EncodableType, what: string)
       return encodeBf16(x);
     case "Q8_0":
       return encodeQ8_0(x, what);
+    case "MXFP4":
+      return encodeMxfp4(x, what);
   }
 }

@@ -311,6 +311,20 @@ export function decodeGgmlToF32(type: GgmlTypeName, bytes: Uint8Array, what: str
         for (let j = 0; j < 32; j++) out[b * 32 + j] = d * v.getInt8(b * 34 + 2 + j);
       }
       return out;
+    case "MXFP4": {
+      // ggml's kvalues_mxfp4 (doubled E2M1) × 2^(e − 128); element j < 16 in the low nibble of
+      // qs[j], element j + 16 in its high nibble.
+      const kv = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+      for (let b = 0; b < out.length / 32; b++) {
+        const d = 2 ** (bytes[b * 17] - 128);
+        for (let j = 0; j < 16; j++) {
+          const q = bytes[b * 17 + 1 + j];
+          out[b * 32 + j] = kv[q & 15] * d;
+          out[b * 32 + j + 16] = kv[q >> 4] * d;
+        }
+      }
+      return out;
+    }
     default:
       throw new Error(`${what}: decoding ${type} is not implemented`);
   }

@@ -1,0 +1,270 @@
+/**
+ * A Kimi Delta Attention layer (Kimi-Linear; Kimi K3 with its bounded gate), with its recurrent
+ * state: per layer, heads × dk × dv floats of delta-rule state and the last K−1 pre-conv inputs
+ * of q, k and v. The state has a fixed size whatever the context, and carries from prefill into
+ * decode; position 0 starts it from zero.
+ *
+ * Per token, on the normed hidden u: q, k, v = SiLU(causal conv(W·u)); the forget gate g (log
+ * decay per key channel, {@link kdaForgetGate}); β = σ(W_b·u) per head; the gated delta rule
+ * (kernels/kda.c); per-head RMSNorm of the output times σ(W_gb·W_ga·u) (or σ(W_g·u), K3's
+ * full-rank gate); o_proj. Kimi K3's variants are the config's `gateLowerBound` and
+ * `fullRankOutputGate`.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import type { TensorSpec } from "../io/manifest.ts";
+import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import type { Ops } from "./ops.ts";
+import type { StateRegion } from "./transformer.ts";
+import type { LayerWeights } from "./weights.ts";
+import { kdaChunkScratchFloats } from "../wasm/mod.ts";
+
+/**
+ * Floats of scratch for calls of up to `maxBatch` tokens: pre- and post-conv q/k/v, the forget
+ * and output gates, the output, beta, the two low-rank projections, and the chunked form's
+ * per-head scratch for prefill.
+ */
+export function kdaScratchFloats(k: KdaConfig, maxBatch: number): number {
+  const p = k.numHeads * k.headDim;
+  const chunk = maxBatch > 1
+    ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim)
+    : 0;
+  return maxBatch * (9 * p + k.numHeads + 2 * k.headDim) + chunk;
+}
+
+/** Bytes of one KDA layer's recurrent state and conv windows. */
+export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number } {
+  const p = k.numHeads * k.headDim;
+  return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
+}
+
+/**
+ * The spec of a KDA layer's attention tensor `t`. A_log need only hold one rate per head
+ * (Kimi-Linear stores [1, 1, H, 1], K3 a padded vector), so only its element count is checked.
+ */
+export function kdaTensorSpec(cfg: ModelConfig, t: LayerTensor): TensorSpec {
+  const k = cfg.kda!;
+  const h = cfg.hiddenSize, H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+  const shapes: Partial<Record<LayerTensor, number[]>> = {
+    wq: [p, h],
+    wk: [p, h],
+    wv: [p, h],
+    wo: [h, p],
+    q_conv: [p, 1, K],
+    k_conv: [p, 1, K],
+    v_conv: [p, 1, K],
+    a_log: [H],
+    f_a: [dk, h],
+    f_b: [p, dk],
+    dt_bias: [p],
+    beta_proj: [H, h],
+    g_a: [dk, h],
+    g_b: [p, dk],
+    g_proj: [p, h],
+    o_norm: [dk],
+  };
+  const shape = shapes[t];
+  if (!shape) throw new Error(`a KDA layer has no attention tensor ${t}`);
+  return { shape, role: shape.length === 2 ? "weight" : "vector", atLeast: t === "a_log" };
+}
+
+/**
+ * The forget gate in place: z (tokens × heads × dk, the f_b projection) becomes the log-decay
+ * g. Kimi-Linear: g = −exp(A_log[h])·softplus(z + dt_bias), softplus(x) = x above 20 as
+ * transformers has it; K3 (`lowerBound` lb): g = lb·σ(exp(A_log[h])·(z + dt_bias)). Computed in
+ * float64 and rounded once: a handful of transcendental calls per channel, on the main thread.
+ */
+export function kdaForgetGate(
+  z: Float32Array,
+  aLog: Float32Array,
+  dtBias: Float32Array,
+  heads: number,
+  dk: number,
+  lowerBound: number | null,
+): void {
+  const p = heads * dk;
+  for (let i = 0; i < z.length; i++) {
+    const c = i % p;
+    const a = Math.exp(aLog[Math.floor(c / dk)]);
+    const x = z[i] + dtBias[c];
+    z[i] = lowerBound === null
+      ? -a * (x > 20 ? x : Math.log1p(Math.exp(x)))
+      : lowerBound / (1 + Math.exp(-a * x));
+  }
+}
+
+/** Per-layer state in the arena: one region, the delta-rule state then the three windows. */
+interface LayerState {
+  state: number;
+  /** Conv windows of q, k and v, each [K−1][heads·dk]. */
+  conv: [number, number, number];
+}
+
+/** The KDA layers of one model: their state and the scratch of one call. */
+export class KdaAttention {
+  /** Scratch regions the constructor allocates (each is page-rounded by the arena). */
+  static readonly REGIONS = 13;
+  #ops: Ops;
+  #cfg: ModelConfig;
+  #k: KdaConfig;
+  #layers: (LayerState | null)[];
+  /** Next position each layer expects (the state cannot rewind). */
+  #next: number[];
+  #pre: [number, number, number];
+  #post: [number, number, number];
+  #g: number;
+  #beta: number;
+  #lowA: number;
+  #lowG: number;
+  #gate: number;
+  #o: number;
+  #chunk: number;
+  #chunkScratch: number;
+
+  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
+    const k = cfg.kda;
+    if (!k) throw new Error(`${cfg.modelType}: KDA attention needs the kda config`);
+    this.#ops = ops;
+    this.#cfg = cfg;
+    this.#k = k;
+    const p = k.numHeads * k.headDim;
+    const sizes = kdaLayerStateBytes(k);
+    this.#layers = k.layers.map((isKda, l) => {
+      if (!isKda) return null;
+      const state = arena.alloc(`kda state + conv windows L${l}`, sizes.state + sizes.conv);
+      const w = sizes.conv / 3;
+      const at = state + sizes.state;
+      return { state, conv: [at, at + w, at + 2 * w] };
+    });
+    this.#next = new Array(cfg.numLayers).fill(0);
+    const buf = (what: string, floats: number) => arena.alloc(what, maxBatch * floats * 4);
+    this.#pre = [buf("kda q pre-conv", p), buf("kda k pre-conv", p), buf("kda v pre-conv", p)];
+    this.#post = [buf("kda q", p), buf("kda k", p), buf("kda v", p)];
+    this.#g = buf("kda forget gate", p);
+    this.#beta = buf("kda beta", k.numHeads);
+    this.#lowA = buf("kda f_a", k.headDim);
+    this.#lowG = buf("kda g_a", k.headDim);
+    this.#gate = buf("kda output gate", p);
+    this.#o = buf("kda output", p);
+    this.#chunk = maxBatch;
+    this.#chunkScratch = maxBatch > 1
+      ? arena.alloc(
+        "kda chunk scratch",
+        k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4,
+      )
+      : -1;
+  }
+
+  /** Each KDA layer's state and conv windows, in layer order. */
+  stateRegions(): StateRegion[] {
+    const bytes = kdaLayerStateBytes(this.#k);
+    return this.#layers.flatMap((st) =>
+      st ? [{ offset: st.state, bytes: bytes.state + bytes.conv }] : []
+    );
+  }
+
+  /** Declares the states (written back by a saved session) to be at position `pos`. */
+  resumeAt(pos: number): void {
+    this.#next.fill(pos);
+  }
+
+  /**
+   * Throws unless `pos` is 0 (a restart) or the next position of KDA layer `layer` (of the
+   * first KDA layer when absent): a recurrent state cannot rewind. The family's `begin` calls it
+   * before the first layer, so a refused call changes no layer's state or cache.
+   */
+  checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
+    if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
+      throw new Error(
+        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
+          `(a recurrent state cannot rewind; start again from position 0)`,
+      );
+    }
+  }
+
+  /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    const ops = this.#ops;
+    const k = this.#k;
+    const st = this.#layers[layer];
+    if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
+    const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+    this.checkPosition(pos, layer);
+    if (pos === 0) this.#zero(st);
+    this.#next[layer] = pos + nb;
+    const [xq, xk, xv] = this.#pre;
+    const [q, kk, v] = this.#post;
+    const fullGate = k.fullRankOutputGate;
+    ops.matmul(
+      { w: lw.get("wq"), x: h, y: xq, nb },
+      { w: lw.get("wk"), x: h, y: xk, nb },
+      { w: lw.get("wv"), x: h, y: xv, nb },
+      { w: lw.get("f_a"), x: h, y: this.#lowA, nb },
+      { w: lw.get("beta_proj"), x: h, y: this.#beta, nb },
+      fullGate
+        ? { w: lw.get("g_proj"), x: h, y: this.#gate, nb }
+        : { w: lw.get("g_a"), x: h, y: this.#lowG, nb },
+    );
+    ops.matmul(
+      { w: lw.get("f_b"), x: this.#lowA, y: this.#g, nb },
+      ...(fullGate ? [] : [{ w: lw.get("g_b"), x: this.#lowG, y: this.#gate, nb }]),
+    );
+    const conv = (x: number, state: number, t: "q_conv" | "k_conv" | "v_conv", y: number) => ({
+      x,
+      state,
+      w: lw.get(t).ptr,
+      y,
+      tokens: nb,
+      channels: p,
+      kernel: K,
+      xStride: p,
+      yStride: p,
+      group: dk,
+    });
+    ops.shortConv(
+      conv(xq, st.conv[0], "q_conv", q),
+      conv(xk, st.conv[1], "k_conv", kk),
+      conv(xv, st.conv[2], "v_conv", v),
+    );
+    kdaForgetGate(
+      ops.f32(this.#g, nb * p),
+      ops.f32(lw.get("a_log").ptr, H),
+      ops.f32(lw.get("dt_bias").ptr, p),
+      H,
+      dk,
+      k.gateLowerBound,
+    );
+    ops.sigmoid(this.#beta, nb * H);
+    ops.sigmoid(this.#gate, nb * p);
+    // Prefill calls run the chunked form (one chunk per call), decode the recurrence.
+    ops.kda({
+      state: st.state,
+      q,
+      k: kk,
+      v,
+      g: this.#g,
+      beta: this.#beta,
+      out: this.#o,
+      tokens: nb,
+      heads: H,
+      dk,
+      dv: dk,
+      qkStride: p,
+      vStride: p,
+      gStride: p,
+      betaStride: H,
+      outStride: p,
+      chunked: nb > 1 ? { chunk: this.#chunk, scratch: this.#chunkScratch } : undefined,
+    });
+    ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
+    ops.mul(this.#o, this.#gate, nb * p);
+    ops.matmul({ w: lw.get("wo"), x: this.#o, y: out, nb });
+  }
+
+  #zero(st: LayerState): void {
+    const sizes = kdaLayerStateBytes(this.#k);
+    this.#ops.f32(st.state, sizes.state / 4).fill(0);
+    for (const c of st.conv) this.#ops.f32(c, sizes.conv / 12).fill(0);
+  }
+}

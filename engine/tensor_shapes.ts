@@ -1,0 +1,147 @@
+/**
+ * The one schema of a model's tensors: the shape and role of every trunk and expert tensor,
+ * derived from the normalised config — the layer skeleton's (norms, dense FFN, router, shared and
+ * routed experts) here, the attention tensors by the family (engine/models/<family>.ts,
+ * `attentionShape`) — and the bounds a config must meet before anything is sized from it. The
+ * packer checks a checkpoint against it and the container reader a manifest (engine/container.ts
+ * hands it to io/), so a transposed projection, a short norm or a config that disagrees with its
+ * tensors is refused instead of read past its end.
+ *
+ * @module
+ */
+import type { TensorSpec } from "../io/manifest.ts";
+import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { MAX_LAYERS } from "./models/hf_config.ts";
+import { familyOf } from "./models/mod.ts";
+import { layerTensorsOf } from "./tensor_names.ts";
+
+const vector = (n: number): TensorSpec => ({ shape: [n], role: "vector" });
+const weight = (rows: number, cols: number): TensorSpec => ({
+  shape: [rows, cols],
+  role: "weight",
+});
+
+/** The spec of a global tensor. */
+export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec {
+  return g === "final_norm" ? vector(cfg.hiddenSize) : weight(cfg.vocabSize, cfg.hiddenSize);
+}
+
+/** The spec of layer `layer`'s tensor `t` (which the layer must have, see layerTensorsOf). */
+export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number): TensorSpec {
+  const H = cfg.hiddenSize;
+  const moe = cfg.moe;
+  switch (t) {
+    case "attn_norm":
+    case "ffn_norm":
+      return vector(H);
+    case "ffn_gate":
+    case "ffn_up":
+      return weight(cfg.intermediateSize, H);
+    case "ffn_down":
+      return weight(H, cfg.intermediateSize);
+    case "router":
+      return { shape: [moe!.numExperts, H], role: "router" };
+    case "router_bias":
+    case "router_b":
+      return { shape: [moe!.numExperts], role: "router" };
+    case "shared_gate":
+    case "shared_up":
+      return weight(moe!.sharedIntermediate, H);
+    case "shared_down":
+      return weight(H, moe!.sharedIntermediate);
+    default: {
+      const spec = familyOf(cfg).attentionShape(cfg, t, layer);
+      if (!Array.isArray(spec)) return spec;
+      return { shape: spec, role: spec.length === 2 ? "weight" : "vector" };
+    }
+  }
+}
+
+/** [rows, cols] of one routed expert's matrix. */
+export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, number] {
+  const inter = cfg.moe!.expertIntermediate;
+  return m === "down" ? [cfg.hiddenSize, inter] : [inter, cfg.hiddenSize];
+}
+
+/** Largest size of one dimension (hidden, vocabulary, intermediate rows) sluice accepts. */
+export const MAX_MODEL_DIM = 1 << 24;
+/** Most routed experts per layer accepted. */
+export const MAX_EXPERTS = 1 << 20;
+/** Largest element count of one tensor: its f32 copy must stay far below 2^53 bytes. */
+export const MAX_TENSOR_ELEMENTS = 2 ** 40;
+
+/**
+ * Throws, naming `where` and the field, when a normalised config could make NaN or absurd
+ * allocations: non-positive sizes or eps, heads that do not divide, a rotary part wider than the
+ * head, ids outside the vocabulary, tensors too large for the platform.
+ */
+export function checkConfigBounds(cfg: ModelConfig, where: string): void {
+  const fail = (what: string): never => {
+    throw new Error(`${where}: ${what}`);
+  };
+  const dims: [string, number][] = [
+    ["vocabSize", cfg.vocabSize],
+    ["hiddenSize", cfg.hiddenSize],
+    ["numHeads", cfg.numHeads],
+    ["numKvHeads", cfg.numKvHeads],
+    ["headDim", cfg.headDim],
+  ];
+  for (const [k, v] of dims) {
+    if (!Number.isSafeInteger(v) || v < 1 || v > MAX_MODEL_DIM) {
+      fail(`${k} ${v} must be a whole number in 1..${MAX_MODEL_DIM}`);
+    }
+  }
+  if (cfg.numLayers > MAX_LAYERS) fail(`numLayers ${cfg.numLayers} is above ${MAX_LAYERS}`);
+  if (!(cfg.rmsNormEps > 0 && cfg.rmsNormEps < 1)) {
+    fail(`rms_norm_eps ${cfg.rmsNormEps} must be in (0, 1): RMSNorm divides by sqrt(mean + eps)`);
+  }
+  if (cfg.numHeads % cfg.numKvHeads) {
+    fail(
+      `num_attention_heads ${cfg.numHeads} is not a multiple of num_key_value_heads ` +
+        `${cfg.numKvHeads}`,
+    );
+  }
+  const rope = cfg.rope;
+  if (!(rope.theta > 0)) fail(`rope_theta ${rope.theta} must be > 0`);
+  if (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim) {
+    fail(`the rotary dimension ${rope.dim} must be even and in 2..head_dim ${cfg.headDim}`);
+  }
+  if (!(cfg.attnScale > 0 && Number.isFinite(cfg.attnScale))) {
+    fail(`the attention scale ${cfg.attnScale} must be a positive number`);
+  }
+  const moe = cfg.moe;
+  if (moe) {
+    if (moe.numExperts > MAX_EXPERTS) fail(`numExperts ${moe.numExperts} is above ${MAX_EXPERTS}`);
+    if (moe.topK < 1 || moe.topK > moe.numExperts) {
+      fail(`num_experts_per_tok ${moe.topK} must be in 1..${moe.numExperts}`);
+    }
+    if (moe.numExperts % moe.nGroup || moe.topkGroup > moe.nGroup) {
+      fail(`n_group ${moe.nGroup} must divide ${moe.numExperts} experts and be ≥ topk_group`);
+    }
+    if (!(moe.routedScaling > 0 && Number.isFinite(moe.routedScaling))) {
+      fail(`routed_scaling_factor ${moe.routedScaling} must be a positive number`);
+    }
+  }
+  for (const id of [...(cfg.bosId === null ? [] : [cfg.bosId]), ...cfg.eosIds]) {
+    if (id >= cfg.vocabSize) {
+      fail(`special token id ${id} is outside the vocabulary of ${cfg.vocabSize}`);
+    }
+  }
+  const sized = (what: string, shape: number[]) => {
+    const n = shape.reduce((a, b) => a * b, 1);
+    if (
+      shape.some((d) => !Number.isSafeInteger(d) || d > MAX_MODEL_DIM) || n > MAX_TENSOR_ELEMENTS
+    ) {
+      fail(`${what} of shape [${shape}] is larger than sluice supports`);
+    }
+  };
+  sized("the embedding", globalTensorSpec(cfg, "embed").shape);
+  // One layer of each kind stands for all: the shapes only differ between kinds.
+  for (const kind of new Set(cfg.layerKinds)) {
+    const l = cfg.layerKinds.indexOf(kind);
+    for (const t of layerTensorsOf(cfg, l)) {
+      sized(`layer ${l} ${t}`, layerTensorSpec(cfg, t, l).shape);
+    }
+  }
+  if (moe) sized("an expert matrix", expertMatrixShape(cfg, "gate"));
+}

@@ -1,0 +1,142 @@
+/**
+ * The quick CI pass of `deno task fuzz` (the full run feeds 100k inputs per parser), and the
+ * regression tests of what the fuzzer found: a tokenizer id of 2^31 that took minutes and
+ * gigabytes inside the tokenizer library, a long short-option group that overflowed parseArgs'
+ * stack, and messages that said "undefined" for a missing field.
+ */
+import assert from "node:assert/strict";
+import { normalizeConfig } from "../engine/config.ts";
+import { loadTokenizer } from "../engine/tokenizer.ts";
+import { readSafetensorsHeader } from "../io/safetensors.ts";
+import { parseGenerateArgs } from "../tools/cli/generate.ts";
+import { fuzzTarget, isCleanRejection } from "../tools/dev/fuzz.ts";
+import { makeTargets } from "../tools/dev/fuzz/targets.ts";
+import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
+
+Deno.test("fuzz (quick pass): every parser rejects mutated input cleanly, fast, without leaks", async () => {
+  const work = Deno.makeTempDirSync({ prefix: "sluice-fuzz-test-" });
+  try {
+    const { targets, skipped } = await makeTargets(
+      work,
+      HAVE_FIXTURES ? fixtureDir("") : null,
+    );
+    if (skipped.length) console.warn(`fuzz: skipped without ../shared: ${skipped.join(", ")}`);
+    for (const t of targets) {
+      const count = t.name === "tokenizer files" ? 300 : 1500;
+      const r = await fuzzTarget(t, count, 12345);
+      assert.equal(r.inputs, count);
+      assert.ok(r.rejected > 0, `${t.name}: mutations must be rejected sometimes`);
+      assert.deepEqual(
+        r.findings.map((f) => `${f.kind}: ${f.message.slice(0, 200)}`),
+        [],
+        t.name,
+      );
+    }
+  } finally {
+    Deno.removeSync(work, { recursive: true });
+  }
+});
+
+Deno.test("fuzz classification: TypeErrors are crashes, plain Errors are rejections", () => {
+  assert.ok(isCleanRejection(new Error("x")));
+  assert.ok(isCleanRejection(new Deno.errors.NotFound("x")));
+  assert.ok(!isCleanRejection(new TypeError("Cannot read properties of undefined")));
+  assert.ok(!isCleanRejection(new RangeError("Maximum call stack size exceeded")));
+  assert.ok(!isCleanRejection("a string"));
+});
+
+Deno.test({
+  name: "regression: a tokenizer.json id of 2^31 or a 200 KB normalizer text is refused at once",
+  ignore: !HAVE_FIXTURES,
+  fn: async () => {
+    const dir = Deno.makeTempDirSync();
+    try {
+      const json = JSON.parse(Deno.readTextFileSync(fixtureDir("stories260k/tokenizer.json")));
+      json.model.vocab["<0x1E>"] = 2147483648;
+      Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
+      const t0 = performance.now();
+      await assert.rejects(
+        loadTokenizer(dir),
+        /tokenizer\.json: vocabulary token "<0x1E>" has id 2147483648/,
+      );
+      assert.ok(performance.now() - t0 < 2000);
+      json.model.vocab["<0x1E>"] = 33;
+      json.added_tokens = [{ id: -4, content: "<x>" }];
+      Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
+      await assert.rejects(loadTokenizer(dir), /added token 0 has id -4/);
+      json.added_tokens = [];
+      const normalizer = json.normalizer;
+      json.normalizer = {
+        type: "Sequence",
+        normalizers: [{ type: "Replace", pattern: { String: " " }, content: "[".repeat(200000) }],
+      };
+      Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
+      await assert.rejects(
+        loadTokenizer(dir),
+        /normalizer\.normalizers\[0\]\.content inserts 200000/,
+      );
+      json.normalizer = normalizer;
+      json.decoder = { type: "Nope" };
+      Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
+      await assert.rejects(loadTokenizer(dir), (e: Error) => {
+        assert.match(e.message, /tokenizer\.json: not a tokenizer this engine can load/);
+        return true;
+      });
+    } finally {
+      Deno.removeSync(dir, { recursive: true });
+    }
+  },
+});
+
+Deno.test("regression: a long short-option group is a clean error, not a stack overflow", () => {
+  assert.throws(
+    () => parseGenerateArgs(["--verify", "-" + "[".repeat(100000)]),
+    (e: Error) => e.constructor === Error && /unknown option "-\[\[/.test(e.message),
+  );
+  assert.throws(
+    () => parseGenerateArgs(["--crc-sample", "-1e" + '{"a":'.repeat(100000)]),
+    (e: Error) => isCleanRejection(e),
+  );
+  assert.throws(() => parseGenerateArgs(["-n", "-3"]));
+  assert.equal(parseGenerateArgs(["-n20"])?.sampling.maxTokens, 20);
+  assert.equal(parseGenerateArgs(["-n", "5", "--temperature", "0.5"])?.sampling.maxTokens, 5);
+});
+
+Deno.test({
+  name: "regression: num_hidden_layers of 2^32 is refused before any per-layer array is built",
+  ignore: !HAVE_FIXTURES,
+  fn: () => {
+    const base = JSON.parse(Deno.readTextFileSync(fixtureDir("tiny-deepseek-v3/config.json")));
+    for (const n of [2 ** 32, 2 ** 31, 65537]) {
+      const t0 = performance.now();
+      assert.throws(
+        () => normalizeConfig({ ...base, num_hidden_layers: n }),
+        (e: Error) =>
+          e.constructor === Error &&
+          /num_hidden_layers must be an integer in 1\.\.65536/.test(e.message),
+      );
+      assert.ok(performance.now() - t0 < 100, `${n} layers took ${performance.now() - t0} ms`);
+    }
+    assert.throws(() => normalizeConfig({ architectures: [] }), /model_type \(none\)/);
+  },
+});
+
+Deno.test("regression: a missing safetensors field is named as missing, not as undefined", () => {
+  const dir = Deno.makeTempDirSync();
+  try {
+    const header = new TextEncoder().encode(
+      JSON.stringify({ a: { dtype: "F32", data_offsets: [0, 4] } }),
+    );
+    const bytes = new Uint8Array(8 + header.length + 4);
+    new DataView(bytes.buffer).setBigUint64(0, BigInt(header.length), true);
+    bytes.set(header, 8);
+    Deno.writeFileSync(`${dir}/m.safetensors`, bytes);
+    assert.throws(() => readSafetensorsHeader(`${dir}/m.safetensors`), (e: Error) => {
+      assert.match(e.message, /tensor a: shape nothing \(the field is missing\)/);
+      assert.doesNotMatch(e.message, /undefined/);
+      return true;
+    });
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
+});

@@ -1,0 +1,124 @@
+/**
+ * GGUF exports of GLM-4.5 (glm4moe) and gpt-oss checked by llama.cpp itself: node-llama-cpp
+ * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
+ * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
+ * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
+ * floors/ceils YaRN's correction range, so gpt-oss is compared on a copy of the fixture whose
+ * config says `truncate: true` (the real `truncate: false` differs from it; see the README).
+ * Skipped when the fixtures or node-llama-cpp's prebuilt CPU binary are not available.
+ */
+import assert from "node:assert/strict";
+import { existsSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { Model } from "../engine/model.ts";
+import { argmax } from "../engine/sampler.ts";
+import { setupLlamaCpp } from "../tools/dev/bench/llamacpp.ts";
+import type { EngineJob, EngineRun } from "../tools/dev/bench/compare_report.ts";
+import { exportGguf } from "../tools/dev/export_gguf.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import { fixtureDir, hasFixture, tempDir } from "./fixtures.ts";
+
+const PROMPT = [1, 403, 407, 261, 378];
+/** Generated ids compared: prompt + 150 reaches position 155, past gpt-oss's 128 window. */
+const STEPS = 150;
+const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
+const llama = have ? await setupLlamaCpp(undefined, () => {}) : null;
+const ignore = !llama?.ok;
+if (have && llama && !llama.ok) console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
+
+/** sluice's greedy ids after PROMPT on checkpoint `dir`. */
+async function sluiceIds(dir: string, name: string): Promise<number[]> {
+  const out = join(tempDir(), `${name}-llamacpp.sluice`);
+  await packCheckpoint(dir, out, { progress: "off", log: () => {}, force: true });
+  const model = await Model.open(out, { quiet: true, ctx: 256 });
+  try {
+    const ids = [...PROMPT];
+    let logits = model.forward(PROMPT, 0);
+    for (let i = 0; i <= STEPS; i++) {
+      ids.push(argmax(logits));
+      logits = model.forward([ids[ids.length - 1]], ids.length - 1);
+    }
+    return ids.slice(PROMPT.length);
+  } finally {
+    model.close();
+  }
+}
+
+/** llama.cpp's greedy ids after PROMPT on the GGUF export (f32 unless `type`) of `dir`. */
+async function llamaIds(dir: string, name: string, type?: "mxfp4"): Promise<number[]> {
+  if (!llama?.ok) throw new Error("node-llama-cpp is not set up");
+  const gguf = join(tempDir(), `${name}.gguf`);
+  exportGguf(dir, gguf, { progress: "off", force: true, type });
+  const job: EngineJob = {
+    model: gguf,
+    threads: 2,
+    promptIds: PROMPT,
+    decodeTokens: STEPS,
+    budget: null,
+    warmup: false,
+    maxSeconds: 300,
+    kvF32: true,
+  };
+  const out = await new Deno.Command("node", {
+    args: [llama.script, JSON.stringify(job)],
+    cwd: llama.dir,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout);
+  assert.ok(out.success, `llama.cpp failed: ${new TextDecoder().decode(out.stderr).slice(-800)}`);
+  const run = JSON.parse(text.trim().split("\n").pop()!) as EngineRun;
+  assert.equal(run.stopped_early, false);
+  return run.ids;
+}
+
+Deno.test({
+  name: "glm4moe GGUF export: llama.cpp's greedy ids equal sluice's",
+  ignore,
+  fn: async () => {
+    const dir = fixtureDir("tiny-glm4-moe");
+    const [want, got] = [await sluiceIds(dir, "glm"), await llamaIds(dir, "glm")];
+    assert.equal(want.length, STEPS + 1);
+    assert.deepEqual(got, want);
+  },
+});
+
+/** A copy of tiny-gpt-oss (symlinks) whose config says `truncate: true`, as llama.cpp computes. */
+function truncatedGptOss(): string {
+  const src = fixtureDir("tiny-gpt-oss");
+  const dir = join(tempDir(), "gpt-oss-truncate");
+  if (existsSync(join(dir, "config.json"))) return dir;
+  Deno.mkdirSync(dir, { recursive: true });
+  for (const f of Deno.readDirSync(src)) {
+    if (f.name !== "config.json") symlinkSync(join(src, f.name), join(dir, f.name));
+  }
+  const cfg = JSON.parse(readFileSync(join(src, "config.json"), "utf8"));
+  cfg.rope_scaling.truncate = true;
+  writeFileSync(join(dir, "config.json"), JSON.stringify(cfg));
+  return dir;
+}
+
+Deno.test({
+  name: "gpt-oss GGUF export: llama.cpp's greedy ids equal sluice's (YaRN truncated for both)",
+  ignore,
+  fn: async () => {
+    const dir = truncatedGptOss();
+    const [want, got] = [await sluiceIds(dir, "oss"), await llamaIds(dir, "oss")];
+    assert.deepEqual(got, want);
+    // The real config (truncate false) gives other ids: the variant is not a no-op.
+    assert.notDeepEqual(await sluiceIds(fixtureDir("tiny-gpt-oss"), "oss-real"), want);
+  },
+});
+
+Deno.test({
+  name: "gpt-oss MXFP4 GGUF export runs in llama.cpp's native MXFP4 path",
+  ignore,
+  fn: async () => {
+    const dir = truncatedGptOss();
+    const got = await llamaIds(dir, "oss-mxfp4", "mxfp4");
+    assert.equal(got.length, STEPS + 1);
+    // llama.cpp multiplies MXFP4 with Q8 activations, so only the start of the path is shared
+    // (it leaves sluice's exact path at generated token 28 here).
+    assert.deepEqual(got.slice(0, 10), (await sluiceIds(dir, "oss-mx")).slice(0, 10));
+  },
+});

@@ -1,0 +1,84 @@
+/**
+ * GLM-4.5 (glm4_moe) on ../shared/models/tiny-glm4-moe: the README's known greedy continuation,
+ * the engine against the float64 reference (partial rotary, q/k/v biases, q/k norm, noaux_tc with
+ * the correction bias, shared expert, one dense layer), and the MTP layer skipped at pack time.
+ */
+import assert from "node:assert/strict";
+import { Model } from "../engine/model.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { Session } from "../engine/session.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import {
+  decodeAgainstReference,
+  fixtureDir,
+  hasFixture,
+  packedFixture,
+  tempDir,
+} from "./fixtures.ts";
+
+const NAME = "tiny-glm4-moe";
+const ignore = !hasFixture(NAME);
+/** "Once upon a time" and the README's first 20 greedy ids after it. */
+const PROMPT = [1, 403, 407, 261, 378];
+const KNOWN = [
+  ...[431, 372, 403, 403, 403, 403, 403, 403, 403, 403],
+  ...[403, 403, 407, 407, 407, 407, 407, 407, 407, 407],
+];
+
+Deno.test({
+  name: "glm4_moe: the known greedy continuation of the fixture's README",
+  ignore,
+  fn: async () => {
+    const session = await Session.open(await packedFixture(NAME), { quiet: true });
+    try {
+      assert.deepEqual(session.tokenize("Once upon a time"), PROMPT);
+      const ids: number[] = [];
+      for await (const t of session.generate(PROMPT, { maxTokens: 20 })) ids.push(t.id);
+      assert.deepEqual(ids, KNOWN);
+    } finally {
+      session.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "glm4_moe: engine logits within 1e-4 of the float64 reference over 160 positions",
+  ignore,
+  fn: async () => {
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
+    assert.equal(cfg.rope.dim, 8, "partial_rotary_factor 0.5 of head_dim 16");
+    assert.deepEqual(cfg.layerKinds, ["dense", "moe", "moe", "moe"]);
+    assert.equal(cfg.moe?.routedScaling, 2.5);
+    assert.equal(cfg.moe?.selectionBias, true);
+    assert.equal(cfg.moe?.sharedIntermediate, 32);
+    const ref = new ReferenceModel(cfg, weight);
+    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 192 });
+    try {
+      const worst = decodeAgainstReference(model, ref, PROMPT, 160, NAME);
+      assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
+    } finally {
+      model.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "glm4_moe: the MTP layer is skipped at pack time and said so",
+  ignore,
+  fn: async () => {
+    const lines: string[] = [];
+    const out = `${tempDir()}/glm-mtp.sluice`;
+    const res = await packCheckpoint(fixtureDir(NAME), out, {
+      progress: "off",
+      log: (l) => lines.push(l),
+    });
+    assert.ok(
+      lines.some((l) => l.includes("skipping layer 4 (68 tensors)")),
+      `pack output: ${lines.join(" | ")}`,
+    );
+    assert.equal(res.manifest.trunk.layers.length, 4);
+    assert.equal(res.manifest.experts.length, 4);
+    assert.equal(res.manifest.experts[0], null, "layer 0 is dense (first_k_dense_replace 1)");
+  },
+});

@@ -1,0 +1,118 @@
+/**
+ * The live view at /ui in a real headless Chromium: while a request streams, the page shows the
+ * model, the current request, the rate history, the expert heat map and the trunk layout, and a
+ * screenshot of it has those panels' colours where the page says they are.
+ */
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { Session } from "../engine/session.ts";
+import { demoModelPath } from "../tools/demo_model.ts";
+import { modelId } from "../tools/serve/live.ts";
+import { startServer } from "../tools/serve/server.ts";
+import { Browser, countColour, decodePng, findChromium } from "./browser.ts";
+import { tempDir } from "./fixtures.ts";
+
+const chromium = findChromium();
+if (!chromium) console.error("ui_test: skipped, no chromium on PATH (apt-get install chromium)");
+
+Deno.test({
+  name: "the live view renders live state in headless Chromium" +
+    (chromium ? "" : " (skipped: no chromium on PATH; apt-get install chromium)"),
+  ignore: chromium === null,
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    // A budget under the model's size, so some experts are resident and some stream.
+    const session = await Session.open(await demoModelPath(true), {
+      quiet: true,
+      ctx: 2048,
+      threads: 1,
+      budget: 12 * 2 ** 20,
+    });
+    const server = startServer(session, { port: 0, log: () => {} });
+    const client = new OpenAI({ apiKey: "none", baseURL: `${server.url}/v1`, maxRetries: 0 });
+    const browser = await Browser.launch(chromium!);
+    const abort = new AbortController();
+    try {
+      const model = modelId(session);
+      await client.completions.create({ model, prompt: "warm up the cache", max_tokens: 40 });
+      // Long streams, one after another, keep a request running whenever the page looks;
+      // ignore_eos (a llama.cpp-style extension) keeps the random model talking.
+      const body = { model, prompt: "a long story", max_tokens: 2000, stream: true as const };
+      const reading = (async () => {
+        while (!abort.signal.aborted) {
+          try {
+            const stream = await client.completions.create(
+              { ...body, ignore_eos: true } as typeof body,
+              { signal: abort.signal },
+            );
+            for await (const _ of stream);
+          } catch {
+            // Aborted below.
+          }
+        }
+      })();
+      await browser.goto(`${server.url}/ui`);
+      const text = (id: string) => `document.getElementById(${JSON.stringify(id)}).textContent`;
+      await browser.waitFor(`/now [1-9][0-9.]* tok\\/s/.test(${text("rateNow")})`);
+      // A few seconds of history, so the chart has a shape; then a frame showing a request.
+      await browser.waitFor("window.sluiceState?.history.length >= 4");
+      await browser.waitFor(`${text("current")}.includes("decode")`);
+      // The page's text and a screenshot of the same frame: it redraws once a second, so a pair
+      // that straddles a redraw is taken again.
+      const snapshot = () =>
+        browser.eval<Record<string, string>>(`({
+          model: ${text("model")}, status: ${text("status")}, current: ${text("current")},
+          totals: ${text("totals")}, heat: ${text("heatInfo")}, trunk: ${text("trunkInfo")},
+        })`);
+      let page = await snapshot(), shot = await browser.screenshot();
+      for (let i = 0; JSON.stringify(await snapshot()) !== JSON.stringify(page); i++) {
+        assert.ok(i < 10, "the page never held still for a screenshot");
+        page = await snapshot();
+        shot = await browser.screenshot();
+      }
+      const rects = await browser.eval<
+        Record<string, { x: number; y: number; w: number; h: number }>
+      >(
+        `Object.fromEntries(["rates", "heat", "trunk"].map((id) => {
+          const r = document.getElementById(id).getBoundingClientRect();
+          return [id, { x: r.x, y: r.y, w: r.width, h: r.height }];
+        }))`,
+      );
+      abort.abort();
+      await reading;
+      assert.equal(page.model, model);
+      assert.match(page.status, /^live · up \d+ s$/);
+      assert.match(page.current, /req-\d+ \(completions\)phasedecodeprompt\d+ tokens/);
+      assert.match(page.totals, /requests\d+ \(\d+ cancelled, 0 errors\)/);
+      const plan = session.model.plan;
+      assert.ok(plan.pinned > 0 && plan.pinned < 4 && plan.expertSlots < 64, "a mixed plan");
+      assert.ok(
+        page.trunk.startsWith(`${plan.pinned}/4 layers pinned, ${plan.ringSlots} ring slot(s)`),
+        page.trunk,
+      );
+      const resident = Number(/^(\d+)\/64 records resident \((\d+) slots\)/.exec(page.heat)?.[1]);
+      assert.ok(resident > 0 && resident <= plan.expertSlots, page.heat);
+
+      const img = decodePng(shot);
+      assert.equal(img.width, 1280);
+      // Pinned and streamed layers in their colours, in proportion; the tok/s line in its colour;
+      // the heat map in more than the background's colour, with resident outlines.
+      const pinned = countColour(img, [0x3f, 0xb2, 0x7f], rects.trunk);
+      const streamed = countColour(img, [0x6b, 0x77, 0x85], rects.trunk);
+      const ratio = pinned / streamed, want = plan.pinned / (4 - plan.pinned);
+      assert.ok(pinned > 100 && Math.abs(ratio - want) < 0.1 * want, `${pinned} vs ${streamed}`);
+      assert.ok(countColour(img, [0x4f, 0xb3, 0xff], rects.rates, 40) > 50, "tok/s line");
+      const background = countColour(img, [0x11, 0x15, 0x1a], rects.heat, 6);
+      assert.ok(background < 0.9 * rects.heat.w * rects.heat.h, "heat map drawn");
+      assert.ok(countColour(img, [0xe8, 0xf4, 0xff], rects.heat, 30) > 20, "resident outlines");
+      const out = Deno.env.get("SLUICE_UI_SCREENSHOT") ?? `${tempDir()}/live-view.png`;
+      Deno.writeFileSync(out, shot);
+    } finally {
+      abort.abort();
+      await browser.close();
+      await server.close();
+      session.close();
+    }
+  },
+});

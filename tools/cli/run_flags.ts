@@ -1,0 +1,130 @@
+/**
+ * The flags every model-running command shares (generate, chat, serve): memory and I/O
+ * placement, which never change the output, and sampling; declared once here for the one
+ * argument parser (./args.ts) and read into RunOptions and GenerateOptions.
+ *
+ * @module
+ */
+import type { RunOptions } from "../../engine/model.ts";
+import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
+import type { GenerateOptions } from "../../engine/session.ts";
+import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
+import { checkTracePath } from "../../io/trace.ts";
+import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags } from "./args.ts";
+import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
+
+/** The --help lines of {@link RUN_FLAGS}. */
+export const RUN_HELP = `${BUDGET_HELP}
+  -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
+                        also --ctx-size)
+  -t, --threads N       compute threads including the main thread (default and most: all cores)
+  --cache POLICY        expert cache policy: decay (default), lfru or lru
+  --no-readahead        read each expert only when it is needed
+  --readahead-depth N   expert reads kept in flight after routing (default 4)
+  --ring-slots N        ring slots for unpinned trunk layers (default 2)
+  --expert-slots N      cap the expert cache at N records
+  --prefill-chunk N     prompt tokens per forward pass, 1..64 (default 64; also --batch-size)
+  --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
+  --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
+  --verify              check the CRC32 of each expert record and trunk region as it is read
+  --crc-sample P        share of expert reads whose CRC32 is checked without --verify
+                        (default 1/64; every read gets its header checked)
+  --lookahead N         prefetch the next layer's top-N predicted experts while the disk idles
+                        (default 1 while experts stream, 0 when all fit)
+  --learn               add this run's expert use counts to the hot list (<model>.hot.json)
+  --no-hot-list         do not warm the expert cache from the hot list
+  --trace FILE          write the routed experts of every (token, layer) as JSON lines`;
+
+/** The --help lines of {@link SAMPLING_FLAGS}. */
+export const SAMPLING_HELP =
+  `  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
+  --temperature T       0 = greedy (default 0; also --temp)
+  --top-k K  --top-p P  --min-p P  --repeat-penalty R
+  -s, --seed S          same seed, same tokens
+  --ignore-eos          do not stop at end-of-sequence tokens`;
+
+/** The memory and I/O flags, with llama.cpp's spellings as aliases. */
+export const RUN_FLAGS: Flags = {
+  ...BUDGET_FLAGS,
+  ...CTX_FLAG,
+  threads: { type: "string", short: "t" },
+  cache: { type: "string" },
+  "no-readahead": { type: "boolean" },
+  "readahead-depth": { type: "string" },
+  "ring-slots": { type: "string" },
+  "expert-slots": { type: "string" },
+  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
+  shards: { type: "string" },
+  io: { type: "string" },
+  verify: { type: "boolean" },
+  "crc-sample": { type: "string" },
+  lookahead: { type: "string" },
+  learn: { type: "boolean" },
+  "no-hot-list": { type: "boolean" },
+  trace: { type: "string" },
+};
+
+/** The sampling flags, with llama.cpp's spellings as aliases. */
+export const SAMPLING_FLAGS: Flags = {
+  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
+  temperature: { type: "string", aliases: ["temp"] },
+  "top-k": { type: "string" },
+  "top-p": { type: "string" },
+  "min-p": { type: "string" },
+  "repeat-penalty": { type: "string" },
+  seed: { type: "string", short: "s" },
+  "ignore-eos": { type: "boolean" },
+};
+
+/**
+ * The run options of {@link RUN_FLAGS} (quiet with --quiet or --json), checked as the model
+ * would check them.
+ */
+export function runOptionsFromArgs(a: Args): RunOptions {
+  const shards = a.str("shards") ?? Deno.env.get("SLUICE_SHARDS");
+  const run: RunOptions = {
+    budget: budgetFromArgs(a.str("budget"), a.str("preset")),
+    ctx: a.int("ctx"),
+    threads: a.int("threads"),
+    cache: a.oneOf("cache", [...CACHE_POLICIES]),
+    readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
+    trunkReadahead: !a.bool("no-readahead"),
+    ringSlots: a.int("ring-slots"),
+    expertSlots: a.int("expert-slots"),
+    prefillChunk: a.int("prefill-chunk"),
+    shards: shards ? shards.split(",").filter((s) => s) : undefined,
+    io: a.oneOf("io", ["direct", "buffered", "fallback"]),
+    verify: a.bool("verify"),
+    crcSample: a.num("crc-sample"),
+    lookahead: a.int("lookahead"),
+    learn: a.bool("learn"),
+    hotList: !a.bool("no-hot-list"),
+    trace: a.str("trace"),
+    quiet: a.bool("quiet") || a.bool("json"),
+  };
+  // Checked as the model would check them, so a bad value fails before it loads.
+  if (run.trace !== undefined) checkTracePath(run.trace);
+  prefillChunkOf(run.prefillChunk);
+  crcSampleOf(run.crcSample);
+  checkContext(run.ctx);
+  return run;
+}
+
+/** The generate options of {@link SAMPLING_FLAGS}. */
+export function samplingFromArgs(a: Args): GenerateOptions {
+  return {
+    maxTokens: a.int("max-tokens"),
+    temperature: a.num("temperature"),
+    topK: a.int("top-k"),
+    topP: a.num("top-p"),
+    minP: a.num("min-p"),
+    repetitionPenalty: a.num("repeat-penalty"),
+    seed: a.int("seed"),
+    ignoreEos: a.bool("ignore-eos"),
+  };
+}
+
+/** The model to open: --model, or the demo model (made on first use). */
+export async function modelPath(a: Args, quiet: boolean): Promise<string> {
+  return a.str("model") ?? await (await import("../demo_model.ts")).demoModelPath(quiet);
+}

@@ -1,0 +1,88 @@
+/**
+ * `mod.ts serve`: the OpenAI-compatible server (tools/serve/server.ts) on one model, until
+ * Ctrl-C.
+ *
+ * @module
+ */
+import { Session } from "../../engine/session.ts";
+import { parseBytes } from "../../engine/units.ts";
+import { startServer } from "../serve/server.ts";
+import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
+
+const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
+
+Usage:
+  deno run -A mod.ts serve --model X.sluice [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+
+Endpoints:
+  POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
+  GET /metrics (Prometheus)   POST /tokenize   POST /detokenize   GET /ui (live view)
+
+Server:
+  -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
+  --host ADDR           interface to listen on (default 127.0.0.1)
+  --port N              port (default 8080; 0 picks a free one)
+  --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
+                        the live view (/ui, which shows counts, never text) stay open
+  --queue N             requests that may wait behind the running one (default 8); more get 429
+  --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
+  --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
+
+Requests run one at a time. Each keeps the KV cache of its prompt: a request that extends the
+previous one (the next turn of a chat) only runs its new tokens (usage.prompt_tokens_details).
+
+Memory and I/O (none of these change the output):
+${RUN_HELP}
+
+  -h, --help            this text
+`;
+
+/** Runs the serve command; returns the exit code when the server stops. */
+export async function serveCommand(args: string[]): Promise<number> {
+  const a = parseCommandArgs("serve", args, {
+    ...MODEL_FLAG,
+    host: { type: "string" },
+    port: { type: "string" },
+    "api-key": { type: "string" },
+    queue: { type: "string" },
+    "max-body": { type: "string" },
+    "keep-alive": { type: "string" },
+    ...RUN_FLAGS,
+    quiet: { type: "boolean" },
+    ...HELP_FLAG,
+  });
+  if (helpShown(a, HELP)) return 0;
+  const quiet = a.bool("quiet");
+  const keepAlive = a.num("keep-alive");
+  const maxBody = a.str("max-body");
+  const options = {
+    host: a.str("host"),
+    port: a.int("port"),
+    apiKey: a.str("api-key") ?? Deno.env.get("SLUICE_API_KEY"),
+    queueSize: a.int("queue"),
+    maxBodyBytes: maxBody === undefined ? undefined : parseBytes(maxBody),
+    keepAliveMs: keepAlive === undefined ? undefined : keepAlive * 1000,
+    log: quiet ? () => {} : undefined,
+  };
+  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const server = startServer(session, options);
+  console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
+  const host = options.host ?? "127.0.0.1";
+  if (!options.apiKey && !["127.0.0.1", "localhost", "::1"].includes(host)) {
+    console.error(
+      `sluice serve: warning: listening on ${host} without --api-key: anyone who can reach it can use it`,
+    );
+  }
+  const { promise, resolve } = Promise.withResolvers<void>();
+  const stop = () => resolve();
+  Deno.addSignalListener("SIGINT", stop);
+  Deno.addSignalListener("SIGTERM", stop);
+  await promise;
+  Deno.removeSignalListener("SIGINT", stop);
+  Deno.removeSignalListener("SIGTERM", stop);
+  console.error("sluice serve: stopping");
+  await server.close();
+  session.close();
+  return 0;
+}
