@@ -16,7 +16,7 @@ import { ensureShim, shimBuildFailure, shimLibraryPath } from "../../io/build_sh
 import { openContainer } from "../../engine/container.ts";
 import { type DiskProbe, probeDisk } from "../../io/disk_probe.ts";
 import { measureDramNative } from "../../io/dram_probe.ts";
-import { CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import { CTX_FLAG, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { cgroupLimit, recommendedBudget, usableMemory } from "./budget.ts";
 
 const HELP = `sluice doctor — what this machine offers sluice, measured
@@ -118,10 +118,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
     ctx: a.int("ctx", 1),
     json: a.bool("json"),
   };
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const container = v.model ? openContainer(v.model) : null;
   const dir = resolve(v.dir ?? (v.model ? dirname(resolve(v.model)) : "."));
   if (!existsSync(dir) || !statSync(dir).isDirectory()) {

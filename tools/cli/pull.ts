@@ -6,9 +6,10 @@
  */
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
+import { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 import type { PackOptions } from "../pack/options.ts";
 import { pullModel } from "../pull/pull.ts";
-import { HELP_FLAG, parseCommandArgs } from "./args.ts";
+import { HELP_FLAG, helpShown, parseCommandArgs } from "./args.ts";
 
 const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
 
@@ -24,7 +25,7 @@ Options:
   --keep-shards N       most complete shards on disk at once (default 2); the peak extra disk
                         this gives is printed before the download starts and checked against
                         the free space
-  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+  --experts FORMAT      store routed experts as ${Object.keys(EXPERT_OPTIONS).join(", ")}
   --trunk int8          per-row int8 for the layers' attention/dense matrices
   --convert f32|bf16    dequantise / convert every weight matrix
   --vq3r-sample N  --vq3r-iterations N  --vq3r-experts N   VQ3R training, as for pack
@@ -50,10 +51,7 @@ export async function pullCommand(args: string[]): Promise<number> {
     force: { type: "boolean" },
     ...HELP_FLAG,
   }, { positionals: true });
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   if (a.positionals.length !== 2) {
     console.error(`pull: expected a Hub repo and an output path\n\n${HELP}`);
     return 2;
