@@ -20,7 +20,7 @@ import { SUPPORTED_MODEL_TYPES } from "../engine/config.ts";
 import { EXPERT_OPTIONS } from "../engine/quant/mod.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { JOURNAL } from "./pack/journal.ts";
-import type { PackOptions } from "./pack/options.ts";
+import { PACK_FLAGS, packOptionsFromArgs } from "./cli/pack_flags.ts";
 import { packCheckpoint } from "./pack/pack_checkpoint.ts";
 
 export { packCheckpoint } from "./pack/pack_checkpoint.ts";
@@ -57,16 +57,7 @@ docs/FORMAT.md describes the container.`;
 export async function packCommand(args: string[]): Promise<number> {
   let a;
   try {
-    a = parseCommandArgs("pack", args, {
-      convert: { type: "string" },
-      experts: { type: "string" },
-      trunk: { type: "string" },
-      "vq3r-sample": { type: "string" },
-      "vq3r-iterations": { type: "string" },
-      "vq3r-experts": { type: "string" },
-      force: { type: "boolean" },
-      ...HELP_FLAG,
-    }, { positionals: true });
+    a = parseCommandArgs("pack", args, { ...PACK_FLAGS, ...HELP_FLAG }, { positionals: true });
   } catch (e) {
     console.error(`pack: ${(e as Error).message}\n${USAGE}`);
     return 1;
@@ -78,17 +69,7 @@ export async function packCommand(args: string[]): Promise<number> {
   }
   const [src, out] = a.positionals;
   try {
-    await packCheckpoint(src, out, {
-      convert: a.str("convert") as PackOptions["convert"],
-      experts: a.str("experts") as PackOptions["experts"],
-      trunk: a.str("trunk") as PackOptions["trunk"],
-      vq3r: {
-        sampleSize: a.int("vq3r-sample", 1),
-        iterations: a.int("vq3r-iterations", 1),
-        trainExperts: a.int("vq3r-experts", 1),
-      },
-      force: a.bool("force"),
-    });
+    await packCheckpoint(src, out, packOptionsFromArgs(a));
     return 0;
   } catch (e) {
     const tmp = out + ".tmp";

@@ -7,7 +7,7 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
-import type { PackOptions } from "../pack/options.ts";
+import { PACK_FLAGS, packOptionsFromArgs } from "./pack_flags.ts";
 import { pullModel } from "../pull/pull.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./args.ts";
 
@@ -42,13 +42,7 @@ Environment:
 export async function pullCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("pull", args, {
     "keep-shards": { type: "string" },
-    experts: { type: "string" },
-    trunk: { type: "string" },
-    convert: { type: "string" },
-    "vq3r-sample": { type: "string" },
-    "vq3r-iterations": { type: "string" },
-    "vq3r-experts": { type: "string" },
-    force: { type: "boolean" },
+    ...PACK_FLAGS,
     ...HELP_FLAG,
   }, { positionals: true });
   if (helpShown(a, HELP)) return 0;
@@ -58,18 +52,7 @@ export async function pullCommand(args: string[]): Promise<number> {
   }
   const [spec, out] = a.positionals;
   try {
-    await pullModel(spec, out, {
-      keepShards: a.int("keep-shards", 1),
-      experts: a.str("experts") as PackOptions["experts"],
-      trunk: a.str("trunk") as PackOptions["trunk"],
-      convert: a.str("convert") as PackOptions["convert"],
-      vq3r: {
-        sampleSize: a.int("vq3r-sample", 1),
-        iterations: a.int("vq3r-iterations", 1),
-        trainExperts: a.int("vq3r-experts", 1),
-      },
-      force: a.bool("force"),
-    });
+    await pullModel(spec, out, { ...packOptionsFromArgs(a), keepShards: a.int("keep-shards", 1) });
   } catch (e) {
     const stage = `${resolve(out)}.pull`;
     if (!existsSync(stage)) throw e;
