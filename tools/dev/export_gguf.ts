@@ -10,8 +10,9 @@
  * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
  * sliding window; the MXFP4 experts are written dequantised to `--type`). Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
- * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written as
- * SentencePiece metadata (tools/dev/gguf/spm_vocab.ts).
+ * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
+ * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
+ * BPE metadata (tools/dev/gguf/bpe_vocab.ts).
  *
  * @module
  */
@@ -23,7 +24,7 @@ import {
   type FloatWeights,
 } from "../../engine/float_weights.ts";
 import { existsSync, statSync } from "node:fs";
-import { basename } from "node:path";
+import { basename, join } from "node:path";
 import { parseArgs } from "node:util";
 import { openContainer } from "../../engine/container.ts";
 import {
@@ -42,7 +43,9 @@ import {
 } from "../../engine/tensor_names.ts";
 import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
+import { bpeVocabFromTokenizerJson, isByteLevelBpe } from "./gguf/bpe_vocab.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
+import { readJsonObject } from "../../io/json_file.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
@@ -459,25 +462,37 @@ function metadataFor(
     str(`${arch}.rope.scaling.type`, "linear");
     f32(`${arch}.rope.scaling.factor`, cfg.rope.scaling.factor);
   }
-  const vocab = spmVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, {
-    bosId: cfg.bosId,
-    eosId: cfg.eosIds[0] ?? null,
-  });
-  str("tokenizer.ggml.model", "llama");
-  str("tokenizer.ggml.pre", "default");
-  m.set("tokenizer.ggml.tokens", { type: "array", elem: "string", value: vocab.tokens });
-  m.set("tokenizer.ggml.scores", { type: "array", elem: "f32", value: vocab.scores });
-  m.set("tokenizer.ggml.token_type", { type: "array", elem: "i32", value: vocab.types });
-  if (vocab.bosId !== null) u32("tokenizer.ggml.bos_token_id", vocab.bosId);
-  if (vocab.eosId !== null) u32("tokenizer.ggml.eos_token_id", vocab.eosId);
-  // llama.cpp's SPM vocabulary assumes unk = 0; only a different id needs saying.
-  if (vocab.unkId !== null && vocab.unkId !== 0) {
-    u32("tokenizer.ggml.unknown_token_id", vocab.unkId);
-  }
-  m.set("tokenizer.ggml.add_bos_token", { type: "bool", value: vocab.addBos });
-  m.set("tokenizer.ggml.add_eos_token", { type: "bool", value: vocab.addEos });
-  if (!vocab.addSpacePrefix) {
-    m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
+  const specials = { bosId: cfg.bosId, eosId: cfg.eosIds[0] ?? null };
+  if (isByteLevelBpe(readJsonObject(join(src.tokenizerDir, "tokenizer.json")))) {
+    const vocab = bpeVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, arch, specials);
+    str("tokenizer.ggml.model", "gpt2");
+    str("tokenizer.ggml.pre", vocab.pre);
+    m.set("tokenizer.ggml.tokens", { type: "array", elem: "string", value: vocab.tokens });
+    m.set("tokenizer.ggml.token_type", { type: "array", elem: "i32", value: vocab.types });
+    m.set("tokenizer.ggml.merges", { type: "array", elem: "string", value: vocab.merges });
+    if (vocab.bosId !== null) u32("tokenizer.ggml.bos_token_id", vocab.bosId);
+    if (vocab.eosId !== null) u32("tokenizer.ggml.eos_token_id", vocab.eosId);
+    if (vocab.padId !== null) u32("tokenizer.ggml.padding_token_id", vocab.padId);
+    m.set("tokenizer.ggml.add_bos_token", { type: "bool", value: vocab.addBos });
+    m.set("tokenizer.ggml.add_eos_token", { type: "bool", value: vocab.addEos });
+  } else {
+    const vocab = spmVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, specials);
+    str("tokenizer.ggml.model", "llama");
+    str("tokenizer.ggml.pre", "default");
+    m.set("tokenizer.ggml.tokens", { type: "array", elem: "string", value: vocab.tokens });
+    m.set("tokenizer.ggml.scores", { type: "array", elem: "f32", value: vocab.scores });
+    m.set("tokenizer.ggml.token_type", { type: "array", elem: "i32", value: vocab.types });
+    if (vocab.bosId !== null) u32("tokenizer.ggml.bos_token_id", vocab.bosId);
+    if (vocab.eosId !== null) u32("tokenizer.ggml.eos_token_id", vocab.eosId);
+    // llama.cpp's SPM vocabulary assumes unk = 0; only a different id needs saying.
+    if (vocab.unkId !== null && vocab.unkId !== 0) {
+      u32("tokenizer.ggml.unknown_token_id", vocab.unkId);
+    }
+    m.set("tokenizer.ggml.add_bos_token", { type: "bool", value: vocab.addBos });
+    m.set("tokenizer.ggml.add_eos_token", { type: "bool", value: vocab.addEos });
+    if (!vocab.addSpacePrefix) {
+      m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
+    }
   }
   u32("general.quantization_version", 2);
   return m;

@@ -44,14 +44,16 @@ export interface SpmVocab {
   addSpacePrefix: boolean;
 }
 
-type Json = Record<string, unknown>;
+/** A parsed JSON object. */
+export type Json = Record<string, unknown>;
 
-function asObject(v: unknown): Json | null {
+/** `v` as a JSON object, or null when it is not one. */
+export function asObject(v: unknown): Json | null {
   return v !== null && typeof v === "object" && !Array.isArray(v) ? v as Json : null;
 }
 
 /** Merge list entries are "a b" strings (older files) or ["a", "b"] pairs (newer ones). */
-function mergePair(m: unknown, i: number, path: string): [string, string] {
+export function mergePair(m: unknown, i: number, path: string): [string, string] {
   if (typeof m === "string") {
     const sp = m.indexOf(" ");
     if (sp > 0) return [m.slice(0, sp), m.slice(sp + 1)];
@@ -88,33 +90,28 @@ function metaspacePrepends(p: unknown): boolean {
 }
 
 /** Content of a special-token entry of tokenizer_config.json (a string or an AddedToken). */
-function tokenContent(v: unknown): string | null {
+export function tokenContent(v: unknown): string | null {
   if (typeof v === "string") return v;
   const o = asObject(v);
   return o && typeof o.content === "string" ? o.content : null;
 }
 
+/** Tokens by id with their llama.cpp types, shared by the SPM and byte-level BPE exports. */
+export interface VocabTable {
+  tokens: string[];
+  types: number[];
+  idOf: Map<string, number>;
+  /** Ids of added tokens and of padding (types already final). */
+  fixed: Set<number>;
+}
+
 /**
- * Reads `dir`/tokenizer.json (and tokenizer_config.json when present) into SPM metadata padded
- * to `vocabSize` entries. `fallback` supplies bos/eos ids from the model config.
+ * Lays out `model.vocab` and `added_tokens` of tokenizer.json (`path`) by id over `vocabSize`
+ * ids: added tokens are control (special) or user-defined, ids the tokenizer leaves empty become
+ * `[PADn]` (unused, as llama.cpp's converters name embedding rows beyond the tokenizer), the
+ * rest normal.
  */
-export function spmVocabFromTokenizerJson(
-  dir: string,
-  vocabSize: number,
-  fallback: { bosId: number | null; eosId: number | null },
-): SpmVocab {
-  const path = join(dir, "tokenizer.json");
-  if (!existsSync(path)) throw new Error(`${dir}: no tokenizer.json to export the vocabulary from`);
-  const tj = readJsonObject(path);
-  const model = asObject(tj.model);
-  if (!model || model.type !== "BPE" || model.byte_fallback !== true) {
-    throw new Error(
-      `${path}: only SentencePiece-style BPE tokenizers (model.type BPE with byte_fallback) ` +
-        `can be exported as tokenizer.ggml.model=llama; got model.type ${
-          JSON.stringify(model?.type)
-        }, byte_fallback ${JSON.stringify(model?.byte_fallback)}`,
-    );
-  }
+export function vocabTable(path: string, tj: Json, model: Json, vocabSize: number): VocabTable {
   const vocab = asObject(model.vocab);
   if (!vocab) throw new Error(`${path}: model.vocab is not an object`);
   const tokens: (string | undefined)[] = new Array(vocabSize);
@@ -136,7 +133,6 @@ export function spmVocabFromTokenizerJson(
   for (const [text, id] of Object.entries(vocab)) place(text, id, "vocab token");
 
   const types = new Array<number>(vocabSize).fill(TOKEN_TYPE.normal);
-  const scores = new Array<number>(vocabSize).fill(0);
   const fixed = new Set<number>();
   const added = Array.isArray(tj.added_tokens) ? tj.added_tokens : [];
   for (const a of added) {
@@ -147,18 +143,45 @@ export function spmVocabFromTokenizerJson(
     place(o.content, o.id, "added token");
     const id = o.id as number;
     types[id] = o.special === true ? TOKEN_TYPE.control : TOKEN_TYPE.userDefined;
-    scores[id] = SPECIAL_SCORE;
     fixed.add(id);
   }
   for (let id = 0; id < vocabSize; id++) {
-    if (fixed.has(id)) continue;
     if (tokens[id] === undefined) {
-      // Embedding rows beyond the tokenizer (padding), as llama.cpp's converters name them.
       tokens[id] = `[PAD${id}]`;
       types[id] = TOKEN_TYPE.unused;
-      scores[id] = SPECIAL_SCORE;
       fixed.add(id);
-    } else if (/^<0x[0-9A-Fa-f]{2}>$/.test(tokens[id]!)) {
+    }
+  }
+  return { tokens: tokens as string[], types, idOf, fixed };
+}
+
+/**
+ * Reads `dir`/tokenizer.json (and tokenizer_config.json when present) into SPM metadata padded
+ * to `vocabSize` entries. `fallback` supplies bos/eos ids from the model config.
+ */
+export function spmVocabFromTokenizerJson(
+  dir: string,
+  vocabSize: number,
+  fallback: { bosId: number | null; eosId: number | null },
+): SpmVocab {
+  const path = join(dir, "tokenizer.json");
+  if (!existsSync(path)) throw new Error(`${dir}: no tokenizer.json to export the vocabulary from`);
+  const tj = readJsonObject(path);
+  const model = asObject(tj.model);
+  if (!model || model.type !== "BPE" || model.byte_fallback !== true) {
+    throw new Error(
+      `${path}: only SentencePiece-style BPE (model.type BPE with byte_fallback, exported as ` +
+        `tokenizer.ggml.model=llama) and byte-level BPE (a ByteLevel pre-tokenizer, exported as ` +
+        `gpt2) tokenizers can be exported; got model.type ${
+          JSON.stringify(model?.type)
+        }, byte_fallback ${JSON.stringify(model?.byte_fallback)}`,
+    );
+  }
+  const { tokens, types, idOf, fixed } = vocabTable(path, tj, model, vocabSize);
+  const scores = new Array<number>(vocabSize).fill(0);
+  for (const id of fixed) scores[id] = SPECIAL_SCORE;
+  for (let id = 0; id < vocabSize; id++) {
+    if (!fixed.has(id) && /^<0x[0-9A-Fa-f]{2}>$/.test(tokens[id])) {
       types[id] = TOKEN_TYPE.byte;
       fixed.add(id);
     }
@@ -190,7 +213,7 @@ export function spmVocabFromTokenizerJson(
   const addBos = typeof tc.add_bos_token === "boolean" ? tc.add_bos_token : true;
   const addEos = typeof tc.add_eos_token === "boolean" ? tc.add_eos_token : false;
   return {
-    tokens: tokens as string[],
+    tokens,
     scores,
     types,
     bosId: special("bos_token", fallback.bosId),
