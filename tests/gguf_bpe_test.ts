@@ -33,7 +33,7 @@ const TEXTS = [
   "Once upon a time there was a little girl.",
   "  Numbers: 1, 22, 333, 4444 and 2024-12-01!\n\nNew\tline  ",
   "Héllo wörld — naïve café; 日本語のテキスト and 中文 🙂 what's it'll we'd",
-  "x=f(y)*3.14159; if (a<b) { return \"ok\"; }",
+  'x=f(y)*3.14159; if (a<b) { return "ok"; }',
 ];
 
 function readJson(path: string): Record<string, unknown> {
@@ -136,8 +136,8 @@ Deno.test("byte-level BPE: the pre-tokenizer name follows the split regex and fa
 const llama = await setupLlamaCpp(undefined, () => {});
 if (!llama.ok) console.error(`gguf_bpe_test: llama.cpp checks skipped: ${llama.why}`);
 
-/** llama.cpp's ids for TEXTS (no BOS, special tokens as text) from a vocab-only load of `gguf`. */
-async function llamaCppTokens(gguf: string): Promise<number[][]> {
+/** llama.cpp's ids for `texts` (no BOS added, special tokens parsed) from a vocab-only load. */
+async function llamaCppTokens(gguf: string, texts: string[]): Promise<number[][]> {
   if (!llama.ok) throw new Error("node-llama-cpp is not set up");
   const script = join(llama.dir, "sluice_tokenize.mjs");
   writeFileSync(
@@ -147,12 +147,12 @@ const [path, texts] = [process.argv[2], JSON.parse(process.argv[3])];
 const l = await getLlama({ gpu: false, build: "never", skipDownload: true, progressLogs: false,
   logLevel: "error" });
 const m = await l.loadModel({ modelPath: path, vocabOnly: true });
-console.log(JSON.stringify(texts.map((t) => Array.from(m.tokenize(t, false), Number))));
+console.log(JSON.stringify(texts.map((t) => Array.from(m.tokenize(t, true), Number))));
 await m.dispose();
 await l.dispose();`,
   );
   const out = await new Deno.Command("node", {
-    args: [script, gguf, JSON.stringify(TEXTS)],
+    args: [script, gguf, JSON.stringify(texts)],
     cwd: llama.dir,
     stdout: "piped",
     stderr: "piped",
@@ -167,13 +167,18 @@ async function agree(name: string, tokDir?: string): Promise<void> {
   const dir = await synthModel(name, tokDir);
   const gguf = join(tempDir(), `${name}.gguf`);
   exportGguf(dir, gguf, { progress: "off", force: true, type: "bf16" });
-  const hf = new Tokenizer(
-    readJson(join(dir, "tokenizer.json")),
-    readJson(join(dir, "tokenizer_config.json")),
-  );
-  const want = TEXTS.map((t) => hf.encode(t, { add_special_tokens: false }).ids);
-  const got = await llamaCppTokens(gguf);
-  for (let i = 0; i < TEXTS.length; i++) assert.deepEqual(got[i], want[i], TEXTS[i]);
+  const tc = readJson(join(dir, "tokenizer_config.json"));
+  const hf = new Tokenizer(readJson(join(dir, "tokenizer.json")), tc);
+  // Special tokens inside text must come out as their control ids, not as spelled-out bytes.
+  const special = (k: string) => {
+    const v = tc[k] as string | { content: string };
+    return typeof v === "string" ? v : v.content;
+  };
+  const texts = [...TEXTS, `${special("bos_token")}Hi there${special("eos_token")}\n`];
+  const want = texts.map((t) => hf.encode(t, { add_special_tokens: false }).ids);
+  assert.ok(want.at(-1)!.includes(hf.token_to_id(special("eos_token"))!));
+  const got = await llamaCppTokens(gguf, texts);
+  for (let i = 0; i < texts.length; i++) assert.deepEqual(got[i], want[i], texts[i]);
 }
 
 Deno.test({

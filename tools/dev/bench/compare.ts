@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { copyFileSync, existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath as fromFileUrl } from "node:url";
@@ -41,8 +41,6 @@ import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
 const GiB = 2 ** 30;
 const REPO = fromFileUrl(new URL("../../../", import.meta.url));
 const SLUICE_RUNNER = fromFileUrl(new URL("./compare_sluice.ts", import.meta.url));
-/* export_gguf writes SentencePiece vocabularies only, so every bench model gets this one. */
-const SPM_TOKENIZER_DIR = join(REPO, "..", "shared", "models", "stories260k");
 const PROMPT_TEXT = "Once upon a time, there was a little girl named Lily. She liked to play " +
   "outside in the park with her friends. One day, she saw a big red ball under a tree. ";
 
@@ -91,9 +89,6 @@ async function ensureModel(cache: string, arch: SynthArch, size: number): Promis
       progress: "off",
       log: () => {},
     });
-    for (const f of ["tokenizer.json", "tokenizer_config.json"]) {
-      copyFileSync(join(SPM_TOKENIZER_DIR, f), join(hf, f));
-    }
     await packCheckpoint(hf, container, { force: true, progress: "off", log: () => {} });
     exportGguf(hf, gguf, { type: experts, force: true, progress: "off" });
     Deno.removeSync(hf, { recursive: true });
