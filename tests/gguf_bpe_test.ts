@@ -34,7 +34,29 @@ const TEXTS = [
   "  Numbers: 1, 22, 333, 4444 and 2024-12-01!\n\nNew\tline  ",
   "Héllo wörld — naïve café; 日本語のテキスト and 中文 🙂 what's it'll we'd",
   'x=f(y)*3.14159; if (a<b) { return "ok"; }',
+  "helloWorld fooWorld",
 ];
+
+/** Qwen2/Qwen3's split regex, as their tokenizer.json files hold it. */
+const QWEN2_REGEX = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|" +
+  " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/** gpt-oss's (o200k) split regex, as its tokenizer.json holds it. */
+const O200K_REGEX =
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" +
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+" +
+  "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}|" +
+  " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/** A pre-tokenizer splitting by `regex`, then mapping bytes (Llama-3's layout). */
+function splitThenBytes(regex: string): unknown {
+  return {
+    type: "Sequence",
+    pretokenizers: [
+      { type: "Split", pattern: { Regex: regex }, behavior: "Isolated", invert: false },
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false },
+    ],
+  };
+}
 
 function readJson(path: string): Record<string, unknown> {
   return JSON.parse(readFileSync(path, "utf8"));
@@ -94,13 +116,6 @@ Deno.test("byte-level BPE export: tokens, types and merges read back as tokenize
 Deno.test("byte-level BPE: the pre-tokenizer name follows the split regex and family", () => {
   const dir = Deno.makeTempDirSync({ prefix: "sluice-bpe-" });
   try {
-    const split = (regex: string) => ({
-      type: "Sequence",
-      pretokenizers: [
-        { type: "Split", pattern: { Regex: regex }, behavior: "Isolated", invert: false },
-        { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false },
-      ],
-    });
     const llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|" +
       " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     const tj = (pre: unknown) => ({
@@ -112,14 +127,18 @@ Deno.test("byte-level BPE: the pre-tokenizer name follows the split regex and fa
       writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(tj(p)));
       return bpeVocabFromTokenizerJson(dir, 5, arch, { bosId: null, eosId: 3 });
     };
-    const v = pre(split(llama3));
+    const v = pre(splitThenBytes(llama3));
     assert.equal(v.pre, "llama-bpe");
     assert.deepEqual(v.tokens, ["a", "b", "<|x|>", "ab", "[PAD4]"]);
     assert.deepEqual(v.types, [1, 1, TOKEN_TYPE.userDefined, 1, TOKEN_TYPE.unused]);
     assert.deepEqual([v.bosId, v.eosId, v.addBos], [null, 3, false]);
-    assert.equal(pre(split(llama3), "glm4moe").pre, "glm4");
-    assert.equal(pre(split(llama3.replace("\\p{N}{1,3}", "\\p{N}"))).pre, "qwen2");
-    assert.throws(() => pre(split("\\w+")), /tokenizer\.json: pre-tokenizer .* matches none/);
+    assert.equal(pre(splitThenBytes(llama3), "glm4moe").pre, "glm4");
+    assert.equal(pre(splitThenBytes(QWEN2_REGEX)).pre, "qwen2");
+    assert.equal(pre(splitThenBytes(O200K_REGEX)).pre, "gpt-4o");
+    assert.throws(
+      () => pre(splitThenBytes("\\w+")),
+      /tokenizer\.json: pre-tokenizer .* matches none/,
+    );
     if (DEEPSEEK) {
       const p = readJson(join(DEEPSEEK, "tokenizer.json")).pre_tokenizer;
       assert.equal(pre(p).pre, "deepseek-v3");
@@ -162,9 +181,26 @@ await l.dispose();`,
   return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
 }
 
-/** Exports the synthetic model with `tokDir`'s tokenizer and compares llama.cpp with HF. */
-async function agree(name: string, tokDir?: string): Promise<void> {
+/**
+ * Exports the synthetic model with `tokDir`'s tokenizer, or with the synthetic one under the
+ * split regex `regex`, and compares llama.cpp's ids with HF's.
+ */
+async function agree(name: string, tokDir?: string, regex?: string): Promise<void> {
   const dir = await synthModel(name, tokDir);
+  if (regex) {
+    const tj = readJson(join(dir, "tokenizer.json"));
+    tj.pre_tokenizer = splitThenBytes(regex);
+    // Top-ranked merges across the boundaries the regexes disagree on (digit runs, a case
+    // change inside a word), in place of filler words no merge produces.
+    const model = tj.model as { vocab: Record<string, number>; merges: [string, string][] };
+    const fillers = Object.entries(model.vocab).sort((x, y) => y[1] - x[1]).slice(0, 2);
+    for (const [[word, id], piece] of fillers.map((f, i) => [f, ["44", "oW"][i]] as const)) {
+      delete model.vocab[word];
+      model.vocab[piece] = id;
+    }
+    model.merges.unshift(["4", "4"], ["o", "W"]);
+    writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(tj));
+  }
   const gguf = join(tempDir(), `${name}.gguf`);
   exportGguf(dir, gguf, { progress: "off", force: true, type: "bf16" });
   const tc = readJson(join(dir, "tokenizer_config.json"));
@@ -185,6 +221,18 @@ Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (synthetic)",
   ignore: !llama.ok,
   fn: () => agree("bpe-synth"),
+});
+
+Deno.test({
+  name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (Qwen2 regex)",
+  ignore: !llama.ok,
+  fn: () => agree("bpe-qwen2", undefined, QWEN2_REGEX),
+});
+
+Deno.test({
+  name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (o200k regex)",
+  ignore: !llama.ok,
+  fn: () => agree("bpe-o200k", undefined, O200K_REGEX),
 });
 
 Deno.test({
