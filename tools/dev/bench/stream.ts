@@ -17,7 +17,7 @@
  * `--repeat N` (default 3) runs each budget configuration N times from a cold cache, interleaved,
  * and keeps the fastest; `--lookahead N` (default top-k) adds a row with that lookahead.
  * `--model DIR` runs an existing container instead (e.g. a real-width `synth` + `pack`);
- * `--no-resident` skips the whole-model run, for models larger than RAM or a memory cgroup.
+ * `--no-resident` skips the whole-model run, for models larger than RAM.
  *
  * The roofline's bandwidth is the engine's own access pattern: whole expert records at random
  * places of the container's banks, O_DIRECT, at the reader's queue depth (the sequential figure
@@ -32,7 +32,7 @@ import { sharedMemory64 } from "../../../wasm/mod.ts";
 import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Model, type RunOptions } from "../../../engine/model.ts";
+import { Model, planRun, type RunOptions } from "../../../engine/model.ts";
 import { argmax } from "../../../engine/sampler.ts";
 import { openContainer } from "../../../engine/container.ts";
 import { openReader, type ReadTicket, waitAll } from "../../../io/reader.ts";
@@ -304,10 +304,10 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
   // budget to the trunk and the experts.
   const prompt = fixedPrompt(Number.MAX_SAFE_INTEGER);
   const ctx = Math.max(64, 2 ** Math.ceil(Math.log2(prompt.length + opts.tokens + 1)));
-  const whole = await Model.open(path, { quiet: true, hotList: false, ctx });
-  const cfg = whole.cfg, plan = whole.plan;
-  const stride = whole.container.manifest.experts.find((b) => b)?.stride ?? 0;
-  whole.close();
+  // The whole-model plan without loading the model, which may not fit in RAM.
+  const container = openContainer(path);
+  const cfg = container.config, plan = planRun(container, { ctx }).plan;
+  const stride = container.manifest.experts.find((b) => b)?.stride ?? 0;
   const moe = cfg.moe!;
   const budget = Math.floor(opts.budgetFraction * plan.wholeModelBytes);
   const promptIds = fixedPrompt(cfg.vocabSize);
@@ -461,7 +461,11 @@ export function formatStreamReport(r: StreamBenchResult): string {
     ),
     "",
     `roofline ${r.roofline_tok_s.toFixed(2)} tok/s; disk ${r.disk_ms_per_token.toFixed(1)} ` +
-    `ms/token; compute ${r.compute_ms_per_token.toFixed(1)} ms/token resident ` +
+    `ms/token; compute ${
+      Number.isNaN(r.compute_ms_per_token)
+        ? "(resident run skipped)"
+        : `${r.compute_ms_per_token.toFixed(1)} ms/token resident`
+    } ` +
     `(${r.compute_ms_per_token_by_subtraction.toFixed(1)} by subtracting io wait)`,
     "",
     "| ratio | value | target | |",
