@@ -240,7 +240,7 @@ export class Model {
 }
 
 /** The memory plan of a run, with the lookahead depth it leaves room for. */
-function planRun(
+export function planRun(
   container: Container,
   opts: RunOptions,
 ): { plan: MemoryPlan; lookahead: number; ctx: number; prefillChunk: number } {

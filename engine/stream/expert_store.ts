@@ -16,7 +16,7 @@ import { type BlockReader, ReadPriority, type ReadTicket, waitAll } from "../../
 const WARM_BATCH = 16;
 
 /** Largest single read request of a record (a multiple of 4 KiB). */
-const REQUEST_BYTES = 2 << 20;
+export const REQUEST_BYTES = 2 << 20;
 
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
 export interface BankFiles {

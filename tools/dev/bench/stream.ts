@@ -16,6 +16,12 @@
  *
  * `--repeat N` (default 3) runs each budget configuration N times from a cold cache, interleaved,
  * and keeps the fastest; `--lookahead N` (default top-k) adds a row with that lookahead.
+ * `--model DIR` runs an existing container instead (e.g. a real-width `synth` + `pack`);
+ * `--no-resident` skips the whole-model run, for models larger than RAM.
+ *
+ * The roofline's bandwidth is the engine's own access pattern: whole expert records at random
+ * places of the container's banks, O_DIRECT, at the reader's queue depth (the sequential figure
+ * is reported beside it but is not what decode does).
  *
  * Decode is the engine's forward + argmax per token with no stop ids: what `Session.generate`
  * does greedily with `ignoreEos`, but with the counters read around the decode steps only.
@@ -26,10 +32,11 @@ import { sharedMemory64 } from "../../../wasm/mod.ts";
 import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Model, type RunOptions } from "../../../engine/model.ts";
+import { Model, planRun, type RunOptions } from "../../../engine/model.ts";
 import { argmax } from "../../../engine/sampler.ts";
 import { openContainer } from "../../../engine/container.ts";
-import { openReader, type ReadTicket } from "../../../io/reader.ts";
+import { openReader, type ReadTicket, waitAll } from "../../../io/reader.ts";
+import { REQUEST_BYTES } from "../../../engine/stream/expert_store.ts";
 import { packCheckpoint } from "../../pack.ts";
 import { parseSize, synthCheckpoint } from "../../synth.ts";
 import { benchDisk } from "./disk.ts";
@@ -41,6 +48,10 @@ const GiB = 2 ** 30;
 export interface StreamBenchOptions {
   /** Bytes of tensor data of the synthetic model (default 2 GiB). */
   size: number;
+  /** An existing container to run instead of the synthetic model. */
+  model?: string;
+  /** Runs the whole model resident for the compute-only time (default true). */
+  resident?: boolean;
   /** Budget as a fraction of the whole-model arena (default 0.3). */
   budgetFraction: number;
   /** Decode tokens per run (default 32). */
@@ -104,9 +115,9 @@ export interface StreamBenchResult {
   budget_bytes: number;
   /** Sequential 1 MiB O_DIRECT reads, 2 in flight (tools/dev/bench/disk.ts). */
   disk_odirect_gbps: number;
-  /** Random whole expert records of this container, O_DIRECT, 2 in flight. */
+  /** Random whole expert records of this container, O_DIRECT, top-k records outstanding. */
   disk_record_gbps: number;
-  /** The roofline's bandwidth: the larger of the two. */
+  /** The roofline's bandwidth: the random-record figure (sequential if the shim is missing). */
   disk_gbps: number;
   /** tok/s of every repeat of each configuration, in run order. */
   repeats: Record<string, number[]>;
@@ -117,7 +128,8 @@ export interface StreamBenchResult {
   roofline_tok_s: number;
   /** Disk time per token at the measured bandwidth (ms). */
   disk_ms_per_token: number;
-  /** Per-token compute time from the resident run, and from the budget run minus io wait. */
+  /** Per-token compute time from the resident run (NaN when skipped), and from the budget run
+   * minus io wait. */
   compute_ms_per_token: number;
   compute_ms_per_token_by_subtraction: number;
   targets: StreamTarget[];
@@ -150,15 +162,17 @@ export async function ensureStreamModel(
 
 /**
  * O_DIRECT GB/s of the engine's own access pattern: `count` whole expert records at seeded random
- * (layer, expert) places of the container's banks, `inFlight` at a time, as the expert store
- * reads them. NaN when the direct shim is unavailable.
+ * (layer, expert) places of the container's banks, each split into the expert store's
+ * {@link REQUEST_BYTES} requests as it reads them, `inFlight` records outstanding on the reader's
+ * default threads (the engine queues a layer's top-k misses at once, so pass top-k). NaN when
+ * the direct shim is unavailable.
  */
 export function recordReadGbps(path: string, count: number, inFlight = 2): number {
   const c = openContainer(path);
   const banks = c.manifest.experts.filter((b) => b !== null);
   const stride = Math.max(...banks.map((b) => b.stride));
   const memory = sharedMemory64(inFlight * stride);
-  const reader = openReader(memory, { direct: true, threads: inFlight, quiet: true });
+  const reader = openReader(memory, { direct: true, quiet: true });
   try {
     if (reader.kind !== "shim-direct") return NaN;
     const handles = banks.map((b) => reader.open(c.expertBankPath(b.layer)));
@@ -169,18 +183,23 @@ export function recordReadGbps(path: string, count: number, inFlight = 2): numbe
       x ^= x << 5;
       return (x >>> 0) / 4294967296;
     };
-    const queue: ReadTicket[] = [];
+    const queue: ReadTicket[][] = [];
     let bytes = 0;
     const t0 = performance.now();
     for (let i = 0; i < count; i++) {
-      if (queue.length === inFlight) reader.wait(queue.shift()!);
+      if (queue.length === inFlight) waitAll(reader, queue.shift()!, `${path}: random record read`);
       const b = Math.floor(next() * banks.length);
       const e = Math.floor(next() * banks[b].count);
-      const slot = i % inFlight;
-      queue.push(reader.submit(handles[b], slot * stride, banks[b].stride, e * banks[b].stride));
-      bytes += banks[b].stride;
+      const slot = (i % inFlight) * stride, n = banks[b].stride;
+      const tickets: ReadTicket[] = [];
+      for (let o = 0; o < n; o += REQUEST_BYTES) {
+        const len = Math.min(REQUEST_BYTES, n - o);
+        tickets.push(reader.submit(handles[b], slot + o, len, e * n + o));
+      }
+      queue.push(tickets);
+      bytes += n;
     }
-    while (queue.length) reader.wait(queue.shift()!);
+    while (queue.length) waitAll(reader, queue.shift()!, `${path}: random record read`);
     return bytes / ((performance.now() - t0) / 1000) / 1e9;
   } finally {
     reader.close();
@@ -279,15 +298,16 @@ async function measure(
 export async function benchStream(opts: StreamBenchOptions): Promise<StreamBenchResult> {
   const log = opts.log ?? ((line: string) => console.error(line));
   const cacheDir = opts.cacheDir ?? Deno.env.get("SLUICE_CACHE") ?? "/tmp/sluice-bench";
-  const path = await ensureStreamModel(cacheDir, opts.size, log);
+  const path = opts.model ?? await ensureStreamModel(cacheDir, opts.size, log);
+  const withResident = opts.resident ?? true;
   // The context only needs the prompt and the decoded tokens; a smaller KV cache leaves the
   // budget to the trunk and the experts.
   const prompt = fixedPrompt(Number.MAX_SAFE_INTEGER);
   const ctx = Math.max(64, 2 ** Math.ceil(Math.log2(prompt.length + opts.tokens + 1)));
-  const whole = await Model.open(path, { quiet: true, hotList: false, ctx });
-  const cfg = whole.cfg, plan = whole.plan;
-  const stride = whole.container.manifest.experts.find((b) => b)?.stride ?? 0;
-  whole.close();
+  // The whole-model plan without loading the model, which may not fit in RAM.
+  const container = openContainer(path);
+  const cfg = container.config, plan = planRun(container, { ctx }).plan;
+  const stride = container.manifest.experts.find((b) => b)?.stride ?? 0;
   const moe = cfg.moe!;
   const budget = Math.floor(opts.budgetFraction * plan.wholeModelBytes);
   const promptIds = fixedPrompt(cfg.vocabSize);
@@ -297,9 +317,11 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
   log(`bench stream: disk O_DIRECT bandwidth (${((opts.diskBytes ?? GiB) / GiB).toFixed(1)} GiB)`);
   const disk = await benchDisk({ bytes: opts.diskBytes ?? GiB, runs: 2, quiet: true });
   dropPageCache();
-  const recordGbps = recordReadGbps(path, 96);
-  // The faster of the two is the disk's limit for this run, so the stricter roofline.
-  const gbps = Math.max(disk.odirect_gbps, Number.isNaN(recordGbps) ? 0 : recordGbps);
+  // About 1 GiB of records (at least 96), whatever the record size of the format, with top-k
+  // records outstanding: the store queues a layer's misses together before any expert computes.
+  const records = stride > 0 ? Math.max(96, Math.ceil(GiB / stride)) : 96;
+  const recordGbps = recordReadGbps(path, records, moe.topK);
+  const gbps = Number.isNaN(recordGbps) ? disk.odirect_gbps : recordGbps;
 
   // Budget runs start cold, so each repeat reopens the model; the repeats are interleaved so
   // that noise from other processes hits every configuration alike. The best repeat is kept.
@@ -324,10 +346,13 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
       (await measure(path, label, { ctx, ...o }, promptIds, opts.tokens, 1)).forEach(keep);
     }
   }
-  log(`bench stream: run "whole model resident" (1 warm-up + ${repeat} passes)`);
   const residentLabel = "whole model resident (warm)";
-  (await measure(path, residentLabel, { ctx }, promptIds, opts.tokens, repeat, true)).forEach(keep);
-  const resident = best.get(residentLabel)!;
+  if (withResident) {
+    log(`bench stream: run "whole model resident" (1 warm-up + ${repeat} passes)`);
+    (await measure(path, residentLabel, { ctx }, promptIds, opts.tokens, repeat, true))
+      .forEach(keep);
+  }
+  const resident = best.get(residentLabel);
   const runs = [...best.values()];
   const base = best.get(configs[0][0])!;
   const noAhead = best.get(configs[1][0])!;
@@ -335,9 +360,9 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
 
   const roofline = (gbps * 1e9) / base.bytes_per_token;
   const diskMs = (base.bytes_per_token / (gbps * 1e9)) * 1000;
-  const computeMs = resident.ms_per_token;
+  const computeMs = resident?.ms_per_token ?? NaN;
   const computeSub = base.ms_per_token - base.io_wait_ms_per_token;
-  const overlap = base.ms_per_token / Math.max(diskMs, computeMs);
+  const overlap = base.ms_per_token / Math.max(diskMs, resident ? computeMs : computeSub);
   const targets: StreamTarget[] = [
     { name: "tok/s ÷ disk roofline", value: base.tok_s / roofline, target: ">= 0.85", pass: false },
     {
@@ -394,10 +419,13 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     notes: [
       "Random routers route near-uniformly: expert hit rates are about the cached share of " +
       "experts, the worst case for caching. Real routers are skewed and hit more.",
-      "Compute time is the per-token time of the whole-model-resident run, measured on a second " +
-      "pass over the same tokens (every expert already in memory, no reads).",
-      "Roofline = O_DIRECT GB/s measured in this run (the larger of sequential 1 MiB reads and " +
-      "random whole expert records) ÷ bytes read per decode token of the defaults run.",
+      resident
+        ? "Compute time is the per-token time of the whole-model-resident run, measured on a " +
+          "second pass over the same tokens (every expert already in memory, no reads)."
+        : "The resident run was skipped: compute time is the defaults run minus its io wait.",
+      "Roofline = O_DIRECT GB/s of random whole expert records of this container, top-k " +
+      "outstanding as the store queues them, measured in this run ÷ bytes read per decode token " +
+      "of the defaults run.",
     ],
   };
 }
@@ -433,7 +461,11 @@ export function formatStreamReport(r: StreamBenchResult): string {
     ),
     "",
     `roofline ${r.roofline_tok_s.toFixed(2)} tok/s; disk ${r.disk_ms_per_token.toFixed(1)} ` +
-    `ms/token; compute ${r.compute_ms_per_token.toFixed(1)} ms/token resident ` +
+    `ms/token; compute ${
+      Number.isNaN(r.compute_ms_per_token)
+        ? "(resident run skipped)"
+        : `${r.compute_ms_per_token.toFixed(1)} ms/token resident`
+    } ` +
     `(${r.compute_ms_per_token_by_subtraction.toFixed(1)} by subtracting io wait)`,
     "",
     "| ratio | value | target | |",
@@ -461,6 +493,8 @@ export async function main(args: string[]): Promise<void> {
       lookahead: { type: "string" },
       repeat: { type: "string", default: "3" },
       "disk-gib": { type: "string", default: "1" },
+      model: { type: "string" },
+      "no-resident": { type: "boolean", default: false },
       json: { type: "boolean", default: false },
     },
   });
@@ -482,6 +516,8 @@ export async function main(args: string[]): Promise<void> {
     lookahead: values.lookahead === undefined ? undefined : Number(values.lookahead),
     diskBytes: Number(values["disk-gib"]) * GiB,
     repeat: Number(values.repeat),
+    model: values.model,
+    resident: !values["no-resident"],
   });
   if (values.json) console.log(JSON.stringify(result, null, 2));
   else console.log(formatStreamReport(result));
