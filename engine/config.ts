@@ -49,6 +49,40 @@ class Fields {
     return v;
   }
 
+  /** A required boolean (no default). */
+  flag(key: string): boolean {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (typeof v !== "boolean") this.fail(key, "a boolean");
+    return v;
+  }
+
+  /** A required nested object. */
+  obj(key: string): Fields {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (typeof v !== "object" || Array.isArray(v)) this.fail(key, "an object");
+    return new Fields(v as Json, `${this.where} ${key}`);
+  }
+
+  /** Requires `key` to be present and equal to `want` (a setting only one value of is supported). */
+  exactly(key: string, want: string | number | boolean): void {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (v !== want) {
+      throw new Error(
+        `${this.where}: field ${key} is ${JSON.stringify(v)}; only ${JSON.stringify(want)} is ` +
+          `supported`,
+      );
+    }
+  }
+
   bool(key: string, def: boolean): boolean {
     const v = this.src[key] ?? def;
     if (typeof v !== "boolean") this.fail(key, "a boolean");
@@ -64,7 +98,11 @@ class Fields {
     return v;
   }
 
-  intList(key: string): number[] {
+  /** A list of integers >= 0; missing means empty unless `required`. */
+  intList(key: string, required = false): number[] {
+    if (required && !this.has(key)) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
     const v = this.src[key] ?? [];
     if (!Array.isArray(v) || !v.every((x) => Number.isSafeInteger(x) && x >= 0)) {
       this.fail(key, "a list of integers >= 0");
@@ -369,6 +407,121 @@ const deepseekV3: Normaliser = (f, mt) => {
   };
 };
 
+/**
+ * Kimi K3 (`KimiK3ForConditionalGeneration`): the language model is under `text_config`. As in
+ * kimi-k3-in-c, every field the forward pass depends on must be present; a missing one is an
+ * error naming it, and settings with other values than the release's (hidden_act situ, NoPE MLA
+ * with an output gate, full-rank KDA gate, sigmoid noaux_tc routing, the latent norm) are refused.
+ */
+const kimiK3: Normaliser = (top, mt) => {
+  const f = top.obj("text_config");
+  const lin = f.obj("linear_attn_config");
+  f.exactly("hidden_act", "situ");
+  f.exactly("mla_use_nope", true);
+  f.exactly("mla_use_output_gate", true);
+  f.exactly("latent_moe_use_norm", true);
+  f.exactly("moe_router_activation_func", "sigmoid");
+  f.exactly("topk_method", "noaux_tc");
+  f.exactly("num_nextn_predict_layers", 0);
+  lin.exactly("use_full_rank_gate", true);
+  const hidden = f.int("hidden_size", { min: 1 });
+  const numLayers = f.int("num_hidden_layers", { min: 1 });
+  const numHeads = f.int("num_attention_heads", { min: 1 });
+  const full = new Set(lin.intList("full_attn_layers", true));
+  for (const l of full) {
+    if (l < 1 || l > numLayers) {
+      throw new Error(
+        `${lin.where}: full_attn_layers entry ${l} is outside 1..${numLayers} (1-based)`,
+      );
+    }
+  }
+  // full_attn_layers is 1-based: layer L (0-based) is MLA when L + 1 is listed.
+  const attention = Array.from(
+    { length: numLayers },
+    (_, l) => full.has(l + 1) ? "mla" : "kda",
+  ) as (
+    | "kda"
+    | "mla"
+  )[];
+  const firstDense = f.int("first_k_dense_replace");
+  f.exactly("moe_layer_freq", 1);
+  const layerKinds = Array.from(
+    { length: numLayers },
+    (_, l) => l >= firstDense ? "moe" : "dense",
+  ) as ("dense" | "moe")[];
+  const numExperts = f.int("num_experts", { min: 1 });
+  const topK = f.int("num_experts_per_token", { min: 1 });
+  checkTopK(f, numExperts, topK);
+  const nGroup = f.int("num_expert_group", { min: 1 });
+  const topkGroup = f.int("topk_group", { min: 1 });
+  if (numExperts % nGroup || topkGroup > nGroup) {
+    throw new Error(
+      `${f.where}: num_expert_group ${nGroup} must divide num_experts ${numExperts} and be >= ` +
+        `topk_group ${topkGroup}`,
+    );
+  }
+  const expertInter = f.int("moe_intermediate_size", { min: 1 });
+  const qkNope = f.int("qk_nope_head_dim", { min: 1 });
+  const qkRope = f.int("qk_rope_head_dim", { min: 0 });
+  const kdaHeads = lin.int("num_heads", { min: 1 });
+  const kdaHeadDim = lin.int("head_dim", { min: 1 });
+  const tie = f.flag("tie_word_embeddings");
+  if (tie) throw new Error(`${f.where}: tie_word_embeddings true is not supported for Kimi K3`);
+  return {
+    family: "kimi_k3",
+    modelType: mt,
+    vocabSize: f.int("vocab_size", { min: 1 }),
+    hiddenSize: hidden,
+    numLayers,
+    numHeads,
+    numKvHeads: numHeads,
+    headDim: qkNope + qkRope,
+    intermediateSize: layerKinds.includes("dense") ? f.int("intermediate_size", { min: 1 }) : 0,
+    rmsNormEps: f.num("rms_norm_eps"),
+    // NoPE: the rope dims take part in the scores unrotated; no table is built.
+    rope: { theta: 0, layout: "half", dim: 0, scaling: { type: "none" } },
+    maxPositions: f.int("max_position_embeddings", { min: 1 }),
+    tieWordEmbeddings: false,
+    qkNorm: false,
+    attentionBias: false,
+    layerKinds,
+    moe: {
+      numExperts,
+      topK,
+      expertIntermediate: expertInter,
+      scoring: "sigmoid",
+      normTopK: f.flag("moe_renormalize"),
+      routedScaling: f.num("routed_scaling_factor"),
+      nGroup,
+      topkGroup,
+      selectionBias: true,
+      // The shared experts are stored fused: num_shared_experts × moe_intermediate_size rows.
+      sharedIntermediate: expertInter * f.int("num_shared_experts", { min: 0 }),
+    },
+    mla: {
+      qLoraRank: f.int("q_lora_rank", { min: 1 }),
+      kvLoraRank: f.int("kv_lora_rank", { min: 1 }),
+      qkNopeHeadDim: qkNope,
+      qkRopeHeadDim: qkRope,
+      vHeadDim: f.int("v_head_dim", { min: 1 }),
+    },
+    k3: {
+      attention,
+      kda: {
+        numHeads: kdaHeads,
+        headDim: kdaHeadDim,
+        convKernel: lin.int("short_conv_kernel_size", { min: 1 }),
+        gateLowerBound: lin.num("gate_lower_bound"),
+      },
+      latentDim: f.int("routed_expert_hidden_size", { min: 1 }),
+      situBeta: f.num("activation_situ_beta"),
+      situLinearBeta: f.num("activation_situ_linear_beta"),
+      attnResBlockSize: f.int("attn_res_block_size", { min: 1 }),
+    },
+    attnScale: 1 / Math.sqrt(qkNope + qkRope),
+  };
+};
+
 /** The normaliser of each supported model_type. */
 const NORMALISERS: Record<string, Normaliser> = {
   llama,
@@ -377,6 +530,7 @@ const NORMALISERS: Record<string, Normaliser> = {
   deepseek_v3: deepseekV3,
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: deepseekV3,
+  kimi_k3: kimiK3,
 };
 
 /** model_type of each supported `architectures` entry, for configs without a model_type. */
@@ -385,6 +539,7 @@ const ARCHITECTURES: Record<string, string> = {
   MixtralForCausalLM: "mixtral",
   Qwen3MoeForCausalLM: "qwen3_moe",
   DeepseekV3ForCausalLM: "deepseek_v3",
+  KimiK3ForConditionalGeneration: "kimi_k3",
 };
 
 /** The model_types {@link normalizeConfig} accepts. */

@@ -7,7 +7,7 @@
  */
 
 /** Forward-pass families: one file each under engine/models/. */
-export type Family = "llama" | "deepseek_v3";
+export type Family = "llama" | "deepseek_v3" | "kimi_k3";
 
 /** How RoPE pairs the dimensions of a head. */
 export type RopeLayout =
@@ -54,6 +54,25 @@ export interface MlaConfig {
   qkNopeHeadDim: number;
   qkRopeHeadDim: number;
   vHeadDim: number;
+}
+
+/**
+ * Kimi K3 (engine/models/kimi_k3.ts): a hybrid of KDA and gated NoPE MLA layers, Stable LatentMoE
+ * with SiTU-GLU, and Attention Residuals. Every field comes from the release config; none has a
+ * default.
+ */
+export interface KimiK3Config {
+  /** The attention of each layer, in order. */
+  attention: ("kda" | "mla")[];
+  /** Kimi Delta Attention: heads, head dim, short-conv kernel and the decay's lower bound. */
+  kda: { numHeads: number; headDim: number; convKernel: number; gateLowerBound: number };
+  /** Width the routed experts work in (routed_expert_hidden_size). */
+  latentDim: number;
+  /** SiTU-GLU caps: β1 of the gate (activation_situ_beta), β2 of the up (..._linear_beta). */
+  situBeta: number;
+  situLinearBeta: number;
+  /** Attention Residuals: a block snapshot is taken at every layer L with L % size = 0. */
+  attnResBlockSize: number;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -103,6 +122,8 @@ export interface ModelConfig {
   layerKinds: ("dense" | "moe")[];
   moe: MoeConfig | null;
   mla: MlaConfig | null;
+  /** Kimi K3's own pieces; absent for every other family. */
+  k3?: KimiK3Config;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
   bosId: number | null;
@@ -135,10 +156,35 @@ export type LayerTensor =
   | "router_bias"
   | "shared_gate"
   | "shared_up"
-  | "shared_down";
+  | "shared_down"
+  // Kimi K3: the output gate of KDA and MLA, KDA's projections, conv weights and decay
+  // parameters, the latent MoE's projections and norm, and the two Attention Residual pairs.
+  | "attn_gate"
+  | "kda_conv_q"
+  | "kda_conv_k"
+  | "kda_conv_v"
+  | "kda_f_a"
+  | "kda_f_b"
+  | "kda_beta"
+  | "kda_dt_bias"
+  | "kda_a_log"
+  | "kda_o_norm"
+  | "latent_down"
+  | "latent_norm"
+  | "latent_up"
+  | "attn_res_norm"
+  | "attn_res_proj"
+  | "mlp_res_norm"
+  | "mlp_res_proj";
 
 /** Canonical names of the tensors outside the layers. */
-export type GlobalTensor = "embed" | "final_norm" | "lm_head";
+export type GlobalTensor =
+  | "embed"
+  | "final_norm"
+  | "lm_head"
+  // Kimi K3: the model-level Attention Residual over the block snapshots.
+  | "out_res_norm"
+  | "out_res_proj";
 
 /** The three matrices of one expert, in record order. */
 export const EXPERT_MATRICES = ["gate", "up", "down"] as const;

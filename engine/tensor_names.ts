@@ -34,10 +34,44 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  "attn_gate",
+  "kda_conv_q",
+  "kda_conv_k",
+  "kda_conv_v",
+  "kda_f_a",
+  "kda_f_b",
+  "kda_beta",
+  "kda_dt_bias",
+  "kda_a_log",
+  "kda_o_norm",
+  "latent_down",
+  "latent_norm",
+  "latent_up",
+  "attn_res_norm",
+  "attn_res_proj",
+  "mlp_res_norm",
+  "mlp_res_proj",
 ];
+
+/**
+ * Tensors that are not matrices to multiply with: stored as float32 whatever the checkpoint's
+ * dtype, as vectors are (KDA's conv weights [P, 1, K], the [1, E] Attention Residual projections).
+ */
+export const F32_TENSORS: ReadonlySet<LayerTensor | GlobalTensor> = new Set([
+  "kda_conv_q",
+  "kda_conv_k",
+  "kda_conv_v",
+  "attn_res_proj",
+  "mlp_res_proj",
+  "out_res_proj",
+]);
 
 /** Naming of one checkpoint family, relative to `model.layers.N.`. */
 interface Naming {
+  /** Prefix of every name but lm_head's (`model.`; Kimi K3: `language_model.model.`). */
+  prefix?: string;
+  /** Name of the untied LM head (default `lm_head.weight`). */
+  lmHead?: string;
   /** Prefix of the MoE block (router and experts). */
   moe: string;
   /** Expert matrix names inside `experts.E.`. */
@@ -56,6 +90,12 @@ const NAMINGS: Record<string, Naming> = {
   qwen3_moe: { moe: "mlp", expert: MLP_EXPERTS },
   deepseek_v3: { moe: "mlp", expert: MLP_EXPERTS },
   kimi_k2: { moe: "mlp", expert: MLP_EXPERTS },
+  kimi_k3: {
+    prefix: "language_model.model.",
+    lmHead: "language_model.lm_head.weight",
+    moe: "block_sparse_moe",
+    expert: { gate: "w1", up: "w3", down: "w2" },
+  },
 };
 
 function namingOf(cfg: ModelConfig): Naming {
@@ -78,18 +118,86 @@ function checkLayer(cfg: ModelConfig, layer: number): void {
 
 /** Hugging Face name of a global tensor; null for lm_head when it is tied to the embedding. */
 export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
+  const naming = namingOf(cfg);
+  const prefix = naming.prefix ?? "model.";
   switch (t) {
     case "embed":
-      return "model.embed_tokens.weight";
+      return `${prefix}embed_tokens.weight`;
     case "final_norm":
-      return "model.norm.weight";
+      return `${prefix}norm.weight`;
     case "lm_head":
-      return cfg.tieWordEmbeddings ? null : "lm_head.weight";
+      return cfg.tieWordEmbeddings ? null : naming.lmHead ?? "lm_head.weight";
+    case "out_res_norm":
+      return cfg.k3 ? `${prefix}output_attn_res_norm.weight` : null;
+    case "out_res_proj":
+      return cfg.k3 ? `${prefix}output_attn_res_proj.weight` : null;
   }
+}
+
+/** The global tensors a model has, in container order. */
+export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
+  const all: GlobalTensor[] = ["embed", "final_norm", "lm_head", "out_res_norm", "out_res_proj"];
+  return all.filter((t) => hfGlobalName(cfg, t) !== null);
+}
+
+/** Kimi K3's layer tensors (KDA or gated MLA attention, dense or latent MoE FFN, AttnRes). */
+function k3RelativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
+  const kda = cfg.k3!.attention[layer] === "kda";
+  const moe = cfg.layerKinds[layer] === "moe";
+  const KDA: Partial<Record<LayerTensor, string>> = {
+    wq: "q_proj.weight",
+    wk: "k_proj.weight",
+    wv: "v_proj.weight",
+    kda_conv_q: "q_conv1d.weight",
+    kda_conv_k: "k_conv1d.weight",
+    kda_conv_v: "v_conv1d.weight",
+    kda_f_a: "f_a_proj.weight",
+    kda_f_b: "f_b_proj.weight",
+    kda_beta: "b_proj.weight",
+    kda_dt_bias: "dt_bias",
+    kda_a_log: "A_log",
+    kda_o_norm: "o_norm.weight",
+  };
+  const MLA: Partial<Record<LayerTensor, string>> = {
+    wq_a: "q_a_proj.weight",
+    q_a_norm: "q_a_layernorm.weight",
+    wq_b: "q_b_proj.weight",
+    wkv_a: "kv_a_proj_with_mqa.weight",
+    kv_a_norm: "kv_a_layernorm.weight",
+    wkv_b: "kv_b_proj.weight",
+  };
+  const MOE: Partial<Record<LayerTensor, string>> = {
+    router: "gate.weight",
+    router_bias: "gate.e_score_correction_bias",
+    shared_gate: "shared_experts.gate_proj.weight",
+    shared_up: "shared_experts.up_proj.weight",
+    shared_down: "shared_experts.down_proj.weight",
+    latent_down: "routed_expert_down_proj.weight",
+    latent_norm: "routed_expert_norm.weight",
+    latent_up: "routed_expert_up_proj.weight",
+  };
+  const COMMON: Partial<Record<LayerTensor, string>> = {
+    attn_norm: "input_layernorm.weight",
+    ffn_norm: "post_attention_layernorm.weight",
+    attn_res_norm: "self_attention_res_norm.weight",
+    attn_res_proj: "self_attention_res_proj.weight",
+    mlp_res_norm: "mlp_res_norm.weight",
+    mlp_res_proj: "mlp_res_proj.weight",
+  };
+  if (COMMON[t]) return COMMON[t]!;
+  if (t === "wo" || t === "attn_gate") return `self_attn.${t === "wo" ? "o" : "g"}_proj.weight`;
+  const attn = (kda ? KDA : MLA)[t];
+  if (attn) return `self_attn.${attn}`;
+  if (moe && MOE[t]) return `block_sparse_moe.${MOE[t]}`;
+  if (!moe && (t === "ffn_gate" || t === "ffn_up" || t === "ffn_down")) {
+    return `mlp.${t.slice(4)}_proj.weight`;
+  }
+  return null;
 }
 
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
+  if (cfg.k3) return k3RelativeName(cfg, layer, t);
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const mla = cfg.mla;
   const moe = cfg.moe;
@@ -140,6 +248,9 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
       return moeLayer && moe && moe.sharedIntermediate > 0
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
+    default:
+      // Kimi K3's own tensors (k3RelativeName).
+      return null;
   }
 }
 
@@ -147,7 +258,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
 export function hfLayerName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
   checkLayer(cfg, layer);
   const rel = relativeName(cfg, layer, t);
-  return rel === null ? null : `model.layers.${layer}.${rel}`;
+  return rel === null ? null : `${namingOf(cfg).prefix ?? "model."}layers.${layer}.${rel}`;
 }
 
 /** Hugging Face name of one matrix of one routed expert of a MoE layer. */
@@ -165,7 +276,13 @@ export function hfExpertName(
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
   const naming = namingOf(cfg);
-  return `model.layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
+  const prefix = naming.prefix ?? "model.";
+  return `${prefix}layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
+}
+
+/** Width of the vectors routed experts read and write: the hidden size, or K3's latent width. */
+export function expertWidth(cfg: ModelConfig): number {
+  return cfg.k3?.latentDim ?? cfg.hiddenSize;
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

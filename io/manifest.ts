@@ -15,7 +15,7 @@ import {
   type GlobalTensor,
   type ModelConfig,
 } from "../engine/model_config.ts";
-import { layerTensorsOf } from "../engine/tensor_names.ts";
+import { expertWidth, globalTensorsOf, layerTensorsOf } from "../engine/tensor_names.ts";
 import {
   BLOCK_ALIGN,
   isCompactDtype,
@@ -84,7 +84,7 @@ function bool(v: unknown, where: string): boolean {
 export function validateModelConfig(v: unknown, where: string): ModelConfig {
   const c = obj(v, where);
   const w = (k: string) => `${where}.${k}`;
-  oneOf(c.family, ["llama", "deepseek_v3"], w("family"));
+  oneOf(c.family, ["llama", "deepseek_v3", "kimi_k3"], w("family"));
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
     int(c[k], w(k), 1, MAX_DIM);
@@ -126,6 +126,23 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
     if (m.qLoraRank !== null) int(m.qLoraRank, w("mla.qLoraRank"), 1, MAX_DIM);
     for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
       int(m[k], w(`mla.${k}`), 1, MAX_DIM);
+    }
+  }
+  if (c.k3 !== undefined) {
+    const k = obj(c.k3, w("k3"));
+    if (!Array.isArray(k.attention) || k.attention.length !== numLayers) {
+      throw new Error(`${w("k3.attention")}: expected ${numLayers} entries`);
+    }
+    k.attention.forEach((a, i) => oneOf(a, ["kda", "mla"], `${w("k3.attention")}[${i}]`));
+    const kda = obj(k.kda, w("k3.kda"));
+    for (const f of ["numHeads", "headDim", "convKernel"]) {
+      int(kda[f], w(`k3.kda.${f}`), 1, MAX_DIM);
+    }
+    num(kda.gateLowerBound, w("k3.kda.gateLowerBound"));
+    for (const f of ["latentDim", "attnResBlockSize"]) int(k[f], w(`k3.${f}`), 1, MAX_DIM);
+    for (const f of ["situBeta", "situLinearBeta"]) num(k[f], w(`k3.${f}`));
+    if (c.mla === null || c.moe === null) {
+      throw new Error(`${w("k3")}: Kimi K3 needs the mla and moe sections`);
     }
   }
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
@@ -251,8 +268,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
   const gRegion = region(g.region, `${where} trunk.globals.region`, trunkBytes);
   const gTensors = obj(g.tensors, `${where} trunk.globals.tensors`);
   const globals: Partial<Record<GlobalTensor, TensorEntry>> = {};
-  const wantGlobals: GlobalTensor[] = ["embed", "final_norm"];
-  if (!config.tieWordEmbeddings) wantGlobals.push("lm_head");
+  const wantGlobals: GlobalTensor[] = globalTensorsOf(config);
   if (Object.keys(gTensors).sort().join() !== [...wantGlobals].sort().join()) {
     throw new Error(`${where} trunk.globals.tensors: expected exactly ${wantGlobals.join(", ")}`);
   }
@@ -334,7 +350,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     }
     const mats = obj(b.matrices, `${at}.matrices`);
     const matrices = {} as Record<ExpertMatrix, TensorEntry>;
-    const [inter, hidden] = [moe.expertIntermediate, config.hiddenSize];
+    const [inter, hidden] = [moe.expertIntermediate, expertWidth(config)];
     const fellBack: Partial<Record<ExpertMatrix, string>> = {};
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const k of EXPERT_MATRICES) {

@@ -26,6 +26,15 @@ export function fixtureDir(name: string): string {
   return fileURLToPath(new URL(`../../shared/models/${name}`, import.meta.url));
 }
 
+/** Whether the fixture `name` is present (tests that need it are skipped when it is not). */
+export function hasFixture(name: string): boolean {
+  try {
+    return Deno.statSync(fixtureDir(name)).isDirectory;
+  } catch {
+    return false;
+  }
+}
+
 let tmp: string | undefined;
 const packed = new Map<string, Promise<string>>();
 

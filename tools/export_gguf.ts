@@ -91,7 +91,7 @@ const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
   router: "ffn_gate_inp.weight",
 };
 
-const GLOBAL_GGUF: Record<GlobalTensor, string> = {
+const GLOBAL_GGUF: Record<"embed" | "final_norm" | "lm_head", string> = {
   embed: "token_embd.weight",
   final_norm: "output_norm.weight",
   lm_head: "output.weight",

@@ -24,5 +24,7 @@ export function createAttention(
       return new GqaAttention(ops, arena, cfg, maxBatch, maxCtx);
     case "deepseek_v3":
       return new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
+    case "kimi_k3":
+      throw new Error(`${cfg.modelType}: the engine cannot run Kimi K3 yet`);
   }
 }

@@ -1,13 +1,15 @@
 /**
  * Feeds the reference forward pass from a Hugging Face checkpoint directory: canonical names are
  * mapped to checkpoint names through engine/tensor_names.ts and read as float32 (FP8 weights
- * dequantised with their block scales).
+ * dequantised with their block scales, Kimi K3's MXFP4 `weight_packed`/`weight_scale` experts
+ * decoded exactly).
  *
  * @module
  */
 
 import { readF32 } from "../../io/checkpoint_weights.ts";
-import { openCheckpoint } from "../../io/safetensors.ts";
+import { type Checkpoint, openCheckpoint } from "../../io/safetensors.ts";
+import { dequantizeMxfp4 } from "../quant/mxfp4.ts";
 import { loadModelConfig } from "../config.ts";
 import {
   EXPERT_MATRICES,
@@ -38,6 +40,25 @@ export function checkpointNameOf(cfg: ModelConfig, canonical: string): string | 
   throw new Error(`not a canonical tensor name: ${canonical}`);
 }
 
+/** A tensor as float32; a `….weight` shipped as MXFP4 `weight_packed` + `weight_scale` is decoded. */
+function readWeightF32(ckpt: Checkpoint, name: string): Float32Array {
+  const packed = ckpt.tensors.get(`${name}_packed`);
+  if (ckpt.tensors.has(name) || packed?.dtype !== "U8") return readF32(ckpt, name);
+  const scale = ckpt.tensors.get(`${name}_scale`);
+  const [rows, half] = packed.shape;
+  if (scale?.dtype !== "U8" || String(scale.shape) !== String([rows, (half * 2) / 32])) {
+    throw new Error(
+      `${packed.file}: ${packed.name} needs a U8 ${name}_scale [${rows}, ${half / 16}]`,
+    );
+  }
+  return dequantizeMxfp4({
+    rows,
+    cols: half * 2,
+    blocks: ckpt.read(packed.name),
+    scales: ckpt.read(scale.name),
+  });
+}
+
 /** The config of `dir` and a caching weight getter over its safetensors files. */
 export function referenceWeightsFromCheckpoint(
   dir: string,
@@ -50,7 +71,7 @@ export function referenceWeightsFromCheckpoint(
     if (v) return v;
     const name = checkpointNameOf(cfg, canonical);
     if (name === null) throw new Error(`${dir}: model ${cfg.modelType} has no tensor ${canonical}`);
-    v = readF32(ckpt, name);
+    v = readWeightF32(ckpt, name);
     cache.set(canonical, v);
     return v;
   };

@@ -1,7 +1,7 @@
 /**
  * Writes the expert bank file of one MoE layer: one fixed-stride record per expert, a header
  * (placement and payload CRC of each matrix) followed by the matrices in the planned dtype —
- * streamed, re-encoded or, for Kimi's packed INT4, copied as shipped.
+ * streamed, re-encoded or, for Kimi's packed INT4 and K3's MXFP4, copied as shipped.
  *
  * @module
  */
@@ -21,7 +21,13 @@ import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
 import type { BankPlan } from "./plan.ts";
-import { readMatrixF32, readPackedInt4, type SourceMatrix } from "./source.ts";
+import {
+  INT4_PACKED,
+  MXFP4_PACKED,
+  readMatrixF32,
+  readPacked,
+  type SourceMatrix,
+} from "./source.ts";
 
 /** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
 function writeExpertMatrix(
@@ -32,9 +38,12 @@ function writeExpertMatrix(
   chunk: number,
   codebooks: Float32Array | undefined,
 ): void {
-  if (src.packed && entry.dtype === "int4g32") {
-    // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
-    const { data, scale } = readPackedInt4(ckpt, src);
+  const asShipped = (src.dtype === INT4_PACKED && entry.dtype === "int4g32") ||
+    (src.dtype === MXFP4_PACKED && entry.dtype === "mxfp4");
+  if (asShipped) {
+    // Kimi's packed INT4 words with bf16 scales are the int4g32 bytes, K3's MXFP4 codes with
+    // E8M0 scales the mxfp4 bytes: copied, never re-quantised.
+    const { data, scale } = readPacked(ckpt, src);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);
     return;

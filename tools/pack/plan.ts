@@ -14,6 +14,9 @@ import {
   type ModelConfig,
 } from "../../engine/model_config.ts";
 import {
+  expertWidth,
+  F32_TENSORS,
+  globalTensorsOf,
   hfExpertName,
   hfGlobalName,
   hfLayerName,
@@ -37,7 +40,7 @@ import {
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
-import { findMatrix, INT4_PACKED, type SourceMatrix } from "./source.ts";
+import { findMatrix, INT4_PACKED, MXFP4_PACKED, type SourceMatrix } from "./source.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {
@@ -138,18 +141,18 @@ function checkShape(t: TensorInfo, want: number[]): void {
 export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions): Plan {
   const convert = opts.convert;
   const gItems = new Map<GlobalTensor, Placed>();
-  for (const g of ["embed", "final_norm", "lm_head"] as GlobalTensor[]) {
-    const name = hfGlobalName(cfg, g);
-    if (name === null) continue;
-    const src = lookup(ckpt, name, g);
-    checkShape(src, g === "final_norm" ? [cfg.hiddenSize] : [cfg.vocabSize, cfg.hiddenSize]);
+  for (const g of globalTensorsOf(cfg)) {
+    const src = lookup(ckpt, hfGlobalName(cfg, g)!, g);
+    const matrix = g === "embed" || g === "lm_head";
+    checkShape(
+      src,
+      matrix ? [cfg.vocabSize, cfg.hiddenSize] : g === "out_res_proj" ? [1, cfg.hiddenSize] : [
+        cfg.hiddenSize,
+      ],
+    );
     gItems.set(g, {
       src,
-      entry: entryFor(
-        ckpt,
-        src,
-        storedDtype(src, g === "final_norm" ? "vector" : "weight", convert),
-      ),
+      entry: entryFor(ckpt, src, storedDtype(src, matrix ? "weight" : "vector", convert)),
     });
   }
   const gEnd = place([...gItems.values()], 0);
@@ -160,7 +163,11 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const role = t === "router" ? "router" : src.shape.length === 1 ? "vector" : "weight";
+      const role = t === "router"
+        ? "router"
+        : src.shape.length === 1 || F32_TENSORS.has(t)
+        ? "vector"
+        : "weight";
       if (role === "weight" && src.shape.length !== 2) {
         throw new Error(`${src.file}: tensor ${src.name} has shape [${src.shape}], expected 2-D`);
       }
@@ -206,6 +213,7 @@ function expertDtype(
   const plainOf = (): StoredDtype => {
     if (opts.convert) return opts.convert;
     if (src.dtype === INT4_PACKED) return "int4g32";
+    if (src.dtype === MXFP4_PACKED) return "mxfp4";
     const kept = KEPT_DTYPE[src.dtype];
     if (!kept) {
       throw new Error(
@@ -234,9 +242,8 @@ function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptio
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
       const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-      const want = m === "down"
-        ? [cfg.hiddenSize, moe.expertIntermediate]
-        : [moe.expertIntermediate, cfg.hiddenSize];
+      const width = expertWidth(cfg);
+      const want = m === "down" ? [width, moe.expertIntermediate] : [moe.expertIntermediate, width];
       if (String([src.rows, src.cols]) !== String(want)) {
         throw new Error(
           `${src.file}: tensor ${src.name} has shape [${src.rows}, ${src.cols}], expected [${want}]`,

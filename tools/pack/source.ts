@@ -3,16 +3,22 @@
  * block scales), or an INT4 matrix in compressed-tensors' "pack-quantized" form as
  * Kimi-K2-Thinking ships its experts (`<name>_packed` I32 [rows, cols/8], `<name>_scale` BF16
  * [rows, cols/32], `<name>_shape` I32 [2] = [rows, cols]; group 32, symmetric, no zero point;
- * engine/quant/int4.ts has the bit layout).
+ * engine/quant/int4.ts has the bit layout), or an MXFP4 matrix as Kimi K3 ships its experts
+ * (`<name>_packed` U8 [rows, cols/2], two E2M1 codes a byte, the even element low, and
+ * `<name>_scale` U8 [rows, cols/32] E8M0: the container's mxfp4 bytes exactly, see
+ * engine/quant/mxfp4.ts).
  *
  * @module
  */
 import { dequantizeInt4g32 } from "../../engine/quant/int4.ts";
+import { dequantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
 import { readF32 } from "../../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
 export const INT4_PACKED = "INT4_PACKED";
+/** Dtype label of an MXFP4 packed source matrix. */
+export const MXFP4_PACKED = "MXFP4_PACKED";
 
 /** One 2-D weight matrix of a checkpoint. */
 export interface SourceMatrix {
@@ -21,7 +27,7 @@ export interface SourceMatrix {
   file: string;
   rows: number;
   cols: number;
-  /** The checkpoint dtype of a plain tensor, or {@link INT4_PACKED}. */
+  /** The checkpoint dtype of a plain tensor, or {@link INT4_PACKED} / {@link MXFP4_PACKED}. */
   dtype: string;
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
@@ -39,8 +45,9 @@ function readShapeTensor(ckpt: Checkpoint, t: TensorInfo): number[] {
 
 /**
  * Finds the matrix `name` (a `….weight` name): the plain tensor when the checkpoint has it, else
- * its INT4 `weight_packed` / `weight_scale` / `weight_shape` triple, checked for dtypes and
- * shapes. Throws naming `what` when neither exists.
+ * its INT4 `weight_packed` / `weight_scale` / `weight_shape` triple or its MXFP4 (U8)
+ * `weight_packed` / `weight_scale` pair, checked for dtypes and shapes. Throws naming `what` when
+ * none exists.
  */
 export function findMatrix(ckpt: Checkpoint, name: string, what: string): SourceMatrix {
   const plain = ckpt.tensors.get(name);
@@ -59,6 +66,7 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
   }
   const at = `${packed.file}: tensor ${packed.name}`;
   const scale = ckpt.tensors.get(`${name}_scale`);
+  if (packed.dtype === "U8") return mxfp4Source(name, packed, scale, at);
   const shapeT = ckpt.tensors.get(`${name}_shape`);
   if (!scale || !shapeT) {
     throw new Error(`${at}: an INT4 packed weight needs ${name}_scale and ${name}_shape`);
@@ -84,19 +92,48 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
   return { name, file: packed.file, rows, cols, dtype: INT4_PACKED, packed: { packed, scale } };
 }
 
-/** The raw bytes of an INT4 packed matrix and of its bf16 scales (the int4g32 container form). */
-export function readPackedInt4(
+/** An MXFP4 `weight_packed` U8 [rows, cols/2] with its `weight_scale` U8 [rows, cols/32]. */
+function mxfp4Source(
+  name: string,
+  packed: TensorInfo,
+  scale: TensorInfo | undefined,
+  at: string,
+): SourceMatrix {
+  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs ${name}_scale`);
+  if (packed.shape.length !== 2 || (packed.shape[1] * 2) % 32 !== 0) {
+    throw new Error(
+      `${at}: expected U8 [rows, cols/2] with cols a multiple of 32, got [${packed.shape}]`,
+    );
+  }
+  const [rows, cols] = [packed.shape[0], packed.shape[1] * 2];
+  if (scale.dtype !== "U8" || String(scale.shape) !== String([rows, cols / 32])) {
+    throw new Error(
+      `${scale.file}: tensor ${scale.name}: expected U8 [${rows}, ${cols / 32}] (E8M0, group ` +
+        `32), got ${scale.dtype} [${scale.shape}]`,
+    );
+  }
+  return { name, file: packed.file, rows, cols, dtype: MXFP4_PACKED, packed: { packed, scale } };
+}
+
+/**
+ * The raw bytes of a packed matrix and of its scales, as the checkpoint ships them: the
+ * int4g32 (INT4) or mxfp4 (MXFP4) container form.
+ */
+export function readPacked(
   ckpt: Checkpoint,
   src: SourceMatrix,
 ): { data: Uint8Array; scale: Uint8Array } {
-  if (!src.packed) throw new Error(`${src.file}: ${src.name} is not an INT4 packed matrix`);
+  if (!src.packed) throw new Error(`${src.file}: ${src.name} is not a packed matrix`);
   return { data: ckpt.read(src.packed.packed.name), scale: ckpt.read(src.packed.scale.name) };
 }
 
 /** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
 export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
   if (src.plain) return readF32(ckpt, src.name);
-  const { data, scale } = readPackedInt4(ckpt, src);
+  const { data, scale } = readPacked(ckpt, src);
+  if (src.dtype === MXFP4_PACKED) {
+    return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });
+  }
   return dequantizeInt4g32({
     rows: src.rows,
     cols: src.cols,
