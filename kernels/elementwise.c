@@ -10,12 +10,6 @@ static inline v128_t silu_f32x4(v128_t g) {
   return wasm_f32x4_div(g, wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
 }
 
-static inline v128_t sigmoid_f32x4(v128_t x) {
-  v128_t e = exp_f32x4(wasm_f32x4_neg(x));
-  return wasm_f32x4_div(wasm_f32x4_splat(1.0f), wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
-}
-
-static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
 
 /** g[i] = silu(g[i]) * u[i] (the gated FFN's activation). */
 KEXPORT("silu_mul_f32")

@@ -39,4 +39,13 @@ static inline float exp_f32(float x) {
   return wasm_f32x4_extract_lane(exp_f32x4(wasm_f32x4_splat(x)), 0);
 }
 
+/* 1 / (1 + e^-x). */
+static inline v128_t sigmoid_f32x4(v128_t x) {
+  v128_t e = exp_f32x4(wasm_f32x4_neg(x));
+  return wasm_f32x4_div(wasm_f32x4_splat(1.0f), wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
+}
+
+/* Lane 0: scalar tails run the vector code on a splat so they match vector bodies bit for bit. */
+static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
+
 #endif
