@@ -1,6 +1,8 @@
 /**
- * The feed-forward half of a layer: a dense SwiGLU MLP, or a mixture of experts (router → top-k →
- * experts as they arrive → sum in routing order → plus shared experts). Works on a batch of
+ * The feed-forward half of a layer: a dense gated MLP, or a mixture of experts (router → top-k →
+ * experts as they arrive → sum in routing order → plus shared experts). The gate is SwiGLU, or
+ * SiTU-GLU for Kimi K3, whose Stable LatentMoE runs the routed experts in a latent width: the
+ * input is projected down once, the weighted sum is RMS-normed and projected back up. Works on a batch of
  * tokens so that chunked prefill reads each distinct expert once per chunk. Experts in compact
  * formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up inputs are
  * prepared once per layer and shared by every expert the token is routed to.
@@ -10,6 +12,7 @@
 import type { Arena } from "./arena.ts";
 import type { LayerTensor, ModelConfig } from "./model_config.ts";
 import type { Ops } from "./ops.ts";
+import { expertWidth } from "./tensor_names.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
 import { inputFormOf } from "./tensor.ts";
 import { type Route, route } from "./routing.ts";
@@ -30,6 +33,9 @@ export class FeedForward {
   #gathered: number;
   #expertOut: number;
   #logits: number;
+  /** Latent MoE: the projected input and the weighted sum (0 when the experts use the full width). */
+  #latentIn = 0;
+  #latentSum = 0;
   #maxBatch: number;
   #arena: Arena;
   /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
@@ -53,9 +59,20 @@ export class FeedForward {
     this.#gathered = arena.alloc("moe gathered input", maxBatch * d * 4);
     this.#expertOut = arena.alloc("moe expert outputs", maxBatch * (moe?.topK ?? 1) * d * 4);
     this.#logits = arena.alloc("moe router logits", maxBatch * (moe?.numExperts ?? 1) * 4);
+    if (cfg.k3 && moe) {
+      this.#latentIn = arena.alloc("moe latent input", maxBatch * cfg.k3.latentDim * 4);
+      this.#latentSum = arena.alloc("moe latent sum", maxBatch * cfg.k3.latentDim * 4);
+    }
   }
 
-  /** out = down(silu(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
+  /** g = act(g) · u over n floats: SiLU, or Kimi K3's SiTU. */
+  #activate(g: number, u: number, n: number): void {
+    const k3 = this.#cfg.k3;
+    if (k3) this.#ops.situMul(g, u, n, k3.situBeta, k3.situLinearBeta);
+    else this.#ops.siluMul(g, u, n);
+  }
+
+  /** out = down(act(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
   #mlp(
     weights: LayerWeights | ExpertWeights,
     h: number,
@@ -70,7 +87,7 @@ export class FeedForward {
     const g = w("gate"), u = w("up"), down = w("down");
     const ops = this.#ops;
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
-    ops.siluMul(this.#gate, this.#up, nb * g.rows);
+    this.#activate(this.#gate, this.#up, nb * g.rows);
     ops.matmul({ w: down, x: this.#gate, y: out, nb });
   }
 
@@ -125,7 +142,7 @@ export class FeedForward {
       { w: ew.gate, x, y: this.#gate, nb: n, prep: pick(ew.gate) },
       { w: ew.up, x, y: this.#up, nb: n, prep: pick(ew.up) },
     );
-    ops.siluMul(this.#gate, this.#up, n * ew.gate.rows);
+    this.#activate(this.#gate, this.#up, n * ew.gate.rows);
     prep?.local.reset();
     const downPrep = prep?.local.prepare(ew.down, this.#gate, n);
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
@@ -137,11 +154,18 @@ export class FeedForward {
     this.#mlp(lw, h, out, nb, "ffn");
   }
 
-  /** MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens. */
+  /**
+   * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens; with a latent
+   * MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
+   */
   moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number): Route[] {
     const moe = this.#cfg.moe!;
     const ops = this.#ops;
-    const d = this.#cfg.hiddenSize;
+    const latent = this.#latentIn !== 0;
+    // The routed experts' input and output width, and where their input and sum live.
+    const d = expertWidth(this.#cfg);
+    const input = latent ? this.#latentIn : h;
+    const sum = latent ? this.#latentSum : out;
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
     ops.matmul({ w: lw.get("router"), x: h, y: this.#logits, nb });
@@ -149,6 +173,7 @@ export class FeedForward {
     const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
     const routes: Route[] = [];
     for (let b = 0; b < nb; b++) routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias));
+    if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
 
     // Distinct experts in first-use order; each is fetched once for the whole batch.
     const users = new Map<number, number[]>();
@@ -172,9 +197,9 @@ export class FeedForward {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);
         slots.forEach((s, i) =>
-          ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d)
+          ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
         );
-        this.#expertMlp(ew, h, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
+        this.#expertMlp(ew, input, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
         slots.forEach((s, i) =>
           ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
         );
@@ -182,11 +207,15 @@ export class FeedForward {
       }
     }
     // Sum in routing order, whatever order the experts arrived in.
-    ops.f32(out, nb * d).fill(0);
+    ops.f32(sum, nb * d).fill(0);
     for (let b = 0; b < nb; b++) {
       routes[b].weights.forEach((wk, k) => {
-        ops.axpy(out + b * d * 4, this.#expertOut + (b * moe.topK + k) * d * 4, wk, d);
+        ops.axpy(sum + b * d * 4, this.#expertOut + (b * moe.topK + k) * d * 4, wk, d);
       });
+    }
+    if (latent) {
+      ops.rmsnorm(sum, lw.get("latent_norm").ptr, sum, d, nb, this.#cfg.rmsNormEps);
+      ops.matmul({ w: lw.get("latent_up"), x: sum, y: out, nb });
     }
     if (moe.sharedIntermediate > 0) {
       this.#mlp(lw, h, this.#gathered, nb, "shared");

@@ -162,7 +162,7 @@ export class Model {
       reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
       const rel = gOff - m.trunk.globals.region.offset;
       const g = m.trunk.globals.tensors;
-      const global = (t: "embed" | "final_norm") => {
+      const global = (t: "embed" | "final_norm" | "out_res_norm" | "out_res_proj") => {
         const e = g[t];
         if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
         return tensorRef(e, rel);
@@ -171,6 +171,9 @@ export class Model {
         embed: global("embed"),
         finalNorm: global("final_norm"),
         lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
+        outRes: cfg.k3
+          ? { norm: global("out_res_norm"), proj: global("out_res_proj") }
+          : undefined,
       };
       const trunk = new TrunkRing(arena, reader, trunkFile, m.trunk.layers, {
         pinned: plan.pinned,

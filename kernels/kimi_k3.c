@@ -117,3 +117,28 @@ void attn_res_f32(const float *blocks, int n, int stride, const float *last, con
     }
   }
 }
+
+/*
+ * Kimi K3's lower-bounded KDA decay for one token, in place: for head h and channel i of
+ * z [n_heads * head_dim], z = lb * sigmoid(e^{a_log[h]} * (z + dt_bias)), the log-decay in
+ * (lb, 0] (fla's kda gate with lower_bound). a_log holds at least n_heads values (per head).
+ */
+KEXPORT("kda_bounded_decay_f32")
+void kda_bounded_decay_f32(float *z, const float *dt_bias, const float *a_log, int n_heads,
+                           int head_dim, float lb) {
+  v128_t lbv = wasm_f32x4_splat(lb);
+  for (int h = 0; h < n_heads; h++) {
+    v128_t a = exp_f32x4(wasm_f32x4_splat(a_log[h]));
+    float *zh = z + (size_t)h * head_dim;
+    const float *dh = dt_bias + (size_t)h * head_dim;
+    int i = 0;
+    for (; i + 4 <= head_dim; i += 4) {
+      v128_t x = wasm_f32x4_mul(a, wasm_f32x4_add(wasm_v128_load(zh + i), wasm_v128_load(dh + i)));
+      wasm_v128_store(zh + i, wasm_f32x4_mul(lbv, sigmoid_f32x4(x)));
+    }
+    for (; i < head_dim; i++) {
+      v128_t x = wasm_f32x4_mul(a, wasm_f32x4_splat(zh[i] + dh[i]));
+      zh[i] = lane0(wasm_f32x4_mul(lbv, sigmoid_f32x4(x)));
+    }
+  }
+}

@@ -32,7 +32,12 @@ import {
   type Weights,
 } from "../wasm/reference.ts";
 
-import { attnResRef, sigmoidGateRef, situMulRef } from "../wasm/reference_kimi_k3.ts";
+import {
+  attnResRef,
+  kdaBoundedDecayRef,
+  sigmoidGateRef,
+  situMulRef,
+} from "../wasm/reference_kimi_k3.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);
@@ -607,5 +612,20 @@ Deno.test("attn_res_f32 matches the reference for 1..9 sources and odd widths", 
     assertClose(f32At(out, d), want, 1e-5, scale, `attn_res n=${n} d=${d}`);
     const p = f32At(scores, n);
     assert.ok(Math.abs(p.reduce((a, b) => a + b, 0) - 1) < 1e-6, "probabilities sum to 1");
+  }
+});
+
+Deno.test("kda_bounded_decay_f32 matches the reference and stays in [lb, 0]", () => {
+  for (const [heads, dim] of [[1, 1], [3, 5], [4, 16], [2, 131]]) {
+    reset();
+    const n = heads * dim;
+    const zs = randomF32(n, n, -30, 30), dt = randomF32(n, n + 1, -2, 2);
+    const aLog = randomF32(heads + 3, n + 2, -0.5, 1.5);
+    const z = putF32(zs);
+    k.kda_bounded_decay_f32(z, putF32(dt), putF32(aLog), heads, dim, -5);
+    const want = kdaBoundedDecayRef(zs, dt, aLog, heads, dim, -5);
+    const got = f32At(z, n);
+    assertClose(got, want, 3e-6, relScale(want, 1e-6), `decay ${heads}×${dim}`);
+    assert.ok(got.every((g) => g >= -5 && g <= 0), "log-decay within [lb, 0]");
   }
 });

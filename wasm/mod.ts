@@ -81,6 +81,18 @@ export interface Kernels {
   exp_f32(x: Ptr, n: number): void;
   /** g[i] = [β·tanh(g/β)·σ(g)]·[β₂·tanh(u/β₂)] (Kimi K3's SiTU-GLU; σ takes the uncapped g). */
   situ_mul_f32(g: Ptr, u: Ptr, n: number, beta: number, linearBeta: number): void;
+  /**
+   * Kimi K3's KDA log-decay for one token, in place: z[h·D + i] = lb·σ(e^{aLog[h]}·(z + dtBias))
+   * for nHeads heads of headDim channels.
+   */
+  kda_bounded_decay_f32(
+    z: Ptr,
+    dtBias: Ptr,
+    aLog: Ptr,
+    nHeads: number,
+    headDim: number,
+    lb: number,
+  ): void;
   /** y[i] *= 1 / (1 + e^−g[i]). */
   sigmoid_gate_f32(y: Ptr, g: Ptr, n: number): void;
   /**
@@ -156,6 +168,7 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "exp_f32",
   "situ_mul_f32",
   "sigmoid_gate_f32",
+  "kda_bounded_decay_f32",
   "attn_res_f32",
   "add_f32",
   "axpy_f32",

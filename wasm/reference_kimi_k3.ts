@@ -50,3 +50,16 @@ export function attnResRef(
   });
   return Float32Array.from(out);
 }
+
+/** lb·σ(e^{aLog[h]}·(z + dtBias)) per head and channel (kda_bounded_decay_f32). */
+export function kdaBoundedDecayRef(
+  z: Float32Array,
+  dtBias: Float32Array,
+  aLog: Float32Array,
+  heads: number,
+  headDim: number,
+  lb: number,
+): Float32Array {
+  return z.map((v, i) => lb * sigmoid(Math.exp(aLog[Math.floor(i / headDim)]) * (v + dtBias[i])))
+    .subarray(0, heads * headDim);
+}

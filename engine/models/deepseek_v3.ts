@@ -8,6 +8,10 @@
  * attention-weighted latent is mapped to the head's values through W_vb afterwards. The expanded
  * form (engine/reference/) is the independent check.
  *
+ * Kimi K3's MLA layers are this attention without rotary embedding (rope.dim 0: the "rope" dims
+ * take part in the scores unrotated) and with a sigmoid output gate on the heads' values before
+ * o_proj (the layer's `attn_gate`); only its MLA layers get a cache.
+ *
  * @module
  */
 import type { Arena } from "../arena.ts";
@@ -31,7 +35,8 @@ export class MlaAttention {
   #ops: Ops;
   #arena: Arena;
   #cfg: ModelConfig;
-  #rope: RopeTable;
+  /** Null without rotary embedding (NoPE). */
+  #rope: RopeTable | null;
   #cache: number[] = [];
   #absorbed: (Absorbed | null)[];
   #qa: number;
@@ -40,6 +45,8 @@ export class MlaAttention {
   #qFull: number;
   #latOut: number;
   #att: number;
+  /** Output-gate pre-activations (0 when the model has no output gate). */
+  #gate = 0;
   #scores: number;
   #scoreTokens: number;
   #maxCtx: number;
@@ -58,10 +65,12 @@ export class MlaAttention {
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
     for (let l = 0; l < cfg.numLayers; l++) {
-      this.#cache.push(arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4));
+      const has = !cfg.k3 || cfg.k3.attention[l] === "mla";
+      this.#cache.push(has ? arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4) : -1);
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
-    this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
+    this.#rope = cfg.rope.dim > 0 ? buildRopeTable(arena, cfg.rope, maxCtx) : null;
+    if (cfg.k3) this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
     this.#qa = arena.alloc("mla q_a", maxBatch * (mla.qLoraRank ?? 1) * 4);
     this.#q = arena.alloc("mla q", maxBatch * H * this.#qkDim * 4);
     this.#kva = arena.alloc("mla kv_a", maxBatch * this.#row * 4);
@@ -144,11 +153,13 @@ export class MlaAttention {
     const interleaved = cfg.rope.layout === "interleaved";
     const lengths: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
       const kv = this.#kva + b * row * 4;
       ops.rmsnorm(kv, lw.get("kv_a_norm").ptr, kv, r, 1, eps);
-      ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
-      ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      if (this.#rope) {
+        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
+        ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+      }
       lengths.push(pos + b + 1);
     }
     ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);
@@ -192,7 +203,9 @@ export class MlaAttention {
         });
       }
     }
+    if (this.#gate) values.push({ w: lw.get("attn_gate"), x: h, y: this.#gate, nb });
     ops.matmul(...values);
+    if (this.#gate) ops.sigmoidGate(this.#att, this.#gate, nb * H * mla.vHeadDim);
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
   }
 }
