@@ -171,9 +171,7 @@ export class Model {
         embed: global("embed"),
         finalNorm: global("final_norm"),
         lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
-        outRes: cfg.k3
-          ? { norm: global("out_res_norm"), proj: global("out_res_proj") }
-          : undefined,
+        outRes: cfg.k3 ? { norm: global("out_res_norm"), proj: global("out_res_proj") } : undefined,
       };
       const trunk = new TrunkRing(arena, reader, trunkFile, m.trunk.layers, {
         pinned: plan.pinned,

@@ -147,7 +147,14 @@ export class Transformer {
       let attnIn = x, mlpIn = x, restart = false;
       if (res) {
         if (blocks > 0) {
-          attnIn = this.#attnRes(x, blocks, lw.get("attn_res_norm"), lw.get("attn_res_proj"), 0, nb);
+          attnIn = this.#attnRes(
+            x,
+            blocks,
+            lw.get("attn_res_norm"),
+            lw.get("attn_res_proj"),
+            0,
+            nb,
+          );
         }
         if (layer % cfg.k3!.attnResBlockSize === 0) {
           ops.copy(res.blocks + blocks * this.maxBatch * d * 4, x, nb * d);
@@ -159,7 +166,9 @@ export class Transformer {
       attention.forward(layer, lw, h, tmp, nb, pos);
       if (restart) ops.copy(x, tmp, nb * d);
       else ops.add(x, tmp, nb * d);
-      if (res) mlpIn = this.#attnRes(x, blocks, lw.get("mlp_res_norm"), lw.get("mlp_res_proj"), 0, nb);
+      if (res) {
+        mlpIn = this.#attnRes(x, blocks, lw.get("mlp_res_norm"), lw.get("mlp_res_proj"), 0, nb);
+      }
       ops.rmsnorm(mlpIn, lw.get("ffn_norm").ptr, h, d, nb, eps);
       if (cfg.layerKinds[layer] === "moe") {
         const routes = this.#ffn.moe(layer, lw, h, tmp, nb);
