@@ -219,7 +219,7 @@ export class FeedForward {
     }
     if (moe.sharedIntermediate > 0) {
       this.#mlp(lw, h, this.#gathered, nb, "shared");
-      ops.add(out, this.#gathered, nb * d);
+      ops.add(out, this.#gathered, nb * this.#cfg.hiddenSize);
     }
     return routes;
   }

@@ -12,6 +12,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { alignUp, PAGE } from "./arena.ts";
 import type { ModelConfig } from "./model_config.ts";
+import { kimiK3ScratchBytes, kimiK3StateBytes } from "./models/kimi_k3.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
@@ -97,6 +98,7 @@ export interface MemoryPlan {
 
 /** Bytes of the KV cache for `ctx` positions. */
 export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
+  if (cfg.k3) return kimiK3StateBytes(cfg, ctx);
   const perPos = cfg.mla
     ? cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim
     : 2 * cfg.numKvHeads * cfg.headDim;
@@ -124,14 +126,15 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
     2 * ctx * cfg.rope.dim;
   // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
   return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
-    mlaAbsorbedBytes(cfg);
+    mlaAbsorbedBytes(cfg) + (cfg.k3 ? kimiK3ScratchBytes(cfg, maxBatch) : 0);
 }
 
 /** Bytes of MLA's per-layer absorbed float32 matrices (W_kbᵀ and W_vb of every head). */
 export function mlaAbsorbedBytes(cfg: ModelConfig): number {
   if (!cfg.mla) return 0;
   const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla;
-  return cfg.numLayers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+  const layers = cfg.k3 ? cfg.k3.attention.filter((a) => a === "mla").length : cfg.numLayers;
+  return layers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
 }
 
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */

@@ -10,7 +10,11 @@ import { KimiK3Reference } from "../engine/reference/kimi_k3.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { openContainer, readExpertRecord } from "../io/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-import { fixtureDir, hasFixture, packedFixture } from "./fixtures.ts";
+import { Model } from "../engine/model.ts";
+import { argmax } from "../engine/sampler.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import { synthCheckpoint, type SynthOverrides } from "../tools/synth.ts";
+import { fixtureDir, hasFixture, maxRelDiff, packedFixture, tempDir } from "./fixtures.ts";
 
 const K3 = "tiny-kimi-k3";
 const K3_MXFP4 = "tiny-kimi-k3-mxfp4";
@@ -41,12 +45,6 @@ const ORACLE_CONTINUATION = [
 
 function configOf(name: string): Record<string, unknown> {
   return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
-}
-
-function argmax(a: ArrayLike<number>): number {
-  let best = 0;
-  for (let i = 1; i < a.length; i++) if (a[i] > a[best]) best = i;
-  return best;
 }
 
 Deno.test({
@@ -146,4 +144,72 @@ Deno.test({
       ckpt.close();
     }
   },
+});
+
+/** A K3-shaped model at awkward sizes (nothing a multiple of 4 or 32 where it can be avoided). */
+const AWKWARD: SynthOverrides = {
+  hidden: 72,
+  layers: 5,
+  experts: 12,
+  topK: 3,
+  latent: 36,
+  expertInter: 28,
+  denseInter: 84,
+  heads: 3,
+  qLoraRank: 40,
+  kvLoraRank: 20,
+  nopeDim: 14,
+  ropeDim: 6,
+  vDim: 10,
+  vocab: 300,
+  attnResBlock: 2,
+  sharedExperts: 2,
+  mxfp4Experts: 0,
+};
+
+/**
+ * Runs `tokens` through the engine (prefill in chunks of `chunk`, then one at a time) and the
+ * float64 reference; returns the worst relative logit difference and asserts the greedy ids match.
+ */
+async function engineVsReference(dir: string, ckpt: string, tokens: number[], chunk: number) {
+  const { cfg, weight } = referenceWeightsFromCheckpoint(ckpt);
+  const ref = new KimiK3Reference(cfg, weight);
+  const want = tokens.map((t, p) => ref.forward64(t, p));
+  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
+  try {
+    let worst = 0;
+    for (let p = 0; p < tokens.length; p += chunk) {
+      const part = tokens.slice(p, p + chunk);
+      const got = model.forward(part, p, true);
+      part.forEach((_, i) => {
+        const g = got.subarray(i * cfg.vocabSize, (i + 1) * cfg.vocabSize);
+        worst = Math.max(worst, maxRelDiff(g, want[p + i]));
+        assert.equal(argmax(g), argmax(want[p + i]), `greedy id at position ${p + i}`);
+      });
+    }
+    return worst;
+  } finally {
+    model.close();
+  }
+}
+
+Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward sizes", async () => {
+  const out = `${tempDir()}/k3-mla-awkward`;
+  // Every layer MLA (mlaEvery 1): the K3 pieces apart from KDA, against the float64 reference.
+  const ckpt = await synthCheckpoint({
+    arch: "kimi_k3",
+    out,
+    size: 2e6,
+    seed: 5,
+    dtype: "f32",
+    overrides: { ...AWKWARD, mlaEvery: 1 },
+    progress: "off",
+    log: () => {},
+  });
+  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
+  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
+  for (const chunk of [1, 5]) {
+    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
+    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+  }
 });

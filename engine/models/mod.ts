@@ -9,6 +9,7 @@ import type { ModelConfig } from "../model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import { MlaAttention } from "./deepseek_v3.ts";
+import { KimiK3Attention } from "./kimi_k3.ts";
 import { GqaAttention } from "./llama.ts";
 
 /** The attention of `cfg.family`, with its KV cache allocated in `arena`. */
@@ -25,6 +26,6 @@ export function createAttention(
     case "deepseek_v3":
       return new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
     case "kimi_k3":
-      throw new Error(`${cfg.modelType}: the engine cannot run Kimi K3 yet`);
+      return new KimiK3Attention(ops, arena, cfg, maxBatch, maxCtx);
   }
 }

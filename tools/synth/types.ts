@@ -6,7 +6,7 @@
  */
 
 /** The architectures {@link synthCheckpoint} can write. */
-export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral"] as const;
+export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral", "kimi_k3"] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];
@@ -14,8 +14,8 @@ export type SynthArch = typeof SYNTH_ARCHS[number];
 /** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
 export type SynthDtype = "bf16" | "f32";
 
-/** A tensor's safetensors dtype. */
-export type SynthElemType = "BF16" | "F32";
+/** A tensor's safetensors dtype (U8: Kimi K3's MXFP4 codes and scales). */
+export type SynthElemType = "BF16" | "F32" | "U8";
 
 /** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
 export interface SynthDims {
@@ -42,6 +42,17 @@ export interface SynthDims {
   nGroup: number;
   topkGroup: number;
   sharedExperts: number;
+  /** Kimi K3: the routed experts' latent width. */
+  latent: number;
+  /** Kimi K3: KDA heads and head dim. */
+  kdaHeads: number;
+  kdaHeadDim: number;
+  /** Kimi K3: layers per Attention Residual block. */
+  attnResBlock: number;
+  /** Kimi K3: every this-many-th layer (1-based) and the last one are MLA, the rest KDA. */
+  mlaEvery: number;
+  /** Kimi K3: 1 = routed experts in MXFP4 (`weight_packed`/`weight_scale`, as released), 0 = dtype. */
+  mxfp4Experts: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */
@@ -52,7 +63,11 @@ export type SynthInit =
   | { kind: "normal"; mean: number; std: number }
   /** A router: normal rows with std 1/sqrt(hidden), each times its row scale. */
   | { kind: "router" }
-  | { kind: "zeros" };
+  | { kind: "zeros" }
+  /** U8: uniformly random bytes (MXFP4 codes: every nibble is a valid E2M1 value). */
+  | { kind: "bytes" }
+  /** U8: every byte `value` (MXFP4's E8M0 block scales). */
+  | { kind: "fill"; value: number };
 
 /** One tensor of the checkpoint. */
 export interface SynthTensor {
@@ -84,7 +99,7 @@ export function dtypeName(dtype: SynthDtype): SynthElemType {
 
 /** Bytes of one tensor's data. */
 export function tensorBytes(t: SynthTensor): number {
-  return t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "BF16" ? 2 : 4);
+  return t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "BF16" ? 2 : t.dtype === "U8" ? 1 : 4);
 }
 
 /** Bytes of the data of all of `ts`. */
