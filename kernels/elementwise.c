@@ -4,13 +4,6 @@
  */
 #include "math.h"
 
-/* silu(g) = g * sigmoid(g), written as g / (1 + e^-g): large negative g gives -0, not NaN. */
-static inline v128_t silu_f32x4(v128_t g) {
-  v128_t e = exp_f32x4(wasm_f32x4_neg(g));
-  return wasm_f32x4_div(g, wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
-}
-
-
 /** g[i] = silu(g[i]) * u[i] (the gated FFN's activation). */
 KEXPORT("silu_mul_f32")
 void silu_mul_f32(float *g, const float *u, int n) {
@@ -70,4 +63,13 @@ void scale_f32(float *y, float a, int n) {
 KEXPORT("copy_f32")
 void copy_f32(float *dst, const float *src, int n) {
   if (n > 0) __builtin_memmove(dst, src, (size_t)n * sizeof(float));
+}
+
+/** y[i] *= x[i] (a gate applied to a normalised output). */
+KEXPORT("mul_f32")
+void mul_f32(float *y, const float *x, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_mul(wasm_v128_load(y + i), wasm_v128_load(x + i)));
+  for (; i < n; i++) y[i] *= x[i];
 }

@@ -39,7 +39,12 @@ static inline float exp_f32(float x) {
   return wasm_f32x4_extract_lane(exp_f32x4(wasm_f32x4_splat(x)), 0);
 }
 
-/* 1 / (1 + e^-x). */
+/* silu(g) = g * sigmoid(g), written as g / (1 + e^-g): large negative g gives -0, not NaN. */
+static inline v128_t silu_f32x4(v128_t g) {
+  v128_t e = exp_f32x4(wasm_f32x4_neg(g));
+  return wasm_f32x4_div(g, wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
+}
+
 static inline v128_t sigmoid_f32x4(v128_t x) {
   v128_t e = exp_f32x4(wasm_f32x4_neg(x));
   return wasm_f32x4_div(wasm_f32x4_splat(1.0f), wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));

@@ -150,6 +150,51 @@ export interface Kernels {
     h0: number,
     h1: number,
   ): void;
+  /** y[i] *= x[i] over n floats. */
+  mul_f32(y: Ptr, x: Ptr, n: number): void;
+  /**
+   * KDA's gated delta rule for heads [h0, h1) over T tokens (kernels/kda.c): per head the state
+   * S_h (dk × dv, key rows) decays by e^g, takes the delta-rule update with beta, and is read by
+   * q. q, k (L2-normalised in place, q also scaled by dk^−½) and g (e^g in place) are scratch.
+   */
+  kda_recurrent_f32(
+    S: Ptr,
+    q: Ptr,
+    k: Ptr,
+    v: Ptr,
+    g: Ptr,
+    beta: Ptr,
+    out: Ptr,
+    T: number,
+    nHeads: number,
+    dk: number,
+    dv: number,
+    qkStride: number,
+    vStride: number,
+    gStride: number,
+    betaStride: number,
+    outStride: number,
+    h0: number,
+    h1: number,
+  ): void;
+  /**
+   * Causal depthwise conv of width K + SiLU for the channels of heads [r0, r1) of `group`
+   * channels, with the last K−1 inputs in `state` ([K−1][channels], advanced by T tokens).
+   */
+  short_conv_f32(
+    x: Ptr,
+    state: Ptr,
+    w: Ptr,
+    y: Ptr,
+    T: number,
+    channels: number,
+    K: number,
+    xStride: number,
+    yStride: number,
+    group: number,
+    r0: number,
+    r1: number,
+  ): void;
 }
 
 /** Names of the functions in {@link Kernels}; instantiation checks that each one is exported. */
@@ -177,6 +222,9 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "argmax_f32",
   "topk_f32",
   "attention_f32",
+  "mul_f32",
+  "kda_recurrent_f32",
+  "short_conv_f32",
 ];
 
 const WASM_URL = new URL("./kernels.wasm", import.meta.url);

@@ -227,3 +227,88 @@ export function attentionRef(
   }
   return out;
 }
+
+/** Shape of a KDA call (see {@link kdaRecurrentRef}). */
+export interface KdaShape {
+  T: number;
+  nHeads: number;
+  dk: number;
+  dv: number;
+}
+
+/**
+ * The gated delta rule in float64, straight from its definition, over T tokens laid out densely
+ * (q, k, g: [T][nHeads][dk]; v, out: [T][nHeads][dv]; beta: [T][nHeads]); q and k are raw (this
+ * normalises them), g is the log-decay. `S` (nHeads·dk·dv, key rows) is updated in place.
+ */
+export function kdaRecurrentRef(
+  S: Float64Array,
+  q: ArrayLike<number>,
+  k: ArrayLike<number>,
+  v: ArrayLike<number>,
+  g: ArrayLike<number>,
+  beta: ArrayLike<number>,
+  s: KdaShape,
+): Float64Array {
+  const { T, nHeads: H, dk, dv } = s;
+  const out = new Float64Array(T * H * dv);
+  const norm = (x: ArrayLike<number>, off: number, scale: number) => {
+    let ss = 0;
+    for (let i = 0; i < dk; i++) ss += x[off + i] ** 2;
+    const n = Math.sqrt(ss + 1e-6);
+    return Array.from({ length: dk }, (_, i) => x[off + i] / n * scale);
+  };
+  for (let t = 0; t < T; t++) {
+    for (let h = 0; h < H; h++) {
+      const qh = norm(q, (t * H + h) * dk, 1 / Math.sqrt(dk));
+      const kh = norm(k, (t * H + h) * dk, 1);
+      const base = h * dk * dv;
+      const u = new Float64Array(dv);
+      for (let i = 0; i < dk; i++) {
+        const a = Math.exp(g[(t * H + h) * dk + i]);
+        for (let c = 0; c < dv; c++) {
+          S[base + i * dv + c] *= a;
+          u[c] += kh[i] * S[base + i * dv + c];
+        }
+      }
+      const b = beta[t * H + h];
+      for (let i = 0; i < dk; i++) {
+        for (let c = 0; c < dv; c++) {
+          S[base + i * dv + c] += kh[i] * b * (v[(t * H + h) * dv + c] - u[c]);
+        }
+      }
+      for (let c = 0; c < dv; c++) {
+        let o = 0;
+        for (let i = 0; i < dk; i++) o += qh[i] * S[base + i * dv + c];
+        out[(t * H + h) * dv + c] = o;
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Causal depthwise conv of width K with SiLU in float64: x is [T][channels], w [channels][K],
+ * `state` the K−1 previous inputs ([K−1][channels], oldest first), advanced in place.
+ */
+export function shortConvRef(
+  x: ArrayLike<number>,
+  state: Float64Array,
+  w: ArrayLike<number>,
+  T: number,
+  channels: number,
+  K: number,
+): Float64Array {
+  const hist = K - 1;
+  const seq = [...state.subarray(0, hist * channels), ...Array.from(x).slice(0, T * channels)];
+  const y = new Float64Array(T * channels);
+  for (let t = 0; t < T; t++) {
+    for (let c = 0; c < channels; c++) {
+      let acc = 0;
+      for (let j = 0; j < K; j++) acc += w[c * K + j] * seq[(t + j) * channels + c];
+      y[t * channels + c] = acc / (1 + Math.exp(-acc));
+    }
+  }
+  state.set(seq.slice(T * channels, (T + hist) * channels));
+  return y;
+}
