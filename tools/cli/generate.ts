@@ -22,6 +22,7 @@ Input:
                         model with random weights, made on first use; its text is gibberish)
   --prompt TEXT         prompt text (else --prompt-file, else stdin)
   --prompt-file FILE    read the prompt from a file
+  --prompt-ids 1,2,3    the prompt as token ids, used as they are (models whose tests give ids)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
 
@@ -57,6 +58,19 @@ Output:
   -h, --help            this text
 `;
 
+/** `1,2,3` → [1, 2, 3]; every entry must be a token id of the model's vocabulary. */
+export function parsePromptIds(s: string, vocabSize: number): number[] {
+  const parts = s.split(",").map((x) => x.trim()).filter((x) => x !== "");
+  if (parts.length === 0) throw new Error("--prompt-ids expects ids like 1,2,3, got nothing");
+  return parts.map((x) => {
+    const n = Number(x);
+    if (!/^\d+$/.test(x) || n >= vocabSize) {
+      throw new Error(`--prompt-ids: "${x}" is not a token id in 0..${vocabSize - 1}`);
+    }
+    return n;
+  });
+}
+
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const { values: v } = parseArgs({
@@ -65,6 +79,7 @@ export async function generateCommand(args: string[]): Promise<number> {
       model: { type: "string" },
       prompt: { type: "string" },
       "prompt-file": { type: "string" },
+      "prompt-ids": { type: "string" },
       chat: { type: "boolean" },
       system: { type: "string" },
       "max-tokens": { type: "string", short: "n" },
@@ -149,7 +164,7 @@ export async function generateCommand(args: string[]): Promise<number> {
   if (prompt === undefined && v["prompt-file"]) {
     prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
   }
-  if (prompt === undefined && !Deno.stdin.isTerminal()) {
+  if (prompt === undefined && v["prompt-ids"] === undefined && !Deno.stdin.isTerminal()) {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
@@ -159,7 +174,12 @@ export async function generateCommand(args: string[]): Promise<number> {
   const session = await Session.open(modelPath, run);
   try {
     let ids: number[];
-    if (v.chat) {
+    if (v["prompt-ids"] !== undefined) {
+      if (v.chat || v.prompt !== undefined || v["prompt-file"]) {
+        throw new Error("--prompt-ids replaces --prompt, --prompt-file and --chat");
+      }
+      ids = parsePromptIds(v["prompt-ids"], session.model.cfg.vocabSize);
+    } else if (v.chat) {
       const messages = [
         ...(v.system ? [{ role: "system", content: v.system }] : []),
         { role: "user", content: prompt },
