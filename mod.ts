@@ -21,7 +21,7 @@ import { Session } from "./engine/session.ts";
 export type { RunOptions } from "./engine/model.ts";
 export { Model } from "./engine/model.ts";
 export type { MemoryPlan } from "./engine/planner.ts";
-export type { ModelConfig } from "./engine/model_config.ts";
+export type { ModelConfig } from "./io/model_config.ts";
 export { Session } from "./engine/session.ts";
 export type { GeneratedToken, GenerateOptions } from "./engine/session.ts";
 export type { RunStats } from "./engine/stats.ts";

@@ -5,15 +5,11 @@
  *
  * @module
  */
+import { alignUp } from "../io/format.ts";
 import { createArenaMemory, KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 
 /** Alignment that O_DIRECT reads need for destination, length and file offset. */
 export const PAGE = 4096;
-
-/** Rounds `n` up to a multiple of `align` (a power of two or any positive integer). */
-export function alignUp(n: number, align: number): number {
-  return Math.ceil(n / align) * align;
-}
 
 /** One named allocation, kept for the memory report. */
 export interface ArenaRegion {

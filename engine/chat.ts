@@ -6,8 +6,9 @@
  * @module
  */
 
+import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { Template } from "@huggingface/jinja";
-import { existsSync, readFileSync, statSync } from "node:fs";
+import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { readChatTemplate } from "./tokenizer.ts";
 
@@ -33,18 +34,9 @@ export interface ChatTemplateSource {
   specialTokens?: Record<string, string>;
 }
 
-function readJson(path: string): Record<string, unknown> {
-  if (!existsSync(path)) return {};
-  try {
-    return JSON.parse(readFileSync(path, "utf8"));
-  } catch (e) {
-    throw new Error(`${path}: expected JSON (${(e as Error).message})`);
-  }
-}
-
 /** Reads the template and special tokens of a tokenizer directory. */
 export function chatTemplateFromDir(dir: string): ChatTemplateSource {
-  const config = readJson(join(dir, "tokenizer_config.json"));
+  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
   const template = readChatTemplate(dir, config);
   if (template === null) {
     throw new Error(
@@ -52,7 +44,7 @@ export function chatTemplateFromDir(dir: string): ChatTemplateSource {
     );
   }
   const specialTokens: Record<string, string> = {};
-  for (const src of [readJson(join(dir, "special_tokens_map.json")), config]) {
+  for (const src of [readJsonObjectIfExists(join(dir, "special_tokens_map.json")), config]) {
     for (const [key, value] of Object.entries(src)) {
       if (!key.endsWith("_token")) continue;
       if (typeof value === "string") specialTokens[key] = value;

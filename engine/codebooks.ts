@@ -5,11 +5,12 @@
  *
  * @module
  */
+import { alignUp } from "../io/format.ts";
 import { type Container, readCodebooks } from "../io/container.ts";
 import type { ExpertBank } from "../io/container.ts";
-import { EXPERT_MATRICES, type ExpertMatrix } from "./model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../io/model_config.ts";
 import type { Arena } from "./arena.ts";
-import { alignUp, PAGE } from "./arena.ts";
+import { PAGE } from "./arena.ts";
 
 /** Arena address of each loaded codebook set, by bank (manifest object) and matrix kind. */
 const loaded = new WeakMap<ExpertBank, Partial<Record<ExpertMatrix, number>>>();

@@ -7,9 +7,10 @@
  * @module
  */
 
-import { existsSync, readFileSync } from "node:fs";
+import { readJson } from "../io/json_file.ts";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
-import type { ModelConfig, MoeConfig, RopeLayout, RopeScaling } from "./model_config.ts";
+import type { ModelConfig, MoeConfig, RopeLayout, RopeScaling } from "../io/model_config.ts";
 
 type Json = Record<string, unknown>;
 
@@ -623,20 +624,6 @@ export function normalizeConfig(
     }
   }
   return cfgOut;
-}
-
-function readJson(path: string): unknown {
-  let text: string;
-  try {
-    text = readFileSync(path, "utf-8");
-  } catch (e) {
-    throw new Error(`${path}: cannot read (${(e as Error).message})`);
-  }
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw new Error(`${path}: not valid JSON (${(e as Error).message})`);
-  }
 }
 
 /** Reads `config.json` (and `generation_config.json` when present) of a checkpoint directory. */

@@ -10,9 +10,8 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { LayerTensor, ModelConfig } from "./model_config.ts";
+import { expertWidth, type LayerTensor, type ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
-import { expertWidth } from "./tensor_names.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
 import { inputFormOf } from "./tensor.ts";
 import { type Route, route } from "./routing.ts";

@@ -5,18 +5,19 @@
  *
  * @module
  */
-import { type Container, type ExpertBank, openContainer } from "../io/container.ts";
-import { type CachePolicy, ExpertCache } from "../io/expert_cache.ts";
-import { type BankFiles, ExpertStore } from "../io/expert_store.ts";
-import { hotListPath, hottest, readHotList } from "../io/hot_list.ts";
+import { type Container, type ExpertBank } from "../io/container.ts";
+import { openContainer } from "./container.ts";
+import { type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
+import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
+import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { type BlockReader, openReader } from "../io/reader.ts";
-import { TrunkRing } from "../io/trunk_ring.ts";
+import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
-import type { ModelConfig } from "./model_config.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
-import { Lookahead } from "./lookahead.ts";
+import { Lookahead } from "./stream/lookahead.ts";
 import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";

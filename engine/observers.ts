@@ -5,10 +5,10 @@
  * @module
  */
 import { type Container, readFileRange } from "../io/container.ts";
-import { hotListPath, mergeHotList, type UseCounts } from "../io/hot_list.ts";
+import { hotListPath, mergeHotList, type UseCounts } from "./stream/hot_list.ts";
 import { TraceWriter } from "../io/trace.ts";
 import type { Arena } from "./arena.ts";
-import type { Lookahead, ResidentRouter } from "./lookahead.ts";
+import type { Lookahead, ResidentRouter } from "./stream/lookahead.ts";
 import type { Route } from "./routing.ts";
 import { tensorRef } from "./weights.ts";
 

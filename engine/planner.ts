@@ -8,10 +8,11 @@
  *
  * @module
  */
+import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
-import { alignUp, PAGE } from "./arena.ts";
-import type { ModelConfig } from "./model_config.ts";
+import { PAGE } from "./arena.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import { kimiK3ScratchBytes, kimiK3StateBytes } from "./models/kimi_k3.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";

@@ -8,11 +8,12 @@
  *
  * @module
  */
+import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { q8Bytes, vq3rLutFloats } from "../wasm/quant_kernels.ts";
-import { alignUp, type Arena, PAGE } from "./arena.ts";
+import { type Arena, PAGE } from "./arena.ts";
 import { codebookArenaBytes } from "./codebooks.ts";
-import { EXPERT_MATRICES } from "./model_config.ts";
+import { EXPERT_MATRICES } from "../io/model_config.ts";
 import { inputFormOf, type TensorRef } from "./tensor.ts";
 import { tensorRef } from "./weights.ts";
 

@@ -5,7 +5,7 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { RopeConfig } from "./model_config.ts";
+import type { RopeConfig } from "../io/model_config.ts";
 import { ropeAttentionFactor, ropeInvFreq } from "./reference/rope.ts";
 
 /** cos and sin of every (position, frequency) pair up to `positions`. */

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { MoeConfig } from "./model_config.ts";
+import type { MoeConfig } from "../io/model_config.ts";
 
 /** The experts a token uses in one layer, in routing order, and their weights. */
 export interface Route {

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { existsSync, readFileSync } from "node:fs";
+import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -135,14 +135,8 @@ export class Session {
  */
 export function samplingDefaults(dir: string): SamplerOptions {
   const path = `${dir}/generation_config.json`;
-  if (!existsSync(path)) return {};
-  let g: Record<string, unknown>;
-  try {
-    g = JSON.parse(readFileSync(path, "utf8"));
-  } catch (e) {
-    throw new Error(`${path}: expected JSON (${(e as Error).message})`);
-  }
-  if (g?.do_sample !== true) return {};
+  const g = readJsonObjectIfExists(path);
+  if (g.do_sample !== true) return {};
   const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : undefined);
   return { temperature: num(g.temperature) ?? 1, topK: num(g.top_k), topP: num(g.top_p) };
 }

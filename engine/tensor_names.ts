@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "./model_config.ts";
+import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
 
 /** Every canonical layer tensor, in the fixed order runs and listings use. */
 export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
@@ -132,12 +132,6 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
     case "out_res_proj":
       return cfg.k3 ? `${prefix}output_attn_res_proj.weight` : null;
   }
-}
-
-/** The global tensors a model has, in container order. */
-export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
-  const all: GlobalTensor[] = ["embed", "final_norm", "lm_head", "out_res_norm", "out_res_proj"];
-  return all.filter((t) => hfGlobalName(cfg, t) !== null);
 }
 
 /** Kimi K3's layer tensors (KDA or gated MLA attention, dense or latent MoE FFN, AttnRes). */
@@ -278,11 +272,6 @@ export function hfExpertName(
   const naming = namingOf(cfg);
   const prefix = naming.prefix ?? "model.";
   return `${prefix}layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
-}
-
-/** Width of the vectors routed experts read and write: the hidden size, or K3's latent width. */
-export function expertWidth(cfg: ModelConfig): number {
-  return cfg.k3?.latentDim ?? cfg.hiddenSize;
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

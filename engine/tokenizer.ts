@@ -6,6 +6,7 @@
  * @module
  */
 
+import { readJsonObject, readJsonObjectIfExists } from "../io/json_file.ts";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tiktoken } from "js-tiktoken/lite";
 import { existsSync, readFileSync } from "node:fs";
@@ -69,26 +70,6 @@ const KIMI_RESERVED_SPECIAL = 256;
 
 type Json = Record<string, unknown>;
 
-function readJson(path: string): Json {
-  let text: string;
-  try {
-    text = readFileSync(path, "utf8");
-  } catch (e) {
-    throw new Error(`${path}: cannot read (${(e as Error).message})`);
-  }
-  try {
-    const v = JSON.parse(text);
-    if (v === null || typeof v !== "object" || Array.isArray(v)) throw new Error("not an object");
-    return v as Json;
-  } catch (e) {
-    throw new Error(`${path}: expected a JSON object (${(e as Error).message})`);
-  }
-}
-
-function readJsonIfExists(path: string): Json {
-  return existsSync(path) ? readJson(path) : {};
-}
-
 /** `"<s>"` or `{content: "<s>", …}` → `"<s>"`. */
 function tokenContent(v: unknown): string | null {
   if (typeof v === "string") return v;
@@ -106,7 +87,7 @@ function tokenContent(v: unknown): string | null {
 export function readChatTemplate(dir: string, config?: Json): string | null {
   const jinjaPath = join(dir, "chat_template.jinja");
   if (existsSync(jinjaPath)) return readFileSync(jinjaPath, "utf8");
-  const cfg = config ?? readJsonIfExists(join(dir, "tokenizer_config.json"));
+  const cfg = config ?? readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
   const t = cfg.chat_template;
   if (t === undefined || t === null) return null;
   if (typeof t === "string") return t;
@@ -163,7 +144,7 @@ function specialTokenIds(
   idOfToken: (content: string) => number | undefined,
 ): SpecialTokenIds {
   const special = namedSpecialTokens(
-    readJsonIfExists(join(dir, "special_tokens_map.json")),
+    readJsonObjectIfExists(join(dir, "special_tokens_map.json")),
     config,
   );
   const idOf = (name: string): number | null => {
@@ -227,10 +208,10 @@ function tokenizerOf(
 }
 
 function loadHfTokenizer(dir: string): Tokenizer {
-  const config = readJsonIfExists(join(dir, "tokenizer_config.json"));
-  const json = readJson(join(dir, "tokenizer.json"));
+  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  const json = readJsonObject(join(dir, "tokenizer.json"));
   const hf = new HfTokenizer(json, config);
-  const generation = readJsonIfExists(join(dir, "generation_config.json"));
+  const generation = readJsonObjectIfExists(join(dir, "generation_config.json"));
   const named = specialTokenIds(dir, config, generation, (content) => hf.token_to_id(content));
   let vocabSize = 0;
   for (const id of hf.get_vocab(true).values()) vocabSize = Math.max(vocabSize, id + 1);
@@ -262,8 +243,8 @@ export function parseTiktokenRanks(text: string, path: string): Map<string, numb
 function loadTiktokenTokenizer(dir: string): Tokenizer {
   const path = join(dir, "tiktoken.model");
   const ranks = parseTiktokenRanks(readFileSync(path, "utf8"), path);
-  const config = readJsonIfExists(join(dir, "tokenizer_config.json"));
-  const generation = readJsonIfExists(join(dir, "generation_config.json"));
+  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  const generation = readJsonObjectIfExists(join(dir, "generation_config.json"));
   const numBase = ranks.size;
   // Kimi: the added tokens of tokenizer_config.json, the rest of the reserved block named
   // `<|reserved_token_{id}|>`.

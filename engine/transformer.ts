@@ -11,7 +11,7 @@
 import type { Arena } from "./arena.ts";
 import { embedRows } from "./embedding.ts";
 import { FeedForward } from "./ffn.ts";
-import type { ModelConfig } from "./model_config.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import type { Route } from "./routing.ts";
 import type { TensorRef } from "./tensor.ts";

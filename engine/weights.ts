@@ -1,5 +1,5 @@
 /**
- * What the forward passes ask for weights through. The trunk ring and the expert cache (io/)
+ * What the forward passes ask for weights through. The trunk ring and the expert store (engine/stream/)
  * implement these; the forward passes do not know whether a layer is pinned, in a ring slot or
  * was just read from disk.
  *
@@ -7,7 +7,7 @@
  */
 import type { ExpertBank, LayerRun, TensorEntry } from "../io/container.ts";
 import { codebookPointer } from "./codebooks.ts";
-import type { LayerTensor } from "./model_config.ts";
+import type { LayerTensor } from "../io/model_config.ts";
 import type { TensorRef } from "./tensor.ts";
 
 /** The trunk tensors of one layer, bound to arena addresses. */

@@ -14,10 +14,10 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   type ModelConfig,
-} from "../engine/model_config.ts";
+} from "./model_config.ts";
 import { crc32 } from "./crc32.ts";
 import { type RecordHeader, verifyRecord } from "./format.ts";
-import { parseManifest } from "./manifest.ts";
+import { type LayerTensorsOf, parseManifest } from "./manifest.ts";
 import {
   CODEBOOKS_FILE,
   type Manifest,
@@ -27,7 +27,7 @@ import {
 } from "./manifest_schema.ts";
 
 // The manifest parser and types live in their own modules; re-exported for existing importers.
-export { parseManifest, validateModelConfig } from "./manifest.ts";
+export { type LayerTensorsOf, parseManifest, validateModelConfig } from "./manifest.ts";
 export * from "./manifest_schema.ts";
 
 /** Largest manifest accepted. */
@@ -43,8 +43,11 @@ export interface Container {
   expertBankPath(layer: number): string;
 }
 
-/** Opens a container directory and validates its manifest against its files. */
-export function openContainer(path: string): Container {
+/**
+ * Opens a container directory and validates its manifest against its files, with the layer
+ * tensor sets of `layerTensors`. engine/container.ts binds the family registry's.
+ */
+export function readContainer(path: string, layerTensors: LayerTensorsOf): Container {
   const mPath = join(path, "manifest.json");
   if (!existsSync(mPath)) throw new Error(`${path}: not a sluice container (no manifest.json)`);
   const size = statSync(mPath).size;
@@ -57,7 +60,7 @@ export function openContainer(path: string): Container {
   } catch (e) {
     throw new Error(`${mPath}: not valid JSON (${(e as Error).message})`);
   }
-  const manifest = parseManifest(raw, path);
+  const manifest = parseManifest(raw, path, layerTensors);
   return {
     dir: path,
     manifest,

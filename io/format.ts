@@ -9,7 +9,7 @@
  * @module
  */
 
-import { EXPERT_MATRICES, type ExpertMatrix } from "../engine/model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "./model_config.ts";
 import { crc32 } from "./crc32.ts";
 
 /** "SLXR" read as a little-endian u32: first bytes of every expert record. */

@@ -14,8 +14,8 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   type ModelConfig,
-} from "../engine/model_config.ts";
-import { expertWidth, globalTensorsOf, layerTensorsOf } from "../engine/tensor_names.ts";
+} from "./model_config.ts";
+import { expertWidth, globalTensorsOf } from "./model_config.ts";
 import {
   BLOCK_ALIGN,
   isCompactDtype,
@@ -244,8 +244,17 @@ function fileSize(path: string, where: string): number {
   }
 }
 
-/** Parses and validates a manifest object against the files of the container `dir`. */
-export function parseManifest(raw: unknown, dir: string): Manifest {
+/**
+ * Which canonical tensors layer `layer` of a model holds: the model family knows (the engine's
+ * family registry supplies it), the container format does not.
+ */
+export type LayerTensorsOf = (config: ModelConfig, layer: number) => readonly string[];
+
+/**
+ * Parses and validates a manifest object against the files of the container `dir`; each layer
+ * run must hold exactly the tensors `layerTensors` names.
+ */
+export function parseManifest(raw: unknown, dir: string, layerTensors: LayerTensorsOf): Manifest {
   const where = join(dir, "manifest.json");
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
@@ -293,7 +302,7 @@ export function parseManifest(raw: unknown, dir: string): Manifest {
     const at = `${where} trunk.layers[${l}]`;
     const r = region(v, at, trunkBytes);
     const t = obj(obj(v, at).tensors, `${at}.tensors`);
-    const want = layerTensorsOf(config, l);
+    const want = layerTensors(config, l);
     if (Object.keys(t).sort().join() !== [...want].sort().join()) {
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }

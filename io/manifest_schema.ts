@@ -7,7 +7,7 @@
  * @module
  */
 
-import type { ExpertMatrix, GlobalTensor, ModelConfig } from "../engine/model_config.ts";
+import type { ExpertMatrix, GlobalTensor, ModelConfig } from "./model_config.ts";
 import type { ExpertFormat, StoredDtype } from "./format.ts";
 
 /** Container format name in the manifest. */

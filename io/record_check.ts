@@ -7,7 +7,7 @@
 import type { ExpertBank } from "./container.ts";
 import { crc32 } from "./crc32.ts";
 import { decodeRecordHeader } from "./format.ts";
-import { EXPERT_MATRICES } from "../engine/model_config.ts";
+import { EXPERT_MATRICES } from "./model_config.ts";
 
 /** Throws when the record at `record` is not expert `expert` of `layer` as the manifest lays it out. */
 export function checkRecord(

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { findCgroupRoot, limitFile } from "../tools/bench/cgroup.ts";
+import { findCgroupRoot, limitFile } from "../tools/dev/bench/cgroup.ts";
 import {
   activeBytesPerToken,
   buildReport,
@@ -10,9 +10,9 @@ import {
   ratio,
   rooflineTokS,
   sameGreedyIds,
-} from "../tools/bench/compare_report.ts";
-import { benchDepsDir } from "../tools/bench/llamacpp.ts";
-import { renderBarChart } from "../tools/bench/bar_chart.ts";
+} from "../tools/dev/bench/compare_report.ts";
+import { benchDepsDir } from "../tools/dev/bench/llamacpp.ts";
+import { renderBarChart } from "../tools/dev/bar_chart.ts";
 
 /** A manifest of 2 MoE layers (8 experts of 3 matrices) and a dense layer, by hand. */
 function manifest(): ManifestBytes {

@@ -3,7 +3,7 @@
 // machine is shared); the checks are on shape and sanity, plus invariants between the numbers.
 import assert from "node:assert/strict";
 
-const MOD = new URL("../tools/bench/mod.ts", import.meta.url).pathname;
+const MOD = new URL("../tools/dev/bench/mod.ts", import.meta.url).pathname;
 
 async function bench(
   args: string[],

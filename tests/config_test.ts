@@ -1,7 +1,8 @@
 import assert from "node:assert/strict";
+import { readJsonObject } from "../io/json_file.ts";
 import { loadModelConfig, normalizeConfig, SUPPORTED_MODEL_TYPES } from "../engine/config.ts";
-import type { LayerTensor, ModelConfig } from "../engine/model_config.ts";
-import { EXPERT_MATRICES } from "../engine/model_config.ts";
+import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { EXPERT_MATRICES } from "../io/model_config.ts";
 import {
   hfExpertName,
   hfGlobalName,
@@ -11,10 +12,6 @@ import {
 } from "../engine/tensor_names.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { CHECKPOINT_FIXTURES, fixtureDir } from "./fixtures.ts";
-
-function readJson(path: string): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(path));
-}
 
 function throwsMentioning(fn: () => unknown, ...parts: string[]): void {
   assert.throws(fn, (e: Error) => {
@@ -229,11 +226,11 @@ Deno.test("layer tensor lists follow the fixed order and the layer's kind", () =
 });
 
 function dsv3(): Record<string, unknown> {
-  return readJson(fixtureDir("tiny-deepseek-v3/config.json"));
+  return readJsonObject(fixtureDir("tiny-deepseek-v3/config.json"));
 }
 
 function qwen(): Record<string, unknown> {
-  return readJson(fixtureDir("stories260k-qwen3moe/config.json"));
+  return readJsonObject(fixtureDir("stories260k-qwen3moe/config.json"));
 }
 
 Deno.test("config field variants", () => {
@@ -267,7 +264,7 @@ Deno.test("config field variants", () => {
   assert.equal(nested.numLayers, 4);
 
   // Rope scaling kinds.
-  const ll = readJson(fixtureDir("stories260k/config.json"));
+  const ll = readJsonObject(fixtureDir("stories260k/config.json"));
   const withScaling = (s: unknown) => normalizeConfig({ ...ll, rope_scaling: s }).rope.scaling;
   assert.deepEqual(withScaling({ type: "linear", factor: 2 }), { type: "linear", factor: 2 });
   assert.deepEqual(
@@ -299,7 +296,7 @@ Deno.test("config field variants", () => {
   assert.equal(normalizeConfig(noIds).bosId, null);
   throwsMentioning(() => normalizeConfig(ll, { eos_token_id: 999 }), "999");
   // Mixtral renormalises whatever norm_topk_prob says; num_key_value_heads defaults to heads.
-  const mx = readJson(fixtureDir("stories260k-moe/config.json"));
+  const mx = readJsonObject(fixtureDir("stories260k-moe/config.json"));
   delete mx.num_key_value_heads;
   const mxc = normalizeConfig({ ...mx, norm_topk_prob: false });
   assert.equal(mxc.moe!.normTopK, true);
@@ -311,7 +308,7 @@ Deno.test("config field variants", () => {
 });
 
 Deno.test("bad configs are errors naming the field or the model_type", () => {
-  const ll = readJson(fixtureDir("stories260k/config.json"));
+  const ll = readJsonObject(fixtureDir("stories260k/config.json"));
   for (const field of ["hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"]) {
     const c = { ...ll };
     delete c[field];

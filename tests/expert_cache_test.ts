@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { type Access, ExpertCache, expertKey } from "../io/expert_cache.ts";
+import { type Access, ExpertCache, expertKey } from "../engine/stream/expert_cache.ts";
 
 /** Small deterministic PRNG for the test streams (independent of the cache's own). */
 function rng(seed: number): (n: number) => number {

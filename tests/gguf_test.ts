@@ -2,12 +2,12 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { f16ToF32, readF32 } from "../io/checkpoint_weights.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-import { exportGguf, permuteToPairs } from "../tools/export_gguf.ts";
-import type { GgufValue } from "../tools/gguf/format.ts";
-import { encodeTensor, f32ToBf16Bits, f32ToF16Bits } from "../tools/gguf/quant.ts";
-import { bf16ToF32, decodeGgmlToF32, type GgufFile, readGguf } from "../tools/gguf/read.ts";
-import { spmVocabFromTokenizerJson, TOKEN_TYPE } from "../tools/gguf/spm_vocab.ts";
-import { writeGguf } from "../tools/gguf/write.ts";
+import { exportGguf, permuteToPairs } from "../tools/dev/export_gguf.ts";
+import type { GgufValue } from "../tools/dev/gguf/format.ts";
+import { encodeTensor, f32ToBf16Bits, f32ToF16Bits } from "../tools/dev/gguf/quant.ts";
+import { bf16ToF32, decodeGgmlToF32, type GgufFile, readGguf } from "../tools/dev/gguf/read.ts";
+import { spmVocabFromTokenizerJson, TOKEN_TYPE } from "../tools/dev/gguf/spm_vocab.ts";
+import { writeGguf } from "../tools/dev/gguf/write.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { fixtureDir } from "./fixtures.ts";
 

@@ -1,15 +1,15 @@
 import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
-import { EXPERT_MATRICES, type GlobalTensor } from "../engine/model_config.ts";
+import { EXPERT_MATRICES, type GlobalTensor } from "../io/model_config.ts";
 import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
 import {
   type Container,
-  openContainer,
   readExpertRecord,
   readTrunkTensor,
   verifyContainer,
 } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { crc32 } from "../io/crc32.ts";
 import { decodeRecordHeader, encodeRecordHeader, type RecordHeader } from "../io/format.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";

@@ -3,7 +3,7 @@
  * and budget parsing.
  */
 import assert from "node:assert/strict";
-import type { ModelConfig } from "../engine/model_config.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import { type PlanInput, planMemory } from "../engine/planner.ts";
 import { parseBytes } from "../engine/units.ts";
 import { loadModelConfig } from "../engine/config.ts";

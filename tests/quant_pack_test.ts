@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { copyFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { EXPERT_MATRICES, type ExpertMatrix } from "../engine/model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../io/model_config.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
 import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeInt8Row, quantizeInt8Row, relativeError } from "../engine/quant/int8.ts";
@@ -17,13 +17,8 @@ import { dequantizeVq3r, encodeVq3r, VQ_DIM, VQ_ENTRIES, VQ_STAGES } from "../en
 import { containerExpertF32, containerTrunkF32 } from "../engine/reference/container.ts";
 import { hfExpertName, hfLayerName } from "../engine/tensor_names.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
-import {
-  openContainer,
-  parseManifest,
-  readCodebooks,
-  readExpertRecord,
-  verifyContainer,
-} from "../io/container.ts";
+import { readCodebooks, readExpertRecord, verifyContainer } from "../io/container.ts";
+import { openContainer, parseManifest } from "../engine/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { type ExpertsOption, packCheckpoint } from "../tools/pack.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";

@@ -10,7 +10,7 @@ import { hfExpertName, hfLayerName } from "../engine/tensor_names.ts";
 import { loadModelConfig } from "../engine/config.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-import { formatReport, klDivergence, quantReport } from "../tools/quant_report.ts";
+import { formatReport, klDivergence, quantReport } from "../tools/dev/quant_report.ts";
 import { fixtureDir, packedFixture } from "./fixtures.ts";
 
 const MOE = fixtureDir("stories260k-moe");

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import type { ModelConfig, RopeConfig } from "../engine/model_config.ts";
+import type { ModelConfig, RopeConfig } from "../io/model_config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
 import { ReferenceModel, type WeightGetter } from "../engine/reference/forward.ts";
 import { routeReference } from "../engine/reference/moe_routing.ts";

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
-import { type SimMode, type SimPolicy, simulate, slotsPerLayer } from "../tools/sim.ts";
-import { renderLineChart } from "../tools/svg_chart.ts";
+import { type SimMode, type SimPolicy, simulate, slotsPerLayer } from "../tools/dev/sim.ts";
+import { renderLineChart } from "../tools/dev/svg_chart.ts";
 import { readTrace, readTraceMeta, type TraceEvent, traceShape, TraceWriter } from "../io/trace.ts";
 
 const TRACES = new URL("../../shared/traces/", import.meta.url).pathname;

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { closeSync, openSync, readSync, statSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { openContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
 import { splitBanks, verifyShards } from "../tools/split_banks.ts";

@@ -7,9 +7,9 @@
 import assert from "node:assert/strict";
 import { closeSync, copyFileSync, cpSync, openSync, writeSync } from "node:fs";
 import { Model, type RunOptions } from "../engine/model.ts";
-import { hotListPath } from "../io/hot_list.ts";
+import { hotListPath } from "../engine/stream/hot_list.ts";
 import { readTrace } from "../io/trace.ts";
-import { simulate } from "../tools/sim.ts";
+import { simulate } from "../tools/dev/sim.ts";
 import { packedFixture, tempDir } from "./fixtures.ts";
 
 /** Greedy-ish fixed token stream: prompt then a story-like continuation from stories260k. */

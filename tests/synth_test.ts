@@ -3,7 +3,7 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { loadModelConfig, normalizeConfig } from "../engine/config.ts";
-import { EXPERT_MATRICES, type ModelConfig } from "../engine/model_config.ts";
+import { EXPERT_MATRICES, type ModelConfig } from "../io/model_config.ts";
 import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { openCheckpoint } from "../io/safetensors.ts";

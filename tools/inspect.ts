@@ -9,8 +9,9 @@
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { EXPERT_MATRICES } from "../engine/model_config.ts";
-import { openContainer, type TensorEntry, verifyContainer } from "../io/container.ts";
+import { EXPERT_MATRICES } from "../io/model_config.ts";
+import { type TensorEntry, verifyContainer } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { RECORD_HEADER_BYTES } from "../io/format.ts";
 import { formatBytes } from "./progress.ts";
 

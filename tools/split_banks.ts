@@ -22,7 +22,8 @@ import {
 } from "node:fs";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { type Container, type ExpertBank, openContainer } from "../io/container.ts";
+import { type Container, type ExpertBank } from "../io/container.ts";
+import { openContainer } from "../engine/container.ts";
 import { Progress, type ProgressMode } from "./progress.ts";
 
 /** Options of {@link splitBanks}. */

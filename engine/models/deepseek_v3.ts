@@ -16,7 +16,7 @@
  */
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
-import type { ModelConfig } from "../model_config.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";

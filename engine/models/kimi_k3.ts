@@ -7,9 +7,9 @@
  *
  * @module
  */
-import { alignUp, PAGE } from "../arena.ts";
-import type { Arena } from "../arena.ts";
-import type { ModelConfig } from "../model_config.ts";
+import { alignUp } from "../../io/format.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
+import { type Arena, PAGE } from "../arena.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import type { LayerWeights } from "../weights.ts";

@@ -5,7 +5,7 @@
  * @module
  */
 import type { Arena } from "../arena.ts";
-import type { ModelConfig } from "../model_config.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";

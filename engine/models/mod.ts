@@ -5,7 +5,7 @@
  * @module
  */
 import type { Arena } from "../arena.ts";
-import type { ModelConfig } from "../model_config.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import { MlaAttention } from "./deepseek_v3.ts";

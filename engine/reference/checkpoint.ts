@@ -17,7 +17,7 @@ import {
   type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
-} from "../model_config.ts";
+} from "../../io/model_config.ts";
 import { hfExpertName, hfGlobalName, hfLayerName } from "../tensor_names.ts";
 import type { WeightGetter } from "./forward.ts";
 

@@ -1,6 +1,6 @@
 /**
  * Feeds the reference forward pass from a packed container: every stored tensor (plain or
- * compact) is widened to float32 by io/stored_decode.ts, so the reference computes, in float64,
+ * compact) is widened to float32 by engine/quant/stored_decode.ts, so the reference computes, in float64,
  * exactly the model the container's weights stand for. That isolates the engine's kernels from
  * the quantisation error when the two are compared.
  *
@@ -8,13 +8,13 @@
  */
 import {
   type Container,
-  openContainer,
   readCodebooks,
   readExpertRecord,
   readTrunkTensor,
 } from "../../io/container.ts";
-import { decodeStored } from "../../io/stored_decode.ts";
-import type { ExpertMatrix, ModelConfig } from "../model_config.ts";
+import { openContainer } from "../container.ts";
+import { decodeStored } from "../quant/stored_decode.ts";
+import type { ExpertMatrix, ModelConfig } from "../../io/model_config.ts";
 import type { WeightGetter } from "./forward.ts";
 
 /** The float32 values of one expert matrix of a container. */

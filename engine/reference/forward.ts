@@ -11,7 +11,7 @@
  * @module
  */
 
-import { type LayerTensor, layerTensorName, type ModelConfig } from "../model_config.ts";
+import { type LayerTensor, layerTensorName, type ModelConfig } from "../../io/model_config.ts";
 import { addInto, matvec, rmsNorm, softmax, swiglu } from "./math.ts";
 import { routeReference } from "./moe_routing.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";

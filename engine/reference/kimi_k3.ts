@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { type LayerTensor, layerTensorName, type ModelConfig } from "../model_config.ts";
+import { type LayerTensor, layerTensorName, type ModelConfig } from "../../io/model_config.ts";
 import type { WeightGetter } from "./forward.ts";
 import { addInto, matvec, rmsNorm, sigmoid, silu, softmax } from "./math.ts";
 import { routeReference } from "./moe_routing.ts";

@@ -6,7 +6,7 @@
  * @module
  */
 
-import type { MoeConfig } from "../model_config.ts";
+import type { MoeConfig } from "../../io/model_config.ts";
 import { sigmoid, softmax } from "./math.ts";
 
 /** Chosen experts in selection order and their mixing weights. */

@@ -6,7 +6,7 @@
  * @module
  */
 
-import type { RopeConfig, RopeLayout } from "../model_config.ts";
+import type { RopeConfig, RopeLayout } from "../../io/model_config.ts";
 
 /** YaRN's `get_mscale`: 0.1·mscale·ln(factor) + 1, or 1 for factor ≤ 1. */
 export function yarnGetMscale(factor: number, mscale = 1): number {

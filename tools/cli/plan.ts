@@ -5,7 +5,7 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { openContainer } from "../../io/container.ts";
+import { openContainer } from "../../engine/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";

@@ -7,7 +7,7 @@
  */
 
 import { closeSync, fdatasyncSync, openSync, writeSync } from "node:fs";
-import { EXPERT_MATRICES, type ExpertMatrix } from "../../engine/model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import type { TensorEntry } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
 import {

@@ -6,7 +6,7 @@
  */
 
 import { writeSync } from "node:fs";
-import { EXPERT_MATRICES, type ExpertMatrix } from "../../engine/model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import { trainVq3r, vq3rKernelCodebooks } from "../../engine/quant/vq3r.ts";
 import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";

@@ -18,12 +18,12 @@ import {
   statSync,
 } from "node:fs";
 import { basename, join } from "node:path";
-import { EXPERT_MATRICES, type ExpertMatrix } from "../../engine/model_config.ts";
+import { EXPERT_MATRICES, type ExpertMatrix } from "../../io/model_config.ts";
 import { CONTAINER_VERSION, expertBankFile, type Region } from "../../io/manifest_schema.ts";
 import { crc32 } from "../../io/crc32.ts";
 import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
-import { writeJson } from "./json_file.ts";
+import { writeJson } from "../../io/json_file.ts";
 import type { BankPlan, Plan } from "./plan.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 

@@ -13,7 +13,7 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   type ModelConfig,
-} from "../../engine/model_config.ts";
+} from "../../io/model_config.ts";
 import {
   type CodebookRef,
   CODEBOOKS_FILE,

@@ -30,7 +30,7 @@ import { formatBytes, Progress } from "../progress.ts";
 import { replaceDir } from "../replace_dir.ts";
 import { writeBank } from "./bank_writer.ts";
 import { trainBankCodebooks } from "./codebook_trainer.ts";
-import { writeJson } from "./json_file.ts";
+import { writeJson } from "../../io/json_file.ts";
 import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";

@@ -9,14 +9,14 @@
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
+  expertWidth,
   type GlobalTensor,
+  globalTensorsOf,
   type LayerTensor,
   type ModelConfig,
-} from "../../engine/model_config.ts";
+} from "../../io/model_config.ts";
 import {
-  expertWidth,
   F32_TENSORS,
-  globalTensorsOf,
   hfExpertName,
   hfGlobalName,
   hfLayerName,

@@ -6,7 +6,7 @@
  * @module
  */
 
-import { SYNTH_BOS_ID, SYNTH_EOS_ID } from "../synth_tokenizer.ts";
+import { SYNTH_BOS_ID, SYNTH_EOS_ID } from "./tokenizer.ts";
 import { glu, gqaAttention, linear, norm, PROJ, router } from "./builders.ts";
 import { clamp } from "./numbers.ts";
 import {

@@ -10,7 +10,7 @@ import { replaceDir } from "../replace_dir.ts";
 import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { basename, join } from "node:path";
 import { formatBytes, Progress, type ProgressMode } from "../progress.ts";
-import { SYNTH_BOS_ID, SYNTH_EOS_ID, writeSynthTokenizer } from "../synth_tokenizer.ts";
+import { SYNTH_BOS_ID, SYNTH_EOS_ID, writeSynthTokenizer } from "./tokenizer.ts";
 import { type RouterPlan, routerPlans } from "./routing.ts";
 import { planShards, writeShards } from "./safetensors.ts";
 import { synthShape } from "./shape.ts";

@@ -6,11 +6,11 @@
  *
  * @module
  */
-import type { Arena } from "../engine/arena.ts";
-import { bindExpert, type ExpertSource, type ExpertWeights } from "../engine/weights.ts";
-import type { ExpertBank } from "./container.ts";
+import type { Arena } from "../arena.ts";
+import { bindExpert, type ExpertSource, type ExpertWeights } from "../weights.ts";
+import type { ExpertBank } from "../../io/container.ts";
 import { type ExpertCache, expertKey } from "./expert_cache.ts";
-import { type BlockReader, ReadPriority, type ReadTicket } from "./reader.ts";
+import { type BlockReader, ReadPriority, type ReadTicket } from "../../io/reader.ts";
 
 /** Records read at once while warming the cache at open. */
 const WARM_BATCH = 16;

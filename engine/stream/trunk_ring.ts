@@ -7,11 +7,11 @@
  *
  * @module
  */
-import type { Arena } from "../engine/arena.ts";
-import type { LayerWeights, TrunkSource } from "../engine/weights.ts";
-import { bindLayer } from "../engine/weights.ts";
-import type { LayerRun } from "./container.ts";
-import { type BlockReader, ReadPriority, type ReadTicket } from "./reader.ts";
+import type { Arena } from "../arena.ts";
+import type { LayerWeights, TrunkSource } from "../weights.ts";
+import { bindLayer } from "../weights.ts";
+import type { LayerRun } from "../../io/container.ts";
+import { type BlockReader, ReadPriority, type ReadTicket } from "../../io/reader.ts";
 
 /** How the trunk is split between pinned layers and ring slots. */
 export interface TrunkPlan {

@@ -20,28 +20,28 @@
 import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { loadModelConfig } from "../engine/config.ts";
-import { Model } from "../engine/model.ts";
+import { loadModelConfig } from "../../engine/config.ts";
+import { Model } from "../../engine/model.ts";
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
   type LayerTensor,
   type ModelConfig,
-} from "../engine/model_config.ts";
-import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
-import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
-import { dequantizeInt8Row, quantizeInt8Row } from "../engine/quant/int8.ts";
-import { dequantizeMxfp4, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
-import { dequantizeVq3r, encodeVq3r, type MatrixF32, trainVq3r } from "../engine/quant/vq3r.ts";
-import { containerExpertF32, containerTrunkF32 } from "../engine/reference/container.ts";
-import { argmax } from "../engine/sampler.ts";
-import { hfExpertName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
-import { loadTokenizer } from "../engine/tokenizer.ts";
-import { readF32 } from "../io/checkpoint_weights.ts";
-import { openContainer } from "../io/container.ts";
-import { openCheckpoint } from "../io/safetensors.ts";
-import { type ExpertsOption, packCheckpoint } from "./pack.ts";
-import { findMatrix, readMatrixF32 } from "./pack/source.ts";
+} from "../../io/model_config.ts";
+import { dequantizeFp8b128, quantizeFp8b128 } from "../../engine/quant/fp8.ts";
+import { dequantizeInt4g32, quantizeInt4g32 } from "../../engine/quant/int4.ts";
+import { dequantizeInt8Row, quantizeInt8Row } from "../../engine/quant/int8.ts";
+import { dequantizeMxfp4, quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
+import { dequantizeVq3r, encodeVq3r, type MatrixF32, trainVq3r } from "../../engine/quant/vq3r.ts";
+import { containerExpertF32, containerTrunkF32 } from "../../engine/reference/container.ts";
+import { argmax } from "../../engine/sampler.ts";
+import { hfExpertName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
+import { loadTokenizer } from "../../engine/tokenizer.ts";
+import { readF32 } from "../../io/checkpoint_weights.ts";
+import { openContainer } from "../../engine/container.ts";
+import { openCheckpoint } from "../../io/safetensors.ts";
+import { type ExpertsOption, packCheckpoint } from "../pack.ts";
+import { findMatrix, readMatrixF32 } from "../pack/source.ts";
 
 /** Formats whose weight error is reported. */
 export const REPORT_FORMATS = ["mxfp4", "int4", "int8", "fp8", "vq3r"] as const;

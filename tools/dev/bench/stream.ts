@@ -4,7 +4,7 @@
  *
  * It makes (once, cached under $SLUICE_CACHE or /tmp/sluice-bench) a synthetic Qwen3-MoE-shaped
  * bf16 checkpoint of `--size`, packs it, and then in one process: measures the O_DIRECT read
- * bandwidth (tools/bench/disk.ts), and runs greedy decode from a fixed prompt under a budget of
+ * bandwidth (tools/dev/bench/disk.ts), and runs greedy decode from a fixed prompt under a budget of
  * `--budget-fraction` × the whole model with the engine's defaults (lookahead 1 while experts
  * stream), with read-ahead off, with the lookahead off, with the lookahead at `--lookahead N`, and
  * once with the whole model resident (the compute-only time). The page
@@ -22,16 +22,16 @@
  *
  * @module
  */
-import { sharedMemory64 } from "../../wasm/mod.ts";
+import { sharedMemory64 } from "../../../wasm/mod.ts";
 import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { Model, type RunOptions } from "../../engine/model.ts";
-import { argmax } from "../../engine/sampler.ts";
-import { openContainer } from "../../io/container.ts";
-import { openReader, type ReadTicket } from "../../io/reader.ts";
-import { packCheckpoint } from "../pack.ts";
-import { parseSize, synthCheckpoint } from "../synth.ts";
+import { Model, type RunOptions } from "../../../engine/model.ts";
+import { argmax } from "../../../engine/sampler.ts";
+import { openContainer } from "../../../engine/container.ts";
+import { openReader, type ReadTicket } from "../../../io/reader.ts";
+import { packCheckpoint } from "../../pack.ts";
+import { parseSize, synthCheckpoint } from "../../synth.ts";
 import { benchDisk, dropPageCache } from "./disk.ts";
 
 const GiB = 2 ** 30;
@@ -99,7 +99,7 @@ export interface StreamBenchResult {
     whole_model_bytes: number;
   };
   budget_bytes: number;
-  /** Sequential 1 MiB O_DIRECT reads, 2 in flight (tools/bench/disk.ts). */
+  /** Sequential 1 MiB O_DIRECT reads, 2 in flight (tools/dev/bench/disk.ts). */
   disk_odirect_gbps: number;
   /** Random whole expert records of this container, O_DIRECT, 2 in flight. */
   disk_record_gbps: number;

@@ -7,11 +7,11 @@
  *
  * @module
  */
-import type { Arena } from "./arena.ts";
-import type { ModelConfig } from "./model_config.ts";
-import type { Ops } from "./ops.ts";
-import { type Route, route } from "./routing.ts";
-import type { TensorRef } from "./tensor.ts";
+import type { Arena } from "../arena.ts";
+import type { ModelConfig } from "../../io/model_config.ts";
+import type { Ops } from "../ops.ts";
+import { type Route, route } from "../routing.ts";
+import type { TensorRef } from "../tensor.ts";
 
 /** A router kept resident so the lookahead can use it before its layer is read. */
 export interface ResidentRouter {

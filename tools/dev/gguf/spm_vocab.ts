@@ -13,7 +13,8 @@
  * @module
  */
 
-import { existsSync, readFileSync } from "node:fs";
+import { readJsonObject } from "../../../io/json_file.ts";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 
 /** llama.cpp token types. */
@@ -44,14 +45,6 @@ export interface SpmVocab {
 }
 
 type Json = Record<string, unknown>;
-
-function readJson(path: string): Json {
-  try {
-    return JSON.parse(readFileSync(path, "utf-8")) as Json;
-  } catch (e) {
-    throw new Error(`${path}: cannot read JSON (${(e as Error).message})`);
-  }
-}
 
 function asObject(v: unknown): Json | null {
   return v !== null && typeof v === "object" && !Array.isArray(v) ? v as Json : null;
@@ -112,7 +105,7 @@ export function spmVocabFromTokenizerJson(
 ): SpmVocab {
   const path = join(dir, "tokenizer.json");
   if (!existsSync(path)) throw new Error(`${dir}: no tokenizer.json to export the vocabulary from`);
-  const tj = readJson(path);
+  const tj = readJsonObject(path);
   const model = asObject(tj.model);
   if (!model || model.type !== "BPE" || model.byte_fallback !== true) {
     throw new Error(
@@ -185,7 +178,7 @@ export function spmVocabFromTokenizerJson(
   order.forEach((id, rank) => scores[id] = -rank);
 
   const cfgPath = join(dir, "tokenizer_config.json");
-  const tc = existsSync(cfgPath) ? readJson(cfgPath) : {};
+  const tc = existsSync(cfgPath) ? readJsonObject(cfgPath) : {};
   const special = (key: string, fb: number | null): number | null => {
     const content = tokenContent(tc[key]);
     if (content === null) return fb;

@@ -1,6 +1,6 @@
 /**
  * The expert cache: which expert records live in which arena slot. One class serves both the
- * engine (slots are arena regions the caller fills) and tools/sim.ts (slots are just numbers), so
+ * engine (slots are arena regions the caller fills) and tools/dev/sim.ts (slots are just numbers), so
  * a hit rate the simulator prints is the hit rate the engine gets for the same routing.
  *
  * Policies:
@@ -9,7 +9,7 @@
  *   least recently used.
  * - `lru`: plain least recently used.
  *
- * Count aging is off by default. Measured with tools/sim.ts on the FLAME and Mixtral traces
+ * Count aging is off by default. Measured with tools/dev/sim.ts on the FLAME and Mixtral traces
  * (3 seeds), halving every count each N demand accesses moved hit rates by -0.02..+0.01 on three
  * of the four (trace, per-layer/global) cases and helped only Mixtral with one shared cache
  * (+0.07 at 37.5% with N = 300, where the prompt-to-decode switch strands old counts); counts

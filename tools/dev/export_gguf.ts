@@ -7,7 +7,7 @@
  * writes Mixtral) and `qwen3moe` (q/k norms, expert_feed_forward_length). Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Hugging Face directory reproduces its output. The vocabulary is written as
- * SentencePiece metadata (tools/gguf/spm_vocab.ts).
+ * SentencePiece metadata (tools/dev/gguf/spm_vocab.ts).
  *
  * @module
  */
@@ -15,30 +15,35 @@
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
-import { readF32 } from "../io/checkpoint_weights.ts";
-import { decodeStored } from "../io/stored_decode.ts";
+import { readF32 } from "../../io/checkpoint_weights.ts";
+import { decodeStored } from "../../engine/quant/stored_decode.ts";
 import {
   type Container,
-  openContainer,
   readExpertRecord,
   readTrunkTensor,
   type TensorEntry,
-} from "../io/container.ts";
-import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
-import { loadModelConfig } from "../engine/config.ts";
+} from "../../io/container.ts";
+import { openContainer } from "../../engine/container.ts";
+import { type Checkpoint, openCheckpoint } from "../../io/safetensors.ts";
+import { loadModelConfig } from "../../engine/config.ts";
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
   type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
-} from "../engine/model_config.ts";
-import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
+} from "../../io/model_config.ts";
+import {
+  hfExpertName,
+  hfGlobalName,
+  hfLayerName,
+  layerTensorsOf,
+} from "../../engine/tensor_names.ts";
 import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
-import { Progress, type ProgressMode } from "./progress.ts";
+import { Progress, type ProgressMode } from "../progress.ts";
 
 /** Output types of the weight matrices (vectors and routers always stay f32). */
 export type ExportType = "f32" | "f16" | "bf16" | "q8_0";

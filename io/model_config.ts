@@ -196,3 +196,18 @@ export type ExpertMatrix = typeof EXPERT_MATRICES[number];
 export function layerTensorName(layer: number, tensor: LayerTensor): string {
   return `layers.${layer}.${tensor}`;
 }
+
+/** The global tensors a model has, in container order (K3 adds its output Attention Residual). */
+export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
+  return [
+    "embed",
+    "final_norm",
+    ...(cfg.tieWordEmbeddings ? [] : ["lm_head" as const]),
+    ...(cfg.k3 ? ["out_res_norm" as const, "out_res_proj" as const] : []),
+  ];
+}
+
+/** Width of the vectors routed experts read and write: the hidden size, or K3's latent width. */
+export function expertWidth(cfg: ModelConfig): number {
+  return cfg.k3?.latentDim ?? cfg.hiddenSize;
+}

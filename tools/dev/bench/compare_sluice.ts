@@ -1,12 +1,12 @@
 /**
  * The sluice side of `deno task bench compare`, run as its own process so that the bench can put
- * it in a memory cgroup: `deno run -A tools/bench/compare_sluice.ts JOB_JSON`. It opens the
+ * it in a memory cgroup: `deno run -A tools/dev/bench/compare_sluice.ts JOB_JSON`. It opens the
  * container, optionally warms up, runs one greedy generation from the given prompt ids and prints
  * one {@link EngineRun} JSON line on stdout.
  *
  * @module
  */
-import { Session } from "../../engine/session.ts";
+import { Session } from "../../../engine/session.ts";
 import type { EngineJob, EngineRun } from "./compare_report.ts";
 
 /** Runs `job` with sluice and returns the measured figures. */

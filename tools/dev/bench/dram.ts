@@ -8,7 +8,7 @@
  */
 
 import { join } from "node:path";
-import { findCompiler } from "../../io/build_shim.ts";
+import { findCompiler } from "../../../io/build_shim.ts";
 
 /** Options of {@link measureDramNative}. */
 export interface DramOptions {

@@ -3,18 +3,18 @@
  * VQ3R) next to the bf16 GEMV: packed GB/s and G weights/s streaming a matrix far larger than the
  * caches. A case runs any row range, so a multi-thread harness can hand each worker its share of
  * the same case (the kernels are row-split); run alone it measures one thread:
- * `npx deno run -A tools/bench/quant.ts [--mib 256] [--passes 5] [--cols 4096]`.
+ * `npx deno run -A tools/dev/bench/quant.ts [--mib 256] [--passes 5] [--cols 4096]`.
  *
  * @module
  */
 import { parseArgs } from "node:util";
-import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../../wasm/mod.ts";
+import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../../../wasm/mod.ts";
 import {
   q8Bytes,
   type QuantKernels,
   quantKernels,
   vq3rLutFloats,
-} from "../../wasm/quant_kernels.ts";
+} from "../../../wasm/quant_kernels.ts";
 
 const MiB = 1024 * 1024;
 

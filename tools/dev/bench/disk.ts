@@ -1,18 +1,18 @@
 /**
  * Disk read bandwidth as sluice sees it: the C shim reading with O_DIRECT into a shared wasm
  * arena, the shim reading through a cold page cache, and `dd iflag=direct` as the peer.
- * Used by the bench (tools/bench/mod.ts); runnable alone:
- * `npx deno run -A tools/bench/disk.ts [--gib 2] [--path F] [--req-mib 1] [--in-flight 2]`.
+ * Used by the bench (tools/dev/bench/mod.ts); runnable alone:
+ * `npx deno run -A tools/dev/bench/disk.ts [--gib 2] [--path F] [--req-mib 1] [--in-flight 2]`.
  *
  * @module
  */
 
-import { sharedMemory64 } from "../../wasm/mod.ts";
+import { sharedMemory64 } from "../../../wasm/mod.ts";
 import { existsSync, renameSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { type BlockReader, openReader, type ReadTicket } from "../../io/reader.ts";
+import { type BlockReader, openReader, type ReadTicket } from "../../../io/reader.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

@@ -5,11 +5,11 @@
  *
  * @module
  */
-import { bf16ToNumber } from "../engine/quant/int4.ts";
-import { E2M1_VALUES, e8m0ToNumber } from "../engine/quant/mxfp4.ts";
-import { decodeDtypeToF32, dequantFp8Blocks } from "./checkpoint_weights.ts";
-import type { TensorEntry } from "./container.ts";
-import { Q4_BLOCK, VQ3R_DIM, VQ3R_STAGES } from "./format.ts";
+import { bf16ToNumber } from "./int4.ts";
+import { E2M1_VALUES, e8m0ToNumber } from "./mxfp4.ts";
+import { decodeDtypeToF32, dequantFp8Blocks } from "../../io/checkpoint_weights.ts";
+import type { TensorEntry } from "../../io/container.ts";
+import { Q4_BLOCK, VQ3R_DIM, VQ3R_STAGES } from "../../io/format.ts";
 
 const PLAIN_NAMES: Record<string, string> = { f32: "F32", bf16: "BF16", f16: "F16" };
 

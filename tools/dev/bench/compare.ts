@@ -11,11 +11,11 @@ import { cpus, totalmem } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath as fromFileUrl } from "node:url";
 import { parseArgs } from "node:util";
-import { loadTokenizer } from "../../engine/tokenizer.ts";
+import { loadTokenizer } from "../../../engine/tokenizer.ts";
 import { exportGguf } from "../export_gguf.ts";
-import { packCheckpoint } from "../pack.ts";
-import { parseSize, type SynthArch, synthCheckpoint } from "../synth.ts";
-import { renderBarChart } from "./bar_chart.ts";
+import { packCheckpoint } from "../../pack.ts";
+import { parseSize, type SynthArch, synthCheckpoint } from "../../synth.ts";
+import { renderBarChart } from "../bar_chart.ts";
 import {
   cgroupCommand,
   cgroupPeak,
@@ -38,7 +38,7 @@ import { benchDisk, dropPageCache } from "./disk.ts";
 import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
 
 const GiB = 2 ** 30;
-const REPO = fromFileUrl(new URL("../../", import.meta.url));
+const REPO = fromFileUrl(new URL("../../../", import.meta.url));
 const SLUICE_RUNNER = fromFileUrl(new URL("./compare_sluice.ts", import.meta.url));
 /* export_gguf writes SentencePiece vocabularies only, so every bench model gets this one. */
 const SPM_TOKENIZER_DIR = join(REPO, "..", "shared", "models", "stories260k");

@@ -1,6 +1,6 @@
 /**
  * Expert-cache simulator: replays a routing trace (io/trace.ts format) through LRU, LFU, the
- * engine's LFRU (io/expert_cache.ts itself) and Belady, per layer (one cache of `capacity` slots
+ * engine's LFRU (engine/stream/expert_cache.ts itself) and Belady, per layer (one cache of `capacity` slots
  * per layer) and overall (one cache of capacity × layers slots shared by all layers).
  *
  * The engine hands a token's top-k ids of a layer to the cache at once (ExpertCache.acquire): the
@@ -20,7 +20,7 @@
  */
 
 import { parseArgs } from "node:util";
-import { ExpertCache } from "../io/expert_cache.ts";
+import { ExpertCache } from "../../engine/stream/expert_cache.ts";
 import {
   readTrace,
   readTraceMeta,
@@ -28,7 +28,7 @@ import {
   type TraceMeta,
   type TraceShape,
   traceShape,
-} from "../io/trace.ts";
+} from "../../io/trace.ts";
 import { type Series, writeLineChart } from "./svg_chart.ts";
 
 /**
@@ -47,7 +47,7 @@ export const SIM_POLICIES: readonly SimPolicy[] = ["lru", "lfu", "lfru", "belady
 export interface SimOptions {
   /** Layer / expert counts; default: inferred from the events. */
   shape?: TraceShape;
-  /** LFRU sample size, seed and aging period (see io/expert_cache.ts). */
+  /** LFRU sample size, seed and aging period (see engine/stream/expert_cache.ts). */
   sample?: number;
   seed?: number;
   agingPeriod?: number;

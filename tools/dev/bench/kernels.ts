@@ -10,12 +10,13 @@
  * @module
  */
 
+import { alignUp } from "../../../io/format.ts";
 import { parseArgs } from "node:util";
-import { alignUp, Arena, PAGE } from "../../engine/arena.ts";
-import { defaultThreads, type Job, MIN_PARALLEL_WORK, Pool } from "../../engine/pool.ts";
-import { ROW_BLOCK } from "../../engine/pool_protocol.ts";
-import { loadKernelModule, type Ptr } from "../../wasm/mod.ts";
-import { q8Bytes, vq3rLutFloats } from "../../wasm/quant_kernels.ts";
+import { Arena, PAGE } from "../../../engine/arena.ts";
+import { defaultThreads, type Job, MIN_PARALLEL_WORK, Pool } from "../../../engine/pool.ts";
+import { ROW_BLOCK } from "../../../engine/pool_protocol.ts";
+import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
+import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "./dram.ts";
 
@@ -123,7 +124,7 @@ interface Scratch {
 
 /**
  * A weight format as the bench drives it: the bytes of one matrix and the kernel call. Quantised
- * formats that another bench (tools/bench/quant.ts) times single-threaded are measured here
+ * formats that another bench (tools/dev/bench/quant.ts) times single-threaded are measured here
  * through the pool; a new format is one more entry in {@link WEIGHT_FORMATS}.
  */
 export interface WeightFormat {

@@ -8,7 +8,7 @@
  */
 
 import { closeSync, fstatSync, openSync, readSync } from "node:fs";
-import { f16ToF32 } from "../../io/checkpoint_weights.ts";
+import { f16ToF32 } from "../../../io/checkpoint_weights.ts";
 import {
   alignTo,
   GGML_BLOCK,

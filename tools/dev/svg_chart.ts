@@ -1,6 +1,6 @@
 /**
  * A small dependency-free SVG line-chart writer (axes with round ticks, markers, legend), used by
- * tools/sim.ts and the benches.
+ * tools/dev/sim.ts and the benches.
  *
  * @module
  */
