@@ -409,6 +409,144 @@ const deepseekV3: Normaliser = (f, mt) => {
 };
 
 /**
+ * Kimi-Linear (`KimiLinearForCausalLM`) as transformers 5.x reads it: `linear_attn_config` with
+ * 1-based `full_attn_layers` / `kda_layers` (or `layer_types`), NoPE MLA, DeepSeek-style sigmoid
+ * routing with a correction bias under the checkpoint's own key names, dense layers before
+ * first_k_dense_replace (transformers ignores moe_layer_freq, and so does this).
+ */
+const kimiLinear: Normaliser = (f, mt) => {
+  requireSilu(f);
+  const hidden = f.int("hidden_size", { min: 1 });
+  const numHeads = f.int("num_attention_heads", { min: 1 });
+  const numLayers = f.int("num_hidden_layers", { min: 1 });
+  const qkNope = f.int("qk_nope_head_dim", { min: 1 });
+  const qkRope = f.int("qk_rope_head_dim", { min: 2 });
+  if (qkRope % 2) throw new Error(`${f.where}: qk_rope_head_dim ${qkRope} must be even`);
+  if (!f.bool("mla_use_nope", true)) {
+    throw new Error(`${f.where}: mla_use_nope false is not supported (transformers has no rotary)`);
+  }
+  const lacRaw = f.src.linear_attn_config;
+  if (lacRaw === null || typeof lacRaw !== "object" || Array.isArray(lacRaw)) {
+    throw new Error(`${f.where}: required field linear_attn_config is missing or not an object`);
+  }
+  const lac = new Fields(lacRaw as Json, `${f.where} linear_attn_config`);
+  const kdaLayers = new Array<boolean>(numLayers).fill(false);
+  if (f.has("layer_types")) {
+    const types = f.src.layer_types;
+    if (!Array.isArray(types) || types.length !== numLayers) {
+      throw new Error(`${f.where}: field layer_types must list ${numLayers} layer types`);
+    }
+    types.forEach((t, i) => {
+      if (t !== "linear_attention" && t !== "full_attention") {
+        throw new Error(`${f.where}: layer_types[${i}] ${JSON.stringify(t)} is not a layer type`);
+      }
+      kdaLayers[i] = t === "linear_attention";
+    });
+  } else {
+    const seen = new Set<number>();
+    for (const key of ["full_attn_layers", "kda_layers"]) {
+      for (const n of lac.intList(key)) {
+        if (n < 1 || n > numLayers || seen.has(n)) {
+          throw new Error(
+            `${lac.where}: ${key} entry ${n} must be a distinct 1-based layer in 1..${numLayers}`,
+          );
+        }
+        seen.add(n);
+        kdaLayers[n - 1] = key === "kda_layers";
+      }
+    }
+    if (seen.size !== numLayers) {
+      throw new Error(
+        `${lac.where}: full_attn_layers and kda_layers must cover all ${numLayers} layers`,
+      );
+    }
+  }
+  const kdaHeads = lac.int("num_heads", { min: 1 });
+  const kdaDim = lac.int("head_dim", { min: 1 });
+  const convKernel = lac.int("short_conv_kernel_size", { min: 1 });
+  const numExperts = f.int("num_experts", { min: 1 });
+  const firstDense = f.int("first_k_dense_replace", { def: 1 });
+  const layerKinds = Array.from(
+    { length: numLayers },
+    (_, l) => l >= firstDense ? "moe" : "dense",
+  ) as ("dense" | "moe")[];
+  let moe: MoeConfig | null = null;
+  if (layerKinds.includes("moe")) {
+    const topK = f.int("num_experts_per_token", { min: 1 });
+    checkTopK(f, numExperts, topK);
+    const act = f.str("moe_router_activation_func", "sigmoid");
+    if (act !== "sigmoid") {
+      throw new Error(`${f.where}: moe_router_activation_func ${act} is not supported (sigmoid)`);
+    }
+    const nGroup = f.int("num_expert_group", { def: 1, min: 1 });
+    const topkGroup = f.int("topk_group", { def: 1, min: 1 });
+    if (numExperts % nGroup || topkGroup > nGroup) {
+      throw new Error(
+        `${f.where}: num_expert_group ${nGroup} must divide num_experts ${numExperts} and be >= ` +
+          `topk_group ${topkGroup}`,
+      );
+    }
+    const inter = f.int("moe_intermediate_size", { min: 1 });
+    moe = {
+      numExperts,
+      topK,
+      expertIntermediate: inter,
+      scoring: "sigmoid",
+      normTopK: f.bool("moe_renormalize", true),
+      routedScaling: f.num("routed_scaling_factor"),
+      nGroup,
+      topkGroup,
+      selectionBias: true,
+      sharedIntermediate: inter * f.int("num_shared_experts", { def: 1 }),
+    };
+  }
+  const qLora = f.src.q_lora_rank === null || f.src.q_lora_rank === undefined
+    ? null
+    : f.int("q_lora_rank", { min: 1 });
+  return {
+    family: "kimi_linear",
+    modelType: mt,
+    vocabSize: f.int("vocab_size", { min: 1 }),
+    hiddenSize: hidden,
+    numLayers,
+    numHeads,
+    numKvHeads: numHeads,
+    headDim: qkNope + qkRope,
+    intermediateSize: layerKinds.includes("dense") ? f.int("intermediate_size", { min: 1 }) : 0,
+    rmsNormEps: f.num("rms_norm_eps", 1e-6),
+    // Unused (NoPE), kept valid so every consumer of a RopeConfig can read it.
+    rope: {
+      theta: f.num("rope_theta", 10000),
+      layout: "half",
+      dim: qkRope,
+      scaling: { type: "none" },
+    },
+    maxPositions: f.int("model_max_length", { def: 1048576, min: 1 }),
+    tieWordEmbeddings: f.bool("tie_word_embeddings", false),
+    qkNorm: false,
+    attentionBias: false,
+    layerKinds,
+    moe,
+    mla: {
+      qLoraRank: qLora,
+      kvLoraRank: f.int("kv_lora_rank", { min: 1 }),
+      qkNopeHeadDim: qkNope,
+      qkRopeHeadDim: qkRope,
+      vHeadDim: f.int("v_head_dim", { min: 1 }),
+      nope: true,
+    },
+    kda: {
+      numHeads: kdaHeads,
+      headDim: kdaDim,
+      convKernel,
+      layers: kdaLayers,
+      gateLowerBound: null,
+    },
+    attnScale: 1 / Math.sqrt(qkNope + qkRope),
+  };
+};
+
+/**
  * Kimi K3 (`KimiK3ForConditionalGeneration`): the language model is under `text_config`. As in
  * kimi-k3-in-c, every field the forward pass depends on must be present; a missing one is an
  * error naming it, and settings with other values than the release's (hidden_act situ, NoPE MLA
@@ -424,10 +562,10 @@ const kimiK3: Normaliser = (top, mt) => {
   f.exactly("moe_router_activation_func", "sigmoid");
   f.exactly("topk_method", "noaux_tc");
   f.exactly("num_nextn_predict_layers", 0);
+  f.exactly("moe_layer_freq", 1);
+  f.exactly("tie_word_embeddings", false);
   lin.exactly("use_full_rank_gate", true);
-  const hidden = f.int("hidden_size", { min: 1 });
   const numLayers = f.int("num_hidden_layers", { min: 1 });
-  const numHeads = f.int("num_attention_heads", { min: 1 });
   const full = new Set(lin.intList("full_attn_layers", true));
   for (const l of full) {
     if (l < 1 || l > numLayers) {
@@ -436,16 +574,7 @@ const kimiK3: Normaliser = (top, mt) => {
       );
     }
   }
-  // full_attn_layers is 1-based: layer L (0-based) is MLA when L + 1 is listed.
-  const attention = Array.from(
-    { length: numLayers },
-    (_, l) => full.has(l + 1) ? "mla" : "kda",
-  ) as (
-    | "kda"
-    | "mla"
-  )[];
   const firstDense = f.int("first_k_dense_replace");
-  f.exactly("moe_layer_freq", 1);
   const layerKinds = Array.from(
     { length: numLayers },
     (_, l) => l >= firstDense ? "moe" : "dense",
@@ -464,23 +593,20 @@ const kimiK3: Normaliser = (top, mt) => {
   const expertInter = f.int("moe_intermediate_size", { min: 1 });
   const qkNope = f.int("qk_nope_head_dim", { min: 1 });
   const qkRope = f.int("qk_rope_head_dim", { min: 0 });
-  const kdaHeads = lin.int("num_heads", { min: 1 });
-  const kdaHeadDim = lin.int("head_dim", { min: 1 });
-  const tie = f.flag("tie_word_embeddings");
-  if (tie) throw new Error(`${f.where}: tie_word_embeddings true is not supported for Kimi K3`);
+  const numHeads = f.int("num_attention_heads", { min: 1 });
   return {
     family: "kimi_k3",
     modelType: mt,
     vocabSize: f.int("vocab_size", { min: 1 }),
-    hiddenSize: hidden,
+    hiddenSize: f.int("hidden_size", { min: 1 }),
     numLayers,
     numHeads,
     numKvHeads: numHeads,
     headDim: qkNope + qkRope,
     intermediateSize: layerKinds.includes("dense") ? f.int("intermediate_size", { min: 1 }) : 0,
     rmsNormEps: f.num("rms_norm_eps"),
-    // NoPE: the rope dims take part in the scores unrotated; no table is built.
-    rope: { theta: 0, layout: "half", dim: 0, scaling: { type: "none" } },
+    // Read but unused (NoPE): the rope dims take part in the scores unrotated.
+    rope: { theta: f.num("rope_theta"), layout: "half", dim: qkRope, scaling: { type: "none" } },
     maxPositions: f.int("max_position_embeddings", { min: 1 }),
     tieWordEmbeddings: false,
     qkNorm: false,
@@ -505,15 +631,19 @@ const kimiK3: Normaliser = (top, mt) => {
       qkNopeHeadDim: qkNope,
       qkRopeHeadDim: qkRope,
       vHeadDim: f.int("v_head_dim", { min: 1 }),
+      nope: true,
+      outputGate: true,
+    },
+    kda: {
+      numHeads: lin.int("num_heads", { min: 1 }),
+      headDim: lin.int("head_dim", { min: 1 }),
+      convKernel: lin.int("short_conv_kernel_size", { min: 1 }),
+      // full_attn_layers is 1-based: layer L (0-based) is MLA when L + 1 is listed.
+      layers: Array.from({ length: numLayers }, (_, l) => !full.has(l + 1)),
+      gateLowerBound: lin.num("gate_lower_bound"),
+      fullRankGate: true,
     },
     k3: {
-      attention,
-      kda: {
-        numHeads: kdaHeads,
-        headDim: kdaHeadDim,
-        convKernel: lin.int("short_conv_kernel_size", { min: 1 }),
-        gateLowerBound: lin.num("gate_lower_bound"),
-      },
       latentDim: f.int("routed_expert_hidden_size", { min: 1 }),
       situBeta: f.num("activation_situ_beta"),
       situLinearBeta: f.num("activation_situ_linear_beta"),
@@ -531,6 +661,7 @@ const NORMALISERS: Record<string, Normaliser> = {
   deepseek_v3: deepseekV3,
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: deepseekV3,
+  kimi_linear: kimiLinear,
   kimi_k3: kimiK3,
 };
 
@@ -540,6 +671,7 @@ const ARCHITECTURES: Record<string, string> = {
   MixtralForCausalLM: "mixtral",
   Qwen3MoeForCausalLM: "qwen3_moe",
   DeepseekV3ForCausalLM: "deepseek_v3",
+  KimiLinearForCausalLM: "kimi_linear",
   KimiK3ForConditionalGeneration: "kimi_k3",
 };
 

@@ -48,6 +48,47 @@ export interface AttentionCall {
   lengths: number[];
 }
 
+/** One KDA recurrence call over consecutive tokens (see {@link Ops.kdaRecurrent}). */
+export interface KdaCall {
+  /** State of every head: heads × dk × dv floats, key rows. */
+  state: number;
+  /** Token t's q/k of head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
+  q: number;
+  k: number;
+  v: number;
+  /** Log-decays, laid out as q; rewritten (e^g). */
+  g: number;
+  /** Per token and head, already a sigmoid. */
+  beta: number;
+  out: number;
+  tokens: number;
+  heads: number;
+  dk: number;
+  dv: number;
+  qkStride: number;
+  vStride: number;
+  gStride: number;
+  betaStride: number;
+  outStride: number;
+}
+
+/** One causal short conv over consecutive tokens (see {@link Ops.shortConv}). */
+export interface ShortConvCall {
+  x: number;
+  /** The last K−1 inputs, [K−1][channels]; advanced by the call. */
+  state: number;
+  /** Taps, [channels][K] (PyTorch's depthwise Conv1d [C, 1, K]). */
+  w: number;
+  y: number;
+  tokens: number;
+  channels: number;
+  kernel: number;
+  xStride: number;
+  yStride: number;
+  /** Channels per head: the unit the pool splits. */
+  group: number;
+}
+
 /** Typed kernel calls on one pool. */
 export class Ops {
   readonly arena: Arena;
@@ -103,11 +144,6 @@ export class Ops {
   /** g = SiTU(g, u) over n floats (Kimi K3's gated activation, caps β and β₂). */
   situMul(g: number, u: number, n: number, beta: number, linearBeta: number): void {
     this.#k.situ_mul_f32(BigInt(g), BigInt(u), n, beta, linearBeta);
-  }
-
-  /** y = y ⊙ sigmoid(g) over n floats. */
-  sigmoidGate(y: number, g: number, n: number): void {
-    this.#k.sigmoid_gate_f32(BigInt(y), BigInt(g), n);
   }
 
   /**
@@ -194,6 +230,63 @@ export class Ops {
       }
       this.pool.run(jobs, work);
     }
+  }
+
+  /** y = y · x over n floats. */
+  mul(y: number, x: number, n: number): void {
+    this.#k.mul_f32(BigInt(y), BigInt(x), n);
+  }
+
+  /** x = sigmoid(x) over n floats. */
+  sigmoid(x: number, n: number): void {
+    this.#k.sigmoid_f32(BigInt(x), n);
+  }
+
+  /** KDA's gated delta rule (kernels/kda.c), split over the pool by head. */
+  kdaRecurrent(c: KdaCall): void {
+    const args = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out].map(BigInt);
+    this.pool.run([{
+      kernel: "kda_recurrent_f32",
+      args: [
+        ...args,
+        c.tokens,
+        c.heads,
+        c.dk,
+        c.dv,
+        c.qkStride,
+        c.vStride,
+        c.gStride,
+        c.betaStride,
+        c.outStride,
+      ],
+      rows: c.heads,
+    }], 4 * c.tokens * c.heads * c.dk * c.dv);
+  }
+
+  /** Causal depthwise convs + SiLU (kernels/kda.c), one job each, split by head. */
+  shortConv(...list: ShortConvCall[]): void {
+    const jobs: Job[] = [];
+    let work = 0;
+    for (const c of list) {
+      jobs.push({
+        kernel: "short_conv_f32",
+        args: [
+          BigInt(c.x),
+          BigInt(c.state),
+          BigInt(c.w),
+          BigInt(c.y),
+          c.tokens,
+          c.channels,
+          c.kernel,
+          c.xStride,
+          c.yStride,
+          c.group,
+        ],
+        rows: Math.ceil(c.channels / c.group),
+      });
+      work += c.tokens * c.channels * c.kernel;
+    }
+    this.#dispatch(jobs, work);
   }
 
   /** A Float32Array view of the arena. */

@@ -12,8 +12,9 @@ import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
-import type { ModelConfig } from "../io/model_config.ts";
-import { kimiK3ScratchBytes, kimiK3StateBytes } from "./models/kimi_k3.ts";
+import { kdaLayerStateBytes } from "./kda.ts";
+import { isKdaLayer, type ModelConfig } from "../io/model_config.ts";
+import { kimiK3ScratchBytes } from "./models/kimi_k3.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
@@ -75,7 +76,12 @@ export interface MemoryPlan {
   budget: number;
   /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
   fixedBytes: number;
+  /** KV cache (the latent cache of MLA layers), sized for the context. */
   kvBytes: number;
+  /** Recurrent state of the KDA layers: delta-rule state plus conv windows, any context. */
+  recurrentBytes: number;
+  /** Per KDA layer: its delta-rule state and its conv windows, in bytes (empty without KDA). */
+  recurrentPerLayer: { layer: number; state: number; conv: number }[];
   scratchBytes: number;
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
@@ -97,13 +103,38 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
+/** Layers that keep a KV cache (all but KDA layers). */
+function cachedLayers(cfg: ModelConfig): number {
+  let n = 0;
+  for (let l = 0; l < cfg.numLayers; l++) if (!isKdaLayer(cfg, l)) n++;
+  return n;
+}
+
 /** Bytes of the KV cache for `ctx` positions. */
 export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
-  if (cfg.k3) return kimiK3StateBytes(cfg, ctx);
   const perPos = cfg.mla
     ? cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim
     : 2 * cfg.numKvHeads * cfg.headDim;
-  return cfg.numLayers * alignUp(ctx * perPos * 4, PAGE);
+  return cachedLayers(cfg) * alignUp(ctx * perPos * 4, PAGE);
+}
+
+/** Each KDA layer's recurrent state and conv windows, as the engine allocates them. */
+export function recurrentStateBytes(
+  cfg: ModelConfig,
+): { layer: number; state: number; conv: number }[] {
+  const k = cfg.kda;
+  if (!k) return [];
+  const { state, conv } = kdaLayerStateBytes(k);
+  const out = [];
+  for (let l = 0; l < cfg.numLayers; l++) {
+    if (k.layers[l]) out.push({ layer: l, state, conv });
+  }
+  return out;
+}
+
+/** Bytes the arena spends on one layer's recurrent state (page-rounded regions). */
+function recurrentArenaBytes(r: { state: number; conv: number }): number {
+  return alignUp(r.state, PAGE) + 3 * alignUp(r.conv / 3, PAGE);
 }
 
 /** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
@@ -115,6 +146,9 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
     ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim)
     : heads * cfg.headDim;
   const latent = cfg.mla ? heads * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) : 0;
+  // KDA: pre- and post-conv q/k/v, the forget and output gates, the output, beta, two low ranks.
+  const kdaP = cfg.kda ? cfg.kda.numHeads * cfg.kda.headDim : 0;
+  const kdaFloats = cfg.kda ? 9 * kdaP + cfg.kda.numHeads + 2 * cfg.kda.headDim : 0;
   const inter = Math.max(
     cfg.intermediateSize,
     moe?.expertIntermediate ?? 0,
@@ -123,29 +157,32 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
   const floats =
     maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
     maxBatch * (3 * qDim + 2 * latent + 2 * cfg.numKvHeads * cfg.headDim + cfg.vocabSize) +
+    maxBatch * kdaFloats +
     Math.min(maxBatch, 8) * heads * ctx +
     2 * ctx * cfg.rope.dim;
-  // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
-  return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
-    mlaAbsorbedBytes(cfg) + (cfg.k3 ? kimiK3ScratchBytes(cfg, maxBatch) : 0);
+  // 32 regions (KDA adds 12) rounded up to pages, plus the reserved low region and the pool control block.
+  return alignUp(floats * 4, PAGE) + (cfg.kda ? 44 : 32) * PAGE + KERNEL_RESERVED_BYTES +
+    CTL_BYTES +
+    mlaAbsorbedBytes(cfg) + kimiK3ScratchBytes(cfg, maxBatch);
 }
 
 /** Bytes of MLA's per-layer absorbed float32 matrices (W_kbᵀ and W_vb of every head). */
 export function mlaAbsorbedBytes(cfg: ModelConfig): number {
   if (!cfg.mla) return 0;
   const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla;
-  const layers = cfg.k3 ? cfg.k3.attention.filter((a) => a === "mla").length : cfg.numLayers;
-  return layers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+  return cachedLayers(cfg) * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
 }
 
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx);
+  const recurrentPerLayer = recurrentStateBytes(cfg);
+  const recurrentBytes = recurrentPerLayer.reduce((a, r) => a + recurrentArenaBytes(r), 0);
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
-  const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
+  const fixedBytes = input.globalsBytes + kvBytes + recurrentBytes + scratch + routers;
   const topK = cfg.moe?.topK ?? 0;
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
@@ -198,6 +235,8 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     budget,
     fixedBytes,
     kvBytes,
+    recurrentBytes,
+    recurrentPerLayer,
     scratchBytes: scratch,
     floor,
     pinned,

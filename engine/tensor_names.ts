@@ -5,7 +5,13 @@
  * @module
  */
 
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import {
+  type ExpertMatrix,
+  type GlobalTensor,
+  isKdaLayer,
+  type LayerTensor,
+  type ModelConfig,
+} from "../io/model_config.ts";
 
 /** Every canonical layer tensor, in the fixed order runs and listings use. */
 export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
@@ -34,16 +40,18 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "f_a",
+  "f_b",
+  "dt_bias",
+  "a_log",
+  "beta_proj",
+  "g_a",
+  "g_b",
+  "o_norm",
   "attn_gate",
-  "kda_conv_q",
-  "kda_conv_k",
-  "kda_conv_v",
-  "kda_f_a",
-  "kda_f_b",
-  "kda_beta",
-  "kda_dt_bias",
-  "kda_a_log",
-  "kda_o_norm",
   "latent_down",
   "latent_norm",
   "latent_up",
@@ -52,19 +60,6 @@ export const LAYER_TENSOR_ORDER: readonly LayerTensor[] = [
   "mlp_res_norm",
   "mlp_res_proj",
 ];
-
-/**
- * Tensors that are not matrices to multiply with: stored as float32 whatever the checkpoint's
- * dtype, as vectors are (KDA's conv weights [P, 1, K], the [1, E] Attention Residual projections).
- */
-export const F32_TENSORS: ReadonlySet<LayerTensor | GlobalTensor> = new Set([
-  "kda_conv_q",
-  "kda_conv_k",
-  "kda_conv_v",
-  "attn_res_proj",
-  "mlp_res_proj",
-  "out_res_proj",
-]);
 
 /** Naming of one checkpoint family, relative to `model.layers.N.`. */
 interface Naming {
@@ -90,12 +85,39 @@ const NAMINGS: Record<string, Naming> = {
   qwen3_moe: { moe: "mlp", expert: MLP_EXPERTS },
   deepseek_v3: { moe: "mlp", expert: MLP_EXPERTS },
   kimi_k2: { moe: "mlp", expert: MLP_EXPERTS },
+  kimi_linear: { moe: "block_sparse_moe", expert: { gate: "w1", up: "w3", down: "w2" } },
   kimi_k3: {
     prefix: "language_model.model.",
     lmHead: "language_model.lm_head.weight",
     moe: "block_sparse_moe",
     expert: { gate: "w1", up: "w3", down: "w2" },
   },
+};
+
+/** Kimi K3's latent MoE and Attention Residual tensors, relative to `model.layers.N.`. */
+const K3_NAMES: Partial<Record<LayerTensor, string>> = {
+  latent_down: "block_sparse_moe.routed_expert_down_proj.weight",
+  latent_norm: "block_sparse_moe.routed_expert_norm.weight",
+  latent_up: "block_sparse_moe.routed_expert_up_proj.weight",
+  attn_res_norm: "self_attention_res_norm.weight",
+  attn_res_proj: "self_attention_res_proj.weight",
+  mlp_res_norm: "mlp_res_norm.weight",
+  mlp_res_proj: "mlp_res_proj.weight",
+};
+
+/** KDA tensors, relative to `self_attn.` (the names of the released Kimi-Linear checkpoint). */
+const KDA_NAMES: Partial<Record<LayerTensor, string>> = {
+  q_conv: "q_conv1d.weight",
+  k_conv: "k_conv1d.weight",
+  v_conv: "v_conv1d.weight",
+  f_a: "f_a_proj.weight",
+  f_b: "f_b_proj.weight",
+  dt_bias: "dt_bias",
+  a_log: "A_log",
+  beta_proj: "b_proj.weight",
+  g_a: "g_a_proj.weight",
+  g_b: "g_b_proj.weight",
+  o_norm: "o_norm.weight",
 };
 
 function namingOf(cfg: ModelConfig): Naming {
@@ -134,66 +156,12 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
   }
 }
 
-/** Kimi K3's layer tensors (KDA or gated MLA attention, dense or latent MoE FFN, AttnRes). */
-function k3RelativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
-  const kda = cfg.k3!.attention[layer] === "kda";
-  const moe = cfg.layerKinds[layer] === "moe";
-  const KDA: Partial<Record<LayerTensor, string>> = {
-    wq: "q_proj.weight",
-    wk: "k_proj.weight",
-    wv: "v_proj.weight",
-    kda_conv_q: "q_conv1d.weight",
-    kda_conv_k: "k_conv1d.weight",
-    kda_conv_v: "v_conv1d.weight",
-    kda_f_a: "f_a_proj.weight",
-    kda_f_b: "f_b_proj.weight",
-    kda_beta: "b_proj.weight",
-    kda_dt_bias: "dt_bias",
-    kda_a_log: "A_log",
-    kda_o_norm: "o_norm.weight",
-  };
-  const MLA: Partial<Record<LayerTensor, string>> = {
-    wq_a: "q_a_proj.weight",
-    q_a_norm: "q_a_layernorm.weight",
-    wq_b: "q_b_proj.weight",
-    wkv_a: "kv_a_proj_with_mqa.weight",
-    kv_a_norm: "kv_a_layernorm.weight",
-    wkv_b: "kv_b_proj.weight",
-  };
-  const MOE: Partial<Record<LayerTensor, string>> = {
-    router: "gate.weight",
-    router_bias: "gate.e_score_correction_bias",
-    shared_gate: "shared_experts.gate_proj.weight",
-    shared_up: "shared_experts.up_proj.weight",
-    shared_down: "shared_experts.down_proj.weight",
-    latent_down: "routed_expert_down_proj.weight",
-    latent_norm: "routed_expert_norm.weight",
-    latent_up: "routed_expert_up_proj.weight",
-  };
-  const COMMON: Partial<Record<LayerTensor, string>> = {
-    attn_norm: "input_layernorm.weight",
-    ffn_norm: "post_attention_layernorm.weight",
-    attn_res_norm: "self_attention_res_norm.weight",
-    attn_res_proj: "self_attention_res_proj.weight",
-    mlp_res_norm: "mlp_res_norm.weight",
-    mlp_res_proj: "mlp_res_proj.weight",
-  };
-  if (COMMON[t]) return COMMON[t]!;
-  if (t === "wo" || t === "attn_gate") return `self_attn.${t === "wo" ? "o" : "g"}_proj.weight`;
-  const attn = (kda ? KDA : MLA)[t];
-  if (attn) return `self_attn.${attn}`;
-  if (moe && MOE[t]) return `block_sparse_moe.${MOE[t]}`;
-  if (!moe && (t === "ffn_gate" || t === "ffn_up" || t === "ffn_down")) {
-    return `mlp.${t.slice(4)}_proj.weight`;
-  }
-  return null;
-}
-
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
-  if (cfg.k3) return k3RelativeName(cfg, layer, t);
   const moeLayer = cfg.layerKinds[layer] === "moe";
-  const mla = cfg.mla;
+  const kda = isKdaLayer(cfg, layer);
+  // A KDA layer has q/k/v/o projections like GQA, and no MLA tensors.
+  const mla = kda ? null : cfg.mla;
   const moe = cfg.moe;
   const naming = namingOf(cfg);
   switch (t) {
@@ -242,9 +210,23 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
       return moeLayer && moe && moe.sharedIntermediate > 0
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
+    case "g_a":
+    case "g_b":
+      return kda && !cfg.kda!.fullRankGate ? `self_attn.${KDA_NAMES[t]}` : null;
+    case "attn_gate":
+      // K3: KDA's full-rank output gate, or MLA's output gate; both are self_attn.g_proj.
+      return (kda && cfg.kda!.fullRankGate) || mla?.outputGate ? "self_attn.g_proj.weight" : null;
+    case "latent_down":
+    case "latent_norm":
+    case "latent_up":
+      return moeLayer && cfg.k3 ? K3_NAMES[t]! : null;
+    case "attn_res_norm":
+    case "attn_res_proj":
+    case "mlp_res_norm":
+    case "mlp_res_proj":
+      return cfg.k3 ? K3_NAMES[t]! : null;
     default:
-      // Kimi K3's own tensors (k3RelativeName).
-      return null;
+      return kda ? `self_attn.${KDA_NAMES[t]}` : null;
   }
 }
 

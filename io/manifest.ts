@@ -84,7 +84,7 @@ function bool(v: unknown, where: string): boolean {
 export function validateModelConfig(v: unknown, where: string): ModelConfig {
   const c = obj(v, where);
   const w = (k: string) => `${where}.${k}`;
-  oneOf(c.family, ["llama", "deepseek_v3", "kimi_k3"], w("family"));
+  oneOf(c.family, ["llama", "deepseek_v3", "kimi_linear", "kimi_k3"], w("family"));
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
     int(c[k], w(k), 1, MAX_DIM);
@@ -127,22 +127,27 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
     for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
       int(m[k], w(`mla.${k}`), 1, MAX_DIM);
     }
+    if (m.nope !== undefined) bool(m.nope, w("mla.nope"));
+    if (m.outputGate !== undefined) bool(m.outputGate, w("mla.outputGate"));
+  }
+  if (c.kda !== undefined) {
+    const k = obj(c.kda, w("kda"));
+    for (const key of ["numHeads", "headDim", "convKernel"]) {
+      int(k[key], w(`kda.${key}`), 1, MAX_DIM);
+    }
+    if (!Array.isArray(k.layers) || k.layers.length !== numLayers) {
+      throw new Error(`${w("kda.layers")}: expected ${numLayers} entries`);
+    }
+    k.layers.forEach((x, i) => bool(x, `${w("kda.layers")}[${i}]`));
+    if (k.gateLowerBound !== null) num(k.gateLowerBound, w("kda.gateLowerBound"));
+    if (k.fullRankGate !== undefined) bool(k.fullRankGate, w("kda.fullRankGate"));
   }
   if (c.k3 !== undefined) {
     const k = obj(c.k3, w("k3"));
-    if (!Array.isArray(k.attention) || k.attention.length !== numLayers) {
-      throw new Error(`${w("k3.attention")}: expected ${numLayers} entries`);
-    }
-    k.attention.forEach((a, i) => oneOf(a, ["kda", "mla"], `${w("k3.attention")}[${i}]`));
-    const kda = obj(k.kda, w("k3.kda"));
-    for (const f of ["numHeads", "headDim", "convKernel"]) {
-      int(kda[f], w(`k3.kda.${f}`), 1, MAX_DIM);
-    }
-    num(kda.gateLowerBound, w("k3.kda.gateLowerBound"));
     for (const f of ["latentDim", "attnResBlockSize"]) int(k[f], w(`k3.${f}`), 1, MAX_DIM);
     for (const f of ["situBeta", "situLinearBeta"]) num(k[f], w(`k3.${f}`));
-    if (c.mla === null || c.moe === null) {
-      throw new Error(`${w("k3")}: Kimi K3 needs the mla and moe sections`);
+    if (c.mla === null || c.moe === null || c.kda === undefined) {
+      throw new Error(`${w("k3")}: Kimi K3 needs the mla, moe and kda sections`);
     }
   }
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);

@@ -7,7 +7,7 @@
  */
 
 /** Forward-pass families: one file each under engine/models/. */
-export type Family = "llama" | "deepseek_v3" | "kimi_k3";
+export type Family = "llama" | "deepseek_v3" | "kimi_linear" | "kimi_k3";
 
 /** How RoPE pairs the dimensions of a head. */
 export type RopeLayout =
@@ -54,18 +54,41 @@ export interface MlaConfig {
   qkNopeHeadDim: number;
   qkRopeHeadDim: number;
   vHeadDim: number;
+  /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
+  nope?: boolean;
+  /** Kimi K3: a sigmoid gate (the layer's attn_gate projection) on the heads' values before o_proj. */
+  outputGate?: boolean;
 }
 
 /**
- * Kimi K3 (engine/models/kimi_k3.ts): a hybrid of KDA and gated NoPE MLA layers, Stable LatentMoE
- * with SiTU-GLU, and Attention Residuals. Every field comes from the release config; none has a
- * default.
+ * Kimi Delta Attention (Kimi-Linear, Kimi K3): gated delta-rule linear attention behind a causal
+ * short conv, with a fixed-size recurrent state per layer instead of a KV cache.
+ */
+export interface KdaConfig {
+  numHeads: number;
+  /** Key and value dims of a head (equal in every released checkpoint). */
+  headDim: number;
+  /** Width of the depthwise causal conv on q, k and v. */
+  convKernel: number;
+  /** Per layer: true for a KDA layer, false for a full-attention (MLA) layer. */
+  layers: boolean[];
+  /**
+   * null: Kimi-Linear's forget gate g = −exp(A_log)·softplus(z); a number lb: K3's bounded
+   * g = lb·σ(exp(A_log)·z).
+   */
+  gateLowerBound: number | null;
+  /**
+   * Kimi K3: the output gate is one full-rank projection (attn_gate); absent, Kimi-Linear's
+   * low-rank g_a → g_b.
+   */
+  fullRankGate?: boolean;
+}
+
+/**
+ * Kimi K3 (engine/models/kimi_k3.ts): on top of KDA and NoPE MLA, Stable LatentMoE with SiTU-GLU
+ * and Attention Residuals. Every field comes from the release config; none has a default.
  */
 export interface KimiK3Config {
-  /** The attention of each layer, in order. */
-  attention: ("kda" | "mla")[];
-  /** Kimi Delta Attention: heads, head dim, short-conv kernel and the decay's lower bound. */
-  kda: { numHeads: number; headDim: number; convKernel: number; gateLowerBound: number };
   /** Width the routed experts work in (routed_expert_hidden_size). */
   latentDim: number;
   /** SiTU-GLU caps: β1 of the gate (activation_situ_beta), β2 of the up (..._linear_beta). */
@@ -122,6 +145,8 @@ export interface ModelConfig {
   layerKinds: ("dense" | "moe")[];
   moe: MoeConfig | null;
   mla: MlaConfig | null;
+  /** KDA layers (absent for families without them). */
+  kda?: KdaConfig;
   /** Kimi K3's own pieces; absent for every other family. */
   k3?: KimiK3Config;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
@@ -157,18 +182,20 @@ export type LayerTensor =
   | "shared_gate"
   | "shared_up"
   | "shared_down"
-  // Kimi K3: the output gate of KDA and MLA, KDA's projections, conv weights and decay
-  // parameters, the latent MoE's projections and norm, and the two Attention Residual pairs.
+  | "q_conv"
+  | "k_conv"
+  | "v_conv"
+  | "f_a"
+  | "f_b"
+  | "dt_bias"
+  | "a_log"
+  | "beta_proj"
+  | "g_a"
+  | "g_b"
+  | "o_norm"
+  // Kimi K3: the full-rank output gate of KDA and MLA, the latent MoE's projections and norm,
+  // and the two Attention Residual pairs.
   | "attn_gate"
-  | "kda_conv_q"
-  | "kda_conv_k"
-  | "kda_conv_v"
-  | "kda_f_a"
-  | "kda_f_b"
-  | "kda_beta"
-  | "kda_dt_bias"
-  | "kda_a_log"
-  | "kda_o_norm"
   | "latent_down"
   | "latent_norm"
   | "latent_up"
@@ -176,6 +203,11 @@ export type LayerTensor =
   | "attn_res_proj"
   | "mlp_res_norm"
   | "mlp_res_proj";
+
+/** Whether `layer` is a KDA (linear-attention) layer. */
+export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
+  return cfg.kda?.layers[layer] ?? false;
+}
 
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor =

@@ -1,6 +1,5 @@
 /*
- * Kimi K3's element-wise pieces: the SiTU-GLU activation, the sigmoid output gate, and one
- * token's Attention Residual (a softmax-weighted mix of a few hidden-size sources). Products and
+ * Kimi K3's element-wise pieces: the SiTU-GLU activation and one token's Attention Residual (a softmax-weighted mix of a few hidden-size sources). Products and
  * sums are separate IEEE operations, and scalar tails are lane 0 of the vector code, so vector
  * bodies and tails agree bit for bit.
  */
@@ -45,16 +44,6 @@ void situ_mul_f32(float *g, const float *u, int n, float beta, float linear_beta
     wasm_v128_store(g + i, situ_f32x4(wasm_v128_load(g + i), wasm_v128_load(u + i), b1, b2));
   for (; i < n; i++)
     g[i] = lane0(situ_f32x4(wasm_f32x4_splat(g[i]), wasm_f32x4_splat(u[i]), b1, b2));
-}
-
-/** y[i] *= sigmoid(g[i]) (the output gates of K3's KDA and MLA). */
-KEXPORT("sigmoid_gate_f32")
-void sigmoid_gate_f32(float *y, const float *g, int n) {
-  int i = 0;
-  for (; i + 4 <= n; i += 4)
-    wasm_v128_store(y + i, wasm_f32x4_mul(wasm_v128_load(y + i),
-                                          sigmoid_f32x4(wasm_v128_load(g + i))));
-  for (; i < n; i++) y[i] = y[i] * lane0(sigmoid_f32x4(wasm_f32x4_splat(g[i])));
 }
 
 /* Σ v[j]² and Σ v[j]·(wn[j]·wp[j]) over d floats, lane sums combined in a fixed order. */
@@ -118,27 +107,3 @@ void attn_res_f32(const float *blocks, int n, int stride, const float *last, con
   }
 }
 
-/*
- * Kimi K3's lower-bounded KDA decay for one token, in place: for head h and channel i of
- * z [n_heads * head_dim], z = lb * sigmoid(e^{a_log[h]} * (z + dt_bias)), the log-decay in
- * (lb, 0] (fla's kda gate with lower_bound). a_log holds at least n_heads values (per head).
- */
-KEXPORT("kda_bounded_decay_f32")
-void kda_bounded_decay_f32(float *z, const float *dt_bias, const float *a_log, int n_heads,
-                           int head_dim, float lb) {
-  v128_t lbv = wasm_f32x4_splat(lb);
-  for (int h = 0; h < n_heads; h++) {
-    v128_t a = exp_f32x4(wasm_f32x4_splat(a_log[h]));
-    float *zh = z + (size_t)h * head_dim;
-    const float *dh = dt_bias + (size_t)h * head_dim;
-    int i = 0;
-    for (; i + 4 <= head_dim; i += 4) {
-      v128_t x = wasm_f32x4_mul(a, wasm_f32x4_add(wasm_v128_load(zh + i), wasm_v128_load(dh + i)));
-      wasm_v128_store(zh + i, wasm_f32x4_mul(lbv, sigmoid_f32x4(x)));
-    }
-    for (; i < head_dim; i++) {
-      v128_t x = wasm_f32x4_mul(a, wasm_f32x4_splat(zh[i] + dh[i]));
-      zh[i] = lane0(wasm_f32x4_mul(lbv, sigmoid_f32x4(x)));
-    }
-  }
-}

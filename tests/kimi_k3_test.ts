@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
-import { KimiK3Reference } from "../engine/reference/kimi_k3.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { openContainer } from "../engine/container.ts";
 import { readExpertRecord } from "../io/container.ts";
@@ -56,7 +56,7 @@ Deno.test({
     const cfg = normalizeConfig(base);
     assert.equal(cfg.family, "kimi_k3");
     assert.deepEqual(
-      cfg.k3!.attention.flatMap((a, l) => a === "mla" ? [l] : []),
+      cfg.kda!.layers.flatMap((kda, l) => kda ? [] : [l]),
       [3, 7, 11, 12],
       "full_attn_layers is 1-based",
     );
@@ -100,7 +100,7 @@ Deno.test({
   ignore: !hasFixture(K3),
   fn() {
     const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(K3));
-    const ref = new KimiK3Reference(cfg, weight);
+    const ref = new ReferenceModel(cfg, weight);
     const tokens = [...ORACLE_PROMPT];
     const out: number[] = [];
     for (let pos = 0; out.length < ORACLE_CONTINUATION.length; pos++) {
@@ -174,7 +174,7 @@ const AWKWARD: SynthOverrides = {
  */
 async function engineVsReference(dir: string, ckpt: string, tokens: number[], chunk: number) {
   const { cfg, weight } = referenceWeightsFromCheckpoint(ckpt);
-  const ref = new KimiK3Reference(cfg, weight);
+  const ref = new ReferenceModel(cfg, weight);
   const want = tokens.map((t, p) => ref.forward64(t, p));
   const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
   try {

@@ -82,20 +82,6 @@ export interface Kernels {
   /** g[i] = [β·tanh(g/β)·σ(g)]·[β₂·tanh(u/β₂)] (Kimi K3's SiTU-GLU; σ takes the uncapped g). */
   situ_mul_f32(g: Ptr, u: Ptr, n: number, beta: number, linearBeta: number): void;
   /**
-   * Kimi K3's KDA log-decay for one token, in place: z[h·D + i] = lb·σ(e^{aLog[h]}·(z + dtBias))
-   * for nHeads heads of headDim channels.
-   */
-  kda_bounded_decay_f32(
-    z: Ptr,
-    dtBias: Ptr,
-    aLog: Ptr,
-    nHeads: number,
-    headDim: number,
-    lb: number,
-  ): void;
-  /** y[i] *= 1 / (1 + e^−g[i]). */
-  sigmoid_gate_f32(y: Ptr, g: Ptr, n: number): void;
-  /**
    * One token's Attention Residual: sources i < n−1 at blocks + i·stride floats, source n−1 at
    * last; score_i = V_i·(wn ⊙ wp) / sqrt(mean(V_i²) + eps); out = Σ softmax(score)_i·V_i in
    * source order. scores is n floats of scratch; out must not alias a source.
@@ -212,8 +198,6 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "sigmoid_f32",
   "exp_f32",
   "situ_mul_f32",
-  "sigmoid_gate_f32",
-  "kda_bounded_decay_f32",
   "attn_res_f32",
   "add_f32",
   "axpy_f32",

@@ -1,6 +1,6 @@
 /**
- * Scalar references of Kimi K3's kernels (kernels/kimi_k3.c): SiTU-GLU, the sigmoid gate and
- * one token's Attention Residual. Transcendentals and reductions run in float64 and round to f32
+ * Scalar references of Kimi K3's kernels (kernels/kimi_k3.c): SiTU-GLU and one token's
+ * Attention Residual. Transcendentals and reductions run in float64 and round to f32
  * once, so the kernels are compared with a tolerance.
  *
  * @module
@@ -18,11 +18,6 @@ export function situMulRef(
   return g.map((x, i) =>
     beta * Math.tanh(x / beta) * sigmoid(x) * (linearBeta * Math.tanh(u[i] / linearBeta))
   );
-}
-
-/** y·σ(g) (sigmoid_gate_f32). */
-export function sigmoidGateRef(y: Float32Array, g: Float32Array): Float32Array {
-  return y.map((v, i) => v * sigmoid(g[i]));
 }
 
 /** Σ softmax(score)_i·V_i with score_i = V_i·(wn ⊙ wp) / rms(V_i) (attn_res_f32). */
@@ -49,17 +44,4 @@ export function attnResRef(
     for (let j = 0; j < d; j++) out[j] += (e[i] / sum) * v[j];
   });
   return Float32Array.from(out);
-}
-
-/** lb·σ(e^{aLog[h]}·(z + dtBias)) per head and channel (kda_bounded_decay_f32). */
-export function kdaBoundedDecayRef(
-  z: Float32Array,
-  dtBias: Float32Array,
-  aLog: Float32Array,
-  heads: number,
-  headDim: number,
-  lb: number,
-): Float32Array {
-  return z.map((v, i) => lb * sigmoid(Math.exp(aLog[Math.floor(i / headDim)]) * (v + dtBias[i])))
-    .subarray(0, heads * headDim);
 }

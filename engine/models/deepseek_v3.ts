@@ -8,15 +8,14 @@
  * attention-weighted latent is mapped to the head's values through W_vb afterwards. The expanded
  * form (engine/reference/) is the independent check.
  *
- * Kimi K3's MLA layers are this attention without rotary embedding (rope.dim 0: the "rope" dims
- * take part in the scores unrotated) and with a sigmoid output gate on the heads' values before
- * o_proj (the layer's `attn_gate`); only its MLA layers get a cache.
+ * Kimi K3's MLA layers add a sigmoid output gate on the heads' values before o_proj (the layer's
+ * `attn_gate`, when `mla.outputGate`).
  *
  * @module
  */
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
-import type { ModelConfig } from "../../io/model_config.ts";
+import { isKdaLayer, type ModelConfig } from "../../io/model_config.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
@@ -35,7 +34,7 @@ export class MlaAttention {
   #ops: Ops;
   #arena: Arena;
   #cfg: ModelConfig;
-  /** Null without rotary embedding (NoPE). */
+  /** null under NoPE (Kimi-Linear). */
   #rope: RopeTable | null;
   #cache: number[] = [];
   #absorbed: (Absorbed | null)[];
@@ -64,13 +63,17 @@ export class MlaAttention {
     const H = cfg.numHeads;
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
+    // Hybrids (Kimi-Linear) keep a latent cache only for their full-attention layers.
     for (let l = 0; l < cfg.numLayers; l++) {
-      const has = !cfg.k3 || cfg.k3.attention[l] === "mla";
-      this.#cache.push(has ? arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4) : -1);
+      this.#cache.push(
+        isKdaLayer(cfg, l) ? -1 : arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4),
+      );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
-    this.#rope = cfg.rope.dim > 0 ? buildRopeTable(arena, cfg.rope, maxCtx) : null;
-    if (cfg.k3) this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
+    this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
+    if (mla.outputGate) {
+      this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
+    }
     this.#qa = arena.alloc("mla q_a", maxBatch * (mla.qLoraRank ?? 1) * 4);
     this.#q = arena.alloc("mla q", maxBatch * H * this.#qkDim * 4);
     this.#kva = arena.alloc("mla kv_a", maxBatch * this.#row * 4);
@@ -205,7 +208,10 @@ export class MlaAttention {
     }
     if (this.#gate) values.push({ w: lw.get("attn_gate"), x: h, y: this.#gate, nb });
     ops.matmul(...values);
-    if (this.#gate) ops.sigmoidGate(this.#att, this.#gate, nb * H * mla.vHeadDim);
+    if (this.#gate) {
+      ops.sigmoid(this.#gate, nb * H * mla.vHeadDim);
+      ops.mul(this.#att, this.#gate, nb * H * mla.vHeadDim);
+    }
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
   }
 }

@@ -9,7 +9,7 @@ import type { ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
 import { MlaAttention } from "./deepseek_v3.ts";
-import { KimiK3Attention } from "./kimi_k3.ts";
+import { KimiLinearAttention } from "./kimi_linear.ts";
 import { GqaAttention } from "./llama.ts";
 
 /** The attention of `cfg.family`, with its KV cache allocated in `arena`. */
@@ -25,7 +25,10 @@ export function createAttention(
       return new GqaAttention(ops, arena, cfg, maxBatch, maxCtx);
     case "deepseek_v3":
       return new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
+    case "kimi_linear":
     case "kimi_k3":
-      return new KimiK3Attention(ops, arena, cfg, maxBatch, maxCtx);
+      // K3's attention is Kimi-Linear's (KDA + NoPE MLA) with its bounded decay, full-rank gate
+      // and MLA output gate switched on by the config.
+      return new KimiLinearAttention(ops, arena, cfg, maxBatch, maxCtx);
   }
 }

@@ -76,7 +76,22 @@ export function addInto(a: Float64Array, b: Float64Array): void {
   for (let i = 0; i < a.length; i++) a[i] += b[i];
 }
 
-/** SwiGLU MLP: down(silu(gate·x) ⊙ up·x). */
+/** The gated activation of a GLU: act(g, u) for gate and up pre-activations. */
+export type GluActivation = (g: number, u: number) => number;
+
+/** SwiGLU's activation: silu(g) · u. */
+export const SWIGLU: GluActivation = (g, u) => silu(g) * u;
+
+/**
+ * Kimi K3's SiTU-GLU: [β1·tanh(g/β1)·σ(g)] · [β2·tanh(u/β2)]; the sigmoid takes the uncapped g
+ * (kimi-k3-in-c tools/k3_ref.py `k3_situ_glu`).
+ */
+export function situ(beta: number, linearBeta: number): GluActivation {
+  return (g, u) =>
+    beta * Math.tanh(g / beta) * sigmoid(g) * (linearBeta * Math.tanh(u / linearBeta));
+}
+
+/** Gated MLP: down(act(gate·x, up·x)), SwiGLU unless `act` says otherwise. */
 export function swiglu(
   gate: Float32Array,
   up: Float32Array,
@@ -84,9 +99,41 @@ export function swiglu(
   x: Float64Array,
   inter: number,
   what: string,
+  act: GluActivation = SWIGLU,
 ): Float64Array {
   const g = matvec(gate, x, inter, x.length, `${what} gate`);
   const u = matvec(up, x, inter, x.length, `${what} up`);
-  for (let i = 0; i < inter; i++) g[i] = silu(g[i]) * u[i];
+  for (let i = 0; i < inter; i++) g[i] = act(g[i], u[i]);
   return matvec(down, g, x.length, inter, `${what} down`);
+}
+
+/**
+ * Kimi K3's Attention Residual over `sources`: key_i = V_i / sqrt(mean(V_i²) + eps), score_i =
+ * key_i · (w_n ⊙ w_p), out = Σ softmax(score)_i · V_i (the values are the raw sources).
+ */
+export function attnRes(
+  sources: Float64Array[],
+  norm: Float32Array,
+  proj: Float32Array,
+  eps: number,
+  what: string,
+): Float64Array {
+  const d = sources[0].length;
+  if (norm.length !== d || proj.length !== d) {
+    throw new Error(`${what}: weights of ${norm.length}/${proj.length} values, expected ${d}`);
+  }
+  const scores = sources.map((v) => {
+    let ss = 0, dot = 0;
+    for (let i = 0; i < d; i++) {
+      ss += v[i] * v[i];
+      dot += v[i] * norm[i] * proj[i];
+    }
+    return dot / Math.sqrt(ss / d + eps);
+  });
+  const p = softmax(scores);
+  const out = new Float64Array(d);
+  sources.forEach((v, s) => {
+    for (let i = 0; i < d; i++) out[i] += p[s] * v[i];
+  });
+  return out;
 }

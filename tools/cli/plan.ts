@@ -51,7 +51,9 @@ export function planCommand(args: string[]): Promise<number> {
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
 floor          ${formatBytes(plan.floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
     formatBytes(plan.kvBytes)
-  } at ctx ${ctx}, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
+  } at ctx ${ctx}${
+    plan.recurrentBytes ? `, recurrent state ${formatBytes(plan.recurrentBytes)}` : ""
+  }, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
     Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)
   } expert records)
 working set    ${formatBytes(plan.workingSetBytes)} per token
@@ -65,5 +67,12 @@ expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })
 arena          ${formatBytes(plan.arenaBytes)}`);
+  for (const r of plan.recurrentPerLayer) {
+    console.log(
+      `kda layer ${String(r.layer).padEnd(4)} state ${formatBytes(r.state)} + conv window ${
+        formatBytes(r.conv)
+      }  (fixed, any context)`,
+    );
+  }
   return Promise.resolve(0);
 }

@@ -16,7 +16,6 @@ import {
   type ModelConfig,
 } from "../../io/model_config.ts";
 import {
-  F32_TENSORS,
   hfExpertName,
   hfGlobalName,
   hfLayerName,
@@ -68,6 +67,21 @@ export interface BankPlan {
   /** Offset in codebooks.bin of each vq3r matrix kind's codebooks. */
   codebookOffsets: Partial<Record<ExpertMatrix, number>>;
 }
+
+/**
+ * KDA's conv taps, per-head decay rates and gate bias, and K3's [1, E] Attention Residual
+ * projections: small, read as f32 vectors, never converted.
+ */
+const VECTOR_TENSORS: ReadonlySet<LayerTensor | GlobalTensor> = new Set([
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "a_log",
+  "dt_bias",
+  "attn_res_proj",
+  "mlp_res_proj",
+  "out_res_proj",
+]);
 
 /** Layer tensors `--trunk int8` leaves alone: MLA's wkv_b is widened to f32 at load time. */
 const TRUNK_INT8_EXCLUDED: ReadonlySet<LayerTensor> = new Set(["router", "wkv_b"]);
@@ -144,12 +158,8 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
   for (const g of globalTensorsOf(cfg)) {
     const src = lookup(ckpt, hfGlobalName(cfg, g)!, g);
     const matrix = g === "embed" || g === "lm_head";
-    checkShape(
-      src,
-      matrix ? [cfg.vocabSize, cfg.hiddenSize] : g === "out_res_proj" ? [1, cfg.hiddenSize] : [
-        cfg.hiddenSize,
-      ],
-    );
+    const want = matrix ? [cfg.vocabSize, cfg.hiddenSize] : [cfg.hiddenSize];
+    checkShape(src, g === "out_res_proj" ? [1, cfg.hiddenSize] : want);
     gItems.set(g, {
       src,
       entry: entryFor(ckpt, src, storedDtype(src, matrix ? "weight" : "vector", convert)),
@@ -165,7 +175,7 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
       const role = t === "router"
         ? "router"
-        : src.shape.length === 1 || F32_TENSORS.has(t)
+        : src.shape.length === 1 || VECTOR_TENSORS.has(t)
         ? "vector"
         : "weight";
       if (role === "weight" && src.shape.length !== 2) {

@@ -1,0 +1,189 @@
+/**
+ * A Kimi Delta Attention layer (Kimi-Linear; Kimi K3 with its bounded gate), with its recurrent
+ * state: per layer, heads × dk × dv floats of delta-rule state and the last K−1 pre-conv inputs
+ * of q, k and v. The state has a fixed size whatever the context, and carries from prefill into
+ * decode; position 0 starts it from zero.
+ *
+ * Per token, on the normed hidden u: q, k, v = SiLU(causal conv(W·u)); the forget gate g (log
+ * decay per key channel, {@link kdaForgetGate}); β = σ(W_b·u) per head; the gated delta rule
+ * (kernels/kda.c); per-head RMSNorm of the output times σ(W_gb·W_ga·u) (K3: σ(W_g·u), one
+ * full-rank projection); o_proj.
+ *
+ * @module
+ */
+import type { Arena } from "./arena.ts";
+import type { KdaConfig, ModelConfig } from "../io/model_config.ts";
+import type { Ops } from "./ops.ts";
+import type { LayerWeights } from "./weights.ts";
+
+/** Bytes of one KDA layer's recurrent state and conv windows. */
+export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number } {
+  const p = k.numHeads * k.headDim;
+  return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
+}
+
+/**
+ * The forget gate in place: z (tokens × heads × dk, the f_b projection) becomes the log-decay
+ * g. Kimi-Linear: g = −exp(A_log[h])·softplus(z + dt_bias), softplus(x) = x above 20 as
+ * transformers has it; K3 (`lowerBound` lb): g = lb·σ(exp(A_log[h])·(z + dt_bias)). Computed in
+ * float64 and rounded once: a handful of transcendental calls per channel, on the main thread.
+ */
+export function kdaForgetGate(
+  z: Float32Array,
+  aLog: Float32Array,
+  dtBias: Float32Array,
+  heads: number,
+  dk: number,
+  lowerBound: number | null,
+): void {
+  const p = heads * dk;
+  for (let i = 0; i < z.length; i++) {
+    const c = i % p;
+    const a = Math.exp(aLog[Math.floor(c / dk)]);
+    const x = z[i] + dtBias[c];
+    z[i] = lowerBound === null
+      ? -a * (x > 20 ? x : Math.log1p(Math.exp(x)))
+      : lowerBound / (1 + Math.exp(-a * x));
+  }
+}
+
+/** Per-layer state in the arena. */
+interface LayerState {
+  state: number;
+  /** Conv windows of q, k and v, each [K−1][heads·dk]. */
+  conv: [number, number, number];
+}
+
+/** The KDA layers of one model: their state and the scratch of one call. */
+export class KdaAttention {
+  #ops: Ops;
+  #cfg: ModelConfig;
+  #k: KdaConfig;
+  #layers: (LayerState | null)[];
+  /** Next position each layer expects (the state cannot rewind). */
+  #next: number[];
+  #pre: [number, number, number];
+  #post: [number, number, number];
+  #g: number;
+  #beta: number;
+  #lowA: number;
+  #lowG: number;
+  #gate: number;
+  #o: number;
+
+  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
+    const k = cfg.kda;
+    if (!k) throw new Error(`${cfg.modelType}: KDA attention needs the kda config`);
+    this.#ops = ops;
+    this.#cfg = cfg;
+    this.#k = k;
+    const p = k.numHeads * k.headDim;
+    const sizes = kdaLayerStateBytes(k);
+    this.#layers = k.layers.map((isKda, l) => {
+      if (!isKda) return null;
+      const conv = (x: string) => arena.alloc(`kda ${x} conv window L${l}`, sizes.conv / 3);
+      return {
+        state: arena.alloc(`kda state L${l}`, sizes.state),
+        conv: [conv("q"), conv("k"), conv("v")],
+      };
+    });
+    this.#next = new Array(cfg.numLayers).fill(0);
+    const buf = (what: string, floats: number) => arena.alloc(what, maxBatch * floats * 4);
+    this.#pre = [buf("kda q pre-conv", p), buf("kda k pre-conv", p), buf("kda v pre-conv", p)];
+    this.#post = [buf("kda q", p), buf("kda k", p), buf("kda v", p)];
+    this.#g = buf("kda forget gate", p);
+    this.#beta = buf("kda beta", k.numHeads);
+    this.#lowA = buf("kda f_a", k.headDim);
+    this.#lowG = buf("kda g_a", k.headDim);
+    this.#gate = buf("kda output gate", p);
+    this.#o = buf("kda output", p);
+  }
+
+  /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    const ops = this.#ops;
+    const k = this.#k;
+    const st = this.#layers[layer];
+    if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
+    const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+    if (pos === 0) {
+      this.#zero(st);
+    } else if (pos !== this.#next[layer]) {
+      throw new Error(
+        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
+          `(a recurrent state cannot rewind; start again from position 0)`,
+      );
+    }
+    this.#next[layer] = pos + nb;
+    const [xq, xk, xv] = this.#pre;
+    const [q, kk, v] = this.#post;
+    ops.matmul(
+      { w: lw.get("wq"), x: h, y: xq, nb },
+      { w: lw.get("wk"), x: h, y: xk, nb },
+      { w: lw.get("wv"), x: h, y: xv, nb },
+      { w: lw.get("f_a"), x: h, y: this.#lowA, nb },
+      { w: lw.get("beta_proj"), x: h, y: this.#beta, nb },
+      k.fullRankGate
+        ? { w: lw.get("attn_gate"), x: h, y: this.#gate, nb }
+        : { w: lw.get("g_a"), x: h, y: this.#lowG, nb },
+    );
+    ops.matmul(
+      { w: lw.get("f_b"), x: this.#lowA, y: this.#g, nb },
+      ...(k.fullRankGate ? [] : [{ w: lw.get("g_b"), x: this.#lowG, y: this.#gate, nb }]),
+    );
+    const conv = (x: number, state: number, t: "q_conv" | "k_conv" | "v_conv", y: number) => ({
+      x,
+      state,
+      w: lw.get(t).ptr,
+      y,
+      tokens: nb,
+      channels: p,
+      kernel: K,
+      xStride: p,
+      yStride: p,
+      group: dk,
+    });
+    ops.shortConv(
+      conv(xq, st.conv[0], "q_conv", q),
+      conv(xk, st.conv[1], "k_conv", kk),
+      conv(xv, st.conv[2], "v_conv", v),
+    );
+    kdaForgetGate(
+      ops.f32(this.#g, nb * p),
+      ops.f32(lw.get("a_log").ptr, H),
+      ops.f32(lw.get("dt_bias").ptr, p),
+      H,
+      dk,
+      k.gateLowerBound,
+    );
+    ops.sigmoid(this.#beta, nb * H);
+    ops.sigmoid(this.#gate, nb * p);
+    ops.kdaRecurrent({
+      state: st.state,
+      q,
+      k: kk,
+      v,
+      g: this.#g,
+      beta: this.#beta,
+      out: this.#o,
+      tokens: nb,
+      heads: H,
+      dk,
+      dv: dk,
+      qkStride: p,
+      vStride: p,
+      gStride: p,
+      betaStride: H,
+      outStride: p,
+    });
+    ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
+    ops.mul(this.#o, this.#gate, nb * p);
+    ops.matmul({ w: lw.get("wo"), x: this.#o, y: out, nb });
+  }
+
+  #zero(st: LayerState): void {
+    const sizes = kdaLayerStateBytes(this.#k);
+    this.#ops.f32(st.state, sizes.state / 4).fill(0);
+    for (const c of st.conv) this.#ops.f32(c, sizes.conv / 12).fill(0);
+  }
+}
