@@ -642,6 +642,7 @@ const kimiK3: Normaliser = (top, mt) => {
       layers: Array.from({ length: numLayers }, (_, l) => !full.has(l + 1)),
       gateLowerBound: lin.num("gate_lower_bound"),
       fullRankGate: true,
+      aLogPadded: true,
     },
     k3: {
       latentDim: f.int("routed_expert_hidden_size", { min: 1 }),

@@ -12,14 +12,47 @@
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { KdaConfig, ModelConfig } from "../io/model_config.ts";
+import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import type { LayerWeights } from "./weights.ts";
+import { kdaChunkScratchFloats } from "../wasm/mod.ts";
+
+/** Bytes of the chunked form's scratch for prefill calls of up to `maxBatch` tokens. */
+export function kdaScratchBytes(k: KdaConfig, maxBatch: number): number {
+  return maxBatch > 1 ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4 : 0;
+}
 
 /** Bytes of one KDA layer's recurrent state and conv windows. */
 export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number } {
   const p = k.numHeads * k.headDim;
   return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
+}
+
+/** The checkpoint shape of a KDA layer tensor (Kimi-Linear's layout), or null for other tensors. */
+export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | null {
+  const k = cfg.kda;
+  if (!k) return null;
+  const h = cfg.hiddenSize, H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+  const shapes: Partial<Record<LayerTensor, number[]>> = {
+    wq: [p, h],
+    wk: [p, h],
+    wv: [p, h],
+    wo: [h, p],
+    q_conv: [p, 1, K],
+    k_conv: [p, 1, K],
+    v_conv: [p, 1, K],
+    f_a: [dk, h],
+    f_b: [p, dk],
+    dt_bias: [p],
+    // K3 stores A_log as head_dim values of which the first H are used.
+    a_log: k.aLogPadded ? [dk] : [1, 1, H, 1],
+    beta_proj: [H, h],
+    g_a: [dk, h],
+    g_b: [p, dk],
+    o_norm: [dk],
+    attn_gate: [p, h],
+  };
+  return shapes[t] ?? null;
 }
 
 /**
@@ -70,6 +103,8 @@ export class KdaAttention {
   #lowG: number;
   #gate: number;
   #o: number;
+  #chunk: number;
+  #chunkScratch: number;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
     const k = cfg.kda;
@@ -97,6 +132,10 @@ export class KdaAttention {
     this.#lowG = buf("kda g_a", k.headDim);
     this.#gate = buf("kda output gate", p);
     this.#o = buf("kda output", p);
+    this.#chunk = maxBatch;
+    this.#chunkScratch = maxBatch > 1
+      ? arena.alloc("kda chunk scratch", kdaScratchBytes(k, maxBatch))
+      : -1;
   }
 
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
@@ -158,7 +197,8 @@ export class KdaAttention {
     );
     ops.sigmoid(this.#beta, nb * H);
     ops.sigmoid(this.#gate, nb * p);
-    ops.kdaRecurrent({
+    // Prefill calls run the chunked form (one chunk per call), decode the recurrence.
+    ops.kda({
       state: st.state,
       q,
       k: kk,
@@ -175,6 +215,7 @@ export class KdaAttention {
       gStride: p,
       betaStride: H,
       outStride: p,
+      chunked: nb > 1 ? { chunk: this.#chunk, scratch: this.#chunkScratch } : undefined,
     });
     ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
     ops.mul(this.#o, this.#gate, nb * p);

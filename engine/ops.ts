@@ -9,6 +9,7 @@ import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { MAX_JOBS } from "./pool_protocol.ts";
 import { matmulJobs, type TensorRef } from "./tensor.ts";
+import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -48,7 +49,7 @@ export interface AttentionCall {
   lengths: number[];
 }
 
-/** One KDA recurrence call over consecutive tokens (see {@link Ops.kdaRecurrent}). */
+/** One KDA call over consecutive tokens (see {@link Ops.kda}). */
 export interface KdaCall {
   /** State of every head: heads × dk × dv floats, key rows. */
   state: number;
@@ -70,6 +71,11 @@ export interface KdaCall {
   gStride: number;
   betaStride: number;
   outStride: number;
+  /**
+   * Run the chunked form in chunks of this many tokens (prefill), with `scratch` holding
+   * kdaChunkScratchFloats(chunk, dk, dv) floats per head; absent: the recurrence (decode).
+   */
+  chunked?: { chunk: number; scratch: number };
 }
 
 /** One causal short conv over consecutive tokens (see {@link Ops.shortConv}). */
@@ -242,13 +248,17 @@ export class Ops {
     this.#k.sigmoid_f32(BigInt(x), n);
   }
 
-  /** KDA's gated delta rule (kernels/kda.c), split over the pool by head. */
-  kdaRecurrent(c: KdaCall): void {
-    const args = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out].map(BigInt);
+  /** KDA's gated delta rule (kernels/kda.c), recurrent or chunked, split over the pool by head. */
+  kda(c: KdaCall): void {
+    const ptrs = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out];
+    if (c.chunked) ptrs.push(c.chunked.scratch);
+    const tail = c.chunked
+      ? [c.chunked.chunk, kdaChunkScratchFloats(c.chunked.chunk, c.dk, c.dv)]
+      : [];
     this.pool.run([{
-      kernel: "kda_recurrent_f32",
+      kernel: c.chunked ? "kda_chunk_f32" : "kda_recurrent_f32",
       args: [
-        ...args,
+        ...ptrs.map(BigInt),
         c.tokens,
         c.heads,
         c.dk,
@@ -258,6 +268,7 @@ export class Ops {
         c.gStride,
         c.betaStride,
         c.outStride,
+        ...tail,
       ],
       rows: c.heads,
     }], 4 * c.tokens * c.heads * c.dk * c.dv);

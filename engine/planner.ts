@@ -12,7 +12,7 @@ import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
-import { kdaLayerStateBytes } from "./kda.ts";
+import { kdaLayerStateBytes, kdaScratchBytes } from "./kda.ts";
 import { isKdaLayer, type ModelConfig } from "../io/model_config.ts";
 import { kimiK3ScratchBytes } from "./models/kimi_k3.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
@@ -160,8 +160,9 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
     maxBatch * kdaFloats +
     Math.min(maxBatch, 8) * heads * ctx +
     2 * ctx * cfg.rope.dim;
-  // 32 regions (KDA adds 12) rounded up to pages, plus the reserved low region and the pool control block.
-  return alignUp(floats * 4, PAGE) + (cfg.kda ? 44 : 32) * PAGE + KERNEL_RESERVED_BYTES +
+  // 32 regions (KDA adds 14) rounded up to pages, plus the reserved low region and the pool control block.
+  return alignUp(floats * 4, PAGE) + (cfg.kda ? 46 : 32) * PAGE +
+    (cfg.kda ? alignUp(kdaScratchBytes(cfg.kda, maxBatch), PAGE) : 0) + KERNEL_RESERVED_BYTES +
     CTL_BYTES +
     mlaAbsorbedBytes(cfg) + kimiK3ScratchBytes(cfg, maxBatch);
 }

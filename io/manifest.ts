@@ -141,6 +141,7 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
     k.layers.forEach((x, i) => bool(x, `${w("kda.layers")}[${i}]`));
     if (k.gateLowerBound !== null) num(k.gateLowerBound, w("kda.gateLowerBound"));
     if (k.fullRankGate !== undefined) bool(k.fullRankGate, w("kda.fullRankGate"));
+    if (k.aLogPadded !== undefined) bool(k.aLogPadded, w("kda.aLogPadded"));
   }
   if (c.k3 !== undefined) {
     const k = obj(c.k3, w("k3"));

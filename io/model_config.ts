@@ -82,6 +82,8 @@ export interface KdaConfig {
    * low-rank g_a → g_b.
    */
   fullRankGate?: boolean;
+  /** Kimi K3: A_log is stored as headDim values, the first numHeads used (as released). */
+  aLogPadded?: boolean;
 }
 
 /**

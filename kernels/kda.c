@@ -179,3 +179,196 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
     c += lanes;
   }
 }
+
+/* sum_i a[i]*b[i]*c[i] (4 lanes, then the tail). */
+static float dot3(const float *a, const float *b, const float *c, int n) {
+  v128_t acc = wasm_f32x4_splat(0.0f);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_mul(wasm_v128_load(a + i),
+                                                            wasm_v128_load(b + i)),
+                                             wasm_v128_load(c + i)));
+  float s = hsum_f32x4(acc);
+  for (; i < n; i++) s += (a[i] * b[i]) * c[i];
+  return s;
+}
+
+/* y[i] = y[i]*x[i]. */
+static void vmul(float *y, const float *x, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_mul(wasm_v128_load(y + i), wasm_v128_load(x + i)));
+  for (; i < n; i++) y[i] *= x[i];
+}
+
+/* y[i] += a*x[i]. */
+static void vaxpy(float *y, float a, const float *x, int n) {
+  v128_t av = wasm_f32x4_splat(a);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_add(wasm_v128_load(y + i),
+                                          wasm_f32x4_mul(av, wasm_v128_load(x + i))));
+  for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* y[i] = a*x[i]*z[i]. */
+static void vscale2(float *y, float a, const float *x, const float *z, int n) {
+  v128_t av = wasm_f32x4_splat(a);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(y + i, wasm_f32x4_mul(wasm_f32x4_mul(av, wasm_v128_load(x + i)),
+                                          wasm_v128_load(z + i)));
+  for (; i < n; i++) y[i] = (a * x[i]) * z[i];
+}
+
+static void vfill(float *y, float a, int n) {
+  for (int i = 0; i < n; i++) y[i] = a;
+}
+
+/*
+ * One chunk of n tokens of one head in the chunked (WY) form of the same recurrence, as fla and
+ * transformers' chunk_kimi_delta_attention define it, with decays relative to the chunk start:
+ *   P_t = prod_{m<=t} a_m,  D_ij = prod_{j<m<=i} a_m,  R_j = prod_{j<m<n} a_m   (a = e^g)
+ *   A_ij = -beta_i sum_c k_i k_j D_ij  (j < i), made (I - A)^-1 - I by forward substitution
+ *   W = (I+A)(beta k P),  U = (I+A)(beta v),  M_ij = sum_c q_i k_j D_ij  (j <= i)
+ *   v' = U - W S,  o = (q P) S + M v',  S <- diag(P_{n-1}) S + sum_j (k_j R_j) (x) v'_j
+ * The decays are running products of e^g rather than differences of a cumulative sum of g:
+ * nothing overflows however strong the decay, and no cancellation loses digits.
+ * Scratch: A, M (C*C each), W (C*dk), U (C*dv), P (C*dk), d (dk).
+ */
+static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const float *a,
+                           const float *beta, float *out, float *scr, int n, int C, int dk,
+                           int dv, int qk_stride, int v_stride, int g_stride, int beta_stride,
+                           int out_stride) {
+  float *A = scr, *M = A + (size_t)C * C, *W = M + (size_t)C * C, *U = W + (size_t)C * dk;
+  float *P = U + (size_t)C * dv, *d = P + (size_t)C * dk;
+#define Q(i) (q + (size_t)(i) * qk_stride)
+#define K(i) (k + (size_t)(i) * qk_stride)
+#define AT(i) (a + (size_t)(i) * g_stride)
+#define B(i) (beta[(size_t)(i) * beta_stride])
+  for (int i = 0; i < n; i++) {
+    float *Pi = P + (size_t)i * dk;
+    for (int c = 0; c < dk; c++) Pi[c] = i ? Pi[c - dk] * AT(i)[c] : AT(0)[c];
+  }
+  for (int i = 0; i < n; i++) {
+    vfill(d, 1.0f, dk);
+    M[(size_t)i * C + i] = dot3(Q(i), K(i), d, dk);
+    for (int j = i - 1; j >= 0; j--) {
+      vmul(d, AT(j + 1), dk);
+      A[(size_t)i * C + j] = -B(i) * dot3(K(i), K(j), d, dk);
+      M[(size_t)i * C + j] = dot3(Q(i), K(j), d, dk);
+    }
+  }
+  /* Row i becomes row + row·A[:i, :i] over the already finished rows (ascending j is in place). */
+  for (int i = 1; i < n; i++) {
+    float *Ai = A + (size_t)i * C;
+    for (int j = 0; j < i; j++) {
+      float s = Ai[j];
+      for (int m = j + 1; m < i; m++) s += Ai[m] * A[(size_t)m * C + j];
+      Ai[j] = s;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    vscale2(W + (size_t)i * dk, B(i), K(i), P + (size_t)i * dk, dk);
+    float *Ui = U + (size_t)i * dv;
+    const float *vi = v + (size_t)i * v_stride;
+    for (int c = 0; c < dv; c++) Ui[c] = B(i) * vi[c];
+  }
+  /* Descending i reads rows j < i before they are rewritten. */
+  for (int i = n - 1; i > 0; i--) {
+    for (int j = 0; j < i; j++) {
+      float aij = A[(size_t)i * C + j];
+      vaxpy(W + (size_t)i * dk, aij, W + (size_t)j * dk, dk);
+      vaxpy(U + (size_t)i * dv, aij, U + (size_t)j * dv, dv);
+    }
+  }
+  for (int i = 0; i < n; i++) vmul(Q(i), P + (size_t)i * dk, dk);
+  vfill(d, 1.0f, dk);
+  for (int j = n - 1; j >= 0; j--) {
+    vmul(K(j), d, dk);
+    vmul(d, AT(j), dk);
+  }
+  const float *Pl = P + (size_t)(n - 1) * dk;
+  int c0 = 0;
+  for (; c0 < dv; c0 += 4) {
+    int lanes = dv - c0 >= 4 ? 4 : 1;
+    for (int i = 0; i < n; i++) {
+      v128_t aw = wasm_f32x4_splat(0.0f), aq = aw;
+      const float *Wi = W + (size_t)i * dk, *qi = Q(i);
+      for (int c = 0; c < dk; c++) {
+        const float *s = Sh + (size_t)c * dv + c0;
+        v128_t sv = lanes == 4 ? wasm_v128_load(s) : wasm_f32x4_splat(s[0]);
+        aw = wasm_f32x4_add(aw, wasm_f32x4_mul(wasm_f32x4_splat(Wi[c]), sv));
+        aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(qi[c]), sv));
+      }
+      float *ui = U + (size_t)i * dv + c0;
+      v128_t uv = lanes == 4 ? wasm_v128_load(ui) : wasm_f32x4_splat(ui[0]);
+      uv = wasm_f32x4_sub(uv, aw);
+      for (int j = 0; j < i; j++) {
+        const float *uj = U + (size_t)j * dv + c0;
+        v128_t vj = lanes == 4 ? wasm_v128_load(uj) : wasm_f32x4_splat(uj[0]);
+        aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(M[(size_t)i * C + j]), vj));
+      }
+      aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(M[(size_t)i * C + i]), uv));
+      float *oi = out + (size_t)i * out_stride + c0;
+      if (lanes == 4) {
+        wasm_v128_store(ui, uv);
+        wasm_v128_store(oi, aq);
+      } else {
+        ui[0] = wasm_f32x4_extract_lane(uv, 0);
+        oi[0] = wasm_f32x4_extract_lane(aq, 0);
+      }
+    }
+    for (int c = 0; c < dk; c++) {
+      float *s = Sh + (size_t)c * dv + c0;
+      v128_t sv = lanes == 4 ? wasm_v128_load(s) : wasm_f32x4_splat(s[0]);
+      sv = wasm_f32x4_mul(sv, wasm_f32x4_splat(Pl[c]));
+      for (int j = 0; j < n; j++) {
+        const float *uj = U + (size_t)j * dv + c0;
+        v128_t vj = lanes == 4 ? wasm_v128_load(uj) : wasm_f32x4_splat(uj[0]);
+        sv = wasm_f32x4_add(sv, wasm_f32x4_mul(wasm_f32x4_splat(K(j)[c]), vj));
+      }
+      if (lanes == 4) wasm_v128_store(s, sv);
+      else s[0] = wasm_f32x4_extract_lane(sv, 0);
+    }
+    if (lanes == 1) c0 -= 3;
+  }
+#undef Q
+#undef K
+#undef AT
+#undef B
+}
+
+/**
+ * The same gated delta rule as kda_recurrent_f32 (same arguments and in-place rewrites), in the
+ * chunked form for prefill: tokens in chunks of `chunk`, each chunk's intra-chunk interactions
+ * as small dense matrices and one pass over the state per chunk. `scratch` holds scratch_stride
+ * floats per head (at least 2*chunk^2 + 2*chunk*dk + chunk*dv + dk). Equal to the recurrence up
+ * to rounding; docs/ENGINE.md has the measured difference.
+ */
+KEXPORT("kda_chunk_f32")
+void kda_chunk_f32(float *S, float *q, float *k, const float *v, float *g, const float *beta,
+                   float *out, float *scratch, int T, int n_heads, int dk, int dv, int qk_stride,
+                   int v_stride, int g_stride, int beta_stride, int out_stride, int chunk,
+                   int scratch_stride, int h0, int h1) {
+  if (h1 > n_heads) h1 = n_heads;
+  if (chunk < 1) return;
+  float scale = 1.0f / __builtin_sqrtf((float)dk);
+  for (int h = h0 < 0 ? 0 : h0; h < h1; h++) {
+    float *qh = q + (size_t)h * dk, *kh = k + (size_t)h * dk, *gh = g + (size_t)h * dk;
+    for (int t = 0; t < T; t++) {
+      l2norm_scale(qh + (size_t)t * qk_stride, dk, scale);
+      l2norm_scale(kh + (size_t)t * qk_stride, dk, 1.0f);
+      exp_inplace(gh + (size_t)t * g_stride, dk);
+    }
+    float *scr = scratch + (size_t)h * scratch_stride;
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+      int n = T - t0 < chunk ? T - t0 : chunk;
+      kda_chunk_head(S + (size_t)h * dk * dv, qh + (size_t)t0 * qk_stride,
+                     kh + (size_t)t0 * qk_stride, v + (size_t)h * dv + (size_t)t0 * v_stride,
+                     gh + (size_t)t0 * g_stride, beta + h + (size_t)t0 * beta_stride,
+                     out + (size_t)h * dv + (size_t)t0 * out_stride, scr, n, chunk, dk, dv,
+                     qk_stride, v_stride, g_stride, beta_stride, out_stride);
+    }
+  }
+}

@@ -23,9 +23,10 @@ function throwsMentioning(fn: () => unknown, ...parts: string[]): void {
 }
 
 /** The shape each canonical tensor must have, derived from the config's dimensions. */
-function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
+function expectedShape(cfg: ModelConfig, layer: number, t: LayerTensor): number[] {
   const h = cfg.hiddenSize, hd = cfg.headDim;
-  const mla = cfg.mla;
+  const kda = cfg.kda?.layers[layer] ? cfg.kda : null;
+  const mla = kda ? null : cfg.mla;
   const moe = cfg.moe;
   const table: Partial<Record<LayerTensor, number[]>> = {
     attn_norm: [h],
@@ -49,6 +50,27 @@ function expectedShape(cfg: ModelConfig, t: LayerTensor): number[] {
       wkv_a: [mla.kvLoraRank + mla.qkRopeHeadDim, h],
       kv_a_norm: [mla.kvLoraRank],
       wkv_b: [cfg.numHeads * (mla.qkNopeHeadDim + mla.vHeadDim), mla.kvLoraRank],
+    });
+  }
+  if (kda) {
+    // Kimi-Linear's checkpoint layout (../shared/models/README.md, tiny-kimi-linear tensors).
+    const H = kda.numHeads, dk = kda.headDim, p = H * dk, K = kda.convKernel;
+    Object.assign(table, {
+      wq: [p, h],
+      wk: [p, h],
+      wv: [p, h],
+      wo: [h, p],
+      q_conv: [p, 1, K],
+      k_conv: [p, 1, K],
+      v_conv: [p, 1, K],
+      f_a: [dk, h],
+      f_b: [p, dk],
+      dt_bias: [p],
+      a_log: [1, 1, H, 1],
+      beta_proj: [H, h],
+      g_a: [dk, h],
+      g_b: [p, dk],
+      o_norm: [dk],
     });
   }
   if (moe) {
@@ -171,7 +193,7 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
       for (const t of LAYER_TENSOR_ORDER) {
         const name = hfLayerName(cfg, l, t);
         assert.equal(name !== null, present.includes(t), `${dir} layer ${l} ${t}`);
-        if (name !== null) expect(name, expectedShape(cfg, t), `layer ${l} ${t}`);
+        if (name !== null) expect(name, expectedShape(cfg, l, t), `layer ${l} ${t}`);
       }
       if (cfg.layerKinds[l] !== "moe") continue;
       const inter = cfg.moe!.expertIntermediate;

@@ -19,6 +19,7 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "stories260k-qwen3moe",
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
+  "tiny-kimi-linear",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */

@@ -12,9 +12,11 @@ import {
   expertWidth,
   type GlobalTensor,
   globalTensorsOf,
+  isKdaLayer,
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
+import { kdaTensorShape } from "../../engine/kda.ts";
 import {
   hfExpertName,
   hfGlobalName,
@@ -173,6 +175,8 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
+      const kdaShape = isKdaLayer(cfg, l) ? kdaTensorShape(cfg, t) : null;
+      if (kdaShape) checkShape(src, kdaShape);
       const role = t === "router"
         ? "router"
         : src.shape.length === 1 || VECTOR_TENSORS.has(t)

@@ -475,6 +475,9 @@ const KIMI_K3: Recipe = {
       );
     } else {
       const P = d.kdaHeads * d.kdaHeadDim, D = d.kdaHeadDim;
+      if (d.kdaHeads > D) {
+        throw new Error(`kimi_k3: A_log holds headDim ${D} values, fewer than ${d.kdaHeads} heads`);
+      }
       for (const x of ["q", "k", "v"]) {
         out.push(
           linear(`${a}${x}_proj.weight`, P, d.hidden, dt, l),
@@ -486,7 +489,7 @@ const KIMI_K3: Recipe = {
         linear(a + "f_b_proj.weight", P, D, dt, l),
         linear(a + "b_proj.weight", d.kdaHeads, d.hidden, dt, l),
         f32(a + "dt_bias", [P], 0, 1, l),
-        f32(a + "A_log", [Math.max(D, d.kdaHeads)], 0, 0.5, l),
+        f32(a + "A_log", [D], 0, 0.5, l),
         f32(a + "o_norm.weight", [D], 1, 0.05, l),
         linear(a + "g_proj.weight", P, d.hidden, dt, l),
         linear(a + "o_proj.weight", d.hidden, P, dt, l),
