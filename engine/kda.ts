@@ -17,9 +17,17 @@ import type { Ops } from "./ops.ts";
 import type { LayerWeights } from "./weights.ts";
 import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
-/** Bytes of the chunked form's scratch for prefill calls of up to `maxBatch` tokens. */
-export function kdaScratchBytes(k: KdaConfig, maxBatch: number): number {
-  return maxBatch > 1 ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4 : 0;
+/**
+ * Floats of scratch for calls of up to `maxBatch` tokens: pre- and post-conv q/k/v, the forget
+ * and output gates, the output, beta, the two low-rank projections, and the chunked form's
+ * per-head scratch for prefill.
+ */
+export function kdaScratchFloats(k: KdaConfig, maxBatch: number): number {
+  const p = k.numHeads * k.headDim;
+  const chunk = maxBatch > 1
+    ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim)
+    : 0;
+  return maxBatch * (9 * p + k.numHeads + 2 * k.headDim) + chunk;
 }
 
 /** Bytes of one KDA layer's recurrent state and conv windows. */
@@ -80,7 +88,7 @@ export function kdaForgetGate(
   }
 }
 
-/** Per-layer state in the arena. */
+/** Per-layer state in the arena: one region, the delta-rule state then the three windows. */
 interface LayerState {
   state: number;
   /** Conv windows of q, k and v, each [K−1][heads·dk]. */
@@ -89,6 +97,8 @@ interface LayerState {
 
 /** The KDA layers of one model: their state and the scratch of one call. */
 export class KdaAttention {
+  /** Scratch regions the constructor allocates (each is page-rounded by the arena). */
+  static readonly REGIONS = 13;
   #ops: Ops;
   #cfg: ModelConfig;
   #k: KdaConfig;
@@ -116,11 +126,10 @@ export class KdaAttention {
     const sizes = kdaLayerStateBytes(k);
     this.#layers = k.layers.map((isKda, l) => {
       if (!isKda) return null;
-      const conv = (x: string) => arena.alloc(`kda ${x} conv window L${l}`, sizes.conv / 3);
-      return {
-        state: arena.alloc(`kda state L${l}`, sizes.state),
-        conv: [conv("q"), conv("k"), conv("v")],
-      };
+      const state = arena.alloc(`kda state + conv windows L${l}`, sizes.state + sizes.conv);
+      const w = sizes.conv / 3;
+      const at = state + sizes.state;
+      return { state, conv: [at, at + w, at + 2 * w] };
     });
     this.#next = new Array(cfg.numLayers).fill(0);
     const buf = (what: string, floats: number) => arena.alloc(what, maxBatch * floats * 4);
@@ -134,7 +143,10 @@ export class KdaAttention {
     this.#o = buf("kda output", p);
     this.#chunk = maxBatch;
     this.#chunkScratch = maxBatch > 1
-      ? arena.alloc("kda chunk scratch", kdaScratchBytes(k, maxBatch))
+      ? arena.alloc(
+        "kda chunk scratch",
+        k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4,
+      )
       : -1;
   }
 

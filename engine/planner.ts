@@ -12,9 +12,8 @@ import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
-import { kdaLayerStateBytes, kdaScratchBytes } from "./kda.ts";
-import { isKdaLayer, type ModelConfig } from "../io/model_config.ts";
-import { kimiK3ScratchBytes } from "./models/kimi_k3.ts";
+import type { ModelConfig } from "../io/model_config.ts";
+import { familyOf } from "./models/mod.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
@@ -76,12 +75,9 @@ export interface MemoryPlan {
   budget: number;
   /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
   fixedBytes: number;
-  /** KV cache (the latent cache of MLA layers), sized for the context. */
   kvBytes: number;
-  /** Recurrent state of the KDA layers: delta-rule state plus conv windows, any context. */
-  recurrentBytes: number;
-  /** Per KDA layer: its delta-rule state and its conv windows, in bytes (empty without KDA). */
-  recurrentPerLayer: { layer: number; state: number; conv: number }[];
+  /** Per layer: its KV cache at `ctx`, or its recurrent state (KDA), before page rounding. */
+  layerStateBytes: number[];
   scratchBytes: number;
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
@@ -103,52 +99,19 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
-/** Layers that keep a KV cache (all but KDA layers). */
-function cachedLayers(cfg: ModelConfig): number {
-  let n = 0;
-  for (let l = 0; l < cfg.numLayers; l++) if (!isKdaLayer(cfg, l)) n++;
-  return n;
-}
-
-/** Bytes of the KV cache for `ctx` positions. */
+/** Bytes of the KV cache (or recurrent state) of every layer for `ctx` positions. */
 export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
-  const perPos = cfg.mla
-    ? cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim
-    : 2 * cfg.numKvHeads * cfg.headDim;
-  return cachedLayers(cfg) * alignUp(ctx * perPos * 4, PAGE);
-}
-
-/** Each KDA layer's recurrent state and conv windows, as the engine allocates them. */
-export function recurrentStateBytes(
-  cfg: ModelConfig,
-): { layer: number; state: number; conv: number }[] {
-  const k = cfg.kda;
-  if (!k) return [];
-  const { state, conv } = kdaLayerStateBytes(k);
-  const out = [];
-  for (let l = 0; l < cfg.numLayers; l++) {
-    if (k.layers[l]) out.push({ layer: l, state, conv });
-  }
-  return out;
-}
-
-/** Bytes the arena spends on one layer's recurrent state (page-rounded regions). */
-function recurrentArenaBytes(r: { state: number; conv: number }): number {
-  return alignUp(r.state, PAGE) + 3 * alignUp(r.conv / 3, PAGE);
+  const family = familyOf(cfg);
+  let bytes = 0;
+  for (let l = 0; l < cfg.numLayers; l++) bytes += alignUp(family.stateBytes(cfg, l, ctx), PAGE);
+  return bytes;
 }
 
 /** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
 export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  const family = familyOf(cfg);
   const d = cfg.hiddenSize;
   const moe = cfg.moe;
-  const heads = cfg.numHeads;
-  const qDim = cfg.mla
-    ? heads * (cfg.mla.qkNopeHeadDim + cfg.mla.qkRopeHeadDim)
-    : heads * cfg.headDim;
-  const latent = cfg.mla ? heads * (cfg.mla.kvLoraRank + cfg.mla.qkRopeHeadDim) : 0;
-  // KDA: pre- and post-conv q/k/v, the forget and output gates, the output, beta, two low ranks.
-  const kdaP = cfg.kda ? cfg.kda.numHeads * cfg.kda.headDim : 0;
-  const kdaFloats = cfg.kda ? 9 * kdaP + cfg.kda.numHeads + 2 * cfg.kda.headDim : 0;
   const inter = Math.max(
     cfg.intermediateSize,
     moe?.expertIntermediate ?? 0,
@@ -156,34 +119,27 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
   );
   const floats =
     maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
-    maxBatch * (3 * qDim + 2 * latent + 2 * cfg.numKvHeads * cfg.headDim + cfg.vocabSize) +
-    maxBatch * kdaFloats +
-    Math.min(maxBatch, 8) * heads * ctx +
+    family.scratchFloats(cfg, maxBatch) + maxBatch * cfg.vocabSize +
+    Math.min(maxBatch, 8) * cfg.numHeads * ctx +
     2 * ctx * cfg.rope.dim;
-  // 32 regions (KDA adds 14) rounded up to pages, plus the reserved low region and the pool control block.
-  return alignUp(floats * 4, PAGE) + (cfg.kda ? 46 : 32) * PAGE +
-    (cfg.kda ? alignUp(kdaScratchBytes(cfg.kda, maxBatch), PAGE) : 0) + KERNEL_RESERVED_BYTES +
-    CTL_BYTES +
-    mlaAbsorbedBytes(cfg) + kimiK3ScratchBytes(cfg, maxBatch);
-}
-
-/** Bytes of MLA's per-layer absorbed float32 matrices (W_kbᵀ and W_vb of every head). */
-export function mlaAbsorbedBytes(cfg: ModelConfig): number {
-  if (!cfg.mla) return 0;
-  const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla;
-  return cachedLayers(cfg) * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+  // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
+  return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
+    family.persistentBytes(cfg);
 }
 
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx);
-  const recurrentPerLayer = recurrentStateBytes(cfg);
-  const recurrentBytes = recurrentPerLayer.reduce((a, r) => a + recurrentArenaBytes(r), 0);
+  const family = familyOf(cfg);
+  const layerStateBytes = Array.from(
+    { length: cfg.numLayers },
+    (_, l) => family.stateBytes(cfg, l, opts.ctx),
+  );
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
-  const fixedBytes = input.globalsBytes + kvBytes + recurrentBytes + scratch + routers;
+  const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
   const topK = cfg.moe?.topK ?? 0;
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
@@ -236,8 +192,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     budget,
     fixedBytes,
     kvBytes,
-    recurrentBytes,
-    recurrentPerLayer,
+    layerStateBytes,
     scratchBytes: scratch,
     floor,
     pinned,

@@ -17,7 +17,7 @@ import {
 } from "./model_config.ts";
 import { crc32 } from "./crc32.ts";
 import { type RecordHeader, verifyRecord } from "./format.ts";
-import { type LayerTensorsOf, parseManifest } from "./manifest.ts";
+import { type FamilyRules, parseManifest } from "./manifest.ts";
 import {
   CODEBOOKS_FILE,
   type Manifest,
@@ -27,7 +27,7 @@ import {
 } from "./manifest_schema.ts";
 
 // The manifest parser and types live in their own modules; re-exported for existing importers.
-export { type LayerTensorsOf, parseManifest, validateModelConfig } from "./manifest.ts";
+export { type FamilyRules, parseManifest, validateModelConfig } from "./manifest.ts";
 export * from "./manifest_schema.ts";
 
 /** Largest manifest accepted. */
@@ -44,10 +44,10 @@ export interface Container {
 }
 
 /**
- * Opens a container directory and validates its manifest against its files, with the layer
- * tensor sets of `layerTensors`. engine/container.ts binds the family registry's.
+ * Opens a container directory and validates its manifest against its files and the model family
+ * `rules` (engine/container.ts binds the engine's family registry).
  */
-export function readContainer(path: string, layerTensors: LayerTensorsOf): Container {
+export function readContainer(path: string, rules: FamilyRules): Container {
   const mPath = join(path, "manifest.json");
   if (!existsSync(mPath)) throw new Error(`${path}: not a sluice container (no manifest.json)`);
   const size = statSync(mPath).size;
@@ -60,7 +60,7 @@ export function readContainer(path: string, layerTensors: LayerTensorsOf): Conta
   } catch (e) {
     throw new Error(`${mPath}: not valid JSON (${(e as Error).message})`);
   }
-  const manifest = parseManifest(raw, path, layerTensors);
+  const manifest = parseManifest(raw, path, rules);
   return {
     dir: path,
     manifest,

@@ -45,7 +45,8 @@ import {
 
 type Obj = Record<string, unknown>;
 
-const MAX_DIM = 2 ** 31;
+/** Largest dimension a stored config or tensor shape may have. */
+export const MAX_DIM = 2 ** 31;
 
 function obj(v: unknown, where: string): Obj {
   if (v === null || typeof v !== "object" || Array.isArray(v)) {
@@ -80,11 +81,31 @@ function bool(v: unknown, where: string): boolean {
   return v;
 }
 
-/** Validates the normalised config stored in a manifest (types and bounds of every field). */
-export function validateModelConfig(v: unknown, where: string): ModelConfig {
+/**
+ * The checks of manifest fields, each error naming the field and what was expected; the model
+ * families' own config checks (engine/models/) use them too.
+ */
+export const manifestField = { obj, int, num, oneOf, bool };
+
+/**
+ * What the container format needs from the engine's model families: io/ knows the format, the
+ * family registry (engine/models/mod.ts) knows which families exist, their config sections and
+ * the tensors of their layers.
+ */
+export interface FamilyRules {
+  /** Checks `config.family` and that family's own sections of a stored config. */
+  validateFamily(config: Record<string, unknown>, where: string): void;
+  /** The canonical tensors layer `layer` of `config` holds, in run order. */
+  layerTensors(config: ModelConfig, layer: number): readonly string[];
+}
+
+/**
+ * Validates the normalised config stored in a manifest (types and bounds of every field), the
+ * family's sections by `rules`.
+ */
+export function validateModelConfig(v: unknown, where: string, rules: FamilyRules): ModelConfig {
   const c = obj(v, where);
   const w = (k: string) => `${where}.${k}`;
-  oneOf(c.family, ["llama", "deepseek_v3", "kimi_linear", "kimi_k3"], w("family"));
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
     int(c[k], w(k), 1, MAX_DIM);
@@ -121,36 +142,7 @@ export function validateModelConfig(v: unknown, where: string): ModelConfig {
   } else if (c.layerKinds.includes("moe")) {
     throw new Error(`${w("moe")}: MoE layers need a moe section`);
   }
-  if (c.mla !== null) {
-    const m = obj(c.mla, w("mla"));
-    if (m.qLoraRank !== null) int(m.qLoraRank, w("mla.qLoraRank"), 1, MAX_DIM);
-    for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
-      int(m[k], w(`mla.${k}`), 1, MAX_DIM);
-    }
-    if (m.nope !== undefined) bool(m.nope, w("mla.nope"));
-    if (m.outputGate !== undefined) bool(m.outputGate, w("mla.outputGate"));
-  }
-  if (c.kda !== undefined) {
-    const k = obj(c.kda, w("kda"));
-    for (const key of ["numHeads", "headDim", "convKernel"]) {
-      int(k[key], w(`kda.${key}`), 1, MAX_DIM);
-    }
-    if (!Array.isArray(k.layers) || k.layers.length !== numLayers) {
-      throw new Error(`${w("kda.layers")}: expected ${numLayers} entries`);
-    }
-    k.layers.forEach((x, i) => bool(x, `${w("kda.layers")}[${i}]`));
-    if (k.gateLowerBound !== null) num(k.gateLowerBound, w("kda.gateLowerBound"));
-    if (k.fullRankGate !== undefined) bool(k.fullRankGate, w("kda.fullRankGate"));
-    if (k.aLogPadded !== undefined) bool(k.aLogPadded, w("kda.aLogPadded"));
-  }
-  if (c.k3 !== undefined) {
-    const k = obj(c.k3, w("k3"));
-    for (const f of ["latentDim", "attnResBlockSize"]) int(k[f], w(`k3.${f}`), 1, MAX_DIM);
-    for (const f of ["situBeta", "situLinearBeta"]) num(k[f], w(`k3.${f}`));
-    if (c.mla === null || c.moe === null || c.kda === undefined) {
-      throw new Error(`${w("k3")}: Kimi K3 needs the mla, moe and kda sections`);
-    }
-  }
+  rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);
   c.eosIds.forEach((x, i) => int(x, `${w("eosIds")}[${i}]`, 0, MAX_DIM));
@@ -251,23 +243,17 @@ function fileSize(path: string, where: string): number {
 }
 
 /**
- * Which canonical tensors layer `layer` of a model holds: the model family knows (the engine's
- * family registry supplies it), the container format does not.
+ * Parses and validates a manifest object against the files of the container `dir`, the config's
+ * family parts and each layer's tensor set by `rules`.
  */
-export type LayerTensorsOf = (config: ModelConfig, layer: number) => readonly string[];
-
-/**
- * Parses and validates a manifest object against the files of the container `dir`; each layer
- * run must hold exactly the tensors `layerTensors` names.
- */
-export function parseManifest(raw: unknown, dir: string, layerTensors: LayerTensorsOf): Manifest {
+export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Manifest {
   const where = join(dir, "manifest.json");
   const m = obj(raw, where);
   if (m.format !== CONTAINER_FORMAT) throw new Error(`${where}: format is not "sluice"`);
   if (m.version !== CONTAINER_VERSION) {
     throw new Error(`${where}: version ${m.version}, this reader knows ${CONTAINER_VERSION}`);
   }
-  const config = validateModelConfig(m.config, `${where} config`);
+  const config = validateModelConfig(m.config, `${where} config`, rules);
   const source = obj(m.source, `${where} source`);
   if (typeof source.fingerprint !== "string") {
     throw new Error(`${where} source.fingerprint: expected a string`);
@@ -308,7 +294,7 @@ export function parseManifest(raw: unknown, dir: string, layerTensors: LayerTens
     const at = `${where} trunk.layers[${l}]`;
     const r = region(v, at, trunkBytes);
     const t = obj(obj(v, at).tensors, `${at}.tensors`);
-    const want = layerTensors(config, l);
+    const want = rules.layerTensors(config, l);
     if (Object.keys(t).sort().join() !== [...want].sort().join()) {
       throw new Error(`${at}.tensors: expected exactly ${want.join(", ")}`);
     }

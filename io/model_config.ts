@@ -6,9 +6,6 @@
  * @module
  */
 
-/** Forward-pass families: one file each under engine/models/. */
-export type Family = "llama" | "deepseek_v3" | "kimi_linear" | "kimi_k3";
-
 /** How RoPE pairs the dimensions of a head. */
 export type RopeLayout =
   /** Pairs (i, i + d/2): Hugging Face Llama, Mixtral, Qwen3. */
@@ -123,7 +120,8 @@ export interface MoeConfig {
 
 /** Everything the engine needs to know about a model's math. */
 export interface ModelConfig {
-  family: Family;
+  /** The attention family, a key of the engine's registry (engine/models/mod.ts FAMILIES). */
+  family: string;
   /** The checkpoint's model_type, kept for messages and export. */
   modelType: string;
   vocabSize: number;
@@ -157,54 +155,63 @@ export interface ModelConfig {
   eosIds: number[];
 }
 
-/** Canonical names of per-layer trunk tensors, as stored in the container. */
-export type LayerTensor =
-  | "attn_norm"
-  | "wq"
-  | "wk"
-  | "wv"
-  | "wo"
-  | "bq"
-  | "bk"
-  | "bv"
-  | "q_norm"
-  | "k_norm"
-  | "wq_a"
-  | "q_a_norm"
-  | "wq_b"
-  | "wkv_a"
-  | "kv_a_norm"
-  | "wkv_b"
-  | "ffn_norm"
-  | "ffn_gate"
-  | "ffn_up"
-  | "ffn_down"
-  | "router"
-  | "router_bias"
-  | "shared_gate"
-  | "shared_up"
-  | "shared_down"
-  | "q_conv"
-  | "k_conv"
-  | "v_conv"
-  | "f_a"
-  | "f_b"
-  | "dt_bias"
-  | "a_log"
-  | "beta_proj"
-  | "g_a"
-  | "g_b"
-  | "o_norm"
-  // Kimi K3: the full-rank output gate of KDA and MLA, the latent MoE's projections and norm,
-  // and the two Attention Residual pairs.
-  | "attn_gate"
-  | "latent_down"
-  | "latent_norm"
-  | "latent_up"
-  | "attn_res_norm"
-  | "attn_res_proj"
-  | "mlp_res_norm"
-  | "mlp_res_proj";
+/**
+ * Canonical names of per-layer trunk tensors, as stored in the container, in the order a layer's
+ * run lists them: the skeleton's attention norm, then every family's attention tensors, then the
+ * skeleton's FFN and MoE tensors. Which of them a layer holds is its family's business
+ * (engine/models/); a new family appends its new names to its part of the list.
+ */
+export const LAYER_TENSOR_ORDER = [
+  "attn_norm",
+  "wq",
+  "wk",
+  "wv",
+  "wo",
+  "bq",
+  "bk",
+  "bv",
+  "q_norm",
+  "k_norm",
+  "wq_a",
+  "q_a_norm",
+  "wq_b",
+  "wkv_a",
+  "kv_a_norm",
+  "wkv_b",
+  "q_conv",
+  "k_conv",
+  "v_conv",
+  "f_a",
+  "f_b",
+  "dt_bias",
+  "a_log",
+  "beta_proj",
+  "g_a",
+  "g_b",
+  "o_norm",
+  // Kimi K3: the full-rank output gate of KDA and MLA, and the attention's Attention Residual.
+  "attn_gate",
+  "attn_res_norm",
+  "attn_res_proj",
+  "ffn_norm",
+  "ffn_gate",
+  "ffn_up",
+  "ffn_down",
+  "router",
+  "router_bias",
+  "shared_gate",
+  "shared_up",
+  "shared_down",
+  // Kimi K3: the MLP's Attention Residual and the latent MoE's projections and norm.
+  "mlp_res_norm",
+  "mlp_res_proj",
+  "latent_down",
+  "latent_norm",
+  "latent_up",
+] as const;
+
+/** One of {@link LAYER_TENSOR_ORDER}. */
+export type LayerTensor = typeof LAYER_TENSOR_ORDER[number];
 
 /** Whether `layer` is a KDA (linear-attention) layer. */
 export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {

@@ -167,14 +167,17 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
       if (lanes == 4) wasm_v128_store(dst, r);
       else dst[0] = wasm_f32x4_extract_lane(r, 0);
     }
-    /* New history row j is input T + j of state ++ x; ascending j reads before it overwrites. */
+    /* New history row j is input T + j of state ++ x; ascending j reads before it overwrites.
+       (Not for the loop vectoriser: its overlap checks need a 128-bit multiply wasm lacks.) */
+#pragma clang loop vectorize(disable) interleave(disable)
     for (int j = 0; j < hist; j++) {
       int m = T + j;
-      for (int l = 0; l < lanes; l++) {
-        state[(size_t)j * channels + c + l] =
-            m < hist ? state[(size_t)m * channels + c + l]
-                     : x[(size_t)(m - hist) * x_stride + c + l];
-      }
+      const float *src;
+      if (m < hist) src = state + (size_t)m * channels + c;
+      else src = x + (size_t)(m - hist) * x_stride + c;
+      float *dst = state + (size_t)j * channels + c;
+      if (lanes == 4) wasm_v128_store(dst, wasm_v128_load(src));
+      else dst[0] = src[0];
     }
     c += lanes;
   }

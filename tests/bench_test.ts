@@ -72,8 +72,16 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
   const load = r.load_average as number[];
   assert.equal(load.length, 3);
   for (const l of load) assert.ok(Number.isFinite(l) && l >= 0);
+  // KDA's decode recurrence and short conv: one row each, a positive figure per thread count.
+  const kda = r.kda as { kernel: string; layers: number; by_threads: { gbps: number }[] }[];
+  assert.deepEqual(kda.map((k) => k.kernel), ["kda_recurrent_f32", "short_conv_f32"]);
+  for (const k of kda) {
+    assert.ok(k.layers >= 2, `${k.kernel}: only ${k.layers} layers cycled`);
+    assert.equal(k.by_threads.length, threads);
+    for (const p of k.by_threads) assert.ok(p.gbps > 0 && Number.isFinite(p.gbps));
+  }
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
-  assert.equal(ratios.length, 4);
+  assert.equal(ratios.length, 6);
 });
 
 Deno.test("bench with an unknown name lists the benches and fails", async () => {

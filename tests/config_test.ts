@@ -2,14 +2,8 @@ import assert from "node:assert/strict";
 import { readJsonObject } from "../io/json_file.ts";
 import { loadModelConfig, normalizeConfig, SUPPORTED_MODEL_TYPES } from "../engine/config.ts";
 import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
-import { EXPERT_MATRICES } from "../io/model_config.ts";
-import {
-  hfExpertName,
-  hfGlobalName,
-  hfLayerName,
-  LAYER_TENSOR_ORDER,
-  layerTensorsOf,
-} from "../engine/tensor_names.ts";
+import { EXPERT_MATRICES, LAYER_TENSOR_ORDER } from "../io/model_config.ts";
+import { hfExpertName, hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { CHECKPOINT_FIXTURES, fixtureDir } from "./fixtures.ts";
 

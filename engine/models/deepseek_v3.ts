@@ -1,25 +1,38 @@
 /**
- * The DeepSeek-V3 family (DeepSeek-V3/R1, Kimi-K2): multi-head latent attention with a latent KV
+ * The deepseek_v3 family (DeepSeek-V3/R1, Kimi-K2): multi-head latent attention with a latent KV
  * cache. Each cached position holds the normalised compressed KV (kv_lora_rank floats) and the
- * shared rope key (qk_rope_head_dim floats), about 57× less than expanded K/V at rank 512.
+ * shared rope key (qk_rope_head_dim floats), about 57× less than expanded K/V at rank 512. This
+ * file holds everything about the family: config normalisation, attention tensors and their
+ * Hugging Face names, the planner's sizes, the stored-config check, the engine's attention, and
+ * the pointer to its float64 reference (engine/reference/mla.ts).
  *
  * Decode uses the absorbed form: a head's no-rope query is pulled into latent space through its
  * slice of kv_b_proj (q_lat = W_kbᵀ·q_nope), scored against the latent rows directly, and the
  * attention-weighted latent is mapped to the head's values through W_vb afterwards. The expanded
- * form (engine/reference/) is the independent check.
+ * form (engine/reference/mla.ts) is the independent check.
  *
  * Kimi K3's MLA layers add a sigmoid output gate on the heads' values before o_proj (the layer's
  * `attn_gate`, when `mla.outputGate`).
  *
  * @module
  */
+import { manifestField, MAX_DIM } from "../../io/manifest.ts";
+import {
+  isKdaLayer,
+  type LayerTensor,
+  type ModelConfig,
+  type MoeConfig,
+} from "../../io/model_config.ts";
+import { alignUp } from "../../io/format.ts";
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
-import { isKdaLayer, type ModelConfig } from "../../io/model_config.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
+import { mlaReference } from "../reference/mla.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
+import type { Family } from "./family.ts";
+import { checkTopK, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
 interface Absorbed {
@@ -215,3 +228,153 @@ export class MlaAttention {
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
   }
 }
+
+/** yarn_get_mscale of DeepSeek's code: the attention scale multiplier for a YaRN factor. */
+function yarnMscale(factor: number, mscale: number): number {
+  return factor <= 1 ? 1 : 0.1 * mscale * Math.log(factor) + 1;
+}
+
+/** DeepSeek-V3 and Kimi-K2: MLA, sigmoid or softmax routing with groups, shared experts. */
+export const normaliseDeepseekV3: Normaliser = (f, mt) => {
+  requireSilu(f);
+  const hidden = f.int("hidden_size", { min: 1 });
+  const numHeads = f.int("num_attention_heads", { min: 1 });
+  const numLayers = f.int("num_hidden_layers", { min: 1 });
+  const qkNope = f.int("qk_nope_head_dim", { min: 1 });
+  const qkRope = f.int("qk_rope_head_dim", { min: 2 });
+  if (qkRope % 2) throw new Error(`${f.where}: qk_rope_head_dim ${qkRope} must be even`);
+  const { theta, scaling } = ropeSource(f, {
+    ropeTheta: 10000,
+    rmsNormEps: 1e-6,
+    maxPositions: 4096,
+  });
+  let attnScale = 1 / Math.sqrt(qkNope + qkRope);
+  if (scaling.type === "yarn" && scaling.mscaleAllDim) {
+    const m = yarnMscale(scaling.factor, scaling.mscaleAllDim);
+    attnScale *= m * m;
+  }
+  const numExperts = f.has("n_routed_experts") ? f.int("n_routed_experts", { min: 1 }) : 0;
+  const firstDense = f.int("first_k_dense_replace", { def: numExperts ? undefined : 0 });
+  const freq = f.int("moe_layer_freq", { def: 1, min: 1 });
+  const layerKinds = Array.from(
+    { length: numLayers },
+    (_, l) => numExperts > 0 && l >= firstDense && l % freq === 0 ? "moe" : "dense",
+  ) as ("dense" | "moe")[];
+  let moe: MoeConfig | null = null;
+  if (layerKinds.includes("moe")) {
+    const topK = f.int("num_experts_per_tok", { min: 1 });
+    checkTopK(f, numExperts, topK);
+    const scoring = f.str("scoring_func", "sigmoid");
+    if (scoring !== "sigmoid" && scoring !== "softmax") {
+      throw new Error(`${f.where}: scoring_func ${scoring} is not supported (sigmoid, softmax)`);
+    }
+    const topkMethod = f.str("topk_method", "noaux_tc");
+    if (!["noaux_tc", "greedy", "group_limited_greedy"].includes(topkMethod)) {
+      throw new Error(`${f.where}: topk_method ${topkMethod} is not supported`);
+    }
+    const grouped = topkMethod !== "greedy";
+    const nGroup = grouped ? f.int("n_group", { min: 1 }) : 1;
+    const topkGroup = grouped ? f.int("topk_group", { min: 1 }) : 1;
+    if (numExperts % nGroup || topkGroup > nGroup) {
+      throw new Error(
+        `${f.where}: n_group ${nGroup} must divide n_routed_experts ${numExperts} and be >= ` +
+          `topk_group ${topkGroup}`,
+      );
+    }
+    const inter = f.int("moe_intermediate_size", { min: 1 });
+    moe = {
+      numExperts,
+      topK,
+      expertIntermediate: inter,
+      scoring,
+      normTopK: f.bool("norm_topk_prob", true),
+      routedScaling: f.num("routed_scaling_factor"),
+      nGroup,
+      topkGroup,
+      selectionBias: topkMethod === "noaux_tc",
+      sharedIntermediate: inter * f.int("n_shared_experts"),
+    };
+  }
+  const qLora = f.src.q_lora_rank === null ? null : f.int("q_lora_rank", { min: 1 });
+  return {
+    family: "deepseek_v3",
+    modelType: mt,
+    vocabSize: f.int("vocab_size", { min: 1 }),
+    hiddenSize: hidden,
+    numLayers,
+    numHeads,
+    // MLA: every head has its own k and v (decompressed from the shared latent).
+    numKvHeads: numHeads,
+    headDim: qkNope + qkRope,
+    intermediateSize: layerKinds.includes("dense") ? f.int("intermediate_size", { min: 1 }) : 0,
+    rmsNormEps: f.num("rms_norm_eps", 1e-6),
+    rope: {
+      theta,
+      // transformers' rope_interleave defaults to true: the checkpoint's q_pe/k_pe pairs are (2i, 2i+1).
+      layout: f.bool("rope_interleave", true) ? "interleaved" : "half",
+      dim: qkRope,
+      scaling,
+    },
+    maxPositions: f.int("max_position_embeddings", { def: 4096, min: 1 }),
+    tieWordEmbeddings: f.bool("tie_word_embeddings", false),
+    qkNorm: false,
+    attentionBias: f.bool("attention_bias", false),
+    layerKinds,
+    moe,
+    mla: {
+      qLoraRank: qLora,
+      kvLoraRank: f.int("kv_lora_rank", { min: 1 }),
+      qkNopeHeadDim: qkNope,
+      qkRopeHeadDim: qkRope,
+      vHeadDim: f.int("v_head_dim", { min: 1 }),
+    },
+    attnScale,
+  };
+};
+
+/** The MLA tensors of a layer and their Hugging Face names (also Kimi-Linear's MLA layers). */
+export function mlaTensors(cfg: ModelConfig): Partial<Record<LayerTensor, string>> {
+  const names: Partial<Record<LayerTensor, string>> = {};
+  if (cfg.mla?.qLoraRank === null) names.wq = "self_attn.q_proj.weight";
+  names.wo = "self_attn.o_proj.weight";
+  if (cfg.mla?.qLoraRank !== null) {
+    names.wq_a = "self_attn.q_a_proj.weight";
+    names.q_a_norm = "self_attn.q_a_layernorm.weight";
+    names.wq_b = "self_attn.q_b_proj.weight";
+  }
+  names.wkv_a = "self_attn.kv_a_proj_with_mqa.weight";
+  names.kv_a_norm = "self_attn.kv_a_layernorm.weight";
+  names.wkv_b = "self_attn.kv_b_proj.weight";
+  return names;
+}
+
+/** The deepseek_v3 family. */
+export const DEEPSEEK_V3: Family = {
+  name: "deepseek_v3",
+  attentionTensors: mlaTensors,
+  validateConfig(c, where) {
+    const m = manifestField.obj(c.mla, `${where}.mla`);
+    if (m.qLoraRank !== null) manifestField.int(m.qLoraRank, `${where}.mla.qLoraRank`, 1, MAX_DIM);
+    for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
+      manifestField.int(m[k], `${where}.mla.${k}`, 1, MAX_DIM);
+    }
+    if (m.nope !== undefined) manifestField.bool(m.nope, `${where}.mla.nope`);
+  },
+  stateBytes: (cfg, _layer, ctx) => ctx * (cfg.mla!.kvLoraRank + cfg.mla!.qkRopeHeadDim) * 4,
+  scratchFloats(cfg, maxBatch) {
+    const { kvLoraRank: r, qkNopeHeadDim: nope, qkRopeHeadDim: rope } = cfg.mla!;
+    const heads = cfg.numHeads;
+    return maxBatch *
+      (3 * heads * (nope + rope) + 2 * heads * (r + rope) + 2 * cfg.numKvHeads * cfg.headDim);
+  },
+  // The absorbed float32 matrices of every (MLA) layer: W_kbᵀ and W_vb of every head.
+  persistentBytes(cfg) {
+    const { kvLoraRank: r, qkNopeHeadDim: nope, vHeadDim: v } = cfg.mla!;
+    let layers = 0;
+    for (let l = 0; l < cfg.numLayers; l++) if (!isKdaLayer(cfg, l)) layers++;
+    return layers * cfg.numHeads * (alignUp(r * nope * 4, 64) + alignUp(v * r * 4, 64));
+  },
+  createAttention: (ops, arena, cfg, maxBatch, maxCtx) =>
+    new MlaAttention(ops, arena, cfg, maxBatch, maxCtx),
+  reference: mlaReference,
+};

@@ -1,16 +1,118 @@
 /**
- * One file per architecture family: each supplies the attention half of its layers; the shared
- * layer skeleton is engine/transformer.ts.
+ * The model registry: every supported Hugging Face model_type, one line each, and the attention
+ * family it runs. One file per family beside this one holds everything about that family
+ * (engine/models/family.ts says what); the config parser, the planner, manifest validation, the
+ * packer's tensor names and the reference pass look families up here instead of switching on
+ * names. docs/ENGINE.md "Adding a model family" lists the steps.
  *
  * @module
  */
-import type { Arena } from "../arena.ts";
 import type { ModelConfig } from "../../io/model_config.ts";
+import type { Arena } from "../arena.ts";
 import type { Ops } from "../ops.ts";
 import type { Attention } from "../transformer.ts";
-import { MlaAttention } from "./deepseek_v3.ts";
-import { KimiLinearAttention } from "./kimi_linear.ts";
-import { GqaAttention } from "./llama.ts";
+import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
+import type { Family, ModelType } from "./family.ts";
+import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
+import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
+import {
+  LLAMA,
+  MIXTRAL_NAMING,
+  MLP_NAMING,
+  normaliseLlama,
+  normaliseMixtral,
+  normaliseQwen3Moe,
+} from "./llama.ts";
+
+/** Every attention family, by the name a stored config carries as `family`. */
+export const FAMILIES: Readonly<Record<string, Family>> = {
+  llama: LLAMA,
+  deepseek_v3: DEEPSEEK_V3,
+  kimi_linear: KIMI_LINEAR,
+  kimi_k3: KIMI_K3,
+};
+
+/** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
+export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
+  llama: {
+    family: LLAMA,
+    normalise: normaliseLlama,
+    naming: MLP_NAMING,
+    architectures: ["LlamaForCausalLM"],
+    llamaCppArch: "llama",
+  },
+  mixtral: {
+    family: LLAMA,
+    normalise: normaliseMixtral,
+    naming: MIXTRAL_NAMING,
+    architectures: ["MixtralForCausalLM"],
+    // llama.cpp runs Mixtral as its llama architecture with experts.
+    llamaCppArch: "llama",
+  },
+  qwen3_moe: {
+    family: LLAMA,
+    normalise: normaliseQwen3Moe,
+    naming: MLP_NAMING,
+    architectures: ["Qwen3MoeForCausalLM"],
+    llamaCppArch: "qwen3moe",
+  },
+  deepseek_v3: {
+    family: DEEPSEEK_V3,
+    normalise: normaliseDeepseekV3,
+    naming: MLP_NAMING,
+    architectures: ["DeepseekV3ForCausalLM"],
+  },
+  // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
+  kimi_k2: {
+    family: DEEPSEEK_V3,
+    normalise: normaliseDeepseekV3,
+    naming: MLP_NAMING,
+    architectures: [],
+  },
+  kimi_linear: {
+    family: KIMI_LINEAR,
+    normalise: normaliseKimiLinear,
+    // block_sparse_moe with w1/w3/w2 experts, as Mixtral names them.
+    naming: MIXTRAL_NAMING,
+    architectures: ["KimiLinearForCausalLM"],
+  },
+  // Kimi K3's config nests the language model under text_config (its model_type is kimi_linear
+  // there); the top-level kimi_k3 picks this entry, whose normaliser descends.
+  kimi_k3: {
+    family: KIMI_K3,
+    normalise: normaliseKimiK3,
+    naming: MIXTRAL_NAMING,
+    architectures: ["KimiK3ForConditionalGeneration"],
+    prefix: "language_model.model.",
+    lmHead: "language_model.lm_head.weight",
+  },
+};
+
+/** The family of a config; an error names the family and the known ones. */
+export function familyOf(cfg: Pick<ModelConfig, "family" | "modelType">): Family {
+  const f = Object.hasOwn(FAMILIES, cfg.family) ? FAMILIES[cfg.family] : undefined;
+  if (!f) {
+    throw new Error(
+      `${cfg.modelType}: unknown model family ${cfg.family} (known: ${
+        Object.keys(FAMILIES).join(", ")
+      })`,
+    );
+  }
+  return f;
+}
+
+/** The registry entry of a config's model_type; an error names it and the known ones. */
+export function modelTypeOf(cfg: Pick<ModelConfig, "modelType">): ModelType {
+  const t = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : undefined;
+  if (!t) {
+    throw new Error(
+      `no tensor naming for model_type ${cfg.modelType} (known: ${
+        Object.keys(MODEL_TYPES).join(", ")
+      })`,
+    );
+  }
+  return t;
+}
 
 /** The attention of `cfg.family`, with its KV cache allocated in `arena`. */
 export function createAttention(
@@ -20,15 +122,5 @@ export function createAttention(
   maxBatch: number,
   maxCtx: number,
 ): Attention {
-  switch (cfg.family) {
-    case "llama":
-      return new GqaAttention(ops, arena, cfg, maxBatch, maxCtx);
-    case "deepseek_v3":
-      return new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
-    case "kimi_linear":
-    case "kimi_k3":
-      // K3's attention is Kimi-Linear's (KDA + NoPE MLA) with its bounded decay, full-rank gate
-      // and MLA output gate switched on by the config.
-      return new KimiLinearAttention(ops, arena, cfg, maxBatch, maxCtx);
-  }
+  return familyOf(cfg).createAttention(ops, arena, cfg, maxBatch, maxCtx);
 }

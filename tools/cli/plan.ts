@@ -8,6 +8,8 @@ import { parseArgs } from "node:util";
 import { openContainer } from "../../engine/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
+import { kdaLayerStateBytes } from "../../engine/kda.ts";
+import { isKdaLayer } from "../../io/model_config.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
@@ -51,9 +53,7 @@ export function planCommand(args: string[]): Promise<number> {
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
 floor          ${formatBytes(plan.floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
     formatBytes(plan.kvBytes)
-  } at ctx ${ctx}${
-    plan.recurrentBytes ? `, recurrent state ${formatBytes(plan.recurrentBytes)}` : ""
-  }, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
+  } at ctx ${ctx}, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
     Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)
   } expert records)
 working set    ${formatBytes(plan.workingSetBytes)} per token
@@ -67,12 +67,20 @@ expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })
 arena          ${formatBytes(plan.arenaBytes)}`);
-  for (const r of plan.recurrentPerLayer) {
-    console.log(
-      `kda layer ${String(r.layer).padEnd(4)} state ${formatBytes(r.state)} + conv window ${
-        formatBytes(r.conv)
-      }  (fixed, any context)`,
-    );
+  if (cfg.kda) {
+    // Hybrid models: what each layer keeps between tokens.
+    const { state, conv } = kdaLayerStateBytes(cfg.kda);
+    for (let l = 0; l < L; l++) {
+      console.log(
+        isKdaLayer(cfg, l)
+          ? `layer ${String(l).padEnd(4)} KDA  recurrent state ${
+            formatBytes(state)
+          } + conv window ${formatBytes(conv)} (any context)`
+          : `layer ${String(l).padEnd(4)} MLA  latent cache ${
+            formatBytes(plan.layerStateBytes[l])
+          } at ctx ${ctx}`,
+      );
+    }
   }
   return Promise.resolve(0);
 }

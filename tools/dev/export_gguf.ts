@@ -12,6 +12,7 @@
  * @module
  */
 
+import { MODEL_TYPES } from "../../engine/models/mod.ts";
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
@@ -214,11 +215,11 @@ function archOf(cfg: ModelConfig, src: string): "llama" | "qwen3moe" {
   const fail = (why: string): never => {
     throw new Error(`${src}: cannot export model_type ${cfg.modelType} to GGUF: ${why}`);
   };
-  const arch = { llama: "llama", mixtral: "llama", qwen3_moe: "qwen3moe" }[cfg.modelType] as
-    | "llama"
-    | "qwen3moe"
-    | undefined;
-  if (!arch) fail("supported model_types are llama, mixtral and qwen3_moe");
+  const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
+  const arch = known?.llamaCppArch;
+  if (arch !== "llama" && arch !== "qwen3moe") {
+    return fail("supported model_types are llama, mixtral and qwen3_moe");
+  }
   if (cfg.family !== "llama" || cfg.mla) fail("only GQA attention is supported");
   if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear") {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);

@@ -19,6 +19,7 @@ import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "./dram.ts";
+import { kdaBenchInputs, type KdaRow, timeKdaKernels } from "./kda.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -86,6 +87,8 @@ export interface KernelBenchReport {
   /** True when a GEMV streamed faster than the DRAM read: the ceiling was measured under load. */
   dram_suspect: boolean;
   gemv: GemvRow[];
+  /** KDA's decode recurrence and short conv at Kimi-Linear-48B's shape (tools/dev/bench/kda.ts). */
+  kda: KdaRow[];
   f32_gemv_gbps: number;
   bf16_gemv_gbps: number;
   f32_gweights_per_s: number;
@@ -202,6 +205,7 @@ export const WEIGHT_FORMATS: WeightFormat[] = [
 export const TARGETS = {
   bf16_over_dram: 0.65,
   f32_over_dram: 0.85,
+  kda_state_over_dram: 0.7,
   dispatch_median_us: 5,
   odirect_over_dd: 0.9,
 };
@@ -492,6 +496,8 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   fillWeights(arena, regionOff, sizes.region);
   fillFloats(arena, Number(scratch.x), maxCols);
   fillFloats(arena, Number(scratch.codebooks), 3 * 8 * 256);
+  const kdaInputs = kdaBenchInputs(arena);
+  const kda: KdaRow[] = [];
 
   const module = await loadKernelModule();
   const gemv: GemvRow[] = [];
@@ -540,6 +546,21 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
           );
         }
       }
+      const k = timeKdaKernels(
+        arena,
+        pool,
+        { off: regionOff, bytes: sizes.region },
+        kdaInputs,
+        sizes.passes,
+      );
+      for (const row of [k.recurrence, k.conv]) {
+        const have = kda.find((r) => r.kernel === row.kernel);
+        if (have) have.by_threads.push(...row.by_threads);
+        else kda.push(row);
+        log(`${row.kernel} ${t} thread(s): ${row.by_threads[0].gbps.toFixed(2)} GB/s of state`);
+      }
+      // The KDA bench wrote floats over the weights: put the GEMV filler back for the next pool.
+      fillWeights(arena, regionOff, sizes.region);
       if (t === maxThreads) {
         dispatch = timeDispatch(pool, BigInt(regionOff), scratch, sizes.dispatchSamples);
         log(`dispatch ${t} thread(s): median ${dispatch.median.toFixed(2)} µs`);
@@ -594,6 +615,14 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   const ratios = [
     check("bf16 GEMV / DRAM", bf16Gbps / dramGbps, TARGETS.bf16_over_dram, ">="),
     check("f32 GEMV / DRAM", f32Gbps / dramGbps, TARGETS.f32_over_dram, ">="),
+    ...kda.map((row) =>
+      check(
+        `${row.kernel} state / DRAM`,
+        row.by_threads[row.by_threads.length - 1].gbps / dramGbps,
+        TARGETS.kda_state_over_dram,
+        ">=",
+      )
+    ),
     check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
     check(
       "O_DIRECT / dd",
@@ -614,6 +643,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     dram_read_gbps: dramGbps,
     dram_suspect: dramSuspect,
     gemv,
+    kda,
     f32_gemv_gbps: f32Gbps,
     bf16_gemv_gbps: bf16Gbps,
     f32_gweights_per_s: bestAtMax(gemv, "f32", "gweights_per_s")!,
@@ -676,6 +706,18 @@ export function formatKernelReport(r: KernelBenchReport): string {
     );
   }
   out.push("", "\\* other processes kept ≥ 0.3 cores busy during the best pass.", "");
+  out.push(
+    `| KDA kernel | one call | cold set | ${th.map((t) => `${t} thr state GB/s`).join(" | ")} |`,
+  );
+  out.push(`|---|---|---:|${th.map(() => "---:").join("|")}|`);
+  for (const k of r.kda) {
+    out.push(
+      `| \`${k.kernel}\` | ${k.shape} | ${k.layers} layers = ${
+        (k.bytes_per_pass / GiB).toFixed(2)
+      } GiB | ${k.by_threads.map((p) => fmt2(p.gbps)).join(" | ")} |`,
+    );
+  }
+  out.push("");
   out.push(
     `Dispatch (${r.dispatch_threads} threads, ${r.dispatch_samples} samples): median ` +
       `${fmt2(r.dispatch_median_us)} µs, p99 ${fmt2(r.dispatch_p99_us)} µs; after the ` +
