@@ -11,7 +11,8 @@
  * session.close();
  * ```
  *
- * Run as a program, it is the command line: `deno run -A mod.ts generate|plan|inspect ...`.
+ * Run as a program, it is the command line: `deno run -A mod.ts <command>` (`--help` lists them:
+ * generate, plan, pack, inspect, split-banks).
  *
  * @module
  */

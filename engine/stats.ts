@@ -16,29 +16,63 @@ export interface Timings {
   generateMs: number;
 }
 
-/** Everything the stats block prints. */
-export interface RunStats extends Timings {
+/**
+ * Everything the stats block prints, and what `generate --json` writes as `stats`. Field names
+ * are snake_case, as llama.cpp's server reports its timings; times are milliseconds, sizes bytes,
+ * rates per second, and counts cover the last generate call (prompt and generated tokens).
+ */
+export interface RunStats {
+  /** Opening the container: plan, arena, workers, reads of the resident weights. */
+  load_ms: number;
+  /** Prompt tokens run (prefill). */
+  prompt_tokens: number;
+  /** Time of the prefill. */
+  prompt_ms: number;
+  /** Tokens generated after the prompt. */
+  generated_tokens: number;
+  /** Time of the generated tokens (decode), sampling included. */
+  generate_ms: number;
+  /** prompt_tokens per second of prompt_ms. */
   prompt_tok_s: number;
+  /** generated_tokens per second of generate_ms. */
   generate_tok_s: number;
+  /** Expert uses found in the cache (prefetched records included). */
   expert_hits: number;
+  /** Expert uses that had to wait for a read. */
   expert_misses: number;
+  /** expert_hits / (hits + misses); 1 when no expert was used. */
   expert_hit_rate: number;
+  /** Records the lookahead read speculatively. */
   speculative_reads: number;
+  /** Speculatively read records that were then used. */
   speculative_used: number;
+  /** Share of routed experts the lookahead had predicted; null when it was off or idle. */
   lookahead_recall: number | null;
   /** Bytes read after the model was open (load bytes excluded). */
   bytes_read: number;
+  /** Bytes read while opening (globals, pinned layers, warmed experts). */
   load_bytes: number;
+  /** bytes_read per prompt or generated token. */
   bytes_read_per_token: number;
+  /** Time the forward pass waited for trunk layers and expert records. */
   io_wait_ms: number;
+  /** prompt_ms + generate_ms − io_wait_ms. */
   compute_ms: number;
+  /** Fraction of layer visits served by pinned trunk layers. */
   trunk_hit_rate: number;
+  /** Trunk layers pinned in the arena. */
   trunk_pinned: number;
+  /** Layers of the model. */
   trunk_layers: number;
+  /** The memory plan's budget. */
   budget_bytes: number;
+  /** Size of the arena (one shared wasm memory). */
   arena_bytes: number;
+  /** Peak resident set size of the process (VmHWM). */
   peak_rss_bytes: number;
+  /** Compute threads, the main thread included. */
   threads: number;
+  /** The reader: direct (O_DIRECT shim), buffered or fallback. */
   reader: string;
 }
 
@@ -62,7 +96,11 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
   const ioWait = (store?.waitMs ?? 0) + model.trunk.stats.waitMs;
   const tokens = t.promptTokens + t.generatedTokens;
   return {
-    ...t,
+    load_ms: t.loadMs,
+    prompt_tokens: t.promptTokens,
+    prompt_ms: t.promptMs,
+    generated_tokens: t.generatedTokens,
+    generate_ms: t.generateMs,
     prompt_tok_s: t.promptMs > 0 ? (t.promptTokens * 1000) / t.promptMs : 0,
     generate_tok_s: t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0,
     expert_hits: hits,
@@ -91,9 +129,9 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
 export function formatStats(s: RunStats): string {
   const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
   const lines = [
-    `load          ${(s.loadMs / 1000).toFixed(2)} s`,
-    `prompt        ${s.promptTokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
-    `generated     ${s.generatedTokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
+    `load          ${(s.load_ms / 1000).toFixed(2)} s`,
+    `prompt        ${s.prompt_tokens} tokens, ${s.prompt_tok_s.toFixed(2)} tok/s`,
+    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
     })`,

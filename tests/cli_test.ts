@@ -157,6 +157,63 @@ Deno.test({
       "1,256",
     );
     assert.equal(bad.code, 1);
-    assert.match(bad.stderr, /--prompt-ids: "256" is not a token id in 0\.\.255/);
+    assert.match(bad.stderr, /--prompt-ids: token id 256 is outside the vocabulary of 256/);
   },
+});
+
+Deno.test("llama.cpp spellings and --prompt-ids give the known answer too", async () => {
+  const known = JSON.parse(readFileSync(`${fixtureDir("stories260k")}/reference.json`, "utf8"));
+  const model = await packedFixture("stories260k");
+  const n = String(known.generated_ids.length);
+  const short = await sluice(
+    "generate",
+    "-m",
+    model,
+    "-p",
+    known.prompt,
+    "--n-predict",
+    n,
+    "--temp",
+    "0",
+    "-t",
+    "1",
+    "--ctx-size",
+    "256",
+    "--json",
+  );
+  assert.equal(short.code, 0, short.stderr);
+  assert.deepEqual(JSON.parse(short.stdout).generated_ids, known.generated_ids);
+  const ids = await sluice(
+    "generate",
+    "-m",
+    model,
+    "--prompt-ids",
+    known.prompt_ids.join(","),
+    "-n",
+    n,
+    "-c",
+    "256",
+    "--json",
+  );
+  assert.equal(ids.code, 0, ids.stderr);
+  const out = JSON.parse(ids.stdout);
+  assert.deepEqual(out.prompt_ids, known.prompt_ids);
+  assert.deepEqual(out.generated_ids, known.generated_ids);
+  const bad = await sluice("generate", "-m", model, "--prompt-ids", "1,99999", "-n", "1");
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /--prompt-ids: token id 99999 is outside the vocabulary of 512/);
+});
+
+Deno.test("mod.ts --help lists every command, and each runs through the one dispatcher", async () => {
+  const r = await sluice("--help");
+  assert.equal(r.code, 0);
+  for (const cmd of ["generate", "plan", "pack", "inspect", "split-banks"]) {
+    assert.match(r.stdout, new RegExp(`^  ${cmd} `, "m"), `--help lacks ${cmd}`);
+    const help = await sluice(cmd, "--help");
+    assert.equal(help.code, 0, `${cmd} --help: ${help.stderr}`);
+    assert.ok(help.stdout.includes(cmd), `${cmd} --help does not name the command`);
+  }
+  const inspect = await sluice("inspect", await packedFixture("stories260k"));
+  assert.equal(inspect.code, 0, inspect.stderr);
+  assert.match(inspect.stdout, /architecture\s+llama \(model_type llama\)/);
 });

@@ -1,4 +1,4 @@
-// KDA's kernels (kernels/kda.c) against the float64 references of wasm/reference.ts at awkward
+// KDA's kernels (kernels/kda.c) against the float64 references of tests/scalar_kernels.ts at awkward
 // sizes, plus the invariants the engine relies on: head splits and token splits of a call never
 // change a bit.
 import assert from "node:assert/strict";
@@ -11,7 +11,7 @@ import {
   loadKernelModule,
   type Ptr,
 } from "../wasm/mod.ts";
-import { kdaRecurrentRef, type KdaShape, shortConvRef } from "../wasm/reference.ts";
+import { kdaRecurrentRef, type KdaShape, shortConvRef } from "./scalar_kernels.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);

@@ -1,4 +1,4 @@
-// Compute kernels (wasm/kernels.wasm) against the scalar references of wasm/reference.ts, plus
+// Compute kernels (wasm/kernels.wasm) against the scalar references of tests/scalar_kernels.ts, plus
 // the invariants the engine relies on: row splits and batching never change a result's bits.
 import assert from "node:assert/strict";
 import {
@@ -14,6 +14,7 @@ import {
   argmaxRef,
   attentionRef,
   type AttentionShape,
+  attnResRef,
   axpyRef,
   bf16ToF32,
   expRef,
@@ -27,12 +28,11 @@ import {
   scaleRef,
   sigmoidRef,
   siluMulRef,
+  situMulRef,
   softmaxRef,
   topkRef,
   type Weights,
-} from "../wasm/reference.ts";
-
-import { attnResRef, situMulRef } from "../wasm/reference_kimi_k3.ts";
+} from "./scalar_kernels.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);

@@ -8,7 +8,7 @@ import { Pool } from "../engine/pool.ts";
 import { chunkRows } from "../engine/pool_protocol.ts";
 import { openReader } from "../io/reader.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
-import { gemvRef } from "../wasm/reference.ts";
+import { gemvRef } from "./scalar_kernels.ts";
 
 Deno.test("arena hands out aligned, disjoint regions and refuses to overflow", () => {
   const arena = new Arena(4 << 20);

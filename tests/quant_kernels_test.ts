@@ -1,5 +1,5 @@
 /**
- * The compact-weight kernels against their scalar references (wasm/reference_quant.ts) at awkward
+ * The compact-weight kernels against their scalar references (tests/scalar_quant_kernels.ts) at awkward
  * sizes, and row-split bit-identity: a row's bits never depend on the [r0, r1) range.
  */
 import assert from "node:assert/strict";
@@ -13,7 +13,7 @@ import {
   quantizeActQ8Ref,
   vq3rAbsRef,
   vq3rLutRef,
-} from "../wasm/reference_quant.ts";
+} from "./scalar_quant_kernels.ts";
 import { dequantizeMxfp4, mxfp4At, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
 import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";

@@ -1,14 +1,14 @@
 /**
- * `deno task inspect <x.sluice> [--json] [--verify]`: what a container holds: architecture,
+ * `mod.ts inspect <x.sluice> [--json] [--verify]` (also `deno task inspect`): what a container holds: architecture,
  * dense/MoE layers, total and active parameters, bytes read per token, the record layout of
  * each expert bank and the size of every file.
  *
  * @module
  */
 
+import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
 import { type TensorEntry, verifyContainer } from "../io/container.ts";
 import { openContainer } from "../engine/container.ts";
@@ -155,24 +155,30 @@ export function formatReport(r: InspectReport): string {
   return lines.join("\n");
 }
 
-function main(args: string[]): number {
-  const usage = "usage: deno task inspect <x.sluice> [--json] [--verify]";
+/** Runs the inspect command with command-line `args`; returns the exit code. */
+export function inspectCommand(args: string[]): Promise<number> {
+  const usage = "usage: deno run -A mod.ts inspect <x.sluice> [--json] [--verify]";
   try {
-    const { values, positionals } = parseArgs({
-      args,
-      allowPositionals: true,
-      options: { json: { type: "boolean" }, verify: { type: "boolean" } },
-    });
-    if (positionals.length !== 1) throw new Error(`expected one container path\n${usage}`);
-    const report = inspectContainer(positionals[0]);
-    if (values.verify) verifyContainer(openContainer(positionals[0]));
-    console.log(values.json ? JSON.stringify(report, null, 2) : formatReport(report));
-    if (values.verify && !values.json) console.log("verify        all CRCs match");
-    return 0;
+    const a = parseCommandArgs("inspect", args, {
+      json: { type: "boolean" },
+      verify: { type: "boolean" },
+      ...HELP_FLAG,
+    }, { positionals: true });
+    if (a.bool("help")) {
+      console.log(usage);
+      return Promise.resolve(0);
+    }
+    if (a.positionals.length !== 1) throw new Error(`expected one container path\n${usage}`);
+    const path = a.positionals[0];
+    const report = inspectContainer(path);
+    if (a.bool("verify")) verifyContainer(openContainer(path));
+    console.log(a.bool("json") ? JSON.stringify(report, null, 2) : formatReport(report));
+    if (a.bool("verify") && !a.bool("json")) console.log("verify        all CRCs match");
+    return Promise.resolve(0);
   } catch (e) {
     console.error(`inspect: ${(e as Error).message}`);
-    return 1;
+    return Promise.resolve(1);
   }
 }
 
-if (import.meta.main) Deno.exit(main(Deno.args));
+if (import.meta.main) Deno.exit(await inspectCommand(Deno.args));

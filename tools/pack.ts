@@ -1,13 +1,13 @@
 /**
- * `deno task pack <hf-dir> <out>.sluice [--convert f32|bf16] [--experts FORMAT] [--trunk int8]
- * [--force]`: packs a Hugging Face checkpoint into a sluice container (docs/FORMAT.md). Streams
+ * `mod.ts pack <hf-dir> <out>.sluice [--convert f32|bf16] [--experts FORMAT] [--trunk int8]
+ * [--force]` (also `deno task pack`): packs a Hugging Face checkpoint into a sluice container (docs/FORMAT.md). Streams
  * tensor by tensor with bounded buffers (an expert matrix at a time when quantising), trains the
  * VQ3R codebooks of each MoE layer when asked, writes into `<out>.tmp/` and renames it into place
  * at the end, and resumes an interrupted pack layer by layer from the journal kept in the
  * temporary directory.
  *
  * This file is the command line and the public face of the packer; the work is done in
- * tools/pack/: options.ts (what can be asked), plan.ts (what goes where), journal.ts (resuming),
+ * tools/pack/: options.ts (what can be asked), layout.ts (what goes where), journal.ts (resuming),
  * trunk_writer.ts, codebook_trainer.ts, bank_writer.ts, manifest_writer.ts (writing), and
  * pack_checkpoint.ts (the run that ties them together).
  *
@@ -16,7 +16,7 @@
 
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
+import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
 import { JOURNAL } from "./pack/journal.ts";
 import type { PackOptions } from "./pack/options.ts";
 import { packCheckpoint } from "./pack/pack_checkpoint.ts";
@@ -32,7 +32,7 @@ export {
 
 const USAGE = `sluice pack — turn a Hugging Face safetensors checkpoint into a .sluice container
 
-Usage: deno task pack <hf-dir> <out>.sluice [options]
+Usage: deno run -A mod.ts pack <hf-dir> <out>.sluice [options]   (or: deno task pack ...)
 
 Reads single-file or sharded checkpoints (F32, F16, BF16, FP8 E4M3 with 128×128 block scales,
 Kimi-style INT4) of model_type llama, mixtral, qwen3_moe, deepseek_v3 / kimi_k2. Writes into
@@ -51,54 +51,44 @@ Options:
 
 docs/FORMAT.md describes the container.`;
 
-async function main(args: string[]): Promise<number> {
-  let parsed;
+/** Runs the pack command with command-line `args`; returns the exit code. */
+export async function packCommand(args: string[]): Promise<number> {
+  let a;
   try {
-    parsed = parseArgs({
-      args,
-      allowPositionals: true,
-      options: {
-        convert: { type: "string" },
-        experts: { type: "string" },
-        trunk: { type: "string" },
-        "vq3r-sample": { type: "string" },
-        "vq3r-iterations": { type: "string" },
-        "vq3r-experts": { type: "string" },
-        force: { type: "boolean" },
-        help: { type: "boolean", short: "h" },
-      },
-    });
+    a = parseCommandArgs("pack", args, {
+      convert: { type: "string" },
+      experts: { type: "string" },
+      trunk: { type: "string" },
+      "vq3r-sample": { type: "string" },
+      "vq3r-iterations": { type: "string" },
+      "vq3r-experts": { type: "string" },
+      force: { type: "boolean" },
+      ...HELP_FLAG,
+    }, { positionals: true });
   } catch (e) {
     console.error(`pack: ${(e as Error).message}\n${USAGE}`);
     return 1;
   }
-  if (parsed.values.help) {
+  if (a.bool("help")) {
     console.log(USAGE);
     return 0;
   }
-  if (parsed.positionals.length !== 2) {
+  if (a.positionals.length !== 2) {
     console.error(`pack: expected a checkpoint directory and an output path\n${USAGE}`);
     return 1;
   }
-  const [src, out] = parsed.positionals;
+  const [src, out] = a.positionals;
   try {
-    const v = parsed.values;
-    const count = (s: string | undefined, flag: string): number | undefined => {
-      if (s === undefined) return undefined;
-      const n = Number(s);
-      if (!Number.isInteger(n) || n < 1) throw new Error(`--${flag} must be a positive integer`);
-      return n;
-    };
     await packCheckpoint(src, out, {
-      convert: v.convert as PackOptions["convert"],
-      experts: v.experts as PackOptions["experts"],
-      trunk: v.trunk as PackOptions["trunk"],
+      convert: a.str("convert") as PackOptions["convert"],
+      experts: a.str("experts") as PackOptions["experts"],
+      trunk: a.str("trunk") as PackOptions["trunk"],
       vq3r: {
-        sampleSize: count(v["vq3r-sample"], "vq3r-sample"),
-        iterations: count(v["vq3r-iterations"], "vq3r-iterations"),
-        trainExperts: count(v["vq3r-experts"], "vq3r-experts"),
+        sampleSize: a.int("vq3r-sample", 1),
+        iterations: a.int("vq3r-iterations", 1),
+        trainExperts: a.int("vq3r-experts", 1),
       },
-      force: v.force,
+      force: a.bool("force"),
     });
     return 0;
   } catch (e) {
@@ -111,4 +101,4 @@ async function main(args: string[]): Promise<number> {
   }
 }
 
-if (import.meta.main) Deno.exit(await main(Deno.args));
+if (import.meta.main) Deno.exit(await packCommand(Deno.args));

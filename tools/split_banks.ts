@@ -21,7 +21,7 @@ import {
   writeSync,
 } from "node:fs";
 import { join, resolve } from "node:path";
-import { parseArgs } from "node:util";
+import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "../engine/container.ts";
 import { Progress, type ProgressMode } from "./progress.ts";
@@ -231,28 +231,33 @@ export function splitBanks(
   return { layers: banks.length, records, bytes: total, files };
 }
 
+/** Runs the split-banks command with command-line `args`; returns the exit code. */
+export function splitBanksCommand(args: string[]): Promise<number> {
+  const usage =
+    "usage: deno run -A mod.ts split-banks <x.sluice> <dirA,dirB,...> [--progress auto|tty|lines|off]";
+  const a = parseCommandArgs("split-banks", args, {
+    progress: { type: "string" },
+    ...HELP_FLAG,
+  }, { positionals: true });
+  if (a.bool("help")) {
+    console.log(usage);
+    return Promise.resolve(0);
+  }
+  if (a.positionals.length !== 2) {
+    console.error(usage);
+    return Promise.resolve(2);
+  }
+  const progress = a.oneOf("progress", ["auto", "tty", "lines", "off"] as const) ?? "auto";
+  const dirs = a.positionals[1].split(",").filter((d) => d !== "");
+  splitBanks(a.positionals[0], dirs, { progress: progress as ProgressMode });
+  return Promise.resolve(0);
+}
+
 if (import.meta.main) {
-  const { values, positionals } = parseArgs({
-    args: Deno.args,
-    allowPositionals: true,
-    options: { progress: { type: "string", default: "auto" }, help: { type: "boolean" } },
-  });
-  if (values.help || positionals.length !== 2) {
-    console.error(
-      "usage: deno task split-banks <x.sluice> <dirA,dirB,...> [--progress auto|tty|lines|off]",
-    );
-    Deno.exit(values.help ? 0 : 2);
-  }
-  const modes = ["auto", "tty", "lines", "off"];
-  if (!modes.includes(values.progress!)) {
-    console.error(`split-banks: --progress must be one of ${modes.join(", ")}`);
-    Deno.exit(2);
-  }
   try {
-    const dirs = positionals[1].split(",").filter((d) => d !== "");
-    splitBanks(positionals[0], dirs, { progress: values.progress as ProgressMode });
+    Deno.exit(await splitBanksCommand(Deno.args));
   } catch (e) {
-    console.error((e as Error).message);
+    console.error(`split-banks: ${(e as Error).message}`);
     Deno.exit(1);
   }
 }

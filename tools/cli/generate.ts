@@ -4,11 +4,19 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { renderChat } from "../../engine/chat.ts";
 import type { RunOptions } from "../../engine/model.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
+import {
+  type Args,
+  BUDGET_FLAGS,
+  CTX_FLAG,
+  type Flags,
+  HELP_FLAG,
+  MODEL_FLAG,
+  parseCommandArgs,
+} from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
@@ -18,31 +26,32 @@ Usage:
   echo "Once upon a time" | deno run -A mod.ts generate --model X.sluice
 
 Input:
-  --model PATH          container made by 'deno task pack' (default: a small synthetic demo
+  -m, --model PATH      container made by 'mod.ts pack' (default: a small synthetic demo
                         model with random weights, made on first use; its text is gibberish)
-  --prompt TEXT         prompt text (else --prompt-file, else stdin)
-  --prompt-file FILE    read the prompt from a file
-  --prompt-ids 1,2,3    the prompt as token ids, used as they are (models whose tests give ids)
+  -p, --prompt TEXT     prompt text (else --prompt-file, else stdin)
+  -f, --prompt-file FILE  read the prompt from a file
+  --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
   --system TEXT         system message for --chat
 
 Sampling (greedy by default):
-  -n, --max-tokens N    new tokens to generate (default 256)
-  --temperature T       0 = greedy (default 0)
+  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
+  --temperature T       0 = greedy (default 0; also --temp)
   --top-k K  --top-p P  --min-p P  --repeat-penalty R
-  --seed S              same seed, same tokens
+  -s, --seed S          same seed, same tokens
   --ignore-eos          do not stop at end-of-sequence tokens
 
 Memory and I/O (none of these change the output):
 ${BUDGET_HELP}
-  --ctx N               context length the KV cache is sized for (default min(model, 4096))
-  --threads N           compute threads including the main thread (default: all cores)
+  -c, --ctx N           context length the KV cache is sized for (default min(model, 4096);
+                        also --ctx-size)
+  -t, --threads N       compute threads including the main thread (default: all cores)
   --cache lfru|lru      expert cache policy (default lfru)
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 4)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64)
+  --prefill-chunk N     prompt tokens per forward pass, ≤ 64 (default 64; also --batch-size)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check each expert record's CRC32 as it is read
@@ -58,130 +67,90 @@ Output:
   -h, --help            this text
 `;
 
-/** `1,2,3` → [1, 2, 3]; every entry must be a token id of the model's vocabulary. */
-export function parsePromptIds(s: string, vocabSize: number): number[] {
-  const parts = s.split(",").map((x) => x.trim()).filter((x) => x !== "");
-  if (parts.length === 0) throw new Error("--prompt-ids expects ids like 1,2,3, got nothing");
-  return parts.map((x) => {
-    const n = Number(x);
-    if (!/^\d+$/.test(x) || n >= vocabSize) {
-      throw new Error(`--prompt-ids: "${x}" is not a token id in 0..${vocabSize - 1}`);
-    }
-    return n;
-  });
-}
+/** The flags of `generate`, with llama.cpp's spellings as aliases. */
+const FLAGS: Flags = {
+  ...MODEL_FLAG,
+  prompt: { type: "string", short: "p" },
+  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
+  "prompt-ids": { type: "string" },
+  chat: { type: "boolean" },
+  system: { type: "string" },
+  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
+  temperature: { type: "string", aliases: ["temp"] },
+  "top-k": { type: "string" },
+  "top-p": { type: "string" },
+  "min-p": { type: "string" },
+  "repeat-penalty": { type: "string" },
+  seed: { type: "string", short: "s" },
+  "ignore-eos": { type: "boolean" },
+  ...BUDGET_FLAGS,
+  ...CTX_FLAG,
+  threads: { type: "string", short: "t" },
+  cache: { type: "string" },
+  "no-readahead": { type: "boolean" },
+  "readahead-depth": { type: "string" },
+  "ring-slots": { type: "string" },
+  "expert-slots": { type: "string" },
+  "prefill-chunk": { type: "string", aliases: ["batch-size"] },
+  shards: { type: "string" },
+  io: { type: "string" },
+  verify: { type: "boolean" },
+  lookahead: { type: "string" },
+  learn: { type: "boolean" },
+  "no-hot-list": { type: "boolean" },
+  trace: { type: "string" },
+  json: { type: "boolean" },
+  quiet: { type: "boolean" },
+  ...HELP_FLAG,
+};
 
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      prompt: { type: "string" },
-      "prompt-file": { type: "string" },
-      "prompt-ids": { type: "string" },
-      chat: { type: "boolean" },
-      system: { type: "string" },
-      "max-tokens": { type: "string", short: "n" },
-      temperature: { type: "string" },
-      "top-k": { type: "string" },
-      "top-p": { type: "string" },
-      "min-p": { type: "string" },
-      "repeat-penalty": { type: "string" },
-      seed: { type: "string" },
-      "ignore-eos": { type: "boolean" },
-      budget: { type: "string" },
-      preset: { type: "string" },
-      ctx: { type: "string" },
-      threads: { type: "string" },
-      cache: { type: "string" },
-      "no-readahead": { type: "boolean" },
-      "readahead-depth": { type: "string" },
-      "ring-slots": { type: "string" },
-      "expert-slots": { type: "string" },
-      "prefill-chunk": { type: "string" },
-      shards: { type: "string" },
-      io: { type: "string" },
-      verify: { type: "boolean" },
-      lookahead: { type: "string" },
-      learn: { type: "boolean" },
-      "no-hot-list": { type: "boolean" },
-      trace: { type: "string" },
-      json: { type: "boolean" },
-      quiet: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
-  });
-  if (v.help) {
+  const a = parseCommandArgs("generate", args, FLAGS);
+  if (a.bool("help")) {
     console.log(HELP);
     return 0;
   }
-  const int = (name: string, s: string | undefined) => {
-    if (s === undefined) return undefined;
-    const n = Number(s);
-    if (!Number.isInteger(n) || n < 0) {
-      throw new Error(`--${name} expects a whole number, got "${s}"`);
-    }
-    return n;
-  };
-  const num = (name: string, s: string | undefined) => {
-    if (s === undefined) return undefined;
-    const n = Number(s);
-    if (!Number.isFinite(n)) throw new Error(`--${name} expects a number, got "${s}"`);
-    return n;
-  };
-  const oneOf = <T extends string>(name: string, s: string | undefined, ok: T[]) => {
-    if (s === undefined) return undefined;
-    if (!ok.includes(s as T)) {
-      throw new Error(`--${name} expects one of ${ok.join(", ")}, got "${s}"`);
-    }
-    return s as T;
-  };
-  const shards = v.shards ?? Deno.env.get("SLUICE_SHARDS");
-  const run: RunOptions = {
-    budget: budgetFromArgs(v.budget, v.preset),
-    ctx: int("ctx", v.ctx),
-    threads: int("threads", v.threads),
-    cache: oneOf("cache", v.cache, ["lfru", "lru"]),
-    readaheadDepth: v["no-readahead"] ? 0 : int("readahead-depth", v["readahead-depth"]),
-    trunkReadahead: !v["no-readahead"],
-    ringSlots: int("ring-slots", v["ring-slots"]),
-    expertSlots: int("expert-slots", v["expert-slots"]),
-    prefillChunk: int("prefill-chunk", v["prefill-chunk"]),
-    shards: shards ? shards.split(",").filter((s) => s) : undefined,
-    io: oneOf("io", v.io, ["direct", "buffered", "fallback"]),
-    verify: v.verify,
-    lookahead: int("lookahead", v.lookahead),
-    learn: v.learn,
-    hotList: !v["no-hot-list"],
-    trace: v.trace,
-    quiet: v.quiet || v.json,
-  };
+  const run = runOptionsFromArgs(a);
+  const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.
   const chomp = (text: string) => text.replace(/\r?\n$/, "");
-  let prompt = v.prompt;
-  if (prompt === undefined && v["prompt-file"]) {
-    prompt = chomp(await Deno.readTextFile(v["prompt-file"]));
+  const promptIds = a.list("prompt-ids")?.map((s) => {
+    const n = Number(s);
+    if (!Number.isSafeInteger(n) || n < 0) {
+      throw new Error(`--prompt-ids expects token ids separated by commas, got "${s}"`);
+    }
+    return n;
+  });
+  let prompt = a.str("prompt");
+  if (promptIds && (prompt !== undefined || a.str("prompt-file") || a.bool("chat"))) {
+    throw new Error(
+      "give --prompt-ids or a text prompt (--prompt, --prompt-file, --chat), not both",
+    );
   }
-  if (prompt === undefined && v["prompt-ids"] === undefined && !Deno.stdin.isTerminal()) {
+  const promptFile = a.str("prompt-file");
+  if (prompt === undefined && promptFile) prompt = chomp(await Deno.readTextFile(promptFile));
+  if (prompt === undefined && !promptIds && !Deno.stdin.isTerminal()) {
     prompt = chomp(await new Response(Deno.stdin.readable).text());
   }
   if (prompt === undefined) prompt = "";
-  const modelPath = v.model ??
-    await (await import("../demo_model.ts")).demoModelPath(Boolean(v.quiet || v.json));
+  const modelPath = a.str("model") ??
+    await (await import("../demo_model.ts")).demoModelPath(quiet);
 
   const session = await Session.open(modelPath, run);
   try {
     let ids: number[];
-    if (v["prompt-ids"] !== undefined) {
-      if (v.chat || v.prompt !== undefined || v["prompt-file"]) {
-        throw new Error("--prompt-ids replaces --prompt, --prompt-file and --chat");
+    if (promptIds) {
+      const vocab = session.model.cfg.vocabSize;
+      const bad = promptIds.find((id) => id >= vocab);
+      if (bad !== undefined) {
+        throw new Error(`--prompt-ids: token id ${bad} is outside the vocabulary of ${vocab}`);
       }
-      ids = parsePromptIds(v["prompt-ids"], session.model.cfg.vocabSize);
-    } else if (v.chat) {
+      ids = promptIds;
+    } else if (a.bool("chat")) {
+      const system = a.str("system");
       const messages = [
-        ...(v.system ? [{ role: "system", content: v.system }] : []),
+        ...(system ? [{ role: "system", content: system }] : []),
         { role: "user", content: prompt },
       ];
       const text = renderChat(session.model.container.dir, messages, { addGenerationPrompt: true });
@@ -192,31 +161,56 @@ export async function generateCommand(args: string[]): Promise<number> {
     const generated: number[] = [];
     let text = "";
     const enc = new TextEncoder();
+    const json = a.bool("json");
     for await (
       const tok of session.generate(ids, {
-        maxTokens: int("max-tokens", v["max-tokens"]),
-        temperature: num("temperature", v.temperature),
-        topK: int("top-k", v["top-k"]),
-        topP: num("top-p", v["top-p"]),
-        minP: num("min-p", v["min-p"]),
-        repetitionPenalty: num("repeat-penalty", v["repeat-penalty"]),
-        seed: int("seed", v.seed),
-        ignoreEos: v["ignore-eos"],
+        maxTokens: a.int("max-tokens"),
+        temperature: a.num("temperature"),
+        topK: a.int("top-k"),
+        topP: a.num("top-p"),
+        minP: a.num("min-p"),
+        repetitionPenalty: a.num("repeat-penalty"),
+        seed: a.int("seed"),
+        ignoreEos: a.bool("ignore-eos"),
       })
     ) {
       generated.push(tok.id);
       text += tok.text;
-      if (!v.json) await Deno.stdout.write(enc.encode(tok.text));
+      if (!json) await Deno.stdout.write(enc.encode(tok.text));
     }
     const stats = session.stats();
-    if (v.json) {
+    if (json) {
       console.log(JSON.stringify({ prompt_ids: ids, generated_ids: generated, text, stats }));
     } else {
       await Deno.stdout.write(enc.encode("\n"));
-      if (!v.quiet) console.error(`\n${formatStats(stats)}`);
+      if (!a.bool("quiet")) console.error(`\n${formatStats(stats)}`);
     }
   } finally {
     session.close();
   }
   return 0;
+}
+
+/** The run options of the memory and I/O flags (`generate`, and later `chat` and `serve`). */
+export function runOptionsFromArgs(a: Args): RunOptions {
+  const shards = a.str("shards") ?? Deno.env.get("SLUICE_SHARDS");
+  return {
+    budget: budgetFromArgs(a.str("budget"), a.str("preset")),
+    ctx: a.int("ctx"),
+    threads: a.int("threads"),
+    cache: a.oneOf("cache", ["lfru", "lru"]),
+    readaheadDepth: a.bool("no-readahead") ? 0 : a.int("readahead-depth"),
+    trunkReadahead: !a.bool("no-readahead"),
+    ringSlots: a.int("ring-slots"),
+    expertSlots: a.int("expert-slots"),
+    prefillChunk: a.int("prefill-chunk"),
+    shards: shards ? shards.split(",").filter((s) => s) : undefined,
+    io: a.oneOf("io", ["direct", "buffered", "fallback"]),
+    verify: a.bool("verify"),
+    lookahead: a.int("lookahead"),
+    learn: a.bool("learn"),
+    hotList: !a.bool("no-hot-list"),
+    trace: a.str("trace"),
+    quiet: a.bool("quiet") || a.bool("json"),
+  };
 }

@@ -4,48 +4,48 @@
  *
  * @module
  */
-import { parseArgs } from "node:util";
 import { openContainer } from "../../engine/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
-import { kdaLayerStateBytes } from "../../engine/kda.ts";
-import { isKdaLayer } from "../../io/model_config.ts";
+import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
 
 const HELP = `sluice plan — the memory plan of a container
 
-Usage: deno run -A mod.ts plan --model X.sluice [--budget 6G | --preset auto] [--ctx 4096] [--json]
+Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [--json]
 
 ${BUDGET_HELP}
-  --ctx N         context length for the KV cache (default min(model, 4096))
+  -m, --model PATH  the container
+  -c, --ctx N     context length for the KV cache (default min(model, 4096); also --ctx-size)
   --json          print the plan as JSON
 `;
 
 /** Runs the plan command; returns the exit code. */
 export function planCommand(args: string[]): Promise<number> {
-  const { values: v } = parseArgs({
-    args,
-    options: {
-      model: { type: "string" },
-      budget: { type: "string" },
-      preset: { type: "string" },
-      ctx: { type: "string" },
-      json: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
+  const a = parseCommandArgs("plan", args, {
+    ...MODEL_FLAG,
+    ...BUDGET_FLAGS,
+    ...CTX_FLAG,
+    json: { type: "boolean" },
+    ...HELP_FLAG,
   });
-  if (v.help || !v.model) {
+  const model = a.str("model");
+  if (a.bool("help") || !model) {
     console.log(HELP);
-    return Promise.resolve(v.help ? 0 : 2);
+    return Promise.resolve(a.bool("help") ? 0 : 2);
   }
-  const c = openContainer(v.model);
+  const c = openContainer(model);
   const cfg = c.config;
-  const ctx = Math.min(v.ctx ? Number(v.ctx) : 4096, cfg.maxPositions);
+  const ctx = Math.min(a.int("ctx") ?? 4096, cfg.maxPositions);
   const input = planInput(c);
 
-  const plan = planMemory(input, { budget: budgetFromArgs(v.budget, v.preset), ctx, maxBatch: 64 });
+  const plan = planMemory(input, {
+    budget: budgetFromArgs(a.str("budget"), a.str("preset")),
+    ctx,
+    maxBatch: 64,
+  });
   const recommended = Math.min(plan.wholeModelBytes, Math.floor(usableMemory() * 0.75));
-  if (v.json) {
+  if (a.bool("json")) {
     console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
     return Promise.resolve(0);
   }
@@ -67,20 +67,5 @@ expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })
 arena          ${formatBytes(plan.arenaBytes)}`);
-  if (cfg.kda) {
-    // Hybrid models: what each layer keeps between tokens.
-    const { state, conv } = kdaLayerStateBytes(cfg.kda);
-    for (let l = 0; l < L; l++) {
-      console.log(
-        isKdaLayer(cfg, l)
-          ? `layer ${String(l).padEnd(4)} KDA  recurrent state ${
-            formatBytes(state)
-          } + conv window ${formatBytes(conv)} (any context)`
-          : `layer ${String(l).padEnd(4)} MLA  latent cache ${
-            formatBytes(plan.layerStateBytes[l])
-          } at ctx ${ctx}`,
-      );
-    }
-  }
   return Promise.resolve(0);
 }

@@ -1,6 +1,6 @@
 /**
  * Writes the expert bank file of one MoE layer: one fixed-stride record per expert, a header
- * (placement and payload CRC of each matrix) followed by the matrices in the planned dtype —
+ * (placement and payload CRC of each matrix) followed by the matrices in the dtype the layout chose —
  * streamed, re-encoded or, for Kimi's packed INT4 and K3's MXFP4, copied as shipped.
  *
  * @module
@@ -20,7 +20,7 @@ import {
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
-import type { BankPlan } from "./plan.ts";
+import type { BankLayout } from "./layout.ts";
 import {
   INT4_PACKED,
   MXFP4_PACKED,
@@ -77,7 +77,7 @@ function writeExpertMatrix(
 export function writeBank(
   ckpt: Checkpoint,
   l: number,
-  bank: BankPlan,
+  bank: BankLayout,
   path: string,
   progress: Progress,
   chunk: number,

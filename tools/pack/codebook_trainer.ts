@@ -1,6 +1,6 @@
 /**
  * Trains the VQ3R codebooks of a MoE layer's vq3r matrix kinds (engine/quant/vq3r.ts) and writes
- * them into codebooks.bin at their planned offsets.
+ * them into codebooks.bin at their offsets in the layout.
  *
  * @module
  */
@@ -11,18 +11,18 @@ import { trainVq3r, vq3rKernelCodebooks } from "../../engine/quant/vq3r.ts";
 import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Vq3rPackOptions } from "./options.ts";
-import type { BankPlan } from "./plan.ts";
+import type { BankLayout } from "./layout.ts";
 import { readMatrixF32 } from "./source.ts";
 
 /**
  * Trains the VQ3R codebooks of each vq3r matrix kind of one MoE layer on evenly spaced experts,
- * writes them (kernel layout) into codebooks.bin at their planned offsets, and returns the
+ * writes them (kernel layout) into codebooks.bin at their offsets in the layout, and returns the
  * training layout for encoding plus the CRC of each written set.
  */
 export function trainBankCodebooks(
   ckpt: Checkpoint,
   l: number,
-  bank: BankPlan,
+  bank: BankLayout,
   fd: number,
   opts: Vq3rPackOptions,
   log: (line: string) => void,

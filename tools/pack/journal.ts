@@ -24,7 +24,7 @@ import { crc32 } from "../../io/crc32.ts";
 import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import { writeJson } from "../../io/json_file.ts";
-import type { BankPlan, Plan } from "./plan.ts";
+import type { BankLayout, PackLayout } from "./layout.ts";
 import { CONFIG_FILES } from "./side_files.ts";
 
 /** The journal's file name inside the temporary output directory. */
@@ -135,7 +135,7 @@ export function openJournal(tmp: string, key: JournalKey, log: (line: string) =>
  */
 export function dropDamagedWork(
   journal: Journal,
-  plan: Plan,
+  layout: PackLayout,
   tmp: string,
   trunkFd: number,
   booksFd: number,
@@ -144,7 +144,7 @@ export function dropDamagedWork(
   if (journal.globals && !regionIntact(trunkFd, journal.globals, chunk)) journal.globals = null;
   for (const [k, r] of Object.entries(journal.layers)) {
     const l = Number(k);
-    const bank = plan.banks[l];
+    const bank = layout.banks[l];
     const bankOk = !bank ||
       (existsSync(join(tmp, expertBankFile(l))) &&
         statSync(join(tmp, expertBankFile(l))).size === bank.stride * bank.experts.length);
@@ -170,7 +170,7 @@ function regionIntact(fd: number, r: Region, chunk: number): boolean {
 /** Whether a journaled layer's codebooks are still in codebooks.bin with their CRCs. */
 function codebooksIntact(
   fd: number,
-  bank: BankPlan,
+  bank: BankLayout,
   crcs: Partial<Record<ExpertMatrix, number>> | undefined,
 ): boolean {
   for (const m of EXPERT_MATRICES) {

@@ -1,5 +1,5 @@
 /**
- * Builds the container's `manifest.json` from the plan and the journal: the config, the source
+ * Builds the container's `manifest.json` from the layout and the journal: the config, the source
  * fingerprint, every trunk region and tensor entry, each expert bank with its codebook references,
  * and the pack settings.
  *
@@ -29,31 +29,31 @@ import {
 } from "../../io/manifest_schema.ts";
 import { VQ3R_CODEBOOK_BYTES } from "../../io/format.ts";
 import type { Journal } from "./journal.ts";
-import type { Plan } from "./plan.ts";
+import type { PackLayout } from "./layout.ts";
 
 function readOptionalJson(path: string): unknown {
   return existsSync(path) ? JSON.parse(readFileSync(path, "utf-8")) : undefined;
 }
 
 /**
- * The manifest of a finished pack of `src`: layout from `plan`, region and codebook CRCs from
+ * The manifest of a finished pack of `src`: layout from `layout`, region and codebook CRCs from
  * the completed `journal`, `fp` the source fingerprint; `tokenizer.files` is left empty.
  */
 export function buildManifest(
   src: string,
   cfg: ModelConfig,
-  plan: Plan,
+  layout: PackLayout,
   journal: Journal,
   fp: string,
   settings: PackSettings,
 ): Manifest {
   const globals: Partial<Record<GlobalTensor, TensorEntry>> = {};
-  for (const [g, p] of plan.globals.items) globals[g] = p.entry;
-  const layers: LayerRun[] = plan.layers.map((lp, l) => ({
+  for (const [g, p] of layout.globals.items) globals[g] = p.entry;
+  const layers: LayerRun[] = layout.layers.map((lp, l) => ({
     ...journal.layers[l],
     tensors: Object.fromEntries([...lp.items].map(([t, p]) => [t, p.entry])),
   }));
-  const experts: (ExpertBank | null)[] = plan.banks.map((b, l) => {
+  const experts: (ExpertBank | null)[] = layout.banks.map((b, l) => {
     if (!b) return null;
     const bank: ExpertBank = {
       layer: l,
@@ -84,13 +84,13 @@ export function buildManifest(
     },
     trunk: {
       file: TRUNK_FILE,
-      bytes: plan.trunkBytes,
+      bytes: layout.trunkBytes,
       globals: { region: journal.globals!, tensors: globals },
       layers,
     },
     experts,
-    ...(plan.codebooksBytes > 0
-      ? { codebooks: { file: CODEBOOKS_FILE, bytes: plan.codebooksBytes } }
+    ...(layout.codebooksBytes > 0
+      ? { codebooks: { file: CODEBOOKS_FILE, bytes: layout.codebooksBytes } }
       : {}),
     pack: settings,
     tokenizer: { files: [] },

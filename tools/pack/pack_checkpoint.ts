@@ -1,5 +1,5 @@
 /**
- * Runs a pack from start to finish: plans the layout, opens (or resumes) the journal in
+ * Runs a pack from start to finish: computes the layout, opens (or resumes) the journal in
  * `<out>.tmp/`, writes the globals and then layer by layer the trunk run, the VQ3R codebooks and
  * the expert bank, journaling each finished layer, and finally writes the manifest, copies the
  * tokenizer and config files and renames the directory into place.
@@ -34,7 +34,7 @@ import { writeJson } from "../../io/json_file.ts";
 import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { planLayout, reportFallbacks } from "./plan.ts";
+import { computeLayout, reportFallbacks } from "./layout.ts";
 import { copySideFiles } from "./side_files.ts";
 import { writeRegion } from "./trunk_writer.ts";
 
@@ -55,8 +55,8 @@ export async function packCheckpoint(
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   try {
-    const plan = planLayout(cfg, ckpt, opts);
-    reportFallbacks(plan, log);
+    const layout = computeLayout(cfg, ckpt, opts);
+    reportFallbacks(layout, log);
     const fp = await fingerprint(src, ckpt);
     const tmp = out + ".tmp";
     const journal = openJournal(
@@ -68,38 +68,39 @@ export async function packCheckpoint(
     if (!existsSync(trunkPath)) writeFileSync(trunkPath, new Uint8Array(0));
     const fd = openSync(trunkPath, "r+");
     const booksPath = join(tmp, CODEBOOKS_FILE);
-    if (plan.codebooksBytes > 0 && !existsSync(booksPath)) {
+    if (layout.codebooksBytes > 0 && !existsSync(booksPath)) {
       writeFileSync(booksPath, new Uint8Array(0));
     }
-    const booksFd = plan.codebooksBytes > 0 ? openSync(booksPath, "r+") : -1;
+    const booksFd = layout.codebooksBytes > 0 ? openSync(booksPath, "r+") : -1;
     const bookCount = {
       done: 0,
-      total: plan.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
+      total: layout.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
     const resumed: number[] = [];
     const packed: number[] = [];
     try {
-      ftruncateSync(fd, plan.trunkBytes);
-      if (booksFd >= 0) ftruncateSync(booksFd, plan.codebooksBytes);
-      dropDamagedWork(journal, plan, tmp, fd, booksFd, chunk);
+      ftruncateSync(fd, layout.trunkBytes);
+      if (booksFd >= 0) ftruncateSync(booksFd, layout.codebooksBytes);
+      dropDamagedWork(journal, layout, tmp, fd, booksFd, chunk);
       const bytesOf = (l: number) =>
-        plan.layers[l].bytes +
-        (plan.banks[l] ? plan.banks[l]!.stride * plan.banks[l]!.experts.length : 0);
-      const total = plan.globals.region.bytes + plan.layers.reduce((n, _, l) => n + bytesOf(l), 0);
+        layout.layers[l].bytes +
+        (layout.banks[l] ? layout.banks[l]!.stride * layout.banks[l]!.experts.length : 0);
+      const total = layout.globals.region.bytes +
+        layout.layers.reduce((n, _, l) => n + bytesOf(l), 0);
       const progress = new Progress({
         label: `pack ${basename(out)}`,
         total,
         mode: opts.progress ?? "auto",
       });
-      if (journal.globals) progress.add(plan.globals.region.bytes);
+      if (journal.globals) progress.add(layout.globals.region.bytes);
       else {
-        const { offset, bytes } = plan.globals.region;
+        const { offset, bytes } = layout.globals.region;
         journal.globals = writeRegion(
           ckpt,
           fd,
           offset,
           bytes,
-          [...plan.globals.items.values()],
+          [...layout.globals.items.values()],
           progress,
           chunk,
         );
@@ -111,7 +112,7 @@ export async function packCheckpoint(
           resumed.push(l);
           progress.add(bytesOf(l));
         } else {
-          const lp = plan.layers[l];
+          const lp = layout.layers[l];
           const run = writeRegion(
             ckpt,
             fd,
@@ -122,7 +123,7 @@ export async function packCheckpoint(
             chunk,
           );
           fdatasyncSync(fd);
-          const bank = plan.banks[l];
+          const bank = layout.banks[l];
           if (bank) {
             const { books, crcs } = trainBankCodebooks(
               ckpt,
@@ -158,13 +159,13 @@ export async function packCheckpoint(
       experts: opts.experts ? EXPERT_OPTIONS[opts.experts] : null,
       trunk: opts.trunk ? "int8row" : null,
     };
-    const manifest = buildManifest(src, cfg, plan, journal, fp, settings);
+    const manifest = buildManifest(src, cfg, layout, journal, fp, settings);
     manifest.tokenizer.files = copySideFiles(src, tmp);
     writeJson(join(tmp, "manifest.json"), manifest);
     rmSync(join(tmp, JOURNAL));
     replaceDir(tmp, out);
-    const containerBytes = plan.trunkBytes + plan.codebooksBytes +
-      plan.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
+    const containerBytes = layout.trunkBytes + layout.codebooksBytes +
+      layout.banks.reduce((n, b) => n + (b ? b.stride * b.experts.length : 0), 0);
     const seconds = (performance.now() - t0) / 1000;
     if (resumed.length) log(`pack: resumed ${resumed.length} finished layer(s) from ${tmp}`);
     log(`pack: wrote ${out} (${formatBytes(containerBytes)}) in ${seconds.toFixed(1)} s`);

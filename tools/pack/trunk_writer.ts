@@ -1,6 +1,6 @@
 /**
  * Writes trunk tensors into trunk.bin: each region (the globals, or one layer's run) sequentially
- * at its planned offsets, zero padding between tensors, the CRC-32 of every byte kept on the way.
+ * at its offsets in the layout, zero padding between tensors, the CRC-32 of every byte kept on the way.
  *
  * @module
  */
@@ -13,7 +13,7 @@ import { isCompactDtype } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
 import { encodeMatrix, scaleBytesF32, streamTensor } from "./encode.ts";
-import type { Placed } from "./plan.ts";
+import type { Placed } from "./layout.ts";
 
 /** Writes sequentially from `start` in a file, keeping the CRC of everything written. */
 class RegionWriter {

@@ -1,5 +1,5 @@
 /**
- * Scalar TypeScript references of the compact-weight kernels (wasm/quant_kernels.ts). Weights
+ * Scalar TypeScript versions of the compact-weight kernels (wasm/quant_kernels.ts). Weights
  * are decoded by engine/quant/* and dot products run in float64, rounded to f32 once, so the
  * kernels are compared with a tolerance relative to Σ|w·x|. The Q8 activation quantiser is
  * reproduced exactly (same f32 roundings), so its bytes compare bit for bit.

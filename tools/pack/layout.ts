@@ -50,17 +50,17 @@ export interface Placed {
 }
 
 /** The full container layout, computed before any byte is written. */
-export interface Plan {
+export interface PackLayout {
   globals: { items: Map<GlobalTensor, Placed>; region: { offset: number; bytes: number } };
   layers: { items: Map<LayerTensor, Placed>; offset: number; bytes: number }[];
-  banks: (BankPlan | null)[];
+  banks: (BankLayout | null)[];
   trunkBytes: number;
   /** Size of codebooks.bin (0 when nothing is vq3r). */
   codebooksBytes: number;
 }
 
 /** One MoE layer's bank: sources, layout, and where its VQ3R codebooks go. */
-export interface BankPlan {
+export interface BankLayout {
   experts: Map<ExpertMatrix, SourceMatrix>[];
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
@@ -154,7 +154,7 @@ function checkShape(t: TensorInfo, want: number[]): void {
 }
 
 /** Plans the whole container for `cfg` packed from `ckpt` with `opts`; throws on bad tensors. */
-export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions): Plan {
+export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions): PackLayout {
   const convert = opts.convert;
   const gItems = new Map<GlobalTensor, Placed>();
   for (const g of globalTensorsOf(cfg)) {
@@ -169,8 +169,8 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
   }
   const gEnd = place([...gItems.values()], 0);
   let cursor = alignUp(gEnd, BLOCK_ALIGN);
-  const layers: Plan["layers"] = [];
-  const banks: Plan["banks"] = [];
+  const layers: PackLayout["layers"] = [];
+  const banks: PackLayout["banks"] = [];
   for (let l = 0; l < cfg.numLayers; l++) {
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
@@ -194,7 +194,7 @@ export function planLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions
     const bytes = alignUp(Math.max(place([...items.values()], 0), 1), BLOCK_ALIGN);
     layers.push({ items, offset: cursor, bytes });
     cursor += bytes;
-    banks.push(cfg.layerKinds[l] === "moe" ? planBank(cfg, ckpt, l, opts) : null);
+    banks.push(cfg.layerKinds[l] === "moe" ? layoutBank(cfg, ckpt, l, opts) : null);
   }
   let codebooksBytes = 0;
   for (const b of banks) {
@@ -249,7 +249,7 @@ function expertDtype(
 }
 
 /** Plans the expert bank of MoE layer `l`: source matrices, record layout, format, fallbacks. */
-function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankPlan {
+function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankLayout {
   const moe = cfg.moe!;
   const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
   for (let e = 0; e < moe.numExperts; e++) {
@@ -310,9 +310,9 @@ function planBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptio
 }
 
 /** Says once per matrix kind which expert matrices keep a plain dtype, and why. */
-export function reportFallbacks(plan: Plan, log: (line: string) => void): void {
+export function reportFallbacks(layout: PackLayout, log: (line: string) => void): void {
   const said = new Set<string>();
-  for (const b of plan.banks) {
+  for (const b of layout.banks) {
     for (const [m, why] of Object.entries(b?.fallback ?? {})) {
       const line = `pack: expert ${m} matrices stay ${b!.matrices[m as ExpertMatrix].dtype}, ` +
         `not ${b!.format}: ${why}`;
