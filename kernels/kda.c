@@ -145,6 +145,20 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
   int hist = K - 1;
   for (int c = r0 * group; c < c1;) {
     int lanes = c1 - c >= 4 ? 4 : 1;
+    /* Width 4 (every released checkpoint) with four channels: the taps are four rows of w,
+       transposed in registers once for all tokens. Same products, same order as below. */
+    int k4 = K == 4 && lanes == 4;
+    v128_t w0 = wasm_f32x4_splat(0.0f), w1 = w0, w2 = w0, w3 = w0;
+    if (k4) {
+      v128_t a = wasm_v128_load(w + (size_t)c * 4), b = wasm_v128_load(w + (size_t)c * 4 + 4);
+      v128_t e = wasm_v128_load(w + (size_t)c * 4 + 8), f = wasm_v128_load(w + (size_t)c * 4 + 12);
+      v128_t ab0 = wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), ab1 = wasm_i32x4_shuffle(a, b, 2, 6, 3, 7);
+      v128_t ef0 = wasm_i32x4_shuffle(e, f, 0, 4, 1, 5), ef1 = wasm_i32x4_shuffle(e, f, 2, 6, 3, 7);
+      w0 = wasm_i32x4_shuffle(ab0, ef0, 0, 1, 4, 5);
+      w1 = wasm_i32x4_shuffle(ab0, ef0, 2, 3, 6, 7);
+      w2 = wasm_i32x4_shuffle(ab1, ef1, 0, 1, 4, 5);
+      w3 = wasm_i32x4_shuffle(ab1, ef1, 2, 3, 6, 7);
+    }
     for (int t = 0; t < T; t++) {
       v128_t acc = wasm_f32x4_splat(0.0f);
       for (int j = 0; j < K; j++) {
@@ -152,7 +166,10 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
         const float *src = m < hist ? state + (size_t)m * channels + c
                                     : x + (size_t)(m - hist) * x_stride + c;
         v128_t xv, wv;
-        if (lanes == 4) {
+        if (k4) {
+          xv = wasm_v128_load(src);
+          wv = j == 0 ? w0 : j == 1 ? w1 : j == 2 ? w2 : w3;
+        } else if (lanes == 4) {
           xv = wasm_v128_load(src);
           wv = wasm_f32x4_make(w[(size_t)c * K + j], w[(size_t)(c + 1) * K + j],
                                w[(size_t)(c + 2) * K + j], w[(size_t)(c + 3) * K + j]);

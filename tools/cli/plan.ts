@@ -7,6 +7,8 @@
 import { openContainer } from "../../engine/container.ts";
 import { planInput, planMemory } from "../../engine/planner.ts";
 import { formatBytes } from "../../engine/units.ts";
+import { kdaLayerStateBytes } from "../../engine/kda.ts";
+import { isKdaLayer } from "../../io/model_config.ts";
 import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, usableMemory } from "./budget.ts";
 
@@ -67,5 +69,20 @@ expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })
 arena          ${formatBytes(plan.arenaBytes)}`);
+  if (cfg.kda) {
+    // Hybrid models: what each layer keeps between tokens.
+    const { state, conv } = kdaLayerStateBytes(cfg.kda);
+    for (let l = 0; l < L; l++) {
+      console.log(
+        isKdaLayer(cfg, l)
+          ? `layer ${String(l).padEnd(4)} KDA  recurrent state ${
+            formatBytes(state)
+          } + conv window ${formatBytes(conv)} (any context)`
+          : `layer ${String(l).padEnd(4)} MLA  latent cache ${
+            formatBytes(plan.layerStateBytes[l])
+          } at ctx ${ctx}`,
+      );
+    }
+  }
   return Promise.resolve(0);
 }
