@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
+import { referenceWeightsFromContainer } from "../engine/reference/container.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { openContainer } from "../engine/container.ts";
@@ -297,3 +298,41 @@ Deno.test("K3 engine: KDA with the bounded decay and full-rank gate at awkward s
     assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
   }
 });
+
+Deno.test({
+  name: "K3 engine: re-quantised expert formats match the reference on the container's weights",
+  ignore: !hasFixture(K3_MXFP4),
+  async fn() {
+    // int4 reads Q8 copies of its inputs, as mxfp4 does; the others read f32 (vq3r via tables).
+    for (const [experts, bound] of [["int4", 2e-2], ["int8", 1e-4], ["vq3r", 1e-4]] as const) {
+      const out = `${tempDir()}/k3-${experts}.sluice`;
+      await packCheckpoint(fixtureDir(K3_MXFP4), out, {
+        experts,
+        vq3r: { sampleSize: 4096, iterations: 3 },
+        progress: "off",
+        log: () => {},
+      });
+      const { cfg, weight } = referenceWeightsFromContainer(out);
+      const model = await Model.open(out, { quiet: true, ctx: 64 });
+      try {
+        assert.equal(
+          model.container.manifest.experts[1]!.matrices.down.dtype,
+          EXPERT_DTYPE[experts],
+        );
+        const worst = decodeAgainstReference(
+          model,
+          new ReferenceModel(cfg, weight),
+          ORACLE_PROMPT,
+          30,
+          experts,
+        );
+        assert.ok(worst < bound, `${experts}: logits differ by ${worst} relative (bound ${bound})`);
+      } finally {
+        model.close();
+      }
+    }
+  },
+});
+
+/** The container dtype of each `--experts` choice tested above. */
+const EXPERT_DTYPE = { int4: "int4g32", int8: "int8row", vq3r: "vq3r" } as const;
