@@ -6,8 +6,9 @@
  *
  * Per token, on the normed hidden u: q, k, v = SiLU(causal conv(W·u)); the forget gate g (log
  * decay per key channel, {@link kdaForgetGate}); β = σ(W_b·u) per head; the gated delta rule
- * (kernels/kda.c); per-head RMSNorm of the output times σ(W_gb·W_ga·u) (K3: σ(W_g·u), one
- * full-rank projection); o_proj.
+ * (kernels/kda.c); per-head RMSNorm of the output times σ(W_gb·W_ga·u) (or σ(W_g·u), K3's
+ * full-rank gate); o_proj. Kimi K3's variants are the config's `gateLowerBound` and
+ * `fullRankOutputGate`.
  *
  * @module
  */
@@ -57,8 +58,8 @@ export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | nul
     beta_proj: [H, h],
     g_a: [dk, h],
     g_b: [p, dk],
+    g_proj: [p, h],
     o_norm: [dk],
-    attn_gate: [p, h],
   };
   return shapes[t] ?? null;
 }
@@ -168,19 +169,20 @@ export class KdaAttention {
     this.#next[layer] = pos + nb;
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;
+    const fullGate = k.fullRankOutputGate;
     ops.matmul(
       { w: lw.get("wq"), x: h, y: xq, nb },
       { w: lw.get("wk"), x: h, y: xk, nb },
       { w: lw.get("wv"), x: h, y: xv, nb },
       { w: lw.get("f_a"), x: h, y: this.#lowA, nb },
       { w: lw.get("beta_proj"), x: h, y: this.#beta, nb },
-      k.fullRankGate
-        ? { w: lw.get("attn_gate"), x: h, y: this.#gate, nb }
+      fullGate
+        ? { w: lw.get("g_proj"), x: h, y: this.#gate, nb }
         : { w: lw.get("g_a"), x: h, y: this.#lowG, nb },
     );
     ops.matmul(
       { w: lw.get("f_b"), x: this.#lowA, y: this.#g, nb },
-      ...(k.fullRankGate ? [] : [{ w: lw.get("g_b"), x: this.#lowG, y: this.#gate, nb }]),
+      ...(fullGate ? [] : [{ w: lw.get("g_b"), x: this.#lowG, y: this.#gate, nb }]),
     );
     const conv = (x: number, state: number, t: "q_conv" | "k_conv" | "v_conv", y: number) => ({
       x,

@@ -53,7 +53,7 @@ export interface MlaConfig {
   vHeadDim: number;
   /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
   nope?: boolean;
-  /** Kimi K3: a sigmoid gate (the layer's attn_gate projection) on the heads' values before o_proj. */
+  /** Kimi K3: a sigmoid gate (the layer's g_proj projection) on the heads' values before o_proj. */
   outputGate?: boolean;
 }
 
@@ -75,10 +75,10 @@ export interface KdaConfig {
    */
   gateLowerBound: number | null;
   /**
-   * Kimi K3: the output gate is one full-rank projection (attn_gate); absent, Kimi-Linear's
-   * low-rank g_a → g_b.
+   * false: the output gate is σ(W_gb·W_ga·u) through a low-rank pair (Kimi-Linear's g_a/g_b);
+   * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
    */
-  fullRankGate?: boolean;
+  fullRankOutputGate: boolean;
   /** Kimi K3: A_log is stored as headDim values, the first numHeads used (as released). */
   aLogPadded?: boolean;
 }
@@ -188,9 +188,9 @@ export const LAYER_TENSOR_ORDER = [
   "beta_proj",
   "g_a",
   "g_b",
+  "g_proj",
   "o_norm",
-  // Kimi K3: the full-rank output gate of KDA and MLA, and the attention's Attention Residual.
-  "attn_gate",
+  // Kimi K3: the attention's Attention Residual.
   "attn_res_norm",
   "attn_res_proj",
   "ffn_norm",

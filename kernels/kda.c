@@ -146,18 +146,35 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
   for (int c = r0 * group; c < c1;) {
     int lanes = c1 - c >= 4 ? 4 : 1;
     /* Width 4 (every released checkpoint) with four channels: the taps are four rows of w,
-       transposed in registers once for all tokens. Same products, same order as below. */
-    int k4 = K == 4 && lanes == 4;
-    v128_t w0 = wasm_f32x4_splat(0.0f), w1 = w0, w2 = w0, w3 = w0;
-    if (k4) {
+       transposed in registers once, and the window slides through registers, ending as the new
+       state. Same products, same order as the general path below. */
+    if (K == 4 && lanes == 4) {
       v128_t a = wasm_v128_load(w + (size_t)c * 4), b = wasm_v128_load(w + (size_t)c * 4 + 4);
       v128_t e = wasm_v128_load(w + (size_t)c * 4 + 8), f = wasm_v128_load(w + (size_t)c * 4 + 12);
       v128_t ab0 = wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), ab1 = wasm_i32x4_shuffle(a, b, 2, 6, 3, 7);
       v128_t ef0 = wasm_i32x4_shuffle(e, f, 0, 4, 1, 5), ef1 = wasm_i32x4_shuffle(e, f, 2, 6, 3, 7);
-      w0 = wasm_i32x4_shuffle(ab0, ef0, 0, 1, 4, 5);
-      w1 = wasm_i32x4_shuffle(ab0, ef0, 2, 3, 6, 7);
-      w2 = wasm_i32x4_shuffle(ab1, ef1, 0, 1, 4, 5);
-      w3 = wasm_i32x4_shuffle(ab1, ef1, 2, 3, 6, 7);
+      v128_t w0 = wasm_i32x4_shuffle(ab0, ef0, 0, 1, 4, 5);
+      v128_t w1 = wasm_i32x4_shuffle(ab0, ef0, 2, 3, 6, 7);
+      v128_t w2 = wasm_i32x4_shuffle(ab1, ef1, 0, 1, 4, 5);
+      v128_t w3 = wasm_i32x4_shuffle(ab1, ef1, 2, 3, 6, 7);
+      v128_t r0 = wasm_v128_load(state + c), r1 = wasm_v128_load(state + (size_t)channels + c);
+      v128_t r2 = wasm_v128_load(state + (size_t)2 * channels + c);
+      for (int t = 0; t < T; t++) {
+        v128_t xt = wasm_v128_load(x + (size_t)t * x_stride + c);
+        v128_t acc = wasm_f32x4_add(wasm_f32x4_splat(0.0f), wasm_f32x4_mul(w0, r0));
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(w1, r1));
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(w2, r2));
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(w3, xt));
+        wasm_v128_store(y + (size_t)t * y_stride + c, silu_f32x4(acc));
+        r0 = r1;
+        r1 = r2;
+        r2 = xt;
+      }
+      wasm_v128_store(state + c, r0);
+      wasm_v128_store(state + (size_t)channels + c, r1);
+      wasm_v128_store(state + (size_t)2 * channels + c, r2);
+      c += 4;
+      continue;
     }
     for (int t = 0; t < T; t++) {
       v128_t acc = wasm_f32x4_splat(0.0f);
@@ -166,10 +183,7 @@ void short_conv_f32(const float *x, float *state, const float *w, float *y, int 
         const float *src = m < hist ? state + (size_t)m * channels + c
                                     : x + (size_t)(m - hist) * x_stride + c;
         v128_t xv, wv;
-        if (k4) {
-          xv = wasm_v128_load(src);
-          wv = j == 0 ? w0 : j == 1 ? w1 : j == 2 ? w2 : w3;
-        } else if (lanes == 4) {
+        if (lanes == 4) {
           xv = wasm_v128_load(src);
           wv = wasm_f32x4_make(w[(size_t)c * K + j], w[(size_t)(c + 1) * K + j],
                                w[(size_t)(c + 2) * K + j], w[(size_t)(c + 3) * K + j]);
@@ -246,6 +260,55 @@ static void vfill(float *y, float a, int n) {
 }
 
 /*
+ * The state-facing half of a chunk for columns [c0, c0 + 4*W) (inside kda_chunk_head): per token
+ * v' = U - W S and o = (qP) S + M v', then S <- diag(P_last) S + (kR)^T v'. The stripe of S
+ * (dk rows of 4*W floats) is read n times from L1 and written once.
+ */
+#define CHUNK_STRIPE(W)                                                                        \
+  {                                                                                            \
+    for (int i = 0; i < n; i++) {                                                              \
+      v128_t aw[W], aq[W];                                                                     \
+      for (int w = 0; w < W; w++) aw[w] = aq[w] = wasm_f32x4_splat(0.0f);                     \
+      const float *Wi = W_ + (size_t)i * dk, *qi = Q(i);                                       \
+      for (int c = 0; c < dk; c++) {                                                           \
+        const float *s = Sh + (size_t)c * dv + c0;                                             \
+        v128_t wc = wasm_f32x4_splat(Wi[c]), qc = wasm_f32x4_splat(qi[c]);                     \
+        for (int w = 0; w < W; w++) {                                                          \
+          v128_t sv = wasm_v128_load(s + 4 * w);                                               \
+          aw[w] = wasm_f32x4_add(aw[w], wasm_f32x4_mul(wc, sv));                               \
+          aq[w] = wasm_f32x4_add(aq[w], wasm_f32x4_mul(qc, sv));                               \
+        }                                                                                      \
+      }                                                                                        \
+      float *ui = U + (size_t)i * dv + c0;                                                     \
+      for (int w = 0; w < W; w++) aw[w] = wasm_f32x4_sub(wasm_v128_load(ui + 4 * w), aw[w]);  \
+      for (int j = 0; j < i; j++) {                                                            \
+        const float *uj = U + (size_t)j * dv + c0;                                             \
+        v128_t mij = wasm_f32x4_splat(M[(size_t)i * C + j]);                                   \
+        for (int w = 0; w < W; w++)                                                            \
+          aq[w] = wasm_f32x4_add(aq[w], wasm_f32x4_mul(mij, wasm_v128_load(uj + 4 * w)));      \
+      }                                                                                        \
+      v128_t mii = wasm_f32x4_splat(M[(size_t)i * C + i]);                                     \
+      float *oi = out + (size_t)i * out_stride + c0;                                           \
+      for (int w = 0; w < W; w++) {                                                            \
+        wasm_v128_store(ui + 4 * w, aw[w]);                                                    \
+        wasm_v128_store(oi + 4 * w, wasm_f32x4_add(aq[w], wasm_f32x4_mul(mii, aw[w])));        \
+      }                                                                                        \
+    }                                                                                          \
+    for (int c = 0; c < dk; c++) {                                                             \
+      float *s = Sh + (size_t)c * dv + c0;                                                     \
+      v128_t pl = wasm_f32x4_splat(Pl[c]), sv[W];                                              \
+      for (int w = 0; w < W; w++) sv[w] = wasm_f32x4_mul(wasm_v128_load(s + 4 * w), pl);      \
+      for (int j = 0; j < n; j++) {                                                            \
+        const float *uj = U + (size_t)j * dv + c0;                                             \
+        v128_t kj = wasm_f32x4_splat(K(j)[c]);                                                 \
+        for (int w = 0; w < W; w++)                                                            \
+          sv[w] = wasm_f32x4_add(sv[w], wasm_f32x4_mul(kj, wasm_v128_load(uj + 4 * w)));       \
+      }                                                                                        \
+      for (int w = 0; w < W; w++) wasm_v128_store(s + 4 * w, sv[w]);                           \
+    }                                                                                          \
+  }
+
+/*
  * One chunk of n tokens of one head in the chunked (WY) form of the same recurrence, as fla and
  * transformers' chunk_kimi_delta_attention define it, with decays relative to the chunk start:
  *   P_t = prod_{m<=t} a_m,  D_ij = prod_{j<m<=i} a_m,  R_j = prod_{j<m<n} a_m   (a = e^g)
@@ -260,7 +323,7 @@ static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const 
                            const float *beta, float *out, float *scr, int n, int C, int dk,
                            int dv, int qk_stride, int v_stride, int g_stride, int beta_stride,
                            int out_stride) {
-  float *A = scr, *M = A + (size_t)C * C, *W = M + (size_t)C * C, *U = W + (size_t)C * dk;
+  float *A = scr, *M = A + (size_t)C * C, *W_ = M + (size_t)C * C, *U = W_ + (size_t)C * dk;
   float *P = U + (size_t)C * dv, *d = P + (size_t)C * dk;
 #define Q(i) (q + (size_t)(i) * qk_stride)
 #define K(i) (k + (size_t)(i) * qk_stride)
@@ -289,7 +352,7 @@ static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const 
     }
   }
   for (int i = 0; i < n; i++) {
-    vscale2(W + (size_t)i * dk, B(i), K(i), P + (size_t)i * dk, dk);
+    vscale2(W_ + (size_t)i * dk, B(i), K(i), P + (size_t)i * dk, dk);
     float *Ui = U + (size_t)i * dv;
     const float *vi = v + (size_t)i * v_stride;
     for (int c = 0; c < dv; c++) Ui[c] = B(i) * vi[c];
@@ -298,7 +361,7 @@ static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const 
   for (int i = n - 1; i > 0; i--) {
     for (int j = 0; j < i; j++) {
       float aij = A[(size_t)i * C + j];
-      vaxpy(W + (size_t)i * dk, aij, W + (size_t)j * dk, dk);
+      vaxpy(W_ + (size_t)i * dk, aij, W_ + (size_t)j * dk, dk);
       vaxpy(U + (size_t)i * dv, aij, U + (size_t)j * dv, dv);
     }
   }
@@ -310,48 +373,30 @@ static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const 
   }
   const float *Pl = P + (size_t)(n - 1) * dk;
   int c0 = 0;
-  for (; c0 < dv; c0 += 4) {
-    int lanes = dv - c0 >= 4 ? 4 : 1;
+  for (; c0 + 16 <= dv; c0 += 16) CHUNK_STRIPE(4)
+  for (; c0 + 4 <= dv; c0 += 4) CHUNK_STRIPE(1)
+  /* Leftover columns one at a time: the same per-lane arithmetic as the stripes. */
+  for (; c0 < dv; c0++) {
     for (int i = 0; i < n; i++) {
-      v128_t aw = wasm_f32x4_splat(0.0f), aq = aw;
-      const float *Wi = W + (size_t)i * dk, *qi = Q(i);
+      float aw = 0.0f, aq = 0.0f;
+      const float *Wi = W_ + (size_t)i * dk, *qi = Q(i);
       for (int c = 0; c < dk; c++) {
-        const float *s = Sh + (size_t)c * dv + c0;
-        v128_t sv = lanes == 4 ? wasm_v128_load(s) : wasm_f32x4_splat(s[0]);
-        aw = wasm_f32x4_add(aw, wasm_f32x4_mul(wasm_f32x4_splat(Wi[c]), sv));
-        aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(qi[c]), sv));
+        float sv = Sh[(size_t)c * dv + c0];
+        aw = aw + Wi[c] * sv;
+        aq = aq + qi[c] * sv;
       }
       float *ui = U + (size_t)i * dv + c0;
-      v128_t uv = lanes == 4 ? wasm_v128_load(ui) : wasm_f32x4_splat(ui[0]);
-      uv = wasm_f32x4_sub(uv, aw);
-      for (int j = 0; j < i; j++) {
-        const float *uj = U + (size_t)j * dv + c0;
-        v128_t vj = lanes == 4 ? wasm_v128_load(uj) : wasm_f32x4_splat(uj[0]);
-        aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(M[(size_t)i * C + j]), vj));
-      }
-      aq = wasm_f32x4_add(aq, wasm_f32x4_mul(wasm_f32x4_splat(M[(size_t)i * C + i]), uv));
-      float *oi = out + (size_t)i * out_stride + c0;
-      if (lanes == 4) {
-        wasm_v128_store(ui, uv);
-        wasm_v128_store(oi, aq);
-      } else {
-        ui[0] = wasm_f32x4_extract_lane(uv, 0);
-        oi[0] = wasm_f32x4_extract_lane(aq, 0);
-      }
+      float uv = ui[0] - aw;
+      for (int j = 0; j < i; j++) aq = aq + M[(size_t)i * C + j] * U[(size_t)j * dv + c0];
+      aq = aq + M[(size_t)i * C + i] * uv;
+      ui[0] = uv;
+      out[(size_t)i * out_stride + c0] = aq;
     }
     for (int c = 0; c < dk; c++) {
-      float *s = Sh + (size_t)c * dv + c0;
-      v128_t sv = lanes == 4 ? wasm_v128_load(s) : wasm_f32x4_splat(s[0]);
-      sv = wasm_f32x4_mul(sv, wasm_f32x4_splat(Pl[c]));
-      for (int j = 0; j < n; j++) {
-        const float *uj = U + (size_t)j * dv + c0;
-        v128_t vj = lanes == 4 ? wasm_v128_load(uj) : wasm_f32x4_splat(uj[0]);
-        sv = wasm_f32x4_add(sv, wasm_f32x4_mul(wasm_f32x4_splat(K(j)[c]), vj));
-      }
-      if (lanes == 4) wasm_v128_store(s, sv);
-      else s[0] = wasm_f32x4_extract_lane(sv, 0);
+      float sv = Sh[(size_t)c * dv + c0] * Pl[c];
+      for (int j = 0; j < n; j++) sv = sv + K(j)[c] * U[(size_t)j * dv + c0];
+      Sh[(size_t)c * dv + c0] = sv;
     }
-    if (lanes == 1) c0 -= 3;
   }
 #undef Q
 #undef K

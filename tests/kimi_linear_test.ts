@@ -80,6 +80,7 @@ Deno.test({
     assert.equal(c.kda?.headDim, 16);
     assert.equal(c.kda?.convKernel, 4);
     assert.equal(c.kda?.gateLowerBound, null);
+    assert.equal(c.kda?.fullRankOutputGate, false);
     assert.deepEqual(c.layerKinds, ["dense", "moe", "moe", "moe", "moe", "moe"]);
     assert.equal(c.mla?.nope, true);
     assert.equal(c.mla?.qLoraRank, null);

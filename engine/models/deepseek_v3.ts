@@ -12,7 +12,7 @@
  * form (engine/reference/mla.ts) is the independent check.
  *
  * Kimi K3's MLA layers add a sigmoid output gate on the heads' values before o_proj (the layer's
- * `attn_gate`, when `mla.outputGate`).
+ * `g_proj`, when `mla.outputGate`).
  *
  * @module
  */
@@ -219,7 +219,7 @@ export class MlaAttention {
         });
       }
     }
-    if (this.#gate) values.push({ w: lw.get("attn_gate"), x: h, y: this.#gate, nb });
+    if (this.#gate) values.push({ w: lw.get("g_proj"), x: h, y: this.#gate, nb });
     ops.matmul(...values);
     if (this.#gate) {
       ops.sigmoid(this.#gate, nb * H * mla.vHeadDim);

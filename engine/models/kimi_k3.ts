@@ -120,7 +120,7 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
       // full_attn_layers is 1-based: layer L (0-based) is MLA when L + 1 is listed.
       layers: Array.from({ length: numLayers }, (_, l) => !full.has(l + 1)),
       gateLowerBound: lin.num("gate_lower_bound"),
-      fullRankGate: true,
+      fullRankOutputGate: true,
       aLogPadded: true,
     },
     k3: {
@@ -137,7 +137,7 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
 const { g_a: _a, g_b: _b, ...KDA_BASE } = KDA_TENSORS;
 const K3_KDA_TENSORS: Partial<Record<LayerTensor, string>> = {
   ...KDA_BASE,
-  attn_gate: "self_attn.g_proj.weight",
+  g_proj: "self_attn.g_proj.weight",
 };
 
 /** Every layer's Attention Residual pairs. */
@@ -173,7 +173,7 @@ export const KIMI_K3: Family = {
   attentionTensors: (cfg, layer) => ({
     ...(isKdaLayer(cfg, layer)
       ? K3_KDA_TENSORS
-      : { ...mlaTensors(cfg), attn_gate: "self_attn.g_proj.weight" }),
+      : { ...mlaTensors(cfg), g_proj: "self_attn.g_proj.weight" }),
     ...ATTN_RES_TENSORS,
     ...(cfg.layerKinds[layer] === "moe" ? LATENT_TENSORS : {}),
   }),
@@ -182,7 +182,7 @@ export const KIMI_K3: Family = {
     const m = manifestField.obj(c.mla, `${where}.mla`);
     manifestField.bool(m.outputGate, `${where}.mla.outputGate`);
     const k = manifestField.obj(c.kda, `${where}.kda`);
-    manifestField.bool(k.fullRankGate, `${where}.kda.fullRankGate`);
+
     manifestField.bool(k.aLogPadded, `${where}.kda.aLogPadded`);
     const k3 = manifestField.obj(c.k3, `${where}.k3`);
     for (const f of ["latentDim", "attnResBlockSize"]) {

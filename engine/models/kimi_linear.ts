@@ -163,6 +163,7 @@ export const normaliseKimiLinear: Normaliser = (f, mt) => {
       convKernel,
       layers: kdaLayers,
       gateLowerBound: null,
+      fullRankOutputGate: false,
     },
     attnScale: 1 / Math.sqrt(qkNope + qkRope),
   };
@@ -224,6 +225,7 @@ export const KIMI_LINEAR: Family = {
       throw new Error(`${where}.kda.layers: expected ${c.numLayers} entries`);
     }
     layers.forEach((x, i) => manifestField.bool(x, `${where}.kda.layers[${i}]`));
+    manifestField.bool(k.fullRankOutputGate, `${where}.kda.fullRankOutputGate`);
     if (k.gateLowerBound !== null) {
       manifestField.num(k.gateLowerBound, `${where}.kda.gateLowerBound`);
     }

@@ -4,7 +4,7 @@
  * compute it: causal short convs with SiLU on q̃/k̃/ṽ (zero before the first token), q and k
  * L2-normalised per head (q also by dk^−½), the forget gate g per key channel, β per head, then
  * per head S ← diag(e^g)·S, S ← S + k ⊗ β(v − Sᵀk), o = Sᵀq; a per-head RMSNorm of o times
- * σ(W_gb·W_ga·u); o_proj. It keeps its own conv window and state and shares no math with the
+ * σ(W_gb·W_ga·u) (σ(W_g·u) with a full-rank gate); o_proj. It keeps its own conv window and state and shares no math with the
  * engine's kernels.
  *
  * @module
@@ -48,9 +48,8 @@ export const kdaReference: ReferenceAttention = (m, l, h) => {
   const z = matvec(m.lw(l, "f_b"), fa, p, dk, `layer ${l} f_b`);
   const aLog = m.lw(l, "a_log"), dt = m.lw(l, "dt_bias");
   const beta = matvec(m.lw(l, "beta_proj"), h, H, d, `layer ${l} beta_proj`).map(sigmoid);
-  // The output gate: K3's one full-rank projection, or Kimi-Linear's low-rank pair.
-  const gate = k.fullRankGate
-    ? matvec(m.lw(l, "attn_gate"), h, p, d, `layer ${l} attn_gate`)
+  const gate = k.fullRankOutputGate
+    ? matvec(m.lw(l, "g_proj"), h, p, d, `layer ${l} g_proj`)
     : matvec(
       m.lw(l, "g_b"),
       matvec(m.lw(l, "g_a"), h, dk, d, `layer ${l} g_a`),

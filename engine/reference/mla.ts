@@ -62,7 +62,7 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
   }
   if (mla.outputGate) {
     // K3: a sigmoid gate on the heads' values, from the layer's normed input.
-    const gate = matvec(m.lw(l, "attn_gate"), h, numHeads * vd, d, `layer ${l} attn_gate`);
+    const gate = matvec(m.lw(l, "g_proj"), h, numHeads * vd, d, `layer ${l} g_proj`);
     for (let i = 0; i < numHeads * vd; i++) out[i] *= sigmoid(gate[i]);
   }
   return matvec(m.lw(l, "wo"), out, d, numHeads * vd, `layer ${l} wo`);
