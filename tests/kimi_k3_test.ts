@@ -336,3 +336,47 @@ Deno.test({
 
 /** The container dtype of each `--experts` choice tested above. */
 const EXPERT_DTYPE = { int4: "int4g32", int8: "int8row", vq3r: "vq3r" } as const;
+
+Deno.test({
+  name: "K3 engine: chunked prefill equals token-by-token prefill to 1e-5, greedy ids alike",
+  ignore: !hasFixture(K3),
+  async fn() {
+    const dir = await packedFixture(K3);
+    const tokens = [...ORACLE_PROMPT, ...ORACLE_CONTINUATION];
+    const run = async (chunk: number) => {
+      const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
+      try {
+        const parts: Float32Array[] = [];
+        for (let p = 0; p < tokens.length; p += chunk) {
+          parts.push(model.forward(tokens.slice(p, p + chunk), p, true));
+        }
+        return parts;
+      } finally {
+        model.close();
+      }
+    };
+    const V = 256;
+    const flat = (parts: Float32Array[]) => {
+      const out = new Float32Array(tokens.length * V);
+      let o = 0;
+      for (const x of parts) {
+        out.set(x, o);
+        o += x.length;
+      }
+      return out;
+    };
+    const one = flat(await run(1));
+    for (const chunk of [32, 7]) {
+      const got = flat(await run(chunk));
+      const worst = maxRelDiff(got, one);
+      assert.ok(worst <= 1e-5, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+      for (let p = 0; p < tokens.length; p++) {
+        assert.equal(
+          argmax(got.subarray(p * V, (p + 1) * V)),
+          argmax(one.subarray(p * V, (p + 1) * V)),
+          `prefill chunk ${chunk}: greedy id at position ${p}`,
+        );
+      }
+    }
+  },
+});
