@@ -15,15 +15,17 @@ import type { Ops } from "./ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
 import { inputFormOf } from "./tensor.ts";
 import { type Route, route } from "./routing.ts";
+import type { MoeObserver } from "./transformer.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
 
 /** The FFN of every layer of one model, with its scratch buffers. */
 export class FeedForward {
   /**
    * Called once per MoE layer right after its experts were handed to the expert source (so their
-   * reads are queued first), before any expert computes: the lookahead's moment.
+   * reads are queued first), before any expert computes: the lookahead's moment, and where the
+   * trace and the hot-list counts record the routes.
    */
-  readonly routedHooks: ((layer: number, routes: Route[], h: number, nb: number) => void)[] = [];
+  readonly observers: MoeObserver[] = [];
   #ops: Ops;
   #cfg: ModelConfig;
   #experts: ExpertSource;
@@ -154,10 +156,10 @@ export class FeedForward {
   }
 
   /**
-   * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens; with a latent
-   * MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
+   * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at positions
+   * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
    */
-  moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number): Route[] {
+  moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const moe = this.#cfg.moe!;
     const ops = this.#ops;
     const latent = this.#latentIn !== 0;
@@ -191,7 +193,7 @@ export class FeedForward {
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
       this.#experts.hint(layer, ids);
-      if (g0 === 0) { for (const hook of this.routedHooks) hook(layer, routes, h, nb); }
+      if (g0 === 0) { for (const observe of this.observers) observe(layer, routes, h, nb, pos); }
       for (const e of ids) {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);
@@ -220,6 +222,5 @@ export class FeedForward {
       this.#mlp(lw, h, this.#gathered, nb, "shared");
       ops.add(out, this.#gathered, nb * this.#cfg.hiddenSize);
     }
-    return routes;
   }
 }

@@ -25,7 +25,7 @@ import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
-import { Transformer } from "./transformer.ts";
+import { type GlobalWeights, Transformer } from "./transformer.ts";
 
 /** How to run a container. Every option changes speed or memory, never the output. */
 export interface RunOptions {
@@ -118,37 +118,22 @@ export class Model {
     this.loadBytes = init.loadBytes;
   }
 
-  /** Opens the container at `path` under the memory plan `opts` asks for. */
+  /**
+   * Opens the container at `path` under the memory plan `opts` asks for, in named steps: plan,
+   * arena and workers, resident globals, trunk ring, expert store, attention, warm-up and
+   * lookahead, forward pass.
+   */
   static async open(path: string, opts: RunOptions = {}): Promise<Model> {
     const container = openContainer(path);
     const cfg = container.config;
-    const m = container.manifest;
-    const ctx = Math.min(opts.ctx ?? 4096, cfg.maxPositions);
-    const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
-    const input = planInput(container);
-    const planFor = (lookahead: number) =>
-      planMemory(input, {
-        budget: opts.budget,
-        ctx,
-        maxBatch: prefillChunk,
-        ringSlots: opts.ringSlots,
-        expertSlots: opts.expertSlots,
-        lookahead: lookahead > 0,
-      });
-    let lookahead = opts.lookahead ?? 0;
-    let plan = planFor(lookahead);
-    if (opts.lookahead === undefined && defaultLookahead(plan) > 0) {
-      try {
-        plan = planFor(defaultLookahead(plan));
-        lookahead = defaultLookahead(plan);
-      } catch {
-        // A budget at the floor has no room for the resident routers: no lookahead then.
-      }
-    }
+    const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
-    const threads = opts.threads ?? defaultThreads();
-    const pool = await Pool.create(arena, await loadKernelModule(), threads);
+    const pool = await Pool.create(
+      arena,
+      await loadKernelModule(),
+      opts.threads ?? defaultThreads(),
+    );
     const reader = openReader(arena.memory, {
       direct: opts.io !== "buffered" && opts.io !== "fallback",
       forceFallback: opts.io === "fallback",
@@ -156,65 +141,20 @@ export class Model {
     });
     try {
       const trunkFile = reader.open(container.trunkPath);
-      const gOff = arena.alloc(
-        "globals (embedding, final norm, LM head)",
-        m.trunk.globals.region.bytes,
-      );
-      reader.read(trunkFile, gOff, m.trunk.globals.region.bytes, m.trunk.globals.region.offset);
-      const rel = gOff - m.trunk.globals.region.offset;
-      const g = m.trunk.globals.tensors;
-      const global = (t: "embed" | "final_norm" | "out_res_norm" | "out_res_proj") => {
-        const e = g[t];
-        if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
-        return tensorRef(e, rel);
-      };
-      const globals = {
-        embed: global("embed"),
-        finalNorm: global("final_norm"),
-        lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
-        outRes: cfg.k3 ? { norm: global("out_res_norm"), proj: global("out_res_proj") } : undefined,
-      };
-      const trunk = new TrunkRing(arena, reader, trunkFile, m.trunk.layers, {
+      const globals = readGlobals(arena, reader, trunkFile, container);
+      const trunk = new TrunkRing(arena, reader, trunkFile, container.manifest.trunk.layers, {
         pinned: plan.pinned,
         slots: plan.ringSlots,
         readahead: opts.trunkReadahead ?? true,
       });
-      let experts: ExpertStore | null = null;
-      if (plan.totalExperts > 0) {
-        const shards = opts.shards ?? [];
-        const files: (BankFiles | null)[] = m.experts.map((bank) => {
-          if (!bank) return null;
-          const paths = shards.length > 0
-            ? shards.map((dir) => `${dir}/${bank.file}`)
-            : [container.expertBankPath(bank.layer)];
-          return { bank, paths, handles: paths.map((p) => reader.open(p)) };
-        });
-        const cache = new ExpertCache({ slots: plan.expertSlots, policy: opts.cache ?? "lfru" });
-        experts = new ExpertStore(arena, reader, files, cache, {
-          readaheadDepth: opts.readaheadDepth ?? 4,
-          check: (layer, expert, slot, file, fileOffset) => {
-            const bank = m.experts[layer]!;
-            checkRecord(
-              arena.u8(slot, bank.stride),
-              bank,
-              layer,
-              expert,
-              file,
-              fileOffset,
-              opts.verify ?? false,
-            );
-          },
-        });
-      }
+      const experts = plan.totalExperts > 0
+        ? openExpertStore(arena, reader, container, plan.expertSlots, opts)
+        : null;
       const ops = new Ops(arena, pool);
       const attention = createAttention(ops, arena, cfg, prefillChunk, ctx);
       const observers = new RunObservers(container, opts);
       if (experts) {
-        const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
-        if (hot) experts.warm(hottest(hot));
-        // Everything fits: load every record now, as an in-RAM engine loads its model, so decode
-        // never waits for a first use. (Hot experts first, then the rest in file order.)
-        if (plan.expertSlots >= plan.totalExperts) experts.warm(allExperts(m.experts));
+        warmExperts(experts, container, plan, opts);
         if (lookahead > 0) {
           const routers = residentRouters(arena, container);
           observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
@@ -230,16 +170,12 @@ export class Model {
         attention,
         maxBatch: prefillChunk,
       });
+      transformer.moeObservers.push(observers.observe);
       if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
-      const loadBytes = m.trunk.globals.region.bytes + trunk.stats.bytes +
+      const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);
       trunk.resetStats();
       experts?.resetStats();
-      transformer.moeObservers.push((l, routes, _h, _nb, pos) => observers.observe(l, routes, pos));
-      const guesser = observers.lookahead;
-      if (guesser) {
-        transformer.routedHooks.push((l, routes, h, nb) => guesser.observe(l, routes, h, nb));
-      }
       return new Model({
         container,
         plan,
@@ -288,6 +224,114 @@ export class Model {
     }
     if (failure) throw failure;
   }
+}
+
+/** The memory plan of a run, with the lookahead depth it leaves room for. */
+function planRun(
+  container: Container,
+  opts: RunOptions,
+): { plan: MemoryPlan; lookahead: number; ctx: number; prefillChunk: number } {
+  const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
+  const prefillChunk = Math.max(1, Math.min(opts.prefillChunk ?? 64, 64));
+  const input = planInput(container);
+  const planFor = (lookahead: number) =>
+    planMemory(input, {
+      budget: opts.budget,
+      ctx,
+      maxBatch: prefillChunk,
+      ringSlots: opts.ringSlots,
+      expertSlots: opts.expertSlots,
+      lookahead: lookahead > 0,
+    });
+  let lookahead = opts.lookahead ?? 0;
+  let plan = planFor(lookahead);
+  if (opts.lookahead === undefined && defaultLookahead(plan) > 0) {
+    try {
+      plan = planFor(defaultLookahead(plan));
+      lookahead = defaultLookahead(plan);
+    } catch {
+      // A budget at the floor has no room for the resident routers: no lookahead then.
+    }
+  }
+  return { plan, lookahead, ctx, prefillChunk };
+}
+
+/** Reads the globals region (embedding, final norm, LM head) into the arena, where it stays. */
+function readGlobals(
+  arena: Arena,
+  reader: BlockReader,
+  trunkFile: number,
+  container: Container,
+): GlobalWeights {
+  const region = container.manifest.trunk.globals.region;
+  const gOff = arena.alloc("globals (embedding, final norm, LM head)", region.bytes);
+  reader.read(trunkFile, gOff, region.bytes, region.offset);
+  const rel = gOff - region.offset;
+  const g = container.manifest.trunk.globals.tensors;
+  const global = (t: "embed" | "final_norm" | "out_res_norm" | "out_res_proj") => {
+    const e = g[t];
+    if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
+    return tensorRef(e, rel);
+  };
+  return {
+    embed: global("embed"),
+    finalNorm: global("final_norm"),
+    lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
+    outRes: container.config.k3
+      ? { norm: global("out_res_norm"), proj: global("out_res_proj") }
+      : undefined,
+  };
+}
+
+/** The expert cache and store over the container's banks (or their shards), `slots` records. */
+function openExpertStore(
+  arena: Arena,
+  reader: BlockReader,
+  container: Container,
+  slots: number,
+  opts: RunOptions,
+): ExpertStore {
+  const m = container.manifest;
+  const shards = opts.shards ?? [];
+  const files: (BankFiles | null)[] = m.experts.map((bank) => {
+    if (!bank) return null;
+    const paths = shards.length > 0
+      ? shards.map((dir) => `${dir}/${bank.file}`)
+      : [container.expertBankPath(bank.layer)];
+    return { bank, paths, handles: paths.map((p) => reader.open(p)) };
+  });
+  const cache = new ExpertCache({ slots, policy: opts.cache ?? "lfru" });
+  return new ExpertStore(arena, reader, files, cache, {
+    readaheadDepth: opts.readaheadDepth ?? 4,
+    check: (layer, expert, slot, file, fileOffset) => {
+      const bank = m.experts[layer]!;
+      checkRecord(
+        arena.u8(slot, bank.stride),
+        bank,
+        layer,
+        expert,
+        file,
+        fileOffset,
+        opts.verify ?? false,
+      );
+    },
+  });
+}
+
+/**
+ * Fills the expert cache before the first token: hot-list experts first, then, when every record
+ * fits, all of them in file order, as an in-RAM engine loads its model, so decode never waits for
+ * a first use.
+ */
+function warmExperts(
+  experts: ExpertStore,
+  container: Container,
+  plan: MemoryPlan,
+  opts: RunOptions,
+): void {
+  const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
+  if (hot) experts.warm(hottest(hot));
+  if (plan.expertSlots >= plan.totalExperts) experts.warm(allExperts(container.manifest.experts));
 }
 
 /**

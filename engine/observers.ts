@@ -9,10 +9,10 @@ import { hotListPath, mergeHotList, type UseCounts } from "./stream/hot_list.ts"
 import { TraceWriter } from "../io/trace.ts";
 import type { Arena } from "./arena.ts";
 import type { Lookahead, ResidentRouter } from "./stream/lookahead.ts";
-import type { Route } from "./routing.ts";
+import type { MoeObserver } from "./transformer.ts";
 import { tensorRef } from "./weights.ts";
 
-/** The optional observers of one open model. */
+/** The optional observers of one open model, watching as one {@link MoeObserver}. */
 export class RunObservers {
   lookahead: Lookahead | null = null;
   #trace: TraceWriter | null;
@@ -25,8 +25,8 @@ export class RunObservers {
     this.#counts = opts.learn ? new Map() : null;
   }
 
-  /** Records one MoE layer's routes for tokens at positions pos... */
-  observe(layer: number, routes: Route[], pos: number): void {
+  /** The MoE observer: records the routes of tokens at positions pos.., then runs the lookahead. */
+  readonly observe: MoeObserver = (layer, routes, h, nb, pos) => {
     routes.forEach((r, b) => {
       this.#trace?.write(pos + b, layer, r.ids);
       if (this.#counts) {
@@ -36,7 +36,8 @@ export class RunObservers {
         }
       }
     });
-  }
+    this.lookahead?.observe(layer, routes, h, nb);
+  };
 
   /** Finishes the trace file and merges the learned counts into the hot list. */
   close(): void {

@@ -1,10 +1,13 @@
 /**
  * Where a weight matrix lives in the arena and how it is stored, plus the kernel call that
- * multiplies it with activations. The forward passes never look at dtypes themselves.
+ * multiplies it with activations (the kernels are the weight formats' own, engine/quant/mod.ts).
+ * The forward passes never look at dtypes themselves.
  *
  * @module
  */
 import type { Job } from "./pool.ts";
+import type { InputForm } from "./quant/format.ts";
+import { findFormat } from "./quant/mod.ts";
 
 /** A weight in the arena: `rows × cols`, row-major [out, in]. */
 export interface TensorRef {
@@ -22,36 +25,9 @@ export interface TensorRef {
   paddedCols?: number;
 }
 
-/**
- * What form a format's kernel reads its input vector in: f32 as is, the Q8 copy of
- * quantize_act_q8 (mxfp4, int4g32), or the lookup table of vq3r_lut (vq3r).
- */
-export type InputForm = "f32" | "q8" | "lut";
-
-/** The input form the kernel of `w`'s format reads. */
+/** The input form the kernel of `w`'s format reads (f32 for a dtype no format has). */
 export function inputFormOf(w: TensorRef): InputForm {
-  if (w.dtype === "mxfp4" || w.dtype === "int4g32") return "q8";
-  return w.dtype === "vq3r" ? "lut" : "f32";
-}
-
-/** Formats with a batched kernel that reads each weight once for all columns. */
-const GEMM: Record<string, string> = { f32: "gemm_f32", bf16: "gemm_bf16" };
-
-/** Single-vector kernels: name and whether the scale pointer comes after the weights. */
-const GEMV: Record<string, { kernel: string; scaled: boolean }> = {
-  f32: { kernel: "gemv_f32", scaled: false },
-  bf16: { kernel: "gemv_bf16", scaled: false },
-  f16: { kernel: "gemv_f16", scaled: false },
-  f8_e4m3: { kernel: "matvec_fp8b128", scaled: true },
-  mxfp4: { kernel: "matvec_mxfp4", scaled: true },
-  int4g32: { kernel: "matvec_int4g32", scaled: true },
-  int8row: { kernel: "matvec_int8row", scaled: true },
-  vq3r: { kernel: "matvec_vq3r", scaled: true },
-};
-
-/** Whether the engine can multiply with weights stored as `dtype`. */
-export function isMatmulDtype(dtype: string): boolean {
-  return dtype in GEMV;
+  return findFormat(w.dtype)?.input ?? "f32";
 }
 
 /**
@@ -68,7 +44,8 @@ export function matmulJobs(
   nb: number,
   prep?: readonly number[],
 ): Job[] {
-  const gemm = GEMM[w.dtype];
+  const f = findFormat(w.dtype);
+  const gemm = f?.gemm;
   if (gemm && nb > 1) {
     return [{
       kernel: gemm,
@@ -76,8 +53,8 @@ export function matmulJobs(
       rows: w.rows,
     }];
   }
-  const g = GEMV[w.dtype];
-  if (!g) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
+  if (!f) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
+  const g = f.gemv;
   if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
   const form = inputFormOf(w);
   if (form !== "f32" && prep?.length !== nb) {

@@ -33,8 +33,10 @@ export interface GlobalWeights {
 }
 
 /**
- * Called after each MoE layer with the routes of the batch (tokens at positions pos..), and `h`,
- * the layer's normalised MoE input (stats, traces, hot list, lookahead).
+ * Watches the MoE layers: called once per MoE layer and forward call when the layer's experts are
+ * chosen (their reads queued, none computed yet), with the routes of the batch (tokens at
+ * positions pos..) and `h`, the layer's normalised MoE input. The one hook of a run: the trace,
+ * the hot-list counts and the lookahead all watch through it (engine/observers.ts).
  */
 export type MoeObserver = (
   layer: number,
@@ -59,8 +61,6 @@ export interface TransformerParts {
 /** A model's forward pass over its arena. */
 export class Transformer {
   readonly cfg: ModelConfig;
-  /** Observers of MoE routing (may be empty). */
-  readonly moeObservers: MoeObserver[] = [];
   #p: TransformerParts;
   #ffn: FeedForward;
   #x: number;
@@ -115,9 +115,9 @@ export class Transformer {
     return res.out;
   }
 
-  /** Hooks run when a MoE layer's experts are chosen, before they compute (the lookahead). */
-  get routedHooks(): ((layer: number, routes: Route[], h: number, nb: number) => void)[] {
-    return this.#ffn.routedHooks;
+  /** Observers of MoE routing (may be empty). */
+  get moeObservers(): MoeObserver[] {
+    return this.#ffn.observers;
   }
 
   /** Most tokens one call may take. */
@@ -171,8 +171,7 @@ export class Transformer {
       }
       ops.rmsnorm(mlpIn, lw.get("ffn_norm").ptr, h, d, nb, eps);
       if (cfg.layerKinds[layer] === "moe") {
-        const routes = this.#ffn.moe(layer, lw, h, tmp, nb);
-        for (const observe of this.moeObservers) observe(layer, routes, h, nb, pos);
+        this.#ffn.moe(layer, lw, h, tmp, nb, pos);
       } else {
         this.#ffn.dense(lw, h, tmp, nb);
       }

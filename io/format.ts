@@ -25,39 +25,6 @@ export const BLOCK_ALIGN = 4096;
 /** Block side of FP8 scales. */
 export const FP8_SCALE_BLOCK = 128;
 
-/** Bytes per element of each plain (one element, whole bytes) dtype a container stores. */
-export const STORED_DTYPE_BYTES = { f32: 4, bf16: 2, f16: 2, f8_e4m3: 1, e8m0: 1 } as const;
-
-/** A plain dtype: every element takes STORED_DTYPE_BYTES[dtype] bytes. */
-export type PlainDtype = keyof typeof STORED_DTYPE_BYTES;
-
-/**
- * Compact weight formats (docs/FORMAT.md "Compact formats"): their byte count is not elements ×
- * a size, and each carries a scale tensor of a fixed dtype and shape.
- */
-export const COMPACT_DTYPES = ["mxfp4", "int4g32", "int8row", "vq3r"] as const;
-
-/** A compact weight format. */
-export type CompactDtype = typeof COMPACT_DTYPES[number];
-
-/** A dtype a container stores. */
-export type StoredDtype = PlainDtype | CompactDtype;
-
-/** Formats of routed-expert matrices (the record header's format id). */
-export type ExpertFormat = Exclude<StoredDtype, "e8m0">;
-
-/** Expert format id written in record headers, per expert weight format. */
-export const EXPERT_FORMAT_IDS: Record<ExpertFormat, number> = {
-  f32: 1,
-  bf16: 2,
-  f16: 3,
-  f8_e4m3: 4,
-  mxfp4: 5,
-  int4g32: 6,
-  int8row: 7,
-  vq3r: 8,
-};
-
 /** Columns per block of MXFP4 and per group of INT4. */
 export const Q4_BLOCK = 32;
 /** Weights per VQ3R vector, and VQ3R stages. */
@@ -66,20 +33,117 @@ export const VQ3R_STAGES = 3;
 /** Bytes of one VQ3R codebook set in codebooks.bin: f32 [3][8][256] (kernel layout). */
 export const VQ3R_CODEBOOK_BYTES = VQ3R_STAGES * VQ3R_DIM * 256 * 4;
 
+/** The scale tensor (dtype and shape) a scaled weight carries. */
+export interface ScaleSpec {
+  dtype: "f32" | "bf16" | "e8m0";
+  shape: number[];
+}
+
+/** The byte layout of one stored dtype (docs/FORMAT.md). */
+interface Layout {
+  /** Plain dtypes: bytes per element (any shape). */
+  elementBytes?: number;
+  /** Compact formats: bytes of a 2-D [rows, cols] matrix, NaN for a shape it cannot hold. */
+  matrixBytes?: (rows: number, cols: number) => number;
+  /** Scaled formats: the scale tensor a [rows, cols] weight must carry. */
+  scale?: (rows: number, cols: number) => ScaleSpec;
+  /** Weight formats: the format id of expert record headers. */
+  recordId?: number;
+}
+
+/** The layout of a 4-bit format with one `scaleDtype` scale per 32 columns (mxfp4, int4g32). */
+function q4Layout<R extends number>(recordId: R, scaleDtype: "e8m0" | "bf16") {
+  return {
+    recordId,
+    matrixBytes: (rows: number, cols: number) => cols % Q4_BLOCK ? NaN : (rows * cols) / 2,
+    scale: (rows: number, cols: number): ScaleSpec => ({
+      dtype: scaleDtype,
+      shape: [rows, cols / Q4_BLOCK],
+    }),
+  };
+}
+
+/**
+ * Every dtype a container stores, one row each: the byte layout the readers, the packer and the
+ * manifest check share. A weight format's encoder, decoder and kernel are its entry in
+ * engine/quant/mod.ts.
+ */
+export const FORMAT_LAYOUTS = {
+  f32: { elementBytes: 4, recordId: 1 },
+  bf16: { elementBytes: 2, recordId: 2 },
+  f16: { elementBytes: 2, recordId: 3 },
+  f8_e4m3: {
+    elementBytes: 1,
+    recordId: 4,
+    scale: (rows: number, cols: number): ScaleSpec => ({
+      dtype: "f32",
+      shape: [Math.ceil(rows / FP8_SCALE_BLOCK), Math.ceil(cols / FP8_SCALE_BLOCK)],
+    }),
+  },
+  // Only as the scale dtype of mxfp4.
+  e8m0: { elementBytes: 1 },
+  mxfp4: q4Layout(5, "e8m0"),
+  int4g32: q4Layout(6, "bf16"),
+  int8row: {
+    recordId: 7,
+    matrixBytes: (rows: number, cols: number) => rows * cols,
+    scale: (rows: number): ScaleSpec => ({ dtype: "f32", shape: [rows] }),
+  },
+  vq3r: {
+    recordId: 8,
+    matrixBytes: (rows: number, cols: number) => rows * VQ3R_STAGES * Math.ceil(cols / VQ3R_DIM),
+    scale: (rows: number): ScaleSpec => ({ dtype: "f32", shape: [rows] }),
+  },
+} as const satisfies Record<string, Layout>;
+
+type Layouts = typeof FORMAT_LAYOUTS;
+
+/** A dtype a container stores. */
+export type StoredDtype = keyof Layouts;
+
+/** A plain dtype: every element takes `elementBytes` bytes. */
+export type PlainDtype = {
+  [K in StoredDtype]: Layouts[K] extends { elementBytes: number } ? K : never;
+}[StoredDtype];
+
+/**
+ * A compact weight format (docs/FORMAT.md "Compact formats"): its byte count is not elements ×
+ * a size, and it carries a scale tensor of a fixed dtype and shape.
+ */
+export type CompactDtype = {
+  [K in StoredDtype]: Layouts[K] extends { matrixBytes: unknown } ? K : never;
+}[StoredDtype];
+
+/** Formats of weight matrices, routed experts included (the record header's format id). */
+export type ExpertFormat = {
+  [K in StoredDtype]: Layouts[K] extends { recordId: number } ? K : never;
+}[StoredDtype];
+
+const LAYOUT: Record<string, Layout> = FORMAT_LAYOUTS;
+
+/** Expert format id written in record headers, per expert weight format. */
+export const EXPERT_FORMAT_IDS = Object.fromEntries(
+  Object.entries(LAYOUT).flatMap(([k, l]) => l.recordId === undefined ? [] : [[k, l.recordId]]),
+) as Record<ExpertFormat, number>;
+
+/** Bytes per element of a plain dtype. */
+export function elementBytes(dtype: PlainDtype): number {
+  return LAYOUT[dtype].elementBytes!;
+}
+
 /** Whether `s` names a dtype a container stores. */
 export function isStoredDtype(s: unknown): s is StoredDtype {
-  return typeof s === "string" &&
-    (Object.hasOwn(STORED_DTYPE_BYTES, s) || (COMPACT_DTYPES as readonly string[]).includes(s));
+  return typeof s === "string" && Object.hasOwn(LAYOUT, s);
 }
 
 /** Whether `s` names an expert format. */
 export function isExpertFormat(s: unknown): s is ExpertFormat {
-  return isStoredDtype(s) && s !== "e8m0";
+  return isStoredDtype(s) && LAYOUT[s].recordId !== undefined;
 }
 
 /** Whether `d` is a compact format. */
 export function isCompactDtype(d: string): d is CompactDtype {
-  return (COMPACT_DTYPES as readonly string[]).includes(d);
+  return isStoredDtype(d) && LAYOUT[d].matrixBytes !== undefined;
 }
 
 /**
@@ -88,18 +152,9 @@ export function isCompactDtype(d: string): d is CompactDtype {
  * rows × 3 × ceil(cols / 8) index bytes. Returns NaN for a shape the format cannot hold.
  */
 export function storedBytes(dtype: StoredDtype, shape: readonly number[]): number {
-  if (!isCompactDtype(dtype)) return shape.reduce((a, b) => a * b, 1) * STORED_DTYPE_BYTES[dtype];
-  if (shape.length !== 2) return NaN;
-  const [rows, cols] = shape;
-  switch (dtype) {
-    case "mxfp4":
-    case "int4g32":
-      return cols % Q4_BLOCK ? NaN : (rows * cols) / 2;
-    case "int8row":
-      return rows * cols;
-    case "vq3r":
-      return rows * VQ3R_STAGES * Math.ceil(cols / VQ3R_DIM);
-  }
+  const l = LAYOUT[dtype];
+  if (!l.matrixBytes) return shape.reduce((a, b) => a * b, 1) * l.elementBytes!;
+  return shape.length === 2 ? l.matrixBytes(shape[0], shape[1]) : NaN;
 }
 
 /**
@@ -107,27 +162,8 @@ export function storedBytes(dtype: StoredDtype, shape: readonly number[]): numbe
  * f8_e4m3 f32 [ceil(R/128), ceil(C/128)]; mxfp4 e8m0 [R, C/32]; int4g32 bf16 [R, C/32];
  * int8row and vq3r f32 [R].
  */
-export function scaleSpecOf(
-  dtype: StoredDtype,
-  shape: readonly number[],
-): { dtype: PlainDtype; shape: number[] } | null {
-  const [rows, cols] = shape;
-  switch (dtype) {
-    case "f8_e4m3":
-      return {
-        dtype: "f32",
-        shape: [Math.ceil(rows / FP8_SCALE_BLOCK), Math.ceil(cols / FP8_SCALE_BLOCK)],
-      };
-    case "mxfp4":
-      return { dtype: "e8m0", shape: [rows, cols / Q4_BLOCK] };
-    case "int4g32":
-      return { dtype: "bf16", shape: [rows, cols / Q4_BLOCK] };
-    case "int8row":
-    case "vq3r":
-      return { dtype: "f32", shape: [rows] };
-    default:
-      return null;
-  }
+export function scaleSpecOf(dtype: StoredDtype, shape: readonly number[]): ScaleSpec | null {
+  return LAYOUT[dtype].scale?.(shape[0], shape[1]) ?? null;
 }
 
 /** Rounds `n` up to a multiple of `a`. */

@@ -5,8 +5,10 @@
  */
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
-import { referenceWeightsFromContainer } from "../engine/reference/container.ts";
+import {
+  referenceWeightsFromCheckpoint,
+  referenceWeightsFromContainer,
+} from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { openContainer } from "../engine/container.ts";

@@ -11,8 +11,10 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
-import { referenceWeightsFromContainer } from "../engine/reference/container.ts";
+import {
+  referenceWeightsFromCheckpoint,
+  referenceWeightsFromContainer,
+} from "../engine/float_weights.ts";
 import { join } from "node:path";
 import { type ExpertsOption, packCheckpoint } from "../tools/pack.ts";
 import { splitBanks } from "../tools/split_banks.ts";

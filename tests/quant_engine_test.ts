@@ -1,6 +1,6 @@
 /**
  * The engine on containers with compact formats against the float64 reference forward fed with
- * the container's own weights, dequantised (engine/reference/container.ts): the quantisation
+ * the container's own weights, dequantised (engine/float_weights.ts): the quantisation
  * error is then shared, and what is left is the kernels'. int8 and vq3r read f32 inputs (vq3r
  * through f32 tables) and must agree within 1e-4; mxfp4 and int4 read Q8 copies of their inputs
  * (int8 per 32-block), whose rounding the reference does not make, so they get a bound sized for
@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Model } from "../engine/model.ts";
-import { referenceWeightsFromContainer } from "../engine/reference/container.ts";
+import { referenceWeightsFromContainer } from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";

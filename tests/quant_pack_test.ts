@@ -14,7 +14,7 @@ import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeInt8Row, quantizeInt8Row, relativeError } from "../engine/quant/int8.ts";
 import { dequantizeMxfp4, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
 import { dequantizeVq3r, encodeVq3r, VQ_DIM, VQ_ENTRIES, VQ_STAGES } from "../engine/quant/vq3r.ts";
-import { containerExpertF32, containerTrunkF32 } from "../engine/reference/container.ts";
+import { containerExpertF32, containerTrunkF32 } from "../engine/float_weights.ts";
 import { hfExpertName, hfLayerName } from "../engine/tensor_names.ts";
 import { readF32 } from "../io/checkpoint_weights.ts";
 import { readCodebooks, readExpertRecord, verifyContainer } from "../io/container.ts";

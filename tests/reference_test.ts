@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import type { ModelConfig, RopeConfig } from "../io/model_config.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { ReferenceModel, type WeightGetter } from "../engine/reference/forward.ts";
 import { routeReference } from "../engine/reference/moe_routing.ts";
 import { ropeAttentionFactor, ropeInvFreq } from "../engine/reference/rope.ts";

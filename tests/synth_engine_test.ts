@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { Model } from "../engine/model.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/reference/checkpoint.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";

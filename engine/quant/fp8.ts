@@ -7,6 +7,9 @@
  *
  * @module
  */
+import { dequantFp8Blocks } from "../../io/checkpoint_weights.ts";
+import type { Decode, WeightFormat } from "./format.ts";
+import { compactFormat, f32View, needScale, stored } from "./format.ts";
 import { checkMatrixShape, roundHalfEven } from "./int8.ts";
 import { floorLog2 } from "./mxfp4.ts";
 
@@ -96,3 +99,15 @@ export function dequantizeFp8b128(m: Fp8Matrix): Float32Array {
   }
   return out;
 }
+
+/** f32 values of FP8 block-scaled bytes (the container form: scales f32 [⌈R/128⌉, ⌈C/128⌉]). */
+const decodeFp8Bytes: Decode = (data, scale, rows, cols, what) => {
+  return dequantFp8Blocks(data, rows, cols, f32View(needScale(scale, "f8_e4m3", what)));
+};
+
+/** The f8_e4m3 weight format: FP8 E4M3 with one f32 scale per 128×128 block (`--experts fp8`). */
+export const F8_E4M3: WeightFormat = {
+  ...compactFormat("f8_e4m3", "fp8", "f32", "matvec_fp8b128"),
+  encode: (w, rows, cols) => stored(quantizeFp8b128(w, rows, cols), "codes"),
+  decode: decodeFp8Bytes,
+};

@@ -8,6 +8,8 @@
  *
  * @module
  */
+import type { Decode, WeightFormat } from "./format.ts";
+import { compactFormat, decodeNibbles, needScale, stored } from "./format.ts";
 import { checkMatrixShape, roundHalfEven } from "./int8.ts";
 
 const scratch = new DataView(new ArrayBuffer(4));
@@ -82,3 +84,17 @@ export function dequantizeInt4g32(m: Int4Matrix): Float32Array {
   }
   return out;
 }
+
+/** f32 values of int4g32 bytes: (nibble − 8) · its group's bf16 scale. */
+const decodeInt4Bytes: Decode = (data, scale, rows, cols, what) => {
+  const bytes = needScale(scale, "int4g32", what);
+  const s16 = new Uint16Array(bytes.slice().buffer, 0, rows * (cols / 32));
+  return decodeNibbles(data, rows, cols, (nib, g) => (nib - 8) * bf16ToNumber(s16[g]));
+};
+
+/** The int4g32 weight format: symmetric int4, one bf16 scale per 32 columns (`--experts int4`). */
+export const INT4G32: WeightFormat = {
+  ...compactFormat("int4g32", "int4", "q8", "matvec_int4g32"),
+  encode: (w, rows, cols) => stored(quantizeInt4g32(w, rows, cols), "packed"),
+  decode: decodeInt4Bytes,
+};

@@ -4,6 +4,8 @@
  *
  * @module
  */
+import type { Decode, WeightFormat } from "./format.ts";
+import { compactFormat, f32View, needScale, stored } from "./format.ts";
 
 const f32 = Math.fround;
 
@@ -75,3 +77,19 @@ export function relativeError(w: Float32Array, approx: Float32Array): number {
   }
   return den === 0 ? Math.sqrt(num) : Math.sqrt(num / den);
 }
+
+/** f32 values of int8row bytes: q[r, c] · scale[r]. */
+const decodeInt8RowBytes: Decode = (data, scale, rows, cols, what) => {
+  const s = f32View(needScale(scale, "int8row", what));
+  const q = new Int8Array(data.buffer, data.byteOffset, data.length);
+  const out = new Float32Array(rows * cols);
+  for (let i = 0; i < rows * cols; i++) out[i] = q[i] * s[Math.floor(i / cols)];
+  return out;
+};
+
+/** The int8row weight format: int8 with one f32 scale per row (`--experts int8`, `--trunk int8`). */
+export const INT8ROW: WeightFormat = {
+  ...compactFormat("int8row", "int8", "f32", "matvec_int8row"),
+  encode: (w, rows, cols) => stored(quantizeInt8Row(w, rows, cols), "q"),
+  decode: decodeInt8RowBytes,
+};

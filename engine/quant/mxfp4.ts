@@ -9,6 +9,8 @@
  *
  * @module
  */
+import type { Decode, WeightFormat } from "./format.ts";
+import { compactFormat, decodeNibbles, needScale, stored } from "./format.ts";
 import { checkMatrixShape, roundHalfEven } from "./int8.ts";
 
 /** E2M1 code (0..15) → value. */
@@ -118,3 +120,16 @@ export function dequantizeMxfp4(m: Mxfp4Matrix): Float32Array {
   }
   return out;
 }
+
+/** f32 values of mxfp4 bytes: E2M1 value of the nibble × 2^(its block's e8m0 − 127). */
+const decodeMxfp4Bytes: Decode = (data, scale, rows, cols, what) => {
+  const e8 = needScale(scale, "mxfp4", what);
+  return decodeNibbles(data, rows, cols, (nib, g) => E2M1_VALUES[nib] * e8m0ToNumber(e8[g]));
+};
+
+/** The mxfp4 weight format: OCP MX FP4 (E2M1), one e8m0 scale per 32 columns (`--experts mxfp4`). */
+export const MXFP4: WeightFormat = {
+  ...compactFormat("mxfp4", "mxfp4", "q8", "matvec_mxfp4"),
+  encode: (w, rows, cols) => stored(quantizeMxfp4(w, rows, cols), "blocks"),
+  decode: decodeMxfp4Bytes,
+};

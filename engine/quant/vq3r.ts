@@ -15,6 +15,9 @@
  *
  * @module
  */
+import { VQ3R_DIM, VQ3R_STAGES } from "../../io/format.ts";
+import type { Decode, WeightFormat } from "./format.ts";
+import { compactFormat, f32View, needScale, stored } from "./format.ts";
 import { checkMatrixShape } from "./int8.ts";
 
 /** Stages, entries per codebook, and dimensions per vector. */
@@ -261,3 +264,37 @@ export function vq3rKernelCodebooks(codebooks: Float32Array): Float32Array {
   }
   return out;
 }
+
+/** f32 values of vq3r bytes: scale[r] · Σ over stages of the codebook entries the codes pick. */
+const decodeVq3rBytes: Decode = (data, scale, rows, cols, what, codebooks) => {
+  const sb = needScale(scale, "vq3r", what);
+  if (!codebooks) throw new Error(`${what}: vq3r weights need their codebooks`);
+  const s = f32View(sb);
+  const out = new Float32Array(rows * cols);
+  const nch = Math.ceil(cols / VQ3R_DIM);
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      const k = c >> 3, d = c & 7;
+      let v = 0;
+      for (let st = 0; st < VQ3R_STAGES; st++) {
+        const e = data[(r * VQ3R_STAGES + st) * nch + k];
+        v += codebooks[(st * VQ3R_DIM + d) * 256 + e];
+      }
+      out[r * cols + c] = s[r] * v;
+    }
+  }
+  return out;
+};
+
+/**
+ * The vq3r weight format: three-stage residual vector quantisation of 8-weight vectors with
+ * per-layer trained codebooks and one f32 scale per row (`--experts vq3r`).
+ */
+export const VQ3R: WeightFormat = {
+  ...compactFormat("vq3r", "vq3r", "lut", "matvec_vq3r"),
+  encode(w, rows, cols, what, codebooks) {
+    if (!codebooks) throw new Error(`${what}: vq3r needs trained codebooks`);
+    return stored(encodeVq3r({ data: w, rows, cols }, codebooks), "indices");
+  },
+  decode: decodeVq3rBytes,
+};

@@ -13,24 +13,17 @@
  */
 
 import { MODEL_TYPES } from "../../engine/models/mod.ts";
+import {
+  checkpointWeights,
+  containerWeights,
+  type FloatWeights,
+} from "../../engine/float_weights.ts";
 import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
-import { readF32 } from "../../io/checkpoint_weights.ts";
-import { decodeStored } from "../../engine/quant/stored_decode.ts";
-import {
-  type Container,
-  readExpertRecord,
-  readTrunkTensor,
-  type TensorEntry,
-} from "../../io/container.ts";
 import { openContainer } from "../../engine/container.ts";
-import { type Checkpoint, openCheckpoint } from "../../io/safetensors.ts";
-import { loadModelConfig } from "../../engine/config.ts";
 import {
   EXPERT_MATRICES,
-  type ExpertMatrix,
-  type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
@@ -103,82 +96,30 @@ const GLOBAL_GGUF: Record<"embed" | "final_norm" | "lm_head", string> = {
   lm_head: "output.weight",
 };
 
-/** Float32 access to a model's tensors, whatever stores them. */
-interface WeightSource {
-  cfg: ModelConfig;
+/** The model's float32 weights, with what the export needs besides. */
+interface WeightSource extends FloatWeights {
   /** Directory holding tokenizer.json. */
   tokenizerDir: string;
   defaultName: string;
-  /** Whether an explicit lm_head is stored (also when tied, as HF checkpoints may have it). */
-  hasLmHead: boolean;
-  global(t: GlobalTensor): Float32Array;
-  layer(l: number, t: LayerTensor): Float32Array;
-  expert(l: number, e: number, m: ExpertMatrix): Float32Array;
-  close(): void;
 }
 
 function checkpointSource(dir: string): WeightSource {
-  const cfg = loadModelConfig(dir);
-  const ckpt: Checkpoint = openCheckpoint(dir);
-  const lmHead = hfGlobalName(cfg, "lm_head") ?? "lm_head.weight";
-  const need = (name: string | null, what: string): string => {
-    if (name === null || !ckpt.tensors.has(name)) {
-      throw new Error(`${dir}: ${what} needs tensor ${name}, which the checkpoint lacks`);
-    }
-    return name;
-  };
   return {
-    cfg,
+    ...checkpointWeights(dir),
     tokenizerDir: dir,
     defaultName: basename(dir.replace(/\/+$/, "")),
-    hasLmHead: ckpt.tensors.has(lmHead),
-    global: (t) => readF32(ckpt, need(t === "lm_head" ? lmHead : hfGlobalName(cfg, t), t)),
-    layer: (l, t) => readF32(ckpt, need(hfLayerName(cfg, l, t), `layer ${l} ${t}`)),
-    expert: (l, e, m) => readF32(ckpt, need(hfExpertName(cfg, l, e, m), `layer ${l} expert ${e}`)),
-    close: () => ckpt.close(),
   };
-}
-
-/** Decodes a container tensor (with its FP8 block scale when it has one) to float32. */
-function decodeEntry(
-  e: TensorEntry,
-  data: Uint8Array,
-  scale: Uint8Array | undefined,
-  what: string,
-) {
-  return decodeStored(e, data, scale, undefined, what);
 }
 
 function containerSource(path: string): WeightSource {
-  const c: Container = openContainer(path);
-  if (!c.manifest.tokenizer.files.includes("tokenizer.json")) {
+  const w = containerWeights(path);
+  if (!openContainer(path).manifest.tokenizer.files.includes("tokenizer.json")) {
     throw new Error(`${path}: the container holds no tokenizer.json to export the vocabulary from`);
   }
-  let cached: { l: number; e: number; record: Uint8Array } | null = null;
-  const trunk = (layer: number | "globals", name: string) => {
-    const { entry, data, scale } = readTrunkTensor(c, layer, name);
-    return decodeEntry(entry, data, scale, `${c.trunkPath}: ${layer}/${name}`);
-  };
   return {
-    cfg: c.config,
+    ...w,
     tokenizerDir: path,
     defaultName: basename(path.replace(/\/+$/, "")).replace(/\.sluice$/, ""),
-    hasLmHead: c.manifest.trunk.globals.tensors.lm_head !== undefined,
-    global: (t) => trunk("globals", t),
-    layer: (l, t) => trunk(l, t),
-    expert(l, e, m) {
-      if (!cached || cached.l !== l || cached.e !== e) {
-        cached = { l, e, record: readExpertRecord(c, l, e).record };
-      }
-      const bank = c.manifest.experts[l]!;
-      const ent = bank.matrices[m];
-      const data = cached.record.subarray(ent.offset, ent.offset + ent.bytes);
-      const scale = ent.scale
-        ? cached.record.subarray(ent.scale.offset, ent.scale.offset + ent.scale.bytes)
-        : undefined;
-      return decodeEntry(ent, data, scale, `${c.expertBankPath(l)}: expert ${e} ${m}`);
-    },
-    close: () => {},
   };
 }
 

@@ -20,33 +20,28 @@
 import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { loadModelConfig } from "../../engine/config.ts";
 import { Model } from "../../engine/model.ts";
-import {
-  EXPERT_MATRICES,
-  type ExpertMatrix,
-  type LayerTensor,
-  type ModelConfig,
-} from "../../io/model_config.ts";
-import { dequantizeFp8b128, quantizeFp8b128 } from "../../engine/quant/fp8.ts";
-import { dequantizeInt4g32, quantizeInt4g32 } from "../../engine/quant/int4.ts";
-import { dequantizeInt8Row, quantizeInt8Row } from "../../engine/quant/int8.ts";
-import { dequantizeMxfp4, quantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
+import { EXPERT_MATRICES, type LayerTensor, type ModelConfig } from "../../io/model_config.ts";
+import { WEIGHT_FORMATS } from "../../engine/quant/mod.ts";
+import { storedBytes } from "../../io/format.ts";
 import { dequantizeVq3r, encodeVq3r, type MatrixF32, trainVq3r } from "../../engine/quant/vq3r.ts";
-import { containerExpertF32, containerTrunkF32 } from "../../engine/reference/container.ts";
+import {
+  checkpointWeights,
+  containerWeights,
+  type FloatWeights,
+} from "../../engine/float_weights.ts";
 import { argmax } from "../../engine/sampler.ts";
-import { hfExpertName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
+import { layerTensorsOf } from "../../engine/tensor_names.ts";
 import { loadTokenizer } from "../../engine/tokenizer.ts";
-import { readF32 } from "../../io/checkpoint_weights.ts";
 import { openContainer } from "../../engine/container.ts";
-import { openCheckpoint } from "../../io/safetensors.ts";
 import { type ExpertsOption, packCheckpoint } from "../pack.ts";
-import { findMatrix, readMatrixF32 } from "../pack/source.ts";
 
-/** Formats whose weight error is reported. */
-export const REPORT_FORMATS = ["mxfp4", "int4", "int8", "fp8", "vq3r"] as const;
-/** A reported format. */
-export type ReportFormat = typeof REPORT_FORMATS[number];
+/** Formats whose weight error is reported: the lossy weight formats, by their `--experts` names. */
+export const REPORT_FORMATS: readonly string[] = WEIGHT_FORMATS.filter((f) => f.lossy).map((f) =>
+  f.option!
+);
+/** A reported format: one of {@link REPORT_FORMATS}. */
+export type ReportFormat = string;
 
 /** Default story prompts of the quality run. */
 export const DEFAULT_PROMPTS = [
@@ -122,23 +117,17 @@ function sums(w: Float32Array, approx: Float32Array): Sums {
   return { err, norm };
 }
 
-/** The reconstruction of `w` [rows, cols] in `f`, or null when `f` cannot hold it. */
+/** The reconstruction of `w` [rows, cols] in format `f`, or null when `f` cannot hold it. */
 function roundTrip(
-  f: Exclude<ReportFormat, "vq3r">,
+  f: ReportFormat,
   w: Float32Array,
   rows: number,
   cols: number,
 ): Float32Array | null {
-  switch (f) {
-    case "mxfp4":
-      return cols % 32 ? null : dequantizeMxfp4(quantizeMxfp4(w, rows, cols));
-    case "int4":
-      return cols % 32 ? null : dequantizeInt4g32(quantizeInt4g32(w, rows, cols));
-    case "int8":
-      return dequantizeInt8Row(quantizeInt8Row(w, rows, cols));
-    case "fp8":
-      return dequantizeFp8b128(quantizeFp8b128(w, rows, cols));
-  }
+  const fmt = WEIGHT_FORMATS.find((x) => x.option === f)!;
+  if (Number.isNaN(storedBytes(fmt.id, [rows, cols]))) return null;
+  const e = fmt.encode(w, rows, cols, `${f} [${rows}, ${cols}]`);
+  return fmt.decode(e.data, e.scale ?? undefined, rows, cols, `${f} [${rows}, ${cols}]`);
 }
 
 /** Errors of a group of matrices of one shape, pooled; vq3r trained on the group when asked. */
@@ -158,7 +147,7 @@ function groupErrors(
     for (const m of mats) {
       const approx = books
         ? dequantizeVq3r(encodeVq3r(m, books), books)
-        : roundTrip(f as Exclude<ReportFormat, "vq3r">, m.data, m.rows, m.cols);
+        : roundTrip(f, m.data, m.rows, m.cols);
       if (!approx) {
         ok = false;
         break;
@@ -172,74 +161,29 @@ function groupErrors(
   return out;
 }
 
-/** Where the report reads float32 weights from: a checkpoint directory or a container. */
-interface WeightSource {
-  cfg: ModelConfig;
-  /** A layer's 2-D trunk matmul weights (not norms, routers or biases), by canonical name. */
-  trunk(layer: number): { name: string; w: MatrixF32 }[];
-  expert(layer: number, expert: number, m: ExpertMatrix): MatrixF32;
-  close(): void;
+/** A float32 tensor as a matrix; an error names `what` unless it is 2-D. */
+function matrixOf(data: Float32Array, shape: number[], what: string): MatrixF32 {
+  if (shape.length !== 2) throw new Error(`${what}: not a 2-D tensor`);
+  return { data, rows: shape[0], cols: shape[1] };
 }
 
+/** A layer's 2-D trunk matmul weights (not norms, routers or biases). */
 function trunkNames(cfg: ModelConfig, layer: number): LayerTensor[] {
   return layerTensorsOf(cfg, layer).filter((t) =>
     !t.endsWith("norm") && t !== "router" && t !== "router_bias" && !/^b[qkv]$/.test(t)
   );
 }
 
-function checkpointSource(dir: string): WeightSource {
-  const cfg = loadModelConfig(dir);
-  const ckpt = openCheckpoint(dir);
-  return {
-    cfg,
-    trunk: (l) =>
-      trunkNames(cfg, l).map((t) => {
-        const name = hfLayerName(cfg, l, t)!;
-        const info = ckpt.tensors.get(name);
-        if (!info || info.shape.length !== 2) throw new Error(`${dir}: no 2-D tensor ${name}`);
-        return {
-          name: t,
-          w: { data: readF32(ckpt, name), rows: info.shape[0], cols: info.shape[1] },
-        };
-      }),
-    expert: (l, e, m) => {
-      const src = findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-      return { data: readMatrixF32(ckpt, src), rows: src.rows, cols: src.cols };
-    },
-    close: () => ckpt.close(),
-  };
-}
-
-function containerSource(dir: string): WeightSource {
-  const c = openContainer(dir);
-  const cfg = c.config;
-  return {
-    cfg,
-    trunk: (l) =>
-      trunkNames(cfg, l).map((t) => {
-        const e = c.manifest.trunk.layers[l].tensors[t];
-        return {
-          name: t,
-          w: { data: containerTrunkF32(c, l, t), rows: e.shape[0], cols: e.shape[1] },
-        };
-      }),
-    expert: (l, e, m) => {
-      const entry = c.manifest.experts[l]!.matrices[m];
-      return { data: containerExpertF32(c, l, e, m), rows: entry.shape[0], cols: entry.shape[1] };
-    },
-    close: () => {},
-  };
-}
-
 /** Per-matrix relative weight errors of every format. */
 export function weightErrors(
-  src: WeightSource,
+  src: FloatWeights,
   opts: QuantReportOptions,
 ): WeightErrorRow[] {
   const cfg = src.cfg;
   const rows: WeightErrorRow[] = [];
   for (let l = 0; l < cfg.numLayers; l++) {
-    for (const { name, w } of src.trunk(l)) {
+    for (const name of trunkNames(cfg, l)) {
+      const w = matrixOf(src.layer(l, name), src.layerShape(l, name), `${src.dir}: ${name}`);
       rows.push({
         matrix: `L${l} ${name}`,
         rows: w.rows,
@@ -252,7 +196,11 @@ export function weightErrors(
     const E = cfg.moe!.numExperts;
     const n = Math.max(1, Math.min(E, opts.expertsSampled ?? 8));
     for (const m of EXPERT_MATRICES) {
-      const mats = Array.from({ length: n }, (_, i) => src.expert(l, Math.floor((i * E) / n), m));
+      const mats = Array.from({ length: n }, (_, i) => {
+        const e = Math.floor((i * E) / n);
+        const [rows, cols] = src.expertShape(l, e, m);
+        return { data: src.expert(l, e, m), rows, cols };
+      });
       rows.push({
         matrix: `L${l} experts.${m}`,
         rows: mats[0].rows,
@@ -435,7 +383,7 @@ export async function quantReport(
   if (!isContainer && !(existsSync(path) && statSync(path).isDirectory())) {
     throw new Error(`${path}: not a checkpoint directory or a sluice container`);
   }
-  const src = isContainer ? containerSource(path) : checkpointSource(path);
+  const src = isContainer ? containerWeights(path) : checkpointWeights(path);
   let weights: WeightErrorRow[];
   try {
     weights = weightErrors(src, { ...opts, log });

@@ -27,7 +27,7 @@ import {
   readMatrixF32,
   readPacked,
   type SourceMatrix,
-} from "./source.ts";
+} from "../../engine/checkpoint_matrix.ts";
 
 /** Writes one expert matrix (and its scale) into `record` at its entry's offsets. */
 function writeExpertMatrix(

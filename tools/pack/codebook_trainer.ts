@@ -12,7 +12,7 @@ import { crc32 } from "../../io/crc32.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Vq3rPackOptions } from "./options.ts";
 import type { BankLayout } from "./layout.ts";
-import { readMatrixF32 } from "./source.ts";
+import { readMatrixF32 } from "../../engine/checkpoint_matrix.ts";
 
 /**
  * Trains the VQ3R codebooks of each vq3r matrix kind of one MoE layer on evenly spaced experts,

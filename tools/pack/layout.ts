@@ -41,7 +41,12 @@ import {
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
-import { findMatrix, INT4_PACKED, MXFP4_PACKED, type SourceMatrix } from "./source.ts";
+import {
+  findMatrix,
+  INT4_PACKED,
+  MXFP4_PACKED,
+  type SourceMatrix,
+} from "../../engine/checkpoint_matrix.ts";
 
 /** A tensor to write: where it comes from and its entry (offsets relative to its region). */
 export interface Placed {

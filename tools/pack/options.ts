@@ -6,22 +6,13 @@
  */
 
 import type { Manifest } from "../../io/manifest_schema.ts";
-import type { ExpertFormat } from "../../io/format.ts";
+import { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 import type { ProgressMode } from "../progress.ts";
 
-/** `--experts` choices and the container format each one stores. */
-export const EXPERT_OPTIONS = {
-  mxfp4: "mxfp4",
-  int4: "int4g32",
-  vq3r: "vq3r",
-  int8: "int8row",
-  fp8: "f8_e4m3",
-  bf16: "bf16",
-  f32: "f32",
-} as const satisfies Record<string, ExpertFormat>;
+export { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 
-/** An `--experts` choice. */
-export type ExpertsOption = keyof typeof EXPERT_OPTIONS;
+/** An `--experts` choice: a key of {@link EXPERT_OPTIONS} (the weight formats' `option`). */
+export type ExpertsOption = string;
 
 /** VQ3R codebook training settings of a pack. */
 export interface Vq3rPackOptions {

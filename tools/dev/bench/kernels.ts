@@ -10,6 +10,9 @@
  * @module
  */
 
+import type { WeightFormat } from "../../../engine/quant/format.ts";
+import { WEIGHT_FORMATS } from "../../../engine/quant/mod.ts";
+import { scaleSpecOf, storedBytes } from "../../../io/format.ts";
 import { alignUp } from "../../../io/format.ts";
 import { parseArgs } from "node:util";
 import { Arena, PAGE } from "../../../engine/arena.ts";
@@ -126,12 +129,13 @@ interface Scratch {
 }
 
 /**
- * A weight format as the bench drives it: the bytes of one matrix and the kernel call. Quantised
- * formats that another bench (tools/dev/bench/quant.ts) times single-threaded are measured here
- * through the pool; a new format is one more entry in {@link WEIGHT_FORMATS}.
+ * A weight format as the bench drives it: the bytes of one matrix and the kernel call, derived
+ * from the weight-format registry (engine/quant/mod.ts), so a new format is measured here too.
+ * Formats that another bench (tools/dev/bench/quant.ts) times single-threaded are measured here
+ * through the pool.
  */
-export interface WeightFormat {
-  /** Short name, also the JSON key prefix (`<name>_gweights_per_s`). */
+export interface BenchFormat {
+  /** Short name (the `--experts` choice), also the JSON key prefix (`<name>_gweights_per_s`). */
   name: string;
   /** Exported kernel: (W, S?, x-ish, y, rows, cols, r0, r1). */
   kernel: string;
@@ -145,61 +149,27 @@ export interface WeightFormat {
   prepare?(k: Record<string, KernelFn>, s: Scratch, cols: number): void;
 }
 
-/** The formats measured, in report order; layouts as documented in wasm/quant_kernels.ts. */
-export const WEIGHT_FORMATS: WeightFormat[] = [
-  {
-    name: "f32",
-    kernel: "gemv_f32",
-    weightBytes: (r, c) => r * c * 4,
-    scaleBytes: () => 0,
-    args: (W, _S, s, r, c) => [W, s.x, s.y, r, c],
-  },
-  {
-    name: "bf16",
-    kernel: "gemv_bf16",
-    weightBytes: (r, c) => r * c * 2,
-    scaleBytes: () => 0,
-    args: (W, _S, s, r, c) => [W, s.x, s.y, r, c],
-  },
-  {
-    name: "int8",
-    kernel: "matvec_int8row",
-    weightBytes: (r, c) => r * c,
-    scaleBytes: (r) => r * 4,
-    args: (W, S, s, r, c) => [W, S, s.x, s.y, r, c],
-  },
-  {
-    name: "fp8",
-    kernel: "matvec_fp8b128",
-    weightBytes: (r, c) => r * c,
-    scaleBytes: (r, c) => Math.ceil(r / 128) * Math.ceil(c / 128) * 4,
-    args: (W, S, s, r, c) => [W, S, s.x, s.y, r, c],
-  },
-  {
-    name: "mxfp4",
-    kernel: "matvec_mxfp4",
-    weightBytes: (r, c) => (r * c) / 2,
-    scaleBytes: (r, c) => (r * c) / 32,
-    args: (W, S, s, r, c) => [W, S, s.xq, s.y, r, c],
-    prepare: (k, s, c) => k.quantize_act_q8(s.x, s.xq, c),
-  },
-  {
-    name: "int4",
-    kernel: "matvec_int4g32",
-    weightBytes: (r, c) => (r * c) / 2,
-    scaleBytes: (r, c) => (r * c) / 16,
-    args: (W, S, s, r, c) => [W, S, s.xq, s.y, r, c],
-    prepare: (k, s, c) => k.quantize_act_q8(s.x, s.xq, c),
-  },
-  {
-    name: "vq3r",
-    kernel: "matvec_vq3r",
-    weightBytes: (r, c) => (r * 3 * c) / 8,
-    scaleBytes: (r) => r * 4,
-    args: (W, S, s, r, c) => [W, S, s.lut, s.y, r, c],
-    prepare: (k, s, c) => k.vq3r_lut(s.codebooks, s.x, s.lut, c),
-  },
-];
+function benchFormat(f: WeightFormat): BenchFormat {
+  const input = (s: Scratch) => f.input === "q8" ? s.xq : f.input === "lut" ? s.lut : s.x;
+  return {
+    name: f.option!,
+    kernel: f.gemv.kernel,
+    weightBytes: (r, c) => storedBytes(f.id, [r, c]),
+    scaleBytes(r, c) {
+      const spec = scaleSpecOf(f.id, [r, c]);
+      return spec ? storedBytes(spec.dtype, spec.shape) : 0;
+    },
+    args: (W, S, s, r, c) => f.gemv.scaled ? [W, S, input(s), s.y, r, c] : [W, input(s), s.y, r, c],
+    prepare: f.input === "q8"
+      ? (k, s, c) => k.quantize_act_q8(s.x, s.xq, c)
+      : f.input === "lut"
+      ? (k, s, c) => k.vq3r_lut(s.codebooks, s.x, s.lut, c)
+      : undefined,
+  };
+}
+
+/** The formats measured (every `--experts` choice), in registry order. */
+export const BENCH_FORMATS: BenchFormat[] = WEIGHT_FORMATS.filter((f) => f.option).map(benchFormat);
 
 /** Design targets (docs/DESIGN.md): kernel throughput against the machine's ceilings. */
 export const TARGETS = {
@@ -292,14 +262,14 @@ function fillFloats(arena: Arena, off: number, n: number): void {
 }
 
 /** Bytes one matrix takes in the region: weights, then scales, 64-byte and page aligned. */
-function matrixStride(f: WeightFormat, rows: number, cols: number): number {
+function matrixStride(f: BenchFormat, rows: number, cols: number): number {
   return alignUp(alignUp(f.weightBytes(rows, cols), 64) + f.scaleBytes(rows, cols), PAGE);
 }
 
 /** Best-of-`passes` throughput of `f` at one shape, cycling through the region's matrices. */
 function timeFormat(
   pool: Pool,
-  f: WeightFormat,
+  f: BenchFormat,
   rows: number,
   cols: number,
   region: { off: number; bytes: number },
@@ -501,7 +471,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
 
   const module = await loadKernelModule();
   const gemv: GemvRow[] = [];
-  for (const f of WEIGHT_FORMATS) {
+  for (const f of BENCH_FORMATS) {
     for (const [rows, cols] of sizes.shapes) {
       gemv.push({
         format: f.name,
@@ -525,7 +495,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     const pool = await Pool.create(arena, module, t);
     try {
       let i = 0;
-      for (const f of WEIGHT_FORMATS) {
+      for (const f of BENCH_FORMATS) {
         for (const [rows, cols] of sizes.shapes) {
           const row = gemv[i++];
           const r = timeFormat(

@@ -10,10 +10,10 @@
  *
  * @module
  */
-import { dequantizeInt4g32 } from "../../engine/quant/int4.ts";
-import { dequantizeMxfp4 } from "../../engine/quant/mxfp4.ts";
-import { readF32 } from "../../io/checkpoint_weights.ts";
-import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
+import { dequantizeInt4g32 } from "./quant/int4.ts";
+import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { readF32 } from "../io/checkpoint_weights.ts";
+import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
 export const INT4_PACKED = "INT4_PACKED";
