@@ -18,6 +18,15 @@ import { type Route, route } from "./routing.ts";
 import type { MoeObserver } from "./transformer.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
 
+/** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
+export function ffnRows(cfg: ModelConfig): number {
+  return Math.max(
+    cfg.intermediateSize,
+    cfg.moe?.expertIntermediate ?? 0,
+    cfg.moe?.sharedIntermediate ?? 0,
+  );
+}
+
 /** The FFN of every layer of one model, with its scratch buffers. */
 export class FeedForward {
   /**
@@ -50,11 +59,7 @@ export class FeedForward {
     this.#arena = arena;
     const d = cfg.hiddenSize;
     const moe = cfg.moe;
-    const inter = Math.max(
-      cfg.intermediateSize,
-      moe?.expertIntermediate ?? 0,
-      moe?.sharedIntermediate ?? 0,
-    );
+    const inter = ffnRows(cfg);
     this.#gate = arena.alloc("ffn gate", maxBatch * inter * 4);
     this.#up = arena.alloc("ffn up", maxBatch * inter * 4);
     this.#gathered = arena.alloc("moe gathered input", maxBatch * d * 4);

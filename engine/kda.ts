@@ -37,11 +37,19 @@ export function kdaLayerStateBytes(k: KdaConfig): { state: number; conv: number 
   return { state: k.numHeads * k.headDim * k.headDim * 4, conv: 3 * (k.convKernel - 1) * p * 4 };
 }
 
-/** The checkpoint shape of a KDA layer tensor (Kimi-Linear's layout), or null for other tensors. */
-export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | null {
+/**
+ * Checks a KDA layer tensor's checkpoint shape; returns what was expected when it does not fit,
+ * else null. A_log need only hold one rate per head (Kimi-Linear stores [1, 1, H, 1], K3 a padded
+ * vector), so its element count is what is checked.
+ */
+export function kdaShapeMismatch(cfg: ModelConfig, t: LayerTensor, shape: number[]): string | null {
   const k = cfg.kda;
   if (!k) return null;
   const h = cfg.hiddenSize, H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
+  if (t === "a_log") {
+    const n = shape.reduce((a, b) => a * b, 1);
+    return n >= H ? null : `at least ${H} values (one decay rate per head)`;
+  }
   const shapes: Partial<Record<LayerTensor, number[]>> = {
     wq: [p, h],
     wk: [p, h],
@@ -53,15 +61,14 @@ export function kdaTensorShape(cfg: ModelConfig, t: LayerTensor): number[] | nul
     f_a: [dk, h],
     f_b: [p, dk],
     dt_bias: [p],
-    // K3 stores A_log as head_dim values of which the first H are used.
-    a_log: k.aLogPadded ? [dk] : [1, 1, H, 1],
     beta_proj: [H, h],
     g_a: [dk, h],
     g_b: [p, dk],
     g_proj: [p, h],
     o_norm: [dk],
   };
-  return shapes[t] ?? null;
+  const want = shapes[t];
+  return want && String(want) !== String(shape) ? `shape [${want}]` : null;
 }
 
 /**
@@ -151,6 +158,20 @@ export class KdaAttention {
       : -1;
   }
 
+  /**
+   * Throws unless `pos` is 0 (a restart) or the next position of KDA layer `layer` (of the
+   * first KDA layer when absent): a recurrent state cannot rewind. The family's `begin` calls it
+   * before the first layer, so a refused call changes no layer's state or cache.
+   */
+  checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
+    if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
+      throw new Error(
+        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
+          `(a recurrent state cannot rewind; start again from position 0)`,
+      );
+    }
+  }
+
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
@@ -158,14 +179,8 @@ export class KdaAttention {
     const st = this.#layers[layer];
     if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    if (pos === 0) {
-      this.#zero(st);
-    } else if (pos !== this.#next[layer]) {
-      throw new Error(
-        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
-          `(a recurrent state cannot rewind; start again from position 0)`,
-      );
-    }
+    this.checkPosition(pos, layer);
+    if (pos === 0) this.#zero(st);
     this.#next[layer] = pos + nb;
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;

@@ -13,6 +13,7 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
 import type { ModelConfig } from "../io/model_config.ts";
+import { ffnRows } from "./ffn.ts";
 import { familyOf } from "./models/mod.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { formatBytes } from "./units.ts";
@@ -112,11 +113,7 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
   const family = familyOf(cfg);
   const d = cfg.hiddenSize;
   const moe = cfg.moe;
-  const inter = Math.max(
-    cfg.intermediateSize,
-    moe?.expertIntermediate ?? 0,
-    moe?.sharedIntermediate ?? 0,
-  );
+  const inter = ffnRows(cfg);
   const floats =
     maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
     family.scratchFloats(cfg, maxBatch) + maxBatch * cfg.vocabSize +

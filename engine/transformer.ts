@@ -21,6 +21,11 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 export interface Attention {
   /** out = attention(h) for `nb` tokens at positions pos..pos+nb−1; appends to the KV cache. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * Called once per forward pass before any layer runs: a recurrent state (KDA) refuses a
+   * position it cannot continue from here, before any cache or state changes.
+   */
+  begin?(pos: number, nb: number): void;
 }
 
 /** Weights that stay in the arena for the whole run. */
@@ -139,6 +144,7 @@ export class Transformer {
     }
     const x = this.#x, h = this.#h, tmp = this.#tmp;
     const res = this.#res;
+    attention.begin?.(pos, nb);
     embedRows(arena, globals.embed, tokens, x);
     // Attention Residuals: x is the running sum of the current block; `blocks` snapshots taken.
     let blocks = 0;

@@ -79,8 +79,6 @@ export interface KdaConfig {
    * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
    */
   fullRankOutputGate: boolean;
-  /** Kimi K3: A_log is stored as headDim values, the first numHeads used (as released). */
-  aLogPadded?: boolean;
 }
 
 /**

@@ -165,40 +165,15 @@ Deno.test("llama.cpp spellings and --prompt-ids give the known answer too", asyn
   const known = JSON.parse(readFileSync(`${fixtureDir("stories260k")}/reference.json`, "utf8"));
   const model = await packedFixture("stories260k");
   const n = String(known.generated_ids.length);
-  const short = await sluice(
-    "generate",
-    "-m",
-    model,
-    "-p",
-    known.prompt,
-    "--n-predict",
-    n,
-    "--temp",
-    "0",
-    "-t",
-    "1",
-    "--ctx-size",
-    "256",
-    "--json",
-  );
+  const llama = ["-m", model, "-p", known.prompt, "--n-predict", n, "--temp", "0", "-t", "1"];
+  const short = await sluice("generate", ...llama, "--ctx-size", "256", "--json");
   assert.equal(short.code, 0, short.stderr);
   assert.deepEqual(JSON.parse(short.stdout).generated_ids, known.generated_ids);
-  const ids = await sluice(
-    "generate",
-    "-m",
-    model,
-    "--prompt-ids",
-    known.prompt_ids.join(","),
-    "-n",
-    n,
-    "-c",
-    "256",
-    "--json",
-  );
+  const byIds = ["-m", model, "--prompt-ids", known.prompt_ids.join(","), "-n", n, "-c", "256"];
+  const ids = await sluice("generate", ...byIds, "--json");
   assert.equal(ids.code, 0, ids.stderr);
   const out = JSON.parse(ids.stdout);
-  assert.deepEqual(out.prompt_ids, known.prompt_ids);
-  assert.deepEqual(out.generated_ids, known.generated_ids);
+  assert.deepEqual([out.prompt_ids, out.generated_ids], [known.prompt_ids, known.generated_ids]);
   const bad = await sluice("generate", "-m", model, "--prompt-ids", "1,99999", "-n", "1");
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /--prompt-ids: token id 99999 is outside the vocabulary of 512/);

@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
+import { kvCacheBytes, planMemory } from "../engine/planner.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import {
   referenceWeightsFromCheckpoint,
@@ -98,6 +99,53 @@ Deno.test({
 });
 
 Deno.test({
+  name: "the planner sizes a Kimi-Linear-48B-shaped model's KDA state and MLA latent cache",
+  ignore,
+  fn() {
+    // The fixture's config at the real KDA/MLA widths (README: 32 KDA heads of 128, convs on
+    // 3 × 4096 channels, 20 KDA layers; latent 512 + 64 per position).
+    const hf = hfConfig();
+    const kdaLayers: number[] = [], fullLayers: number[] = [];
+    for (let n = 1; n <= 27; n++) (n % 4 === 0 || n === 27 ? fullLayers : kdaLayers).push(n);
+    Object.assign(hf, {
+      hidden_size: 2304,
+      num_hidden_layers: 27,
+      num_attention_heads: 32,
+      num_key_value_heads: 32,
+      kv_lora_rank: 512,
+      qk_nope_head_dim: 128,
+      qk_rope_head_dim: 64,
+      v_head_dim: 128,
+      linear_attn_config: {
+        full_attn_layers: fullLayers,
+        kda_layers: kdaLayers,
+        num_heads: 32,
+        head_dim: 128,
+        short_conv_kernel_size: 4,
+      },
+    });
+    const cfg = normalizeConfig(hf);
+    assert.equal(cfg.kda!.layers.filter((x) => x).length, 20);
+    const ctx = 4096;
+    const plan = planMemory({
+      cfg,
+      globalsBytes: 0,
+      layerBytes: new Array(27).fill(4096),
+      expertStride: 0,
+      totalExperts: 0,
+      routerBytes: 0,
+    }, { ctx, maxBatch: 64 });
+    const kdaBytes = (32 * 128 * 128 + 3 * 3 * 4096) * 4;
+    cfg.kda!.layers.forEach((isKda, l) => {
+      assert.equal(plan.layerStateBytes[l], isKda ? kdaBytes : ctx * (512 + 64) * 4, `layer ${l}`);
+    });
+    // The recurrent state does not grow with the context; the latent cache does, linearly.
+    const grow = kvCacheBytes(cfg, 2 * ctx) - kvCacheBytes(cfg, ctx);
+    assert.equal(grow, 7 * ctx * (512 + 64) * 4);
+  },
+});
+
+Deno.test({
   name: "bad kimi_linear configs are errors naming the field",
   ignore,
   fn() {
@@ -153,6 +201,26 @@ Deno.test({
       assert.deepEqual(got, KNOWN_IDS.slice(0, 10));
     } finally {
       session.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "position 0 restarts the recurrent state; another earlier position is refused",
+  ignore,
+  async fn() {
+    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 32 });
+    try {
+      const first = model.forward(KNOWN_PROMPT, 0, true);
+      model.forward([KNOWN_IDS[0]], KNOWN_PROMPT.length);
+      assert.throws(
+        () => model.forward([5], 2),
+        /KDA state is at position 6, not 2.*cannot rewind/,
+      );
+      // A second run from 0 sees none of the first run's state: the same bits.
+      assert.deepEqual(model.forward(KNOWN_PROMPT, 0, true), first);
+    } finally {
+      model.close();
     }
   },
 });
@@ -299,6 +367,32 @@ Deno.test({
       base,
       "the hot list changed the logits",
     );
+  },
+});
+
+Deno.test({
+  name: "pack refuses a KDA tensor of the wrong shape, naming the file, tensor and layer",
+  ignore,
+  async fn() {
+    const src = join(tempDir(), "kimi-linear-bad-conv");
+    cpSync(fixtureDir(NAME), src, { recursive: true });
+    const file = join(src, "model.safetensors");
+    Deno.chmodSync(file, 0o644);
+    const bytes = Deno.readFileSync(file);
+    const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    const header = new TextDecoder().decode(bytes.subarray(8, 8 + n));
+    // Same byte count, transposed taps: only a shape check can tell.
+    const key = '"model.layers.3.self_attn.k_conv1d.weight":{"dtype":"F32","shape":[64,1,4]';
+    assert.ok(header.includes(key), "fixture header layout changed");
+    const edited = header.replace(key, key.replace("[64,1,4]", "[64,4,1]"));
+    bytes.set(new TextEncoder().encode(edited), 8);
+    Deno.writeFileSync(file, bytes);
+    const out = join(tempDir(), "kimi-linear-bad-conv.sluice");
+    await assert.rejects(
+      packCheckpoint(src, out, { progress: "off", log: () => {} }),
+      /model\.safetensors: tensor model\.layers\.3\.self_attn\.k_conv1d\.weight \(layer 3 k_conv\) has shape \[64,4,1\], expected shape \[64,1,4\]/,
+    );
+    assert.ok(!existsSync(out), "a refused pack left a container");
   },
 });
 

@@ -196,6 +196,7 @@ Deno.test(
     // Parameter counts the README states, from the packed manifests.
     assert.equal(inspectContainer(`${tmp}/stories260k.sluice`).params.total, 260032);
     assert.equal(inspectContainer(`${tmp}/tiny-deepseek-v3-fp8.sluice`).params.total, 479344);
+    assert.equal(inspectContainer(`${tmp}/tiny-kimi-linear.sluice`).params.total, 738592);
     const moe64 = inspectContainer(`${tmp}/stories260k-moe64.sluice`);
     assert.equal(moe64.banks[0].recordBytes, 128 + 132096);
     assert.equal(moe64.banks[0].stride, 135168);

@@ -6,7 +6,7 @@
  * @module
  */
 
-import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
+import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
@@ -164,10 +164,7 @@ export function inspectCommand(args: string[]): Promise<number> {
       verify: { type: "boolean" },
       ...HELP_FLAG,
     }, { positionals: true });
-    if (a.bool("help")) {
-      console.log(usage);
-      return Promise.resolve(0);
-    }
+    if (helpShown(a, usage)) return Promise.resolve(0);
     if (a.positionals.length !== 1) throw new Error(`expected one container path\n${usage}`);
     const path = a.positionals[0];
     const report = inspectContainer(path);

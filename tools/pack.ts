@@ -16,7 +16,7 @@
 
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
+import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { JOURNAL } from "./pack/journal.ts";
 import type { PackOptions } from "./pack/options.ts";
 import { packCheckpoint } from "./pack/pack_checkpoint.ts";
@@ -69,10 +69,7 @@ export async function packCommand(args: string[]): Promise<number> {
     console.error(`pack: ${(e as Error).message}\n${USAGE}`);
     return 1;
   }
-  if (a.bool("help")) {
-    console.log(USAGE);
-    return 0;
-  }
+  if (helpShown(a, USAGE)) return 0;
   if (a.positionals.length !== 2) {
     console.error(`pack: expected a checkpoint directory and an output path\n${USAGE}`);
     return 1;

@@ -21,7 +21,7 @@ import {
   writeSync,
 } from "node:fs";
 import { join, resolve } from "node:path";
-import { HELP_FLAG, parseCommandArgs } from "./cli/args.ts";
+import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "../engine/container.ts";
 import { Progress, type ProgressMode } from "./progress.ts";
@@ -239,10 +239,7 @@ export function splitBanksCommand(args: string[]): Promise<number> {
     progress: { type: "string" },
     ...HELP_FLAG,
   }, { positionals: true });
-  if (a.bool("help")) {
-    console.log(usage);
-    return Promise.resolve(0);
-  }
+  if (helpShown(a, usage)) return Promise.resolve(0);
   if (a.positionals.length !== 2) {
     console.error(usage);
     return Promise.resolve(2);

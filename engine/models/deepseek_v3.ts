@@ -78,8 +78,11 @@ export class MlaAttention {
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
     // Hybrids (Kimi-Linear) keep a latent cache only for their full-attention layers.
     for (let l = 0; l < cfg.numLayers; l++) {
+      // Sized by the function the planner sums.
       this.#cache.push(
-        isKdaLayer(cfg, l) ? -1 : arena.alloc(`latent kv cache L${l}`, maxCtx * this.#row * 4),
+        isKdaLayer(cfg, l)
+          ? -1
+          : arena.alloc(`latent kv cache L${l}`, DEEPSEEK_V3.stateBytes(cfg, l, maxCtx)),
       );
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);

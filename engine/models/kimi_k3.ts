@@ -69,10 +69,6 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
   const numHeads = f.int("num_attention_heads", { min: 1 });
   const kdaHeads = lin.int("num_heads", { min: 1 });
   const kdaDim = lin.int("head_dim", { min: 1 });
-  if (kdaHeads > kdaDim) {
-    // A_log ships with head_dim entries, of which the first num_heads are the heads' values.
-    throw new Error(`${lin.where}: num_heads ${kdaHeads} exceeds head_dim ${kdaDim} (A_log)`);
-  }
   return {
     family: "kimi_k3",
     modelType: mt,
@@ -121,7 +117,6 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
       layers: Array.from({ length: numLayers }, (_, l) => !full.has(l + 1)),
       gateLowerBound: lin.num("gate_lower_bound"),
       fullRankOutputGate: true,
-      aLogPadded: true,
     },
     k3: {
       latentDim: f.int("routed_expert_hidden_size", { min: 1 }),
@@ -181,9 +176,6 @@ export const KIMI_K3: Family = {
     KIMI_LINEAR.validateConfig(c, where);
     const m = manifestField.obj(c.mla, `${where}.mla`);
     manifestField.bool(m.outputGate, `${where}.mla.outputGate`);
-    const k = manifestField.obj(c.kda, `${where}.kda`);
-
-    manifestField.bool(k.aLogPadded, `${where}.kda.aLogPadded`);
     const k3 = manifestField.obj(c.k3, `${where}.k3`);
     for (const f of ["latentDim", "attnResBlockSize"]) {
       manifestField.int(k3[f], `${where}.k3.${f}`, 1, MAX_DIM);

@@ -200,6 +200,11 @@ export class KimiLinearAttention implements Attention {
     this.#mla = new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
   }
 
+  /** Refuses a position the KDA state cannot continue from, before any layer runs. */
+  begin(pos: number): void {
+    this.#kda.checkPosition(pos);
+  }
+
   /** Runs layer `layer`'s own kind of attention. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     if (isKdaLayer(this.#cfg, layer)) this.#kda.forward(layer, lw, h, out, nb, pos);

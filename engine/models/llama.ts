@@ -47,8 +47,10 @@ export class GqaAttention {
     const hd = cfg.headDim;
     const kvDim = cfg.numKvHeads * hd;
     for (let l = 0; l < cfg.numLayers; l++) {
-      this.#k.push(arena.alloc(`kv cache k L${l}`, maxCtx * kvDim * 4));
-      this.#v.push(arena.alloc(`kv cache v L${l}`, maxCtx * kvDim * 4));
+      // One region per layer, sized by the function the planner sums: keys, then values.
+      const kv = arena.alloc(`kv cache L${l}`, LLAMA.stateBytes(cfg, l, maxCtx));
+      this.#k.push(kv);
+      this.#v.push(kv + maxCtx * kvDim * 4);
     }
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
     this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);

@@ -96,6 +96,12 @@ export class Args {
   }
 }
 
+/** Prints `usage` (stdout) when `-h`/`--help` was given, and says whether it was. */
+export function helpShown(a: Args, usage: string): boolean {
+  if (a.bool("help")) console.log(usage);
+  return a.bool("help");
+}
+
 /**
  * Parses `args` against `flags` (aliases rewritten to their long names first). Unknown flags
  * are errors; positionals only where `positionals` allows them.

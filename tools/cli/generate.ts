@@ -14,6 +14,7 @@ import {
   CTX_FLAG,
   type Flags,
   HELP_FLAG,
+  helpShown,
   MODEL_FLAG,
   parseCommandArgs,
 } from "./args.ts";
@@ -107,10 +108,7 @@ const FLAGS: Flags = {
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("generate", args, FLAGS);
-  if (a.bool("help")) {
-    console.log(HELP);
-    return 0;
-  }
+  if (helpShown(a, HELP)) return 0;
   const run = runOptionsFromArgs(a);
   const quiet = a.bool("quiet") || a.bool("json");
   // A prompt read from a file or a pipe loses one trailing newline, as `echo` or an editor adds it.

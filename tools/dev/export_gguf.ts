@@ -22,17 +22,9 @@ import { existsSync, statSync } from "node:fs";
 import { basename } from "node:path";
 import { parseArgs } from "node:util";
 import { openContainer } from "../../engine/container.ts";
-import {
-  EXPERT_MATRICES,
-  type LayerTensor,
-  type ModelConfig,
-} from "../../io/model_config.ts";
-import {
-  hfExpertName,
-  hfGlobalName,
-  hfLayerName,
-  layerTensorsOf,
-} from "../../engine/tensor_names.ts";
+import type { GlobalTensor, LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import { EXPERT_MATRICES } from "../../io/model_config.ts";
+import * as names from "../../engine/tensor_names.ts";
 import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
@@ -218,11 +210,11 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       : v;
   };
   const V = cfg.vocabSize, H = cfg.hiddenSize;
-  add(GLOBAL_GGUF.embed, [V, H], hfGlobalName(cfg, "embed")!, () => src.global("embed"));
+  add(GLOBAL_GGUF.embed, [V, H], names.hfGlobalName(cfg, "embed")!, () => src.global("embed"));
   add(
     GLOBAL_GGUF.final_norm,
     [H],
-    hfGlobalName(cfg, "final_norm")!,
+    names.hfGlobalName(cfg, "final_norm")!,
     () => src.global("final_norm"),
   );
   if (src.hasLmHead) {
@@ -247,13 +239,13 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       ffn_down: [H, cfg.intermediateSize],
       router: [cfg.moe?.numExperts ?? 0, H],
     };
-    for (const t of layerTensorsOf(cfg, l)) {
+    for (const t of names.layerTensorsOf(cfg, l)) {
       const rel = LAYER_GGUF[t];
       if (!rel) throw new Error(`layer ${l}: tensor ${t} has no GGUF name for ${arch}`);
       add(
         `blk.${l}.${rel}`,
         shapes[t]!,
-        hfLayerName(cfg, l, t)!,
+        names.hfLayerName(cfg, l, t)!,
         () => permute(t, src.layer(l, t)),
       );
     }
@@ -262,7 +254,7 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
     let last = "";
     for (let e = 0; e < moe.numExperts; e++) {
       for (const m of EXPERT_MATRICES) {
-        const n = hfExpertName(cfg, l, e, m);
+        const n = names.hfExpertName(cfg, l, e, m);
         if (n > last) last = n;
       }
     }
@@ -272,7 +264,7 @@ function planTensors(src: WeightSource, arch: "llama" | "qwen3moe", want: Encoda
       out.push({
         spec: { name: `blk.${l}.ffn_${m}_exps.weight`, dims, type: typeFor(dims, false, want) },
         // Stacked tensors come out once the last expert is read, in the HF matrix-name order.
-        key: `${last}\u0000${hfExpertName(cfg, l, 0, m)}`,
+        key: `${last}\u0000${names.hfExpertName(cfg, l, 0, m)}`,
         chunks: function* () {
           for (let e = 0; e < moe.numExperts; e++) yield src.expert(l, e, m);
         },

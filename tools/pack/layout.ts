@@ -16,7 +16,7 @@ import {
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
-import { kdaTensorShape } from "../../engine/kda.ts";
+import { kdaShapeMismatch } from "../../engine/kda.ts";
 import {
   hfExpertName,
   hfGlobalName,
@@ -180,8 +180,12 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
-      const kdaShape = isKdaLayer(cfg, l) ? kdaTensorShape(cfg, t) : null;
-      if (kdaShape) checkShape(src, kdaShape);
+      const kdaWant = isKdaLayer(cfg, l) ? kdaShapeMismatch(cfg, t, src.shape) : null;
+      if (kdaWant) {
+        throw new Error(
+          `${src.file}: tensor ${src.name} (layer ${l} ${t}) has shape [${src.shape}], expected ${kdaWant}`,
+        );
+      }
       const role = t === "router"
         ? "router"
         : src.shape.length === 1 || VECTOR_TENSORS.has(t)
