@@ -12,20 +12,12 @@
 import type { Arena } from "./arena.ts";
 import { expertWidth, type LayerTensor, type ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
+import { skeletonBuffers } from "./run_state.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
 import { inputFormOf } from "./tensor.ts";
 import { type Route, route } from "./routing.ts";
 import type { MoeObserver } from "./transformer.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
-
-/** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
-export function ffnRows(cfg: ModelConfig): number {
-  return Math.max(
-    cfg.intermediateSize,
-    cfg.moe?.expertIntermediate ?? 0,
-    cfg.moe?.sharedIntermediate ?? 0,
-  );
-}
 
 /** The FFN of every layer of one model, with its scratch buffers. */
 export class FeedForward {
@@ -57,17 +49,15 @@ export class FeedForward {
     this.#experts = experts;
     this.#maxBatch = maxBatch;
     this.#arena = arena;
-    const d = cfg.hiddenSize;
-    const moe = cfg.moe;
-    const inter = ffnRows(cfg);
-    this.#gate = arena.alloc("ffn gate", maxBatch * inter * 4);
-    this.#up = arena.alloc("ffn up", maxBatch * inter * 4);
-    this.#gathered = arena.alloc("moe gathered input", maxBatch * d * 4);
-    this.#expertOut = arena.alloc("moe expert outputs", maxBatch * (moe?.topK ?? 1) * d * 4);
-    this.#logits = arena.alloc("moe router logits", maxBatch * (moe?.numExperts ?? 1) * 4);
-    if (cfg.k3 && moe) {
-      this.#latentIn = arena.alloc("moe latent input", maxBatch * cfg.k3.latentDim * 4);
-      this.#latentSum = arena.alloc("moe latent sum", maxBatch * cfg.k3.latentDim * 4);
+    const b = skeletonBuffers(cfg, maxBatch);
+    this.#gate = arena.alloc("ffn gate", b.ffn * 4);
+    this.#up = arena.alloc("ffn up", b.ffn * 4);
+    this.#gathered = arena.alloc("moe gathered input", b.gathered * 4);
+    this.#expertOut = arena.alloc("moe expert outputs", b.expertOut * 4);
+    this.#logits = arena.alloc("moe router logits", b.routerLogits * 4);
+    if (b.latent) {
+      this.#latentIn = arena.alloc("moe latent input", b.latent * 4);
+      this.#latentSum = arena.alloc("moe latent sum", b.latent * 4);
     }
   }
 

@@ -13,9 +13,9 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
 import type { ModelConfig } from "../io/model_config.ts";
-import { ffnRows } from "./ffn.ts";
 import { familyOf } from "./models/mod.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
+import { skeletonFloats } from "./run_state.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -111,12 +111,7 @@ export function kvCacheBytes(cfg: ModelConfig, ctx: number): number {
 /** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
 export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
   const family = familyOf(cfg);
-  const d = cfg.hiddenSize;
-  const moe = cfg.moe;
-  const inter = ffnRows(cfg);
-  const floats =
-    maxBatch * (3 * d + 2 * inter + d + (moe?.topK ?? 1) * d + (moe?.numExperts ?? 1)) +
-    family.scratchFloats(cfg, maxBatch) + maxBatch * cfg.vocabSize +
+  const floats = skeletonFloats(cfg, maxBatch) + family.scratchFloats(cfg, maxBatch) +
     Math.min(maxBatch, 8) * cfg.numHeads * ctx +
     2 * ctx * cfg.rope.dim;
   // 32 regions rounded up to pages, plus the reserved low region and the pool control block.

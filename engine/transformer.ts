@@ -13,6 +13,7 @@ import { embedRows } from "./embedding.ts";
 import { FeedForward } from "./ffn.ts";
 import type { ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
+import { skeletonBuffers } from "./run_state.ts";
 import type { Route } from "./routing.ts";
 import type { TensorRef } from "./tensor.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
@@ -73,25 +74,22 @@ export class Transformer {
   #tmp: number;
   #logits: number;
   /** Attention Residuals: block snapshots [block][token][d], the mixed input, score scratch. */
-  #res: { blocks: number; out: number; scores: number; maxBlocks: number } | null = null;
+  #res: { blocks: number; out: number; scores: number } | null = null;
 
   constructor(p: TransformerParts) {
     this.#p = p;
     this.cfg = p.cfg;
-    const d = p.cfg.hiddenSize;
     this.#ffn = new FeedForward(p.ops, p.arena, p.cfg, p.experts, p.maxBatch);
-    this.#x = p.arena.alloc("hidden x", p.maxBatch * d * 4);
-    this.#h = p.arena.alloc("hidden h", p.maxBatch * d * 4);
-    this.#tmp = p.arena.alloc("hidden tmp", p.maxBatch * d * 4);
-    this.#logits = p.arena.alloc("logits", p.maxBatch * p.cfg.vocabSize * 4);
-    const k3 = p.cfg.k3;
-    if (k3) {
-      const maxBlocks = Math.ceil(p.cfg.numLayers / k3.attnResBlockSize);
+    const b = skeletonBuffers(p.cfg, p.maxBatch);
+    this.#x = p.arena.alloc("hidden x", b.hidden * 4);
+    this.#h = p.arena.alloc("hidden h", b.hidden * 4);
+    this.#tmp = p.arena.alloc("hidden tmp", b.hidden * 4);
+    this.#logits = p.arena.alloc("logits", b.logits * 4);
+    if (b.resBlocks) {
       this.#res = {
-        blocks: p.arena.alloc("attn-res blocks", maxBlocks * p.maxBatch * d * 4),
-        out: p.arena.alloc("attn-res input", p.maxBatch * d * 4),
-        scores: p.arena.alloc("attn-res scores", (maxBlocks + 1) * 4),
-        maxBlocks,
+        blocks: p.arena.alloc("attn-res blocks", b.resSnapshots * 4),
+        out: p.arena.alloc("attn-res input", b.resInput * 4),
+        scores: p.arena.alloc("attn-res scores", b.resScores * 4),
       };
     }
   }

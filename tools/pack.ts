@@ -16,6 +16,8 @@
 
 import { existsSync } from "node:fs";
 import { join } from "node:path";
+import { SUPPORTED_MODEL_TYPES } from "../engine/config.ts";
+import { EXPERT_OPTIONS } from "../engine/quant/mod.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { JOURNAL } from "./pack/journal.ts";
 import type { PackOptions } from "./pack/options.ts";
@@ -35,11 +37,11 @@ const USAGE = `sluice pack — turn a Hugging Face safetensors checkpoint into a
 Usage: deno run -A mod.ts pack <hf-dir> <out>.sluice [options]   (or: deno task pack ...)
 
 Reads single-file or sharded checkpoints (F32, F16, BF16, FP8 E4M3 with 128×128 block scales,
-Kimi-style INT4) of model_type llama, mixtral, qwen3_moe, deepseek_v3 / kimi_k2. Writes into
+Kimi-style INT4) of model_type ${SUPPORTED_MODEL_TYPES.join(", ")}. Writes into
 <out>.sluice.tmp and renames at the end; an interrupted pack resumes layer by layer on rerun.
 
 Options:
-  --experts FORMAT      store routed experts as mxfp4, int4, vq3r, int8, fp8, bf16 or f32
+  --experts FORMAT      store routed experts as ${Object.keys(EXPERT_OPTIONS).join(", ")}
                         (default: as shipped); matrices a format cannot hold keep their dtype
   --trunk int8          per-row int8 for the layers' attention/dense matrices
   --convert f32|bf16    dequantise / convert every weight matrix

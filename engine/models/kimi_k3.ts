@@ -151,15 +151,13 @@ const LATENT_TENSORS: Partial<Record<LayerTensor, string>> = {
 };
 
 /**
- * Floats of K3's own scratch for a batch of `maxBatch`: the Attention Residual snapshots, mixed
- * input and scores (transformer.ts), the latent MoE's input and sum (ffn.ts), and the MLA output
- * gate; each region is page-rounded, hence a page apiece on top.
+ * Floats of K3's own attention scratch for a batch of `maxBatch`: the MLA output gate. (The
+ * latent MoE's and the Attention Residuals' buffers are the skeleton's, engine/run_state.ts.)
+ * Each region is page-rounded: a page apiece on top, for the gate and the skeleton's five K3
+ * regions.
  */
 function k3ScratchFloats(cfg: ModelConfig, maxBatch: number): number {
-  const k3 = cfg.k3!, d = cfg.hiddenSize;
-  const blocks = Math.ceil(cfg.numLayers / k3.attnResBlockSize);
-  return maxBatch * (blocks * d + d + 2 * k3.latentDim + cfg.numHeads * cfg.mla!.vHeadDim) +
-    blocks + 1 + 6 * (PAGE / 4);
+  return maxBatch * cfg.numHeads * cfg.mla!.vHeadDim + 6 * (PAGE / 4);
 }
 
 /** The kimi_k3 family. */

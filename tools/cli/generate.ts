@@ -68,22 +68,11 @@ Output:
   -h, --help            this text
 `;
 
-/** The flags of `generate`, with llama.cpp's spellings as aliases. */
-const FLAGS: Flags = {
-  ...MODEL_FLAG,
-  prompt: { type: "string", short: "p" },
-  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
-  "prompt-ids": { type: "string" },
-  chat: { type: "boolean" },
-  system: { type: "string" },
-  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
-  temperature: { type: "string", aliases: ["temp"] },
-  "top-k": { type: "string" },
-  "top-p": { type: "string" },
-  "min-p": { type: "string" },
-  "repeat-penalty": { type: "string" },
-  seed: { type: "string", short: "s" },
-  "ignore-eos": { type: "boolean" },
+/**
+ * The memory and I/O flags of every command that runs a model (generate, and chat and serve
+ * next), read by {@link runOptionsFromArgs}. None of them changes the output.
+ */
+export const RUN_FLAGS: Flags = {
   ...BUDGET_FLAGS,
   ...CTX_FLAG,
   threads: { type: "string", short: "t" },
@@ -100,8 +89,27 @@ const FLAGS: Flags = {
   learn: { type: "boolean" },
   "no-hot-list": { type: "boolean" },
   trace: { type: "string" },
+};
+
+/** The flags of `generate`, with llama.cpp's spellings as aliases. */
+const FLAGS: Flags = {
+  ...MODEL_FLAG,
+  prompt: { type: "string", short: "p" },
+  "prompt-file": { type: "string", short: "f", aliases: ["file"] },
+  "prompt-ids": { type: "string" },
+  chat: { type: "boolean" },
+  system: { type: "string" },
+  "max-tokens": { type: "string", short: "n", aliases: ["n-predict"] },
+  temperature: { type: "string", aliases: ["temp"] },
+  "top-k": { type: "string" },
+  "top-p": { type: "string" },
+  "min-p": { type: "string" },
+  "repeat-penalty": { type: "string" },
+  seed: { type: "string", short: "s" },
+  "ignore-eos": { type: "boolean" },
   json: { type: "boolean" },
   quiet: { type: "boolean" },
+  ...RUN_FLAGS,
   ...HELP_FLAG,
 };
 
