@@ -17,7 +17,7 @@ import { openCheckpoint } from "../io/safetensors.ts";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { synthCheckpoint, type SynthOverrides } from "../tools/synth.ts";
+import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
   decodeAgainstReference,
   fixtureDir,
@@ -381,4 +381,35 @@ Deno.test({
       }
     }
   },
+});
+
+Deno.test("K3 synth at the release's width: its shapes and expert bytes are the release's", () => {
+  const s = synthShape("kimi_k3", 20 * 2 ** 30, { hidden: 7168, layers: 93, experts: 896 });
+  const cfg = normalizeConfig(s.config);
+  assert.equal(cfg.kda!.layers.filter((k) => !k).length, 24, "24 MLA layers");
+  assert.deepEqual(
+    cfg.kda!.layers.flatMap((k, l) => k ? [] : [l + 1]).slice(-3),
+    [88, 92, 93],
+    "1-based MLA layers end 88, 92, 93",
+  );
+  assert.deepEqual(
+    [cfg.kda!.numHeads, cfg.kda!.headDim, cfg.numHeads, cfg.mla!.qLoraRank, cfg.mla!.kvLoraRank],
+    [96, 128, 96, 1536, 512],
+  );
+  assert.deepEqual([cfg.mla!.qkNopeHeadDim, cfg.mla!.qkRopeHeadDim, cfg.mla!.vHeadDim], [
+    128,
+    64,
+    128,
+  ]);
+  assert.deepEqual(
+    [cfg.k3!.latentDim, cfg.moe!.expertIntermediate, cfg.moe!.sharedIntermediate, cfg.moe!.topK],
+    [3584, 3072, 6144, 16],
+  );
+  assert.equal(cfg.intermediateSize, 33792);
+  assert.equal(cfg.k3!.attnResBlockSize, 12);
+  const expert = synthTensors("kimi_k3", s.dims, "bf16").filter((t) =>
+    t.name.includes("layers.1.block_sparse_moe.experts.0.")
+  );
+  // ../shared/K3.md: 17,547,264 bytes per expert in the release.
+  assert.equal(expert.reduce((n, t) => n + t.shape.reduce((a, b) => a * b, 1), 0), 17547264);
 });
