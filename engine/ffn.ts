@@ -1,11 +1,11 @@
 /**
- * The feed-forward half of a layer: a dense gated MLP, or a mixture of experts (router → top-k →
- * experts as they arrive → sum in routing order → plus shared experts). The gate is SwiGLU, or
- * SiTU-GLU for Kimi K3, whose Stable LatentMoE runs the routed experts in a latent width: the
- * input is projected down once, the weighted sum is RMS-normed and projected back up. Works on a batch of
- * tokens so that chunked prefill reads each distinct expert once per chunk. Experts in compact
- * formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up inputs are
- * prepared once per layer and shared by every expert the token is routed to.
+ * The feed-forward half of a layer: a dense gated MLP, or a mixture of experts (router →
+ * top-k → experts as they arrive → sum in routing order → plus shared experts). The gate is
+ * SwiGLU, or SiTU-GLU for Kimi K3, whose Stable LatentMoE runs the routed experts in a latent
+ * width: the input is projected down once, the weighted sum is RMS-normed and projected back up.
+ * Works on a batch of tokens so that chunked prefill reads each distinct expert once per chunk.
+ * Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up
+ * inputs are prepared once per layer and shared by every expert the token is routed to.
  *
  * @module
  */
@@ -35,7 +35,7 @@ export class FeedForward {
   #gathered: number;
   #expertOut: number;
   #logits: number;
-  /** Latent MoE: the projected input and the weighted sum (0 when the experts use the full width). */
+  /** Latent MoE: the projected input and the weighted sum (0 when experts use the full width). */
   #latentIn = 0;
   #latentSum = 0;
   #maxBatch: number;

@@ -1,5 +1,6 @@
 /*
- * Kimi K3's element-wise pieces: the SiTU-GLU activation and one token's Attention Residual (a softmax-weighted mix of a few hidden-size sources). Products and
+ * Kimi K3's element-wise pieces: the SiTU-GLU activation and one token's Attention Residual (a
+ * softmax-weighted mix of a few hidden-size sources). Products and
  * sums are separate IEEE operations, and scalar tails are lane 0 of the vector code, so vector
  * bodies and tails agree bit for bit.
  */

@@ -70,7 +70,7 @@ export class Fields {
     return new Fields(v as Json, `${this.where} ${key}`);
   }
 
-  /** Requires `key` to be present and equal to `want` (a setting only one value of is supported). */
+  /** Requires `key` to be present and equal to `want` (the only supported value). */
   exactly(key: string, want: string | number | boolean): void {
     const v = this.src[key];
     if (v === undefined || v === null) {

@@ -83,8 +83,8 @@ export type GluActivation = (g: number, u: number) => number;
 export const SWIGLU: GluActivation = (g, u) => silu(g) * u;
 
 /**
- * Kimi K3's SiTU-GLU: [β1·tanh(g/β1)·σ(g)] · [β2·tanh(u/β2)]; the sigmoid takes the uncapped g
- * (kimi-k3-in-c tools/k3_ref.py `k3_situ_glu`).
+ * Kimi K3's SiTU-GLU: [β1·tanh(g/β1)·σ(g)] · [β2·tanh(u/β2)]; the sigmoid takes the
+ * uncapped g (kimi-k3-in-c tools/k3_ref.py `k3_situ_glu`).
  */
 export function situ(beta: number, linearBeta: number): GluActivation {
   return (g, u) =>
