@@ -10,6 +10,7 @@ import { Model, type RunOptions } from "../engine/model.ts";
 import { hotListPath } from "../engine/stream/hot_list.ts";
 import { readTrace } from "../io/trace.ts";
 import { simulate } from "../tools/dev/sim.ts";
+import { splitBanks } from "../tools/split_banks.ts";
 import { hasFixture, packedFixture, tempDir } from "./fixtures.ts";
 
 /** Greedy-ish fixed token stream: prompt then a story-like continuation from stories260k. */
@@ -145,6 +146,10 @@ for (const [name, tokens, chunkIsPlacement] of PLACEMENT_FIXTURES) {
         ["node:fs fallback reader", { io: "fallback", expertSlots: 10 }],
         ["buffered reader, verify", { io: "buffered", verify: true, expertSlots: 10 }],
       ];
+      // Bank shards in two directories, read with a small cache.
+      const shards = [0, 1].map((i) => `${tempDir()}/${name}-shard${i}`);
+      splitBanks(path, shards, { progress: "off", log: () => {} });
+      settings.push(["bank shards", { shards, expertSlots: 10 }]);
       for (const [what, opts] of settings) {
         assert.deepEqual(
           await logitsOf(path, opts, tokens),
@@ -156,22 +161,34 @@ for (const [name, tokens, chunkIsPlacement] of PLACEMENT_FIXTURES) {
   });
 }
 
-Deno.test("a learned hot list warms the cache and changes nothing", async () => {
-  const src = await packedFixture("stories260k-moe64");
-  const path = `${tempDir()}/hot.sluice`;
-  cpSync(src, path, { recursive: true });
-  const base = await logitsOf(path, { expertSlots: 40 });
-  await logitsOf(path, { expertSlots: 40, learn: true });
-  const warm = await run(path, { expertSlots: 40 });
-  const warmedHits = warm.model.experts!.cache.stats.hits;
-  warm.model.close();
-  assert.deepEqual(warm.logits, base);
-  const cold = await run(path, { expertSlots: 40, hotList: false });
-  const coldHits = cold.model.experts!.cache.stats.hits;
-  cold.model.close();
-  assert.ok(warmedHits > coldHits, `hot list: ${warmedHits} hits vs ${coldHits} cold`);
-  Deno.removeSync(hotListPath(path));
-});
+for (
+  const [name, tokens] of [["stories260k-moe64", TOKENS], [
+    "tiny-kimi-k3-mxfp4",
+    K3_TOKENS,
+  ]] as const
+) {
+  Deno.test({
+    name: `a learned hot list warms the cache and changes nothing: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const src = await packedFixture(name);
+      const path = `${tempDir()}/hot-${name}.sluice`;
+      cpSync(src, path, { recursive: true });
+      const t = [...tokens];
+      const base = await logitsOf(path, { expertSlots: 40 }, t);
+      await logitsOf(path, { expertSlots: 40, learn: true }, t);
+      const warm = await run(path, { expertSlots: 40 }, t);
+      const warmedHits = warm.model.experts!.cache.stats.hits;
+      warm.model.close();
+      assert.deepEqual(warm.logits, base);
+      const cold = await run(path, { expertSlots: 40, hotList: false }, t);
+      const coldHits = cold.model.experts!.cache.stats.hits;
+      cold.model.close();
+      assert.ok(warmedHits > coldHits, `hot list: ${warmedHits} hits vs ${coldHits} cold`);
+      Deno.removeSync(hotListPath(path));
+    },
+  });
+}
 
 // The simulator replays demand accesses only, so the engine runs without the lookahead here.
 Deno.test("the simulator's LFRU replays the engine's trace to the engine's hit count", async () => {
