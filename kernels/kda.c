@@ -227,6 +227,29 @@ static float dot3(const float *a, const float *b, const float *c, int n) {
   return s;
 }
 
+/* d[i] *= a[i], then sum_i x[i]*y[i]*d[i] and sum_i z[i]*y[i]*d[i] in one pass: the same
+   lane-wise operations and order as vmul followed by two dot3 calls. */
+static inline void decay_dot2(float *d, const float *a, const float *x, const float *z,
+                              const float *y, int n, float *sx, float *sz) {
+  v128_t accx = wasm_f32x4_splat(0.0f), accz = accx;
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    v128_t dv = wasm_f32x4_mul(wasm_v128_load(d + i), wasm_v128_load(a + i));
+    wasm_v128_store(d + i, dv);
+    v128_t yv = wasm_v128_load(y + i);
+    accx = wasm_f32x4_add(accx, wasm_f32x4_mul(wasm_f32x4_mul(wasm_v128_load(x + i), yv), dv));
+    accz = wasm_f32x4_add(accz, wasm_f32x4_mul(wasm_f32x4_mul(wasm_v128_load(z + i), yv), dv));
+  }
+  float rx = hsum_f32x4(accx), rz = hsum_f32x4(accz);
+  for (; i < n; i++) {
+    d[i] *= a[i];
+    rx += (x[i] * y[i]) * d[i];
+    rz += (z[i] * y[i]) * d[i];
+  }
+  *sx = rx;
+  *sz = rz;
+}
+
 /* y[i] = y[i]*x[i]. */
 static void vmul(float *y, const float *x, int n) {
   int i = 0;
@@ -337,9 +360,10 @@ static void kda_chunk_head(float *Sh, float *q, float *k, const float *v, const 
     vfill(d, 1.0f, dk);
     M[(size_t)i * C + i] = dot3(Q(i), K(i), d, dk);
     for (int j = i - 1; j >= 0; j--) {
-      vmul(d, AT(j + 1), dk);
-      A[(size_t)i * C + j] = -B(i) * dot3(K(i), K(j), d, dk);
-      M[(size_t)i * C + j] = dot3(Q(i), K(j), d, dk);
+      float ak, aq;
+      decay_dot2(d, AT(j + 1), K(i), Q(i), K(j), dk, &ak, &aq);
+      A[(size_t)i * C + j] = -B(i) * ak;
+      M[(size_t)i * C + j] = aq;
     }
   }
   /* Row i becomes row + row·A[:i, :i] over the already finished rows (ascending j is in place). */

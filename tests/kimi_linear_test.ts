@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
+import { kdaForgetGate } from "../engine/kda.ts";
 import { kvCacheBytes, planMemory } from "../engine/planner.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import {
@@ -143,6 +144,25 @@ Deno.test({
     const grow = kvCacheBytes(cfg, 2 * ctx) - kvCacheBytes(cfg, ctx);
     assert.equal(grow, 7 * ctx * (512 + 64) * 4);
   },
+});
+
+Deno.test("the KDA forget gate: Kimi-Linear's softplus form and K3's bounded form", () => {
+  // 2 heads of 3 channels, 2 tokens; z + dt_bias spans the softplus cut at 20.
+  const z = Float32Array.from([-3, 0, 19.5, 25, -40, 1.5, 0.25, -0.5, 30, 2, -1, 0]);
+  const aLog = Float32Array.from([Math.log(2), Math.log(16)]);
+  const dt = Float32Array.from([0.1, -0.2, 0.6, 0, 0.5, -1]);
+  const softplus = (x: number) => x > 20 ? x : Math.log1p(Math.exp(x));
+  const kimi = Float32Array.from(z), k3 = Float32Array.from(z);
+  kdaForgetGate(kimi, aLog, dt, 2, 3, null);
+  kdaForgetGate(k3, aLog, dt, 2, 3, -5);
+  for (let i = 0; i < z.length; i++) {
+    const c = i % 6, a = Math.exp(aLog[Math.floor(c / 3)]), x = z[i] + dt[c];
+    // transformers: −exp(A_log)·softplus(x) with softplus(x) = x above 20 (fla's form).
+    assert.equal(kimi[i], Math.fround(-a * softplus(x)), `softplus form, value ${i}`);
+    // K3.md: g = lb·σ(exp(A_log)·x), in (lb, 0] (lb itself once rounded to float32).
+    assert.equal(k3[i], Math.fround(-5 / (1 + Math.exp(-a * x))), `bounded form, value ${i}`);
+    assert.ok(kimi[i] < 0 && k3[i] >= -5 && k3[i] <= 0);
+  }
 });
 
 Deno.test({
