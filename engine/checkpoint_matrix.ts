@@ -3,10 +3,13 @@
  * block scales), or an INT4 matrix in compressed-tensors' "pack-quantized" form as
  * Kimi-K2-Thinking ships its experts (`<name>_packed` I32 [rows, cols/8], `<name>_scale` BF16
  * [rows, cols/32], `<name>_shape` I32 [2] = [rows, cols]; group 32, symmetric, no zero point;
- * engine/quant/int4.ts has the bit layout), or one expert's slice of gpt-oss's fused MXFP4
- * tensors (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate
- * and up rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are
- * already sluice's mxfp4 layout, so they are copied, never re-quantised.
+ * engine/quant/int4.ts has the bit layout), or an MXFP4 matrix as Kimi K3 ships its experts
+ * (`<name>_packed` U8 [rows, cols/2], two E2M1 codes a byte, the even element low, and
+ * `<name>_scale` U8 [rows, cols/32] E8M0: the container's mxfp4 bytes exactly, see
+ * engine/quant/mxfp4.ts), or one expert's slice of gpt-oss's fused MXFP4 tensors
+ * (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate and up
+ * rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are also
+ * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised.
  *
  * @module
  */
@@ -19,6 +22,8 @@ import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
 export const INT4_PACKED = "INT4_PACKED";
+/** Dtype label of an MXFP4 packed source matrix. */
+export const MXFP4_PACKED = "MXFP4_PACKED";
 
 /** Dtype label of one expert's matrix inside gpt-oss's fused MXFP4 tensors. */
 export const MXFP4_FUSED = "MXFP4_FUSED";
@@ -42,7 +47,7 @@ export interface SourceMatrix {
   file: string;
   rows: number;
   cols: number;
-  /** The checkpoint dtype of a plain tensor, {@link INT4_PACKED} or {@link MXFP4_FUSED}. */
+  /** The checkpoint dtype of a plain tensor, or {@link INT4_PACKED} / {@link MXFP4_PACKED} / {@link MXFP4_FUSED}. */
   dtype: string;
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
@@ -61,8 +66,9 @@ function readShapeTensor(ckpt: Checkpoint, t: TensorInfo): number[] {
 
 /**
  * Finds the matrix `name` (a `….weight` name): the plain tensor when the checkpoint has it, else
- * its INT4 `weight_packed` / `weight_scale` / `weight_shape` triple, checked for dtypes and
- * shapes. Throws naming `what` when neither exists.
+ * its INT4 `weight_packed` / `weight_scale` / `weight_shape` triple or its MXFP4 (U8)
+ * `weight_packed` / `weight_scale` pair, checked for dtypes and shapes. Throws naming `what` when
+ * none exists.
  */
 export function findMatrix(ckpt: Checkpoint, name: string, what: string): SourceMatrix {
   const plain = ckpt.tensors.get(name);
@@ -81,6 +87,7 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
   }
   const at = `${packed.file}: tensor ${packed.name}`;
   const scale = ckpt.tensors.get(`${name}_scale`);
+  if (packed.dtype === "U8") return mxfp4Source(name, packed, scale, at);
   const shapeT = ckpt.tensors.get(`${name}_shape`);
   if (!scale || !shapeT) {
     throw new Error(`${at}: an INT4 packed weight needs ${name}_scale and ${name}_shape`);
@@ -106,12 +113,38 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
   return { name, file: packed.file, rows, cols, dtype: INT4_PACKED, packed: { packed, scale } };
 }
 
-/** The raw bytes of an INT4 packed matrix and of its bf16 scales (the int4g32 container form). */
-export function readPackedInt4(
+/** An MXFP4 `weight_packed` U8 [rows, cols/2] with its `weight_scale` U8 [rows, cols/32]. */
+function mxfp4Source(
+  name: string,
+  packed: TensorInfo,
+  scale: TensorInfo | undefined,
+  at: string,
+): SourceMatrix {
+  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs ${name}_scale`);
+  if (packed.shape.length !== 2 || (packed.shape[1] * 2) % 32 !== 0) {
+    throw new Error(
+      `${at}: expected U8 [rows, cols/2] with cols a multiple of 32, got [${packed.shape}]`,
+    );
+  }
+  const [rows, cols] = [packed.shape[0], packed.shape[1] * 2];
+  if (scale.dtype !== "U8" || String(scale.shape) !== String([rows, cols / 32])) {
+    throw new Error(
+      `${scale.file}: tensor ${scale.name}: expected U8 [${rows}, ${cols / 32}] (E8M0, group ` +
+        `32), got ${scale.dtype} [${scale.shape}]`,
+    );
+  }
+  return { name, file: packed.file, rows, cols, dtype: MXFP4_PACKED, packed: { packed, scale } };
+}
+
+/**
+ * The raw bytes of a packed matrix and of its scales, as the checkpoint ships them: the
+ * int4g32 (INT4) or mxfp4 (MXFP4) container form.
+ */
+export function readPacked(
   ckpt: Checkpoint,
   src: SourceMatrix,
 ): { data: Uint8Array; scale: Uint8Array } {
-  if (!src.packed) throw new Error(`${src.file}: ${src.name} is not an INT4 packed matrix`);
+  if (!src.packed) throw new Error(`${src.file}: ${src.name} is not a packed matrix`);
   return { data: ckpt.read(src.packed.packed.name), scale: ckpt.read(src.packed.scale.name) };
 }
 
@@ -193,7 +226,10 @@ export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array
     const { data, scale } = readFusedMxfp4(ckpt, src);
     return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });
   }
-  const { data, scale } = readPackedInt4(ckpt, src);
+  const { data, scale } = readPacked(ckpt, src);
+  if (src.dtype === MXFP4_PACKED) {
+    return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });
+  }
   return dequantizeInt4g32({
     rows: src.rows,
     cols: src.cols,

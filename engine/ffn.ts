@@ -1,15 +1,18 @@
 /**
- * The feed-forward half of a layer: a dense SwiGLU MLP, or a mixture of experts (router → top-k →
- * experts as they arrive → sum in routing order → plus shared experts). gpt-oss's experts add
- * their bias vectors and use the clamped SwiGLU; its router adds a bias to the logits. Works on a batch of
- * tokens so that chunked prefill reads each distinct expert once per chunk. Experts in compact
- * formats read prepared inputs (engine/quant_matmul.ts): a token's gate and up inputs are
- * prepared once per layer and shared by every expert the token is routed to.
+ * The feed-forward half of a layer: a dense gated MLP, or a mixture of experts (router →
+ * top-k → experts as they arrive → sum in routing order → plus shared experts). The gate is
+ * SwiGLU, or SiTU-GLU for Kimi K3, whose Stable LatentMoE runs the routed experts in a latent
+ * width: the input is projected down once, the weighted sum is RMS-normed and projected back up.
+ * gpt-oss's experts add their bias vectors and use the clamped SwiGLU; its router adds a bias to
+ * the logits. Works on a batch of tokens so that chunked prefill reads each distinct expert once
+ * per chunk. Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a token's
+ * gate and up inputs are prepared once per layer and shared by every expert the token is routed
+ * to.
  *
  * @module
  */
 import type { Arena } from "./arena.ts";
-import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
+import { expertWidth, type LayerTensor, type ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
 import { skeletonBuffers } from "./run_state.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
@@ -34,6 +37,9 @@ export class FeedForward {
   #gathered: number;
   #expertOut: number;
   #logits: number;
+  /** Latent MoE: the projected input and the weighted sum (0 when experts use the full width). */
+  #latentIn = 0;
+  #latentSum = 0;
   #maxBatch: number;
   #arena: Arena;
   /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
@@ -51,9 +57,20 @@ export class FeedForward {
     this.#gathered = arena.alloc("moe gathered input", b.gathered * 4);
     this.#expertOut = arena.alloc("moe expert outputs", b.expertOut * 4);
     this.#logits = arena.alloc("moe router logits", b.routerLogits * 4);
+    if (b.latent) {
+      this.#latentIn = arena.alloc("moe latent input", b.latent * 4);
+      this.#latentSum = arena.alloc("moe latent sum", b.latent * 4);
+    }
   }
 
-  /** out = down(silu(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
+  /** g = act(g) · u over n floats: SiLU, or Kimi K3's SiTU. */
+  #activate(g: number, u: number, n: number): void {
+    const k3 = this.#cfg.k3;
+    if (k3) this.#ops.situMul(g, u, n, k3.situBeta, k3.situLinearBeta);
+    else this.#ops.siluMul(g, u, n);
+  }
+
+  /** out = down(act(gate·h) · up·h) for `nb` tokens, with weights `prefix`_{gate,up,down}. */
   #mlp(
     weights: LayerWeights | ExpertWeights,
     h: number,
@@ -68,7 +85,7 @@ export class FeedForward {
     const g = w("gate"), u = w("up"), down = w("down");
     const ops = this.#ops;
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
-    ops.siluMul(this.#gate, this.#up, nb * g.rows);
+    this.#activate(this.#gate, this.#up, nb * g.rows);
     ops.matmul({ w: down, x: this.#gate, y: out, nb });
   }
 
@@ -133,7 +150,7 @@ export class FeedForward {
     }
     const clamp = this.#cfg.moe?.clampedSwiglu;
     if (clamp) ops.swigluClamped(this.#gate, this.#up, n * inter, clamp.limit, clamp.alpha);
-    else ops.siluMul(this.#gate, this.#up, n * inter);
+    else this.#activate(this.#gate, this.#up, n * inter);
     prep?.local.reset();
     const downPrep = prep?.local.prepare(ew.down, this.#gate, n);
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
@@ -148,12 +165,16 @@ export class FeedForward {
 
   /**
    * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at positions
-   * pos...
+   * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
    */
   moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const moe = this.#cfg.moe!;
     const ops = this.#ops;
-    const d = this.#cfg.hiddenSize;
+    const latent = this.#latentIn !== 0;
+    // The routed experts' input and output width, and where their input and sum live.
+    const d = expertWidth(this.#cfg);
+    const input = latent ? this.#latentIn : h;
+    const sum = latent ? this.#latentSum : out;
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
     ops.matmul({ w: lw.get("router"), x: h, y: this.#logits, nb });
@@ -164,6 +185,7 @@ export class FeedForward {
     const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
     const routes: Route[] = [];
     for (let b = 0; b < nb; b++) routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias));
+    if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
 
     // Distinct experts in first-use order; each is fetched once for the whole batch.
     const users = new Map<number, number[]>();
@@ -187,9 +209,9 @@ export class FeedForward {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);
         slots.forEach((s, i) =>
-          ops.copy(this.#gathered + i * d * 4, h + Math.floor(s / moe.topK) * d * 4, d)
+          ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
         );
-        this.#expertMlp(ew, h, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
+        this.#expertMlp(ew, input, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
         slots.forEach((s, i) =>
           ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
         );
@@ -197,15 +219,19 @@ export class FeedForward {
       }
     }
     // Sum in routing order, whatever order the experts arrived in.
-    ops.f32(out, nb * d).fill(0);
+    ops.f32(sum, nb * d).fill(0);
     for (let b = 0; b < nb; b++) {
       routes[b].weights.forEach((wk, k) => {
-        ops.axpy(out + b * d * 4, this.#expertOut + (b * moe.topK + k) * d * 4, wk, d);
+        ops.axpy(sum + b * d * 4, this.#expertOut + (b * moe.topK + k) * d * 4, wk, d);
       });
+    }
+    if (latent) {
+      ops.rmsnorm(sum, lw.get("latent_norm").ptr, sum, d, nb, this.#cfg.rmsNormEps);
+      ops.matmul({ w: lw.get("latent_up"), x: sum, y: out, nb });
     }
     if (moe.sharedIntermediate > 0) {
       this.#mlp(lw, h, this.#gathered, nb, "shared");
-      ops.add(out, this.#gathered, nb * d);
+      ops.add(out, this.#gathered, nb * this.#cfg.hiddenSize);
     }
   }
 }

@@ -290,7 +290,7 @@ function readGlobals(
   check?.("globals", gOff);
   const rel = gOff - region.offset;
   const g = container.manifest.trunk.globals.tensors;
-  const global = (t: "embed" | "final_norm") => {
+  const global = (t: "embed" | "final_norm" | "out_res_norm" | "out_res_proj") => {
     const e = g[t];
     if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
     return tensorRef(e, rel);
@@ -299,6 +299,9 @@ function readGlobals(
     embed: global("embed"),
     finalNorm: global("final_norm"),
     lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
+    outRes: container.config.k3
+      ? { norm: global("out_res_norm"), proj: global("out_res_proj") }
+      : undefined,
   };
 }
 

@@ -160,6 +160,44 @@ export class Ops {
     this.#k.swiglu_clamped_f32(BigInt(g), BigInt(u), n, limit, alpha);
   }
 
+  /** g = SiTU(g, u) over n floats (Kimi K3's gated activation, caps β and β₂). */
+  situMul(g: number, u: number, n: number, beta: number, linearBeta: number): void {
+    this.#k.situ_mul_f32(BigInt(g), BigInt(u), n, beta, linearBeta);
+  }
+
+  /**
+   * One token's Attention Residual into `out` (d floats): the softmax-weighted sum of the `n − 1`
+   * block snapshots at `blocks + i·stride` floats and `last`, scored with norm and projection
+   * weights `wn`, `wp`; `scores` is n floats of scratch.
+   */
+  attnRes(
+    a: {
+      blocks: number;
+      n: number;
+      stride: number;
+      last: number;
+      wn: number;
+      wp: number;
+      out: number;
+      scores: number;
+      d: number;
+      eps: number;
+    },
+  ): void {
+    this.#k.attn_res_f32(
+      BigInt(a.blocks),
+      a.n,
+      a.stride,
+      BigInt(a.last),
+      BigInt(a.wn),
+      BigInt(a.wp),
+      BigInt(a.out),
+      BigInt(a.scores),
+      a.d,
+      a.eps,
+    );
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);

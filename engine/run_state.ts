@@ -31,11 +31,22 @@ export interface SkeletonBuffers {
   expertOut: number;
   /** The router's logits. */
   routerLogits: number;
+  /** Kimi K3's latent MoE: each of the projected expert input and the weighted sum (else 0). */
+  latent: number;
+  /** Kimi K3's Attention Residuals: block snapshots of at most this many blocks (else 0). */
+  resBlocks: number;
+  /** The snapshots [block][token][hidden], the mixed input, and the scores (else 0 each). */
+  resSnapshots: number;
+  resInput: number;
+  resScores: number;
 }
 
 /** The skeleton's buffers for `maxBatch` tokens. */
 export function skeletonBuffers(cfg: ModelConfig, maxBatch: number): SkeletonBuffers {
   const d = cfg.hiddenSize;
+  const k3 = cfg.k3;
+  // A snapshot at every layer L with L % size = 0.
+  const blocks = k3 ? Math.ceil(cfg.numLayers / k3.attnResBlockSize) : 0;
   return {
     hidden: maxBatch * d,
     logits: maxBatch * cfg.vocabSize,
@@ -43,11 +54,17 @@ export function skeletonBuffers(cfg: ModelConfig, maxBatch: number): SkeletonBuf
     gathered: maxBatch * d,
     expertOut: maxBatch * (cfg.moe?.topK ?? 1) * d,
     routerLogits: maxBatch * (cfg.moe?.numExperts ?? 1),
+    latent: k3 && cfg.moe ? maxBatch * k3.latentDim : 0,
+    resBlocks: blocks,
+    resSnapshots: blocks * maxBatch * d,
+    resInput: k3 ? maxBatch * d : 0,
+    resScores: k3 ? blocks + 1 : 0,
   };
 }
 
-/** Floats of all skeleton buffers: three hidden, two FFN, one of each of the others. */
+/** Floats of all skeleton buffers: three hidden, two FFN and two latent, one of the others. */
 export function skeletonFloats(cfg: ModelConfig, maxBatch: number): number {
   const b = skeletonBuffers(cfg, maxBatch);
-  return 3 * b.hidden + 2 * b.ffn + b.gathered + b.expertOut + b.routerLogits + b.logits;
+  return 3 * b.hidden + 2 * b.ffn + b.gathered + b.expertOut + b.routerLogits + b.logits +
+    2 * b.latent + b.resSnapshots + b.resInput + b.resScores;
 }

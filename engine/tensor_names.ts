@@ -23,13 +23,19 @@ function checkLayer(cfg: ModelConfig, layer: number): void {
 
 /** Hugging Face name of a global tensor; null for lm_head when it is tied to the embedding. */
 export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
+  const type = modelTypeOf(cfg);
+  const prefix = type.prefix ?? "model.";
   switch (t) {
     case "embed":
-      return "model.embed_tokens.weight";
+      return `${prefix}embed_tokens.weight`;
     case "final_norm":
-      return "model.norm.weight";
+      return `${prefix}norm.weight`;
     case "lm_head":
-      return cfg.tieWordEmbeddings ? null : "lm_head.weight";
+      return cfg.tieWordEmbeddings ? null : type.lmHead ?? "lm_head.weight";
+    case "out_res_norm":
+      return cfg.k3 ? `${prefix}output_attn_res_norm.weight` : null;
+    case "out_res_proj":
+      return cfg.k3 ? `${prefix}output_attn_res_proj.weight` : null;
   }
 }
 
@@ -70,7 +76,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
 export function hfLayerName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
   checkLayer(cfg, layer);
   const rel = relativeName(cfg, layer, t);
-  return rel === null ? null : `model.layers.${layer}.${rel}`;
+  return rel === null ? null : `${modelTypeOf(cfg).prefix ?? "model."}layers.${layer}.${rel}`;
 }
 
 /** Hugging Face name of one matrix of one routed expert of a MoE layer. */
@@ -87,11 +93,12 @@ export function hfExpertName(
   if (!Number.isInteger(expert) || expert < 0 || expert >= cfg.moe.numExperts) {
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
-  const naming = modelTypeOf(cfg).naming;
-  if (naming.fused) {
+  const type = modelTypeOf(cfg);
+  const { moe, expert: names, fused } = type.naming;
+  if (fused) {
     throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
   }
-  return `model.layers.${layer}.${naming.moe}.experts.${expert}.${naming.expert[m]}.weight`;
+  return `${type.prefix ?? "model."}layers.${layer}.${moe}.experts.${expert}.${names[m]}.weight`;
 }
 
 /**
@@ -107,9 +114,10 @@ export function hfFusedExpertSlice(
   m: ExpertMatrix,
 ): { base: string; first: number; step: number } | null {
   checkLayer(cfg, layer);
-  const naming = modelTypeOf(cfg).naming;
+  const type = modelTypeOf(cfg);
+  const naming = type.naming;
   if (!naming.fused || cfg.layerKinds[layer] !== "moe") return null;
-  const p = `model.layers.${layer}.${naming.moe}.experts`;
+  const p = `${type.prefix ?? "model."}layers.${layer}.${naming.moe}.experts`;
   if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
   return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
 }

@@ -1,7 +1,7 @@
 /**
  * The one schema of a model's tensors: the shape and role of every trunk and expert tensor,
  * derived from the normalised config — the layer skeleton's (norms, dense FFN, router, shared and
- * routed experts) here, the attention tensors by the family (engine/models/<family>.ts,
+ * routed experts, Kimi K3's latent-MoE projections and Attention Residual pairs) here, the attention tensors by the family (engine/models/<family>.ts,
  * `attentionShape`) — and the bounds a config must meet before anything is sized from it. The
  * packer checks a checkpoint against it and the container reader a manifest (engine/container.ts
  * hands it to io/), so a transposed projection, a short norm or a config that disagrees with its
@@ -10,7 +10,14 @@
  * @module
  */
 import type { TensorSpec } from "../io/manifest.ts";
-import type { ExpertMatrix, GlobalTensor, LayerTensor, ModelConfig } from "../io/model_config.ts";
+import {
+  type ExpertMatrix,
+  expertWidth,
+  type GlobalTensor,
+  isKdaLayer,
+  type LayerTensor,
+  type ModelConfig,
+} from "../io/model_config.ts";
 import { MAX_LAYERS } from "./models/hf_config.ts";
 import { familyOf } from "./models/mod.ts";
 import { layerTensorsOf } from "./tensor_names.ts";
@@ -20,10 +27,20 @@ const weight = (rows: number, cols: number): TensorSpec => ({
   shape: [rows, cols],
   role: "weight",
 });
+/** Kimi K3's Attention Residual projection: [1, d] as shipped, read as one f32 vector. */
+const resProj = (d: number): TensorSpec => ({ shape: [1, d], role: "vector" });
 
 /** The spec of a global tensor. */
 export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec {
-  return g === "final_norm" ? vector(cfg.hiddenSize) : weight(cfg.vocabSize, cfg.hiddenSize);
+  switch (g) {
+    case "final_norm":
+    case "out_res_norm":
+      return vector(cfg.hiddenSize);
+    case "out_res_proj":
+      return resProj(cfg.hiddenSize);
+    default:
+      return weight(cfg.vocabSize, cfg.hiddenSize);
+  }
 }
 
 /** The spec of layer `layer`'s tensor `t` (which the layer must have, see layerTensorsOf). */
@@ -49,6 +66,18 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
       return weight(moe!.sharedIntermediate, H);
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
+    case "attn_res_norm":
+    case "mlp_res_norm":
+      return vector(H);
+    case "attn_res_proj":
+    case "mlp_res_proj":
+      return resProj(H);
+    case "latent_down":
+      return weight(expertWidth(cfg), H);
+    case "latent_norm":
+      return vector(expertWidth(cfg));
+    case "latent_up":
+      return weight(H, expertWidth(cfg));
     default: {
       const spec = familyOf(cfg).attentionShape(cfg, t, layer);
       if (!Array.isArray(spec)) return spec;
@@ -57,10 +86,10 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
   }
 }
 
-/** [rows, cols] of one routed expert's matrix. */
+/** [rows, cols] of one routed expert's matrix (in K3's latent width, see expertWidth). */
 export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, number] {
-  const inter = cfg.moe!.expertIntermediate;
-  return m === "down" ? [cfg.hiddenSize, inter] : [inter, cfg.hiddenSize];
+  const inter = cfg.moe!.expertIntermediate, width = expertWidth(cfg);
+  return m === "down" ? [width, inter] : [inter, width];
 }
 
 /** Largest size of one dimension (hidden, vocabulary, intermediate rows) sluice accepts. */
@@ -86,6 +115,8 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     ["numKvHeads", cfg.numKvHeads],
     ["headDim", cfg.headDim],
   ];
+  // Kimi K3's routed experts work in a latent width of their own.
+  if (cfg.k3) dims.push(["k3.latentDim", cfg.k3.latentDim]);
   for (const [k, v] of dims) {
     if (!Number.isSafeInteger(v) || v < 1 || v > MAX_MODEL_DIM) {
       fail(`${k} ${v} must be a whole number in 1..${MAX_MODEL_DIM}`);
@@ -122,6 +153,20 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`routed_scaling_factor ${moe.routedScaling} must be a positive number`);
     }
   }
+  const k3 = cfg.k3;
+  if (k3) {
+    if (!Number.isSafeInteger(k3.attnResBlockSize) || k3.attnResBlockSize < 1) {
+      fail(`attn_res_block_size ${k3.attnResBlockSize} must be a whole number ≥ 1`);
+    }
+    const caps: [string, number][] = [
+      ["activation_situ_beta", k3.situBeta],
+      ["activation_situ_linear_beta", k3.situLinearBeta],
+    ];
+    for (const [k, v] of caps) {
+      // SiTU divides by its caps: tanh(x / β).
+      if (!(v > 0 && Number.isFinite(v))) fail(`${k} ${v} must be a positive number`);
+    }
+  }
   for (const id of [...(cfg.bosId === null ? [] : [cfg.bosId]), ...cfg.eosIds]) {
     if (id >= cfg.vocabSize) {
       fail(`special token id ${id} is outside the vocabulary of ${cfg.vocabSize}`);
@@ -136,9 +181,12 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     }
   };
   sized("the embedding", globalTensorSpec(cfg, "embed").shape);
-  // One layer of each kind stands for all: the shapes only differ between kinds.
-  for (const kind of new Set(cfg.layerKinds)) {
-    const l = cfg.layerKinds.indexOf(kind);
+  // One layer of each kind (dense or MoE, KDA or not) stands for all: shapes differ only there.
+  const seen = new Set<string>();
+  for (let l = 0; l < cfg.numLayers; l++) {
+    const kind = `${cfg.layerKinds[l]} ${isKdaLayer(cfg, l)}`;
+    if (seen.has(kind)) continue;
+    seen.add(kind);
     for (const t of layerTensorsOf(cfg, l)) {
       sized(`layer ${l} ${t}`, layerTensorSpec(cfg, t, l).shape);
     }

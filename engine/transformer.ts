@@ -1,7 +1,10 @@
 /**
  * The forward pass, top to bottom: embedding, then per layer attention and FFN with residual
  * adds, then the final norm and the LM head. What differs between families is the attention
- * (engine/models/); everything else is here once.
+ * (engine/models/); everything else is here once. Kimi K3 replaces the plain residual stream by
+ * Attention Residuals: the stream is cut into blocks of layers, a snapshot of it is kept at each
+ * block start, and the attention and MLP inputs (and the final norm's) are softmax-weighted mixes
+ * of the snapshots and the running sum of the current block.
  *
  * @module
  */
@@ -52,6 +55,8 @@ export interface GlobalWeights {
   embed: TensorRef;
   finalNorm: TensorRef;
   lmHead: TensorRef;
+  /** Kimi K3: the norm and projection of the model-level Attention Residual. */
+  outRes?: { norm: TensorRef; proj: TensorRef };
 }
 
 /**
@@ -90,6 +95,8 @@ export class Transformer {
   #tmp: number;
   #logits: number;
   #calls = 0;
+  /** Attention Residuals: block snapshots [block][token][d], the mixed input, score scratch. */
+  #res: { blocks: number; out: number; scores: number } | null = null;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -100,6 +107,37 @@ export class Transformer {
     this.#h = p.arena.alloc("hidden h", b.hidden * 4);
     this.#tmp = p.arena.alloc("hidden tmp", b.hidden * 4);
     this.#logits = p.arena.alloc("logits", b.logits * 4);
+    if (b.resBlocks) {
+      this.#res = {
+        blocks: p.arena.alloc("attn-res blocks", b.resSnapshots * 4),
+        out: p.arena.alloc("attn-res input", b.resInput * 4),
+        scores: p.arena.alloc("attn-res scores", b.resScores * 4),
+      };
+    }
+  }
+
+  /**
+   * The Attention Residual of tokens first..nb−1 over the first `n` block snapshots and the
+   * running sum `x`, with the norm and projection `wn`, `wp`; returns the mixed inputs' offset.
+   */
+  #attnRes(x: number, n: number, wn: TensorRef, wp: TensorRef, first: number, nb: number): number {
+    const res = this.#res!;
+    const d = this.cfg.hiddenSize;
+    for (let b = first; b < nb; b++) {
+      this.#p.ops.attnRes({
+        blocks: res.blocks + b * d * 4,
+        n: n + 1,
+        stride: this.#p.maxBatch * d,
+        last: x + b * d * 4,
+        wn: wn.ptr,
+        wp: wp.ptr,
+        out: res.out + b * d * 4,
+        scores: res.scores,
+        d,
+        eps: this.cfg.rmsNormEps,
+      });
+    }
+    return res.out;
   }
 
   /** Observers of MoE routing (may be empty). */
@@ -146,14 +184,39 @@ export class Transformer {
       throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
     }
     const x = this.#x, h = this.#h, tmp = this.#tmp;
+    const res = this.#res;
     attention.begin?.(pos, nb);
     embedRows(arena, globals.embed, tokens, x);
+    // Attention Residuals: x is the running sum of the current block; `blocks` snapshots taken.
+    let blocks = 0;
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       const lw = trunk.acquire(layer);
-      ops.rmsnorm(x, lw.get("attn_norm").ptr, h, d, nb, eps);
+      let attnIn = x, mlpIn = x, restart = false;
+      if (res) {
+        if (blocks > 0) {
+          attnIn = this.#attnRes(
+            x,
+            blocks,
+            lw.get("attn_res_norm"),
+            lw.get("attn_res_proj"),
+            0,
+            nb,
+          );
+        }
+        if (layer % cfg.k3!.attnResBlockSize === 0) {
+          ops.copy(res.blocks + blocks * this.maxBatch * d * 4, x, nb * d);
+          blocks++;
+          restart = true;
+        }
+      }
+      ops.rmsnorm(attnIn, lw.get("attn_norm").ptr, h, d, nb, eps);
       attention.forward(layer, lw, h, tmp, nb, pos);
-      ops.add(x, tmp, nb * d);
-      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
+      if (restart) ops.copy(x, tmp, nb * d);
+      else ops.add(x, tmp, nb * d);
+      if (res) {
+        mlpIn = this.#attnRes(x, blocks, lw.get("mlp_res_norm"), lw.get("mlp_res_proj"), 0, nb);
+      }
+      ops.rmsnorm(mlpIn, lw.get("ffn_norm").ptr, h, d, nb, eps);
       if (cfg.layerKinds[layer] === "moe") {
         this.#ffn.moe(layer, lw, h, tmp, nb, pos);
       } else {
@@ -164,7 +227,10 @@ export class Transformer {
     }
     const first = allLogits ? 0 : nb - 1;
     const rows = nb - first;
-    ops.rmsnorm(x + first * d * 4, globals.finalNorm.ptr, h, d, rows, eps);
+    const out = res && globals.outRes
+      ? this.#attnRes(x, blocks, globals.outRes.norm, globals.outRes.proj, first, nb)
+      : x;
+    ops.rmsnorm(out + first * d * 4, globals.finalNorm.ptr, h, d, rows, eps);
     ops.matmul({ w: globals.lmHead, x: h, y: this.#logits, nb: rows });
     return ops.f32(this.#logits, rows * cfg.vocabSize).slice();
   }

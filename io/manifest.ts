@@ -13,6 +13,7 @@ import {
   EXPERT_MATRICES,
   type ExpertMatrix,
   type GlobalTensor,
+  globalTensorsOf,
   type ModelConfig,
 } from "./model_config.ts";
 import {
@@ -326,8 +327,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
   const gRegion = region(g.region, `${where} trunk.globals.region`, trunkBytes);
   const gTensors = obj(g.tensors, `${where} trunk.globals.tensors`);
   const globals: Partial<Record<GlobalTensor, TensorEntry>> = {};
-  const wantGlobals: GlobalTensor[] = ["embed", "final_norm"];
-  if (!config.tieWordEmbeddings) wantGlobals.push("lm_head");
+  const wantGlobals: GlobalTensor[] = globalTensorsOf(config);
   if (Object.keys(gTensors).sort().join() !== [...wantGlobals].sort().join()) {
     throw new Error(`${where} trunk.globals.tensors: expected exactly ${wantGlobals.join(", ")}`);
   }

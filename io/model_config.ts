@@ -58,6 +58,8 @@ export interface MlaConfig {
   vHeadDim: number;
   /** Kimi-Linear: no rotary anywhere; the rope dims take part in the dot product as projected. */
   nope?: boolean;
+  /** Kimi K3: a sigmoid gate (the layer's g_proj projection) on the heads' values before o_proj. */
+  outputGate?: boolean;
 }
 
 /**
@@ -82,6 +84,20 @@ export interface KdaConfig {
    * true: σ(W_g·u) through one full-rank projection (`g_proj`, Kimi K3).
    */
   fullRankOutputGate: boolean;
+}
+
+/**
+ * Kimi K3 (engine/models/kimi_k3.ts): on top of KDA and NoPE MLA, Stable LatentMoE with SiTU-GLU
+ * and Attention Residuals. Every field comes from the release config; none has a default.
+ */
+export interface KimiK3Config {
+  /** Width the routed experts work in (routed_expert_hidden_size). */
+  latentDim: number;
+  /** SiTU-GLU caps: β1 of the gate (activation_situ_beta), β2 of the up (..._linear_beta). */
+  situBeta: number;
+  situLinearBeta: number;
+  /** Attention Residuals: a block snapshot is taken at every layer L with L % size = 0. */
+  attnResBlockSize: number;
 }
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
@@ -159,6 +175,8 @@ export interface ModelConfig {
   mla: MlaConfig | null;
   /** KDA layers (absent for families without them). */
   kda?: KdaConfig;
+  /** Kimi K3's own pieces; absent for every other family. */
+  k3?: KimiK3Config;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
   /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
@@ -204,6 +222,9 @@ export const LAYER_TENSOR_ORDER = [
   "g_b",
   "g_proj",
   "o_norm",
+  // Kimi K3: the attention's Attention Residual.
+  "attn_res_norm",
+  "attn_res_proj",
   "ffn_norm",
   "ffn_gate",
   "ffn_up",
@@ -214,6 +235,12 @@ export const LAYER_TENSOR_ORDER = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  // Kimi K3: the MLP's Attention Residual and the latent MoE's projections and norm.
+  "mlp_res_norm",
+  "mlp_res_proj",
+  "latent_down",
+  "latent_norm",
+  "latent_up",
 ] as const;
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
@@ -225,7 +252,13 @@ export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
 }
 
 /** Canonical names of the tensors outside the layers. */
-export type GlobalTensor = "embed" | "final_norm" | "lm_head";
+export type GlobalTensor =
+  | "embed"
+  | "final_norm"
+  | "lm_head"
+  // Kimi K3: the model-level Attention Residual over the block snapshots.
+  | "out_res_norm"
+  | "out_res_proj";
 
 /** The three matrices of one expert, in record order (gpt-oss's biases follow them). */
 export const EXPERT_MATRICES = ["gate", "up", "down"] as const;
@@ -236,4 +269,19 @@ export type ExpertMatrix = typeof EXPERT_MATRICES[number];
 /** Container name of a per-layer trunk tensor, e.g. `layers.3.wq`. */
 export function layerTensorName(layer: number, tensor: LayerTensor): string {
   return `layers.${layer}.${tensor}`;
+}
+
+/** The global tensors a model has, in container order (K3 adds its output Attention Residual). */
+export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
+  return [
+    "embed",
+    "final_norm",
+    ...(cfg.tieWordEmbeddings ? [] : ["lm_head" as const]),
+    ...(cfg.k3 ? ["out_res_norm" as const, "out_res_proj" as const] : []),
+  ];
+}
+
+/** Width of the vectors routed experts read and write: the hidden size, or K3's latent width. */
+export function expertWidth(cfg: ModelConfig): number {
+  return cfg.k3?.latentDim ?? cfg.hiddenSize;
 }

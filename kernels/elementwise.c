@@ -4,8 +4,6 @@
  */
 #include "math.h"
 
-static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
-
 /** g[i] = silu(g[i]) * u[i] (the gated FFN's activation). */
 KEXPORT("silu_mul_f32")
 void silu_mul_f32(float *g, const float *u, int n) {

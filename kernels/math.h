@@ -50,4 +50,7 @@ static inline v128_t sigmoid_f32x4(v128_t x) {
   return wasm_f32x4_div(wasm_f32x4_splat(1.0f), wasm_f32x4_add(wasm_f32x4_splat(1.0f), e));
 }
 
+/* Lane 0: scalar tails run the vector code on a splat so they match vector bodies bit for bit. */
+static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
+
 #endif

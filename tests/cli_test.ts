@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
-import { fixtureDir, packedFixture, runSluice, tempDir } from "./fixtures.ts";
+import { fixtureDir, hasFixture, packedFixture, runSluice, tempDir } from "./fixtures.ts";
 
 const sluice = (...args: string[]) => runSluice(args);
 
@@ -103,6 +103,50 @@ Deno.test("--verify stops at a corrupted expert record with a non-zero exit", as
     r.stderr,
     /expert \d+ of layer 3: checksum mismatch \(.*experts-L3\.bin offset \d+\)/,
   );
+});
+
+Deno.test({
+  name: "generate --prompt-ids --json: Kimi K3's oracle prompt under a streaming budget",
+  ignore: !hasFixture("tiny-kimi-k3-mxfp4") || !hasFixture("tiny-kimi-k3"),
+  async fn() {
+    const prompt = "203,34,2,239,195,71,163,54,121,104,16,16";
+    const run = async (name: string, ...extra: string[]) => {
+      const r = await sluice(
+        "generate",
+        "--model",
+        await packedFixture(name),
+        "--prompt-ids",
+        prompt,
+        "-n",
+        "20",
+        "--json",
+        ...extra,
+      );
+      assert.equal(r.code, 0, r.stderr);
+      return JSON.parse(r.stdout);
+    };
+    // kimi-k3-in-c's known continuation (../shared/models/README.md).
+    const k3 = await run("tiny-kimi-k3");
+    assert.deepEqual(k3.prompt_ids, prompt.split(",").map(Number));
+    assert.deepEqual(
+      k3.generated_ids,
+      [219, 63, 4, 31, 48, 193, 57, 231, 219, 205, 145, 117, 79, 208, 18, 1, 74, 125, 66, 121],
+    );
+    const all = await run("tiny-kimi-k3-mxfp4");
+    const streamed = await run("tiny-kimi-k3-mxfp4", "--expert-slots", "6", "--threads", "1");
+    assert.deepEqual(streamed.generated_ids, all.generated_ids);
+    assert.ok(streamed.stats.expert_misses > 0, "6 slots for 96 records must stream");
+    assert.ok(streamed.stats.bytes_read > 0);
+    const bad = await sluice(
+      "generate",
+      "--model",
+      await packedFixture("tiny-kimi-k3"),
+      "--prompt-ids",
+      "1,256",
+    );
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /--prompt-ids: token id 256 is outside the vocabulary of 256/);
+  },
 });
 
 Deno.test("llama.cpp spellings and --prompt-ids give the known answer too", async () => {

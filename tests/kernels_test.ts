@@ -14,6 +14,7 @@ import {
   argmaxRef,
   attentionRef,
   type AttentionShape,
+  attnResRef,
   axpyRef,
   bf16ToF32,
   expRef,
@@ -27,6 +28,7 @@ import {
   scaleRef,
   sigmoidRef,
   siluMulRef,
+  situMulRef,
   softmaxRef,
   swigluClampedRef,
   topkRef,
@@ -614,4 +616,52 @@ Deno.test("createArenaMemory rejects sizes V8 cannot map, instantiate rejects ti
   const mem = createArenaMemory(KERNEL_RESERVED_BYTES + 1);
   assert.equal(mem.buffer.byteLength, KERNEL_RESERVED_BYTES + 65536);
   assert.ok(mem.buffer instanceof SharedArrayBuffer);
+});
+
+Deno.test("situ_mul_f32 matches the reference at awkward sizes and extremes", () => {
+  for (const n of [1, 3, 7, 33, 4099]) {
+    reset();
+    // Wide enough that both caps saturate (|g| ≫ β1 = 4, |u| ≫ β2 = 25), and tiny values that
+    // take tanh's series branch.
+    const gs = randomF32(n, n, -60, 60), us = randomF32(n, n + 1, -90, 90);
+    for (let i = 0; i < n; i += 5) gs[i] *= 1e-3;
+    for (let i = 2; i < n; i += 7) us[i] *= 1e-4;
+    const g = putF32(gs);
+    k.situ_mul_f32(g, putF32(us), n, 4, 25);
+    const want = situMulRef(gs, us, 4, 25);
+    assertClose(f32At(g, n), want, 2e-6, relScale(want, 1e-30), `situ_mul n=${n}`);
+  }
+  reset();
+  const ext = Float32Array.of(1e30, -1e30, Infinity, -Infinity, 0, -0, NaN, 89);
+  const g = putF32(ext);
+  k.situ_mul_f32(g, putF32(Float32Array.of(1e30, -1e30, 5, 5, 3, 3, 1, -Infinity)), 8, 4, 25);
+  const got = Array.from(f32At(g, 8));
+  assert.deepEqual(got.slice(0, 2), [100, 0], "saturated caps: β1·β2, and σ(−∞)·… = 0");
+  assert.ok(Math.abs(got[2] - 100 * Math.tanh(0.2)) < 1e-5, `g = +Inf: ${got[2]}`);
+  assert.ok(got[3] === 0, `g = −Inf gives ±0, got ${got[3]}`);
+  assert.ok(got[4] === 0 && got[5] === 0, "g = ±0 gives 0");
+  assert.ok(Number.isNaN(got[6]), "NaN propagates");
+  assert.equal(got[7], -100);
+});
+
+Deno.test("attn_res_f32 matches the reference for 1..9 sources and odd widths", () => {
+  for (const [n, d] of [[1, 5], [2, 128], [5, 131], [9, 7]]) {
+    reset();
+    const stride = d + 3;
+    const srcs = Array.from({ length: n }, (_, i) => randomF32(d, 100 * n + i, -4 * (i + 1), 3));
+    const blocks = alloc(Math.max(1, n - 1) * stride * 4);
+    for (let i = 0; i < n - 1; i++) f32At(blocks + BigInt(i * stride * 4), d).set(srcs[i]);
+    const last = putF32(srcs[n - 1]);
+    const wn = randomF32(d, 7, 0.5, 1.5), wp = randomF32(d, 8, -0.3, 0.3);
+    const out = alloc(d * 4), scores = alloc(n * 4);
+    k.attn_res_f32(blocks, n, stride, last, putF32(wn), putF32(wp), out, scores, d, 1e-5);
+    const want = attnResRef(srcs, wn, wp, 1e-5);
+    const scale = Array.from(
+      { length: d },
+      (_, j) => srcs.reduce((m, v) => Math.max(m, Math.abs(v[j])), 1e-30),
+    );
+    assertClose(f32At(out, d), want, 1e-5, scale, `attn_res n=${n} d=${d}`);
+    const p = f32At(scores, n);
+    assert.ok(Math.abs(p.reduce((a, b) => a + b, 0) - 1) < 1e-6, "probabilities sum to 1");
+  }
 });

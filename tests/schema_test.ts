@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
 import { openContainer } from "../engine/container.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
-import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
+import { fixtureDir, hasFixture, HAVE_FIXTURES } from "./fixtures.ts";
 
 const QUIET: PackOptions = { progress: "off", log: () => {} };
 const ignore = !HAVE_FIXTURES;
@@ -232,5 +232,58 @@ Deno.test({
       () => normalizeConfig({ ...base, eos_token_id: 9999 }),
       (e: Error) => !e.message.startsWith("generation_config.json"),
     );
+  },
+});
+
+Deno.test({
+  name:
+    "K3 shapes: pack and open refuse latent-MoE, Attention Residual and gate tensors off the config",
+  ignore: !hasFixture("tiny-kimi-k3"),
+  fn: async () => {
+    const tmp = Deno.makeTempDirSync({ prefix: "sluice-k3-schema-" });
+    try {
+      const P = "language_model.model.layers.";
+      const transpose = (name: string) => (h: Header) => {
+        const s = h[name].shape;
+        h[name].shape = [s[1], s[0]];
+      };
+      for (
+        const name of [
+          `${P}1.block_sparse_moe.routed_expert_up_proj.weight`,
+          `${P}3.self_attn.g_proj.weight`,
+        ]
+      ) {
+        const src = mutatedCopy("tiny-kimi-k3", `${tmp}/src`, { header: transpose(name) });
+        await rejectsWith(
+          packCheckpoint(src, `${tmp}/bad.sluice`, QUIET),
+          name,
+          "config.json gives",
+        );
+      }
+      const out = `${tmp}/k3.sluice`;
+      await packCheckpoint(fixtureDir("tiny-kimi-k3"), out, QUIET);
+      const path = `${out}/manifest.json`;
+      const original = Deno.readTextFileSync(path);
+      // deno-lint-ignore no-explicit-any
+      const tamper = (edit: (m: any) => void, ...parts: string[]) => {
+        const m = JSON.parse(original);
+        edit(m);
+        Deno.writeTextFileSync(path, JSON.stringify(m));
+        throwsWith(() => openContainer(out), ...parts);
+      };
+      const swap = (t: { shape: number[] }) => t.shape = [t.shape[1], t.shape[0]];
+      tamper((m) => swap(m.trunk.layers[1].tensors.latent_down), "layers[1].tensors.latent_down");
+      // MLA layer 3's output gate, KDA layer 0's full-rank gate.
+      tamper((m) => swap(m.trunk.layers[3].tensors.g_proj), "layers[3].tensors.g_proj");
+      tamper((m) => swap(m.trunk.layers[0].tensors.g_proj), "layers[0].tensors.g_proj");
+      tamper((m) => swap(m.trunk.globals.tensors.out_res_proj), "out_res_proj");
+      tamper((m) => m.config.k3.latentDim = 32, "latent_down", "but the config gives");
+      tamper((m) => m.config.k3.situBeta = 0, "activation_situ_beta");
+      tamper((m) => m.config.k3.attnResBlockSize = 0, "attnResBlockSize");
+      Deno.writeTextFileSync(path, original);
+      openContainer(out);
+    } finally {
+      Deno.removeSync(tmp, { recursive: true });
+    }
   },
 });

@@ -79,6 +79,25 @@ export interface Kernels {
   sigmoid_f32(x: Ptr, n: number): void;
   /** x[i] = e^x[i] in place (within 2 ulp; overflow → +Inf, underflow → 0, NaN → NaN). */
   exp_f32(x: Ptr, n: number): void;
+  /** g[i] = [β·tanh(g/β)·σ(g)]·[β₂·tanh(u/β₂)] (Kimi K3's SiTU-GLU; σ takes the uncapped g). */
+  situ_mul_f32(g: Ptr, u: Ptr, n: number, beta: number, linearBeta: number): void;
+  /**
+   * One token's Attention Residual: sources i < n−1 at blocks + i·stride floats, source n−1 at
+   * last; score_i = V_i·(wn ⊙ wp) / sqrt(mean(V_i²) + eps); out = Σ softmax(score)_i·V_i in
+   * source order. scores is n floats of scratch; out must not alias a source.
+   */
+  attn_res_f32(
+    blocks: Ptr,
+    n: number,
+    stride: number,
+    last: Ptr,
+    wn: Ptr,
+    wp: Ptr,
+    out: Ptr,
+    scores: Ptr,
+    d: number,
+    eps: number,
+  ): void;
   /** y[i] += x[i]. */
   add_f32(y: Ptr, x: Ptr, n: number): void;
   /** y[i] += a·x[i] (product rounded, then sum; never fused). */
@@ -216,6 +235,8 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "silu_mul_f32",
   "sigmoid_f32",
   "exp_f32",
+  "situ_mul_f32",
+  "attn_res_f32",
   "add_f32",
   "axpy_f32",
   "scale_f32",

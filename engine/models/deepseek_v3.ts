@@ -11,6 +11,9 @@
  * attention-weighted latent is mapped to the head's values through W_vb afterwards. The expanded
  * form (engine/reference/mla.ts) is the independent check.
  *
+ * Kimi K3's MLA layers add a sigmoid output gate on the heads' values before o_proj (the layer's
+ * `g_proj`, when `mla.outputGate`).
+ *
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
@@ -50,6 +53,8 @@ export class MlaAttention {
   #qFull: number;
   #latOut: number;
   #att: number;
+  /** Output-gate pre-activations (0 when the model has no output gate). */
+  #gate = 0;
   #scores: number;
   #scoreTokens: number;
   #maxCtx: number;
@@ -78,6 +83,9 @@ export class MlaAttention {
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
+    if (mla.outputGate) {
+      this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
+    }
     this.#qa = arena.alloc("mla q_a", maxBatch * (mla.qLoraRank ?? 1) * 4);
     this.#q = arena.alloc("mla q", maxBatch * H * this.#qkDim * 4);
     this.#kva = arena.alloc("mla kv_a", maxBatch * this.#row * 4);
@@ -215,7 +223,12 @@ export class MlaAttention {
         });
       }
     }
+    if (this.#gate) values.push({ w: lw.get("g_proj"), x: h, y: this.#gate, nb });
     ops.matmul(...values);
+    if (this.#gate) {
+      ops.sigmoid(this.#gate, nb * H * mla.vHeadDim);
+      ops.mul(this.#att, this.#gate, nb * H * mla.vHeadDim);
+    }
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
   }
 }

@@ -45,6 +45,10 @@ export interface ModelType {
   architectures: readonly string[];
   /** llama.cpp's architecture name, when the GGUF export supports this model_type. */
   llamaCppArch?: string;
+  /** Prefix of every checkpoint name but the LM head's (default `model.`). */
+  prefix?: string;
+  /** Checkpoint name of the untied LM head (default `lm_head.weight`). */
+  lmHead?: string;
 }
 
 /**

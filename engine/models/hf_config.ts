@@ -60,6 +60,40 @@ export class Fields {
     return v;
   }
 
+  /** A required boolean (no default). */
+  flag(key: string): boolean {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (typeof v !== "boolean") this.fail(key, "a boolean");
+    return v;
+  }
+
+  /** A required nested object. */
+  obj(key: string): Fields {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (typeof v !== "object" || Array.isArray(v)) this.fail(key, "an object");
+    return new Fields(v as Json, `${this.where} ${key}`);
+  }
+
+  /** Requires `key` to be present and equal to `want` (the only supported value). */
+  exactly(key: string, want: string | number | boolean): void {
+    const v = this.src[key];
+    if (v === undefined || v === null) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
+    if (v !== want) {
+      throw new Error(
+        `${this.where}: field ${key} is ${JSON.stringify(v)}; only ${JSON.stringify(want)} is ` +
+          `supported`,
+      );
+    }
+  }
+
   /** A boolean, `def` when absent. */
   bool(key: string, def: boolean): boolean {
     const v = this.src[key] ?? def;
@@ -77,8 +111,11 @@ export class Fields {
     return v;
   }
 
-  /** A list of non-negative integers, empty when absent. */
-  intList(key: string): number[] {
+  /** A list of non-negative integers; empty when absent, unless `required`. */
+  intList(key: string, required = false): number[] {
+    if (required && !this.has(key)) {
+      throw new Error(`${this.where}: required field ${key} is missing`);
+    }
     const v = this.src[key] ?? [];
     if (!Array.isArray(v) || !v.every((x) => Number.isSafeInteger(x) && x >= 0)) {
       this.fail(key, "a list of integers >= 0");

@@ -170,7 +170,7 @@ export const normaliseKimiLinear: Normaliser = (f, mt) => {
 };
 
 /** KDA tensors of a layer, relative to `model.layers.N.` (the released checkpoint's names). */
-const KDA_TENSORS: Partial<Record<LayerTensor, string>> = {
+export const KDA_TENSORS: Partial<Record<LayerTensor, string>> = {
   wq: "self_attn.q_proj.weight",
   wk: "self_attn.k_proj.weight",
   wv: "self_attn.v_proj.weight",

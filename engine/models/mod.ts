@@ -14,6 +14,7 @@ import type { Attention } from "../transformer.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
+import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
 import {
   LLAMA,
@@ -31,6 +32,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   deepseek_v3: DEEPSEEK_V3,
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
+  kimi_k3: KIMI_K3,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -90,6 +92,16 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     // block_sparse_moe with w1/w3/w2 experts, as Mixtral names them.
     naming: MIXTRAL_NAMING,
     architectures: ["KimiLinearForCausalLM"],
+  },
+  // Kimi K3's config nests the language model under text_config (its model_type is kimi_linear
+  // there); the top-level kimi_k3 picks this entry, whose normaliser descends.
+  kimi_k3: {
+    family: KIMI_K3,
+    normalise: normaliseKimiK3,
+    naming: MIXTRAL_NAMING,
+    architectures: ["KimiK3ForConditionalGeneration"],
+    prefix: "language_model.model.",
+    lmHead: "language_model.lm_head.weight",
   },
 };
 

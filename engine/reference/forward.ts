@@ -5,7 +5,9 @@
  * shares no math with the engine: the layer skeleton, FFN and routing are here, and each family's
  * attention is a function beside this file (gqa.ts, mla.ts; MLA in the expanded form rather than
  * the engine's absorbed form) that the family registry (engine/models/) names. This file is the
- * place to start reading how a model computes.
+ * place to start reading how a model computes. Kimi K3 (../shared/K3.md) changes the skeleton
+ * here: SiTU-GLU in every MLP, Stable LatentMoE, and Attention Residuals in place of the plain
+ * residual stream.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -14,7 +16,18 @@
  */
 
 import { type LayerTensor, layerTensorName, type ModelConfig } from "../../io/model_config.ts";
-import { addInto, matvec, rmsNorm, softmax, swiglu } from "./math.ts";
+import {
+  addInto,
+  attnRes,
+  clampedSwiglu,
+  type GluActivation,
+  matvec,
+  rmsNorm,
+  situ,
+  softmax,
+  SWIGLU,
+  swiglu,
+} from "./math.ts";
 import { routeReference } from "./moe_routing.ts";
 import { familyOf } from "../models/mod.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";
@@ -93,6 +106,8 @@ export class ReferenceModel implements ReferenceContext {
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
+  /** The GLU activation of every MLP: SwiGLU, or K3's SiTU-GLU. */
+  private readonly act: GluActivation;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
   constructor(cfg: ModelConfig, weight: WeightGetter) {
@@ -101,6 +116,7 @@ export class ReferenceModel implements ReferenceContext {
     this.invFreq = ropeInvFreq(cfg.rope);
     this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
     this.attention = familyOf(cfg).reference;
+    this.act = cfg.k3 ? situ(cfg.k3.situBeta, cfg.k3.situLinearBeta) : SWIGLU;
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -156,13 +172,25 @@ export class ReferenceModel implements ReferenceContext {
     }
     this.positions = pos + 1;
     const d = cfg.hiddenSize;
-    const x = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
+    const eps = cfg.rmsNormEps;
+    // x is the residual stream; with Attention Residuals (K3) the running sum of the current
+    // block, `blocks` holding the snapshots taken at each block start.
+    let x: Float64Array = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
+    const k3 = cfg.k3;
+    const blocks: Float64Array[] = [];
+    const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
+      attnRes([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
-      const h = rmsNorm(x, this.lw(l, "attn_norm"), cfg.rmsNormEps, `layer ${l} attn_norm`);
+      const a = k3 && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
+      const restart = k3 !== undefined && l % k3.attnResBlockSize === 0;
+      if (restart) blocks.push(x);
+      const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
       const attn = this.attention(this, l, h, pos);
-      addInto(x, attn);
-      const h2 = rmsNorm(x, this.lw(l, "ffn_norm"), cfg.rmsNormEps, `layer ${l} ffn_norm`);
+      if (restart) x = attn;
+      else addInto(x, attn);
+      const m = k3 ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
+      const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
       if (cfg.layerKinds[l] === "moe") {
         const { out, experts } = this.moe(l, h2);
         addInto(x, out);
@@ -177,13 +205,17 @@ export class ReferenceModel implements ReferenceContext {
             h2,
             cfg.intermediateSize,
             `layer ${l} ffn`,
+            this.act,
           ),
         );
         routing.push([]);
       }
     }
     this.lastRouting = routing;
-    const xn = rmsNorm(x, this.w("final_norm"), cfg.rmsNormEps, "final_norm");
+    const final = k3
+      ? attnRes([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
+      : x;
+    const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     return matvec(head, xn, cfg.vocabSize, d, "lm_head");
   }
@@ -254,28 +286,43 @@ export class ReferenceModel implements ReferenceContext {
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
     const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
     const route = routeReference(moe, logits, bias);
-    const out = new Float64Array(d);
+    // K3's Stable LatentMoE: the experts work on a down-projection of h, and their weighted sum
+    // is RMS-normed and projected back up.
+    const k3 = this.cfg.k3;
+    const input = k3
+      ? matvec(this.lw(l, "latent_down"), h, k3.latentDim, d, `layer ${l} latent_down`)
+      : h;
+    const sum = new Float64Array(input.length);
     route.experts.forEach((e, k) => {
       const y = swiglu(
         this.w(`experts.${l}.${e}.gate`),
         this.w(`experts.${l}.${e}.up`),
         this.w(`experts.${l}.${e}.down`),
-        h,
+        input,
         moe.expertIntermediate,
         `layer ${l} expert ${e}`,
-        {
-          biases: moe.expertBias
-            ? [
-              this.w(`experts.${l}.${e}.gate_bias`),
-              this.w(`experts.${l}.${e}.up_bias`),
-              this.w(`experts.${l}.${e}.down_bias`),
-            ]
-            : undefined,
-          clamp: moe.clampedSwiglu,
-        },
+        moe.clampedSwiglu
+          ? clampedSwiglu(moe.clampedSwiglu.limit, moe.clampedSwiglu.alpha)
+          : this.act,
+        moe.expertBias
+          ? [
+            this.w(`experts.${l}.${e}.gate_bias`),
+            this.w(`experts.${l}.${e}.up_bias`),
+            this.w(`experts.${l}.${e}.down_bias`),
+          ]
+          : undefined,
       );
-      for (let i = 0; i < d; i++) out[i] += route.weights[k] * y[i];
+      for (let i = 0; i < sum.length; i++) sum[i] += route.weights[k] * y[i];
     });
+    const out = k3
+      ? matvec(
+        this.lw(l, "latent_up"),
+        rmsNorm(sum, this.lw(l, "latent_norm"), this.cfg.rmsNormEps, `layer ${l} latent_norm`),
+        d,
+        k3.latentDim,
+        `layer ${l} latent_up`,
+      )
+      : sum;
     if (moe.sharedIntermediate > 0) {
       addInto(
         out,
@@ -286,6 +333,7 @@ export class ReferenceModel implements ReferenceContext {
           h,
           moe.sharedIntermediate,
           `layer ${l} shared expert`,
+          this.act,
         ),
       );
     }

@@ -76,15 +76,32 @@ export function addInto(a: Float64Array, b: Float64Array): void {
   for (let i = 0; i < a.length; i++) a[i] += b[i];
 }
 
-/** gpt-oss's expert extras: bias vectors of gate, up and down, and the SwiGLU clamp. */
-export interface SwigluExtras {
-  biases?: [Float32Array, Float32Array, Float32Array];
-  clamp?: { limit: number; alpha: number };
+/** The gated activation of a GLU: act(g, u) for gate and up pre-activations. */
+export type GluActivation = (g: number, u: number) => number;
+
+/** SwiGLU's activation: silu(g) · u. */
+export const SWIGLU: GluActivation = (g, u) => silu(g) * u;
+
+/**
+ * Kimi K3's SiTU-GLU: [β1·tanh(g/β1)·σ(g)] · [β2·tanh(u/β2)]; the sigmoid takes the
+ * uncapped g (kimi-k3-in-c tools/k3_ref.py `k3_situ_glu`).
+ */
+export function situ(beta: number, linearBeta: number): GluActivation {
+  return (g, u) =>
+    beta * Math.tanh(g / beta) * sigmoid(g) * (linearBeta * Math.tanh(u / linearBeta));
+}
+
+/** gpt-oss's clamped SwiGLU: (clamp(u, ±limit) + 1) · g·σ(alpha·g) with g = min(gate, limit). */
+export function clampedSwiglu(limit: number, alpha: number): GluActivation {
+  return (g, u) => {
+    const gc = Math.min(g, limit);
+    return (Math.min(Math.max(u, -limit), limit) + 1) * gc * sigmoid(alpha * gc);
+  };
 }
 
 /**
- * SwiGLU MLP: down(silu(gate·x) ⊙ up·x). gpt-oss: each projection adds its bias, and the
- * activation is (clamp(up, ±limit) + 1) · g·σ(alpha·g) with g = min(gate, limit).
+ * Gated MLP: down(act(gate·x, up·x)), SwiGLU unless `act` says otherwise; gpt-oss's `biases`
+ * (of gate, up and down) are added to each projection.
  */
 export function swiglu(
   gate: Float32Array,
@@ -93,25 +110,48 @@ export function swiglu(
   x: Float64Array,
   inter: number,
   what: string,
-  extra: SwigluExtras = {},
+  act: GluActivation = SWIGLU,
+  biases?: [Float32Array, Float32Array, Float32Array],
 ): Float64Array {
   const g = matvec(gate, x, inter, x.length, `${what} gate`);
   const u = matvec(up, x, inter, x.length, `${what} up`);
-  const b = extra.biases;
-  if (b) {
-    addInto(g, Float64Array.from(b[0]));
-    addInto(u, Float64Array.from(b[1]));
+  if (biases) {
+    addInto(g, Float64Array.from(biases[0]));
+    addInto(u, Float64Array.from(biases[1]));
   }
-  const c = extra.clamp;
-  for (let i = 0; i < inter; i++) {
-    if (c) {
-      const gc = Math.min(g[i], c.limit);
-      g[i] = (Math.min(Math.max(u[i], -c.limit), c.limit) + 1) * gc * sigmoid(c.alpha * gc);
-    } else {
-      g[i] = silu(g[i]) * u[i];
-    }
-  }
+  for (let i = 0; i < inter; i++) g[i] = act(g[i], u[i]);
   const y = matvec(down, g, x.length, inter, `${what} down`);
-  if (b) addInto(y, Float64Array.from(b[2]));
+  if (biases) addInto(y, Float64Array.from(biases[2]));
   return y;
+}
+
+/**
+ * Kimi K3's Attention Residual over `sources`: key_i = V_i / sqrt(mean(V_i²) + eps), score_i =
+ * key_i · (w_n ⊙ w_p), out = Σ softmax(score)_i · V_i (the values are the raw sources).
+ */
+export function attnRes(
+  sources: Float64Array[],
+  norm: Float32Array,
+  proj: Float32Array,
+  eps: number,
+  what: string,
+): Float64Array {
+  const d = sources[0].length;
+  if (norm.length !== d || proj.length !== d) {
+    throw new Error(`${what}: weights of ${norm.length}/${proj.length} values, expected ${d}`);
+  }
+  const scores = sources.map((v) => {
+    let ss = 0, dot = 0;
+    for (let i = 0; i < d; i++) {
+      ss += v[i] * v[i];
+      dot += v[i] * norm[i] * proj[i];
+    }
+    return dot / Math.sqrt(ss / d + eps);
+  });
+  const p = softmax(scores);
+  const out = new Float64Array(d);
+  sources.forEach((v, s) => {
+    for (let i = 0; i < d; i++) out[i] += p[s] * v[i];
+  });
+  return out;
 }

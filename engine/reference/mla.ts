@@ -7,7 +7,7 @@
  * @module
  */
 import type { ReferenceAttention } from "./forward.ts";
-import { matvec, rmsNorm } from "./math.ts";
+import { matvec, rmsNorm, sigmoid } from "./math.ts";
 
 /** Multi-head latent attention of layer `l` at position `pos`, through o_proj. */
 export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
@@ -59,6 +59,11 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
   const out = new Float64Array(numHeads * vd);
   for (let hd = 0; hd < numHeads; hd++) {
     m.attend(q, hd * qk, cache, hd * qk, hd * vd, qk, vd, out, hd * vd);
+  }
+  if (mla.outputGate) {
+    // K3: a sigmoid gate on the heads' values, from the layer's normed input.
+    const gate = matvec(m.lw(l, "g_proj"), h, numHeads * vd, d, `layer ${l} g_proj`);
+    for (let i = 0; i < numHeads * vd; i++) out[i] *= sigmoid(gate[i]);
   }
   return matvec(m.lw(l, "wo"), out, d, numHeads * vd, `layer ${l} wo`);
 };

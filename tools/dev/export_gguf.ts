@@ -30,7 +30,6 @@ import { openContainer } from "../../engine/container.ts";
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
-  type GlobalTensor,
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
@@ -115,7 +114,7 @@ const LAYER_GGUF: Partial<Record<LayerTensor, string>> = {
   shared_down: "ffn_down_shexp.weight",
 };
 
-const GLOBAL_GGUF: Record<GlobalTensor, string> = {
+const GLOBAL_GGUF: Record<"embed" | "final_norm" | "lm_head", string> = {
   embed: "token_embd.weight",
   final_norm: "output_norm.weight",
   lm_head: "output.weight",

@@ -1,7 +1,7 @@
 /**
  * Writes the expert bank file of one MoE layer: one fixed-stride record per expert, a header
  * (placement and payload CRC of each matrix) followed by the matrices in the dtype the layout chose —
- * streamed, re-encoded or, for Kimi's packed INT4, copied as shipped.
+ * streamed, re-encoded or, for Kimi's packed INT4 and K3's MXFP4, copied as shipped.
  *
  * @module
  */
@@ -23,10 +23,12 @@ import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import type { PackWriter } from "./block_writer.ts";
 import {
+  INT4_PACKED,
+  MXFP4_PACKED,
   readFusedBias,
   readFusedMxfp4,
   readMatrixF32,
-  readPackedInt4,
+  readPacked,
   type SourceMatrix,
 } from "../../engine/checkpoint_matrix.ts";
 
@@ -39,9 +41,12 @@ function writeExpertMatrix(
   chunk: number,
   codebooks: Float32Array | undefined,
 ): void {
-  if (src.packed && entry.dtype === "int4g32") {
-    // Kimi's packed words and bf16 scales are the int4g32 bytes: copied, never re-quantised.
-    const { data, scale } = readPackedInt4(ckpt, src);
+  const asShipped = (src.dtype === INT4_PACKED && entry.dtype === "int4g32") ||
+    (src.dtype === MXFP4_PACKED && entry.dtype === "mxfp4");
+  if (src.packed && asShipped) {
+    // Kimi's packed INT4 words with bf16 scales are the int4g32 bytes, K3's MXFP4 codes with
+    // E8M0 scales the mxfp4 bytes: copied, never re-quantised.
+    const { data, scale } = readPacked(ckpt, src);
     checkFinite(scale, src.packed.scale.dtype, `${src.file}: tensor ${src.packed.scale.name}`);
     record.set(data, entry.offset);
     record.set(scale, entry.scale!.offset);

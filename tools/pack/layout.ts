@@ -11,6 +11,7 @@ import {
   EXPERT_MATRICES,
   type ExpertMatrix,
   type GlobalTensor,
+  globalTensorsOf,
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
@@ -51,6 +52,7 @@ import {
   findMatrix,
   INT4_PACKED,
   MXFP4_FUSED,
+  MXFP4_PACKED,
   type SourceMatrix,
 } from "../../engine/checkpoint_matrix.ts";
 
@@ -160,10 +162,8 @@ function checkShape(t: TensorInfo, spec: TensorSpec, what: string): void {
 export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOptions): PackLayout {
   const convert = opts.convert;
   const gItems = new Map<GlobalTensor, Placed>();
-  for (const g of ["embed", "final_norm", "lm_head"] as GlobalTensor[]) {
-    const name = hfGlobalName(cfg, g);
-    if (name === null) continue;
-    const src = lookup(ckpt, name, g);
+  for (const g of globalTensorsOf(cfg)) {
+    const src = lookup(ckpt, hfGlobalName(cfg, g)!, g);
     const spec = globalTensorSpec(cfg, g);
     checkShape(src, spec, g);
     gItems.set(g, { src, entry: entryFor(ckpt, src, storedDtype(src, spec.role, convert)) });
@@ -224,6 +224,7 @@ function expertDtype(
     if (opts.convert) return opts.convert;
     if (src.dtype === INT4_PACKED) return "int4g32";
     if (src.dtype === MXFP4_FUSED) return "mxfp4";
+    if (src.dtype === MXFP4_PACKED) return "mxfp4";
     const kept = KEPT_DTYPE[src.dtype];
     if (!kept) {
       throw new Error(

@@ -1,7 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
- * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b) as functions of the hidden size, their
- * config.json and their tensors.
+ * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168) as
+ * functions of the hidden size, their config.json and their tensors.
  *
  * @module
  */
@@ -44,6 +44,10 @@ export interface Recipe {
   minLayers(d: SynthDims): number;
   /** Hidden sizes the solver tries are multiples of this (gpt-oss's MXFP4 needs 32). */
   hiddenMultiple?: number;
+  /** The global tensors, when not Hugging Face's usual `model.` names. */
+  globals?(d: SynthDims, dt: SynthElemType): { head: SynthTensor[]; tail: SynthTensor[] };
+  /** A name for the attention of layer `l`, when layers differ in it (hybrid models). */
+  attentionOf?(d: SynthDims, l: number): string;
 }
 
 /** About `q` query heads sharing each kv head among `ratio`, with kv heads dividing q heads. */
@@ -529,12 +533,251 @@ const GPT_OSS: Recipe = {
   minLayers: () => 2,
 };
 
+/** Kimi K3's tensor prefix. */
+const K3 = "language_model.model.";
+
+/** A float tensor kept F32 whatever the trunk dtype (as the release keeps them). */
+function f32(name: string, shape: number[], mean: number, std: number, l: number): SynthTensor {
+  return { name, shape, dtype: "F32", init: { kind: "normal", mean, std }, layer: l };
+}
+
+/**
+ * One MXFP4 matrix [rows, cols] as the K3 release ships it: random E2M1 codes (`weight_packed`,
+ * two a byte) and one E8M0 scale byte per 32 columns, chosen so that the weights' RMS is about
+ * 1/sqrt(cols) (random codes have an RMS of 2.93).
+ */
+function mxfp4(name: string, rows: number, cols: number, l: number): SynthTensor[] {
+  const exp = 127 + Math.round(Math.log2(1 / (2.93 * Math.sqrt(cols))));
+  return [
+    {
+      name: `${name}_packed`,
+      shape: [rows, cols / 2],
+      dtype: "U8",
+      init: { kind: "bytes", lo: 0, hi: 255 },
+      layer: l,
+    },
+    {
+      name: `${name}_scale`,
+      shape: [rows, cols / 32],
+      dtype: "U8",
+      init: { kind: "fill", value: exp },
+      layer: l,
+    },
+  ];
+}
+
+/** Whether layer `l` of a K3-shaped model is MLA (1-based every mlaEvery-th, and the last). */
+function k3IsMla(d: SynthDims, l: number): boolean {
+  return (l + 1) % d.mlaEvery === 0 || l === d.layers - 1;
+}
+
+const KIMI_K3: Recipe = {
+  baseHidden: 7168,
+  baseLayers: 93,
+  baseExperts: 896,
+  baseTopK: 16,
+  expertStep: 16,
+  maxExperts: 896,
+  maxPositions: 262144,
+  width: (h) => {
+    // The release at 7168: KDA and MLA 96 heads of 128, q_lora 1536, kv_lora 512, rope 64,
+    // latent 3584, expert inter 3072, dense inter 33,792.
+    const headDim = Math.round(clamp(h / 56, 16, 128));
+    const heads = Math.max(1, Math.round((96 * h) / 7168));
+    return {
+      heads,
+      kdaHeads: heads,
+      kdaHeadDim: headDim,
+      headDim,
+      qLoraRank: (3 * h) / 14,
+      kvLoraRank: h / 14,
+      nopeDim: headDim,
+      ropeDim: headDim / 2,
+      vDim: headDim,
+      latent: h / 2,
+      expertInter: (3 * h) / 7,
+      denseInter: (33792 * h) / 7168,
+      sharedExperts: 2,
+      mlaEvery: 4,
+      mxfp4Experts: 1,
+    };
+  },
+  counts: (d) => ({
+    topK: defaultTopK(d.experts, 16),
+    firstDense: 1,
+    nGroup: 1,
+    topkGroup: 1,
+    // The release: 93 layers in blocks of 12.
+    attnResBlock: clamp(Math.ceil(d.layers / 8), 1, 12),
+  }),
+  config: (d, dtype) => {
+    const mla = Array.from({ length: d.layers }, (_, l) => l).filter((l) => k3IsMla(d, l));
+    const text = {
+      activation_situ_beta: 4.0,
+      activation_situ_linear_beta: 25.0,
+      architectures: ["KimiLinearForCausalLM"],
+      attn_res_block_size: d.attnResBlock,
+      first_k_dense_replace: d.firstDense,
+      hidden_act: "situ",
+      hidden_size: d.hidden,
+      intermediate_size: d.denseInter,
+      kv_lora_rank: d.kvLoraRank,
+      latent_moe_use_norm: true,
+      linear_attn_config: {
+        full_attn_layers: mla.map((l) => l + 1),
+        gate_lower_bound: -5.0,
+        head_dim: d.kdaHeadDim,
+        kda_layers: Array.from({ length: d.layers }, (_, l) => l + 1).filter((l) =>
+          !k3IsMla(d, l - 1)
+        ),
+        num_heads: d.kdaHeads,
+        short_conv_kernel_size: 4,
+        use_full_rank_gate: true,
+      },
+      max_position_embeddings: d.maxPositions,
+      mla_use_nope: true,
+      mla_use_output_gate: true,
+      model_type: "kimi_linear",
+      moe_intermediate_size: d.expertInter,
+      moe_layer_freq: 1,
+      moe_renormalize: true,
+      moe_router_activation_func: "sigmoid",
+      num_attention_heads: d.heads,
+      num_expert_group: 1,
+      num_experts: d.experts,
+      num_experts_per_token: d.topK,
+      num_hidden_layers: d.layers,
+      num_key_value_heads: d.heads,
+      num_nextn_predict_layers: 0,
+      num_shared_experts: d.sharedExperts,
+      q_lora_rank: d.qLoraRank,
+      qk_nope_head_dim: d.nopeDim,
+      qk_rope_head_dim: d.ropeDim,
+      rms_norm_eps: 1e-5,
+      rope_theta: 10000.0,
+      routed_expert_hidden_size: d.latent,
+      routed_scaling_factor: 1.0,
+      tie_word_embeddings: false,
+      topk_group: 1,
+      topk_method: "noaux_tc",
+      use_grouped_topk: true,
+      v_head_dim: d.vDim,
+      vocab_size: d.vocab,
+      bos_token_id: SYNTH_BOS_ID,
+      eos_token_id: SYNTH_EOS_ID,
+      dtype: dtype === "bf16" ? "bfloat16" : "float32",
+    };
+    return {
+      architectures: ["KimiK3ForConditionalGeneration"],
+      model_type: "kimi_k3",
+      text_config: text,
+      tie_word_embeddings: false,
+      dtype: text.dtype,
+    };
+  },
+  layer: (d, l, dt) => {
+    const p = `${K3}layers.${l}.`, a = p + "self_attn.";
+    const out: SynthTensor[] = [
+      norm(p + "input_layernorm.weight", d.hidden, dt, l),
+      norm(p + "post_attention_layernorm.weight", d.hidden, dt, l),
+      norm(p + "self_attention_res_norm.weight", d.hidden, dt, l),
+      linear(p + "self_attention_res_proj.weight", 1, d.hidden, dt, l),
+      norm(p + "mlp_res_norm.weight", d.hidden, dt, l),
+      linear(p + "mlp_res_proj.weight", 1, d.hidden, dt, l),
+    ];
+    if (k3IsMla(d, l)) {
+      out.push(
+        linear(a + "q_a_proj.weight", d.qLoraRank, d.hidden, dt, l),
+        norm(a + "q_a_layernorm.weight", d.qLoraRank, dt, l),
+        linear(a + "q_b_proj.weight", d.heads * (d.nopeDim + d.ropeDim), d.qLoraRank, dt, l),
+        linear(a + "kv_a_proj_with_mqa.weight", d.kvLoraRank + d.ropeDim, d.hidden, dt, l),
+        norm(a + "kv_a_layernorm.weight", d.kvLoraRank, dt, l),
+        linear(a + "kv_b_proj.weight", d.heads * (d.nopeDim + d.vDim), d.kvLoraRank, dt, l),
+        linear(a + "g_proj.weight", d.heads * d.vDim, d.hidden, dt, l),
+        linear(a + "o_proj.weight", d.hidden, d.heads * d.vDim, dt, l),
+      );
+    } else {
+      const P = d.kdaHeads * d.kdaHeadDim, D = d.kdaHeadDim;
+      if (d.kdaHeads > D) {
+        throw new Error(`kimi_k3: A_log holds headDim ${D} values, fewer than ${d.kdaHeads} heads`);
+      }
+      for (const x of ["q", "k", "v"]) {
+        out.push(
+          linear(`${a}${x}_proj.weight`, P, d.hidden, dt, l),
+          f32(`${a}${x}_conv1d.weight`, [P, 1, 4], 0, 0.5, l),
+        );
+      }
+      out.push(
+        linear(a + "f_a_proj.weight", D, d.hidden, dt, l),
+        linear(a + "f_b_proj.weight", P, D, dt, l),
+        linear(a + "b_proj.weight", d.kdaHeads, d.hidden, dt, l),
+        f32(a + "dt_bias", [P], 0, 1, l),
+        f32(a + "A_log", [D], 0, 0.5, l),
+        f32(a + "o_norm.weight", [D], 1, 0.05, l),
+        linear(a + "g_proj.weight", P, d.hidden, dt, l),
+        linear(a + "o_proj.weight", d.hidden, P, dt, l),
+      );
+    }
+    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
+    const m = p + "block_sparse_moe.";
+    return [
+      ...out,
+      router(m + "gate.weight", d.experts, d.hidden, dt, l),
+      {
+        name: m + "gate.e_score_correction_bias",
+        shape: [d.experts],
+        dtype: "F32",
+        init: { kind: "zeros" },
+        layer: l,
+      },
+      linear(m + "routed_expert_down_proj.weight", d.latent, d.hidden, dt, l),
+      norm(m + "routed_expert_norm.weight", d.latent, dt, l),
+      linear(m + "routed_expert_up_proj.weight", d.hidden, d.latent, dt, l),
+      ...glu(m + "shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
+    ];
+  },
+  expert: (d, l, e, dt) => {
+    const p = `${K3}layers.${l}.block_sparse_moe.experts.${e}.`;
+    if (!d.mxfp4Experts) return glu(p, ["w1", "w3", "w2"], d.expertInter, d.latent, dt, l);
+    if (d.latent % 32 || d.expertInter % 32) {
+      throw new Error(
+        `kimi_k3: MXFP4 experts need latent ${d.latent} and expertInter ${d.expertInter} to be ` +
+          `multiples of 32 (or mxfp4Experts 0)`,
+      );
+    }
+    return [
+      ...mxfp4(p + "w1.weight", d.expertInter, d.latent, l),
+      ...mxfp4(p + "w2.weight", d.latent, d.expertInter, l),
+      ...mxfp4(p + "w3.weight", d.expertInter, d.latent, l),
+    ];
+  },
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: (d) => d.firstDense + 1,
+  globals: (d, dt) => ({
+    head: [{
+      name: `${K3}embed_tokens.weight`,
+      shape: [d.vocab, d.hidden],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 1 },
+      layer: -1,
+    }],
+    tail: [
+      norm(`${K3}norm.weight`, d.hidden, dt, -1),
+      norm(`${K3}output_attn_res_norm.weight`, d.hidden, dt, -1),
+      linear(`${K3}output_attn_res_proj.weight`, 1, d.hidden, dt, -1),
+      linear("language_model.lm_head.weight", d.vocab, d.hidden, dt, -1),
+    ],
+  }),
+  attentionOf: (d, l) => k3IsMla(d, l) ? "mla" : "kda",
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
   mixtral: MIXTRAL,
   glm4_moe: GLM4_MOE,
   gpt_oss: GPT_OSS,
+  kimi_k3: KIMI_K3,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

@@ -64,6 +64,7 @@ function writeTensor(
   progress: Progress,
 ): void {
   const elems = t.shape.reduce((a, b) => a * b, 1);
+  if (t.dtype === "U8") return writeBytes(fd, t, elems, seed, progress);
   const bf16 = t.dtype === "BF16";
   const view = (n: number) => bf16 ? buf.u16.subarray(0, n) : buf.f32.subarray(0, n);
   const emit = (arr: Uint16Array | Float32Array) => {
@@ -71,22 +72,6 @@ function writeTensor(
     progress.add(arr.byteLength);
   };
   let x = streamSeed(seed, t.name);
-  if (t.init.kind === "bytes") {
-    const { lo, hi } = t.init;
-    const u8 = new Uint8Array(buf.f32.buffer, 0, Math.min(buf.f32.byteLength, elems));
-    for (let i = 0; i < elems; i += u8.length) {
-      const v = u8.subarray(0, Math.min(u8.length, elems - i));
-      for (let j = 0; j < v.length; j++) {
-        x ^= x << 13;
-        x ^= x >>> 17;
-        x ^= x << 5;
-        v[j] = lo + ((x >>> 0) % (hi - lo + 1));
-      }
-      writeAll(fd, v);
-      progress.add(v.length);
-    }
-    return;
-  }
   if (t.init.kind === "zeros") {
     for (let i = 0; i < elems; i += CHUNK_ELEMS) {
       emit(view(Math.min(CHUNK_ELEMS, elems - i)).fill(0));
@@ -100,13 +85,45 @@ function writeTensor(
       x = fillFrom(view(cols), table, x);
       emit(view(cols));
     }
-  } else {
+  } else if (t.init.kind === "normal") {
     const table = valueTable(t.init.mean, t.init.std, t.dtype);
     for (let i = 0; i < elems; i += CHUNK_ELEMS) {
       const v = view(Math.min(CHUNK_ELEMS, elems - i));
       x = fillFrom(v, table, x);
       emit(v);
     }
+  } else throw new Error(`${t.name}: ${t.init.kind} values need a U8 tensor`);
+}
+
+/** Streams a U8 tensor: seeded random bytes in lo..hi, or one value throughout. */
+function writeBytes(
+  fd: number,
+  t: SynthTensor,
+  elems: number,
+  seed: number,
+  progress: Progress,
+): void {
+  const buf = new Uint8Array(Math.min(elems, 4 * CHUNK_ELEMS));
+  const words = new Uint32Array(buf.buffer, 0, buf.length >> 2);
+  let x = streamSeed(seed, t.name);
+  const init = t.init;
+  for (let i = 0; i < elems; i += buf.length) {
+    const n = Math.min(buf.length, elems - i);
+    if (init.kind === "fill") buf.fill(init.value);
+    else if (init.kind === "bytes") {
+      for (let w = 0; w < words.length; w++) {
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        words[w] = Math.imul(x, 0x9e3779b1);
+      }
+      for (let j = words.length * 4; j < buf.length; j++) buf[j] = (x >>> (8 * (j & 3))) & 255;
+      // A narrower range (gpt-oss's E8M0 scales) folds the uniform bytes into lo..hi.
+      const span = init.hi - init.lo + 1;
+      if (span < 256) { for (let j = 0; j < n; j++) buf[j] = init.lo + buf[j] % span; }
+    } else throw new Error(`${t.name}: U8 tensors are random bytes or a fill value`);
+    writeAll(fd, buf.subarray(0, n));
+    progress.add(n);
   }
 }
 

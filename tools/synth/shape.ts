@@ -55,6 +55,12 @@ const OVERRIDE_KEYS: readonly (keyof SynthDims)[] = [
   "nGroup",
   "topkGroup",
   "sharedExperts",
+  "latent",
+  "kdaHeads",
+  "kdaHeadDim",
+  "attnResBlock",
+  "mlaEvery",
+  "mxfp4Experts",
 ];
 
 /** Throws on an unknown size field or a value that is not a whole number in range. */
@@ -64,7 +70,7 @@ function checkOverrides(o: SynthOverrides): void {
     if (!OVERRIDE_KEYS.includes(k as keyof SynthDims)) {
       throw new Error(`unknown size override ${k}`);
     }
-    const min = k === "firstDense" || k === "sharedExperts" ? 0 : 1;
+    const min = k === "firstDense" || k === "sharedExperts" || k === "mxfp4Experts" ? 0 : 1;
     if (!Number.isSafeInteger(v) || v < min) {
       throw new Error(`size override ${k} must be an integer >= ${min}, got ${v}`);
     }

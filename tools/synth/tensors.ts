@@ -19,7 +19,7 @@ import {
 /** Every tensor of the model, in model order (embedding, layers in order, final norm, lm_head). */
 export function synthTensors(arch: SynthArch, d: SynthDims, dtype: SynthDtype): SynthTensor[] {
   const r = recipeOf(arch), dt = dtypeName(dtype);
-  const g = globalTensors(d, dt);
+  const g = r.globals?.(d, dt) ?? globalTensors(d, dt);
   const out = [...g.head];
   for (let l = 0; l < d.layers; l++) {
     out.push(...r.layer(d, l, dt));
@@ -30,17 +30,18 @@ export function synthTensors(arch: SynthArch, d: SynthDims, dtype: SynthDtype): 
 
 /** Bytes of tensor data of a model, without listing every expert. */
 export function modelBytes(r: Recipe, d: SynthDims, dt: SynthElemType): number {
-  const g = globalTensors(d, dt);
+  const g = r.globals?.(d, dt) ?? globalTensors(d, dt);
   let n = sumBytes(g.head) + sumBytes(g.tail);
   const expert = sumBytes(r.expert(d, 0, 0, dt));
   // Layers of one kind have the same tensors, so each kind is measured once.
-  const perKind = new Map<boolean, number>();
+  const perKind = new Map<string, number>();
   for (let l = 0; l < d.layers; l++) {
     const moe = r.isMoe(d, l);
-    if (!perKind.has(moe)) {
-      perKind.set(moe, sumBytes(r.layer(d, l, dt)) + (moe ? d.experts * expert : 0));
+    const kind = `${moe} ${r.attentionOf?.(d, l) ?? ""}`;
+    if (!perKind.has(kind)) {
+      perKind.set(kind, sumBytes(r.layer(d, l, dt)) + (moe ? d.experts * expert : 0));
     }
-    n += perKind.get(moe)!;
+    n += perKind.get(kind)!;
   }
   return n;
 }

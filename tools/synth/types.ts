@@ -6,7 +6,14 @@
  */
 
 /** The architectures {@link synthCheckpoint} can write. */
-export const SYNTH_ARCHS = ["qwen3_moe", "deepseek_v3", "mixtral", "glm4_moe", "gpt_oss"] as const;
+export const SYNTH_ARCHS = [
+  "qwen3_moe",
+  "deepseek_v3",
+  "mixtral",
+  "glm4_moe",
+  "gpt_oss",
+  "kimi_k3",
+] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];
@@ -14,7 +21,7 @@ export type SynthArch = typeof SYNTH_ARCHS[number];
 /** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
 export type SynthDtype = "bf16" | "f32";
 
-/** A tensor's safetensors dtype. */
+/** A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3). */
 export type SynthElemType = "BF16" | "F32" | "U8";
 
 /** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
@@ -42,6 +49,17 @@ export interface SynthDims {
   nGroup: number;
   topkGroup: number;
   sharedExperts: number;
+  /** Kimi K3: the routed experts' latent width. */
+  latent: number;
+  /** Kimi K3: KDA heads and head dim. */
+  kdaHeads: number;
+  kdaHeadDim: number;
+  /** Kimi K3: layers per Attention Residual block. */
+  attnResBlock: number;
+  /** Kimi K3: every this-many-th layer (1-based) and the last one are MLA, the rest KDA. */
+  mlaEvery: number;
+  /** Kimi K3: 1 = routed experts in MXFP4 (`weight_packed`/`weight_scale`, as released), 0 = dtype. */
+  mxfp4Experts: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */
@@ -53,8 +71,10 @@ export type SynthInit =
   /** A router: normal rows with std 1/sqrt(hidden), each times its row scale. */
   | { kind: "router" }
   | { kind: "zeros" }
-  /** U8 tensors (gpt-oss's MXFP4 blocks and scales): bytes uniform in [lo, hi]. */
-  | { kind: "bytes"; lo: number; hi: number };
+  /** U8: uniformly random bytes in [lo, hi] (MXFP4 codes 0..255: every nibble is a valid E2M1 value; gpt-oss's scales a narrow range). */
+  | { kind: "bytes"; lo: number; hi: number }
+  /** U8: every byte `value` (Kimi K3's E8M0 block scales). */
+  | { kind: "fill"; value: number };
 
 /** One tensor of the checkpoint. */
 export interface SynthTensor {

@@ -1,0 +1,469 @@
+/**
+ * Kimi K3: the config normaliser refuses what it cannot run, the packer copies the release's
+ * MXFP4 expert bytes into records unchanged, and the float64 reference reproduces the known
+ * continuation of kimi-k3-in-c's oracle model (../shared/models/README.md, tiny-kimi-k3); the
+ * prompt cache and saved sessions carry its recurrent state.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { normalizeConfig } from "../engine/config.ts";
+import {
+  referenceWeightsFromCheckpoint,
+  referenceWeightsFromContainer,
+} from "../engine/float_weights.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { hfExpertName } from "../engine/tensor_names.ts";
+import { openContainer } from "../engine/container.ts";
+import { readExpertRecord } from "../io/container.ts";
+import { openCheckpoint } from "../io/safetensors.ts";
+import { Model } from "../engine/model.ts";
+import { argmax } from "../engine/sampler.ts";
+import { Session } from "../engine/session.ts";
+import { loadSession, saveSession } from "../engine/session_state.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
+import {
+  decodeAgainstReference,
+  fixtureDir,
+  hasFixture,
+  maxRelDiff,
+  packedFixture,
+  tempDir,
+} from "./fixtures.ts";
+
+const K3 = "tiny-kimi-k3";
+const K3_MXFP4 = "tiny-kimi-k3-mxfp4";
+/** kimi-k3-in-c's oracle prompt and its first 20 greedy tokens (tests/fixtures/ref_k3.json). */
+const ORACLE_PROMPT = [203, 34, 2, 239, 195, 71, 163, 54, 121, 104, 16, 16];
+const ORACLE_CONTINUATION = [
+  219,
+  63,
+  4,
+  31,
+  48,
+  193,
+  57,
+  231,
+  219,
+  205,
+  145,
+  117,
+  79,
+  208,
+  18,
+  1,
+  74,
+  125,
+  66,
+  121,
+];
+
+function configOf(name: string): Record<string, unknown> {
+  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
+}
+
+Deno.test({
+  name: "K3 config: every field the forward pass needs is required, by name",
+  ignore: !hasFixture(K3),
+  fn() {
+    const base = configOf(K3);
+    const cfg = normalizeConfig(base);
+    assert.equal(cfg.family, "kimi_k3");
+    assert.deepEqual(
+      cfg.kda!.layers.flatMap((kda, l) => kda ? [] : [l]),
+      [3, 7, 11, 12],
+      "full_attn_layers is 1-based",
+    );
+    assert.equal(cfg.layerKinds[0], "dense");
+    assert.equal(cfg.moe!.sharedIntermediate, 96);
+    const text = [
+      "activation_situ_beta",
+      "activation_situ_linear_beta",
+      "attn_res_block_size",
+      "routed_expert_hidden_size",
+      "num_shared_experts",
+      "moe_renormalize",
+      "first_k_dense_replace",
+      "q_lora_rank",
+      "rms_norm_eps",
+      "mla_use_output_gate",
+    ];
+    for (const key of text) {
+      const c = structuredClone(base);
+      delete (c.text_config as Record<string, unknown>)[key];
+      assert.throws(() => normalizeConfig(c), new RegExp(`required field ${key} is missing`), key);
+    }
+    for (const key of ["gate_lower_bound", "short_conv_kernel_size", "full_attn_layers"]) {
+      const c = structuredClone(base);
+      const t = c.text_config as Record<string, Record<string, unknown>>;
+      delete t.linear_attn_config[key];
+      assert.throws(
+        () => normalizeConfig(c),
+        new RegExp(`linear_attn_config: required field ${key} is missing`),
+        key,
+      );
+    }
+    const silu = structuredClone(base);
+    (silu.text_config as Record<string, unknown>).hidden_act = "silu";
+    assert.throws(() => normalizeConfig(silu), /hidden_act is "silu"; only "situ" is supported/);
+  },
+});
+
+Deno.test({
+  name: "K3 reference: kimi-k3-in-c's oracle prompt gives its known continuation",
+  ignore: !hasFixture(K3),
+  fn() {
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(K3));
+    const ref = new ReferenceModel(cfg, weight);
+    const tokens = [...ORACLE_PROMPT];
+    const out: number[] = [];
+    for (let pos = 0; out.length < ORACLE_CONTINUATION.length; pos++) {
+      const logits = ref.forward64(tokens[pos], pos);
+      if (pos >= ORACLE_PROMPT.length - 1) {
+        out.push(argmax(logits));
+        tokens.push(out.at(-1)!);
+      }
+    }
+    assert.deepEqual(out, ORACLE_CONTINUATION);
+  },
+});
+
+Deno.test({
+  name: "K3 pack: MXFP4 weight_packed/weight_scale land in the records byte for byte",
+  ignore: !hasFixture(K3_MXFP4),
+  async fn() {
+    const c = openContainer(await packedFixture(K3_MXFP4));
+    const ckpt = openCheckpoint(fixtureDir(K3_MXFP4));
+    try {
+      const cfg = c.config;
+      for (const [layer, expert] of [[1, 0], [7, 5], [12, 7]]) {
+        const bank = c.manifest.experts[layer]!;
+        assert.equal(bank.format, "mxfp4");
+        const { record } = readExpertRecord(c, layer, expert);
+        for (const m of ["gate", "up", "down"] as const) {
+          const name = hfExpertName(cfg, layer, expert, m);
+          const e = bank.matrices[m];
+          assert.deepEqual(
+            record.subarray(e.offset, e.offset + e.bytes),
+            ckpt.read(`${name}_packed`),
+            `${name}_packed`,
+          );
+          assert.deepEqual(
+            record.subarray(e.scale!.offset, e.scale!.offset + e.scale!.bytes),
+            ckpt.read(`${name}_scale`),
+            `${name}_scale`,
+          );
+        }
+      }
+    } finally {
+      ckpt.close();
+    }
+  },
+});
+
+/** A K3-shaped model at awkward sizes (nothing a multiple of 4 or 32 where it can be avoided). */
+const AWKWARD: SynthOverrides = {
+  hidden: 72,
+  layers: 5,
+  experts: 12,
+  topK: 3,
+  latent: 36,
+  expertInter: 28,
+  denseInter: 84,
+  heads: 3,
+  qLoraRank: 40,
+  kvLoraRank: 20,
+  nopeDim: 14,
+  ropeDim: 6,
+  vDim: 10,
+  vocab: 300,
+  attnResBlock: 2,
+  sharedExperts: 2,
+  mxfp4Experts: 0,
+};
+
+/**
+ * Runs `tokens` through the engine (prefill in chunks of `chunk`, then one at a time) and the
+ * float64 reference; returns the worst relative logit difference and asserts the greedy ids match.
+ */
+async function engineVsReference(dir: string, ckpt: string, tokens: number[], chunk: number) {
+  const { cfg, weight } = referenceWeightsFromCheckpoint(ckpt);
+  const ref = new ReferenceModel(cfg, weight);
+  const want = tokens.map((t, p) => ref.forward64(t, p));
+  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
+  try {
+    let worst = 0;
+    for (let p = 0; p < tokens.length; p += chunk) {
+      const part = tokens.slice(p, p + chunk);
+      const got = model.forward(part, p, true);
+      part.forEach((_, i) => {
+        const g = got.subarray(i * cfg.vocabSize, (i + 1) * cfg.vocabSize);
+        worst = Math.max(worst, maxRelDiff(g, want[p + i]));
+        assert.equal(argmax(g), argmax(want[p + i]), `greedy id at position ${p + i}`);
+      });
+    }
+    return worst;
+  } finally {
+    model.close();
+  }
+}
+
+Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward sizes", async () => {
+  const out = `${tempDir()}/k3-mla-awkward`;
+  // Every layer MLA (mlaEvery 1): the K3 pieces apart from KDA, against the float64 reference.
+  const ckpt = await synthCheckpoint({
+    arch: "kimi_k3",
+    out,
+    size: 2e6,
+    seed: 5,
+    dtype: "f32",
+    overrides: { ...AWKWARD, mlaEvery: 1 },
+    progress: "off",
+    log: () => {},
+  });
+  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
+  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
+  for (const chunk of [1, 5]) {
+    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
+    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+  }
+});
+
+/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
+async function engineGreedy(dir: string, prompt: number[], n: number, chunk: number) {
+  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
+  try {
+    let logits: Float32Array = new Float32Array(0);
+    for (let p = 0; p < prompt.length; p += chunk) {
+      logits = model.forward(prompt.slice(p, p + chunk), p);
+    }
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      out.push(argmax(logits));
+      logits = model.forward([out[i]], prompt.length + i);
+    }
+    return out;
+  } finally {
+    model.close();
+  }
+}
+
+Deno.test({
+  name: "K3 engine: tiny-kimi-k3 continues the oracle prompt exactly, in any prefill chunking",
+  ignore: !hasFixture(K3),
+  async fn() {
+    const dir = await packedFixture(K3);
+    for (const chunk of [64, 1, 5]) {
+      const got = await engineGreedy(dir, ORACLE_PROMPT, ORACLE_CONTINUATION.length, chunk);
+      assert.deepEqual(got, ORACLE_CONTINUATION, `prefill chunk ${chunk}`);
+    }
+  },
+});
+
+Deno.test({
+  name: "K3 engine: tiny-kimi-k3 and -mxfp4 match the float64 reference (40 greedy tokens)",
+  ignore: !hasFixture(K3) || !hasFixture(K3_MXFP4),
+  async fn() {
+    // MXFP4 experts read Q8 copies of their inputs, a rounding the reference does not make.
+    for (const [name, bound] of [[K3, 1e-4], [K3_MXFP4, 2e-2]] as const) {
+      const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+      const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 64 });
+      try {
+        const worst = decodeAgainstReference(
+          model,
+          new ReferenceModel(cfg, weight),
+          ORACLE_PROMPT,
+          ORACLE_PROMPT.length + 39,
+          name,
+        );
+        assert.ok(worst < bound, `${name}: logits differ by ${worst} relative (bound ${bound})`);
+      } finally {
+        model.close();
+      }
+    }
+  },
+});
+
+Deno.test("K3 engine: KDA with the bounded decay and full-rank gate at awkward sizes", async () => {
+  const out = `${tempDir()}/k3-kda-awkward`;
+  // The release's pattern (every 4th layer and the last MLA): KDA layers 0, 1, 2, 4, 5.
+  const ckpt = await synthCheckpoint({
+    arch: "kimi_k3",
+    out,
+    size: 2e6,
+    seed: 6,
+    dtype: "f32",
+    overrides: { ...AWKWARD, layers: 7, kdaHeads: 3, kdaHeadDim: 12, mlaEvery: 4 },
+    progress: "off",
+    log: () => {},
+  });
+  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
+  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
+  for (const chunk of [1, 5]) {
+    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
+    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+  }
+});
+
+Deno.test({
+  name: "K3 engine: re-quantised expert formats match the reference on the container's weights",
+  ignore: !hasFixture(K3_MXFP4),
+  async fn() {
+    // int4 reads Q8 copies of its inputs, as mxfp4 does; the others read f32 (vq3r via tables).
+    for (const [experts, bound] of [["int4", 2e-2], ["int8", 1e-4], ["vq3r", 1e-4]] as const) {
+      const out = `${tempDir()}/k3-${experts}.sluice`;
+      await packCheckpoint(fixtureDir(K3_MXFP4), out, {
+        experts,
+        vq3r: { sampleSize: 4096, iterations: 3 },
+        progress: "off",
+        log: () => {},
+      });
+      const { cfg, weight } = referenceWeightsFromContainer(out);
+      const model = await Model.open(out, { quiet: true, ctx: 64 });
+      try {
+        assert.equal(
+          model.container.manifest.experts[1]!.matrices.down.dtype,
+          EXPERT_DTYPE[experts],
+        );
+        const worst = decodeAgainstReference(
+          model,
+          new ReferenceModel(cfg, weight),
+          ORACLE_PROMPT,
+          30,
+          experts,
+        );
+        assert.ok(worst < bound, `${experts}: logits differ by ${worst} relative (bound ${bound})`);
+      } finally {
+        model.close();
+      }
+    }
+  },
+});
+
+/** The container dtype of each `--experts` choice tested above. */
+const EXPERT_DTYPE = { int4: "int4g32", int8: "int8row", vq3r: "vq3r" } as const;
+
+Deno.test({
+  name: "K3 engine: chunked prefill equals token-by-token prefill to 1e-5, greedy ids alike",
+  ignore: !hasFixture(K3),
+  async fn() {
+    const dir = await packedFixture(K3);
+    const tokens = [...ORACLE_PROMPT, ...ORACLE_CONTINUATION];
+    const run = async (chunk: number) => {
+      const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
+      try {
+        const parts: Float32Array[] = [];
+        for (let p = 0; p < tokens.length; p += chunk) {
+          parts.push(model.forward(tokens.slice(p, p + chunk), p, true));
+        }
+        return parts;
+      } finally {
+        model.close();
+      }
+    };
+    const V = 256;
+    const flat = (parts: Float32Array[]) => {
+      const out = new Float32Array(tokens.length * V);
+      let o = 0;
+      for (const x of parts) {
+        out.set(x, o);
+        o += x.length;
+      }
+      return out;
+    };
+    const one = flat(await run(1));
+    for (const chunk of [32, 7]) {
+      const got = flat(await run(chunk));
+      const worst = maxRelDiff(got, one);
+      assert.ok(worst <= 1e-5, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+      for (let p = 0; p < tokens.length; p++) {
+        assert.equal(
+          argmax(got.subarray(p * V, (p + 1) * V)),
+          argmax(one.subarray(p * V, (p + 1) * V)),
+          `prefill chunk ${chunk}: greedy id at position ${p}`,
+        );
+      }
+    }
+  },
+});
+
+Deno.test("K3 synth at the release's width: its shapes and expert bytes are the release's", () => {
+  const s = synthShape("kimi_k3", 20 * 2 ** 30, { hidden: 7168, layers: 93, experts: 896 });
+  const cfg = normalizeConfig(s.config);
+  assert.equal(cfg.kda!.layers.filter((k) => !k).length, 24, "24 MLA layers");
+  assert.deepEqual(
+    cfg.kda!.layers.flatMap((k, l) => k ? [] : [l + 1]).slice(-3),
+    [88, 92, 93],
+    "1-based MLA layers end 88, 92, 93",
+  );
+  assert.deepEqual(
+    [cfg.kda!.numHeads, cfg.kda!.headDim, cfg.numHeads, cfg.mla!.qLoraRank, cfg.mla!.kvLoraRank],
+    [96, 128, 96, 1536, 512],
+  );
+  assert.deepEqual([cfg.mla!.qkNopeHeadDim, cfg.mla!.qkRopeHeadDim, cfg.mla!.vHeadDim], [
+    128,
+    64,
+    128,
+  ]);
+  assert.deepEqual(
+    [cfg.k3!.latentDim, cfg.moe!.expertIntermediate, cfg.moe!.sharedIntermediate, cfg.moe!.topK],
+    [3584, 3072, 6144, 16],
+  );
+  assert.equal(cfg.intermediateSize, 33792);
+  assert.equal(cfg.k3!.attnResBlockSize, 12);
+  const expert = synthTensors("kimi_k3", s.dims, "bf16").filter((t) =>
+    t.name.includes("layers.1.block_sparse_moe.experts.0.")
+  );
+  // ../shared/K3.md: 17,547,264 bytes per expert in the release.
+  assert.equal(expert.reduce((n, t) => n + t.shape.reduce((a, b) => a * b, 1), 0), 17547264);
+});
+
+Deno.test({
+  name: "K3 prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
+  ignore: !hasFixture(K3),
+  async fn() {
+    const path = await packedFixture(K3);
+    const opts = { quiet: true, ctx: 128, threads: 1 };
+    const warm = await Session.open(path, opts);
+    const cold = await Session.open(path, opts);
+    const run = async (s: Session, prompt: number[], n: number) => {
+      const out: number[] = [];
+      for await (const t of s.generate(prompt, { maxTokens: n, ignoreEos: true })) out.push(t.id);
+      return out;
+    };
+    const coldRun = (prompt: number[], n: number) => {
+      cold.resetCache();
+      return run(cold, prompt, n);
+    };
+    try {
+      const g1 = await run(warm, ORACLE_PROMPT, 8);
+      assert.deepEqual(g1, ORACLE_CONTINUATION.slice(0, 8));
+      // Extending all the state holds reuses it (the last sampled token was never run).
+      const p2 = [...ORACLE_PROMPT, ...g1, 40, 77];
+      const g2 = await run(warm, p2, 8);
+      assert.equal(warm.timings.cachedTokens, ORACLE_PROMPT.length + g1.length - 1);
+      assert.deepEqual(g2, await coldRun(p2, 8));
+      // A prompt that shares only a prefix cannot rewind a recurrent state: it runs cold.
+      const p3 = [...ORACLE_PROMPT.slice(0, 3), 9, 250];
+      const g3 = await run(warm, p3, 8);
+      assert.equal(warm.timings.cachedTokens, 0);
+      assert.deepEqual(g3, await coldRun(p3, 8));
+      // A saved session restores the KDA states and the gated-MLA latent rows.
+      const file = join(tempDir(), "kimi-k3.session");
+      saveSession(warm, file);
+      const p4 = [...p3, ...g3, 120];
+      const continued = await run(warm, p4, 8);
+      const resumed = await Session.open(path, opts);
+      try {
+        loadSession(resumed, file);
+        assert.deepEqual(await run(resumed, p4, 8), continued);
+        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
+      } finally {
+        resumed.close();
+      }
+    } finally {
+      warm.close();
+      cold.close();
+    }
+  },
+});
