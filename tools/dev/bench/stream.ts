@@ -1,7 +1,7 @@
 /**
- * `deno task bench stream [--size 2G | --model PATH] [--budget-fraction 0.3] [--tokens 32]
- * [--json]`: streaming
- * decode under a memory budget, against the disk it streams from.
+ * `deno task bench stream [--size 2G | --model PATH] [--no-resident] [--budget-fraction 0.3]
+ * [--tokens 32] [--json]`: streaming decode under a memory budget, against the disk it streams
+ * from.
  *
  * It makes (once, cached under $SLUICE_CACHE or /tmp/sluice-bench) a synthetic Qwen3-MoE-shaped
  * bf16 checkpoint of `--size`, packs it, and then in one process: measures the O_DIRECT read
