@@ -11,6 +11,7 @@ import type { Model } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
+import "./shared_guard.ts";
 
 /** Every Hugging Face checkpoint fixture in ../shared/models (all but gguf/). */
 export const CHECKPOINT_FIXTURES: readonly string[] = [

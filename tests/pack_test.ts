@@ -16,7 +16,7 @@ import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { packCheckpoint, type PackOptions } from "../tools/pack.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { Progress } from "../tools/progress.ts";
-import { CHECKPOINT_FIXTURES, fixtureDir } from "./fixtures.ts";
+import { CHECKPOINT_FIXTURES, fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
 
 const QUIET: PackOptions = { progress: "off", log: () => {} };
 
@@ -245,6 +245,7 @@ function bf16Reference(x: Float32Array): Uint16Array {
 
 Deno.test(
   "--convert bf16 rounds weights to nearest-even and keeps vectors f32",
+  { ignore: !HAVE_FIXTURES },
   withTempDir(async (tmp) => {
     await packCheckpoint(fixtureDir("stories260k-moe"), `${tmp}/b.sluice`, {
       ...QUIET,
@@ -275,6 +276,7 @@ Deno.test(
 
 Deno.test(
   "an interrupted pack resumes layer by layer",
+  { ignore: !HAVE_FIXTURES },
   withTempDir(async (tmp) => {
     const src = fixtureDir("stories260k-moe");
     const out = `${tmp}/r.sluice`;
@@ -310,6 +312,7 @@ Deno.test(
 
 Deno.test(
   "existing output and bad inputs are errors that leave no container",
+  { ignore: !HAVE_FIXTURES },
   withTempDir(async (tmp) => {
     const out = `${tmp}/x.sluice`;
     await packCheckpoint(fixtureDir("stories260k"), out, QUIET);
@@ -356,6 +359,7 @@ Deno.test(
 
 Deno.test(
   "the container reader rejects tampered manifests and data",
+  { ignore: !HAVE_FIXTURES },
   withTempDir(async (tmp) => {
     const out = `${tmp}/t.sluice`;
     await packCheckpoint(fixtureDir("tiny-deepseek-v3-fp8"), out, QUIET);

@@ -4,6 +4,7 @@
  * stored as FP8 and as F32), quantise → dequantise round trips, the INT4 packing convention, and
  * VQ3R training/encoding on the stories260k-moe experts.
  */
+import "./shared_guard.ts";
 import assert from "node:assert/strict";
 import {
   dequantizeMxfp4,

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import "./shared_guard.ts";
 import {
   ENGINE_POLICY,
   jsonReport,

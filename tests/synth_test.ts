@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import "./shared_guard.ts";
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
