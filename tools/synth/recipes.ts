@@ -186,6 +186,34 @@ const MIXTRAL: Recipe = {
   minLayers: () => 2,
 };
 
+/**
+ * Layer `l`'s FFN tensors in DeepSeek's layout (DeepSeek-V3, GLM-4.5): a dense MLP before
+ * `firstDense`, else the router, its selection bias and the shared experts.
+ */
+function groupedFfn(d: SynthDims, l: number, dt: SynthElemType): SynthTensor[] {
+  const p = `model.layers.${l}.`;
+  if (l < d.firstDense) return glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l);
+  return [
+    router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
+    {
+      name: p + "mlp.gate.e_score_correction_bias",
+      shape: [d.experts],
+      dtype: "F32",
+      init: { kind: "zeros" },
+      layer: l,
+    },
+    ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
+  ];
+}
+
+/** The routed experts and layer kinds of the DeepSeek layout (after `firstDense` dense layers). */
+const GROUPED_MOE: Pick<Recipe, "expert" | "isMoe" | "minLayers"> = {
+  expert: (d, l, e, dt) =>
+    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: (d) => d.firstDense + 1,
+};
+
 const DEEPSEEK_V3: Recipe = {
   baseHidden: 2048,
   baseLayers: 61,
@@ -292,24 +320,9 @@ const DEEPSEEK_V3: Recipe = {
       linear(p + "self_attn.kv_b_proj.weight", d.heads * (d.nopeDim + d.vDim), d.kvLoraRank, dt, l),
       linear(p + "self_attn.o_proj.weight", d.hidden, d.heads * d.vDim, dt, l),
     ];
-    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
-    return [
-      ...out,
-      router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
-      {
-        name: p + "mlp.gate.e_score_correction_bias",
-        shape: [d.experts],
-        dtype: "F32",
-        init: { kind: "zeros" },
-        layer: l,
-      },
-      ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
-    ];
+    return [...out, ...groupedFfn(d, l, dt)];
   },
-  expert: (d, l, e, dt) =>
-    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
-  isMoe: (d, l) => l >= d.firstDense,
-  minLayers: (d) => d.firstDense + 1,
+  ...GROUPED_MOE,
 };
 
 /**
@@ -384,24 +397,9 @@ const GLM4_MOE: Recipe = {
       bias("self_attn.k_proj.bias", d.kvHeads * d.headDim),
       bias("self_attn.v_proj.bias", d.kvHeads * d.headDim),
     ];
-    if (l < d.firstDense) return [...out, ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l)];
-    return [
-      ...out,
-      router(p + "mlp.gate.weight", d.experts, d.hidden, dt, l),
-      {
-        name: p + "mlp.gate.e_score_correction_bias",
-        shape: [d.experts],
-        dtype: "F32",
-        init: { kind: "zeros" },
-        layer: l,
-      },
-      ...glu(p + "mlp.shared_experts.", PROJ, d.expertInter * d.sharedExperts, d.hidden, dt, l),
-    ];
+    return [...out, ...groupedFfn(d, l, dt)];
   },
-  expert: (d, l, e, dt) =>
-    glu(`model.layers.${l}.mlp.experts.${e}.`, PROJ, d.expertInter, d.hidden, dt, l),
-  isMoe: (d, l) => l >= d.firstDense,
-  minLayers: (d) => d.firstDense + 1,
+  ...GROUPED_MOE,
 };
 
 /** E8M0 bytes whose random E2M1 codes (mean |value| ≈ 2.4) give weights of std ≈ 1/√fan_in. */
