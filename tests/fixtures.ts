@@ -10,6 +10,8 @@ import { fileURLToPath } from "node:url";
 import type { Model } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
+import { Session } from "../engine/session.ts";
+import { loadSession, saveSession } from "../engine/session_state.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import "./shared_guard.ts";
 
@@ -149,4 +151,67 @@ export function decodeAgainstReference(
     }
   }
   return worst;
+}
+
+/** Ids a recurrent-state check appends to its prompt (see {@link checkRecurrentCache}). */
+export interface RecurrentCacheIds {
+  /** Appended after the first generation: the prompt then extends all the cache holds. */
+  extend: number[];
+  /** Appended to the prompt's first 3 ids: a prompt sharing only a prefix. */
+  diverge: number[];
+  /** Appended after the diverging generation, to continue a saved session. */
+  resume: number[];
+}
+
+/**
+ * Checks a recurrent-state (KDA) model's prompt cache and saved sessions against cold runs: a
+ * prompt that extends all the cache holds reuses it, one sharing only a prefix runs from
+ * position 0 (the state cannot rewind), and a saved session continues as the original does.
+ * Returns the first 8 greedy ids of `prompt`.
+ */
+export async function checkRecurrentCache(
+  path: string,
+  prompt: number[],
+  ids: RecurrentCacheIds,
+): Promise<number[]> {
+  const opts = { quiet: true, ctx: 128, threads: 1 };
+  const warm = await Session.open(path, opts);
+  const cold = await Session.open(path, opts);
+  const run = async (s: Session, p: number[], n: number) => {
+    const out: number[] = [];
+    for await (const t of s.generate(p, { maxTokens: n, ignoreEos: true })) out.push(t.id);
+    return out;
+  };
+  const coldRun = (p: number[], n: number) => {
+    cold.resetCache();
+    return run(cold, p, n);
+  };
+  try {
+    const g1 = await run(warm, prompt, 8);
+    // The last sampled token was never run, so it is prefilled with the new ones.
+    const p2 = [...prompt, ...g1, ...ids.extend];
+    const g2 = await run(warm, p2, 8);
+    assert.equal(warm.timings.cachedTokens, prompt.length + g1.length - 1);
+    assert.deepEqual(g2, await coldRun(p2, 8));
+    const p3 = [...prompt.slice(0, 3), ...ids.diverge];
+    const g3 = await run(warm, p3, 8);
+    assert.equal(warm.timings.cachedTokens, 0);
+    assert.deepEqual(g3, await coldRun(p3, 8));
+    const file = `${tempDir()}/recurrent-${Math.random().toString(36).slice(2)}.session`;
+    saveSession(warm, file);
+    const p4 = [...p3, ...g3, ...ids.resume];
+    const continued = await run(warm, p4, 8);
+    const resumed = await Session.open(path, opts);
+    try {
+      loadSession(resumed, file);
+      assert.deepEqual(await run(resumed, p4, 8), continued);
+      assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
+    } finally {
+      resumed.close();
+    }
+    return g1;
+  } finally {
+    warm.close();
+    cold.close();
+  }
 }

@@ -5,7 +5,6 @@
  * prompt cache and saved sessions carry its recurrent state.
  */
 import assert from "node:assert/strict";
-import { join } from "node:path";
 import { normalizeConfig } from "../engine/config.ts";
 import {
   referenceWeightsFromCheckpoint,
@@ -18,11 +17,10 @@ import { readExpertRecord } from "../io/container.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
-import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
+  checkRecurrentCache,
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
@@ -422,48 +420,11 @@ Deno.test({
   name: "K3 prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore: !hasFixture(K3),
   async fn() {
-    const path = await packedFixture(K3);
-    const opts = { quiet: true, ctx: 128, threads: 1 };
-    const warm = await Session.open(path, opts);
-    const cold = await Session.open(path, opts);
-    const run = async (s: Session, prompt: number[], n: number) => {
-      const out: number[] = [];
-      for await (const t of s.generate(prompt, { maxTokens: n, ignoreEos: true })) out.push(t.id);
-      return out;
-    };
-    const coldRun = (prompt: number[], n: number) => {
-      cold.resetCache();
-      return run(cold, prompt, n);
-    };
-    try {
-      const g1 = await run(warm, ORACLE_PROMPT, 8);
-      assert.deepEqual(g1, ORACLE_CONTINUATION.slice(0, 8));
-      // Extending all the state holds reuses it (the last sampled token was never run).
-      const p2 = [...ORACLE_PROMPT, ...g1, 40, 77];
-      const g2 = await run(warm, p2, 8);
-      assert.equal(warm.timings.cachedTokens, ORACLE_PROMPT.length + g1.length - 1);
-      assert.deepEqual(g2, await coldRun(p2, 8));
-      // A prompt that shares only a prefix cannot rewind a recurrent state: it runs cold.
-      const p3 = [...ORACLE_PROMPT.slice(0, 3), 9, 250];
-      const g3 = await run(warm, p3, 8);
-      assert.equal(warm.timings.cachedTokens, 0);
-      assert.deepEqual(g3, await coldRun(p3, 8));
-      // A saved session restores the KDA states and the gated-MLA latent rows.
-      const file = join(tempDir(), "kimi-k3.session");
-      saveSession(warm, file);
-      const p4 = [...p3, ...g3, 120];
-      const continued = await run(warm, p4, 8);
-      const resumed = await Session.open(path, opts);
-      try {
-        loadSession(resumed, file);
-        assert.deepEqual(await run(resumed, p4, 8), continued);
-        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
-      } finally {
-        resumed.close();
-      }
-    } finally {
-      warm.close();
-      cold.close();
-    }
+    const g1 = await checkRecurrentCache(await packedFixture(K3), ORACLE_PROMPT, {
+      extend: [40, 77],
+      diverge: [9, 250],
+      resume: [120],
+    });
+    assert.deepEqual(g1, ORACLE_CONTINUATION.slice(0, 8));
   },
 });

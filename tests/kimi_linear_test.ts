@@ -24,8 +24,8 @@ import { cpSync } from "node:fs";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
 import {
+  checkRecurrentCache,
   decodeAgainstReference,
   fixtureDir,
   maxRelDiff,
@@ -453,47 +453,10 @@ Deno.test({
   name: "prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore,
   async fn() {
-    const path = await packedFixture(NAME);
-    const opts = { quiet: true, ctx: 128, threads: 1 };
-    const warm = await Session.open(path, opts);
-    const cold = await Session.open(path, opts);
-    const run = async (s: Session, prompt: number[], n: number) => {
-      const out: number[] = [];
-      for await (const t of s.generate(prompt, { maxTokens: n, ignoreEos: true })) out.push(t.id);
-      return out;
-    };
-    const coldRun = (prompt: number[], n: number) => {
-      cold.resetCache();
-      return run(cold, prompt, n);
-    };
-    try {
-      const g1 = await run(warm, KNOWN_PROMPT, 8);
-      // Extending all the state holds reuses it (the last sampled token was never run).
-      const p2 = [...KNOWN_PROMPT, ...g1, 403, 407];
-      const g2 = await run(warm, p2, 8);
-      assert.equal(warm.timings.cachedTokens, KNOWN_PROMPT.length + g1.length - 1);
-      assert.deepEqual(g2, await coldRun(p2, 8));
-      // A prompt that shares only a prefix cannot rewind a recurrent state: it runs cold.
-      const p3 = [...KNOWN_PROMPT.slice(0, 3), 261, 378];
-      const g3 = await run(warm, p3, 8);
-      assert.equal(warm.timings.cachedTokens, 0);
-      assert.deepEqual(g3, await coldRun(p3, 8));
-      // A saved session restores the KDA states and the MLA latent rows.
-      const file = join(tempDir(), "kimi-linear.session");
-      saveSession(warm, file);
-      const p4 = [...p3, ...g3, 403];
-      const continued = await run(warm, p4, 8);
-      const resumed = await Session.open(path, opts);
-      try {
-        loadSession(resumed, file);
-        assert.deepEqual(await run(resumed, p4, 8), continued);
-        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
-      } finally {
-        resumed.close();
-      }
-    } finally {
-      warm.close();
-      cold.close();
-    }
+    await checkRecurrentCache(await packedFixture(NAME), KNOWN_PROMPT, {
+      extend: [403, 407],
+      diverge: [261, 378],
+      resume: [403],
+    });
   },
 });
