@@ -11,7 +11,7 @@
  */
 import type { Decode, WeightFormat } from "./format.ts";
 import { compactFormat, decodeNibbles, needScale, stored } from "./format.ts";
-import { checkMatrixShape, roundHalfEven } from "./int8.ts";
+import { checkMatrixShape } from "./int8.ts";
 
 /** E2M1 code (0..15) → value. */
 export const E2M1_VALUES: readonly number[] = [
@@ -33,8 +33,7 @@ export const E2M1_VALUES: readonly number[] = [
   -6,
 ];
 
-/** Largest E2M1 magnitude, and its exponent (emax of the element type). */
-const E2M1_MAX = 6;
+/** The exponent of E2M1's largest magnitude, 6 (emax of the element type). */
 const E2M1_EMAX = 2;
 
 /** E8M0 scale byte → 2^(e − 127); 255 → NaN. */
@@ -58,47 +57,61 @@ export function floorLog2(a: number): number {
   return e;
 }
 
-/** |v| rounded to the nearest E2M1 magnitude code (0..7), ties to the even code, clamped to 6. */
+/**
+ * E2M1 magnitude code (0..7) of a = |v| / scale, rounded to nearest with ties to the even code and
+ * clamped to 6. The grid is 0, 0.5, 1, 1.5, 2, 3, 4, 6, so the rounding boundaries are the
+ * midpoints; a tie belongs to the even code, hence the alternating > and >= tests.
+ */
 function e2m1Magnitude(a: number): number {
-  if (a >= E2M1_MAX) return 7;
-  // Below 2 the grid step is 0.5 (codes 0..4), from 2 to 4 it is 1 (codes 4..6), then 4 → 6.
-  if (a < 2) return roundHalfEven(a * 2);
-  if (a < 4) return 4 + roundHalfEven(a - 2);
-  return a > 5 ? 7 : 6; // 5 is a tie between 4 (code 6) and 6 (code 7): the even code wins
+  return (a > 0.25 ? 1 : 0) + (a >= 0.75 ? 1 : 0) + (a > 1.25 ? 1 : 0) + (a >= 1.75 ? 1 : 0) +
+    (a > 2.5 ? 1 : 0) + (a >= 3.5 ? 1 : 0) + (a > 5 ? 1 : 0);
 }
 
-/** One value → E2M1 code, given the block's scale 2^shared. */
-export function encodeE2M1(v: number, scale: number): number {
-  const m = e2m1Magnitude(Math.abs(v) / scale);
-  return v < 0 && m !== 0 ? m | 8 : m;
+/**
+ * floor(log2 |x|) of a finite non-zero float32 given its bits with the sign cleared, read off
+ * the exponent field (subnormals from the mantissa's leading bit).
+ */
+function floorLog2F32(absBits: number): number {
+  const e = absBits >>> 23;
+  return e === 0 ? 31 - Math.clz32(absBits) - 149 : e - 127;
 }
 
 /**
  * Quantises f32 `w` [rows, cols] to MXFP4 as the OCP MX spec does: per block the shared exponent
  * is floor(log2(max|block|)) − 2 (E2M1's emax), clamped to the E8M0 range [−127, 127] (an
  * all-zero block gets scale byte 0); each element is v / 2^shared rounded to nearest-even E2M1,
- * clamped to ±6.
+ * clamped to ±6. The block maximum is taken on the bit patterns (for finite floats |x| orders
+ * as its bits do), and v × 2^−shared is exact in float64, so this is the rule without rounding.
  */
 export function quantizeMxfp4(w: Float32Array, rows: number, cols: number): Mxfp4Matrix {
   checkMatrixShape("quantizeMxfp4", w, rows, cols);
   if (cols % 32 !== 0) throw new Error(`quantizeMxfp4: cols ${cols} is not a multiple of 32`);
   const nb = cols / 32;
+  const bits = new Uint32Array(w.buffer, w.byteOffset, w.length);
   const blocks = new Uint8Array((rows * cols) / 2);
   const scales = new Uint8Array(rows * nb);
   for (let r = 0; r < rows; r++) {
     for (let b = 0; b < nb; b++) {
       const base = r * cols + b * 32;
-      let max = 0;
-      for (let i = 0; i < 32; i++) max = Math.max(max, Math.abs(w[base + i]));
-      if (!Number.isFinite(max)) {
+      let maxBits = 0;
+      for (let i = 0; i < 32; i++) {
+        const m = bits[base + i] & 0x7fffffff;
+        if (m > maxBits) maxBits = m;
+      }
+      if (maxBits >= 0x7f800000) {
         throw new Error(`quantizeMxfp4: row ${r} block ${b} holds NaN or Inf`);
       }
-      const shared = max === 0 ? -127 : Math.max(-127, Math.min(127, floorLog2(max) - E2M1_EMAX));
+      const shared = maxBits === 0
+        ? -127
+        : Math.max(-127, Math.min(127, floorLog2F32(maxBits) - E2M1_EMAX));
       scales[r * nb + b] = shared + 127;
-      const scale = 2 ** shared;
+      const inv = 2 ** -shared;
       for (let i = 0; i < 32; i += 2) {
-        const lo = encodeE2M1(w[base + i], scale), hi = encodeE2M1(w[base + i + 1], scale);
-        blocks[(base + i) / 2] = lo | (hi << 4);
+        const lo = e2m1Magnitude(Math.abs(w[base + i]) * inv);
+        const hi = e2m1Magnitude(Math.abs(w[base + i + 1]) * inv);
+        const sl = lo !== 0 && bits[base + i] >>> 31 ? 8 : 0;
+        const sh = hi !== 0 && bits[base + i + 1] >>> 31 ? 8 : 0;
+        blocks[(base + i) / 2] = (lo | sl) | ((hi | sh) << 4);
       }
     }
   }

@@ -58,6 +58,9 @@ const HELP = `usage: deno task bench compare [options]
   --max-seconds S    per-run decode time limit (default 120)
   --svg PATH         chart (default: compare.svg in the bench cache)
   --skip-over-cap    in-RAM and prefill only
+  --container PATH   run this packed model in both regimes instead of synthesising (with --gguf:
+                     its GGUF export, e.g. a real-width model; --size/--over-size are ignored)
+  --gguf PATH        llama.cpp's copy of --container (deno task export-gguf)
   --json             print the report as JSON`;
 
 /**
@@ -102,6 +105,28 @@ async function ensureModel(cache: string, arch: SynthArch, size: number): Promis
     bytes: Deno.statSync(gguf).size,
     topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
   };
+}
+
+/** A packed model and its GGUF export given on the command line. */
+function givenModel(container: string, gguf: string): BenchModel {
+  for (const p of [join(container, "manifest.json"), gguf]) {
+    if (!existsSync(p)) throw new Error(`bench compare: ${p} does not exist`);
+  }
+  const manifest = JSON.parse(readFileSync(join(container, "manifest.json"), "utf8"));
+  return {
+    container,
+    gguf,
+    bytes: Deno.statSync(gguf).size,
+    topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
+  };
+}
+
+/** What a given container stores, as the report's precision line. */
+function givenPrecision(m: BenchModel): string {
+  const manifest = JSON.parse(readFileSync(join(m.container, "manifest.json"), "utf8"));
+  const formats = [...new Set((manifest.experts ?? []).map((e: { format: string }) => e.format))];
+  return `given model ${m.container}: experts ${formats.join("/") || "none"}, trunk ` +
+    `${manifest.pack?.trunk ?? "as shipped"}; GGUF ${m.gguf}`;
 }
 
 /** Active bytes per decode token of a container. */
@@ -241,6 +266,8 @@ export async function main(args: string[]): Promise<void> {
       "max-seconds": { type: "string", default: "120" },
       svg: { type: "string" },
       "skip-over-cap": { type: "boolean", default: false },
+      container: { type: "string" },
+      gguf: { type: "string" },
       json: { type: "boolean", default: false },
       help: { type: "boolean", default: false },
     },
@@ -267,7 +294,11 @@ export async function main(args: string[]): Promise<void> {
 
   const llama = await setupLlamaCpp();
   if (!llama.ok) log(llama.why);
-  const inRam = await ensureModel(cache, arch, parseSize(v.size!));
+  if ((v.container === undefined) !== (v.gguf === undefined)) {
+    throw new Error("bench compare: --container and --gguf go together");
+  }
+  const given = v.container ? givenModel(v.container, v.gguf!) : null;
+  const inRam = given ?? await ensureModel(cache, arch, parseSize(v.size!));
   const ids = await promptIds(inRam.container, Number(v.prompt));
 
   log(`measuring DRAM and O_DIRECT bandwidth (${threads} threads)`);
@@ -296,15 +327,16 @@ export async function main(args: string[]): Promise<void> {
     llamacpp: null,
     notes: [],
   };
-  let overBytes = overSize;
+  let overBytes = given?.bytes ?? overSize;
   if (v["skip-over-cap"]) oc.notes.push("skipped by --skip-over-cap");
-  else if (overSize < 3 * cap * 0.999) oc.notes.push(`--over-size must be ≥ 3 × --cap`);
-  else {
+  else if (overBytes < 3 * cap * 0.999) {
+    oc.notes.push(`the over-cap model must be ≥ 3 × --cap`);
+  } else {
     const cg = createCgroup(`sluice-bench-compare-${Deno.pid}`, cap);
     if (typeof cg === "string") oc.notes.push(`skipped: ${cg}`);
     else {
       try {
-        const over = await ensureModel(cache, arch, overSize);
+        const over = given ?? await ensureModel(cache, arch, overSize);
         overBytes = over.bytes;
         log(
           `over cap: ${(over.bytes / GiB).toFixed(2)} GiB model, cgroup v${cg.version} cap ` +
@@ -325,7 +357,9 @@ export async function main(args: string[]): Promise<void> {
   for (const n of [...ir.notes, ...oc.notes]) log(n);
 
   const report = buildReport({
-    precision: arch === "gpt_oss"
+    precision: given
+      ? givenPrecision(given)
+      : arch === "gpt_oss"
       ? "MXFP4 experts in both (sluice: as shipped, exact f32 activations; llama.cpp: Q8 " +
         "activations), bf16 trunk, norms/routers f32"
       : "bf16 weights in both (sluice container bf16, GGUF BF16; norms/routers f32)",
