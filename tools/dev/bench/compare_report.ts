@@ -100,13 +100,13 @@ export function ratio(a: number | null, b: number | null): number | null {
   return a / b;
 }
 
-/** The issue's targets. */
+/** The targets, as issue 16 raised them (in RAM 0.85 of DRAM, prefill on par with llama.cpp). */
 export const TARGETS = {
   inRamVsLlamacpp: 1.0,
-  inRamVsDram: 0.8,
+  inRamVsDram: 0.85,
   overCapVsLlamacpp: 5.0,
   overCapVsDisk: 0.85,
-  prefillVsLlamacpp: 0.5,
+  prefillVsLlamacpp: 1.0,
 } as const;
 
 /** The machine figures measured in the same run. */
