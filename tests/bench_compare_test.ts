@@ -149,7 +149,7 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
   }
   for (const key of ["sluice_tok_s", "llamacpp_tok_s"]) assert.ok(key in json.prefill);
   const table = formatTable(r);
-  assert.match(table, /prefill .* missed \(50% of target\)/);
+  assert.match(table, /prefill .* missed \(25% of target\)/);
   assert.match(table, /in RAM decode tok\/s vs llama\.cpp .* met/);
 });
 
