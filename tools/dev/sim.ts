@@ -292,31 +292,52 @@ function defaultCapacities(meta: TraceMeta | null, shape: TraceShape): number[] 
   return [...caps].slice(0, 8);
 }
 
+const USAGE = `usage: deno task sim --trace FILE [options]
+Replays a routing trace (../shared/traces/*/trace.jsonl) through every expert-cache policy the
+engine has, plus Belady's offline optimum, and prints hit rates.
+  --capacity a,b,c   slots per layer (below 1: a fraction of a layer's experts)
+  --per-layer        one cache per layer only      --global   one shared cache only
+  --json             {"rows": [{"mode", "capacity", "hit_rates": {engine, belady, ...}}]}
+  --svg PATH         hit-rate chart
+  --sample N, --seed N  replay N sampled tokens (seeded)
+  --aging N, --keep-counts, --half-life N   LFU/decay parameters`;
+
+/** Exits with the usage text and a one-line reason on a bad command line. */
+function usageError(why: string): never {
+  console.error(`sim: ${why}`);
+  console.error(USAGE);
+  Deno.exit(2);
+}
+
 function main(args: string[]): void {
-  const { values } = parseArgs({
-    args,
-    options: {
-      trace: { type: "string" },
-      capacity: { type: "string" },
-      "per-layer": { type: "boolean", default: false },
-      global: { type: "boolean", default: false },
-      svg: { type: "string" },
-      json: { type: "boolean", default: false },
-      sample: { type: "string" },
-      seed: { type: "string" },
-      aging: { type: "string" },
-      "keep-counts": { type: "boolean", default: false },
-      "half-life": { type: "string" },
-    },
-  });
-  if (!values.trace) {
-    console.error(
-      "usage: deno task sim --trace FILE [--capacity a,b,c] [--per-layer | --global] " +
-        "[--svg out.svg] [--json] [--sample N] [--seed N] [--aging N] [--keep-counts] " +
-        "[--half-life N]",
-    );
-    Deno.exit(2);
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args,
+      options: {
+        trace: { type: "string" },
+        capacity: { type: "string" },
+        "per-layer": { type: "boolean", default: false },
+        global: { type: "boolean", default: false },
+        svg: { type: "string" },
+        json: { type: "boolean", default: false },
+        sample: { type: "string" },
+        seed: { type: "string" },
+        aging: { type: "string" },
+        "keep-counts": { type: "boolean", default: false },
+        "half-life": { type: "string" },
+        help: { type: "boolean", short: "h", default: false },
+      },
+    });
+  } catch (e) {
+    usageError(e instanceof Error ? e.message : String(e));
   }
+  const { values } = parsed;
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
+  if (!values.trace) usageError("--trace is required");
   const events = readTrace(values.trace);
   const meta = readTraceMeta(values.trace);
   const shape = traceShape(events, meta);
@@ -441,4 +462,12 @@ function printTable(
   }
 }
 
-if (import.meta.main) main(Deno.args);
+if (import.meta.main) {
+  try {
+    main(Deno.args);
+  } catch (e) {
+    if (Deno.env.get("SLUICE_DEBUG")) console.error(e);
+    console.error(`sim: ${e instanceof Error ? e.message : String(e)}`);
+    Deno.exit(1);
+  }
+}
