@@ -40,7 +40,17 @@ export function demoBudget(path: string): { budget: number; text: string } {
   return { budget, text };
 }
 
-if (import.meta.main) {
+/** What `deno task demo --help` prints. */
+const USAGE = `usage: deno task demo [generate options]
+Packs the stories260k Mixtral fixture from ../shared/models (or makes the synthetic demo model when
+that folder is absent) into the cache, then runs generate on it with the prompt "Once upon a time",
+200 tokens and a budget halfway between the plan's floor and the whole model. Options given here
+are passed to generate after those and win (e.g. -n 50 --temp 0.8 --budget 4M); see
+\`deno run -A mod.ts generate --help\`.`;
+
+if (import.meta.main && (Deno.args.includes("--help") || Deno.args.includes("-h"))) {
+  console.log(USAGE);
+} else if (import.meta.main) {
   const fixture = fileURLToPath(new URL("../../shared/models/stories260k-moe", import.meta.url));
 
   let model: string;
