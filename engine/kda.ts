@@ -18,19 +18,14 @@ import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts"
 import type { Ops } from "./ops.ts";
 import type { StateRegion } from "./transformer.ts";
 import type { LayerWeights } from "./weights.ts";
-import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
 /**
  * Floats of scratch for calls of up to `maxBatch` tokens: pre- and post-conv q/k/v, the forget
- * and output gates, the output, beta, the two low-rank projections, and the chunked form's
- * per-head scratch for prefill.
+ * and output gates, the output, beta and the two low-rank projections.
  */
 export function kdaScratchFloats(k: KdaConfig, maxBatch: number): number {
   const p = k.numHeads * k.headDim;
-  const chunk = maxBatch > 1
-    ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim)
-    : 0;
-  return maxBatch * (9 * p + k.numHeads + 2 * k.headDim) + chunk;
+  return maxBatch * (9 * p + k.numHeads + 2 * k.headDim);
 }
 
 /** Bytes of one KDA layer's recurrent state and conv windows. */
@@ -119,8 +114,6 @@ export class KdaAttention {
   #lowG: number;
   #gate: number;
   #o: number;
-  #chunk: number;
-  #chunkScratch: number;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
     const k = cfg.kda;
@@ -147,13 +140,6 @@ export class KdaAttention {
     this.#lowG = buf("kda g_a", k.headDim);
     this.#gate = buf("kda output gate", p);
     this.#o = buf("kda output", p);
-    this.#chunk = maxBatch;
-    this.#chunkScratch = maxBatch > 1
-      ? arena.alloc(
-        "kda chunk scratch",
-        k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4,
-      )
-      : -1;
   }
 
   /** Each KDA layer's state and conv windows, in layer order. */
@@ -237,7 +223,8 @@ export class KdaAttention {
     );
     ops.sigmoid(this.#beta, nb * H);
     ops.sigmoid(this.#gate, nb * p);
-    // Prefill calls run the chunked form (one chunk per call), decode the recurrence.
+    // Prefill runs the recurrence too, token after token, so a prompt gives the same bits
+    // however it is chunked (docs/LEARNED.md: the chunked WY form was also slower here).
     ops.kda({
       state: st.state,
       q,
@@ -255,7 +242,6 @@ export class KdaAttention {
       gStride: p,
       betaStride: H,
       outStride: p,
-      chunked: nb > 1 ? { chunk: this.#chunk, scratch: this.#chunkScratch } : undefined,
     });
     ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
     ops.mul(this.#o, this.#gate, nb * p);

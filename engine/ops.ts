@@ -9,7 +9,6 @@ import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { MAX_JOBS } from "./pool_protocol.ts";
 import { matmulJobs, type TensorRef } from "./tensor.ts";
-import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -79,11 +78,6 @@ export interface KdaCall {
   gStride: number;
   betaStride: number;
   outStride: number;
-  /**
-   * Run the chunked form in chunks of this many tokens (prefill), with `scratch` holding
-   * kdaChunkScratchFloats(chunk, dk, dv) floats per head; absent: the recurrence (decode).
-   */
-  chunked?: { chunk: number; scratch: number };
 }
 
 /** One causal short conv over consecutive tokens (see {@link Ops.shortConv}). */
@@ -265,15 +259,11 @@ export class Ops {
     this.#k.sigmoid_f32(BigInt(x), n);
   }
 
-  /** KDA's gated delta rule (kernels/kda.c), recurrent or chunked, split over the pool by head. */
+  /** KDA's gated delta rule (kernels/kda.c, the recurrence), split over the pool by head. */
   kda(c: KdaCall): void {
     const ptrs = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out];
-    if (c.chunked) ptrs.push(c.chunked.scratch);
-    const tail = c.chunked
-      ? [c.chunked.chunk, kdaChunkScratchFloats(c.chunked.chunk, c.dk, c.dv)]
-      : [];
     this.pool.run([{
-      kernel: c.chunked ? "kda_chunk_f32" : "kda_recurrent_f32",
+      kernel: "kda_recurrent_f32",
       args: [
         ...ptrs.map(BigInt),
         c.tokens,
@@ -285,7 +275,6 @@ export class Ops {
         c.gStride,
         c.betaStride,
         c.outStride,
-        ...tail,
       ],
       rows: c.heads,
     }], 4 * c.tokens * c.heads * c.dk * c.dv);

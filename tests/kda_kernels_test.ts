@@ -5,7 +5,6 @@ import assert from "node:assert/strict";
 import {
   createArenaMemory,
   instantiateKernels,
-  kdaChunkScratchFloats,
   KERNEL_RESERVED_BYTES,
   type Kernels,
   loadKernelModule,
@@ -70,17 +69,13 @@ function kdaCase(s: KdaShape, seed: number): KdaCase {
 
 const PAD = 3;
 
-/**
- * Runs kda_recurrent_f32 (or kda_chunk_f32 with chunks of `chunk`) on tokens [t0, t1) of `c`
- * with head ranges `splits`.
- */
+/** Runs kda_recurrent_f32 on tokens [t0, t1) of `c` with head ranges `splits`. */
 function runKda(
   c: KdaCase,
   S: Ptr,
   t0: number,
   t1: number,
   splits: number[][],
-  chunk = 0,
 ): Float32Array {
   const { nHeads: H, dk, dv } = c.s;
   const T = t1 - t0;
@@ -98,55 +93,27 @@ function runKda(
   const beta = strided(c.beta, H, H + 1);
   const out = alloc(T * outStride);
   view(out, T * outStride).fill(NaN);
-  const stride = kdaChunkScratchFloats(chunk, dk, dv);
-  const scratch = chunk ? alloc(H * stride) : 0n;
   for (const [h0, h1] of splits) {
-    if (chunk) {
-      k.kda_chunk_f32(
-        S,
-        q,
-        kk,
-        v,
-        g,
-        beta,
-        out,
-        scratch,
-        T,
-        H,
-        dk,
-        dv,
-        qkStride,
-        vStride,
-        gStride,
-        H + 1,
-        outStride,
-        chunk,
-        stride,
-        h0,
-        h1,
-      );
-    } else {
-      k.kda_recurrent_f32(
-        S,
-        q,
-        kk,
-        v,
-        g,
-        beta,
-        out,
-        T,
-        H,
-        dk,
-        dv,
-        qkStride,
-        vStride,
-        gStride,
-        H + 1,
-        outStride,
-        h0,
-        h1,
-      );
-    }
+    k.kda_recurrent_f32(
+      S,
+      q,
+      kk,
+      v,
+      g,
+      beta,
+      out,
+      T,
+      H,
+      dk,
+      dv,
+      qkStride,
+      vStride,
+      gStride,
+      H + 1,
+      outStride,
+      h0,
+      h1,
+    );
   }
   const o = view(out, T * outStride);
   const dense = new Float32Array(T * H * dv);
@@ -286,72 +253,5 @@ Deno.test("short_conv_f32: head splits and token splits give the same bits", () 
     assert.deepEqual(new Float32Array(parts), whole, `conv ${JSON.stringify(c)}`);
     const n = (c.K - 1) * c.channels;
     assert.deepEqual(view(sb, n).slice(), view(sa, n).slice(), "window");
-  }
-});
-
-const CHUNK_SHAPES: (KdaShape & { chunk: number })[] = [
-  { T: 7, nHeads: 3, dk: 5, dv: 19, chunk: 7 },
-  { T: 13, nHeads: 2, dk: 16, dv: 16, chunk: 5 },
-  { T: 9, nHeads: 2, dk: 7, dv: 36, chunk: 64 },
-  { T: 64, nHeads: 1, dk: 128, dv: 128, chunk: 64 },
-  { T: 70, nHeads: 1, dk: 32, dv: 12, chunk: 64 },
-  { T: 1, nHeads: 2, dk: 33, dv: 3, chunk: 4 },
-];
-
-Deno.test("kda_chunk_f32 equals the float64 recurrence at awkward sizes and chunkings", () => {
-  for (const [i, s] of CHUNK_SHAPES.entries()) {
-    top = KERNEL_RESERVED_BYTES;
-    const c = kdaCase(s, 1000 + i);
-    const S0 = rand(s.nHeads * s.dk * s.dv, 11 + i, -0.5, 0.5);
-    const S = put(S0);
-    const got = runKda(c, S, 0, s.T, [[0, s.nHeads]], s.chunk);
-    const Sref = Float64Array.from(S0);
-    const want = kdaRecurrentRef(Sref, c.q, c.k, c.v, c.g, c.beta, s);
-    assertNear(got, want, 2e-5, `out ${JSON.stringify(s)}`);
-    assertNear(view(S, Sref.length), Sref, 2e-5, `state ${JSON.stringify(s)}`);
-  }
-});
-
-Deno.test("kda_chunk_f32 stays finite and accurate under decays far beyond float32's exp range", () => {
-  top = KERNEL_RESERVED_BYTES;
-  const s = { T: 64, nHeads: 2, dk: 8, dv: 8 };
-  const c = kdaCase(s, 1100);
-  // Per-token log-decays down to −40: a cumulative sum over the chunk reaches −2560.
-  c.g = rand(s.T * s.nHeads * s.dk, 1101, -40, -0.0001);
-  const S = put(new Float32Array(s.nHeads * s.dk * s.dv));
-  const got = runKda(c, S, 0, s.T, [[0, s.nHeads]], 64);
-  assert.ok(got.every(Number.isFinite));
-  const want = kdaRecurrentRef(
-    new Float64Array(s.nHeads * s.dk * s.dv),
-    c.q,
-    c.k,
-    c.v,
-    c.g,
-    c.beta,
-    s,
-  );
-  assertNear(got, want, 2e-5, "strong decays");
-});
-
-Deno.test("kda_chunk_f32: head splits give the same bits; state carries across calls", () => {
-  for (const [i, s] of CHUNK_SHAPES.entries()) {
-    top = KERNEL_RESERVED_BYTES;
-    const c = kdaCase(s, 1200 + i);
-    const S0 = rand(s.nHeads * s.dk * s.dv, 13 + i, -0.5, 0.5);
-    const Sa = put(S0), Sb = put(S0), Sc = put(S0);
-    const whole = runKda(c, Sa, 0, s.T, [[0, s.nHeads]], s.chunk);
-    const splits = Array.from({ length: s.nHeads }, (_, h) => [h, h + 1]).reverse();
-    assert.deepEqual(runKda(c, Sb, 0, s.T, splits, s.chunk), whole, JSON.stringify(s));
-    const n = s.nHeads * s.dk * s.dv;
-    assert.deepEqual(view(Sb, n).slice(), view(Sa, n).slice());
-    // Calls cut at a chunk boundary continue from the carried state exactly.
-    const cut = s.chunk;
-    if (cut < s.T) {
-      const parts = [
-        ...runKda(c, Sc, 0, cut, [[0, s.nHeads]], s.chunk),
-        ...runKda(c, Sc, cut, s.T, [[0, s.nHeads]], s.chunk),
-      ];
-      assert.deepEqual(new Float32Array(parts), whole, `cut ${JSON.stringify(s)}`);
-    }
   }
 });

@@ -101,26 +101,22 @@ async function logitsOf(path: string, opts: RunOptions, tokens = TOKENS): Promis
   return logits;
 }
 
-/**
- * Fixtures, their tokens, and whether the prefill chunk is a placement setting. With KDA layers it
- * is not: chunked prefill runs KDA's chunked form, equal to token-by-token only to a tolerance
- * (tests/kimi_k3_test.ts checks that), so those runs keep the default chunk.
- */
-const PLACEMENT_FIXTURES: [string, number[], boolean][] = [
-  ["stories260k-moe64", TOKENS, true],
-  ["tiny-deepseek-v3", TOKENS, true],
-  ["tiny-glm4-moe", TOKENS, true],
-  ["tiny-kimi-k3-mxfp4", K3_TOKENS, false],
+/** Fixtures and their tokens. The prefill chunk is a placement setting for all of them. */
+const PLACEMENT_FIXTURES: [string, number[]][] = [
+  ["stories260k-moe64", TOKENS],
+  ["tiny-deepseek-v3", TOKENS],
+  ["tiny-glm4-moe", TOKENS],
+  ["tiny-kimi-k3-mxfp4", K3_TOKENS],
 ];
 
-for (const [name, tokens, chunkIsPlacement] of PLACEMENT_FIXTURES) {
+for (const [name, tokens] of PLACEMENT_FIXTURES) {
   Deno.test({
     name: `bit-identical logits across placement settings: ${name}`,
     ignore: !hasFixture(name),
     fn: async () => {
       const path = await packedFixture(name);
       const base = await logitsOf(path, {}, tokens);
-      const one = chunkIsPlacement ? { prefillChunk: 1 } : {};
+      const one = { prefillChunk: 1 };
       const probe = await Model.open(path, { quiet: true, ctx: 64, ...one });
       const { floor, wholeModelBytes } = probe.plan;
       const ring = Math.max(...probe.container.manifest.trunk.layers.map((l) => l.bytes));
@@ -138,12 +134,8 @@ for (const [name, tokens, chunkIsPlacement] of PLACEMENT_FIXTURES) {
         ["lookahead 4", { expertSlots: 12, lookahead: 4 }],
         ["LRU cache", { cache: "lru", expertSlots: 12 }],
         ["1 thread", { threads: 1 }],
-        ...(chunkIsPlacement
-          ? [
-            ["prefill one token at a time", { prefillChunk: 1 }],
-            ["prefill chunk 5", { prefillChunk: 5 }],
-          ] as [string, RunOptions][]
-          : []),
+        ["prefill one token at a time", { prefillChunk: 1 }],
+        ["prefill chunk 5", { prefillChunk: 5 }],
         ["node:fs fallback reader", { io: "fallback", expertSlots: 10 }],
         ["buffered reader, verify", { io: "buffered", verify: true, expertSlots: 10 }],
       ];

@@ -175,33 +175,6 @@ export interface Kernels {
     h1: number,
   ): void;
   /**
-   * kda_recurrent_f32's rule in the chunked form for prefill (chunks of `chunk` tokens), with
-   * `scratchStride` floats of scratch per head (see {@link kdaChunkScratchFloats}).
-   */
-  kda_chunk_f32(
-    S: Ptr,
-    q: Ptr,
-    k: Ptr,
-    v: Ptr,
-    g: Ptr,
-    beta: Ptr,
-    out: Ptr,
-    scratch: Ptr,
-    T: number,
-    nHeads: number,
-    dk: number,
-    dv: number,
-    qkStride: number,
-    vStride: number,
-    gStride: number,
-    betaStride: number,
-    outStride: number,
-    chunk: number,
-    scratchStride: number,
-    h0: number,
-    h1: number,
-  ): void;
-  /**
    * Causal depthwise conv of width K + SiLU for the channels of heads [r0, r1) of `group`
    * channels, with the last K−1 inputs in `state` ([K−1][channels], advanced by T tokens).
    */
@@ -247,15 +220,8 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "swiglu_clamped_f32",
   "mul_f32",
   "kda_recurrent_f32",
-  "kda_chunk_f32",
   "short_conv_f32",
 ];
-
-/** Scratch floats one head needs in kda_chunk_f32 (a multiple of 16, so heads stay aligned). */
-export function kdaChunkScratchFloats(chunk: number, dk: number, dv: number): number {
-  const n = 2 * chunk * chunk + 2 * chunk * dk + chunk * dv + dk;
-  return Math.ceil(n / 16) * 16;
-}
 
 const WASM_URL = new URL("./kernels.wasm", import.meta.url);
 let cachedModule: Promise<WebAssembly.Module> | null = null;
