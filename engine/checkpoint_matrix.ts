@@ -16,7 +16,7 @@
 import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
 import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
-import { hfFusedExpertSlice } from "./tensor_names.ts";
+import { hfExpertName, hfFusedExpertSlice } from "./tensor_names.ts";
 import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
@@ -44,6 +44,8 @@ export interface FusedSlice {
 export interface SourceMatrix {
   /** The plain tensor name (`….weight`), also for packed matrices. */
   name: string;
+  /** What the matrix is, for errors: `layer 1 expert 3 gate`. */
+  what: string;
   file: string;
   rows: number;
   cols: number;
@@ -52,6 +54,15 @@ export interface SourceMatrix {
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
   fused?: FusedSlice;
+}
+
+/**
+ * Whether `src` stored as `dtype` keeps the bytes the checkpoint ships: Kimi's packed INT4 as
+ * int4g32, K3's packed and gpt-oss's fused MXFP4 as mxfp4 (pack copies those, never re-quantises).
+ */
+export function keepsShippedBytes(src: SourceMatrix, dtype: string): boolean {
+  if (dtype === "int4g32") return src.dtype === INT4_PACKED;
+  return dtype === "mxfp4" && (src.dtype === MXFP4_PACKED || src.dtype === MXFP4_FUSED);
 }
 
 function readShapeTensor(ckpt: Checkpoint, t: TensorInfo): number[] {
@@ -79,7 +90,7 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
       );
     }
     const [rows, cols] = plain.shape;
-    return { name, file: plain.file, rows, cols, dtype: plain.dtype, plain };
+    return { name, what, file: plain.file, rows, cols, dtype: plain.dtype, plain };
   }
   const packed = ckpt.tensors.get(`${name}_packed`);
   if (!packed) {
@@ -87,7 +98,7 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
   }
   const at = `${packed.file}: tensor ${packed.name}`;
   const scale = ckpt.tensors.get(`${name}_scale`);
-  if (packed.dtype === "U8") return mxfp4Source(name, packed, scale, at);
+  if (packed.dtype === "U8") return mxfp4Source(name, what, packed, scale, at);
   const shapeT = ckpt.tensors.get(`${name}_shape`);
   if (!scale || !shapeT) {
     throw new Error(`${at}: an INT4 packed weight needs ${name}_scale and ${name}_shape`);
@@ -110,12 +121,21 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
         `got ${scale.dtype} [${scale.shape}]`,
     );
   }
-  return { name, file: packed.file, rows, cols, dtype: INT4_PACKED, packed: { packed, scale } };
+  return {
+    name,
+    what,
+    file: packed.file,
+    rows,
+    cols,
+    dtype: INT4_PACKED,
+    packed: { packed, scale },
+  };
 }
 
 /** An MXFP4 `weight_packed` U8 [rows, cols/2] with its `weight_scale` U8 [rows, cols/32]. */
 function mxfp4Source(
   name: string,
+  what: string,
   packed: TensorInfo,
   scale: TensorInfo | undefined,
   at: string,
@@ -133,7 +153,15 @@ function mxfp4Source(
         `32), got ${scale.dtype} [${scale.shape}]`,
     );
   }
-  return { name, file: packed.file, rows, cols, dtype: MXFP4_PACKED, packed: { packed, scale } };
+  return {
+    name,
+    what,
+    file: packed.file,
+    rows,
+    cols,
+    dtype: MXFP4_PACKED,
+    packed: { packed, scale },
+  };
 }
 
 /**
@@ -145,7 +173,41 @@ export function readPacked(
   src: SourceMatrix,
 ): { data: Uint8Array; scale: Uint8Array } {
   if (!src.packed) throw new Error(`${src.file}: ${src.name} is not a packed matrix`);
-  return { data: ckpt.read(src.packed.packed.name), scale: ckpt.read(src.packed.scale.name) };
+  const scale = ckpt.read(src.packed.scale.name);
+  if (src.dtype === MXFP4_PACKED) checkE8m0(scale, src, src.packed.scale);
+  return { data: ckpt.read(src.packed.packed.name), scale };
+}
+
+/**
+ * Refuses MXFP4 scale bytes (E8M0, one per 32 columns of a row) holding 0xFF, which the OCP MX
+ * spec defines as NaN: that block, and through it every output, would be NaN. `t` is the
+ * checkpoint tensor the bytes come from.
+ */
+function checkE8m0(scale: Uint8Array, src: SourceMatrix, t: TensorInfo): void {
+  const i = scale.indexOf(0xff);
+  if (i < 0) return;
+  const perRow = src.cols / 32, row = Math.floor(i / perRow), block = i % perRow;
+  throw new Error(
+    `${t.file}: tensor ${t.name} (${src.what}): row ${row} block ${block} (columns ` +
+      `${block * 32}–${block * 32 + 31}) has E8M0 scale 0xFF, which the OCP MX spec defines as ` +
+      `NaN; sluice refuses weights that would make every output NaN`,
+  );
+}
+
+/**
+ * Matrix `m` of expert `e` of MoE layer `l`, wherever the checkpoint keeps it: one expert's
+ * slice of fused MXFP4 tensors (gpt-oss) or its own tensor or packed pair.
+ */
+export function findExpertMatrix(
+  ckpt: Checkpoint,
+  cfg: ModelConfig,
+  l: number,
+  e: number,
+  m: ExpertMatrix,
+): SourceMatrix {
+  return hfFusedExpertSlice(cfg, l, m)
+    ? findFusedMxfp4(ckpt, cfg, l, e, m)
+    : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
 }
 
 function fusedTensor(ckpt: Checkpoint, name: string, dtypes: string[], shape: number[]) {
@@ -185,6 +247,7 @@ export function findFusedMxfp4(
   const bias = fusedTensor(ckpt, `${base}_bias`, ["BF16", "F32", "F16"], [E, fusedRows]);
   return {
     name: `${base}[${e}].${m}`,
+    what: `layer ${l} expert ${e} ${m}`,
     file: blocks.file,
     rows: m === "down" ? H : I,
     cols,
@@ -205,7 +268,9 @@ export function readFusedMxfp4(
 ): { data: Uint8Array; scale: Uint8Array } {
   const f = src.fused;
   if (!f) throw new Error(`${src.file}: ${src.name} is not a fused MXFP4 matrix`);
-  return { data: fusedRows(ckpt, f.blocks, src), scale: fusedRows(ckpt, f.scales, src) };
+  const scale = fusedRows(ckpt, f.scales, src);
+  checkE8m0(scale, src, f.scales);
+  return { data: fusedRows(ckpt, f.blocks, src), scale };
 }
 
 /** The bias vector of one fused expert matrix, as float32 (bf16 widens exactly). */

@@ -18,12 +18,12 @@ import { readF32 } from "../io/checkpoint_weights.ts";
 import { EXPERT_MATRICES, type ExpertMatrix, type GlobalTensor } from "../io/model_config.ts";
 import type { LayerTensor, ModelConfig } from "../io/model_config.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
-import { findFusedMxfp4, findMatrix, readFusedBias, readMatrixF32 } from "./checkpoint_matrix.ts";
+import { findExpertMatrix, readFusedBias, readMatrixF32 } from "./checkpoint_matrix.ts";
 import { loadModelConfig } from "./config.ts";
 import { openContainer } from "./container.ts";
 import { decodeStored } from "./quant/stored_decode.ts";
 import type { WeightGetter } from "./reference/forward.ts";
-import { hfExpertName, hfFusedExpertSlice, hfGlobalName, hfLayerName } from "./tensor_names.ts";
+import { hfGlobalName, hfLayerName } from "./tensor_names.ts";
 
 /** A model's tensors as float32, with their shapes. */
 export interface FloatWeights {
@@ -61,9 +61,7 @@ export function checkpointWeights(dir: string): FloatWeights {
   };
   const layerName = (l: number, t: LayerTensor) => need(hfLayerName(cfg, l, t), `layer ${l} ${t}`);
   const expertMatrix = (l: number, e: number, m: ExpertMatrix) =>
-    hfFusedExpertSlice(cfg, l, m)
-      ? findFusedMxfp4(ckpt, cfg, l, e, m)
-      : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+    findExpertMatrix(ckpt, cfg, l, e, m);
   return {
     cfg,
     dir,

@@ -77,7 +77,8 @@ export interface ExpertBank {
   fallback?: Partial<Record<ExpertMatrix, string>>;
   /**
    * "f32": the mxfp4 matrices multiply f32 activations exactly, because the checkpoint shipped
-   * them as MXFP4 (gpt-oss); absent: their Q8 copy (weights quantised at pack time anyway).
+   * them as MXFP4 (gpt-oss, Kimi K3); absent: their Q8 copy (weights quantised at pack time
+   * anyway).
    */
   mxfp4Activations?: "f32";
   /** gpt-oss: each matrix's f32 bias vector [rows], after the matrices, inside the payload. */

@@ -2,27 +2,30 @@
  * The quick CI pass of `deno task fuzz` (the full run feeds 100k inputs per parser), and the
  * regression tests of what the fuzzer found: a tokenizer id of 2^31 that took minutes and
  * gigabytes inside the tokenizer library, a long short-option group that overflowed parseArgs'
- * stack, and messages that said "undefined" for a missing field.
+ * stack, messages that said "undefined" for a missing field, and server request fields quoted as
+ * "[object Object]" or, nested deep, overflowing the stack into a 500.
  */
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { readSafetensorsHeader } from "../io/safetensors.ts";
 import { parseGenerateArgs } from "../tools/cli/generate.ts";
+import { ApiError, parseCompletion } from "../tools/serve/openai.ts";
 import { fuzzTarget, isCleanRejection } from "../tools/dev/fuzz.ts";
 import { makeTargets } from "../tools/dev/fuzz/targets.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
 
 Deno.test("fuzz (quick pass): every parser rejects mutated input cleanly, fast, without leaks", async () => {
   const work = Deno.makeTempDirSync({ prefix: "sluice-fuzz-test-" });
+  const { targets, skipped } = await makeTargets(work, HAVE_FIXTURES ? fixtureDir("") : null);
   try {
-    const { targets, skipped } = await makeTargets(
-      work,
-      HAVE_FIXTURES ? fixtureDir("") : null,
-    );
     if (skipped.length) console.warn(`fuzz: skipped without ../shared: ${skipped.join(", ")}`);
     for (const t of targets) {
-      const count = t.name === "tokenizer files" ? 300 : 1500;
+      const count = t.name === "tokenizer files"
+        ? 300
+        : t.name === "serve request body"
+        ? 400
+        : 1500;
       const r = await fuzzTarget(t, count, 12345);
       assert.equal(r.inputs, count);
       assert.ok(r.rejected > 0, `${t.name}: mutations must be rejected sometimes`);
@@ -33,6 +36,7 @@ Deno.test("fuzz (quick pass): every parser rejects mutated input cleanly, fast, 
       );
     }
   } finally {
+    for (const t of targets) await t.close?.();
     Deno.removeSync(work, { recursive: true });
   }
 });
@@ -139,4 +143,48 @@ Deno.test("regression: a missing safetensors field is named as missing, not as u
   } finally {
     Deno.removeSync(dir, { recursive: true });
   }
+});
+
+Deno.test("regression: serve request fields are quoted by kind, never as [object Object] or a 500", () => {
+  const chat = (extra: Record<string, unknown>) => () =>
+    parseCompletion({ messages: [{ role: "user", content: "hi" }], ...extra }, true);
+  const refuses = (f: () => unknown, status: number, message: string) =>
+    assert.throws(f, (e: Error) => {
+      assert.ok(e instanceof ApiError, `${e.constructor.name}: ${e.message}`);
+      assert.equal(e.status, status);
+      assert.equal(e.message, message);
+      return true;
+    });
+  const only = 'response_format: only {"type": "text"} is supported, not';
+  refuses(chat({ response_format: { type: {} } }), 400, `${only} an object`);
+  refuses(chat({ response_format: { type: "json_object" } }), 400, `${only} "json_object"`);
+  refuses(chat({ response_format: "json" }), 400, `${only} "json"`);
+  refuses(chat({ response_format: {} }), 400, `${only} an object without a type`);
+  // A nesting deep enough to overflow the stack of any recursive quoting (it gave a 500).
+  let deep: unknown = 1;
+  for (let i = 0; i < 200_000; i++) deep = [deep];
+  refuses(chat({ response_format: { type: deep } }), 400, `${only} an array`);
+  refuses(
+    chat({ max_tokens: deep }),
+    400,
+    `max_tokens: expected a number in [0, ${Number.MAX_SAFE_INTEGER}], got an array`,
+  );
+  refuses(chat({ stream: { a: 1 } }), 400, "stream: expected true or false, got an object");
+  refuses(
+    chat({ stream_options: { include_usage: "yes" } }),
+    400,
+    'stream_options.include_usage: expected true or false, got "yes"',
+  );
+  refuses(chat({ logprobs: "yes" }), 400, 'logprobs: expected true, false or a count, got "yes"');
+  refuses(chat({ tools: "all" }), 400, 'tools: expected an array, got "all"');
+  refuses(chat({ echo: 1 }), 400, "echo: expected true or false, got 1");
+  refuses(
+    chat({ temperature: "x".repeat(100) }),
+    400,
+    `temperature: expected a number in [0, 2], got "${"x".repeat(40)}"…`,
+  );
+  assert.equal(
+    chat({ response_format: { type: "text" }, logprobs: false, tools: [] })().stream,
+    false,
+  );
 });

@@ -143,7 +143,8 @@ const decodeMxfp4Bytes: Decode = (data, scale, rows, cols, what) => {
 /** The mxfp4 weight format: OCP MX FP4 (E2M1), one e8m0 scale per 32 columns (`--experts mxfp4`). */
 export const MXFP4: WeightFormat = {
   ...compactFormat("mxfp4", "mxfp4", "q8", "matvec_mxfp4"),
-  // Shipped MXFP4 (gpt-oss) times f32 activations: the Q8 copy's error flips gpt-oss's tokens.
+  // Shipped MXFP4 (gpt-oss, K3) times f32 activations: the Q8 copy's error flips gpt-oss's
+  // tokens.
   exactGemv: { kernel: "matvec_mxfp4_exact", scaled: true },
   encode: (w, rows, cols) => stored(quantizeMxfp4(w, rows, cols), "blocks"),
   decode: decodeMxfp4Bytes,

@@ -160,6 +160,7 @@ async function main(args: string[]): Promise<number> {
     });
     bad += r.findings.length;
   }
+  for (const t of targets) await t.close?.();
   return bad ? 1 : 0;
 }
 

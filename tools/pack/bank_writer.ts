@@ -23,8 +23,7 @@ import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import type { PackWriter } from "./block_writer.ts";
 import {
-  INT4_PACKED,
-  MXFP4_PACKED,
+  keepsShippedBytes,
   readFusedBias,
   readFusedMxfp4,
   readMatrixF32,
@@ -41,8 +40,7 @@ function writeExpertMatrix(
   chunk: number,
   codebooks: Float32Array | undefined,
 ): void {
-  const asShipped = (src.dtype === INT4_PACKED && entry.dtype === "int4g32") ||
-    (src.dtype === MXFP4_PACKED && entry.dtype === "mxfp4");
+  const asShipped = keepsShippedBytes(src, entry.dtype);
   if (src.packed && asShipped) {
     // Kimi's packed INT4 words with bf16 scales are the int4g32 bytes, K3's MXFP4 codes with
     // E8M0 scales the mxfp4 bytes: copied, never re-quantised.
@@ -52,7 +50,7 @@ function writeExpertMatrix(
     record.set(scale, entry.scale!.offset);
     return;
   }
-  if (src.fused && entry.dtype === "mxfp4") {
+  if (src.fused && asShipped) {
     // gpt-oss's MXFP4 rows are sluice's mxfp4 rows: copied byte for byte, never re-quantised.
     const { data, scale } = readFusedMxfp4(ckpt, src);
     record.set(data, entry.offset);

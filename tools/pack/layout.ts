@@ -16,13 +16,7 @@ import {
   type ModelConfig,
 } from "../../io/model_config.ts";
 import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
-import {
-  hfExpertName,
-  hfFusedExpertSlice,
-  hfGlobalName,
-  hfLayerName,
-  layerTensorsOf,
-} from "../../engine/tensor_names.ts";
+import { hfGlobalName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
 import {
   expertMatrixShape,
   globalTensorSpec,
@@ -48,9 +42,9 @@ import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import { KEPT_DTYPE } from "./encode.ts";
 import { EXPERT_OPTIONS, type PackOptions } from "./options.ts";
 import {
-  findFusedMxfp4,
-  findMatrix,
+  findExpertMatrix,
   INT4_PACKED,
+  keepsShippedBytes,
   MXFP4_FUSED,
   MXFP4_PACKED,
   type SourceMatrix,
@@ -78,7 +72,10 @@ export interface BankLayout {
   matrices: Record<ExpertMatrix, TensorEntry>;
   stride: number;
   format: ExpertFormat;
-  /** Whether the mxfp4 matrices were shipped as MXFP4 and multiply f32 activations exactly. */
+  /**
+   * Whether every matrix keeps the checkpoint's shipped MXFP4 bytes (gpt-oss's fused, K3's packed
+   * experts): then they are the model itself and multiply f32 activations exactly.
+   */
   nativeMxfp4: boolean;
   /** gpt-oss: each matrix's f32 bias vector, after the matrices in every record. */
   biases?: Record<ExpertMatrix, TensorEntry>;
@@ -249,13 +246,10 @@ function expertDtype(
 function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOptions): BankLayout {
   const moe = cfg.moe!;
   const experts: Map<ExpertMatrix, SourceMatrix>[] = [];
-  const fused = hfFusedExpertSlice(cfg, l, "gate") !== null;
   for (let e = 0; e < moe.numExperts; e++) {
     const mats = new Map<ExpertMatrix, SourceMatrix>();
     for (const m of EXPERT_MATRICES) {
-      const src = fused
-        ? findFusedMxfp4(ckpt, cfg, l, e, m)
-        : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+      const src = findExpertMatrix(ckpt, cfg, l, e, m);
       const want = expertMatrixShape(cfg, m);
       if (String([src.rows, src.cols]) !== String(want)) {
         throw new Error(
@@ -310,7 +304,9 @@ function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOpt
     format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
     fallback,
     codebookOffsets: {},
-    nativeMxfp4: fused && placed.every((p) => p.entry.dtype === "mxfp4"),
+    nativeMxfp4: placed.every((p, i) =>
+      p.entry.dtype === "mxfp4" && keepsShippedBytes(experts[0].get(EXPERT_MATRICES[i])!, "mxfp4")
+    ),
   };
   if (biasItems.length) bank.biases = byMatrix(biasItems);
   return bank;

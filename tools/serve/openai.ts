@@ -65,11 +65,22 @@ export interface CompletionRequest {
 
 type Json = Record<string, unknown>;
 
+/**
+ * A request value as an error message quotes it: a primitive as JSON (a long string cut short),
+ * an array or object by its kind only, since quoting a hostile nesting would overflow the stack.
+ */
+function shown(v: unknown): string {
+  if (Array.isArray(v)) return "an array";
+  if (typeof v === "object" && v !== null) return "an object";
+  if (typeof v === "string" && v.length > 40) return `${JSON.stringify(v.slice(0, 40))}…`;
+  return JSON.stringify(v);
+}
+
 function num(b: Json, key: string, lo: number, hi: number): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v) || v < lo || v > hi) {
-    throw bad(key, `expected a number in [${lo}, ${hi}], got ${JSON.stringify(v)}`);
+    throw bad(key, `expected a number in [${lo}, ${hi}], got ${shown(v)}`);
   }
   return v;
 }
@@ -82,10 +93,10 @@ function int(b: Json, key: string, lo: number, hi = Number.MAX_SAFE_INTEGER): nu
   return v;
 }
 
-function bool(b: Json, key: string): boolean {
+function bool(b: Json, key: string, param = key): boolean {
   const v = b[key];
   if (v === undefined || v === null) return false;
-  if (typeof v !== "boolean") throw bad(key, `expected true or false, got ${JSON.stringify(v)}`);
+  if (typeof v !== "boolean") throw bad(param, `expected true or false, got ${shown(v)}`);
   return v;
 }
 
@@ -142,15 +153,27 @@ export function parseCompletion(body: unknown, chat: boolean): CompletionRequest
     throw bad("model", "expected a string");
   }
   // Asked-for features the engine does not have are refused, never silently dropped.
-  if (b.logprobs === true || (typeof b.logprobs === "number" && b.logprobs > 0)) {
+  const lp = b.logprobs;
+  if (lp !== undefined && lp !== null && typeof lp !== "boolean" && typeof lp !== "number") {
+    throw bad("logprobs", `expected true, false or a count, got ${shown(lp)}`);
+  }
+  if (lp === true || (typeof lp === "number" && lp > 0)) {
     throw bad("logprobs", "log probabilities are not supported");
   }
-  if (Array.isArray(b.tools) && b.tools.length > 0) throw bad("tools", "tools are not supported");
-  const format = (b.response_format as Json | undefined)?.type;
-  if (format !== undefined && format !== "text") {
-    throw bad("response_format", `only {"type": "text"} is supported, not "${format}"`);
+  if (b.tools !== undefined && b.tools !== null && !Array.isArray(b.tools)) {
+    throw bad("tools", `expected an array, got ${shown(b.tools)}`);
   }
-  if (b.echo === true) throw bad("echo", "echoing the prompt is not supported");
+  if (Array.isArray(b.tools) && b.tools.length > 0) throw bad("tools", "tools are not supported");
+  const rf = b.response_format;
+  if (rf !== undefined && rf !== null) {
+    const object = typeof rf === "object" && !Array.isArray(rf);
+    const format = object ? (rf as Json).type : rf;
+    if (format !== "text") {
+      const got = object && format === undefined ? "an object without a type" : shown(format);
+      throw bad("response_format", `only {"type": "text"} is supported, not ${got}`);
+    }
+  }
+  if (bool(b, "echo")) throw bad("echo", "echoing the prompt is not supported");
   const n = int(b, "n", 1);
   if (n !== undefined && n !== 1) throw bad("n", "only n = 1 is supported");
   let stop: string[] = [];
@@ -171,7 +194,9 @@ export function parseCompletion(body: unknown, chat: boolean): CompletionRequest
     prompt,
     model: (b.model as string | undefined) ?? null,
     stream: bool(b, "stream"),
-    includeUsage: opts ? bool(opts as Json, "include_usage") : false,
+    includeUsage: opts
+      ? bool(opts as Json, "include_usage", "stream_options.include_usage")
+      : false,
     maxTokens,
     temperature: num(b, "temperature", 0, 2),
     topP: num(b, "top_p", Number.MIN_VALUE, 1),

@@ -1,9 +1,10 @@
 /**
  * What `deno task fuzz` feeds: one target per parser of untrusted input — the safetensors
  * header, config.json (+ generation_config.json), manifest.json, expert record headers, the
- * tokenizer files, the pack journal and the generate command line. Each target has seed inputs
- * (real files from ../shared/models where it needs them, packed into a scratch folder) and runs
- * one input through the same code a user's file goes through.
+ * tokenizer files, the pack journal, the generate command line and the server's request bodies
+ * (./serve_target.ts). Each target has seed inputs (real files from ../shared/models where it
+ * needs them, packed into a scratch folder) and runs one input through the same code a user's
+ * file goes through.
  *
  * @module
  */
@@ -21,6 +22,7 @@ import { packCheckpoint } from "../../pack.ts";
 import { dropDamagedWork, JOURNAL, openJournal } from "../../pack/journal.ts";
 import { computeLayout } from "../../pack/layout.ts";
 import { mutate, type Rng } from "./mutate.ts";
+import { serveTarget } from "./serve_target.ts";
 
 /** One parser under fuzz. */
 export interface FuzzTarget {
@@ -30,6 +32,8 @@ export interface FuzzTarget {
   run(input: Uint8Array): unknown;
   /** A structure-aware mutation (default: {@link mutate}). */
   mutate?(rng: Rng, seeds: Uint8Array[]): Uint8Array;
+  /** Releases what the target holds open (the server target's server and session). */
+  close?(): Promise<void>;
 }
 
 const enc = new TextEncoder();
@@ -278,7 +282,7 @@ export async function makeTargets(
   work: string,
   shared: string | null,
 ): Promise<{ targets: FuzzTarget[]; skipped: string[] }> {
-  const targets = [safetensorsTarget(work, shared), cliTarget()];
+  const targets = [safetensorsTarget(work, shared), cliTarget(), await serveTarget()];
   const needShared = [
     "config.json",
     "manifest.json",

@@ -1,0 +1,235 @@
+/**
+ * The fuzz target of the OpenAI-compatible server's request bodies: the demo model served
+ * in-process on 127.0.0.1, and each input posted to one of its POST endpoints. An input is
+ * `<path>\n<body>`; the structure-aware mutation keeps the path and rewrites the body as JSON
+ * (wrong types, extreme numbers, missing or unknown fields, deep nesting) or as bytes (malformed
+ * JSON). A 2xx answer is an accepted input and a 4xx one with an OpenAI error message a clean
+ * rejection (its message goes through the fuzzer's "unhelpful" check); a 5xx, an error body
+ * without a message, an error event inside a stream, or a hung request is a finding.
+ *
+ * @module
+ */
+import { Session } from "../../../engine/session.ts";
+import { demoModelPath } from "../../demo_model.ts";
+import { modelId } from "../../serve/live.ts";
+import { startServer } from "../../serve/server.ts";
+import { HOSTILE_NUMBERS, mutate, type Rng } from "./mutate.ts";
+import type { FuzzTarget } from "./targets.ts";
+
+/** A server answer that no request may get: a 5xx or a malformed error (a finding). */
+export class ServerFault extends Error {}
+
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+
+/** Request bodies of every POST endpoint, with every field the server reads. */
+const SEEDS: [string, unknown][] = [
+  ["/v1/chat/completions", {
+    messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi there" }],
+    max_tokens: 3,
+    temperature: 0.7,
+    top_p: 0.9,
+    top_k: 40,
+    min_p: 0.05,
+    seed: 7,
+    stop: ["\n", "END"],
+    frequency_penalty: 0.5,
+    presence_penalty: 0.1,
+    repetition_penalty: 1.1,
+  }],
+  ["/v1/chat/completions", {
+    model: "MODEL", // the served model's id
+    messages: [{ role: "user", content: [{ type: "text", text: "Tell me" }] }],
+    max_completion_tokens: 2,
+    stream: true,
+    stream_options: { include_usage: true },
+    n: 1,
+    logprobs: false,
+    response_format: { type: "text" },
+    ignore_eos: true,
+  }],
+  ["/v1/completions", { prompt: "Once upon a time", max_tokens: 3, temperature: 0, echo: false }],
+  ["/v1/completions", { prompt: [1, 2, 3], max_tokens: 2, stream: true, stop: "x", tools: [] }],
+  ["/tokenize", { content: "Hello world", add_special: false }],
+  ["/detokenize", { tokens: [1, 2, 3] }],
+];
+
+/** Field names set (added or overwritten) anywhere in a body. */
+const FIELDS = [
+  "max_tokens",
+  "stream",
+  "seed",
+  "prompt",
+  "messages",
+  "content",
+  "role",
+  "name",
+  "tool_calls",
+  "type",
+  "text",
+  "tokens",
+];
+
+/** Values of every JSON type, and the extremes, that a field may be swapped for. */
+const HOSTILE_VALUES: readonly unknown[] = [
+  null,
+  "assistant",
+  "tool",
+  "system",
+  "user",
+  "text",
+  [{ role: "assistant", content: null, tool_calls: [{ id: 1 }] }],
+  [{ role: "user" }],
+  [{ role: "system", content: "" }, { role: "system", content: "x" }],
+  true,
+  "",
+  "x".repeat(300),
+  "\u0000\ud800",
+  [],
+  [null],
+  {},
+  { role: 1 },
+  [{ type: "image_url" }],
+  ...HOSTILE_NUMBERS.flatMap((s) => {
+    try {
+      return [JSON.parse(s)];
+    } catch {
+      return [];
+    }
+  }),
+  -1e308,
+  Number.MAX_SAFE_INTEGER,
+  2 ** 53 + 2,
+  1e21,
+  0.1,
+  -0.5,
+];
+
+/** A fresh copy of one hostile value (mutations change values in place). */
+function hostile(rng: Rng): unknown {
+  return structuredClone(rng.pick(HOSTILE_VALUES));
+}
+
+function splitInput(input: Uint8Array): { path: string; body: Uint8Array } {
+  const nl = input.indexOf(10);
+  if (nl < 0) return { path: "/v1/completions", body: input };
+  return { path: dec.decode(input.subarray(0, nl)), body: input.subarray(nl + 1) };
+}
+
+/** Spots in a JSON value (holder and key): anywhere in it, or only the top level. */
+function anyPlace(rng: Rng, root: unknown): { holder: Record<string, unknown>; key: string }[] {
+  const out: { holder: Record<string, unknown>; key: string }[] = [];
+  const walk = (v: unknown, depth: number) => {
+    if (depth > 8 || typeof v !== "object" || v === null) return;
+    for (const k of Object.keys(v)) {
+      out.push({ holder: v as Record<string, unknown>, key: k });
+      walk((v as Record<string, unknown>)[k], depth + 1);
+    }
+  };
+  walk(root, 0);
+  return rng.below(2) ? out : out.filter((p) => p.holder === root);
+}
+
+/** One structure-aware change to a request body (a parsed JSON value, changed in place). */
+function mutateBody(rng: Rng, body: unknown): unknown {
+  if (typeof body !== "object" || body === null) return hostile(rng);
+  const places = anyPlace(rng, body);
+  if (places.length === 0) return body;
+  const { holder, key } = rng.pick(places);
+  switch (rng.below(6)) {
+    case 0:
+      delete holder[key];
+      break;
+    case 1:
+      holder[rng.pick(FIELDS)] = hostile(rng);
+      break;
+    case 2: {
+      // Deep nesting where a value was.
+      let v: unknown = holder[key];
+      for (let i = rng.below(3000); i > 0; i--) v = [v];
+      holder[key] = v;
+      break;
+    }
+    case 3:
+      holder[key] = Array.from({ length: 1 + rng.below(40) }, () => holder[key]);
+      break;
+    default:
+      holder[key] = hostile(rng);
+  }
+  return body;
+}
+
+/** Reads a whole answer and classifies it (see the module doc). */
+async function outcome(r: Response, path: string): Promise<void> {
+  const text = await r.text();
+  if (r.status >= 200 && r.status < 300) {
+    if (!(r.headers.get("content-type") ?? "").startsWith("text/event-stream")) return;
+    for (const line of text.split("\n")) {
+      if (!line.startsWith("data: {")) continue;
+      const event = JSON.parse(line.slice(6));
+      if (event.error) throw new ServerFault(`${path}: error inside a stream: ${line}`);
+    }
+    if (!text.includes("data: [DONE]")) throw new ServerFault(`${path}: a stream without [DONE]`);
+    return;
+  }
+  let message: unknown;
+  try {
+    message = JSON.parse(text)?.error?.message;
+  } catch {
+    message = undefined;
+  }
+  if (r.status >= 500 || typeof message !== "string" || message === "") {
+    throw new ServerFault(`${path}: HTTP ${r.status}: ${text.slice(0, 300)}`);
+  }
+  throw new Error(`HTTP ${r.status}: ${message}`);
+}
+
+/** The server target: starts the demo model's server (closed by `close`). */
+export async function serveTarget(): Promise<FuzzTarget> {
+  const session = await Session.open(await demoModelPath(true), {
+    quiet: true,
+    ctx: 64,
+    threads: 1,
+  });
+  const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
+  const id = modelId(session);
+  const seeds = SEEDS.map(([path, body]) =>
+    enc.encode(`${path}\n${JSON.stringify(body).replace('"MODEL"', JSON.stringify(id))}`)
+  );
+  return {
+    name: "serve request body",
+    seeds,
+    async run(input) {
+      const { path, body } = splitInput(input);
+      const r = await fetch(`${server.url}${path}`, {
+        method: "POST",
+        body: body.slice(),
+        headers: { "content-type": "application/json" },
+        signal: AbortSignal.timeout(10_000),
+      });
+      await outcome(r, path);
+    },
+    mutate(rng, s) {
+      const { path, body } = splitInput(rng.pick(s));
+      let out = mutate(rng, [body]);
+      if (rng.below(4) !== 0) {
+        let v: unknown = JSON.parse(dec.decode(body));
+        for (let n = 1 + rng.below(3); n > 0; n--) v = mutateBody(rng, v);
+        try {
+          out = enc.encode(JSON.stringify(v));
+        } catch {
+          // Nested past JSON.stringify's stack: the byte mutation stands.
+        }
+      }
+      const head = enc.encode(`${path}\n`);
+      const joined = new Uint8Array(head.length + out.length);
+      joined.set(head);
+      joined.set(out, head.length);
+      return joined;
+    },
+    async close() {
+      await server.close();
+      session.close();
+    },
+  };
+}
