@@ -118,3 +118,16 @@ Deno.test("bench pack --json reports pack_mb_s and disk_write_mb_s and removes w
     Deno.removeSync(cache, { recursive: true });
   }
 });
+
+Deno.test("every bench answers --help with its usage and refuses an unknown option in one line", async () => {
+  const { BENCHES } = await import("../tools/dev/bench/mod.ts");
+  for (const name of Object.keys(BENCHES)) {
+    const help = await bench([name, "--help"]);
+    assert.equal(help.code, 0, `${name} --help: ${help.stderr}`);
+    assert.match(help.stdout, new RegExp(`usage: deno task bench ${name}`), name);
+    const bad = await bench([name, "--no-such-option"]);
+    assert.notEqual(bad.code, 0, `${name} accepted --no-such-option`);
+    assert.match(bad.stderr, /no-such-option/, name);
+    assert.doesNotMatch(bad.stderr, /^\s+at /m, `${name}: a stack trace`);
+  }
+});

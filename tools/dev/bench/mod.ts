@@ -15,6 +15,8 @@ export interface BenchModule {
 export interface BenchEntry {
   /** One line for the list of benches. */
   summary: string;
+  /** Its options, one per line, for `bench <name> --help` (`bench compare` prints its own). */
+  options?: string[];
   /** Loads the bench's module. */
   load: () => Promise<BenchModule>;
 }
@@ -24,21 +26,49 @@ export const BENCHES: Record<string, BenchEntry> = {
   kernels: {
     summary: "DRAM bandwidth, GEMV and quantised matvec GB/s per thread count, pool dispatch " +
       "latency, O_DIRECT vs buffered disk reads, with targets",
+    options: [
+      "--threads N   largest thread count measured (default: all cores)",
+      "--quick       smaller shapes and fewer passes",
+      "--skip-disk   no O_DIRECT / buffered / dd disk rows",
+      "--json        print the report as JSON",
+    ],
     load: () => import("./kernels.ts"),
   },
   integrity: {
     summary: "cost of the run-time integrity checks (record header, sampled CRC, --verify) " +
       "during streaming decode",
+    options: [
+      "--size SIZE             synthetic model size (default 512M)",
+      "--budget-fraction F     arena budget as a share of the model (default 0.3)",
+      "--tokens N              decode tokens per run (default 32)",
+      "--repeat N              interleaved repeats per mode (default 3)",
+      "--json                  print the report as JSON",
+    ],
     load: () => import("./integrity.ts"),
   },
   stream: {
     summary: "decode under a memory budget on a synthetic 2 GiB Qwen3-MoE: tok/s against the " +
       "O_DIRECT roofline, read-ahead and lookahead on/off, overlap of I/O and compute",
+    options: [
+      "--size SIZE            synthetic model size (default 2G)",
+      "--model X.sluice       run this container instead of the synthetic model",
+      "--budget-fraction F    arena budget as a share of the model (default 0.3)",
+      "--tokens N             decode tokens per run (default 32)",
+      "--lookahead N          guesses per layer of the extra lookahead run (default: top-k)",
+      "--repeat N             interleaved cold repeats per run (default 3)",
+      "--disk-gib N           size of the disk probe's test file (default 1)",
+      "--no-resident          skip the whole-model-resident run",
+      "--json                 print the report as JSON",
+    ],
     load: () => import("./stream.ts"),
   },
   pack: {
     summary: "pack MB/s of a synthetic checkpoint against the disk's own O_DIRECT sequential " +
       "write (dd), with the issue 16 target",
+    options: [
+      "--size SIZE   synthetic bf16 checkpoint size (default 1G)",
+      "--json        print the report as JSON (pack_mb_s, disk_write_mb_s)",
+    ],
     load: () => import("./pack.ts"),
   },
   compare: {
@@ -49,6 +79,14 @@ export const BENCHES: Record<string, BenchEntry> = {
   serve: {
     summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
       "prompt cache saves over a conversation, with targets",
+    options: [
+      "--model X.sluice   model to serve (default: the demo model)",
+      "--tokens N         tokens per completion (default 512)",
+      "--turns N          conversation turns for the prompt-cache figure (default 4)",
+      "--repeat N         repeats (default 3)",
+      "--threads N        compute threads (default: all cores)",
+      "--json             print the report as JSON",
+    ],
     load: () => import("./serve.ts"),
   },
 };
@@ -58,6 +96,15 @@ export function usage(): string {
   const width = Math.max(...Object.keys(BENCHES).map((n) => n.length));
   const lines = Object.entries(BENCHES).map(([name, b]) => `  ${name.padEnd(width)}  ${b.summary}`);
   return ["usage: deno task bench <name> [--json] [options]", "benches:", ...lines].join("\n");
+}
+
+/** The `--help` text of one bench. */
+export function benchUsage(name: string, entry: BenchEntry): string {
+  return [
+    `usage: deno task bench ${name} [options]`,
+    entry.summary,
+    ...(entry.options ?? []).map((o) => `  ${o}`),
+  ].join("\n");
 }
 
 /** Runs the bench named by `args[0]` with the rest; returns the process exit code. */
@@ -72,6 +119,10 @@ export async function runBench(args: string[]): Promise<number> {
     console.error(name === undefined ? "bench: no bench named" : `bench: unknown bench "${name}"`);
     console.error(usage());
     return 2;
+  }
+  if (entry.options && (rest.includes("--help") || rest.includes("-h"))) {
+    console.log(benchUsage(name, entry));
+    return 0;
   }
   try {
     await (await entry.load()).main(rest);
