@@ -17,8 +17,7 @@ const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const CACHE = join(tempDir(), "cache");
 
 Deno.test("doctor --json measures the disk where asked and plans the model", async () => {
-  Deno.env.set("SLUICE_CACHE", CACHE);
-  const model = await demoModelPath(true);
+  const model = await demoModelPath(true, CACHE);
   const dir = Deno.makeTempDirSync({ dir: tempDir(), prefix: "doctor-" });
   const out = await new Deno.Command(Deno.execPath(), {
     args: [
@@ -53,8 +52,7 @@ Deno.test("doctor --json measures the disk where asked and plans the model", asy
 });
 
 Deno.test("doctor's estimate: disk bytes and tok/s follow the plan", async () => {
-  Deno.env.set("SLUICE_CACHE", CACHE);
-  const c = openContainer(await demoModelPath(true));
+  const c = openContainer(await demoModelPath(true, CACHE));
   const input = planInput(c);
   const moeReads = c.config.layerKinds.filter((k) => k === "moe").length * c.config.moe!.topK;
   const disk = { sequentialGbps: 2, randomGbps: 1 };

@@ -14,8 +14,7 @@ const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const CACHE = join(tempDir(), "cache");
 
 function demoModel(): Promise<string> {
-  Deno.env.set("SLUICE_CACHE", CACHE);
-  return demoModelPath(true);
+  return demoModelPath(true, CACHE);
 }
 
 async function sluice(

@@ -48,10 +48,9 @@ export function cacheDir(): string {
  * The path of the demo container, creating it on first use. Safe when several processes start at
  * once: each builds in its own temporary directory and renames the result into place; a process
  * that loses the race uses the winner's container. Unless `quiet`, prints one line to stderr
- * saying what the model is.
+ * saying what the model is. `dir` is the cache it lives in (default {@link cacheDir}).
  */
-export async function demoModelPath(quiet: boolean): Promise<string> {
-  const dir = cacheDir();
+export async function demoModelPath(quiet: boolean, dir: string = cacheDir()): Promise<string> {
   const path = join(dir, `demo-${DEMO_VERSION}.sluice`);
   const ready = () => existsSync(join(path, "manifest.json"));
   const created = !ready();
