@@ -24,7 +24,7 @@ export interface TensorRef {
   /** vq3r, vq4p: cols rounded up to a multiple of 8; the kernel runs on this many columns. */
   paddedCols?: number;
   /**
-   * The weights are the model as shipped (gpt-oss's and K3's MXFP4): multiply f32 activations
+   * The weights are the model as shipped (gpt-oss's and K3's MXFP4, Kimi-K2's INT4): multiply f32 activations
    * with the format's exact kernel instead of its prepared-input one.
    */
   exact?: boolean;

@@ -78,7 +78,7 @@ export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
   const bind = (m: "gate" | "up" | "down"): TensorRef => {
     const ref = tensorRef(bank.matrices[m], base);
     if (isCodebookDtype(ref.dtype)) ref.codebook = codebookPointer(bank, m);
-    if (ref.dtype === "mxfp4" && bank.mxfp4Activations === "f32") ref.exact = true;
+    if (bank.activations === "f32" && ref.dtype === bank.format) ref.exact = true;
     return ref;
   };
   const ew: ExpertWeights = { gate: bind("gate"), up: bind("up"), down: bind("down") };

@@ -165,6 +165,13 @@ export function isExpertFormat(s: unknown): s is ExpertFormat {
 }
 
 /** Whether `d` is a compact format. */
+/**
+ * The expert formats a bank may mark `activations: "f32"` (its matrices are the checkpoint's
+ * shipped bytes): those whose weight-format entry (engine/quant/) has an exact f32-input kernel.
+ */
+export const EXACT_INPUT_FORMATS: readonly ExpertFormat[] = ["mxfp4", "int4g32"];
+
+/** Whether `d` is a compact (quantised) dtype. */
 export function isCompactDtype(d: string): d is CompactDtype {
   return isStoredDtype(d) && LAYOUT[d].matrixBytes !== undefined;
 }

@@ -19,6 +19,7 @@ import {
 import {
   BLOCK_ALIGN,
   CODEBOOK_BYTES,
+  EXACT_INPUT_FORMATS,
   isCodebookDtype,
   isCompactDtype,
   isExpertFormat,
@@ -486,11 +487,20 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     );
     const bank: ExpertBank = { layer: l, file: b.file, count, stride, format, matrices };
     if (biases) bank.biases = biases;
+    if (b.activations !== undefined) {
+      if (b.activations !== "f32" || !EXACT_INPUT_FORMATS.includes(format)) {
+        throw new Error(
+          `${at}.activations: only "f32", on an ${EXACT_INPUT_FORMATS.join(" or ")} bank`,
+        );
+      }
+      bank.activations = "f32";
+    }
+    // The field's name before int4g32 had an exact kernel; same meaning.
     if (b.mxfp4Activations !== undefined) {
       if (b.mxfp4Activations !== "f32" || format !== "mxfp4") {
         throw new Error(`${at}.mxfp4Activations: only "f32", on an mxfp4 bank`);
       }
-      bank.mxfp4Activations = "f32";
+      bank.activations = "f32";
     }
     if (Object.keys(fellBack).length) bank.fallback = fellBack;
     if (Object.keys(refs).length) bank.codebooks = refs;

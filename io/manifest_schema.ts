@@ -76,11 +76,12 @@ export interface ExpertBank {
    */
   fallback?: Partial<Record<ExpertMatrix, string>>;
   /**
-   * "f32": the mxfp4 matrices multiply f32 activations exactly, because the checkpoint shipped
-   * them as MXFP4 (gpt-oss, Kimi K3); absent: their Q8 copy (weights quantised at pack time
-   * anyway).
+   * "f32": the bank's matrices in its format (mxfp4, int4g32) multiply f32 activations exactly,
+   * because pack copied them as the checkpoint shipped them (gpt-oss's and Kimi K3's MXFP4,
+   * Kimi-K2's INT4); absent: the Q8 copy (weights quantised at pack time anyway). Containers
+   * written before it existed say `mxfp4Activations: "f32"` on mxfp4 banks, read as this.
    */
-  mxfp4Activations?: "f32";
+  activations?: "f32";
   /** gpt-oss: each matrix's f32 bias vector [rows], after the matrices, inside the payload. */
   biases?: Record<ExpertMatrix, TensorEntry>;
   /** vq3r, vq4p: each such matrix's codebooks in codebooks.bin. */

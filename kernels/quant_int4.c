@@ -6,7 +6,7 @@
  * x is the Q8 copy of the input (quant.h), so cols must be a multiple of 32. The stored nibble
  * q + 8 (0..15) goes into the dot as is and 8 * the x block sum comes off afterwards.
  */
-#include "quant.h"
+#include "quant_exact.h"
 
 #define INT4_OFFSET 8
 
@@ -84,3 +84,21 @@ static inline v128_t q4_dot4_int4(const uint8_t *w0, const uint8_t *w1, const ui
  * group scales [rows, cols/32], xq the Q8 copy of x (quantize_act_q8).
  */
 DEFINE_Q4_MATVEC(matvec_int4g32, int4, uint16_t)
+
+/*
+ * The exact variant (quant_exact.h) for Kimi-K2's shipped INT4 experts: x stays f32, each weight
+ * is q times its group's bf16 scale (the products q * x exact in f32, the scale applied to the
+ * group's sum). The Q8 copy of x costs 5.9e-3 relative in the logits of tests/int4_checkpoint.ts.
+ */
+/* Stored nibble (q + 8) -> the low and the high byte of q as bf16. */
+#define INT4X_LO                                                                               \
+  wasm_i8x16_const(0, -32, -64, -96, -128, 64, 0, -128, 0, -128, 0, 64, -128, -96, -64, -32)
+#define INT4X_HI                                                                               \
+  wasm_i8x16_const(-63, -64, -64, -64, -64, -64, -64, -65, 0, 0x3f, 0x40, 0x40, 0x40, 0x40, 0x40, \
+                   0x40)
+
+/* bf16 scale -> f32. */
+static inline float int4x_scale(uint16_t s) { return f32_from_bits((uint32_t)s << 16); }
+
+/* y[r] = sum_c W[r, c] * x[c] for r in [r0, r1) with f32 x: INT4 g32 weights, exact products. */
+DEFINE_Q4_EXACT(matvec_int4g32_exact, int4x, uint16_t, INT4X_LO, INT4X_HI, int4x_scale)

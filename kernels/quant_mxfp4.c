@@ -4,7 +4,7 @@
  * bytes, value = E2M1 * 2^(S - 127); S = 255 is NaN (the whole block, so the row's result is NaN).
  * x is the Q8 copy of the input (quant.h, quantize_act_q8), so cols must be a multiple of 32.
  */
-#include "quant.h"
+#include "quant_exact.h"
 
 /* Nibble -> 2 * E2M1 + 12: the doubled values -12..12 are integers, the offset makes them 0..24. */
 #define MX_LUT wasm_i8x16_const(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
@@ -98,71 +98,21 @@ static inline v128_t q4_dot4_mx(const uint8_t *w0, const uint8_t *w1, const uint
 DEFINE_Q4_MATVEC(matvec_mxfp4, mx, uint8_t)
 
 /*
- * The exact variant: x stays f32 (no Q8 copy), each weight is its E2M1 value times the block
- * scale, products and sums are separate f32 operations. gpt-oss is defined by these values, and
- * the Q8 path's error (~1e-2 relative in its logits) flips its greedy tokens.
+ * The exact variant (quant_exact.h): x stays f32, each weight is its E2M1 value times the block
+ * scale. gpt-oss is defined by these values, and the Q8 path's error (~1e-2 relative in its
+ * logits) flips its greedy tokens.
  */
-#define MXS_LUT wasm_i8x16_const(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+/* E2M1 code -> the low and the high byte of its value as bf16 (code 8, -0, as +0). */
+#define MXX_LO wasm_i8x16_const(0, 0, -128, -64, 0, 64, -128, -64, 0, 0, -128, -64, 0, 64, -128, -64)
+#define MXX_HI                                                                                   \
+  wasm_i8x16_const(0, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, 0, -65, -65, -65, -64, -64, -64, \
+                   -64)
 
-/* 2^(e - 127) * 0.5 (the LUT holds doubled values); e = 255 is NaN, e = 0 the subnormal 2^-128. */
-static inline float mxs_scale(uint8_t e) {
-  union {
-    uint32_t u;
-    float f;
-  } v;
-  v.u = e == 255 ? 0x7fc00000u : e > 1 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
-  return v.f;
-}
-
-/* Sum over one 32-block of doubled E2M1 weights times x, as four f32 lanes. */
-static inline __attribute__((always_inline)) v128_t mxs_block(const uint8_t *w, const v128_t *xe,
-                                                              const v128_t *xo, v128_t lut,
-                                                              v128_t nibble) {
-  v128_t v = wasm_v128_load(w);
-  v128_t lo = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(v, nibble));
-  v128_t hi = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(wasm_u16x8_shr(v, 4), nibble));
-  v128_t l16[2] = {wasm_i16x8_extend_low_i8x16(lo), wasm_i16x8_extend_high_i8x16(lo)};
-  v128_t h16[2] = {wasm_i16x8_extend_low_i8x16(hi), wasm_i16x8_extend_high_i8x16(hi)};
-  v128_t s = wasm_f32x4_splat(0.0f);
-  for (int k = 0; k < 4; k++) {
-    v128_t l = k & 1 ? wasm_i32x4_extend_high_i16x8(l16[k >> 1])
-                     : wasm_i32x4_extend_low_i16x8(l16[k >> 1]);
-    v128_t h = k & 1 ? wasm_i32x4_extend_high_i16x8(h16[k >> 1])
-                     : wasm_i32x4_extend_low_i16x8(h16[k >> 1]);
-    s = wasm_f32x4_add(s, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(l), xe[k]));
-    s = wasm_f32x4_add(s, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(h), xo[k]));
-  }
-  return s;
-}
-
-/* Four rows' dots with f32 x (passed through the matvec's xq pointer), lanes [row0..row3]. */
-static inline v128_t q4_dot4_mxs(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
-                                 const uint8_t *w3, const uint8_t *s0, const uint8_t *s1,
-                                 const uint8_t *s2, const uint8_t *s3, const int8_t *xq, int cols) {
-  const float *x = (const float *)xq;
-  v128_t z = runtime_zero_v128(xq);
-  v128_t lut = wasm_v128_xor(MXS_LUT, z), nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z);
-  v128_t acc0 = z, acc1 = z, acc2 = z, acc3 = z;
-  for (int b = 0; b < cols / 32; b++) {
-    const float *xb = x + 32 * b;
-    v128_t xe[4], xo[4];
-    for (int k = 0; k < 4; k++) {
-      v128_t a = wasm_v128_load(xb + 8 * k), c = wasm_v128_load(xb + 8 * k + 4);
-      xe[k] = wasm_i32x4_shuffle(a, c, 0, 2, 4, 6);
-      xo[k] = wasm_i32x4_shuffle(a, c, 1, 3, 5, 7);
-    }
-    size_t o = 16 * (size_t)b;
-    acc0 = wasm_f32x4_add(acc0, wasm_f32x4_mul(mxs_block(w0 + o, xe, xo, lut, nibble),
-                                               wasm_f32x4_splat(mxs_scale(s0[b]))));
-    acc1 = wasm_f32x4_add(acc1, wasm_f32x4_mul(mxs_block(w1 + o, xe, xo, lut, nibble),
-                                               wasm_f32x4_splat(mxs_scale(s1[b]))));
-    acc2 = wasm_f32x4_add(acc2, wasm_f32x4_mul(mxs_block(w2 + o, xe, xo, lut, nibble),
-                                               wasm_f32x4_splat(mxs_scale(s2[b]))));
-    acc3 = wasm_f32x4_add(acc3, wasm_f32x4_mul(mxs_block(w3 + o, xe, xo, lut, nibble),
-                                               wasm_f32x4_splat(mxs_scale(s3[b]))));
-  }
-  return wasm_f32x4_make(hsum_f32x4(acc0), hsum_f32x4(acc1), hsum_f32x4(acc2), hsum_f32x4(acc3));
+/* E8M0 byte -> 2^(e - 127); e = 255 is NaN, e = 0 the subnormal 2^-127. */
+static inline float mxx_scale(uint8_t e) {
+  return f32_from_bits(e == 255 ? 0x7fc00000u : e ? (uint32_t)e << 23 : 0x00400000u);
 }
 
 /* y[r] = sum_c W[r, c] * x[c] for r in [r0, r1) with f32 x: MXFP4 weights, exact products. */
-DEFINE_Q4_MATVEC(matvec_mxfp4_exact, mxs, uint8_t)
+DEFINE_Q4_EXACT(matvec_mxfp4_exact, mxx, uint8_t, MXX_LO, MXX_HI, mxx_scale)
+

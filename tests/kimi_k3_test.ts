@@ -137,7 +137,7 @@ Deno.test({
       for (const [layer, expert] of [[1, 0], [7, 5], [12, 7]]) {
         const bank = c.manifest.experts[layer]!;
         assert.equal(bank.format, "mxfp4");
-        assert.equal(bank.mxfp4Activations, "f32", "shipped MXFP4 multiplies f32 activations");
+        assert.equal(bank.activations, "f32", "shipped MXFP4 multiplies f32 activations");
         const { record } = readExpertRecord(c, layer, expert);
         for (const m of ["gate", "up", "down"] as const) {
           const name = hfExpertName(cfg, layer, expert, m);

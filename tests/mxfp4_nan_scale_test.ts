@@ -99,7 +99,7 @@ Deno.test({
     await packCheckpoint(src, out, QUIET);
     const c = openContainer(out);
     verifyContainer(c);
-    assert.equal(c.manifest.experts[7]!.mxfp4Activations, "f32");
+    assert.equal(c.manifest.experts[7]!.activations, "f32");
   }),
 });
 

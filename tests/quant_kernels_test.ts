@@ -9,6 +9,7 @@ import {
   denseAbsRef,
   denseMatvecRef,
   dequantizeActQ8,
+  matvecQ4ExactRef,
   matvecVq3rRef,
   matvecVq4pRef,
   quantizeActQ8Ref,
@@ -25,8 +26,14 @@ import {
   vq4pIndex,
   vq4pKernelCodebooks,
 } from "../engine/quant/vq4p.ts";
-import { dequantizeMxfp4, mxfp4At, quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
-import { dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
+import {
+  dequantizeMxfp4,
+  E2M1_VALUES,
+  e8m0ToNumber,
+  mxfp4At,
+  quantizeMxfp4,
+} from "../engine/quant/mxfp4.ts";
+import { bf16ToNumber, dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
 import { dequantizeInt8Row, quantizeInt8Row } from "../engine/quant/int8.ts";
 
@@ -228,31 +235,74 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
   got.forEach((v, r) => assert.equal(Number.isNaN(v), r === 2, `row ${r}: ${v}`));
 });
 
-Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte", () => {
-  const rand = rng(4);
-  for (const rows of ROWS) {
-    for (const cols of [...BLOCK_COLS, 256 * 32]) {
+/**
+ * An exact 4-bit kernel against float64 (1e-6 of Σ|w·x|), bit for bit against its scalar twin,
+ * and row-split bit-identity, at awkward sizes with random bytes (every code).
+ */
+function checkExactQ4(
+  label: string,
+  run: (
+    W: bigint,
+    S: bigint,
+    X: bigint,
+    y: bigint,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ) => void,
+  scaleBytes: (rows: number, cols: number) => Uint8Array,
+  value: (code: number) => number,
+  scaleOf: (scales: Uint8Array, cols: number) => (row: number, block: number) => number,
+  seed: number,
+) {
+  const rand = rng(seed);
+  for (const rows of [...ROWS, 30]) {
+    for (const cols of [...BLOCK_COLS, 96, 256 * 32]) {
       reset();
-      const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
-      // Scales 1..200: every value stays a normal or subnormal f32 times a gaussian x.
-      const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => 1 + (i * 7) % 200);
+      const data = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+      const scales = scaleBytes(rows, cols);
       const x = gaussian(cols, rand);
-      const m = { rows, cols, blocks, scales };
-      const wm = Float64Array.from(
-        { length: rows * cols },
-        (_, i) => mxfp4At(m, Math.floor(i / cols), i % cols),
-      );
-      const [W, S, X] = [put(blocks), put(scales), put(x)];
+      const scale = scaleOf(scales, cols);
+      const wm = Float64Array.from({ length: rows * cols }, (_, i) => {
+        const r = Math.floor(i / cols), c = i % cols;
+        const byte = data[i >> 1];
+        return value(c & 1 ? byte >> 4 : byte & 15) * scale(r, c >> 5);
+      });
+      const [W, S, X] = [put(data), put(scales), put(x)];
+      const mv: Matvec = (y, nr, r0, r1) => run(W, S, X, y, nr, cols, r0, r1);
       checkMatvec(
-        `mxfp4 exact ${rows}×${cols}`,
-        (y, nr, r0, r1) => qk.matvec_mxfp4_exact(W, S, X, y, nr, cols, r0, r1),
+        `${label} ${rows}×${cols}`,
+        mv,
         rows,
         denseMatvecRef(wm, x, rows, cols),
         denseAbsRef(wm, x, rows, cols),
         1e-6,
       );
+      const y = alloc(rows * 4);
+      mv(y, rows, 0, rows);
+      const got = f32At(y, rows);
+      const twin = matvecQ4ExactRef(data, value, scale, x, rows, cols);
+      got.forEach((v, r) =>
+        assert.ok(
+          Object.is(v, twin[r]),
+          `${label} ${rows}×${cols} row ${r}: ${v} vs twin ${twin[r]}`,
+        )
+      );
     }
   }
+}
+
+Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte", () => {
+  checkExactQ4(
+    "mxfp4 exact",
+    qk.matvec_mxfp4_exact,
+    // Scales 1..200: every value stays a normal or subnormal f32 times a gaussian x.
+    (rows, cols) => Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => 1 + (i * 7) % 200),
+    (code) => E2M1_VALUES[code],
+    (scales, cols) => (r, b) => e8m0ToNumber(scales[r * (cols / 32) + b]),
+    4,
+  );
   reset();
   const rows = 3, cols = 64;
   const scales = new Uint8Array(rows * 2).fill(127);
@@ -271,6 +321,49 @@ Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte",
   );
   // 0x21: low nibble 1 (0.5), high nibble 2 (1.0), so every pair sums to 1.5.
   assert.deepEqual(Array.from(f32At(y, rows)), [48, NaN, 48]);
+});
+
+Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scales", () => {
+  checkExactQ4(
+    "int4 exact",
+    qk.matvec_int4g32_exact,
+    // bf16 scales 2^-20..2^12 with random mantissas, and some groups of scale 0.
+    (rows, cols) => {
+      const s = Uint16Array.from(
+        { length: (rows * cols) / 32 },
+        (_, i) =>
+          i % 11 === 5
+            ? 0
+            : ((107 + (i * 13) % 32) << 7) | ((i * 37) & 0x7f) | (i & 4 ? 0x8000 : 0),
+      );
+      return new Uint8Array(s.buffer);
+    },
+    (code) => code - 8,
+    (scales, cols) => {
+      const s = new Uint16Array(scales.slice().buffer);
+      return (r, b) => bf16ToNumber(s[r * (cols / 32) + b]);
+    },
+    5,
+  );
+  reset();
+  const rows = 3, cols = 64;
+  // bf16 1.0 everywhere but one NaN group in row 1.
+  const scales = new Uint16Array(rows * 2).fill(0x3f80);
+  scales[3] = 0x7fc0;
+  const y = alloc(rows * 4);
+  // 0x9f: low nibble 15 (q = 7), high nibble 9 (q = 1), so every pair sums to 8.
+  const W = put(new Uint8Array((rows * cols) / 2).fill(0x9f));
+  qk.matvec_int4g32_exact(
+    W,
+    put(scales),
+    put(new Float32Array(cols).fill(1)),
+    y,
+    rows,
+    cols,
+    0,
+    rows,
+  );
+  assert.deepEqual(Array.from(f32At(y, rows)), [256, NaN, 256]);
 });
 
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {

@@ -190,3 +190,40 @@ export function matvecVq4pRef(
   }
   return y;
 }
+
+/**
+ * The exact 4-bit matvecs (matvec_mxfp4_exact, matvec_int4g32_exact) in the kernels' f32
+ * operation order (kernels/quant_exact.h), so the wasm must match it bit for bit. `value(code)`
+ * is a 4-bit code's exact weight, `scale(row, block)` its 32-block's f32 scale; `data` holds the
+ * codes two per byte, the even element in the low nibble.
+ */
+export function matvecQ4ExactRef(
+  data: Uint8Array,
+  value: (code: number) => number,
+  scale: (row: number, block: number) => number,
+  x: Float32Array,
+  rows: number,
+  cols: number,
+): Float32Array {
+  const f = Math.fround;
+  const y = new Float32Array(rows);
+  const product = (r: number, e: number) => {
+    const byte = data[(r * cols + e) >> 1];
+    return f(value(e & 1 ? byte >> 4 : byte & 15) * x[e]);
+  };
+  for (let r = 0; r < rows; r++) {
+    const acc = [0, 0, 0, 0];
+    for (let b = 0; b < cols / 32; b++) {
+      const sc = scale(r, b);
+      for (let k = 0; k < 4; k++) {
+        const half = (odd: number) => {
+          const p = [0, 1, 2, 3].map((m) => product(r, 32 * b + 8 * m + 2 * k + odd));
+          return f(f(p[0] + p[1]) + f(p[2] + p[3]));
+        };
+        acc[k] = f(acc[k] + f(f(half(0) + half(1)) * sc));
+      }
+    }
+    y[r] = f(f(acc[0] + acc[2]) + f(acc[1] + acc[3]));
+  }
+  return y;
+}

@@ -49,6 +49,17 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** matvec_int4g32 with f32 x instead of its Q8 copy: every product q·x exact, f32 sums. */
+  matvec_int4g32_exact(
+    W: Ptr,
+    S: Ptr,
+    x: Ptr,
+    y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
   /** y[r] = Σ_c W[r,c]·x[c]: W e4m3fn [rows, cols], S f32 [⌈rows/128⌉, ⌈cols/128⌉], x f32. */
   matvec_fp8b128(
     W: Ptr,
@@ -105,6 +116,7 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "matvec_mxfp4",
   "matvec_mxfp4_exact",
   "matvec_int4g32",
+  "matvec_int4g32_exact",
   "matvec_fp8b128",
   "matvec_int8row",
   "vq3r_lut",

@@ -57,7 +57,8 @@ export interface WeightFormat {
   readonly table?: { readonly kernel: string; bytes(cols: number): number };
   /**
    * A single-vector kernel that multiplies f32 activations exactly, for weights that are the model
-   * as shipped (a TensorRef with `exact`: gpt-oss's and K3's MXFP4), when the format has one.
+   * as shipped (a TensorRef with `exact`: gpt-oss's and K3's MXFP4, Kimi-K2's INT4), when the
+   * format has one. io/format.ts's `EXACT_INPUT_FORMATS` lists the formats that have one.
    */
   readonly exactGemv?: { kernel: string; scaled: boolean };
   /**

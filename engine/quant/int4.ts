@@ -95,6 +95,8 @@ const decodeInt4Bytes: Decode = (data, scale, rows, cols, what) => {
 /** The int4g32 weight format: symmetric int4, one bf16 scale per 32 columns (`--experts int4`). */
 export const INT4G32: WeightFormat = {
   ...compactFormat("int4g32", "int4", "q8", "matvec_int4g32"),
+  // Shipped INT4 (Kimi-K2) times f32 activations: the Q8 copy moves its logits by ~6e-3.
+  exactGemv: { kernel: "matvec_int4g32_exact", scaled: true },
   encode: (w, rows, cols) => stored(quantizeInt4g32(w, rows, cols), "packed"),
   decode: decodeInt4Bytes,
 };

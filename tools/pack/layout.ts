@@ -73,10 +73,11 @@ export interface BankLayout {
   stride: number;
   format: ExpertFormat;
   /**
-   * Whether every matrix keeps the checkpoint's shipped MXFP4 bytes (gpt-oss's fused, K3's packed
-   * experts): then they are the model itself and multiply f32 activations exactly.
+   * Whether every matrix in the bank's format keeps the checkpoint's shipped bytes (gpt-oss's
+   * fused and K3's packed MXFP4, Kimi-K2's INT4; plain fallbacks aside): then they are the model
+   * itself and multiply f32 activations exactly.
    */
-  nativeMxfp4: boolean;
+  shipped: boolean;
   /** gpt-oss: each matrix's f32 bias vector, after the matrices in every record. */
   biases?: Record<ExpertMatrix, TensorEntry>;
   fallback: Partial<Record<ExpertMatrix, string>>;
@@ -297,16 +298,17 @@ function layoutBank(cfg: ModelConfig, ckpt: Checkpoint, l: number, opts: PackOpt
       ExpertMatrix,
       TensorEntry
     >;
+  const format = (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat;
+  const inFormat = EXPERT_MATRICES.filter((_, i) => placed[i].entry.dtype === format);
   const bank: BankLayout = {
     experts,
     matrices: byMatrix(placed),
     stride: alignUp(end, BLOCK_ALIGN),
-    format: (kept[0] ?? EXPERT_OPTIONS[opts.experts!]) as ExpertFormat,
+    format,
     fallback,
     codebookOffsets: {},
-    nativeMxfp4: placed.every((p, i) =>
-      p.entry.dtype === "mxfp4" && keepsShippedBytes(experts[0].get(EXPERT_MATRICES[i])!, "mxfp4")
-    ),
+    shipped: inFormat.length > 0 &&
+      inFormat.every((m) => keepsShippedBytes(experts[0].get(m)!, format)),
   };
   if (biasItems.length) bank.biases = byMatrix(biasItems);
   return bank;

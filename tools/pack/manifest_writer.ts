@@ -63,7 +63,7 @@ export function buildManifest(
       matrices: b.matrices,
     };
     if (Object.keys(b.fallback).length) bank.fallback = b.fallback;
-    if (b.nativeMxfp4) bank.mxfp4Activations = "f32";
+    if (b.shipped) bank.activations = "f32";
     if (b.biases) bank.biases = b.biases;
     const refs: Partial<Record<ExpertMatrix, CodebookRef>> = {};
     for (const m of EXPERT_MATRICES) {

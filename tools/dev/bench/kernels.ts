@@ -164,27 +164,35 @@ export interface BenchFormat {
   prepare?(k: Record<string, KernelFn>, s: Scratch, cols: number): void;
 }
 
-function benchFormat(f: WeightFormat): BenchFormat {
-  const input = (s: Scratch) => f.input === "q8" ? s.xq : f.input === "lut" ? s.lut : s.x;
+/** A registry format's bench entry; `exact`: its f32-input kernel for shipped weights instead. */
+function benchFormat(f: WeightFormat, exact = false): BenchFormat {
+  const form = exact ? "f32" : f.input;
+  const g = exact ? f.exactGemv! : f.gemv;
+  const input = (s: Scratch) => form === "q8" ? s.xq : form === "lut" ? s.lut : s.x;
   return {
-    name: f.option!,
-    kernel: f.gemv.kernel,
+    name: exact ? `${f.option}_exact` : f.option!,
+    kernel: g.kernel,
     weightBytes: (r, c) => storedBytes(f.id, [r, c]),
     scaleBytes(r, c) {
       const spec = scaleSpecOf(f.id, [r, c]);
       return spec ? storedBytes(spec.dtype, spec.shape) : 0;
     },
-    args: (W, S, s, r, c) => f.gemv.scaled ? [W, S, input(s), s.y, r, c] : [W, input(s), s.y, r, c],
-    prepare: f.input === "q8"
+    args: (W, S, s, r, c) => g.scaled ? [W, S, input(s), s.y, r, c] : [W, input(s), s.y, r, c],
+    prepare: form === "q8"
       ? (k, s, c) => k.quantize_act_q8(s.x, s.xq, c)
-      : f.input === "lut"
+      : form === "lut"
       ? (k, s, c) => k[f.table!.kernel](s.codebooks, s.x, s.lut, c)
       : undefined,
   };
 }
 
-/** The formats measured (every `--experts` choice), in registry order. */
-export const BENCH_FORMATS: BenchFormat[] = WEIGHT_FORMATS.filter((f) => f.option).map(benchFormat);
+/**
+ * The formats measured (every `--experts` choice, each followed by its exact kernel when it has
+ * one, `<name>_exact`), in registry order.
+ */
+export const BENCH_FORMATS: BenchFormat[] = WEIGHT_FORMATS.filter((f) => f.option).flatMap((f) =>
+  f.exactGemv ? [benchFormat(f), benchFormat(f, true)] : [benchFormat(f)]
+);
 
 /** Design targets (docs/DESIGN.md): kernel throughput against the machine's ceilings. */
 export const TARGETS = {

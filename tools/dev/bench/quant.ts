@@ -25,6 +25,7 @@ export const QUANT_BENCH_FORMATS = [
   "mxfp4_exact",
   "fp8",
   "int4",
+  "int4_exact",
   "int8",
   "vq3r",
 ] as const;
@@ -54,6 +55,7 @@ function rowBytes(format: QuantBenchFormat, cols: number): number {
     case "fp8":
       return cols + (4 * cols) / 128 / 128;
     case "int4":
+    case "int4_exact":
       return cols / 2 + (2 * cols) / 32;
     case "int8":
       return cols + 4;
@@ -138,6 +140,17 @@ export function prepareQuantCase(
       return caseOf(
         () => qk.quantize_act_q8(pX, pT, cols),
         (r0, r1) => qk.matvec_int4g32(pW, pS, pT, pY, rows, cols, r0, r1),
+      );
+    }
+    case "int4_exact": {
+      // Kimi-K2's shipped INT4 times f32 activations (no Q8 copy to prepare).
+      fillRandom(new Uint8Array(buf, W, (rows * cols) / 2));
+      const S = take((rows * cols) / 16);
+      new Uint16Array(buf, S, (rows * cols) / 32).fill(0x3c00);
+      const pS = BigInt(S);
+      return caseOf(
+        noPrep,
+        (r0, r1) => qk.matvec_int4g32_exact(pW, pS, pX, pY, rows, cols, r0, r1),
       );
     }
     case "fp8": {
