@@ -22,6 +22,7 @@ import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } f
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import type { PackWriter } from "./block_writer.ts";
+import type { FiniteScan } from "./finite.ts";
 import {
   INT4_PACKED,
   MXFP4_PACKED,
@@ -40,6 +41,7 @@ function writeExpertMatrix(
   record: Uint8Array,
   chunk: number,
   codebooks: Float32Array | undefined,
+  scan: FiniteScan,
 ): void {
   const asShipped = (src.dtype === INT4_PACKED && entry.dtype === "int4g32") ||
     (src.dtype === MXFP4_PACKED && entry.dtype === "mxfp4");
@@ -61,7 +63,8 @@ function writeExpertMatrix(
   }
   if (src.plain && KEPT_DTYPE[src.plain.dtype] === entry.dtype) {
     // Read straight into the record: no staging copy.
-    readKeptInto(ckpt, src.plain, 0, record.subarray(entry.offset, entry.offset + src.plain.bytes));
+    const dst = record.subarray(entry.offset, entry.offset + src.plain.bytes);
+    readKeptInto(ckpt, src.plain, 0, dst, scan);
     if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
     return;
   }
@@ -146,7 +149,7 @@ export function writeBank(
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
       for (const m of EXPERT_MATRICES) {
         const entry = bank.matrices[m];
-        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m]);
+        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m], writer.scan);
         payloadEnd = Math.max(
           payloadEnd,
           entry.scale ? entry.scale.offset + entry.scale.bytes : entry.offset + entry.bytes,

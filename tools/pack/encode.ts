@@ -18,7 +18,7 @@ import { findFormat } from "../../engine/quant/mod.ts";
 import { encodeF32 } from "../../engine/quant/plain.ts";
 import type { PlainDtype, StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
-import { checkFinite, checkFiniteF32 } from "./finite.ts";
+import { checkFinite, checkFiniteF32, type FiniteScan } from "./finite.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
 export const KEPT_DTYPE: Record<string, PlainDtype> = {
@@ -38,11 +38,19 @@ export function scaleBytesF32(ckpt: Checkpoint, weight: TensorInfo): Uint8Array 
 
 /**
  * Reads `dst.length` bytes of tensor `src` from byte `at` into `dst`, as the container keeps them
- * (its dtype unchanged), refusing NaN and infinity.
+ * (its dtype unchanged), refusing NaN and infinity (with `scan`'s kernel where `dst` lies in its
+ * memory).
  */
-export function readKeptInto(ckpt: Checkpoint, src: TensorInfo, at: number, dst: Uint8Array): void {
+export function readKeptInto(
+  ckpt: Checkpoint,
+  src: TensorInfo,
+  at: number,
+  dst: Uint8Array,
+  scan: FiniteScan,
+): void {
   ckpt.readRangeInto(src.name, at, dst);
-  checkFinite(dst, src.dtype, `${src.file}: tensor ${src.name}`, at / DTYPE_BYTES[src.dtype]);
+  const what = `${src.file}: tensor ${src.name}`;
+  checkFinite(dst, src.dtype, what, at / DTYPE_BYTES[src.dtype], scan);
 }
 
 /**

@@ -96,7 +96,7 @@ async function packLocked(
   try {
     const layout = computeLayout(cfg, ckpt, opts);
     // Started now, the write-behind worker loads while the source is checked.
-    writer = new PackWriter(
+    writer = await PackWriter.open(
       layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
     );
     await checkTokenizer(src, cfg, log);

@@ -30,7 +30,7 @@ class RegionWriter {
   readKept(ckpt: Checkpoint, src: TensorInfo): void {
     for (let at = 0; at < src.bytes;) {
       const view = this.out.next(src.bytes - at);
-      readKeptInto(ckpt, src, at, view);
+      readKeptInto(ckpt, src, at, view, this.out.pack.scan);
       this.#count(view);
       at += view.length;
     }
