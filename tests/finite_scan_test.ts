@@ -3,7 +3,8 @@
  * memory and the JS scan find the same first bad element as the value-by-value rule, decoded
  * independently (tests/scalar_kernels.ts, io/checkpoint_weights.ts), for every bf16, f16 and
  * E4M3 pattern at every position and byte alignment; and a pack of a bf16 checkpoint, whose
- * tensors are scanned in the staging slots, refuses a NaN or infinity naming tensor and element.
+ * tensors are scanned in the staging slots, refuses a NaN or infinity naming tensor and element,
+ * with the layers finished before it journaled for the resume.
  */
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
@@ -170,7 +171,19 @@ Deno.test("pack refuses a bf16 NaN or infinity read into its staging slots, nami
       );
     }
     writeFileSync(file, clean);
-    await packCheckpoint(ckpt.dir, join(tmp, "out.sluice"), quiet);
+    // The refused pack of layer 1 kept layer 0 journaled: the rerun resumes it, and its container
+    // is a fresh pack's, file for file.
+    const resumed = await packCheckpoint(ckpt.dir, join(tmp, "1001.sluice"), quiet);
+    assert.deepEqual([resumed.layersResumed, resumed.layersPacked], [[0], [1]]);
+    const fresh = await packCheckpoint(ckpt.dir, join(tmp, "fresh.sluice"), quiet);
+    assert.deepEqual([fresh.layersResumed, fresh.layersPacked], [[], [0, 1]]);
+    for (const f of Deno.readDirSync(fresh.out)) {
+      assert.deepEqual(
+        readFileSync(join(resumed.out, f.name)),
+        readFileSync(join(fresh.out, f.name)),
+        f.name,
+      );
+    }
   } finally {
     Deno.removeSync(tmp, { recursive: true });
   }

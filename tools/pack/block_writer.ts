@@ -163,6 +163,22 @@ export class PackWriter {
     this.#closes++;
   }
 
+  /** A mark of the files ended so far, for {@link PackWriter.durable}. */
+  mark(): number {
+    return this.#closes;
+  }
+
+  /**
+   * Whether every file ended before mark `m` is written, synced and closed, without waiting;
+   * throws the worker's first failure.
+   */
+  durable(m: number): boolean {
+    // Count first: a close the worker made after a failure (unsynced) then meets the failure.
+    const done = Atomics.load(this.#ctl, CTL_DONE);
+    this.check();
+    return done >= m;
+  }
+
   /**
    * Waits until every file ended so far is written, synced and closed; throws the worker's first
    * failure.

@@ -34,7 +34,14 @@ import { replaceDir } from "../replace_dir.ts";
 import { writeBank } from "./bank_writer.ts";
 import { trainBankCodebooks } from "./codebook_trainer.ts";
 import { writeJson } from "../../io/json_file.ts";
-import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
+import {
+  dropDamagedWork,
+  fingerprint,
+  JOURNAL,
+  type Journal,
+  openJournal,
+  saveJournal,
+} from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
 import {
   checkFreeSpace,
@@ -122,9 +129,18 @@ async function packLocked(
       done: 0,
       total: layout.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
+    // What finished writing is journaled once durable, without waiting: the worker goes on
+    // writing the next file meanwhile, so the pipeline never drains at a file's end.
+    const pending: { mark: number; commit: () => void }[] = [];
+    const commitDurable = (wait: boolean) => {
+      if (wait) writer!.settle();
+      while (pending.length && writer!.durable(pending[0].mark)) pending.shift()!.commit();
+    };
     // The caller may replace source files in beforeStep: drop the open descriptors after it.
+    // It may also drop the shards of finished steps, so those are journaled first.
     const ready = async (step: "globals" | number) => {
       if (!opts.beforeStep) return;
+      commitDurable(true);
       await opts.beforeStep(step);
       ckpt.close();
     };
@@ -152,7 +168,7 @@ async function packLocked(
       } else {
         await ready("globals");
         const { offset, bytes } = layout.globals.region;
-        journal.globals = writeRegion(
+        const globals = writeRegion(
           ckpt,
           writer,
           trunkPath,
@@ -162,8 +178,13 @@ async function packLocked(
           progress,
           chunk,
         );
-        writer.settle();
-        saveJournal(tmp, journal);
+        pending.push({
+          mark: writer.mark(),
+          commit: () => {
+            journal.globals = globals;
+            saveJournal(tmp, journal);
+          },
+        });
       }
       for (let l = 0; l < cfg.numLayers; l++) {
         if (journal.layers[l]) {
@@ -184,8 +205,10 @@ async function packLocked(
             chunk,
           );
           const bank = layout.banks[l];
+          let crcs: Journal["codebooks"][string] = {};
+          const bankPath = bank ? join(tmp, expertBankFile(l)) : null;
           if (bank) {
-            const { books, crcs } = trainBankCodebooks(
+            const trained = trainBankCodebooks(
               ckpt,
               l,
               bank,
@@ -195,23 +218,40 @@ async function packLocked(
               bookCount,
             );
             if (booksFd >= 0) fdatasyncSync(booksFd);
-            journal.codebooks[l] = crcs;
-            const bankPath = join(tmp, expertBankFile(l));
-            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, books);
-            writer.settle();
-            renameSync(bankPath + ".part", bankPath);
+            crcs = trained.crcs;
+            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, trained.books);
           }
-          // The trunk run (written behind the codebooks and the bank) is durable from here.
-          writer.settle();
-          journal.layers[l] = run;
-          saveJournal(tmp, journal);
+          // Once the trunk run and the bank are durable, the bank gets its name and the layer
+          // its journal entry.
+          pending.push({
+            mark: writer.mark(),
+            commit: () => {
+              if (bankPath) {
+                renameSync(bankPath + ".part", bankPath);
+                journal.codebooks[l] = crcs;
+              }
+              journal.layers[l] = run;
+              saveJournal(tmp, journal);
+            },
+          });
           packed.push(l);
+          commitDurable(false);
         }
         if (opts.stopAfterLayer === l) {
+          commitDurable(true);
           throw new Error(`pack stopped on request after layer ${l}; ${tmp} can be resumed`);
         }
       }
+      commitDurable(true);
       progress.finish();
+    } catch (e) {
+      // Layers finished before the failure stay journaled, for the resume.
+      try {
+        commitDurable(true);
+      } catch {
+        // The failure being handled is the one to report.
+      }
+      throw e;
     } finally {
       closeSync(fd);
       if (booksFd >= 0) closeSync(booksFd);
