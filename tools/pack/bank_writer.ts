@@ -18,11 +18,11 @@ import {
 } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import type { PackWriter } from "./block_writer.ts";
-import type { FiniteScan } from "./finite.ts";
+import type { KeptReader } from "./kept_reader.ts";
 import {
   INT4_PACKED,
   MXFP4_PACKED,
@@ -41,7 +41,7 @@ function writeExpertMatrix(
   record: Uint8Array,
   chunk: number,
   codebooks: Float32Array | undefined,
-  scan: FiniteScan,
+  kept: KeptReader,
 ): void {
   const asShipped = (src.dtype === INT4_PACKED && entry.dtype === "int4g32") ||
     (src.dtype === MXFP4_PACKED && entry.dtype === "mxfp4");
@@ -64,7 +64,7 @@ function writeExpertMatrix(
   if (src.plain && KEPT_DTYPE[src.plain.dtype] === entry.dtype) {
     // Read straight into the record: no staging copy.
     const dst = record.subarray(entry.offset, entry.offset + src.plain.bytes);
-    readKeptInto(ckpt, src.plain, 0, dst, scan);
+    kept.read(src.plain, 0, dst);
     if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
     return;
   }
@@ -138,6 +138,7 @@ export function writeBank(
   progress: Progress,
   chunk: number,
   codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
+  kept: KeptReader,
 ): void {
   // Records are built in place in the staging buffer: several per write when they are small.
   const out = writer.file(path, 0, true);
@@ -149,7 +150,7 @@ export function writeBank(
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
       for (const m of EXPERT_MATRICES) {
         const entry = bank.matrices[m];
-        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m], writer.scan);
+        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m], kept);
         payloadEnd = Math.max(
           payloadEnd,
           entry.scale ? entry.scale.offset + entry.scale.bytes : entry.offset + entry.bytes,

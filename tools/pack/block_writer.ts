@@ -65,6 +65,8 @@ export class PackWriter {
   /** Closes asked of the worker so far. */
   #closes = 0;
   #scan: FiniteScan | null = null;
+  /** The shared memory the slots live in. */
+  readonly memory: WebAssembly.Memory;
 
   /**
    * Starts the worker and the kernels' instantiation side by side, and returns once both can take
@@ -86,6 +88,7 @@ export class PackWriter {
   }
 
   private constructor(memory: WebAssembly.Memory, stageBytes: number) {
+    this.memory = memory;
     const stages = memory.buffer as SharedArrayBuffer;
     let stageOffset = KERNEL_RESERVED_BYTES;
     try {

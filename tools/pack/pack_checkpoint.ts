@@ -57,6 +57,7 @@ import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
 import { PackWriter, STAGE_BYTES } from "./block_writer.ts";
+import { KeptReader } from "./kept_reader.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
 export async function packCheckpoint(
@@ -100,12 +101,14 @@ async function packLocked(
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   let writer: PackWriter | null = null;
+  let kept: KeptReader | null = null;
   try {
     const layout = computeLayout(cfg, ckpt, opts);
     // Started now, the write-behind worker loads while the source is checked.
     writer = await PackWriter.open(
       layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
     );
+    kept = new KeptReader(ckpt, writer.memory, writer.scan);
     await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
     reportSkippedLayers(cfg, ckpt, log);
@@ -143,6 +146,7 @@ async function packLocked(
       commitDurable(true);
       await opts.beforeStep(step);
       ckpt.close();
+      kept!.closeFiles();
     };
     const resumed: number[] = [];
     const packed: number[] = [];
@@ -177,6 +181,7 @@ async function packLocked(
           [...layout.globals.items.values()],
           progress,
           chunk,
+          kept,
         );
         pending.push({
           mark: writer.mark(),
@@ -203,6 +208,7 @@ async function packLocked(
             [...lp.items.values()],
             progress,
             chunk,
+            kept,
           );
           const bank = layout.banks[l];
           let crcs: Journal["codebooks"][string] = {};
@@ -219,7 +225,8 @@ async function packLocked(
             );
             if (booksFd >= 0) fdatasyncSync(booksFd);
             crcs = trained.crcs;
-            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, trained.books);
+            const part = bankPath + ".part";
+            writeBank(ckpt, writer, l, bank, part, progress, chunk, trained.books, kept);
           }
           // Once the trunk run and the bank are durable, the bank gets its name and the layer
           // its journal entry.
@@ -282,6 +289,7 @@ async function packLocked(
     return { out, manifest, layersPacked: packed, layersResumed: resumed, containerBytes, seconds };
   } finally {
     writer?.close();
+    kept?.close();
     ckpt.close();
   }
 }
