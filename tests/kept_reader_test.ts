@@ -1,6 +1,7 @@
 /**
  * The packer's in-place reads of kept tensors (tools/pack/kept_reader.ts): on the shim's reader
- * threads into the staging memory, in pieces, and on the pack's thread for other bytes, both land
+ * threads (or node:fs with SLUICE_IO=fallback) into the staging memory, in pieces, and on the
+ * pack's thread for other bytes, both land
  * exactly the file's bytes for any range and alignment, name the same first NaN element, name the
  * tensor when the file is cut short, and see a file replaced after closeFiles.
  */
@@ -8,6 +9,7 @@ import assert from "node:assert/strict";
 import { renameSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { openCheckpoint } from "../io/safetensors.ts";
+import { shimUnavailable } from "../io/shim.ts";
 import { FiniteScan } from "../tools/pack/finite.ts";
 import { KeptReader, PIECE_BYTES } from "../tools/pack/kept_reader.ts";
 import {
@@ -60,7 +62,21 @@ function nanAt(read: () => void): number {
   }
 }
 
-Deno.test("kept reads on the reader threads and on the pack's thread land the same bytes", () => {
+for (const io of ["", "fallback"]) {
+  const how = io ? `with SLUICE_IO=${io} (node:fs reads)` : "on the shim's reader threads";
+  Deno.test(`kept reads ${how} and on the pack's thread land the same bytes`, () => {
+    const prior = Deno.env.get("SLUICE_IO");
+    Deno.env.set("SLUICE_IO", io);
+    try {
+      checkReads(io);
+    } finally {
+      if (prior === undefined) Deno.env.delete("SLUICE_IO");
+      else Deno.env.set("SLUICE_IO", prior);
+    }
+  });
+}
+
+function checkReads(io: string): void {
   const dir = Deno.makeTempDirSync({ prefix: "sluice-kept-" });
   const path = join(dir, "model.safetensors");
   const data = values(7);
@@ -68,6 +84,12 @@ Deno.test("kept reads on the reader threads and on the pack's thread land the sa
   const ckpt = openCheckpoint(dir);
   const kept = new KeptReader(ckpt, memory, scan);
   try {
+    const shimWhy = shimUnavailable(memory);
+    assert.equal(
+      kept.kind,
+      io === "fallback" || shimWhy ? "fallback" : "shim-buffered",
+      shimWhy ?? "",
+    );
     const src = ckpt.tensors.get("w.weight")!;
     const bytes = new Uint8Array(data.buffer);
     for (
@@ -112,4 +134,4 @@ Deno.test("kept reads on the reader threads and on the pack's thread land the sa
     ckpt.close();
     Deno.removeSync(dir, { recursive: true });
   }
-});
+}
