@@ -21,9 +21,9 @@ function noise(n: number, seed: number): Uint8Array {
   return out;
 }
 
-Deno.test("write-behind slots land every byte where a plain write would", () => {
+Deno.test("write-behind slots land every byte where a plain write would", async () => {
   const dir = Deno.makeTempDirSync({ prefix: "sluice-bw-" });
-  const pack = new PackWriter(64 << 10);
+  const pack = await PackWriter.open(64 << 10);
   try {
     // A region written mid-file with odd-sized copies and views spanning slot boundaries.
     const path = join(dir, "region.bin");
@@ -65,9 +65,9 @@ Deno.test("write-behind slots land every byte where a plain write would", () => 
   }
 });
 
-Deno.test("a failed write in the worker is thrown with its code and path", () => {
+Deno.test("a failed write in the worker is thrown with its code and path", async () => {
   const dir = Deno.makeTempDirSync({ prefix: "sluice-bw-" });
-  const pack = new PackWriter(64 << 10);
+  const pack = await PackWriter.open(64 << 10);
   try {
     const w = pack.file(join(dir, "missing", "x.bin"), 0, true);
     w.append(noise(4096, 3));

@@ -109,6 +109,11 @@ export interface Kernels {
   /** Index of the first maximum; the first NaN if any (NaN ranks highest); −1 when n ≤ 0. */
   argmax_f32(x: Ptr, n: number): number;
   /**
+   * Index of the first of the n values of w bytes (1, 2 or 4, little-endian) at p whose bits
+   * under mask are all set (a NaN or an infinity when mask is the exponent); n when none is.
+   */
+  find_all_ones(p: Ptr, n: number, w: number, mask: number): number;
+  /**
    * Writes the indices of the k largest values to idxOut (int32), best first; ties and NaNs
    * ordered as argmax_f32 (NaN highest, then lower index first); entries beyond n are −1.
    */
@@ -215,6 +220,7 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "scale_f32",
   "copy_f32",
   "argmax_f32",
+  "find_all_ones",
   "topk_f32",
   "attention_f32",
   "swiglu_clamped_f32",

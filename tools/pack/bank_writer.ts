@@ -18,10 +18,11 @@ import {
 } from "../../io/format.ts";
 import type { Checkpoint } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, scaleBytesF32, streamTensor } from "./encode.ts";
 import { checkFinite } from "./finite.ts";
 import type { BankLayout } from "./layout.ts";
 import type { PackWriter } from "./block_writer.ts";
+import type { KeptReader } from "./kept_reader.ts";
 import {
   keepsShippedBytes,
   readFusedBias,
@@ -39,6 +40,7 @@ function writeExpertMatrix(
   record: Uint8Array,
   chunk: number,
   codebooks: Float32Array | undefined,
+  kept: KeptReader,
 ): void {
   const asShipped = keepsShippedBytes(src, entry.dtype);
   if (src.packed && asShipped) {
@@ -59,7 +61,8 @@ function writeExpertMatrix(
   }
   if (src.plain && KEPT_DTYPE[src.plain.dtype] === entry.dtype) {
     // Read straight into the record: no staging copy.
-    readKeptInto(ckpt, src.plain, 0, record.subarray(entry.offset, entry.offset + src.plain.bytes));
+    const dst = record.subarray(entry.offset, entry.offset + src.plain.bytes);
+    kept.read(src.plain, 0, dst);
     if (entry.scale) record.set(scaleBytesF32(ckpt, src.plain), entry.scale.offset);
     return;
   }
@@ -133,6 +136,7 @@ export function writeBank(
   progress: Progress,
   chunk: number,
   codebooks: Partial<Record<ExpertMatrix, Float32Array>>,
+  kept: KeptReader,
 ): void {
   // Records are built in place in the staging buffer: several per write when they are small.
   const out = writer.file(path, 0, true);
@@ -144,7 +148,7 @@ export function writeBank(
       const headerMats = {} as Record<ExpertMatrix, RecordMatrix>;
       for (const m of EXPERT_MATRICES) {
         const entry = bank.matrices[m];
-        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m]);
+        writeExpertMatrix(ckpt, mats.get(m)!, entry, record, chunk, codebooks[m], kept);
         payloadEnd = Math.max(
           payloadEnd,
           entry.scale ? entry.scale.offset + entry.scale.bytes : entry.offset + entry.bytes,

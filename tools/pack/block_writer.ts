@@ -4,14 +4,23 @@
  * O_DIRECT (docs/PERFORMANCE.md, "Pack against the disk"), and the pack's reads waited on the disk
  * too. So the packer fills 4 KiB-aligned staging slots of {@link STAGE_BYTES} in shared memory and
  * a worker thread (block_write_worker.ts) writes each full slot with O_DIRECT while the pack's
- * thread reads and encodes into the next one. Where O_DIRECT is refused (tmpfs, some FUSE mounts)
- * or the slots' address cannot be learnt (no FFI permission), the same writes go through the page
- * cache. The bytes written are the same either way.
+ * thread reads and encodes into the next one. The slots live in a shared WebAssembly.Memory, so
+ * the NaN / infinity scan of what is read into them runs as a SIMD kernel in place
+ * (tools/pack/finite.ts). Where O_DIRECT is refused (tmpfs, some FUSE mounts) or the slots'
+ * address cannot be learnt (no FFI permission), the same writes go through the page cache. The
+ * bytes written are the same either way.
  *
  * @module
  */
 
 import { BLOCK_ALIGN } from "../../io/format.ts";
+import {
+  instantiateKernels,
+  KERNEL_RESERVED_BYTES,
+  loadKernelModule,
+  sharedMemory64,
+} from "../../wasm/mod.ts";
+import { FiniteScan } from "./finite.ts";
 
 /** Bytes per staging slot: large enough that a write's fixed cost is lost in it. */
 export const STAGE_BYTES = 16 << 20;
@@ -41,7 +50,8 @@ export type WriteRequest =
 /**
  * The write-behind thread of one pack and its staging slots, each at least `slotBytes`. Open files
  * through {@link PackWriter.file}, wait for the ones ended with {@link PackWriter.settle} before
- * recording them as done; {@link PackWriter.close} ends the thread.
+ * recording them as done; {@link PackWriter.close} ends the thread. Made by
+ * {@link PackWriter.open}.
  */
 export class PackWriter {
   readonly #worker: Worker;
@@ -54,15 +64,37 @@ export class PackWriter {
   #ids = 0;
   /** Closes asked of the worker so far. */
   #closes = 0;
+  #scan: FiniteScan | null = null;
+  /** The shared memory the slots live in. */
+  readonly memory: WebAssembly.Memory;
 
-  constructor(slotBytes = STAGE_BYTES) {
+  /**
+   * Starts the worker and the kernels' instantiation side by side, and returns once both can take
+   * work (the worker queues what it is sent before it has loaded).
+   */
+  static async open(slotBytes = STAGE_BYTES): Promise<PackWriter> {
+    const module = loadKernelModule();
     const stageBytes = Math.ceil(Math.max(slotBytes, BLOCK_ALIGN) / BLOCK_ALIGN) * BLOCK_ALIGN;
-    const stages = new SharedArrayBuffer(SLOTS * stageBytes + BLOCK_ALIGN);
-    let stageOffset = 0;
+    // The kernels' own data sits below KERNEL_RESERVED_BYTES; the slots go above it.
+    const memory = sharedMemory64(KERNEL_RESERVED_BYTES + SLOTS * stageBytes + BLOCK_ALIGN);
+    const writer = new PackWriter(memory, stageBytes);
+    try {
+      writer.#scan = new FiniteScan(memory, await instantiateKernels(await module, memory));
+    } catch (e) {
+      writer.close();
+      throw e;
+    }
+    return writer;
+  }
+
+  private constructor(memory: WebAssembly.Memory, stageBytes: number) {
+    this.memory = memory;
+    const stages = memory.buffer as SharedArrayBuffer;
+    let stageOffset = KERNEL_RESERVED_BYTES;
     try {
       const p = Deno.UnsafePointer.of(new Uint8Array(stages));
       const addr = Number(Deno.UnsafePointer.value(p) % BigInt(BLOCK_ALIGN));
-      stageOffset = (BLOCK_ALIGN - addr) % BLOCK_ALIGN;
+      stageOffset += (BLOCK_ALIGN - addr) % BLOCK_ALIGN;
       this.aligned = true;
     } catch {
       this.aligned = false;
@@ -85,6 +117,11 @@ export class PackWriter {
       errorBuffer: this.#error,
     };
     this.#worker.postMessage(setup);
+  }
+
+  /** The NaN / infinity scan of the slots, in place. */
+  get scan(): FiniteScan {
+    return this.#scan!;
   }
 
   /** Bytes per slot. */
@@ -127,6 +164,22 @@ export class PackWriter {
   closeFile(id: number, sync: boolean): void {
     this.#send({ op: "close", id, sync });
     this.#closes++;
+  }
+
+  /** A mark of the files ended so far, for {@link PackWriter.durable}. */
+  mark(): number {
+    return this.#closes;
+  }
+
+  /**
+   * Whether every file ended before mark `m` is written, synced and closed, without waiting;
+   * throws the worker's first failure.
+   */
+  durable(m: number): boolean {
+    // Count first: a close the worker made after a failure (unsynced) then meets the failure.
+    const done = Atomics.load(this.#ctl, CTL_DONE);
+    this.check();
+    return done >= m;
   }
 
   /**

@@ -18,7 +18,7 @@ import { findFormat } from "../../engine/quant/mod.ts";
 import { encodeF32 } from "../../engine/quant/plain.ts";
 import type { PlainDtype, StoredDtype } from "../../io/format.ts";
 import { type Checkpoint, DTYPE_BYTES, type TensorInfo } from "../../io/safetensors.ts";
-import { checkFinite, checkFiniteF32 } from "./finite.ts";
+import { checkFiniteF32 } from "./finite.ts";
 
 /** Checkpoint dtypes the packer accepts, and their container dtype when kept as is. */
 export const KEPT_DTYPE: Record<string, PlainDtype> = {
@@ -37,17 +37,8 @@ export function scaleBytesF32(ckpt: Checkpoint, weight: TensorInfo): Uint8Array 
 }
 
 /**
- * Reads `dst.length` bytes of tensor `src` from byte `at` into `dst`, as the container keeps them
- * (its dtype unchanged), refusing NaN and infinity.
- */
-export function readKeptInto(ckpt: Checkpoint, src: TensorInfo, at: number, dst: Uint8Array): void {
-  ckpt.readRangeInto(src.name, at, dst);
-  checkFinite(dst, src.dtype, `${src.file}: tensor ${src.name}`, at / DTYPE_BYTES[src.dtype]);
-}
-
-/**
  * Emits the bytes of tensor `src` converted to `dst` (a dtype other than its own; kept dtypes are
- * read in place with {@link readKeptInto}), in order, in pieces of at most about `chunkBytes`
+ * read in place, tools/pack/kept_reader.ts), in order, in pieces of at most about `chunkBytes`
  * (one row at least). The emitted views are only valid during the call.
  */
 export function streamTensor(

@@ -6,8 +6,16 @@
  * @module
  */
 
-/** Bit mask and pattern of the all-ones exponent (infinity or NaN) of each float dtype. */
-const NON_FINITE: Record<string, { bytes: 1 | 2 | 4; mask: number }> = {
+import type { Kernels } from "../../wasm/mod.ts";
+
+/** Bytes per value and the all-ones exponent (infinity or NaN) of a float dtype. */
+interface NonFinite {
+  bytes: 1 | 2 | 4;
+  mask: number;
+}
+
+/** The {@link NonFinite} of each float dtype. */
+const NON_FINITE: Record<string, NonFinite> = {
   F32: { bytes: 4, mask: 0x7f800000 },
   BF16: { bytes: 2, mask: 0x7f80 },
   F16: { bytes: 2, mask: 0x7c00 },
@@ -34,14 +42,8 @@ function hasAllOnesLane(src: Uint8Array, n: number, mask: number): boolean {
   return false;
 }
 
-/**
- * Throws when `bytes` (little-endian values of safetensors dtype `dtype`) hold a NaN or an
- * infinity; `first` is the element index of bytes[0] within the tensor, for the message.
- */
-export function checkFinite(bytes: Uint8Array, dtype: string, what: string, first = 0): void {
-  const spec = NON_FINITE[dtype];
-  if (!spec) return;
-  const n = Math.floor(bytes.length / spec.bytes);
+/** Index of the first of the `n` values of `spec` in `bytes` that is NaN or infinite, else n. */
+function firstNonFinite(bytes: Uint8Array, n: number, spec: NonFinite): number {
   const aligned = bytes.byteOffset % spec.bytes === 0;
   const src = aligned ? bytes : bytes.slice();
   const view = spec.bytes === 4
@@ -50,14 +52,72 @@ export function checkFinite(bytes: Uint8Array, dtype: string, what: string, firs
     ? new Uint16Array(src.buffer, src.byteOffset, n)
     : src;
   const { mask } = spec;
-  if (spec.bytes === 2 && !hasAllOnesLane(src, n, mask)) return;
+  if (spec.bytes === 2 && !hasAllOnesLane(src, n, mask)) return n;
   for (let i = 0; i < n; i++) {
-    if ((view[i] & mask) === mask) {
-      throw new Error(
-        `${what}: element ${first + i} is NaN or infinite; sluice refuses weights that would ` +
-          `make every output NaN`,
-      );
+    if ((view[i] & mask) === mask) return i;
+  }
+  return n;
+}
+
+/** Values per kernel call: the kernel counts in int32. */
+const KERNEL_VALUES = 1 << 28;
+
+/**
+ * The NaN / infinity scan as a wasm SIMD kernel (kernels/finite.c, 3–5× the speed of the scan in
+ * JS) over one shared memory: bytes that lie in it, such as the packer's staging slots
+ * (tools/pack/block_writer.ts), are scanned where they are, with no copy.
+ */
+export class FiniteScan {
+  readonly #buffer: ArrayBufferLike;
+  readonly #find: Kernels["find_all_ones"];
+
+  constructor(memory: WebAssembly.Memory, kernels: Pick<Kernels, "find_all_ones">) {
+    this.#buffer = memory.buffer;
+    this.#find = kernels.find_all_ones;
+  }
+
+  /** Whether `bytes` lie in this scan's memory. */
+  covers(bytes: Uint8Array): boolean {
+    return bytes.buffer === this.#buffer;
+  }
+
+  /**
+   * Index of the first of the `n` values of `width` bytes in `bytes` (which it must
+   * {@link covers}) whose bits under `mask` are all set, else n.
+   */
+  first(bytes: Uint8Array, n: number, width: number, mask: number): number {
+    for (let i = 0; i < n; i += KERNEL_VALUES) {
+      const m = Math.min(KERNEL_VALUES, n - i);
+      const k = this.#find(BigInt(bytes.byteOffset + i * width), m, width, mask);
+      if (k < m) return i + k;
     }
+    return n;
+  }
+}
+
+/**
+ * Throws when `bytes` (little-endian values of safetensors dtype `dtype`) hold a NaN or an
+ * infinity; `first` is the element index of bytes[0] within the tensor, for the message. Bytes in
+ * the memory of `scan` are scanned by its kernel, others in JS; both find the same element.
+ */
+export function checkFinite(
+  bytes: Uint8Array,
+  dtype: string,
+  what: string,
+  first = 0,
+  scan?: FiniteScan,
+): void {
+  const spec = NON_FINITE[dtype];
+  if (!spec) return;
+  const n = Math.floor(bytes.length / spec.bytes);
+  const bad = scan?.covers(bytes)
+    ? scan.first(bytes, n, spec.bytes, spec.mask)
+    : firstNonFinite(bytes, n, spec);
+  if (bad < n) {
+    throw new Error(
+      `${what}: element ${first + bad} is NaN or infinite; sluice refuses weights that would ` +
+        `make every output NaN`,
+    );
   }
 }
 

@@ -34,7 +34,14 @@ import { replaceDir } from "../replace_dir.ts";
 import { writeBank } from "./bank_writer.ts";
 import { trainBankCodebooks } from "./codebook_trainer.ts";
 import { writeJson } from "../../io/json_file.ts";
-import { dropDamagedWork, fingerprint, JOURNAL, openJournal, saveJournal } from "./journal.ts";
+import {
+  dropDamagedWork,
+  fingerprint,
+  JOURNAL,
+  type Journal,
+  openJournal,
+  saveJournal,
+} from "./journal.ts";
 import { buildManifest } from "./manifest_writer.ts";
 import {
   checkFreeSpace,
@@ -50,6 +57,7 @@ import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
 import { PackWriter, STAGE_BYTES } from "./block_writer.ts";
+import { KeptReader } from "./kept_reader.ts";
 
 /** Packs the checkpoint in `src` into the container directory `out`. */
 export async function packCheckpoint(
@@ -93,12 +101,14 @@ async function packLocked(
   const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
   let writer: PackWriter | null = null;
+  let kept: KeptReader | null = null;
   try {
     const layout = computeLayout(cfg, ckpt, opts);
     // Started now, the write-behind worker loads while the source is checked.
-    writer = new PackWriter(
+    writer = await PackWriter.open(
       layout.banks.reduce((n, b) => Math.max(n, b?.stride ?? 0), STAGE_BYTES),
     );
+    kept = new KeptReader(ckpt, writer.memory, writer.scan);
     await checkTokenizer(src, cfg, log);
     reportFallbacks(layout, log);
     reportSkippedLayers(cfg, ckpt, log);
@@ -122,11 +132,21 @@ async function packLocked(
       done: 0,
       total: layout.banks.reduce((n, b) => n + Object.keys(b?.codebookOffsets ?? {}).length, 0),
     };
+    // What finished writing is journaled once durable, without waiting: the worker goes on
+    // writing the next file meanwhile, so the pipeline never drains at a file's end.
+    const pending: { mark: number; commit: () => void }[] = [];
+    const commitDurable = (wait: boolean) => {
+      if (wait) writer!.settle();
+      while (pending.length && writer!.durable(pending[0].mark)) pending.shift()!.commit();
+    };
     // The caller may replace source files in beforeStep: drop the open descriptors after it.
+    // It may also drop the shards of finished steps, so those are journaled first.
     const ready = async (step: "globals" | number) => {
       if (!opts.beforeStep) return;
+      commitDurable(true);
       await opts.beforeStep(step);
       ckpt.close();
+      kept!.closeFiles();
     };
     const resumed: number[] = [];
     const packed: number[] = [];
@@ -152,7 +172,7 @@ async function packLocked(
       } else {
         await ready("globals");
         const { offset, bytes } = layout.globals.region;
-        journal.globals = writeRegion(
+        const globals = writeRegion(
           ckpt,
           writer,
           trunkPath,
@@ -161,9 +181,15 @@ async function packLocked(
           [...layout.globals.items.values()],
           progress,
           chunk,
+          kept,
         );
-        writer.settle();
-        saveJournal(tmp, journal);
+        pending.push({
+          mark: writer.mark(),
+          commit: () => {
+            journal.globals = globals;
+            saveJournal(tmp, journal);
+          },
+        });
       }
       for (let l = 0; l < cfg.numLayers; l++) {
         if (journal.layers[l]) {
@@ -182,10 +208,13 @@ async function packLocked(
             [...lp.items.values()],
             progress,
             chunk,
+            kept,
           );
           const bank = layout.banks[l];
+          let crcs: Journal["codebooks"][string] = {};
+          const bankPath = bank ? join(tmp, expertBankFile(l)) : null;
           if (bank) {
-            const { books, crcs } = trainBankCodebooks(
+            const trained = trainBankCodebooks(
               ckpt,
               l,
               bank,
@@ -195,23 +224,41 @@ async function packLocked(
               bookCount,
             );
             if (booksFd >= 0) fdatasyncSync(booksFd);
-            journal.codebooks[l] = crcs;
-            const bankPath = join(tmp, expertBankFile(l));
-            writeBank(ckpt, writer, l, bank, bankPath + ".part", progress, chunk, books);
-            writer.settle();
-            renameSync(bankPath + ".part", bankPath);
+            crcs = trained.crcs;
+            const part = bankPath + ".part";
+            writeBank(ckpt, writer, l, bank, part, progress, chunk, trained.books, kept);
           }
-          // The trunk run (written behind the codebooks and the bank) is durable from here.
-          writer.settle();
-          journal.layers[l] = run;
-          saveJournal(tmp, journal);
+          // Once the trunk run and the bank are durable, the bank gets its name and the layer
+          // its journal entry.
+          pending.push({
+            mark: writer.mark(),
+            commit: () => {
+              if (bankPath) {
+                renameSync(bankPath + ".part", bankPath);
+                journal.codebooks[l] = crcs;
+              }
+              journal.layers[l] = run;
+              saveJournal(tmp, journal);
+            },
+          });
           packed.push(l);
+          commitDurable(false);
         }
         if (opts.stopAfterLayer === l) {
+          commitDurable(true);
           throw new Error(`pack stopped on request after layer ${l}; ${tmp} can be resumed`);
         }
       }
+      commitDurable(true);
       progress.finish();
+    } catch (e) {
+      // Layers finished before the failure stay journaled, for the resume.
+      try {
+        commitDurable(true);
+      } catch {
+        // The failure being handled is the one to report.
+      }
+      throw e;
     } finally {
       closeSync(fd);
       if (booksFd >= 0) closeSync(booksFd);
@@ -242,6 +289,7 @@ async function packLocked(
     return { out, manifest, layersPacked: packed, layersResumed: resumed, containerBytes, seconds };
   } finally {
     writer?.close();
+    kept?.close();
     ckpt.close();
   }
 }

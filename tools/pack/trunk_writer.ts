@@ -11,7 +11,8 @@ import { crc32 } from "../../io/crc32.ts";
 import { isCompactDtype } from "../../io/format.ts";
 import type { Checkpoint, TensorInfo } from "../../io/safetensors.ts";
 import type { Progress } from "../progress.ts";
-import { encodeMatrix, KEPT_DTYPE, readKeptInto, scaleBytesF32, streamTensor } from "./encode.ts";
+import { encodeMatrix, KEPT_DTYPE, scaleBytesF32, streamTensor } from "./encode.ts";
+import type { KeptReader } from "./kept_reader.ts";
 import type { Placed } from "./layout.ts";
 import type { BlockWriter, PackWriter } from "./block_writer.ts";
 
@@ -19,7 +20,11 @@ import type { BlockWriter, PackWriter } from "./block_writer.ts";
 class RegionWriter {
   crc = 0;
   #rel = 0;
-  constructor(readonly out: BlockWriter, readonly progress: Progress) {}
+  constructor(
+    readonly out: BlockWriter,
+    readonly progress: Progress,
+    readonly kept: KeptReader,
+  ) {}
 
   write(bytes: Uint8Array): void {
     this.out.append(bytes);
@@ -27,10 +32,10 @@ class RegionWriter {
   }
 
   /** Reads tensor `src`, kept in its dtype, straight into the staging slots. */
-  readKept(ckpt: Checkpoint, src: TensorInfo): void {
+  readKept(src: TensorInfo): void {
     for (let at = 0; at < src.bytes;) {
       const view = this.out.next(src.bytes - at);
-      readKeptInto(ckpt, src, at, view);
+      this.kept.read(src, at, view);
       this.#count(view);
       at += view.length;
     }
@@ -60,7 +65,7 @@ function writeTensors(ckpt: Checkpoint, items: Placed[], w: RegionWriter, chunk:
       w.write(enc.scale!);
       continue;
     }
-    if (KEPT_DTYPE[src.dtype] === entry.dtype) w.readKept(ckpt, src);
+    if (KEPT_DTYPE[src.dtype] === entry.dtype) w.readKept(src);
     else streamTensor(ckpt, src, entry.dtype, chunk, (b) => w.write(b));
     if (entry.scale) {
       w.padTo(entry.scale.offset);
@@ -83,9 +88,10 @@ export function writeRegion(
   items: Placed[],
   progress: Progress,
   chunk: number,
+  kept: KeptReader,
 ): Region {
   const out = writer.file(path, offset, false);
-  const w = new RegionWriter(out, progress);
+  const w = new RegionWriter(out, progress, kept);
   try {
     writeTensors(ckpt, items, w, chunk);
     w.padTo(bytes);
