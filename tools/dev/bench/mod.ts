@@ -67,6 +67,7 @@ export const BENCHES: Record<string, BenchEntry> = {
       "write (dd), with the issue 16 target",
     options: [
       "--size SIZE   synthetic bf16 checkpoint size (default 1G)",
+      "--repeat N    packs, each between two dd runs; the median is reported (default 3)",
       "--json        print the report as JSON (pack_mb_s, disk_write_mb_s)",
     ],
     load: () => import("./pack.ts"),
