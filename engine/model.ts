@@ -63,6 +63,8 @@ export interface RunOptions {
   shards?: string[];
   /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
   io?: "direct" | "buffered" | "fallback";
+  /** Reader threads of the shim: reads in flight at the disk (default 4, io/reader.ts). */
+  ioThreads?: number;
   /**
    * Speculatively read the next layer's top-N predicted experts during decode (0 = off; default 1
    * while experts stream, 0 when all fit).
@@ -155,6 +157,7 @@ export class Model {
       openReader(arena.memory, {
         direct: opts.io !== "buffered" && opts.io !== "fallback",
         forceFallback: opts.io === "fallback",
+        threads: opts.ioThreads,
         quiet: opts.quiet,
       }),
       opts.readLog,

@@ -4,7 +4,7 @@
  * call that issued it) and every reap (the first wait, or the first poll that found it done) lands
  * in a {@link ReadLog}; without a log the reader is returned unwrapped, so logging costs nothing
  * when off. {@link replayReads} then issues exactly those reads again, in the same order of
- * submits and reaps, through a reader of the same kind with nothing computed in between: the time
+ * submits and reaps, through a reader of the same kind and threads with nothing computed in between: the time
  * the run's own reads need from the disk, its I/O roofline.
  *
  * @module
@@ -29,6 +29,8 @@ export interface LoggedRead {
 export interface ReadLogData {
   /** Kind of the reader that was logged. */
   kind: BlockReader["kind"] | null;
+  /** Its reader threads (reads in flight at the disk). */
+  threads: number;
   files: string[];
   reads: LoggedRead[];
   /** Submits and reaps in the order they happened: read r's submit is `r`, its reap `~r`. */
@@ -38,6 +40,7 @@ export interface ReadLogData {
 /** Collects the reads of a reader wrapped by {@link logReads}. */
 export class ReadLog implements ReadLogData {
   kind: BlockReader["kind"] | null = null;
+  threads = 0;
   files: string[] = [];
   reads: LoggedRead[] = [];
   events: number[] = [];
@@ -49,6 +52,7 @@ export class ReadLog implements ReadLogData {
   static from(data: ReadLogData): ReadLog {
     const log = new ReadLog();
     log.kind = data.kind;
+    log.threads = data.threads;
     log.files = [...data.files];
     log.reads = [...data.reads];
     log.events = [...data.events];
@@ -68,7 +72,13 @@ export class ReadLog implements ReadLogData {
 
   /** The plain data, for JSON. */
   toJSON(): ReadLogData {
-    return { kind: this.kind, files: this.files, reads: this.reads, events: this.events };
+    return {
+      kind: this.kind,
+      threads: this.threads,
+      files: this.files,
+      reads: this.reads,
+      events: this.events,
+    };
   }
 }
 
@@ -91,6 +101,7 @@ export function readsIn(
 
 class LoggingReader implements BlockReader {
   readonly kind: BlockReader["kind"];
+  readonly threads: number;
   readonly #inner: BlockReader;
   readonly #log: ReadLog;
   readonly #paths = new Map<number, number>();
@@ -101,7 +112,9 @@ class LoggingReader implements BlockReader {
     this.#inner = inner;
     this.#log = log;
     this.kind = inner.kind;
+    this.threads = inner.threads;
     log.kind = inner.kind;
+    log.threads = inner.threads;
   }
 
   open(path: string): number {
@@ -190,8 +203,9 @@ export interface ReplayResult {
   positions: number;
   /** Most reads in flight at once (the same as in the logged run). */
   maxInFlight: number;
-  /** Kind of the reader that replayed them. */
+  /** Kind and threads of the reader that replayed them. */
   kind: BlockReader["kind"];
+  threads: number;
 }
 
 /** Options of {@link replayReads}. */
@@ -199,8 +213,8 @@ export interface ReplayOptions {
   /** Replay the reads submitted at positions in [from, to) (default: all). */
   from?: number;
   to?: number;
-  /** The reader to replay through (default: a new one of the logged kind, default threads, on a
-   * fresh arena as large as the logged reads reach, closed afterwards). */
+  /** The reader to replay through (default: a new one of the logged kind and threads, on a fresh
+   * arena as large as the logged reads reach, closed afterwards). */
   reader?: BlockReader;
 }
 
@@ -223,6 +237,7 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
     reader = openReader(sharedMemory64(top), {
       direct: log.kind !== "shim-buffered",
       forceFallback: log.kind === "fallback",
+      threads: log.threads > 0 ? log.threads : undefined,
       quiet: true,
     });
     own = true;
@@ -258,7 +273,15 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
     for (const t of tickets.values()) reader.wait(t);
     tickets.clear();
     const seconds = (performance.now() - t0) / 1000;
-    return { seconds, reads, bytes, positions: positions.size, maxInFlight, kind: reader.kind };
+    return {
+      seconds,
+      reads,
+      bytes,
+      positions: positions.size,
+      maxInFlight,
+      kind: reader.kind,
+      threads: reader.threads,
+    };
   } finally {
     for (const t of tickets.values()) {
       try {

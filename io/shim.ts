@@ -114,6 +114,8 @@ export interface ShimReaderOptions {
 export class ShimReader implements BlockReader {
   /** "shim-direct" when the page cache is bypassed, else "shim-buffered". */
   readonly kind: "shim-direct" | "shim-buffered";
+  /** Reader threads. */
+  readonly threads: number;
   readonly #lib: ShimLib;
   readonly #memory: WebAssembly.Memory;
   readonly #direct: boolean;
@@ -133,6 +135,7 @@ export class ShimReader implements BlockReader {
     this.#memory = memory;
     this.#direct = opts.direct && lib.sio_direct_supported() === 1;
     this.kind = this.#direct ? "shim-direct" : "shim-buffered";
+    this.threads = opts.threads;
     this.#quiet = opts.quiet;
     const buf = memory.buffer;
     this.#base = Number(Deno.UnsafePointer.value(Deno.UnsafePointer.of(new Uint8Array(buf))));

@@ -148,6 +148,7 @@ function checkingReader(memory: WebAssembly.Memory, checked: { n: number; bytes:
   };
   const reader: BlockReader = {
     kind: inner.kind,
+    threads: inner.threads,
     open: (path) => {
       const h = inner.open(path);
       paths.set(h, path);
@@ -191,6 +192,7 @@ Deno.test("read log: a replay reads the logged bytes into the logged arena range
   // The default replay (its own reader of the logged kind) reads the same amount.
   const own = replayReads(log, { from: PROMPT.length });
   assert.equal(own.kind, log.kind);
+  assert.equal(own.threads, log.threads);
   assert.equal(own.bytes, window.bytes);
   assert.ok(own.seconds > 0);
 });

@@ -24,6 +24,8 @@ export interface ReplayRoofline {
   tok_s: number;
   /** Most reads in flight at once (the run's own queue depth). */
   max_in_flight: number;
+  /** Reader threads that replayed them (the run's own). */
+  threads: number;
   /** Whether the page cache was dropped first (root). */
   page_cache_dropped: boolean;
 }
@@ -52,6 +54,7 @@ export function replayRoofline(
     gbps: r.bytes / r.seconds / 1e9,
     tok_s: tokens / r.seconds,
     max_in_flight: r.maxInFlight,
+    threads: r.threads,
     page_cache_dropped: dropped,
   };
 }

@@ -500,7 +500,9 @@ export function formatStreamReport(r: StreamBenchResult): string {
     `replay roofline ${r.replay_roofline_tok_s.toFixed(2)} tok/s: the defaults run's reads with ` +
     `no compute, ${
       r.replays.map((x) => `${x.tok_s.toFixed(2)} tok/s at ${x.gbps.toFixed(2)} GB/s`).join(", ")
-    } (up to ${Math.max(...r.replays.map((x) => x.max_in_flight))} reads in flight)`,
+    } (${r.replays[0]?.threads} reader threads, up to ${
+      Math.max(...r.replays.map((x) => x.max_in_flight))
+    } reads queued)`,
     "",
     "| ratio | value | target | |",
     "|---|---|---|---|",
