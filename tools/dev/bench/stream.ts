@@ -121,7 +121,7 @@ export interface StreamBenchResult {
     whole_model_bytes: number;
   };
   budget_bytes: number;
-  /** Sequential 1 MiB O_DIRECT reads, 2 in flight (tools/dev/bench/disk.ts). */
+  /** Sequential 1 MiB O_DIRECT reads, one per reader thread in flight (tools/dev/bench/disk.ts). */
   disk_odirect_gbps: number;
   /** Random whole expert records of this container, O_DIRECT, top-k records outstanding. */
   disk_record_gbps: number;
