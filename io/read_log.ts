@@ -201,7 +201,7 @@ export interface ReplayResult {
   bytes: number;
   /** Distinct positions (tokens) the replayed reads came from. */
   positions: number;
-  /** Most reads in flight at once (the same as in the logged run). */
+  /** Most reads in flight at once (the logged run's own most, in either mode). */
   maxInFlight: number;
   /** Kind and threads of the reader that replayed them. */
   kind: BlockReader["kind"];
@@ -213,20 +213,33 @@ export interface ReplayOptions {
   /** Replay the reads submitted at positions in [from, to) (default: all). */
   from?: number;
   to?: number;
-  /** The reader to replay through (default: a new one of the logged kind and threads, on a fresh
-   * arena as large as the logged reads reach, closed afterwards). */
+  /**
+   * Keep the queue full instead of waiting where the run waited: submit in the logged order and
+   * wait for the oldest read whenever as many are in flight as the run ever had. The run's
+   * dependencies (a layer's reads wait for its router) are dropped, so this is the disk's time for
+   * exactly these reads at the run's queue depth; the default, ordered replay keeps them.
+   */
+  queued?: boolean;
+  /** The reader to replay through (default: a new one of the logged kind and threads, on a new
+   * arena as large as the logged reads reach, its pages faulted in first, closed afterwards). */
   reader?: BlockReader;
 }
 
 /**
  * Issues the logged reads submitted at positions in [from, to) again, in the logged order of
- * submits and reaps (a reap waits for its read), into the same arena offsets, with nothing else
- * in between; reads the log never reaped are waited for at the end. Throws like the reader.
+ * submits and reaps (a reap waits for its read), or `queued` at the run's most reads in flight,
+ * into the same arena offsets, with nothing else in between; reads still in flight at the end are
+ * waited for. Throws like the reader.
  */
 export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayResult {
   const from = opts.from ?? -Infinity, to = opts.to ?? Infinity;
   const keep = (r: number) => log.reads[r].position >= from && log.reads[r].position < to;
-  const events = log.events.filter((e) => keep(e >= 0 ? e : ~e));
+  let events = log.events.filter((e) => keep(e >= 0 ? e : ~e));
+  let depth = 0;
+  for (let i = 0, n = 0; i < events.length; i++) {
+    depth = Math.max(depth, n += events[i] >= 0 ? 1 : -1);
+  }
+  if (opts.queued) events = events.filter((e) => e >= 0);
   let reader = opts.reader;
   let own = false;
   if (reader === undefined) {
@@ -234,13 +247,17 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
     for (const e of events) {
       if (e >= 0) top = Math.max(top, log.reads[e].arenaOffset + log.reads[e].length);
     }
-    reader = openReader(sharedMemory64(top), {
+    const memory = sharedMemory64(top);
+    reader = openReader(memory, {
       direct: log.kind !== "shim-buffered",
       forceFallback: log.kind === "fallback",
       threads: log.threads > 0 ? log.threads : undefined,
       quiet: true,
     });
     own = true;
+    // Fault the pages in before the clock starts: the run's decode found its slots touched by
+    // the prefill, and faults inside the reads would charge the replay for what the run never paid.
+    new Uint8Array(memory.buffer).fill(0);
   }
   const handles = new Map<number, number>();
   const tickets = new Map<number, ReadTicket>();
@@ -263,6 +280,11 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
         reads++;
         positions.add(r.position);
         maxInFlight = Math.max(maxInFlight, tickets.size);
+        if (opts.queued && tickets.size >= depth) {
+          const [oldest, t] = tickets.entries().next().value!;
+          tickets.delete(oldest);
+          reader.wait(t);
+        }
       } else {
         const t = tickets.get(~e);
         if (t === undefined) continue;

@@ -2,7 +2,7 @@
  * The read log (io/read_log.ts): during a streaming decode it holds exactly the reads the run's
  * counters saw (bytes per file kind, one request per expert record), every read is submitted once
  * and reaped at most once after its submit; logging leaves the logits bit-identical; and a replay
- * puts the file's own bytes at every logged arena range.
+ * puts the file's own bytes at every logged arena range, queued at no more than the run's depth.
  */
 import assert from "node:assert/strict";
 import { closeSync, openSync, readSync } from "node:fs";
@@ -195,4 +195,9 @@ Deno.test("read log: a replay reads the logged bytes into the logged arena range
   assert.equal(own.threads, log.threads);
   assert.equal(own.bytes, window.bytes);
   assert.ok(own.seconds > 0);
+  // Queued: the same reads, never more in flight than the run had, and that many at some point.
+  const queued = replayReads(log, { from: PROMPT.length, queued: true });
+  assert.equal(queued.reads, window.reads);
+  assert.equal(queued.bytes, window.bytes);
+  assert.equal(queued.maxInFlight, own.maxInFlight);
 });

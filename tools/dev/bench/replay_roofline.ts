@@ -1,9 +1,12 @@
 /**
  * The disk roofline of `bench stream` taken with the engine's own reads: a decode run logs every
  * read it issues (io/read_log.ts), then those reads are replayed from a dropped page cache through
- * a reader of the same kind, same threads, in the same order of submits and waits (so at the same
- * queue depth), with no compute. Roofline tok/s = decoded tokens ÷ replay seconds: what the run
- * would reach if compute were free and its reads took what the disk takes for them now.
+ * a reader of the same kind and threads, with no compute, twice:
+ * - queued: in the logged order, as many in flight as the run ever had, nothing waited for early.
+ *   This is the disk's time for exactly these reads at the run's queue depth, so decode tokens ÷
+ *   its seconds is the roofline tok/s;
+ * - ordered: the logged order of submits and waits kept, so a layer's reads still wait where the
+ *   run waited (for its router). Its time is the run's own I/O path with compute taken out.
  *
  * @module
  */
@@ -11,29 +14,32 @@
 import { dropPageCache } from "../../../io/disk_probe.ts";
 import { type ReadLogData, readsIn, replayReads } from "../../../io/read_log.ts";
 
-/** One replay of a decode's reads. */
+/** One pair of replays of a decode's reads. */
 export interface ReplayRoofline {
   /** Decode tokens whose reads were replayed. */
   tokens: number;
   reads: number;
   bytes: number;
+  /** The queued replay: seconds, GB/s (1e9) and tokens ÷ seconds (the roofline). */
   seconds: number;
-  /** Bytes ÷ seconds, GB/s (1e9). */
   gbps: number;
-  /** Tokens ÷ seconds. */
   tok_s: number;
-  /** Most reads in flight at once (the run's own queue depth). */
+  /** The ordered replay: seconds, GB/s and tokens ÷ seconds. */
+  ordered_seconds: number;
+  ordered_gbps: number;
+  ordered_tok_s: number;
+  /** Most reads in flight at once in the run (the queued replay's depth). */
   max_in_flight: number;
   /** Reader threads that replayed them (the run's own). */
   threads: number;
-  /** Whether the page cache was dropped first (root). */
+  /** Whether the page cache was dropped before each replay (root). */
   page_cache_dropped: boolean;
 }
 
 /**
  * Replays the reads `log` holds from positions ≥ `firstDecodePosition` (the `tokens` decode
- * steps; the prefill's reads are left out as the bench's counters leave them out), after dropping
- * the page cache. Throws when the log has no reads there.
+ * steps; the prefill's reads are left out as the bench's counters leave them out), queued and
+ * then ordered, each after a drop of the page cache. Throws when the log has no reads there.
  */
 export function replayRoofline(
   log: ReadLogData,
@@ -44,17 +50,22 @@ export function replayRoofline(
   if (window.reads === 0) {
     throw new Error(`replay roofline: no reads logged from position ${firstDecodePosition} on`);
   }
-  const dropped = dropPageCache();
-  const r = replayReads(log, { from: firstDecodePosition });
+  let dropped = dropPageCache();
+  const q = replayReads(log, { from: firstDecodePosition, queued: true });
+  dropped = dropPageCache() && dropped;
+  const o = replayReads(log, { from: firstDecodePosition });
   return {
     tokens,
-    reads: r.reads,
-    bytes: r.bytes,
-    seconds: r.seconds,
-    gbps: r.bytes / r.seconds / 1e9,
-    tok_s: tokens / r.seconds,
-    max_in_flight: r.maxInFlight,
-    threads: r.threads,
+    reads: q.reads,
+    bytes: q.bytes,
+    seconds: q.seconds,
+    gbps: q.bytes / q.seconds / 1e9,
+    tok_s: tokens / q.seconds,
+    ordered_seconds: o.seconds,
+    ordered_gbps: o.bytes / o.seconds / 1e9,
+    ordered_tok_s: tokens / o.seconds,
+    max_in_flight: q.maxInFlight,
+    threads: q.threads,
     page_cache_dropped: dropped,
   };
 }
