@@ -1,7 +1,8 @@
 /**
  * The read log (io/read_log.ts): during a streaming decode it holds exactly the reads the run's
  * counters saw (bytes per file kind, one request per expert record), every read is submitted once
- * and reaped at most once after its submit; logging leaves the logits bit-identical; and a replay
+ * and reaped at most once after its submit; logging (and the reader's thread count) leaves the
+ * logits bit-identical; and a replay
  * puts the file's own bytes at every logged arena range, queued at no more than the run's depth.
  */
 import assert from "node:assert/strict";
@@ -59,8 +60,8 @@ interface Decoded {
 }
 
 /** Prefill, then greedy-free decode of fixed ids; 12 expert slots of 48 so experts stream. */
-async function decode(path: string, readLog?: ReadLog): Promise<Decoded> {
-  const m = await Model.open(path, { quiet: true, ctx: 64, expertSlots: 12, readLog });
+async function decode(path: string, readLog?: ReadLog, ioThreads?: number): Promise<Decoded> {
+  const m = await Model.open(path, { quiet: true, ctx: 64, expertSlots: 12, readLog, ioThreads });
   try {
     const logits: Float32Array[] = [m.forward(PROMPT, 0).slice()];
     const e0 = m.experts!.stats.bytesRead, t0 = m.trunk.stats.bytes;
@@ -114,13 +115,19 @@ Deno.test("read log: the decode's reads are the counters' reads, each submitted 
   assert.deepEqual(ReadLog.from(JSON.parse(JSON.stringify(log))).toJSON(), log.toJSON());
 });
 
-Deno.test("read log: logging leaves every logit bit-identical", async () => {
+Deno.test("read log: logging and the reader's threads leave every logit bit-identical", async () => {
   const path = await model();
   const off = await decode(path);
-  const on = await decode(path, new ReadLog());
-  assert.equal(on.logits.length, off.logits.length);
-  for (let i = 0; i < off.logits.length; i++) {
-    assert.deepEqual(on.logits[i], off.logits[i], `forward call ${i}`);
+  for (
+    const [what, run] of [["logged", await decode(path, new ReadLog())], [
+      "one reader thread",
+      await decode(path, undefined, 1),
+    ]] as const
+  ) {
+    assert.equal(run.logits.length, off.logits.length);
+    for (let i = 0; i < off.logits.length; i++) {
+      assert.deepEqual(run.logits[i], off.logits[i], `${what}: forward call ${i}`);
+    }
   }
 });
 
