@@ -2,8 +2,8 @@
  * The read log (io/read_log.ts): during a streaming decode it holds exactly the reads the run's
  * counters saw (bytes per file kind, one request per expert record), every read is submitted once
  * and reaped at most once after its submit; logging (and the reader's thread count) leaves the
- * logits bit-identical; and a replay
- * puts the file's own bytes at every logged arena range, queued at no more than the run's depth.
+ * logits bit-identical; and a replay puts the file's own bytes at every logged arena range, queued
+ * at no more than the run's depth.
  */
 import assert from "node:assert/strict";
 import { closeSync, openSync, readSync } from "node:fs";
