@@ -13,6 +13,7 @@ import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
 import { type BlockReader, openReader } from "../io/reader.ts";
+import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
@@ -62,6 +63,8 @@ export interface RunOptions {
   shards?: string[];
   /** Reader kind: "direct" (O_DIRECT shim), "buffered", or "fallback" (node:fs). */
   io?: "direct" | "buffered" | "fallback";
+  /** Reader threads of the shim: reads in flight at the disk (default 4, io/reader.ts). */
+  ioThreads?: number;
   /**
    * Speculatively read the next layer's top-N predicted experts during decode (0 = off; default 1
    * while experts stream, 0 when all fit).
@@ -73,6 +76,8 @@ export interface RunOptions {
   learn?: boolean;
   /** Write one JSON line per (token, MoE layer) with the routed experts to this file. */
   trace?: string;
+  /** Log every read (file, offset, length, priority, forward position) here; off by default. */
+  readLog?: ReadLog;
   /** No notices on stderr. */
   quiet?: boolean;
 }
@@ -96,6 +101,7 @@ export class Model {
   readonly loadBytes: number;
   /** Trace, hot-list learning and lookahead hooks on the MoE layers. */
   readonly observers: RunObservers;
+  readonly #readLog: ReadLog | undefined;
   #closed = false;
 
   private constructor(init: {
@@ -111,6 +117,7 @@ export class Model {
     maxContext: number;
     observers: RunObservers;
     loadBytes: number;
+    readLog: ReadLog | undefined;
   }) {
     this.container = init.container;
     this.cfg = init.container.config;
@@ -125,6 +132,7 @@ export class Model {
     this.maxContext = init.maxContext;
     this.observers = init.observers;
     this.loadBytes = init.loadBytes;
+    this.#readLog = init.readLog;
   }
 
   /**
@@ -145,11 +153,15 @@ export class Model {
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
     const pool = await Pool.create(arena, await loadKernelModule(), threads);
-    const reader = openReader(arena.memory, {
-      direct: opts.io !== "buffered" && opts.io !== "fallback",
-      forceFallback: opts.io === "fallback",
-      quiet: opts.quiet,
-    });
+    const reader = logReads(
+      openReader(arena.memory, {
+        direct: opts.io !== "buffered" && opts.io !== "fallback",
+        forceFallback: opts.io === "fallback",
+        threads: opts.ioThreads,
+        quiet: opts.quiet,
+      }),
+      opts.readLog,
+    );
     try {
       const trunkFile = reader.open(container.trunkPath);
       const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
@@ -202,6 +214,7 @@ export class Model {
         maxContext: ctx,
         observers,
         loadBytes,
+        readLog: opts.readLog,
       });
     } catch (e) {
       reader.close();
@@ -212,6 +225,7 @@ export class Model {
 
   /** Logits of the last of `tokens` run at positions pos.., or of all of them. */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
+    if (this.#readLog) this.#readLog.position = pos;
     return this.transformer.forward(tokens, pos, allLogits);
   }
 

@@ -10,7 +10,7 @@
 import { existsSync, renameSync, rmSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { sharedMemory64 } from "../wasm/mod.ts";
-import { type BlockReader, openReader, type ReadTicket } from "./reader.ts";
+import { type BlockReader, DEFAULT_READER_THREADS, openReader, type ReadTicket } from "./reader.ts";
 import { ShimReader } from "./shim.ts";
 
 const MiB = 1024 * 1024;
@@ -156,9 +156,11 @@ export interface DiskProbe {
   direct: boolean | null;
   /** Whether the page cache could be dropped before the reads (root). */
   cacheDropped: boolean;
-  /** Sequential 1 MiB reads, 2 in flight: GB/s. */
+  /** Reads in flight: one per reader thread, as many as the engine's reader runs. */
+  inFlight: number;
+  /** Sequential 1 MiB reads, {@link DiskProbe.inFlight} in flight: GB/s. */
   sequentialGbps: number;
-  /** Random record-sized reads, 2 in flight. */
+  /** Random record-sized reads, {@link DiskProbe.inFlight} in flight. */
   random: RandomReadResult;
   recordBytes: number;
   fileBytes: number;
@@ -175,7 +177,7 @@ export function probeDisk(
   log: (line: string) => void,
 ): DiskProbe {
   const reqBytes = MiB;
-  const inFlight = 2;
+  const inFlight = DEFAULT_READER_THREADS;
   const record = Math.max(4096, Math.ceil(recordBytes / 4096) * 4096);
   const bytes = Math.max(Math.ceil(fileBytes / MiB) * MiB, 4 * record);
   const path = join(dir, `.sluice-doctor-${Deno.pid}.bin`);
@@ -198,6 +200,7 @@ export function probeDisk(
       reader: reader.kind,
       direct,
       cacheDropped,
+      inFlight,
       sequentialGbps,
       random,
       recordBytes: record,

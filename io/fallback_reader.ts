@@ -27,6 +27,8 @@ function describe(e: unknown): string {
 export class FallbackReader implements BlockReader {
   /** Always "fallback". */
   readonly kind = "fallback" as const;
+  /** Reads run one at a time, on the calling thread. */
+  readonly threads = 1;
   readonly #memory: WebAssembly.Memory;
   readonly #direct: boolean;
   readonly #files = new Map<number, OpenFile>();

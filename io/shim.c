@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -167,6 +168,24 @@ int32_t sio_direct_supported(void) {
   return 1;
 #else
   return 0;
+#endif
+}
+
+/* Asks for transparent huge pages over the whole pages of [addr, addr + len), the memory the reads
+ * fill: O_DIRECT pins every page of a request, and faulting in fresh 4 KiB pages inside the read
+ * halved its rate. Returns 0, or -errno where the kernel refuses (THP disabled: the reads still
+ * work on 4 KiB pages). */
+int32_t sio_advise_huge(void *addr, uint64_t len) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)addr + page - 1) & ~(page - 1);
+  uintptr_t hi = ((uintptr_t)addr + (uintptr_t)len) & ~(page - 1);
+  if (hi <= lo) return 0;
+  return madvise((void *)lo, hi - lo, MADV_HUGEPAGE) == 0 ? 0 : -errno;
+#else
+  (void)addr;
+  (void)len;
+  return -ENOSYS;
 #endif
 }
 

@@ -249,13 +249,12 @@ function formatReport(
     `O_DIRECT       ${direct}`,
     d === null
       ? `disk reads     n/a: ${r.diskError}`
-      : `disk reads     sequential 1 MiB × 2 in flight ${gb(d.sequentialGbps)}; random ${
-        formatBytes(d.recordBytes)
-      } records × 2 in flight ${gb(d.random.gbps)} (${
-        d.random.readsPerSecond.toFixed(0)
-      } reads/s, ${d.random.meanMs.toFixed(2)} ms each) via ${d.reader}${
-        d.cacheDropped ? "" : "; page cache not dropped (not root)"
-      }`,
+      : `disk reads     sequential 1 MiB × ${d.inFlight} in flight ${gb(d.sequentialGbps)}; ` +
+        `random ${formatBytes(d.recordBytes)} records × ${d.inFlight} in flight ${
+          gb(d.random.gbps)
+        } (${d.random.readsPerSecond.toFixed(0)} reads/s, ${
+          d.random.meanMs.toFixed(2)
+        } ms each) via ${d.reader}${d.cacheDropped ? "" : "; page cache not dropped (not root)"}`,
     `dram           ${dramGbps === null ? "n/a (no C compiler)" : `${gb(dramGbps)} read`}`,
     `io shim        ${r.shim}`,
     `load           ${r.load1.toFixed(2)} (1-minute average; a busy machine lowers every figure)`,
