@@ -77,6 +77,45 @@ function floorLog2F32(absBits: number): number {
 }
 
 /**
+ * Blocks whose largest magnitude has a biased exponent of at least this take the table path of
+ * {@link codeOfBits}: there the shared exponent is that exponent − 129 (no clamp), and any
+ * subnormal element is below 2^−5 of the scale, so it rounds to 0 as the table says.
+ */
+const FAST_MIN_EXPONENT = 8;
+
+/**
+ * E2M1 code (sign included) of a normal-block element from its float32 bits, by table. With
+ * k = (its exponent − the block's) + 2 ≤ 2, |v| / scale = 1.f × 2^k, and the rounding boundaries
+ * of {@link e2m1Magnitude} fall at f = 0, 1/4, 1/2, 3/4 exactly, so the code depends only on
+ * max(k, −3), the top two bits of f and whether any lower bit is set. The table is filled by
+ * applying e2m1Magnitude to one value of each such class, so it is the same rule.
+ */
+const CODE_TABLE = (() => {
+  const t = new Uint8Array(128);
+  for (let kk = 0; kk < 6; kk++) {
+    for (let m2 = 0; m2 < 4; m2++) {
+      for (let sticky = 0; sticky < 2; sticky++) {
+        const a = (1 + m2 / 4 + sticky * 2 ** -23) * 2 ** (kk - 3);
+        const m = e2m1Magnitude(a);
+        const i = (kk << 3) | (m2 << 1) | sticky;
+        t[i] = m;
+        t[64 | i] = m === 0 ? 0 : m | 8;
+      }
+    }
+  }
+  return t;
+})();
+
+/** The code of float32 `x` (bits) in a block whose largest exponent field is `emax`. */
+function codeOfBits(x: number, emax: number): number {
+  const k = ((x >>> 23) & 255) - emax + 2;
+  const kk = k < -3 ? 0 : k + 3;
+  return CODE_TABLE[
+    ((x >>> 25) & 64) | (kk << 3) | ((x >>> 20) & 6) | ((x & 0x1fffff) !== 0 ? 1 : 0)
+  ];
+}
+
+/**
  * Quantises f32 `w` [rows, cols] to MXFP4 as the OCP MX spec does: per block the shared exponent
  * is floor(log2(max|block|)) − 2 (E2M1's emax), clamped to the E8M0 range [−127, 127] (an
  * all-zero block gets scale byte 0); each element is v / 2^shared rounded to nearest-even E2M1,
@@ -105,6 +144,14 @@ export function quantizeMxfp4(w: Float32Array, rows: number, cols: number): Mxfp
         ? -127
         : Math.max(-127, Math.min(127, floorLog2F32(maxBits) - E2M1_EMAX));
       scales[r * nb + b] = shared + 127;
+      const emax = maxBits >>> 23;
+      if (emax >= FAST_MIN_EXPONENT) {
+        for (let i = 0; i < 32; i += 2) {
+          const lo = codeOfBits(bits[base + i], emax), hi = codeOfBits(bits[base + i + 1], emax);
+          blocks[(base + i) / 2] = lo | (hi << 4);
+        }
+        continue;
+      }
       const inv = 2 ** -shared;
       for (let i = 0; i < 32; i += 2) {
         const lo = e2m1Magnitude(Math.abs(w[base + i]) * inv);
