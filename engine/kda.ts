@@ -21,6 +21,15 @@ import type { LayerWeights } from "./weights.ts";
 import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 
 /**
+ * Tokens per chunk of the chunked form for calls of up to `maxBatch` tokens: at most 64, the
+ * chunk its tolerance was measured at (longer calls run several chunks), and its scratch grows
+ * with the chunk's square.
+ */
+function kdaChunk(maxBatch: number): number {
+  return Math.min(maxBatch, 64);
+}
+
+/**
  * Floats of scratch for calls of up to `maxBatch` tokens: pre- and post-conv q/k/v, the forget
  * and output gates, the output, beta, the two low-rank projections, and the chunked form's
  * per-head scratch for prefill.
@@ -28,7 +37,7 @@ import { kdaChunkScratchFloats } from "../wasm/mod.ts";
 export function kdaScratchFloats(k: KdaConfig, maxBatch: number): number {
   const p = k.numHeads * k.headDim;
   const chunk = maxBatch > 1
-    ? k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim)
+    ? k.numHeads * kdaChunkScratchFloats(kdaChunk(maxBatch), k.headDim, k.headDim)
     : 0;
   return maxBatch * (9 * p + k.numHeads + 2 * k.headDim) + chunk;
 }
@@ -147,11 +156,11 @@ export class KdaAttention {
     this.#lowG = buf("kda g_a", k.headDim);
     this.#gate = buf("kda output gate", p);
     this.#o = buf("kda output", p);
-    this.#chunk = maxBatch;
+    this.#chunk = kdaChunk(maxBatch);
     this.#chunkScratch = maxBatch > 1
       ? arena.alloc(
         "kda chunk scratch",
-        k.numHeads * kdaChunkScratchFloats(maxBatch, k.headDim, k.headDim) * 4,
+        k.numHeads * kdaChunkScratchFloats(this.#chunk, k.headDim, k.headDim) * 4,
       )
       : -1;
   }
@@ -237,7 +246,7 @@ export class KdaAttention {
     );
     ops.sigmoid(this.#beta, nb * H);
     ops.sigmoid(this.#gate, nb * p);
-    // Prefill calls run the chunked form (one chunk per call), decode the recurrence.
+    // Prefill calls run the chunked form (chunks of at most 64 tokens), decode the recurrence.
     ops.kda({
       state: st.state,
       q,

@@ -273,6 +273,46 @@ Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte",
   assert.deepEqual(Array.from(f32At(y, rows)), [48, NaN, 48]);
 });
 
+Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
+  const gemm = instance.exports.gemm_bf16 as (...a: (number | bigint)[]) => void;
+  const rand = rng(5);
+  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96]]) {
+    reset();
+    const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+    // Every scale byte but NaN's 255, so subnormal (0, 1) and the largest exponents are decoded too.
+    const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37) % 255);
+    if (rows === 6) scales[7] = 255;
+    const m = { rows, cols, blocks, scales };
+    const [W, S] = [put(blocks), put(scales)];
+    const decoded = alloc(rows * cols * 2);
+    // Split as the pool splits rows: the decoded bytes must not depend on the range.
+    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 0, 2);
+    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 2, rows);
+    const bits = new Uint16Array(memory.buffer, Number(decoded), rows * cols);
+    for (let i = 0; i < rows * cols; i++) {
+      // f32 rounding only overflows: 4 · 2^127 and up are ±Inf.
+      const want = Math.fround(mxfp4At(m, Math.floor(i / cols), i % cols));
+      const got = new Float32Array(new Uint32Array([bits[i] << 16]).buffer)[0];
+      // === : code 8 (E2M1 −0) decodes to +0, as the exact matvec multiplies it.
+      assert.ok(got === want || (Number.isNaN(got) && Number.isNaN(want)), `${i}: ${got} ${want}`);
+    }
+    const nb = 9;
+    // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
+    const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
+    const X = put(x);
+    const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
+    gemm(decoded, X, Y, rows, cols, nb, 0, rows);
+    const batch = f32At(Y, nb * rows);
+    for (let b = 0; b < nb; b++) {
+      qk.matvec_mxfp4_exact(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
+      const one = f32At(y1, rows);
+      for (let r = 0; r < rows; r++) {
+        assert.ok(Object.is(one[r], batch[b * rows + r]), `${rows}×${cols} column ${b} row ${r}`);
+      }
+    }
+  }
+});
+
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {
   const rand = rng(4);
   for (const rows of [...ROWS, 130]) {
