@@ -44,6 +44,8 @@ export class FeedForward {
   #arena: Arena;
   /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
   #prep: { shared: InputPrep; local: InputPrep } | null = null;
+  /** Decoded copies of exact expert weights for batches (two slots), made on first use. */
+  #decoded: { offset: number; bytes: number } | null = null;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, experts: ExpertSource, maxBatch: number) {
     this.#ops = ops;
@@ -111,6 +113,22 @@ export class FeedForward {
   }
 
   /**
+   * The two slots where exact weights (shipped MXFP4) of `ew` decode for a batch, or none when
+   * its matrices multiply batches as stored (engine/tensor.ts batchDecode).
+   */
+  #decodedFor(ew: ExpertWeights): [number, number] | [] {
+    const bytes = expertPrepSizes(ew.gate, ew.up, ew.down, this.#maxBatch).decoded;
+    if (bytes === 0) return [];
+    if (!this.#decoded) {
+      this.#decoded = { offset: this.#arena.alloc("moe decoded expert weights", bytes), bytes };
+    } else if (bytes > this.#decoded.bytes) {
+      throw new Error("experts of different shapes need more decoded-weight scratch");
+    }
+    const d = this.#decoded;
+    return [d.offset, d.offset + d.bytes / 2];
+  }
+
+  /**
    * One expert on the tokens `tokens` (whose rows are gathered at #gathered): gate and up read
    * the batch-wide prepared inputs `shared` when their format needs them; down prepares its own.
    */
@@ -136,9 +154,10 @@ export class FeedForward {
       return tokens.map((t) => all[t]);
     };
     const x = this.#gathered;
+    const [slot0, slot1] = this.#decodedFor(ew);
     ops.matmul(
-      { w: ew.gate, x, y: this.#gate, nb: n, prep: pick(ew.gate) },
-      { w: ew.up, x, y: this.#up, nb: n, prep: pick(ew.up) },
+      { w: ew.gate, x, y: this.#gate, nb: n, prep: pick(ew.gate), scratch: slot0 },
+      { w: ew.up, x, y: this.#up, nb: n, prep: pick(ew.up), scratch: slot1 },
     );
     const inter = ew.gate.rows, d = ew.down.rows;
     const b = ew.biases;
@@ -154,7 +173,7 @@ export class FeedForward {
     prep?.local.reset();
     const downPrep = prep?.local.prepare(ew.down, this.#gate, n);
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
-    ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep });
+    ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep, scratch: slot0 });
     if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
   }
 

@@ -40,7 +40,7 @@ export interface RunOptions {
   ctx?: number;
   /** Compute threads including the main thread (default: all cores). */
   threads?: number;
-  /** Most prompt tokens per forward call (chunked prefill; default 64). */
+  /** Most prompt tokens per forward call (chunked prefill; default 128, at most 512). */
   prefillChunk?: number;
   /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;

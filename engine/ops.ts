@@ -8,7 +8,7 @@
 import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { MAX_JOBS } from "./pool_protocol.ts";
-import { matmulJobs, type TensorRef } from "./tensor.ts";
+import { batchDecode, matmulJobs, type TensorRef } from "./tensor.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -20,6 +20,11 @@ export interface Matmul {
   nb: number;
   /** Prepared inputs (engine/quant_matmul.ts), one per vector, for formats that read them. */
   prep?: readonly number[];
+  /**
+   * Arena offset of room for `batchDecodeBytes(w)` bytes, where exact weights that multiply a
+   * batch through a decoded copy (shipped MXFP4) put it; without it they run per vector.
+   */
+  scratch?: number;
 }
 
 /** Attention geometry shared by every token of a call. */
@@ -111,12 +116,19 @@ export class Ops {
 
   /** Runs the given matmuls; they must not read each other's outputs. */
   matmul(...list: Matmul[]): void {
+    const decode: Job[] = [];
     const jobs: Job[] = [];
-    let work = 0;
+    let work = 0, decodeWork = 0;
     for (const m of list) {
-      jobs.push(...matmulJobs(m.w, m.x, m.y, m.nb, m.prep));
+      const d = batchDecode(m.w, m.nb, m.scratch);
+      if (d) {
+        decode.push(d.job);
+        decodeWork += m.w.rows * m.w.cols;
+      }
+      jobs.push(...matmulJobs(d ? d.decoded : m.w, m.x, m.y, m.nb, m.prep));
       work += m.w.rows * m.w.cols * m.nb;
     }
+    if (decode.length) this.#dispatch(decode, decodeWork);
     this.#dispatch(jobs, work);
   }
 

@@ -15,8 +15,8 @@ import { formatOf } from "./quant/mod.ts";
 import { type Arena, PAGE } from "./arena.ts";
 import { codebookArenaBytes } from "./codebooks.ts";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
-import { inputFormOf, type TensorRef } from "./tensor.ts";
-import { tensorRef } from "./weights.ts";
+import { batchDecodeBytes, inputFormOf, type TensorRef } from "./tensor.ts";
+import { markExact, tensorRef } from "./weights.ts";
 
 type Fn = (...a: (number | bigint)[]) => unknown;
 
@@ -61,6 +61,11 @@ export interface ExpertPrepSizes {
   local: number;
   /** One zero-padded copy of the longest vq3r / vq4p input vector. */
   pad: number;
+  /**
+   * Two decoded copies of exact weights (shipped MXFP4) for batches: gate's and up's, then
+   * down's in the first (engine/tensor.ts batchDecode); 0 when none decode or batches are 1.
+   */
+  decoded: number;
 }
 
 /** The scratch sizes for experts with matrices `gate`, `up`, `down`. */
@@ -76,13 +81,15 @@ export function expertPrepSizes(
   const padCols = Math.max(
     ...[gate, up, down].map((w) => inputFormOf(w) === "lut" ? w.paddedCols ?? w.cols : 0),
   );
-  return { shared, local, pad: padCols * 4 };
+  const slot = Math.max(...[gate, up, down].map(batchDecodeBytes));
+  const decoded = maxBatch > 1 && slot > 0 ? 2 * alignUp(slot, PAGE) : 0;
+  return { shared, local, pad: padCols * 4, decoded };
 }
 
 /**
  * Arena bytes a container needs beyond the planner's float scratch to run its compact expert
- * formats with batches of up to `maxBatch` tokens: the VQ3R / VQ4P codebooks and the prepared-input
- * scratch (each region rounded up to a page).
+ * formats with batches of up to `maxBatch` tokens: the VQ3R / VQ4P codebooks, the prepared-input
+ * scratch and the decoded copies of exact weights (each region rounded up to a page).
  */
 export function quantArenaBytes(c: Container, maxBatch: number): number {
   let worst = 0;
@@ -92,10 +99,14 @@ export function quantArenaBytes(c: Container, maxBatch: number): number {
       const ref = tensorRef(bank.matrices[m], 0);
       // Distinct stand-in codebook addresses: gate and up of a vq3r bank never share tables.
       if (isCodebookDtype(ref.dtype)) ref.codebook = bank.codebooks?.[m]?.offset ?? 0;
+      markExact(ref, bank);
       return ref;
     });
     const s = expertPrepSizes(g, u, d, maxBatch);
-    const need = [s.shared, s.local, s.pad].reduce((a, b) => a + (b ? alignUp(b, PAGE) : 0), 0);
+    const need = [s.shared, s.local, s.pad, s.decoded].reduce(
+      (a, b) => a + (b ? alignUp(b, PAGE) : 0),
+      0,
+    );
     worst = Math.max(worst, need);
   }
   return worst + codebookArenaBytes(c);

@@ -17,11 +17,18 @@ export function ffnRows(cfg: ModelConfig): number {
   );
 }
 
+/**
+ * Rows of logits the LM head writes per call: a prefill chunk needs only its last token's, and
+ * a caller asking for every token's gets them in pieces of this many, so the buffer (vocab floats
+ * a row) does not grow with the chunk.
+ */
+export const LOGIT_ROWS = 16;
+
 /** Floats of each skeleton buffer for a batch of `maxBatch` tokens. */
 export interface SkeletonBuffers {
   /** Each of the residual stream x, the normalised h and the sublayer output tmp. */
   hidden: number;
-  /** The LM head's logits. */
+  /** The LM head's logits ({@link LOGIT_ROWS} rows at most). */
   logits: number;
   /** Each of the FFN's gate and up activations. */
   ffn: number;
@@ -49,7 +56,7 @@ export function skeletonBuffers(cfg: ModelConfig, maxBatch: number): SkeletonBuf
   const blocks = k3 ? Math.ceil(cfg.numLayers / k3.attnResBlockSize) : 0;
   return {
     hidden: maxBatch * d,
-    logits: maxBatch * cfg.vocabSize,
+    logits: Math.min(maxBatch, LOGIT_ROWS) * cfg.vocabSize,
     ffn: maxBatch * ffnRows(cfg),
     gathered: maxBatch * d,
     expertOut: maxBatch * (cfg.moe?.topK ?? 1) * d,

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { storedBytes, type StoredDtype } from "../io/format.ts";
 import type { Job } from "./pool.ts";
 import type { InputForm } from "./quant/format.ts";
 import { findFormat } from "./quant/mod.ts";
@@ -35,6 +36,36 @@ export function inputFormOf(w: TensorRef): InputForm {
   const f = findFormat(w.dtype);
   if (w.exact && f?.exactGemv) return "f32";
   return f?.input ?? "f32";
+}
+
+/** Bytes `w` decodes to for a batch ({@link batchDecode}); 0 when it multiplies batches as stored. */
+export function batchDecodeBytes(w: TensorRef): number {
+  const f = findFormat(w.dtype);
+  if (!w.exact || !f?.exactGemm) return 0;
+  return storedBytes(f.exactGemm.as as StoredDtype, [w.rows, w.cols]);
+}
+
+/**
+ * For `exact` weights whose format multiplies batches through a decoded copy (MXFP4 as shipped):
+ * the job writing that copy to arena offset `scratch` and the copy's TensorRef, when `nb` > 1 and
+ * a scratch is given; else null (the per-vector exact kernel runs, with the same bits).
+ */
+export function batchDecode(
+  w: TensorRef,
+  nb: number,
+  scratch?: number,
+): { job: Job; decoded: TensorRef } | null {
+  const f = findFormat(w.dtype);
+  if (!w.exact || !f?.exactGemm || nb < 2 || scratch === undefined) return null;
+  if (w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
+  return {
+    job: {
+      kernel: f.exactGemm.decode,
+      args: [BigInt(w.ptr), BigInt(w.scale), BigInt(scratch), w.rows, w.cols],
+      rows: w.rows,
+    },
+    decoded: { ptr: scratch, dtype: f.exactGemm.as, rows: w.rows, cols: w.cols },
+  };
 }
 
 /**

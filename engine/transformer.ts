@@ -13,7 +13,7 @@ import { embedRows } from "./embedding.ts";
 import { FeedForward } from "./ffn.ts";
 import type { ModelConfig } from "../io/model_config.ts";
 import type { Ops } from "./ops.ts";
-import { skeletonBuffers } from "./run_state.ts";
+import { LOGIT_ROWS, skeletonBuffers } from "./run_state.ts";
 import type { Route } from "./routing.ts";
 import type { TensorRef } from "./tensor.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
@@ -231,7 +231,13 @@ export class Transformer {
       ? this.#attnRes(x, blocks, globals.outRes.norm, globals.outRes.proj, first, nb)
       : x;
     ops.rmsnorm(out + first * d * 4, globals.finalNorm.ptr, h, d, rows, eps);
-    ops.matmul({ w: globals.lmHead, x: h, y: this.#logits, nb: rows });
-    return ops.f32(this.#logits, rows * cfg.vocabSize).slice();
+    const vocab = cfg.vocabSize;
+    const logits = new Float32Array(rows * vocab);
+    for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
+      const n = Math.min(LOGIT_ROWS, rows - r0);
+      ops.matmul({ w: globals.lmHead, x: h + r0 * d * 4, y: this.#logits, nb: n });
+      logits.set(ops.f32(this.#logits, n * vocab), r0 * vocab);
+    }
+    return logits;
   }
 }

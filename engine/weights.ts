@@ -71,6 +71,14 @@ export function bindLayer(layer: number, run: LayerRun, base: number): LayerWeig
 }
 
 /**
+ * Sets `exact` on a matrix of `bank` that multiplies f32 activations exactly (shipped MXFP4 or
+ * INT4: the bank's `activations` flag, on matrices in the bank's format).
+ */
+export function markExact(ref: TensorRef, bank: ExpertBank): void {
+  if (bank.activations === "f32" && ref.dtype === bank.format) ref.exact = true;
+}
+
+/**
  * Binds an expert record that was read to arena offset `base`; vq3r and vq4p matrices get the arena
  * address of their layer's codebooks (engine/codebooks.ts must have loaded them).
  */
@@ -78,7 +86,7 @@ export function bindExpert(bank: ExpertBank, base: number): ExpertWeights {
   const bind = (m: "gate" | "up" | "down"): TensorRef => {
     const ref = tensorRef(bank.matrices[m], base);
     if (isCodebookDtype(ref.dtype)) ref.codebook = codebookPointer(bank, m);
-    if (bank.activations === "f32" && ref.dtype === bank.format) ref.exact = true;
+    markExact(ref, bank);
     return ref;
   };
   const ew: ExpertWeights = { gate: bind("gate"), up: bind("up"), down: bind("down") };

@@ -22,7 +22,8 @@
     (lo) = bf16_lo_f32x4(v_);                                                           \
     (hi) = bf16_hi_f32x4(v_);                                                           \
   } while (0)
-#define GRP4_BF16(p) bf16_lo_f32x4(wasm_v128_load64_zero(p))
+/* Widening load + shift: unlike the shuffle of GRP8 it needs no zero vector in a register. */
+#define GRP4_BF16(p) wasm_i32x4_shl(wasm_u32x4_load16x4(p), 16)
 #define GRP8_F16(p, lo, hi)                                                             \
   do {                                                                                  \
     v128_t v_ = wasm_v128_load(p);                                                      \

@@ -11,58 +11,61 @@
  * mix before that final add, so a tile runs them as two passes over the row, and only C*2
  * accumulators are live in the loop. A 2 x 6 tile then holds 12 accumulators, 2 weight vectors
  * and 1 activation vector: 15 of the 16 xmm registers V8 has for wasm SIMD on x86, so nothing
- * spills. Fewer than 3 columns go through the gemv row dot itself.
+ * spills, provided the bf16 decode needs no constant register (GRP4_BF16 widens with a load, not
+ * a shuffle against a zero vector). Fewer than 3 columns go through the gemv row dot itself.
  */
 #include "dot.h"
 
 /*
- * Rows w and w + stride against columns x + j*n (j < C), the sums written to y[j*ystride + i].
+ * One step of 4 columns from c: both rows' weights first, then each activation vector loaded once
+ * and used for both rows. Loading all C activation vectors first (then a weight at a time) keeps
+ * C + 1 more vectors live and spilled the 2 x 6 bf16 tile (half the speed).
+ */
+#define TILE_STEP(acc, W0, W1, c, C)                                                       \
+  do {                                                                                     \
+    v128_t w0 = (W0), w1 = (W1);                                                           \
+    for (int j = 0; j < C; j++) {                                                          \
+      v128_t xv = wasm_v128_load(x + j * (size_t)n + (c));                                 \
+      acc[0][j] = MADD(w0, xv, acc[0][j]);                                                 \
+      acc[1][j] = MADD(w1, xv, acc[1][j]);                                                 \
+    }                                                                                      \
+  } while (0)
+
+/*
+ * Rows w and w + stride against columns x + j*n (j < C), the sums written to y[j*ystride] and
+ * y[j*ystride + ds].
  * GRP4 loads 4 weights as f32 lanes, TAIL the last 1-3 zero padded (the dot.h loaders).
  * Inlined: as a separate function clang-19 hoists all C activation loads of an f32 step ahead
  * of their multiply-adds, which needs C more registers and made V8 spill (no gain at all).
  */
 #define DEFINE_TILE(SUF, T, GRP4, TAIL, C)                                                 \
   static inline __attribute__((always_inline)) void tile2x##C##_##SUF(                     \
-      const T *w, size_t stride, const float *x, int n, float *y, size_t ystride) {        \
-    v128_t a[2][C], b[2][C], xv[C];                                                        \
+      const T *w, size_t stride, const float *x, int n, float *y, size_t ystride,         \
+      size_t ds) {                                                                         \
+    v128_t a[2][C], b[2][C];                                                               \
     for (int i = 0; i < 2; i++)                                                            \
       for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);              \
     /* Pass a: columns [c, c+4) of each group of 8, then a last group of 4. */             \
     int c = 0;                                                                             \
-    for (; c + 8 <= n; c += 8) {                                                           \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);           \
-      for (int i = 0; i < 2; i++) {                                                        \
-        v128_t wv = GRP4(w + i * stride + c);                                              \
-        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                    \
-      }                                                                                    \
-    }                                                                                      \
-    if (c + 4 <= n) {                                                                      \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c);           \
-      for (int i = 0; i < 2; i++) {                                                        \
-        v128_t wv = GRP4(w + i * stride + c);                                              \
-        for (int j = 0; j < C; j++) a[i][j] = MADD(wv, xv[j], a[i][j]);                    \
-      }                                                                                    \
-    }                                                                                      \
+    for (; c + 8 <= n; c += 8) TILE_STEP(a, GRP4(w + c), GRP4(w + stride + c), c, C);      \
+    if (c + 4 <= n) TILE_STEP(a, GRP4(w + c), GRP4(w + stride + c), c, C);                 \
     /* Pass b: columns [c+4, c+8) of each group of 8, then the 1-3 column tail. */         \
     for (c = 0; c + 8 <= n; c += 8) {                                                      \
-      for (int j = 0; j < C; j++) xv[j] = wasm_v128_load(x + j * (size_t)n + c + 4);       \
-      for (int i = 0; i < 2; i++) {                                                        \
-        v128_t wv = GRP4(w + i * stride + c + 4);                                          \
-        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                    \
-      }                                                                                    \
+      TILE_STEP(b, GRP4(w + c + 4), GRP4(w + stride + c + 4), c + 4, C);                   \
     }                                                                                      \
     c = n & ~3;                                                                            \
     if (c < n) {                                                                           \
       int m = n - c;                                                                       \
-      for (int j = 0; j < C; j++) xv[j] = load_tail_f32(x + j * (size_t)n + c, m);         \
-      for (int i = 0; i < 2; i++) {                                                        \
-        v128_t wv = TAIL(w + i * stride + c, m);                                           \
-        for (int j = 0; j < C; j++) b[i][j] = MADD(wv, xv[j], b[i][j]);                    \
+      v128_t w0 = TAIL(w + c, m), w1 = TAIL(w + stride + c, m);                            \
+      for (int j = 0; j < C; j++) {                                                        \
+        v128_t xv = load_tail_f32(x + j * (size_t)n + c, m);                               \
+        b[0][j] = MADD(w0, xv, b[0][j]);                                                   \
+        b[1][j] = MADD(w1, xv, b[1][j]);                                                   \
       }                                                                                    \
     }                                                                                      \
     for (int j = 0; j < C; j++)                                                            \
       for (int i = 0; i < 2; i++)                                                          \
-        y[j * ystride + i] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j]));                 \
+        y[j * ystride + i * ds] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j]));            \
   }
 
 #define DEFINE_TILES(SUF, T, GRP4, TAIL)  \
@@ -71,42 +74,54 @@
   DEFINE_TILE(SUF, T, GRP4, TAIL, 5)      \
   DEFINE_TILE(SUF, T, GRP4, TAIL, 6)
 
-/* Rows 0-1, then 2-3 of the 4-row block at w against the C columns at x, written to y. */
+/*
+ * Rows w, w + qs, w + 2qs, w + 3qs (one of each quarter of the row range) against the C columns
+ * at x: the first two, then the last two, written q apart from y.
+ */
 #define TILE_PAIR(SUF, C)                                                                 \
   do {                                                                                    \
-    tile2x##C##_##SUF(w, cols, x, cols, y, rows);                                         \
-    tile2x##C##_##SUF(w + 2 * (size_t)cols, cols, x, cols, y + 2, rows);                  \
+    tile2x##C##_##SUF(w, qs, x, cols, y, rows, q);                                        \
+    tile2x##C##_##SUF(w + 2 * qs, qs, x, cols, y + 2 * q, rows, q);                       \
   } while (0)
 
+/*
+ * A step's four rows come from the four quarters of [r0, r1) (rows r+i, r+q+i, r+2q+i, r+3q+i),
+ * the last (r1-r0)%4 rows go one at a time, as in gemv.c: a tile's rows read from neighbouring
+ * rows would be interleaved streams in one 4 KiB page, which the hardware prefetcher does not
+ * follow (weights not in cache, as every expert's are: 18-21 -> 20-23 GMAC/s on one thread).
+ */
 #define DEFINE_GEMM(NAME, SUF, T)                                                       \
   KEXPORT(#NAME)                                                                        \
   void NAME(const T *W, const float *X, float *Y, int rows, int cols, int nb, int r0,   \
             int r1) {                                                                   \
     if (r1 > rows) r1 = rows;                                                           \
     int r = r0 < 0 ? 0 : r0;                                                            \
-    for (; r + 4 <= r1; r += 4) {                                                       \
-      const T *w = W + (size_t)r * cols;                                                \
+    if (r >= r1) return;                                                                \
+    int q = (r1 - r) / 4;                                                               \
+    size_t qs = (size_t)q * cols;                                                       \
+    for (int i = 0; i < q; i++) {                                                       \
+      const T *w = W + (size_t)(r + i) * cols;                                          \
       int b = 0;                                                                        \
       for (; b + 6 <= nb; b += 6) {                                                     \
         const float *x = X + (size_t)b * cols;                                          \
-        float *y = Y + (size_t)b * rows + r;                                            \
+        float *y = Y + (size_t)b * rows + r + i;                                        \
         TILE_PAIR(SUF, 6);                                                              \
       }                                                                                 \
       const float *x = X + (size_t)b * cols;                                            \
-      float *y = Y + (size_t)b * rows + r;                                              \
+      float *y = Y + (size_t)b * rows + r + i;                                          \
       switch (nb - b) {                                                                 \
         case 5: TILE_PAIR(SUF, 5); break;                                               \
         case 4: TILE_PAIR(SUF, 4); break;                                               \
         case 3: TILE_PAIR(SUF, 3); break;                                               \
         default: /* 0-2 columns: the gemv row dot is as fast when weights stream. */    \
-          for (; b < nb; b++, x += cols, y += rows) dot4_##SUF(w, cols, x, cols, y, 1);    \
+          for (; b < nb; b++, x += cols, y += rows) dot4_##SUF(w, qs, x, cols, y, q);   \
           break;                                                                        \
       }                                                                                 \
     }                                                                                   \
-    for (; r < r1; r++) {                                                               \
-      const T *w = W + (size_t)r * cols;                                                \
+    for (int k = r + 4 * q; k < r1; k++) {                                              \
+      const T *w = W + (size_t)k * cols;                                                \
       for (int b = 0; b < nb; b++)                                                      \
-        Y[(size_t)b * rows + r] = dot1_##SUF(w, X + (size_t)b * cols, cols);            \
+        Y[(size_t)b * rows + k] = dot1_##SUF(w, X + (size_t)b * cols, cols);            \
     }                                                                                   \
   }
 

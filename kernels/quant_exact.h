@@ -1,9 +1,11 @@
 /*
- * The exact 4-bit matvecs (MXFP4, INT4 g32 as shipped): x stays f32, every weight is decoded to
- * its exact value, products and sums are separate f32 operations (no fused multiply-add, no Q8
- * copy). The formats share everything but a 16-entry code table and the block scale.
+ * The exact matvec template for 4-bit codes with a per-32-block scale (INT4 g32 as shipped, in
+ * quant_int4.c): x stays f32, every weight is decoded to its exact value, products and sums are
+ * separate f32 operations (no fused multiply-add, no Q8 copy). A format supplies a 16-entry code
+ * table and the block scale. (MXFP4's exact matvec is in quant_mxfp4.c instead: it must give
+ * gemm_bf16's bits on its decoded weights, so that its batches can run as a GEMM.)
  *
- * Decoding: every 4-bit code of both formats has a value with at most 8 significant bits (E2M1's
+ * Decoding: every 4-bit code of such a format has a value with at most 8 significant bits (E2M1's
  * 0..6 and int4's -8..7), so it is a bf16. Two byte swizzles give the low and the high byte of
  * that bf16 for 16 codes; interleaving them gives bf16 lanes, and interleaving those with zero
  * gives the f32 lanes (bf16 is the top half of an f32). That costs fewer shuffles than widening

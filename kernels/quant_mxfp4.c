@@ -4,7 +4,8 @@
  * bytes, value = E2M1 * 2^(S - 127); S = 255 is NaN (the whole block, so the row's result is NaN).
  * x is the Q8 copy of the input (quant.h, quantize_act_q8), so cols must be a multiple of 32.
  */
-#include "quant_exact.h"
+#include "dot.h"
+#include "quant.h"
 
 /* Nibble -> 2 * E2M1 + 12: the doubled values -12..12 are integers, the offset makes them 0..24. */
 #define MX_LUT wasm_i8x16_const(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
@@ -98,21 +99,116 @@ static inline v128_t q4_dot4_mx(const uint8_t *w0, const uint8_t *w1, const uint
 DEFINE_Q4_MATVEC(matvec_mxfp4, mx, uint8_t)
 
 /*
- * The exact variant (quant_exact.h): x stays f32, each weight is its E2M1 value times the block
- * scale. gpt-oss is defined by these values, and the Q8 path's error (~1e-2 relative in its
- * logits) flips its greedy tokens.
+ * The exact variant: x stays f32 (no Q8 copy) and each weight is its exact f32 value, E2M1 times
+ * the block scale (at most 2 significant bits, so bf16 holds it too); a row's dot is then the one
+ * of dot.h (groups of 8: [c, c+4) into a, [c+4, c+8) into b, relaxed madd, hsum(a + b)), the order
+ * gemm_bf16 uses. So a batch is dequant_mxfp4_bf16 once, then gemm_bf16 on the decoded rows, and
+ * every column equals this matvec bit for bit. gpt-oss is defined by these values, and the Q8
+ * path's error (~1e-2 relative in its logits) flips its greedy tokens.
  */
-/* E2M1 code -> the low and the high byte of its value as bf16 (code 8, -0, as +0). */
-#define MXX_LO wasm_i8x16_const(0, 0, -128, -64, 0, 64, -128, -64, 0, 0, -128, -64, 0, 64, -128, -64)
-#define MXX_HI                                                                                   \
-  wasm_i8x16_const(0, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, 0, -65, -65, -65, -64, -64, -64, \
-                   -64)
+#define MXS_LUT wasm_i8x16_const(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
-/* E8M0 byte -> 2^(e - 127); e = 255 is NaN, e = 0 the subnormal 2^-127. */
-static inline float mxx_scale(uint8_t e) {
-  return f32_from_bits(e == 255 ? 0x7fc00000u : e ? (uint32_t)e << 23 : 0x00400000u);
+/* 2^(e - 127) * 0.5 (the LUT holds doubled values); e = 255 is NaN, e = 0 the subnormal 2^-128. */
+static inline float mxs_scale(uint8_t e) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = e == 255 ? 0x7fc00000u : e > 1 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
+  return v.f;
+}
+
+/*
+ * Half h of one 32-block as i8 doubled E2M1 values in column order (columns 16h .. 16h+15). A
+ * byte holds column 2i in its low nibble and 2i+1 in its high one, so the two looked-up halves are
+ * interleaved back.
+ */
+static inline __attribute__((always_inline)) v128_t mxs_codes(const uint8_t *w, int h, v128_t lut,
+                                                              v128_t nibble) {
+  v128_t v = wasm_v128_load(w);
+  v128_t lo = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(v, nibble));
+  v128_t hi = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(wasm_u16x8_shr(v, 4), nibble));
+  return h == 0
+             ? wasm_i8x16_shuffle(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
+             : wasm_i8x16_shuffle(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
+                                  15, 31);
+}
+
+/* Columns [4k, 4k+4) of 16 column-ordered codes as exact f32 weights (code * scale). */
+static inline __attribute__((always_inline)) v128_t mxs_weights(v128_t codes, int k,
+                                                                v128_t scale) {
+  v128_t h = k < 2 ? wasm_i16x8_extend_low_i8x16(codes) : wasm_i16x8_extend_high_i8x16(codes);
+  v128_t i = k & 1 ? wasm_i32x4_extend_high_i16x8(h) : wasm_i32x4_extend_low_i16x8(h);
+  return wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), scale);
+}
+
+/*
+ * Rows w0, w1 (scales s0, s1) against f32 x: lanes [row0, row1, row0, row1]. Each x vector is
+ * loaded once for both rows. A block goes by halves, each decoded from the block's bytes again,
+ * so that only one code vector per row is live and nothing spills.
+ */
+static inline v128_t mxs_dot2(const uint8_t *w0, const uint8_t *w1, const uint8_t *s0,
+                              const uint8_t *s1, const float *x, int cols) {
+  v128_t z = runtime_zero_v128(x);
+  v128_t lut = wasm_v128_xor(MXS_LUT, z), nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z);
+  v128_t a0 = z, b0 = z, a1 = z, b1 = z;
+  for (int blk = 0; blk < cols / 32; blk++) {
+    v128_t e0 = wasm_f32x4_splat(mxs_scale(s0[blk])), e1 = wasm_f32x4_splat(mxs_scale(s1[blk]));
+    for (int h = 0; h < 2; h++) {
+      v128_t c0 = mxs_codes(w0 + 16 * (size_t)blk, h, lut, nibble);
+      v128_t c1 = mxs_codes(w1 + 16 * (size_t)blk, h, lut, nibble);
+      const float *xb = x + 32 * (size_t)blk + 16 * h;
+      for (int g = 0; g < 2; g++) {
+        /* A group of 8 columns: its first 4 into a, its last 4 into b. */
+        v128_t xl = wasm_v128_load(xb + 8 * g), xh = wasm_v128_load(xb + 8 * g + 4);
+        a0 = MADD(mxs_weights(c0, 2 * g, e0), xl, a0);
+        a1 = MADD(mxs_weights(c1, 2 * g, e1), xl, a1);
+        b0 = MADD(mxs_weights(c0, 2 * g + 1, e0), xh, b0);
+        b1 = MADD(mxs_weights(c1, 2 * g + 1, e1), xh, b1);
+      }
+    }
+  }
+  float r0 = hsum_f32x4(wasm_f32x4_add(a0, b0)), r1 = hsum_f32x4(wasm_f32x4_add(a1, b1));
+  return wasm_f32x4_make(r0, r1, r0, r1);
+}
+
+/* Four rows' dots with f32 x (passed through the matvec's xq pointer), lanes [row0..row3]. */
+static inline v128_t q4_dot4_mxs(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
+                                 const uint8_t *w3, const uint8_t *s0, const uint8_t *s1,
+                                 const uint8_t *s2, const uint8_t *s3, const int8_t *xq, int cols) {
+  const float *x = (const float *)xq;
+  v128_t p = mxs_dot2(w0, w1, s0, s1, x, cols), q = mxs_dot2(w2, w3, s2, s3, x, cols);
+  return wasm_i64x2_shuffle(p, q, 0, 3);
 }
 
 /* y[r] = sum_c W[r, c] * x[c] for r in [r0, r1) with f32 x: MXFP4 weights, exact products. */
-DEFINE_Q4_EXACT(matvec_mxfp4_exact, mxx, uint8_t, MXX_LO, MXX_HI, mxx_scale)
+DEFINE_Q4_MATVEC(matvec_mxfp4_exact, mxs, uint8_t)
 
+/*
+ * Rows [r0, r1) of W (MXFP4, scales S) written to out as bf16 [rows, cols], exactly (the values
+ * the exact matvec multiplies), for gemm_bf16 to multiply a batch with.
+ */
+KEXPORT("dequant_mxfp4_bf16")
+void dequant_mxfp4_bf16(const uint8_t *W, const uint8_t *S, uint16_t *out, int rows, int cols,
+                        int r0, int r1) {
+  if (r1 > rows) r1 = rows;
+  v128_t z = runtime_zero_v128(W);
+  v128_t lut = wasm_v128_xor(MXS_LUT, z), nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z);
+  for (int r = r0 < 0 ? 0 : r0; r < r1; r++) {
+    const uint8_t *w = W + (size_t)r * (cols / 2);
+    const uint8_t *s = S + (size_t)r * (cols / 32);
+    uint16_t *o = out + (size_t)r * cols;
+    for (int blk = 0; blk < cols / 32; blk++) {
+      v128_t e = wasm_f32x4_splat(mxs_scale(s[blk]));
+      for (int h = 0; h < 2; h++) {
+        v128_t c = mxs_codes(w + 16 * (size_t)blk, h, lut, nibble);
+        for (int g = 0; g < 2; g++) {
+          /* Exact values: the low 16 bits of each f32 are zero, its high half is the bf16. */
+          v128_t lo = mxs_weights(c, 2 * g, e), hi = mxs_weights(c, 2 * g + 1, e);
+          wasm_v128_store(o + 32 * (size_t)blk + 16 * h + 8 * g,
+                          wasm_i16x8_shuffle(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15));
+        }
+      }
+    }
+  }
+}

@@ -80,8 +80,8 @@ Deno.test({
     const model = await packedFixture("stories260k");
     for (
       const [flag, value, says] of [
-        ["--prefill-chunk", "0", "--prefill-chunk must be a whole number in 1..64"],
-        ["--prefill-chunk", "100000", "--prefill-chunk must be a whole number in 1..64"],
+        ["--prefill-chunk", "0", "--prefill-chunk must be a whole number in 1..512"],
+        ["--prefill-chunk", "100000", "--prefill-chunk must be a whole number in 1..512"],
         ["--ctx", "0", "--ctx must be"],
         ["--threads", "0", "--threads must be"],
         ["--temperature", "-1", "temperature"],

@@ -236,8 +236,8 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
 });
 
 /**
- * An exact 4-bit kernel against float64 (1e-6 of Σ|w·x|), bit for bit against its scalar twin,
- * and row-split bit-identity, at awkward sizes with random bytes (every code).
+ * An exact 4-bit kernel against float64 (1e-6 of Σ|w·x|) and row-split bit-identity, at awkward
+ * sizes with random bytes (every code), and with `twin` bit for bit against its scalar twin.
  */
 function checkExactQ4(
   label: string,
@@ -255,6 +255,7 @@ function checkExactQ4(
   value: (code: number) => number,
   scaleOf: (scales: Uint8Array, cols: number) => (row: number, block: number) => number,
   seed: number,
+  twin: boolean,
 ) {
   const rand = rng(seed);
   for (const rows of [...ROWS, 30]) {
@@ -279,14 +280,15 @@ function checkExactQ4(
         denseAbsRef(wm, x, rows, cols),
         1e-6,
       );
+      if (!twin) continue;
       const y = alloc(rows * 4);
       mv(y, rows, 0, rows);
       const got = f32At(y, rows);
-      const twin = matvecQ4ExactRef(data, value, scale, x, rows, cols);
+      const ref = matvecQ4ExactRef(data, value, scale, x, rows, cols);
       got.forEach((v, r) =>
         assert.ok(
-          Object.is(v, twin[r]),
-          `${label} ${rows}×${cols} row ${r}: ${v} vs twin ${twin[r]}`,
+          Object.is(v, ref[r]),
+          `${label} ${rows}×${cols} row ${r}: ${v} vs twin ${ref[r]}`,
         )
       );
     }
@@ -302,6 +304,8 @@ Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte",
     (code) => E2M1_VALUES[code],
     (scales, cols) => (r, b) => e8m0ToNumber(scales[r * (cols / 32) + b]),
     4,
+    // Its bits are gemm_bf16's on the decoded weights (the dequant test below), not the twin's.
+    false,
   );
   reset();
   const rows = 3, cols = 64;
@@ -344,6 +348,7 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
       return (r, b) => bf16ToNumber(s[r * (cols / 32) + b]);
     },
     5,
+    true,
   );
   reset();
   const rows = 3, cols = 64;
@@ -364,6 +369,46 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
     rows,
   );
   assert.deepEqual(Array.from(f32At(y, rows)), [256, NaN, 256]);
+});
+
+Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
+  const gemm = instance.exports.gemm_bf16 as (...a: (number | bigint)[]) => void;
+  const rand = rng(5);
+  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96]]) {
+    reset();
+    const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+    // Every scale byte but NaN's 255, so subnormal (0, 1) and the largest exponents are decoded too.
+    const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37) % 255);
+    if (rows === 6) scales[7] = 255;
+    const m = { rows, cols, blocks, scales };
+    const [W, S] = [put(blocks), put(scales)];
+    const decoded = alloc(rows * cols * 2);
+    // Split as the pool splits rows: the decoded bytes must not depend on the range.
+    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 0, 2);
+    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 2, rows);
+    const bits = new Uint16Array(memory.buffer, Number(decoded), rows * cols);
+    for (let i = 0; i < rows * cols; i++) {
+      // f32 rounding only overflows: 4 · 2^127 and up are ±Inf.
+      const want = Math.fround(mxfp4At(m, Math.floor(i / cols), i % cols));
+      const got = new Float32Array(new Uint32Array([bits[i] << 16]).buffer)[0];
+      // === : code 8 (E2M1 −0) decodes to +0, as the exact matvec multiplies it.
+      assert.ok(got === want || (Number.isNaN(got) && Number.isNaN(want)), `${i}: ${got} ${want}`);
+    }
+    const nb = 9;
+    // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
+    const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
+    const X = put(x);
+    const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
+    gemm(decoded, X, Y, rows, cols, nb, 0, rows);
+    const batch = f32At(Y, nb * rows);
+    for (let b = 0; b < nb; b++) {
+      qk.matvec_mxfp4_exact(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
+      const one = f32At(y1, rows);
+      for (let r = 0; r < rows; r++) {
+        assert.ok(Object.is(one[r], batch[b * rows + r]), `${rows}×${cols} column ${b} row ${r}`);
+      }
+    }
+  }
 });
 
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {

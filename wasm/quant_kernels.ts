@@ -27,12 +27,25 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
-  /** matvec_mxfp4 with f32 x instead of its Q8 copy: every product exact, f32 sums. */
+  /**
+   * matvec_mxfp4 with f32 x instead of its Q8 copy: each weight its exact value, the row dots of
+   * gemm_bf16, so a batch's columns through dequant_mxfp4_bf16 + gemm_bf16 equal it bit for bit.
+   */
   matvec_mxfp4_exact(
     W: Ptr,
     S: Ptr,
     x: Ptr,
     y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** Rows [r0, r1) of MXFP4 W (scales S) written to out as bf16 [rows, cols], exactly. */
+  dequant_mxfp4_bf16(
+    W: Ptr,
+    S: Ptr,
+    out: Ptr,
     rows: number,
     cols: number,
     r0: number,
@@ -115,6 +128,7 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "quantize_act_q8",
   "matvec_mxfp4",
   "matvec_mxfp4_exact",
+  "dequant_mxfp4_bf16",
   "matvec_int4g32",
   "matvec_int4g32_exact",
   "matvec_fp8b128",

@@ -62,6 +62,12 @@ export interface WeightFormat {
    */
   readonly exactGemv?: { kernel: string; scaled: boolean };
   /**
+   * The batched path of those `exact` weights: `decode` (W, S, out, rows, cols, r0, r1) writes
+   * them exactly as the plain format `as`, whose gemm then multiplies the batch; every column
+   * equals `exactGemv` bit for bit, so batching still never changes output.
+   */
+  readonly exactGemm?: { decode: string; as: string };
+  /**
    * Encodes float32 `w` [rows, cols] (pack). vq3r needs the trained `codebooks` ([3][256][8],
    * engine/quant/vq3r.ts). Throws naming `what` for a matrix the format cannot hold.
    */
