@@ -50,7 +50,7 @@ export interface RunStats {
   speculative_reads: number;
   /** Speculatively read records that were then used. */
   speculative_used: number;
-  /** Lookahead predictions not read because their recent precision was below 1/2. */
+  /** Lookahead predictions not read because the gate measured that reading would not pay. */
   speculative_skipped: number;
   /** Share of routed experts the lookahead had predicted; null when it was off or idle. */
   lookahead_recall: number | null;
@@ -147,7 +147,7 @@ export function formatStats(s: RunStats): string {
     })`,
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
     (s.speculative_skipped
-      ? `, ${s.speculative_skipped} predictions not read (precision < 50%)`
+      ? `, ${s.speculative_skipped} predictions not read (they would not pay)`
       : "") +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
     `read          ${formatBytes(s.bytes_read)} (${formatBytes(s.bytes_read_per_token)}/token) ` +
