@@ -28,10 +28,14 @@ function referencePrecision(records: [number, number][]): number {
   return hits / guesses;
 }
 
+/** Routed flags of a prediction of `guessed` guesses whose first `hits` were routed. */
+const ranks = (guessed: number, hits: number) =>
+  Array.from({ length: guessed }, (_, k) => k < hits);
+
 /** A gate whose precision is `hits` of `guessed` after `n` identical predictions. */
 function gateAt(guessed: number, hits: number, n = 600): SpeculationGate {
   const gate = new SpeculationGate();
-  for (let i = 0; i < n; i++) gate.record(guessed, hits);
+  for (let i = 0; i < n; i++) gate.record(ranks(guessed, hits));
   return gate;
 }
 
@@ -40,7 +44,7 @@ Deno.test("gate: precision is the decayed share of predicted experts that were r
   const records: [number, number][] = [];
   for (const [g, h] of [[2, 2], [2, 0], [4, 3], [1, 1], [3, 0], [8, 5]] as [number, number][]) {
     for (let i = 0; i < 7; i++) {
-      gate.record(g, h);
+      gate.record(ranks(g, h));
       records.push([g, h]);
       assert.ok(Math.abs(gate.precision - referencePrecision(records)) < 1e-12);
     }
@@ -52,21 +56,48 @@ Deno.test("gate: reads when the measured saving beats the measured cost, else ho
   // Precision 3/4: a guess saves 0.75 × hidden × 6 ms, and costs blocked + 0.25 × regret × 6 ms.
   const cases: [SpeculationCosts, boolean, string][] = [
     [{ recordMs: rec, hidden: 1, blockedMs: 0, regret: 0 }, true, "free guesses"],
-    [{ recordMs: rec, hidden: 1, blockedMs: 4.4, regret: 0 }, true, "4.5 saved, 4.4 lost"],
-    [{ recordMs: rec, hidden: 1, blockedMs: 4.6, regret: 0 }, false, "4.5 saved, 4.6 lost"],
+    [{ recordMs: rec, hidden: 1, blockedMs: 4.2, regret: 0 }, true, "4.5 saved, 4.2 lost"],
+    [{ recordMs: rec, hidden: 1, blockedMs: 4.8, regret: 0 }, false, "4.5 saved, 4.8 lost"],
     [{ recordMs: rec, hidden: 0.1, blockedMs: 0.5, regret: 0 }, false, "landed too late"],
-    [{ recordMs: rec, hidden: 0.5, blockedMs: 0.5, regret: 1 }, true, "2.25 saved, 2 lost"],
-    [{ recordMs: rec, hidden: 0.5, blockedMs: 1, regret: 1 }, false, "2.25 saved, 2.5 lost"],
+    [{ recordMs: rec, hidden: 0.5, blockedMs: 0.2, regret: 1 }, true, "2.25 saved, 1.7 lost"],
+    [{ recordMs: rec, hidden: 0.5, blockedMs: 1.2, regret: 1 }, false, "2.25 saved, 2.7 lost"],
   ];
   for (const [costs, reads, why] of cases) {
-    const gate = gateAt(4, 3);
-    assert.ok(Math.abs(gate.precision - 0.75) < 1e-6);
+    // Every rank right 3 times in 4, at different predictions.
+    const gate = new SpeculationGate();
+    for (let i = 0; i < 600; i++) gate.record([0, 1, 2].map((k) => (i + k) % 4 !== 0));
+    // A decayed share of a periodic sequence swings a little around its mean.
+    assert.ok(Math.abs(gate.precision - 0.75) < 0.04, `precision ${gate.precision}`);
     assert.equal(gate.decide(costs, 3), reads ? 3 : 0, why);
   }
-  // The same costs open for good guesses and shut for poor ones.
+  // The same costs open for good guesses and shut for poor ones (every rank alike).
   const costs = { recordMs: rec, hidden: 0.8, blockedMs: 1.5, regret: 0.3 };
-  assert.equal(gateAt(10, 9).decide(costs, 2), 2);
-  assert.equal(gateAt(10, 2).decide(costs, 2), 0);
+  const uniform = (tenths: number) => {
+    const gate = new SpeculationGate();
+    for (let i = 0; i < 600; i++) gate.record([0, 1].map((k) => (i + k) % 10 < tenths));
+    return gate;
+  };
+  assert.equal(uniform(9).decide(costs, 2), 2);
+  assert.equal(uniform(2).decide(costs, 2), 0);
+});
+
+Deno.test("gate: each rank has its own precision; the leading ranks that pay are read", () => {
+  const gate = new SpeculationGate();
+  // Rank 0 always routed, rank 1 two times in three, rank 2 one in ten, rank 3 never.
+  for (let i = 0; i < 600; i++) gate.record([true, i % 3 !== 0, i % 10 === 0, false]);
+  assert.ok(Math.abs(gate.precisionAt(1) - 2 / 3) < 0.02);
+  // A guess of precision p saves 6p ms and costs the blocked time.
+  const costs = (blockedMs: number) => ({ recordMs: 6, hidden: 1, blockedMs, regret: 0 });
+  assert.equal(gate.decide(costs(0.1), 4), 3, "rank 2 saves about 0.6 ms, rank 3 nothing");
+  assert.equal(gate.decide(costs(1), 4), 2, "rank 2 no longer pays");
+  assert.equal(gate.decide(costs(1), 1), 1, "never more than asked");
+  assert.equal(gate.decide(costs(3.5), 4), 2, "rank 1 saves about 4 ms");
+  assert.equal(gate.decide(costs(4.5), 4), 1, "rank 1 no longer pays");
+  assert.equal(gate.decide(costs(6.5), 4), 0);
+  // With regret, a wrong guess also costs the record it evicted: rank 1 saves 4 ms and costs
+  // 1 + (1/3) × 6 = 3 ms at full regret, rank 2 loses.
+  assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 1, regret: 1 }, 4), 2);
+  assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 2.5, regret: 1 }, 4), 1);
 });
 
 Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2", () => {
@@ -74,8 +105,13 @@ Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2
   // measured but all of it, no regret.
   const start = { recordMs: 9, hidden: 1, blockedMs: 4.5, regret: 0 };
   assert.equal(new SpeculationGate().decide(start, 1), 1, "a fresh gate reads its first guess");
-  assert.equal(gateAt(10, 6).decide(start, 1), 1);
-  assert.equal(gateAt(10, 4).decide(start, 1), 0);
+  const gateOf = (routed: (i: number) => boolean) => {
+    const gate = new SpeculationGate();
+    for (let i = 0; i < 600; i++) gate.record([routed(i)]);
+    return gate;
+  };
+  assert.equal(gateOf((i) => i % 10 < 7).decide(start, 1), 1, "precision 0.7");
+  assert.equal(gateOf((i) => i % 10 < 3).decide(start, 1), 0, "precision 0.3");
 });
 
 Deno.test("gate: a closed gate still reads one guess every GATE_PROBE_EVERY predictions", () => {
@@ -112,16 +148,15 @@ async function decodeWith(lookahead: number, mode: SpeculationGate["mode"]) {
   }
 }
 
-Deno.test("guessing every expert (precision 4/64) reads the first guess and the probes", async () => {
+Deno.test("guessing every expert (precision 4/64) reads only the leading ranks", async () => {
   const r = await decodeWith(64, "measured");
   const la = r.la!;
   assert.ok(la.gate.precision < 0.1);
   assert.equal(la.recall, 1, "a guess of every expert contains every routed one");
-  // The first prediction is read (precision starts at 1/2); after it the gate is shut, and only
-  // every GATE_PROBE_EVERY-th prediction reads one guess.
-  const probes = Math.floor((r.predictions - 1) / GATE_PROBE_EVERY);
-  assert.equal(la.stats.skipped, r.predictions - 1 - probes);
-  assert.ok(r.spec <= 64 + probes, `${r.spec} reads`);
+  // The router's own top guesses are right far more often than its last ones, and only the first
+  // prediction (every rank at its starting precision of 1/2) may read all 64.
+  assert.ok(la.gate.precisionAt(0) > 0.5 && la.gate.precisionAt(63) < 0.05);
+  assert.ok(r.spec < 64 + 8 * r.predictions, `${r.spec} reads in ${r.predictions} predictions`);
 });
 
 Deno.test("logits are bit-identical with the gate forced open, forced shut and measured", async () => {

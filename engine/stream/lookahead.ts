@@ -77,10 +77,13 @@ export class DecayedRatio {
 }
 
 /**
- * Whether the next prediction should be read: a read pays when what it saves beats what it costs,
- * both in disk time per guess, from measured quantities.
+ * How many of the next prediction's guesses should be read: a guess pays when what it saves beats
+ * what it costs, both in disk time per guess, from measured quantities. Guesses are ranked by the
+ * router's score, and each rank keeps its own precision, so a prediction reads its leading ranks
+ * that pay.
  *
- * - Saved: a guess that a demand access then uses (precision p) takes its record's read off the
+ * - Saved: a guess that a demand access then uses (precision p of its rank) takes its record's
+ *   read off the
  *   demand path, for the share of it that landed before its layer asked (`hidden`):
  *   p × hidden × recordMs.
  * - Cost: disk time during which a read the engine needed waited behind guesses (`blockedMs`,
@@ -97,11 +100,18 @@ export class SpeculationGate {
   /** "measured": decide from the costs; "always" / "never" pin the decision (tests, benches). */
   mode: "measured" | "always" | "never" = "measured";
   readonly #precision = new DecayedRatio(0.5);
+  readonly #byRank: DecayedRatio[] = [];
   #closedRun = 0;
 
-  /** Scores one prediction of `guessed` experts of which `hits` were routed. */
-  record(guessed: number, hits: number): void {
-    this.#precision.add(hits, guessed);
+  /** Scores one prediction: `routed[k]` says whether its guess of rank k was routed. */
+  record(routed: readonly boolean[]): void {
+    let hits = 0;
+    routed.forEach((hit, k) => {
+      if (hit) hits++;
+      this.#byRank[k] ??= new DecayedRatio(0.5);
+      this.#byRank[k].add(hit ? 1 : 0, 1);
+    });
+    this.#precision.add(hits, routed.length);
   }
 
   /** Decayed share of predicted experts that were routed. */
@@ -109,22 +119,29 @@ export class SpeculationGate {
     return this.#precision.value;
   }
 
-  /** Net disk time a read saves per guess at `costs` (negative: it loses). */
-  gain(costs: SpeculationCosts): number {
-    const p = this.precision;
+  /** Decayed share of guesses of rank `k` (0: the router's top score) that were routed. */
+  precisionAt(k: number): number {
+    return this.#byRank[k]?.value ?? 0.5;
+  }
+
+  /** Net disk time a read of a guess of precision `p` saves at `costs` (negative: it loses). */
+  gain(costs: SpeculationCosts, p: number): number {
     return p * costs.hidden * costs.recordMs -
       (costs.blockedMs + (1 - p) * costs.regret * costs.recordMs);
   }
 
   /**
-   * How many of `n` guesses the next prediction reads at `costs`: all of them when it pays, else
-   * none, but one on every {@link GATE_PROBE_EVERY}-th prediction in a row kept closed.
+   * How many of the `n` ranked guesses of the next prediction to read at `costs`: the leading
+   * ranks whose reads pay, else none but the first on every {@link GATE_PROBE_EVERY}-th
+   * prediction in a row kept shut.
    */
   decide(costs: SpeculationCosts, n: number): number {
     if (this.mode !== "measured") return this.mode === "always" ? n : 0;
-    if (this.gain(costs) >= 0) {
+    let k = 0;
+    while (k < n && this.gain(costs, this.precisionAt(k)) >= 0) k++;
+    if (k > 0) {
       this.#closedRun = 0;
-      return n;
+      return k;
     }
     this.#closedRun++;
     return this.#closedRun % GATE_PROBE_EVERY === 0 ? Math.min(1, n) : 0;
@@ -146,7 +163,8 @@ export class Lookahead {
   #target: Speculator;
   #n: number;
   #logits: number;
-  #pending = new Map<number, Set<number>>();
+  /** Each predicted layer's guesses, best first. */
+  #pending = new Map<number, number[]>();
 
   constructor(
     ops: Ops,
@@ -178,11 +196,11 @@ export class Lookahead {
     const predicted = this.#pending.get(layer);
     if (predicted) {
       this.#pending.delete(layer);
-      let hits = 0;
-      for (const e of routes[0].ids) if (predicted.has(e)) hits++;
-      this.stats.predictedHits += hits;
+      const routed = new Set(routes[0].ids);
+      const ranks = predicted.map((e) => routed.has(e));
+      this.stats.predictedHits += ranks.filter((hit) => hit).length;
       this.stats.routed += routes[0].ids.length;
-      this.gate.record(predicted.size, hits);
+      this.gate.record(ranks);
     }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
     const router = next >= 0 ? this.#routers[next] : null;
@@ -195,9 +213,9 @@ export class Lookahead {
     const logits = this.#ops.f32(this.#logits, moe.numExperts);
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guess = route(moe, logits, bias, this.#n).ids;
-    this.#pending.set(next, new Set(guess));
-    const read = this.gate.decide(this.#target.speculationCosts, this.#n);
-    if (read > 0) this.#target.speculate(next, guess, read);
+    this.#pending.set(next, guess);
+    const read = this.gate.decide(this.#target.speculationCosts, guess.length);
+    if (read > 0) this.#target.speculate(next, guess.slice(0, read), read);
     else this.stats.skipped++;
   }
 }
