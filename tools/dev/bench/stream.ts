@@ -453,9 +453,9 @@ export function formatStreamReport(r: StreamBenchResult): string {
     "",
     `roofline ${r.roofline_tok_s.toFixed(2)} tok/s; disk ${r.disk_ms_per_token.toFixed(1)} ` +
     `ms/token; compute ${
-      Number.isNaN(r.compute_ms_per_token)
-        ? "(resident run skipped)"
-        : `${r.compute_ms_per_token.toFixed(1)} ms/token resident`
+      r.runs.some((x) => x.label.startsWith("whole model resident"))
+        ? `${r.compute_ms_per_token.toFixed(1)} ms/token resident`
+        : "(resident run skipped)"
     } ` +
     `(${r.compute_ms_per_token_by_subtraction.toFixed(1)} by subtracting io wait)`,
     "",
