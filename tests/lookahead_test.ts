@@ -53,14 +53,14 @@ Deno.test("gate: precision is the decayed share of predicted experts that were r
 
 Deno.test("gate: reads when the measured saving beats the measured cost, else holds", () => {
   const rec = 6; // ms of disk per record
-  // Precision 3/4: a guess saves 0.75 × hidden × 6 ms, and costs blocked + 0.25 × regret × 6 ms.
+  // Precision 3/4: a guess saves 0.75 × hidden × 6 ms, and costs 0.25 × (blocked + regret × 6).
   const cases: [SpeculationCosts, boolean, string][] = [
     [{ recordMs: rec, hidden: 1, blockedMs: 0, regret: 0 }, true, "free guesses"],
-    [{ recordMs: rec, hidden: 1, blockedMs: 4.2, regret: 0 }, true, "4.5 saved, 4.2 lost"],
-    [{ recordMs: rec, hidden: 1, blockedMs: 4.8, regret: 0 }, false, "4.5 saved, 4.8 lost"],
-    [{ recordMs: rec, hidden: 0.1, blockedMs: 0.5, regret: 0 }, false, "landed too late"],
-    [{ recordMs: rec, hidden: 0.5, blockedMs: 0.2, regret: 1 }, true, "2.25 saved, 1.7 lost"],
-    [{ recordMs: rec, hidden: 0.5, blockedMs: 1.2, regret: 1 }, false, "2.25 saved, 2.7 lost"],
+    [{ recordMs: rec, hidden: 1, blockedMs: 12, regret: 0 }, true, "4.5 saved, 3 lost"],
+    [{ recordMs: rec, hidden: 1, blockedMs: 24, regret: 0 }, false, "4.5 saved, 6 lost"],
+    [{ recordMs: rec, hidden: 0.1, blockedMs: 4, regret: 0 }, false, "landed too late"],
+    [{ recordMs: rec, hidden: 0.5, blockedMs: 1, regret: 1 }, true, "2.25 saved, 1.75 lost"],
+    [{ recordMs: rec, hidden: 0.5, blockedMs: 6, regret: 1 }, false, "2.25 saved, 3 lost"],
   ];
   for (const [costs, reads, why] of cases) {
     // Every rank right 3 times in 4, at different predictions.
@@ -86,24 +86,23 @@ Deno.test("gate: each rank has its own precision; the leading ranks that pay are
   // Rank 0 always routed, rank 1 two times in three, rank 2 one in ten, rank 3 never.
   for (let i = 0; i < 600; i++) gate.record([true, i % 3 !== 0, i % 10 === 0, false]);
   assert.ok(Math.abs(gate.precisionAt(1) - 2 / 3) < 0.02);
-  // A guess of precision p saves 6p ms and costs the blocked time.
+  // A guess of precision p saves 6p ms and costs (1 − p) × the blocked time.
   const costs = (blockedMs: number) => ({ recordMs: 6, hidden: 1, blockedMs, regret: 0 });
   assert.equal(gate.decide(costs(0.1), 4), 3, "rank 2 saves about 0.6 ms, rank 3 nothing");
   assert.equal(gate.decide(costs(1), 4), 2, "rank 2 no longer pays");
   assert.equal(gate.decide(costs(1), 1), 1, "never more than asked");
-  assert.equal(gate.decide(costs(3.5), 4), 2, "rank 1 saves about 4 ms");
-  assert.equal(gate.decide(costs(4.5), 4), 1, "rank 1 no longer pays");
-  assert.equal(gate.decide(costs(6.5), 4), 0);
-  // With regret, a wrong guess also costs the record it evicted: rank 1 saves 4 ms and costs
-  // 1 + (1/3) × 6 = 3 ms at full regret, rank 2 loses.
+  assert.equal(gate.decide(costs(10), 4), 2, "rank 1 saves about 4 ms and costs 10 / 3");
+  assert.equal(gate.decide(costs(14), 4), 1, "rank 1 no longer pays");
+  assert.equal(gate.decide({ ...costs(1), hidden: 0 }, 4), 0, "nothing lands in time");
+  // With regret, a wrong guess also costs the record it evicted: at full regret rank 1 costs
+  // (1/3) × (1 + 6) of its 4 ms, and (1/3) × (7 + 6) at 7 ms blocked.
   assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 1, regret: 1 }, 4), 2);
-  assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 2.5, regret: 1 }, 4), 1);
+  assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 7, regret: 1 }, 4), 1);
 });
 
 Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2", () => {
-  // The store's starting costs: nothing blocked measured yet but half a record, nothing hidden
-  // measured but all of it, no regret.
-  const start = { recordMs: 9, hidden: 1, blockedMs: 4.5, regret: 0 };
+  // The store's starting costs: a whole record blocked, all of it hidden, no regret.
+  const start = { recordMs: 9, hidden: 1, blockedMs: 9, regret: 0 };
   assert.equal(new SpeculationGate().decide(start, 1), 1, "a fresh gate reads its first guess");
   const gateOf = (routed: (i: number) => boolean) => {
     const gate = new SpeculationGate();

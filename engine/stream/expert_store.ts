@@ -96,11 +96,11 @@ export class ExpertStore implements ExpertSource {
     }
   >();
   /** Measured for {@link speculationCosts}: disk ms per byte, the share of a used guess landed
-   * when asked for, blocked disk time per guess in records, regret. The blocked time starts at
-   * half a record, so until it is measured the gate reads at precision ≥ 1/2. */
+   * when asked for, blocked disk time per guess in records, regret. The blocked time starts at a
+   * whole record, so until it is measured the gate reads at precision ≥ 1/2. */
   #msPerByte = new DecayedRatio(1e-6);
   #hidden = new DecayedRatio(1);
-  #blockedRecords = new DecayedRatio(0.5);
+  #blockedRecords = new DecayedRatio(1);
   #regret = new DecayedRatio(0);
   #lastDisk: DiskStats | null = null;
   #lastGuesses = 0;

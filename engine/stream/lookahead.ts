@@ -83,16 +83,15 @@ export class DecayedRatio {
  * that pay.
  *
  * - Saved: a guess that a demand access then uses (precision p of its rank) takes its record's
- *   read off the
- *   demand path, for the share of it that landed before its layer asked (`hidden`):
- *   p × hidden × recordMs.
- * - Cost: disk time during which a read the engine needed waited behind guesses (`blockedMs`,
- *   per guess), plus for a wrong guess the record it evicted when a later token then misses it
- *   (`regret`): blockedMs + (1 − p) × regret × recordMs.
+ *   read off the demand path, for the share of it that landed before its layer asked
+ *   (`hidden`): p × hidden × recordMs.
+ * - Cost: a wrong guess holds the disk from reads the engine needs (`blockedMs`, measured per
+ *   guess; a right guess holding the disk reads bytes its layer needs anyway) and may have evicted
+ *   a record a later token misses (`regret`): (1 − p) × (blockedMs + regret × recordMs).
  *
  * Precision is scored on every prediction, read or not; the hidden share and the blocked time are
  * only measured while reading, so a closed gate still reads the first guess of every
- * {@link GATE_PROBE_EVERY}-th prediction. The store starts the blocked time at half a record, so
+ * {@link GATE_PROBE_EVERY}-th prediction. The store starts the blocked time at a whole record, so
  * before anything is measured the gate reads at p ≥ 1/2 (the precision starts at 1/2).
  * Output never depends on the gate: it only moves reads in time.
  */
@@ -127,7 +126,7 @@ export class SpeculationGate {
   /** Net disk time a read of a guess of precision `p` saves at `costs` (negative: it loses). */
   gain(costs: SpeculationCosts, p: number): number {
     return p * costs.hidden * costs.recordMs -
-      (costs.blockedMs + (1 - p) * costs.regret * costs.recordMs);
+      (1 - p) * (costs.blockedMs + costs.regret * costs.recordMs);
   }
 
   /**
