@@ -32,7 +32,11 @@ export type ReadPriority = typeof ReadPriority[keyof typeof ReadPriority];
 export interface DiskStats {
   /** Milliseconds during which at least one read ran. */
   busyMs: number;
-  /** Milliseconds during which a more urgent read was queued while a speculative one ran. */
+  /**
+   * Disk time speculative reads held while a more urgent read was queued or running: all of the
+   * time an urgent read waited for a thread, their share of the running reads while they ran
+   * beside urgent ones (the disk's bandwidth is what they share).
+   */
   blockedMs: number;
   /** Bytes of completed reads. */
   bytes: number;

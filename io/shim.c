@@ -62,7 +62,7 @@ typedef struct sio_queue {
   int urgent_running; /* reads of the classes above the last one being served right now */
   int spec_running;   /* reads of the last class being served right now */
   /* Disk accounting for the lookahead's cost-benefit gate (see sio_stats): time with any read
-   * running, time an urgent read sat queued while a speculative one ran, bytes completed. */
+   * running, disk time guesses held from urgent reads, bytes completed. */
   int64_t busy_ns, blocked_ns, bytes_done, last_ns;
   int64_t next_seq;
   struct sio_queue *next_live; /* registry for the unload destructor */
@@ -223,13 +223,22 @@ static int64_t now_ns(void) {
 }
 
 /* Adds the time since the last change of the queue's state to its counters; call with the mutex
- * held before every change (submit, start, finish, withdraw). */
+ * held before every change (submit, start, finish, withdraw). While the engine wants the disk (an
+ * urgent read queued or running), the running speculative reads' share of the running reads is
+ * the share of the disk they hold from it: all of it when urgent reads wait for a thread, half of
+ * it when one guess shares the disk with one urgent read. */
 static void account(sio_queue *q) {
   int64_t t = now_ns();
   int64_t dt = q->last_ns > 0 ? t - q->last_ns : 0;
   q->last_ns = t;
-  if (q->urgent_running + q->spec_running > 0) q->busy_ns += dt;
-  if (q->spec_running > 0 && q->queued > q->fifo_len[SIO_CLASSES - 1]) q->blocked_ns += dt;
+  int running = q->urgent_running + q->spec_running;
+  if (running > 0) q->busy_ns += dt;
+  int urgent_queued = q->queued - q->fifo_len[SIO_CLASSES - 1];
+  if (q->spec_running > 0 && (urgent_queued > 0 || q->urgent_running > 0)) {
+    q->blocked_ns += urgent_queued > 0 && q->urgent_running == 0
+                         ? dt
+                         : dt * q->spec_running / running;
+  }
 }
 
 /* Removes queued slot `i` from its class's ring (keeping the others' order). */
@@ -485,8 +494,8 @@ int32_t sio_cancel(sio_queue *q, int64_t ticket) {
 }
 
 /* Disk accounting since the queue was made, into out[0..3]: nanoseconds with any read running,
- * nanoseconds during which an urgent read was queued while a speculative one ran (the time a
- * guess held the disk from a read the engine needed), bytes completed, and the clock now. */
+ * nanoseconds of disk time speculative reads held while a more urgent read was queued or running
+ * (see account), bytes completed, and the clock now. */
 void sio_stats(sio_queue *q, int64_t *out) {
   pthread_mutex_lock(&q->mu);
   account(q);

@@ -1,7 +1,8 @@
 /**
  * The shim's priority classes under control: a read that has not started can be moved to a more
  * urgent class (a guess the engine now waits for) or withdrawn (a guess its layer did not use),
- * and the disk accounting counts the time an urgent read waited behind a speculative one. Reads
+ * and the disk accounting counts the time an urgent read waited behind a speculative one.
+ * (Their sharing of the disk while both run needs two threads and is not timed here.) Reads
  * are slowed with SLUICE_FAULTS delays so their order is certain on one reader thread; the shim
  * reads that variable once per process, so the checks run in a child process.
  */

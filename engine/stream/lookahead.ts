@@ -32,7 +32,8 @@ export interface SpeculationCosts {
   recordMs: number;
   /** Share of a used guess that had landed by the time its layer asked for it. */
   hidden: number;
-  /** Disk time per issued guess during which a read the engine needed waited behind guesses. */
+  /** Disk time per issued guess that guesses held while reads the engine needed were queued or
+   * running (their share of the disk then). */
   blockedMs: number;
   /** Share of records evicted to make room for a guess that a demand access missed afterwards. */
   regret: number;
@@ -85,8 +86,8 @@ export class DecayedRatio {
  * - Saved: a guess that a demand access then uses (precision p of its rank) takes its record's
  *   read off the demand path, for the share of it that landed before its layer asked
  *   (`hidden`): p × hidden × recordMs.
- * - Cost: a wrong guess holds the disk from reads the engine needs (`blockedMs`, measured per
- *   guess; a right guess holding the disk reads bytes its layer needs anyway) and may have evicted
+ * - Cost: a wrong guess holds the disk from reads the engine needs (`blockedMs`, its share of
+ *   the disk while they wait or run beside it, measured per guess; a right guess holding the disk reads bytes its layer needs anyway) and may have evicted
  *   a record a later token misses (`regret`): (1 − p) × (blockedMs + regret × recordMs).
  *
  * Precision is scored on every prediction, read or not; the hidden share and the blocked time are
