@@ -4,7 +4,7 @@
  * a child that died (the cgroup's OOM kill, an error) is reported by configuration and cause.
  */
 import assert from "node:assert/strict";
-import { runChild } from "../tools/dev/bench/stream.ts";
+import { median, runChild } from "../tools/dev/bench/stream.ts";
 import { parseChildOutput, runJob, type StreamJob } from "../tools/dev/bench/stream_child.ts";
 import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 
@@ -81,4 +81,11 @@ Deno.test({
     assert.equal(child[0].cgroup_peak_bytes, null);
     assert.ok(child[0].peak_rss_bytes > 0);
   },
+});
+
+Deno.test("bench stream: the median of the repeats", () => {
+  assert.equal(median([3, 1, 2]), 2);
+  assert.equal(median([4, 1, 2, 3]), 2.5);
+  assert.equal(median([7]), 7);
+  assert.ok(Number.isNaN(median([])));
 });
