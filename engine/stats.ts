@@ -50,7 +50,9 @@ export interface RunStats {
   speculative_reads: number;
   /** Speculatively read records that were then used. */
   speculative_used: number;
-  /** Lookahead predictions not read because their recent precision was below 1/2. */
+  /** Speculative reads withdrawn before they ran because their layer did not use them. */
+  speculative_cancelled: number;
+  /** Lookahead predictions not read because the gate measured that reading would not pay. */
   speculative_skipped: number;
   /** Share of routed experts the lookahead had predicted; null when it was off or idle. */
   lookahead_recall: number | null;
@@ -115,6 +117,7 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
     speculative_reads: store?.speculative ?? 0,
     speculative_used: store?.speculativeUsed ?? 0,
+    speculative_cancelled: store?.speculativeCancelled ?? 0,
     speculative_skipped: model.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: lookaheadRecall,
     bytes_read: bytes,
@@ -145,9 +148,10 @@ export function formatStats(s: RunStats): string {
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
     })`,
-    `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used` +
+    `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used, ` +
+    `${s.speculative_cancelled} withdrawn` +
     (s.speculative_skipped
-      ? `, ${s.speculative_skipped} predictions not read (precision < 50%)`
+      ? `, ${s.speculative_skipped} predictions not read (they would not pay)`
       : "") +
     (s.lookahead_recall === null ? "" : `, lookahead recall ${pct(s.lookahead_recall)}`),
     `read          ${formatBytes(s.bytes_read)} (${formatBytes(s.bytes_read_per_token)}/token) ` +

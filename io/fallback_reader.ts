@@ -87,6 +87,23 @@ export class FallbackReader implements BlockReader {
     return true;
   }
 
+  /** Never moves anything: every read completed in submit. */
+  reprioritize(t: ReadTicket): boolean {
+    this.wait(t);
+    return false;
+  }
+
+  /** Never withdraws anything: every read completed in submit. */
+  cancel(t: ReadTicket): boolean {
+    this.wait(t);
+    return false;
+  }
+
+  /** Reads run on the calling thread, so no disk time is kept apart from the caller's. */
+  diskStats(): null {
+    return null;
+  }
+
   /** Reads `length` bytes at `fileOffset` into the arena at `arenaOffset`. */
   read(handle: number, arenaOffset: number, length: number, fileOffset: number): void {
     const f = this.#file(handle);

@@ -23,6 +23,8 @@ export interface LoggedRead {
   priority: ReadPriority;
   /** Position of the forward call that issued it (-1: while opening the model). */
   position: number;
+  /** Withdrawn before it started (a lookahead guess its layer did not use): never read. */
+  cancelled?: boolean;
 }
 
 /** A read log as plain data (what a child process can send back as JSON). */
@@ -82,7 +84,10 @@ export class ReadLog implements ReadLogData {
   }
 }
 
-/** Reads submitted at positions in [from, to), their bytes and the positions they span. */
+/**
+ * Reads submitted at positions in [from, to) and not withdrawn, their bytes and the positions they
+ * span.
+ */
 export function readsIn(
   log: ReadLogData,
   from = 0,
@@ -91,7 +96,7 @@ export function readsIn(
   let reads = 0, bytes = 0;
   const positions = new Set<number>();
   for (const r of log.reads) {
-    if (r.position < from || r.position >= to) continue;
+    if (r.position < from || r.position >= to || r.cancelled) continue;
     reads++;
     bytes += r.length;
     positions.add(r.position);
@@ -174,6 +179,28 @@ class LoggingReader implements BlockReader {
     return done;
   }
 
+  reprioritize(t: ReadTicket, priority: ReadPriority): boolean {
+    const moved = this.#inner.reprioritize(t, priority);
+    const r = this.#pending.get(t);
+    // A promoted guess is replayed in the class it was read in.
+    if (moved && r !== undefined) this.#log.reads[r].priority = priority;
+    return moved;
+  }
+
+  cancel(t: ReadTicket): boolean {
+    const withdrawn = this.#inner.cancel(t);
+    const r = this.#pending.get(t);
+    if (withdrawn && r !== undefined) {
+      this.#pending.delete(t);
+      this.#log.reads[r].cancelled = true;
+    }
+    return withdrawn;
+  }
+
+  diskStats(): ReturnType<BlockReader["diskStats"]> {
+    return this.#inner.diskStats();
+  }
+
   read(handle: number, arenaOffset: number, length: number, fileOffset: number): void {
     this.wait(this.submit(handle, arenaOffset, length, fileOffset));
   }
@@ -233,7 +260,8 @@ export interface ReplayOptions {
  */
 export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayResult {
   const from = opts.from ?? -Infinity, to = opts.to ?? Infinity;
-  const keep = (r: number) => log.reads[r].position >= from && log.reads[r].position < to;
+  const keep = (r: number) =>
+    log.reads[r].position >= from && log.reads[r].position < to && !log.reads[r].cancelled;
   let events = log.events.filter((e) => keep(e >= 0 ? e : ~e));
   let depth = 0;
   for (let i = 0, n = 0; i < events.length; i++) {

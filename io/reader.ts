@@ -34,6 +34,22 @@ export const ReadPriority = { DEMAND: 0, AHEAD: 1, SPECULATIVE: 2 } as const;
 /** One of {@link ReadPriority}'s values. */
 export type ReadPriority = typeof ReadPriority[keyof typeof ReadPriority];
 
+/** What a reader's threads did since it started (cumulative; compare two readings). */
+export interface DiskStats {
+  /** Milliseconds during which at least one read ran. */
+  busyMs: number;
+  /**
+   * Disk time speculative reads held while a more urgent read was queued or running: all of the
+   * time an urgent read waited for a thread, their share of the running reads while they ran
+   * beside urgent ones (the disk's bandwidth is what they share).
+   */
+  blockedMs: number;
+  /** Bytes of completed reads. */
+  bytes: number;
+  /** The reader's clock (ms) when these were taken. */
+  atMs: number;
+}
+
 /** Positional file reads into the arena, several in flight at once. */
 export interface BlockReader {
   /** "shim-direct": C shim bypassing the page cache; "shim-buffered": C shim through the page
@@ -62,6 +78,18 @@ export interface BlockReader {
   /** True once the read completed (it is then reaped; a later wait returns at once). Throws like
    * {@link BlockReader.wait} when the read failed. */
   poll(t: ReadTicket): boolean;
+  /**
+   * Moves a read that has not started yet to `priority` (a guess the engine now waits for).
+   * Returns whether it moved; false when it already started or finished.
+   */
+  reprioritize(t: ReadTicket, priority: ReadPriority): boolean;
+  /**
+   * Withdraws a read that has not started yet. True: it never runs and its ticket is spent (do
+   * not wait on it). False: it already started or finished; wait on it as usual.
+   */
+  cancel(t: ReadTicket): boolean;
+  /** The disk's accounting since the reader started, or null where the reader keeps none. */
+  diskStats(): DiskStats | null;
   /** submit + wait. */
   read(handle: number, arenaOffset: number, length: number, fileOffset: number): void;
   /** Closes the file; throws while reads on it are still in flight. */

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SIO_SLOT_BITS 12
@@ -39,6 +40,7 @@ typedef struct {
   uint64_t len;
   int64_t off;
   int64_t result; /* bytes read (may be short at end of file) or -errno */
+  int cls;        /* priority class while queued */
 } sio_slot;
 
 typedef struct sio_queue {
@@ -59,6 +61,10 @@ typedef struct sio_queue {
   int fifo_len[SIO_CLASSES];
   int queued; /* sum of fifo_len */
   int urgent_running; /* reads of the classes above the last one being served right now */
+  int spec_running;   /* reads of the last class being served right now */
+  /* Disk accounting for the lookahead's cost-benefit gate (see sio_stats): time with any read
+   * running, disk time guesses held from urgent reads, bytes completed. */
+  int64_t busy_ns, blocked_ns, bytes_done, last_ns;
   int64_t next_seq;
   struct sio_queue *next_live; /* registry for the unload destructor */
 } sio_queue;
@@ -229,6 +235,55 @@ int64_t sio_pread(int32_t fd, void *dst, uint64_t len, int64_t off) {
   return (int64_t)got;
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Adds the time since the last change of the queue's state to its counters; call with the mutex
+ * held before every change (submit, start, finish, withdraw). While the engine wants the disk (an
+ * urgent read queued or running), the running speculative reads' share of the running reads is
+ * the share of the disk they hold from it: all of it when urgent reads wait for a thread, half of
+ * it when one guess shares the disk with one urgent read. */
+static void account(sio_queue *q) {
+  int64_t t = now_ns();
+  int64_t dt = q->last_ns > 0 ? t - q->last_ns : 0;
+  q->last_ns = t;
+  int running = q->urgent_running + q->spec_running;
+  if (running > 0) q->busy_ns += dt;
+  int urgent_queued = q->queued - q->fifo_len[SIO_CLASSES - 1];
+  if (q->spec_running > 0 && (urgent_queued > 0 || q->urgent_running > 0)) {
+    q->blocked_ns += urgent_queued > 0 && q->urgent_running == 0
+                         ? dt
+                         : dt * q->spec_running / running;
+  }
+}
+
+/* Removes queued slot `i` from its class's ring (keeping the others' order). */
+static void unqueue(sio_queue *q, int i) {
+  int c = q->slots[i].cls;
+  int n = q->fifo_len[c];
+  for (int k = 0; k < n; k++) {
+    int at = (q->fifo_head[c] + k) % q->capacity;
+    if (q->fifo[c][at] != i) continue;
+    for (int m = k; m + 1 < n; m++) {
+      q->fifo[c][(q->fifo_head[c] + m) % q->capacity] =
+          q->fifo[c][(q->fifo_head[c] + m + 1) % q->capacity];
+    }
+    q->fifo_len[c]--;
+    q->queued--;
+    return;
+  }
+}
+
+static void enqueue(sio_queue *q, int i, int c) {
+  q->slots[i].cls = c;
+  q->fifo[c][(q->fifo_head[c] + q->fifo_len[c]) % q->capacity] = i;
+  q->fifo_len[c]++;
+  q->queued++;
+}
+
 static void *reader_main(void *arg) {
   sio_queue *q = (sio_queue *)arg;
   pthread_mutex_lock(&q->mu);
@@ -245,7 +300,9 @@ static void *reader_main(void *arg) {
       pthread_cond_wait(&q->work, &q->mu);
     }
     if (c == SIO_CLASSES) break; /* stop requested and nothing left to serve */
+    account(q);
     if (c < SIO_CLASSES - 1) q->urgent_running++;
+    else q->spec_running++;
     int i = q->fifo[c][q->fifo_head[c]];
     q->fifo_head[c] = (q->fifo_head[c] + 1) % q->capacity;
     q->fifo_len[c]--;
@@ -259,9 +316,12 @@ static void *reader_main(void *arg) {
     pthread_mutex_unlock(&q->mu);
     int64_t r = sio_pread(fd, dst, len, off);
     pthread_mutex_lock(&q->mu);
+    account(q);
     s->result = r;
     s->state = SLOT_DONE;
-    if (c < SIO_CLASSES - 1 && --q->urgent_running == 0 && q->fifo_len[SIO_CLASSES - 1] > 0) {
+    if (r > 0) q->bytes_done += r;
+    if (c == SIO_CLASSES - 1) q->spec_running--;
+    else if (--q->urgent_running == 0 && q->fifo_len[SIO_CLASSES - 1] > 0) {
       pthread_cond_broadcast(&q->work);
     }
     pthread_cond_broadcast(&q->done);
@@ -364,9 +424,8 @@ int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t of
   s->off = off;
   s->result = 0;
   s->state = SLOT_QUEUED;
-  q->fifo[c][(q->fifo_head[c] + q->fifo_len[c]) % q->capacity] = i;
-  q->fifo_len[c]++;
-  q->queued++;
+  account(q);
+  enqueue(q, i, c);
   int64_t ticket = s->ticket;
   pthread_cond_signal(&q->work);
   pthread_mutex_unlock(&q->mu);
@@ -410,6 +469,60 @@ int64_t sio_wait(sio_queue *q, int64_t ticket) {
   q->free_list[q->nfree++] = (int)(s - q->slots);
   pthread_mutex_unlock(&q->mu);
   return r;
+}
+
+/* Moves a read that has not started to class `prio` (at the end of its ring): a speculative read
+ * the engine now waits for becomes urgent. Returns 1 when moved, 0 when it already started or
+ * finished or is in that class, -ENOENT for an unknown or already reaped ticket. */
+int32_t sio_reclass(sio_queue *q, int64_t ticket, int32_t prio) {
+  int c = prio < 0 ? 0 : prio >= SIO_CLASSES ? SIO_CLASSES - 1 : prio;
+  pthread_mutex_lock(&q->mu);
+  sio_slot *s = slot_of(q, ticket);
+  int32_t r = 0;
+  if (!s) r = -ENOENT;
+  else if (s->state == SLOT_QUEUED && s->cls != c) {
+    account(q);
+    int i = (int)(s - q->slots);
+    unqueue(q, i);
+    enqueue(q, i, c);
+    pthread_cond_broadcast(&q->work);
+    r = 1;
+  }
+  pthread_mutex_unlock(&q->mu);
+  return r;
+}
+
+/* Withdraws a read that has not started: returns 1 and frees its slot (the ticket is then
+ * unknown), 0 when it already started or finished (wait for it as usual), -ENOENT for an unknown
+ * or already reaped ticket. */
+int32_t sio_cancel(sio_queue *q, int64_t ticket) {
+  pthread_mutex_lock(&q->mu);
+  sio_slot *s = slot_of(q, ticket);
+  int32_t r = 0;
+  if (!s) r = -ENOENT;
+  else if (s->state == SLOT_QUEUED) {
+    account(q);
+    int i = (int)(s - q->slots);
+    unqueue(q, i);
+    s->state = SLOT_FREE;
+    q->free_list[q->nfree++] = i;
+    r = 1;
+  }
+  pthread_mutex_unlock(&q->mu);
+  return r;
+}
+
+/* Disk accounting since the queue was made, into out[0..3]: nanoseconds with any read running,
+ * nanoseconds of disk time speculative reads held while a more urgent read was queued or running
+ * (see account), bytes completed, and the clock now. */
+void sio_stats(sio_queue *q, int64_t *out) {
+  pthread_mutex_lock(&q->mu);
+  account(q);
+  out[0] = q->busy_ns;
+  out[1] = q->blocked_ns;
+  out[2] = q->bytes_done;
+  out[3] = q->last_ns;
+  pthread_mutex_unlock(&q->mu);
 }
 
 /* Finishes queued reads, joins the reader threads and frees the queue. */

@@ -9,7 +9,7 @@
  */
 
 import { ensureShim, shimBuildFailure } from "./build_shim.ts";
-import type { BlockReader, ReadTicket } from "./reader.ts";
+import type { BlockReader, DiskStats, ReadTicket } from "./reader.ts";
 import { checkRequest, noticeOnce, ReadPriority, shortReadMessage } from "./reader.ts";
 
 const SYMBOLS = {
@@ -22,6 +22,9 @@ const SYMBOLS = {
   sio_submit: { parameters: ["pointer", "i32", "u64", "u64", "i64", "i32"], result: "i64" },
   sio_poll: { parameters: ["pointer", "i64"], result: "i32" },
   sio_wait: { parameters: ["pointer", "i64"], result: "i64" },
+  sio_reclass: { parameters: ["pointer", "i64", "i32"], result: "i32" },
+  sio_cancel: { parameters: ["pointer", "i64"], result: "i32" },
+  sio_stats: { parameters: ["pointer", "buffer"], result: "void" },
   sio_queue_destroy: { parameters: ["pointer"], result: "void" },
   sio_advise_huge: { parameters: ["u64", "u64"], result: "i32" },
 } as const;
@@ -277,6 +280,39 @@ export class ShimReader implements BlockReader {
     }
     if (st.error) throw st.error;
     return true;
+  }
+
+  /** Moves a read that has not started to `priority`; false when it already started. */
+  reprioritize(t: ReadTicket, priority: ReadPriority): boolean {
+    const st = this.#ticket(t);
+    if (st.settled || this.#queue === null) return false;
+    return this.#lib.sio_reclass(this.#queue, st.raw, priority) === 1;
+  }
+
+  /** Withdraws a read that has not started (its ticket is then spent); false when it started. */
+  cancel(t: ReadTicket): boolean {
+    const st = this.#ticket(t);
+    if (st.settled || this.#queue === null) return false;
+    if (this.#lib.sio_cancel(this.#queue, st.raw) !== 1) return false;
+    st.settled = true;
+    st.file.inFlight--;
+    st.error = new Error(
+      `read of ${st.file.path} at offset ${st.fileOffset}, length ${st.length} was cancelled`,
+    );
+    return true;
+  }
+
+  /** The reader threads' disk accounting since the reader started. */
+  diskStats(): DiskStats | null {
+    if (this.#queue === null) return null;
+    const out = new BigInt64Array(4);
+    this.#lib.sio_stats(this.#queue, out);
+    return {
+      busyMs: Number(out[0]) / 1e6,
+      blockedMs: Number(out[1]) / 1e6,
+      bytes: Number(out[2]),
+      atMs: Number(out[3]) / 1e6,
+    };
   }
 
   /** submit + wait. */

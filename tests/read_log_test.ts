@@ -172,6 +172,9 @@ function checkingReader(memory: WebAssembly.Memory, checked: { n: number; bytes:
       check(t);
     },
     poll: (t) => inner.poll(t) && (check(t), true),
+    reprioritize: (t, p) => inner.reprioritize(t, p),
+    cancel: (t) => inner.cancel(t) && (pending.delete(t), true),
+    diskStats: () => inner.diskStats(),
     read: (h, a, l, o) => reader.wait(reader.submit(h, a, l, o)),
     closeFile: (h) => inner.closeFile(h),
     close: () => inner.close(),

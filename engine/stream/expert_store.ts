@@ -2,7 +2,10 @@
  * Expert records in arena slots, managed by the {@link ExpertCache} policy: the engine's
  * {@link ExpertSource}. When the router has chosen a layer's experts, `hint` starts the reads of
  * the missing ones (up to a depth) on the shim's threads; `acquire` waits only for the record it
- * needs next; speculative lookahead reads use the disk only when no demand read is queued.
+ * needs next; speculative lookahead reads use the disk only when no demand read is queued. A guess
+ * its layer then uses becomes a demand read if it has not started; one it does not use is
+ * withdrawn if it has not started. The store measures what guesses save and cost
+ * ({@link SpeculationCosts}) for the lookahead's gate.
  *
  * @module
  */
@@ -10,7 +13,14 @@ import type { Arena } from "../arena.ts";
 import { bindExpert, type ExpertSource, type ExpertWeights } from "../weights.ts";
 import type { ExpertBank } from "../../io/container.ts";
 import { type ExpertCache, expertKey } from "./expert_cache.ts";
-import { type BlockReader, ReadPriority, type ReadTicket, waitAll } from "../../io/reader.ts";
+import {
+  type BlockReader,
+  type DiskStats,
+  ReadPriority,
+  type ReadTicket,
+  waitAll,
+} from "../../io/reader.ts";
+import { DecayedRatio, type SpeculationCosts } from "./lookahead.ts";
 
 /** Records read at once while warming the cache at open. */
 const WARM_BATCH = 16;
@@ -48,6 +58,8 @@ export interface ExpertStoreStats {
   /** Speculative (lookahead) reads issued, and those a demand access then used. */
   speculative: number;
   speculativeUsed: number;
+  /** Speculative reads withdrawn (wholly or in part) because their layer did not use them. */
+  speculativeCancelled: number;
   /** Milliseconds acquire() waited for reads. */
   waitMs: number;
 }
@@ -60,6 +72,7 @@ export class ExpertStore implements ExpertSource {
     readahead: 0,
     speculative: 0,
     speculativeUsed: 0,
+    speculativeCancelled: 0,
     waitMs: 0,
   };
   #reader: BlockReader;
@@ -68,11 +81,32 @@ export class ExpertStore implements ExpertSource {
   #stride: number;
   #numExperts: number;
   #opts: ExpertStoreOptions;
-  /** Reads in flight by cache key. */
+  /**
+   * Reads in flight by cache key. `partial`: a withdrawn guess whose started requests are still
+   * running; its slot holds no record, so it is dropped when they land.
+   */
   #inflight = new Map<
     number,
-    { tickets: ReadTicket[]; layer: number; expert: number; speculative: boolean }
+    {
+      tickets: ReadTicket[];
+      layer: number;
+      expert: number;
+      speculative: boolean;
+      partial?: boolean;
+    }
   >();
+  /** Measured for {@link speculationCosts}: disk ms per byte, the share of a used guess landed
+   * when asked for, blocked disk time per guess in records, regret. The blocked time starts at a
+   * whole record, so until it is measured the gate reads at precision ≥ 1/2. */
+  #msPerByte = new DecayedRatio(1e-6);
+  #hidden = new DecayedRatio(1);
+  #blockedRecords = new DecayedRatio(1);
+  #regret = new DecayedRatio(0);
+  #lastDisk: DiskStats | null = null;
+  #lastGuesses = 0;
+  /** Records evicted to admit a guess and not read again since, with the cache's eviction count
+   * then. */
+  #evictedByGuess = new Map<number, number>();
   /** Hinted misses whose reads have not started, in routing order. */
   #misses = new Map<number, { layer: number; expert: number; slot: number }>();
   /** Keys acquired by a hint and not yet released. */
@@ -195,15 +229,89 @@ export class ExpertStore implements ExpertSource {
   hint(layer: number, ids: readonly number[]): void {
     this.#reap();
     const keys = ids.map((e) => this.#key(layer, e));
+    // A withdrawn guess still landing holds no record: land and drop it before it is asked for.
+    for (const k of keys) if (this.#inflight.get(k)?.partial) this.#land(k);
+    const landed = this.#settleGuesses(layer, new Set(keys));
     // Speculative reads hold pins; land them if the demand group would not fit beside them.
     if (this.cache.slots - this.#pinned() < keys.length) this.drain();
     const accesses = this.cache.acquire(keys);
     accesses.forEach((a, i) => {
-      if (a.prefetched) this.stats.speculativeUsed++;
+      if (a.prefetched) {
+        this.stats.speculativeUsed++;
+        this.#hidden.add(landed.get(keys[i]) ?? 1, 1);
+      }
+      if (!a.hit) this.#regretted(keys[i]);
       this.#held.add(keys[i]);
       if (!a.hit) this.#misses.set(keys[i], { layer, expert: ids[i], slot: a.slot });
     });
     this.#pump();
+  }
+
+  /**
+   * Counts a demand miss of a record a guess evicted as regret, unless a cache's worth of evictions
+   * came after it (it would have gone anyway).
+   */
+  #regretted(key: number): void {
+    const at = this.#evictedByGuess.get(key);
+    if (at === undefined) return;
+    this.#evictedByGuess.delete(key);
+    if (this.cache.stats.evictions - at < this.cache.slots) this.#regret.add(1, 0);
+  }
+
+  /**
+   * When `layer`'s experts are known: each guess for it still in flight that is wanted has its
+   * unstarted requests made demand reads (they go before this layer's misses, queued next), and
+   * each that is not wanted has them withdrawn. Returns, by key, the share of each wanted guess
+   * that had already landed.
+   */
+  #settleGuesses(layer: number, wanted: Set<number>): Map<number, number> {
+    const landed = new Map<number, number>();
+    for (const [key, f] of this.#inflight) {
+      if (!f.speculative || f.partial || f.layer !== layer) continue;
+      if (wanted.has(key)) {
+        let done = 0;
+        for (const t of f.tickets) {
+          if (this.#reader.poll(t)) done++;
+          else this.#reader.reprioritize(t, ReadPriority.DEMAND);
+        }
+        landed.set(key, done / f.tickets.length);
+        continue;
+      }
+      const left = f.tickets.filter((t) => !this.#reader.cancel(t));
+      if (left.length === f.tickets.length) continue;
+      this.stats.speculativeCancelled++;
+      f.tickets = left;
+      f.partial = true;
+      if (left.length === 0) this.#land(key);
+    }
+    return landed;
+  }
+
+  /**
+   * What guesses saved and cost lately: the record's disk time at the bandwidth the reader threads
+   * reach while busy, the share of used guesses landed in time, the time reads the engine needed
+   * waited behind guesses, per guess, and the regret of the slots guesses took. Reading it
+   * updates the disk-time figures from the reader's accounting.
+   */
+  get speculationCosts(): SpeculationCosts {
+    const now = this.#reader.diskStats();
+    const last = this.#lastDisk;
+    const recordMs = () => this.#stride * this.#msPerByte.value;
+    if (now && last && now.bytes > last.bytes) {
+      this.#msPerByte.add(now.busyMs - last.busyMs, now.bytes - last.bytes);
+    }
+    const guesses = this.stats.speculative - this.#lastGuesses;
+    if (now && last && guesses > 0) {
+      this.#blockedRecords.add((now.blockedMs - last.blockedMs) / recordMs(), guesses);
+      this.#lastGuesses = this.stats.speculative;
+    }
+    if (now) this.#lastDisk = now;
+    return {
+      recordMs: recordMs(),
+      hidden: this.#hidden.value,
+      blockedMs: this.#blockedRecords.value * recordMs(),
+      regret: this.#regret.value,
+    };
   }
 
   #pinned(): number {
@@ -220,6 +328,11 @@ export class ExpertStore implements ExpertSource {
     waitAll(this.#reader, f.tickets, `expert ${f.expert} of layer ${f.layer}`);
     this.stats.waitMs += performance.now() - t0;
     this.#inflight.delete(key);
+    if (f.partial) {
+      this.cache.unpin(key);
+      this.cache.drop(key);
+      return;
+    }
     const { path, offset } = this.#location(f.layer, f.expert);
     this.#opts.check(f.layer, f.expert, this.#slotOffset(this.cache.slotOf(key)!), path, offset);
     if (f.speculative) this.cache.unpin(key);
@@ -256,6 +369,11 @@ export class ExpertStore implements ExpertSource {
       if (this.cache.has(key) || this.#inflight.has(key)) continue;
       const got = this.cache.prefetch(key);
       if (!got) break;
+      this.#evictedByGuess.delete(key);
+      if (got.evicted !== null) {
+        this.#evictedByGuess.set(got.evicted, this.cache.stats.evictions);
+        this.#regret.add(0, 1);
+      }
       this.cache.pin(key);
       const { handle, offset, bank } = this.#location(layer, expert);
       const tickets = this.#readRecord(
@@ -307,8 +425,10 @@ export class ExpertStore implements ExpertSource {
       readahead: 0,
       speculative: 0,
       speculativeUsed: 0,
+      speculativeCancelled: 0,
       waitMs: 0,
     });
+    this.#lastGuesses = 0;
   }
 
   /** Waits for every read in flight and checks what landed. */

@@ -4,7 +4,7 @@
  * speculatively while L's experts and L+1's attention compute. The reads go in the shim's lowest
  * priority class, so they only use disk time no demand read wants. Recall of the real top-k is
  * kept for the stats. Predictions are made and scored every time, but read only while a
- * {@link PrecisionGate} says they pay.
+ * {@link SpeculationGate} says they pay, from what the store measured they save and cost.
  *
  * @module
  */
@@ -23,44 +23,128 @@ export interface ResidentRouter {
   logitBias?: number;
 }
 
+/**
+ * What speculative reads have cost and saved lately, as the expert store measures them (see
+ * {@link SpeculationGate}). Times are milliseconds.
+ */
+export interface SpeculationCosts {
+  /** Disk time of one record at the bandwidth the reader threads reach while busy. */
+  recordMs: number;
+  /** Share of a used guess that had landed by the time its layer asked for it. */
+  hidden: number;
+  /** Disk time per issued guess that guesses held while reads the engine needed were queued or
+   * running (their share of the disk then). */
+  blockedMs: number;
+  /** Share of records evicted to make room for a guess that a demand access missed afterwards. */
+  regret: number;
+}
+
 /** Where predictions go: the expert store's speculative reads. */
 export interface Speculator {
   speculate(layer: number, ids: readonly number[], max: number): number;
+  /** The measured costs of speculation so far. */
+  readonly speculationCosts: SpeculationCosts;
 }
 
-/** Break-even precision of a speculative read (see {@link PrecisionGate}). */
-export const GATE_THRESHOLD = 0.5;
 /** Predictions the gate's precision mostly reflects: older ones fade by 1 − 1/this each. */
 export const GATE_WINDOW = 32;
+/** While the gate is closed, every this-many-th prediction still reads its first guess, so the
+ * costs it measures only while reading (hidden share, blocked time) stay current. */
+export const GATE_PROBE_EVERY = 16;
 
 /**
- * Whether speculative reads pay, from the precision of recent predictions (scored whether or not
- * they were read). A guess that a demand access then uses hides at most one record's read; one
- * that goes unused costs up to one record's disk time (a demand read issued meanwhile waits behind
- * it) and a cache slot. So reading pays only above precision 1/2, and more than that when reads
- * are only partly hidden. Precision is counted, not timed: the same routing opens and closes the
- * gate at the same tokens. It starts open at 1/2 and decays over about {@link GATE_WINDOW}
- * predictions, so it closes after a run of misses and reopens when guesses improve.
+ * A ratio of decayed sums: each {@link add} fades the earlier ones by 1 − 1/window, so the ratio
+ * mostly reflects the last `window` samples. It starts at `prior` with the weight of one sample.
  */
-export class PrecisionGate {
-  #hits = GATE_THRESHOLD;
-  #guesses = 1;
+export class DecayedRatio {
+  #num: number;
+  #den = 1;
+  #keep: number;
 
-  /** Scores one prediction of `guessed` experts of which `hits` were routed. */
-  record(guessed: number, hits: number): void {
-    const keep = 1 - 1 / GATE_WINDOW;
-    this.#hits = this.#hits * keep + hits;
-    this.#guesses = this.#guesses * keep + guessed;
+  constructor(prior: number, window = GATE_WINDOW) {
+    this.#num = prior;
+    this.#keep = 1 - 1 / window;
+  }
+
+  /** Adds a sample of `num` over `den`. */
+  add(num: number, den: number): void {
+    this.#num = this.#num * this.#keep + num;
+    this.#den = this.#den * this.#keep + den;
+  }
+
+  get value(): number {
+    return this.#num / this.#den;
+  }
+}
+
+/**
+ * How many of the next prediction's guesses should be read: a guess pays when what it saves beats
+ * what it costs, both in disk time per guess, from measured quantities. Guesses are ranked by the
+ * router's score, and each rank keeps its own precision, so a prediction reads its leading ranks
+ * that pay.
+ *
+ * - Saved: a guess that a demand access then uses (precision p of its rank) takes its record's
+ *   read off the demand path, for the share of it that landed before its layer asked
+ *   (`hidden`): p × hidden × recordMs.
+ * - Cost: a wrong guess holds the disk from reads the engine needs (`blockedMs`, its share of
+ *   the disk while they wait or run beside it, measured per guess; a right guess holding the disk reads bytes its layer needs anyway) and may have evicted
+ *   a record a later token misses (`regret`): (1 − p) × (blockedMs + regret × recordMs).
+ *
+ * Precision is scored on every prediction, read or not; the hidden share and the blocked time are
+ * only measured while reading, so a closed gate still reads the first guess of every
+ * {@link GATE_PROBE_EVERY}-th prediction. The store starts the blocked time at a whole record, so
+ * before anything is measured the gate reads at p ≥ 1/2 (the precision starts at 1/2).
+ * Output never depends on the gate: it only moves reads in time.
+ */
+export class SpeculationGate {
+  /** "measured": decide from the costs; "always" / "never" pin the decision (tests, benches). */
+  mode: "measured" | "always" | "never" = "measured";
+  readonly #precision = new DecayedRatio(0.5);
+  readonly #byRank: DecayedRatio[] = [];
+  #closedRun = 0;
+
+  /** Scores one prediction: `routed[k]` says whether its guess of rank k was routed. */
+  record(routed: readonly boolean[]): void {
+    let hits = 0;
+    routed.forEach((hit, k) => {
+      if (hit) hits++;
+      this.#byRank[k] ??= new DecayedRatio(0.5);
+      this.#byRank[k].add(hit ? 1 : 0, 1);
+    });
+    this.#precision.add(hits, routed.length);
   }
 
   /** Decayed share of predicted experts that were routed. */
   get precision(): number {
-    return this.#hits / this.#guesses;
+    return this.#precision.value;
   }
 
-  /** Whether the next prediction should be read. */
-  get open(): boolean {
-    return this.precision >= GATE_THRESHOLD;
+  /** Decayed share of guesses of rank `k` (0: the router's top score) that were routed. */
+  precisionAt(k: number): number {
+    return this.#byRank[k]?.value ?? 0.5;
+  }
+
+  /** Net disk time a read of a guess of precision `p` saves at `costs` (negative: it loses). */
+  gain(costs: SpeculationCosts, p: number): number {
+    return p * costs.hidden * costs.recordMs -
+      (1 - p) * (costs.blockedMs + costs.regret * costs.recordMs);
+  }
+
+  /**
+   * How many of the `n` ranked guesses of the next prediction to read at `costs`: the leading
+   * ranks whose reads pay, else none but the first on every {@link GATE_PROBE_EVERY}-th
+   * prediction in a row kept shut.
+   */
+  decide(costs: SpeculationCosts, n: number): number {
+    if (this.mode !== "measured") return this.mode === "always" ? n : 0;
+    let k = 0;
+    while (k < n && this.gain(costs, this.precisionAt(k)) >= 0) k++;
+    if (k > 0) {
+      this.#closedRun = 0;
+      return k;
+    }
+    this.#closedRun++;
+    return this.#closedRun % GATE_PROBE_EVERY === 0 ? Math.min(1, n) : 0;
   }
 }
 
@@ -72,14 +156,15 @@ export class Lookahead {
    */
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
   /** Decides whether predictions are read. */
-  readonly gate = new PrecisionGate();
+  readonly gate = new SpeculationGate();
   #ops: Ops;
   #cfg: ModelConfig;
   #routers: (ResidentRouter | null)[];
   #target: Speculator;
   #n: number;
   #logits: number;
-  #pending = new Map<number, Set<number>>();
+  /** Each predicted layer's guesses, best first. */
+  #pending = new Map<number, number[]>();
 
   constructor(
     ops: Ops,
@@ -111,11 +196,11 @@ export class Lookahead {
     const predicted = this.#pending.get(layer);
     if (predicted) {
       this.#pending.delete(layer);
-      let hits = 0;
-      for (const e of routes[0].ids) if (predicted.has(e)) hits++;
-      this.stats.predictedHits += hits;
+      const routed = new Set(routes[0].ids);
+      const ranks = predicted.map((e) => routed.has(e));
+      this.stats.predictedHits += ranks.filter((hit) => hit).length;
       this.stats.routed += routes[0].ids.length;
-      this.gate.record(predicted.size, hits);
+      this.gate.record(ranks);
     }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
     const router = next >= 0 ? this.#routers[next] : null;
@@ -128,8 +213,9 @@ export class Lookahead {
     const logits = this.#ops.f32(this.#logits, moe.numExperts);
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guess = route(moe, logits, bias, this.#n).ids;
-    this.#pending.set(next, new Set(guess));
-    if (this.gate.open) this.#target.speculate(next, guess, this.#n);
+    this.#pending.set(next, guess);
+    const read = this.gate.decide(this.#target.speculationCosts, guess.length);
+    if (read > 0) this.#target.speculate(next, guess.slice(0, read), read);
     else this.stats.skipped++;
   }
 }

@@ -17,7 +17,8 @@ import { parseArgs } from "node:util";
 import { DEFAULT_CRC_SAMPLE, Model, type RunOptions } from "../../../engine/model.ts";
 import { parseSize } from "../../synth.ts";
 import { dropPageCache } from "../../../io/disk_probe.ts";
-import { decode, ensureStreamModel, fixedPrompt } from "./stream.ts";
+import { ensureStreamModel, fixedPrompt } from "./stream.ts";
+import { decode } from "./stream_child.ts";
 
 interface ModeResult {
   mode: string;

@@ -58,6 +58,8 @@ export const BENCHES: Record<string, BenchEntry> = {
       "--repeat N             interleaved cold repeats per run (default 3)",
       "--disk-gib N           size of the disk probe's test file (default 1)",
       "--no-resident          skip the whole-model-resident run",
+      "--cap SIZE             run each budget configuration in a memory cgroup of SIZE (root)",
+      "--ab                   only the defaults and lookahead off (more repeats per minute)",
       "--json                 print the report as JSON",
     ],
     load: () => import("./stream.ts"),

@@ -1,0 +1,182 @@
+/**
+ * One configuration of `deno task bench stream`, in its own process: `deno run -A
+ * tools/dev/bench/stream_child.ts JOB_JSON` opens the container under the job's run options,
+ * decodes from the job's prompt and prints one JSON line, `{"runs": [StreamRun, ...]}`. One model
+ * per process: V8 frees a closed arena's memory only when it collects it, so a second model opened
+ * in the same process would be charged beside the first and break a memory cap.
+ *
+ * @module
+ */
+import { Model, type RunOptions } from "../../../engine/model.ts";
+import { argmax } from "../../../engine/sampler.ts";
+import type { SpeculationGate } from "../../../engine/stream/lookahead.ts";
+import { peakRss } from "../../../engine/stats.ts";
+import { ReadLog } from "../../../io/read_log.ts";
+import { type ReplayRoofline, replayRoofline } from "./replay_roofline.ts";
+
+/** The decode measurements of one run. */
+export interface StreamRun {
+  label: string;
+  /** Decode tokens per second. */
+  tok_s: number;
+  ms_per_token: number;
+  /** Bytes read from disk per decode token: expert records, trunk ring and speculative reads. */
+  bytes_per_token: number;
+  expert_bytes_per_token: number;
+  expert_hit_rate: number;
+  /** Milliseconds per token spent waiting for reads (experts and trunk). */
+  io_wait_ms_per_token: number;
+  /** io wait ÷ decode time. */
+  io_share: number;
+  speculative_reads: number;
+  speculative_used: number;
+  /** Guesses withdrawn because their layer did not use them. */
+  speculative_cancelled: number;
+  /** Lookahead predictions its gate kept from being read (whole run). */
+  speculative_skipped: number;
+  lookahead_recall: number | null;
+  trunk_pinned: number;
+  expert_slots: number;
+  /** Peak resident set size of the process that ran it (VmHWM). */
+  peak_rss_bytes: number;
+  /** Greedy ids decoded (every run must decode the same ones). */
+  ids: number[];
+  /** With `StreamJob.replay`: this run's own reads replayed with no compute right after it. */
+  replay?: ReplayRoofline;
+}
+
+/** What one child process runs. */
+export interface StreamJob {
+  path: string;
+  label: string;
+  opts: RunOptions;
+  /** How the lookahead's gate decides (default: measured). */
+  gate?: SpeculationGate["mode"];
+  prompt: number[];
+  tokens: number;
+  /** Measured decode passes from position 0 (the KV cache is simply overwritten). */
+  passes: number;
+  /** One unmeasured pass first (the resident run's warm-up). */
+  warm: boolean;
+  /** Log the (single) pass's reads and replay them after it (tools/dev/bench/replay_roofline.ts). */
+  replay?: boolean;
+}
+
+interface Counters {
+  expertBytes: number;
+  trunkBytes: number;
+  waitMs: number;
+  hits: number;
+  misses: number;
+  spec: number;
+  specUsed: number;
+  specCancelled: number;
+}
+
+function counters(m: Model): Counters {
+  const s = m.experts?.stats, c = m.experts?.cache.stats;
+  return {
+    expertBytes: s?.bytesRead ?? 0,
+    trunkBytes: m.trunk.stats.bytes,
+    waitMs: (s?.waitMs ?? 0) + m.trunk.stats.waitMs,
+    hits: c?.hits ?? 0,
+    misses: c?.misses ?? 0,
+    spec: s?.speculative ?? 0,
+    specUsed: s?.speculativeUsed ?? 0,
+    specCancelled: s?.speculativeCancelled ?? 0,
+  };
+}
+
+/** Prefills `prompt`, then decodes `tokens` greedy tokens; returns the decode-step numbers. */
+export function decode(m: Model, label: string, prompt: number[], tokens: number): StreamRun {
+  let logits: Float32Array = new Float32Array(0);
+  for (let p = 0; p < prompt.length; p += m.prefillChunk) {
+    logits = m.forward(prompt.slice(p, p + m.prefillChunk), p);
+  }
+  const a = counters(m);
+  const ids: number[] = [];
+  const t0 = performance.now();
+  for (let n = 0; n < tokens; n++) {
+    const id = argmax(logits);
+    ids.push(id);
+    logits = m.forward([id], prompt.length + n);
+  }
+  const ms = performance.now() - t0;
+  const b = counters(m);
+  const bytes = b.expertBytes - a.expertBytes + b.trunkBytes - a.trunkBytes;
+  const hits = b.hits - a.hits, misses = b.misses - a.misses;
+  const wait = b.waitMs - a.waitMs;
+  return {
+    label,
+    tok_s: (tokens * 1000) / ms,
+    ms_per_token: ms / tokens,
+    bytes_per_token: bytes / tokens,
+    expert_bytes_per_token: (b.expertBytes - a.expertBytes) / tokens,
+    expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
+    io_wait_ms_per_token: wait / tokens,
+    io_share: wait / ms,
+    speculative_reads: b.spec - a.spec,
+    speculative_used: b.specUsed - a.specUsed,
+    speculative_cancelled: b.specCancelled - a.specCancelled,
+    speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
+    lookahead_recall: m.observers.lookahead?.recall ?? null,
+    trunk_pinned: m.plan.pinned,
+    expert_slots: m.plan.expertSlots,
+    peak_rss_bytes: peakRss(),
+    ids,
+  };
+}
+
+/** Opens the model of `job`, decodes its passes and closes it. */
+export async function runJob(job: StreamJob): Promise<StreamRun[]> {
+  const readLog = job.replay ? new ReadLog() : undefined;
+  const m = await Model.open(job.path, { quiet: true, hotList: false, ...job.opts, readLog });
+  let runs: StreamRun[];
+  try {
+    if (job.gate && m.observers.lookahead) m.observers.lookahead.gate.mode = job.gate;
+    if (job.warm) decode(m, job.label, job.prompt, job.tokens);
+    runs = Array.from({ length: job.passes }, () => decode(m, job.label, job.prompt, job.tokens));
+  } finally {
+    m.close();
+  }
+  if (readLog) {
+    runs[runs.length - 1].replay = replayRoofline(readLog, job.prompt.length, job.tokens);
+  }
+  return runs;
+}
+
+/**
+ * The runs a child printed, from its exit code and output; an Error naming the configuration and
+ * the cause (a signal such as the cgroup's OOM kill, the tail of its stderr) when it has none.
+ */
+export function parseChildOutput(
+  label: string,
+  status: { code: number; signal: string | null },
+  stdout: string,
+  stderr: string,
+): StreamRun[] {
+  const line = stdout.trim().split("\n").pop() ?? "";
+  let runs: unknown = null;
+  if (line.startsWith("{")) {
+    try {
+      runs = (JSON.parse(line) as { runs?: unknown }).runs;
+    } catch {
+      runs = null;
+    }
+  }
+  if (status.code === 0 && Array.isArray(runs) && runs.length > 0) return runs as StreamRun[];
+  const how = status.signal
+    ? `was killed by ${status.signal}${status.signal === "SIGKILL" ? " (out of memory?)" : ""}`
+    : status.code !== 0
+    ? `exited with code ${status.code}`
+    : "printed no runs";
+  const tail = stderr.trim().split("\n").slice(-3).join(" | ");
+  throw new Error(`bench stream: run "${label}" ${how}${tail ? `: ${tail}` : ""}`);
+}
+
+if (import.meta.main) {
+  const job = JSON.parse(Deno.args[0]) as StreamJob;
+  console.log(JSON.stringify({ runs: await runJob(job) }));
+  // Pool workers can keep the event loop alive after close; the result is out.
+  Deno.exit(0);
+}
