@@ -7,12 +7,12 @@ import assert from "node:assert/strict";
 import { sharedMemory64 } from "../wasm/mod.ts";
 import { openContainer } from "../engine/container.ts";
 import { shimUnavailable } from "../io/shim.ts";
-import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
+import { budgetAboveFloor, HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const shimWhy = HAVE_FIXTURES ? shimUnavailable(sharedMemory64(1 << 16)) : "no ../shared";
 /** A budget under which stories260k-moe streams some trunk layers and most experts. */
-const BUDGET = String(Math.round(3.1 * 2 ** 20));
+const BUDGET_OVER_FLOOR = 0.05 * 2 ** 20;
 
 async function generate(model: string, faults: string | null) {
   const env: Record<string, string> = { NO_COLOR: "1" };
@@ -31,7 +31,7 @@ async function generate(model: string, faults: string | null) {
       "16",
       "--json",
       "--budget",
-      BUDGET,
+      String(await budgetAboveFloor(model, BUDGET_OVER_FLOOR)),
       "--io",
       "direct",
       "--no-hot-list",

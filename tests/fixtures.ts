@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import type { Model } from "../engine/model.ts";
+import { Model, type RunOptions } from "../engine/model.ts";
 import type { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
@@ -97,6 +97,24 @@ export function tempDir(): string {
     globalThis.addEventListener("unload", () => Deno.removeSync(dir, { recursive: true }));
   }
   return tmp;
+}
+
+/**
+ * The budget `extra` bytes above the memory plan's floor of the container at `path` under `opts`
+ * (default: the run's defaults, what `generate` plans with no options), so a test streams
+ * whatever the engine's defaults cost.
+ */
+export async function budgetAboveFloor(
+  path: string,
+  extra: number,
+  opts: RunOptions = {},
+): Promise<number> {
+  const probe = await Model.open(path, { quiet: true, hotList: false, ...opts });
+  try {
+    return probe.plan.floor + extra;
+  } finally {
+    probe.close();
+  }
 }
 
 /** The fixture `name` packed into a container (once per process). */

@@ -10,7 +10,7 @@ import { demoModelPath } from "../tools/demo_model.ts";
 import { modelId } from "../tools/serve/live.ts";
 import { startServer } from "../tools/serve/server.ts";
 import { Browser, countColour, decodePng, findChromium } from "./browser.ts";
-import { tempDir } from "./fixtures.ts";
+import { budgetAboveFloor, tempDir } from "./fixtures.ts";
 
 const chromium = findChromium();
 if (!chromium) console.error("ui_test: skipped, no chromium on PATH (apt-get install chromium)");
@@ -22,13 +22,11 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    // A budget under the model's size, so some experts are resident and some stream.
-    const session = await Session.open(await demoModelPath(true), {
-      quiet: true,
-      ctx: 2048,
-      threads: 1,
-      budget: 12 * 2 ** 20,
-    });
+    // 1 MiB over the floor: some trunk layers and experts are resident, the rest stream.
+    const demo = await demoModelPath(true);
+    const opts = { quiet: true, ctx: 2048, threads: 1 };
+    const budget = await budgetAboveFloor(demo, 2 ** 20, opts);
+    const session = await Session.open(demo, { ...opts, budget });
     const server = startServer(session, { port: 0, log: () => {} });
     const client = new OpenAI({ apiKey: "none", baseURL: `${server.url}/v1`, maxRetries: 0 });
     const browser = await Browser.launch(chromium!);
