@@ -250,6 +250,12 @@ export interface ReplayOptions {
   /** The reader to replay through (default: a new one of the logged kind and threads, on a new
    * arena as large as the logged reads reach, its pages faulted in first, closed afterwards). */
   reader?: BlockReader;
+  /**
+   * The memory the new reader reads into instead of a new arena: the run's own, once the run is
+   * done with it (its contents are overwritten). A second arena the size of the first would
+   * double what a memory cap sees.
+   */
+  memory?: WebAssembly.Memory;
 }
 
 /**
@@ -275,7 +281,12 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
     for (const e of events) {
       if (e >= 0) top = Math.max(top, log.reads[e].arenaOffset + log.reads[e].length);
     }
-    const memory = sharedMemory64(top);
+    const memory = opts.memory ?? sharedMemory64(top);
+    if (memory.buffer.byteLength < top) {
+      throw new Error(
+        `replay: the memory holds ${memory.buffer.byteLength} bytes, reads reach ${top}`,
+      );
+    }
     reader = openReader(memory, {
       direct: log.kind !== "shim-buffered",
       forceFallback: log.kind === "fallback",
@@ -285,7 +296,7 @@ export function replayReads(log: ReadLogData, opts: ReplayOptions = {}): ReplayR
     own = true;
     // Fault the pages in before the clock starts: the run's decode found its slots touched by
     // the prefill, and faults inside the reads would charge the replay for what the run never paid.
-    new Uint8Array(memory.buffer).fill(0);
+    if (!opts.memory) new Uint8Array(memory.buffer).fill(0);
   }
   const handles = new Map<number, number>();
   const tickets = new Map<number, ReadTicket>();

@@ -39,21 +39,23 @@ export interface ReplayRoofline {
 /**
  * Replays the reads `log` holds from positions ≥ `firstDecodePosition` (the `tokens` decode
  * steps; the prefill's reads are left out as the bench's counters leave them out), queued and
- * then ordered, each after a drop of the page cache. Throws when the log has no reads there.
+ * then ordered, each after a drop of the page cache, into `memory` when given (the run's own arena,
+ * see {@link replayReads}). Throws when the log has no reads there.
  */
 export function replayRoofline(
   log: ReadLogData,
   firstDecodePosition: number,
   tokens: number,
+  memory?: WebAssembly.Memory,
 ): ReplayRoofline {
   const window = readsIn(log, firstDecodePosition);
   if (window.reads === 0) {
     throw new Error(`replay roofline: no reads logged from position ${firstDecodePosition} on`);
   }
   let dropped = dropPageCache();
-  const q = replayReads(log, { from: firstDecodePosition, queued: true });
+  const q = replayReads(log, { from: firstDecodePosition, queued: true, memory });
   dropped = dropPageCache() && dropped;
-  const o = replayReads(log, { from: firstDecodePosition });
+  const o = replayReads(log, { from: firstDecodePosition, memory });
   return {
     tokens,
     reads: q.reads,

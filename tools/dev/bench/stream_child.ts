@@ -127,22 +127,31 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
   };
 }
 
-/** Opens the model of `job`, decodes its passes and closes it. */
+/** Opens the model of `job`, decodes its passes (and replays their reads if asked), closes it. */
 export async function runJob(job: StreamJob): Promise<StreamRun[]> {
   const readLog = job.replay ? new ReadLog() : undefined;
   const m = await Model.open(job.path, { quiet: true, hotList: false, ...job.opts, readLog });
-  let runs: StreamRun[];
   try {
     if (job.gate && m.observers.lookahead) m.observers.lookahead.gate.mode = job.gate;
     if (job.warm) decode(m, job.label, job.prompt, job.tokens);
-    runs = Array.from({ length: job.passes }, () => decode(m, job.label, job.prompt, job.tokens));
+    const runs = Array.from(
+      { length: job.passes },
+      () => decode(m, job.label, job.prompt, job.tokens),
+    );
+    // Into the model's own arena, now that decoding is over: a second one would double what a
+    // --cap cgroup is charged.
+    if (readLog) {
+      runs[runs.length - 1].replay = replayRoofline(
+        readLog,
+        job.prompt.length,
+        job.tokens,
+        m.arena.memory,
+      );
+    }
+    return runs;
   } finally {
     m.close();
   }
-  if (readLog) {
-    runs[runs.length - 1].replay = replayRoofline(readLog, job.prompt.length, job.tokens);
-  }
-  return runs;
 }
 
 /**
