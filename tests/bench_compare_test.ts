@@ -153,6 +153,31 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
   assert.match(table, /in RAM decode tok\/s vs llama\.cpp .* met/);
 });
 
+Deno.test("report: a roofline ratio above 1 is not judged (the probe read less than the engine)", () => {
+  const machine = { dram_gbps: 10, odirect_gbps: 0.5, threads: 2, cpu: "x", ram_bytes: 1 };
+  const r = buildReport({
+    precision: "bf16",
+    arch: "qwen3_moe",
+    machine,
+    in_ram_active_bytes: 1e9,
+    in_ram: { model_bytes: 5e8, sluice: run("sluice", 16, 100), llamacpp: null, skipped: null },
+    over_cap: {
+      model_bytes: 1.5e9,
+      cap_bytes: 5e8,
+      budget_bytes: 3e8,
+      sluice: run("sluice", 4, 50),
+      llamacpp: null,
+      skipped: null,
+    },
+  });
+  // DRAM roofline 10e9 / 1e9 = 10 tok/s against 16; disk 0.5e9 / 2e8 = 2.5 tok/s against 4.
+  assert.equal(r.in_ram.dram_roofline_ratio, 1.6);
+  assert.equal(r.over_cap.disk_roofline_ratio, 1.6);
+  const table = formatTable(r);
+  assert.match(table, /vs DRAM roofline .* not judged: the probe read less than sluice streamed/);
+  assert.match(table, /vs disk roofline .* not judged: the probe read less than sluice streamed/);
+});
+
 Deno.test("report: skipped regimes give nulls and say why", () => {
   const r = buildReport({
     precision: "bf16",
