@@ -72,6 +72,23 @@ interface BenchModel {
   gguf: string;
   bytes: number;
   topK: number;
+  /** The container's manifest.json, read once. */
+  manifest: Omit<ManifestBytes, "experts"> & {
+    experts: ((ManifestBytes["experts"][number] & { format: string }) | null)[];
+    pack?: { trunk?: string | null };
+  };
+}
+
+/** The bench's view of a container and its GGUF export. */
+function openBenchModel(container: string, gguf: string): BenchModel {
+  const manifest = JSON.parse(readFileSync(join(container, "manifest.json"), "utf8"));
+  return {
+    container,
+    gguf,
+    bytes: Deno.statSync(gguf).size,
+    topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
+    manifest,
+  };
 }
 
 /** Synthesises, packs and exports a model of `size` bytes unless the cache has it. */
@@ -98,13 +115,7 @@ async function ensureModel(cache: string, arch: SynthArch, size: number): Promis
     writeFileSync(`${done}.tmp`, JSON.stringify({ arch, size }));
     renameSync(`${done}.tmp`, done);
   }
-  const manifest = JSON.parse(readFileSync(join(container, "manifest.json"), "utf8"));
-  return {
-    container,
-    gguf,
-    bytes: Deno.statSync(gguf).size,
-    topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
-  };
+  return openBenchModel(container, gguf);
 }
 
 /** A packed model and its GGUF export given on the command line. */
@@ -112,27 +123,14 @@ function givenModel(container: string, gguf: string): BenchModel {
   for (const p of [join(container, "manifest.json"), gguf]) {
     if (!existsSync(p)) throw new Error(`bench compare: ${p} does not exist`);
   }
-  const manifest = JSON.parse(readFileSync(join(container, "manifest.json"), "utf8"));
-  return {
-    container,
-    gguf,
-    bytes: Deno.statSync(gguf).size,
-    topK: manifest.config.moe?.topK ?? manifest.source.config.num_experts_per_tok,
-  };
+  return openBenchModel(container, gguf);
 }
 
 /** What a given container stores, as the report's precision line. */
 function givenPrecision(m: BenchModel): string {
-  const manifest = JSON.parse(readFileSync(join(m.container, "manifest.json"), "utf8"));
-  const formats = [...new Set((manifest.experts ?? []).map((e: { format: string }) => e.format))];
+  const formats = [...new Set(m.manifest.experts.flatMap((e) => e ? [e.format] : []))];
   return `given model ${m.container}: experts ${formats.join("/") || "none"}, trunk ` +
-    `${manifest.pack?.trunk ?? "as shipped"}; GGUF ${m.gguf}`;
-}
-
-/** Active bytes per decode token of a container. */
-function activeBytes(m: BenchModel): number {
-  const manifest = JSON.parse(readFileSync(join(m.container, "manifest.json"), "utf8"));
-  return activeBytesPerToken(manifest as ManifestBytes, m.topK);
+    `${m.manifest.pack?.trunk ?? "as shipped"}; GGUF ${m.gguf}`;
 }
 
 /** Runs one engine process (inside `cg` when given) and parses its JSON line. */
@@ -376,7 +374,7 @@ export async function main(args: string[]): Promise<void> {
       cpu: cpus()[0]?.model ?? "unknown",
       ram_bytes: totalmem(),
     },
-    in_ram_active_bytes: activeBytes(inRam),
+    in_ram_active_bytes: activeBytesPerToken(inRam.manifest, inRam.topK),
     in_ram: { model_bytes: inRam.bytes, ...ir, skipped: ir.notes.join("; ") || null },
     over_cap: {
       model_bytes: overBytes,
