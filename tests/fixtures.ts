@@ -81,6 +81,36 @@ export async function runSluice(
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
+/**
+ * tiny-kimi-linear's known answer (../shared/models/README.md): the ids of "Once upon a time" and
+ * the README's ids_no_stop, greedy; the sampled BOS (1) comes at generated position 10.
+ */
+export const KIMI_LINEAR_KNOWN: { prompt: readonly number[]; ids: readonly number[] } = {
+  prompt: [1, 403, 407, 261, 378],
+  ids: [
+    310,
+    65,
+    407,
+    377,
+    407,
+    361,
+    386,
+    367,
+    316,
+    407,
+    1,
+    369,
+    469,
+    451,
+    345,
+    207,
+    256,
+    222,
+    202,
+    256,
+  ],
+};
+
 /** Whether fixture `name` is present (tests that need it are skipped when it is not). */
 export function hasFixture(name: string): boolean {
   return existsSync(fixtureDir(name));

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
-import { fixtureDir, packedFixture } from "./fixtures.ts";
+import { fixtureDir, KIMI_LINEAR_KNOWN, packedFixture } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const ignore = !existsSync(fixtureDir("tiny-kimi-linear"));
@@ -22,41 +22,27 @@ async function sluice(
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
-/** The README's ids_no_stop for prompt ids [1, 403, 407, 261, 378] ("Once upon a time"). */
-const KNOWN = [
-  310,
-  65,
-  407,
-  377,
-  407,
-  361,
-  386,
-  367,
-  316,
-  407,
-  1,
-  369,
-  469,
-  451,
-  345,
-  207,
-  256,
-  222,
-  202,
-  256,
-];
+const KNOWN = KIMI_LINEAR_KNOWN.ids;
 
 Deno.test({
   name: "generate --prompt-ids --json gives the known answer in RAM and streaming",
   ignore,
   async fn() {
     const model = await packedFixture("tiny-kimi-linear");
-    const args = ["generate", "--model", model, "--prompt-ids", "1,403,407,261,378", "-n", "20"];
+    const args = [
+      "generate",
+      "--model",
+      model,
+      "--prompt-ids",
+      KIMI_LINEAR_KNOWN.prompt.join(","),
+      "-n",
+      "20",
+    ];
     for (const extra of [[], ["--budget", "4M", "--lookahead", "2", "--threads", "1"]]) {
       const r = await sluice(...args, "--ignore-eos", "--json", ...extra);
       assert.equal(r.code, 0, r.stderr);
       const out = JSON.parse(r.stdout);
-      assert.deepEqual(out.prompt_ids, [1, 403, 407, 261, 378]);
+      assert.deepEqual(out.prompt_ids, KIMI_LINEAR_KNOWN.prompt);
       assert.deepEqual(out.generated_ids, KNOWN, `with ${extra.join(" ")}`);
       assert.ok(out.stats.generate_tok_s > 0);
       if (extra.length) {

@@ -28,6 +28,7 @@ import {
   checkRecurrentCache,
   decodeAgainstReference,
   fixtureDir,
+  KIMI_LINEAR_KNOWN,
   packedFixture,
   tempDir,
 } from "./fixtures.ts";
@@ -36,27 +37,9 @@ const NAME = "tiny-kimi-linear";
 const present = existsSync(fixtureDir(NAME));
 const ignore = !present;
 
-const KNOWN_PROMPT = [1, 403, 407, 261, 378];
-/** The README's ids_no_stop for "Once upon a time"; BOS (1) comes at generated position 10. */
-const KNOWN_IDS = [
-  310,
-  65,
-  407,
-  377,
-  407,
-  361,
-  386,
-  367,
-  316,
-  407,
-  1,
-  369,
-  469,
-  451,
-  345,
-  207,
-  256,
-];
+const KNOWN_PROMPT = [...KIMI_LINEAR_KNOWN.prompt];
+/** The first 17 ids of the known answer (BOS comes at generated position 10). */
+const KNOWN_IDS = KIMI_LINEAR_KNOWN.ids.slice(0, 17);
 
 const PROMPTS = [
   "Once upon a time",
