@@ -207,16 +207,19 @@ async function engineVsReference(dir: string, ckpt: string, tokens: number[], ch
   }
 }
 
-Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward sizes", async () => {
-  const out = `${tempDir()}/k3-mla-awkward`;
-  // Every layer MLA (mlaEvery 1): the K3 pieces apart from KDA, against the float64 reference.
+/**
+ * Synthesises a K3 checkpoint at the awkward sizes with `overrides` on top, packs it, and checks
+ * the engine against the float64 reference within 1e-4 at prefill chunks 1 and 5.
+ */
+async function awkwardVsReference(name: string, seed: number, overrides: SynthOverrides) {
+  const out = `${tempDir()}/${name}`;
   const ckpt = await synthCheckpoint({
     arch: "kimi_k3",
     out,
     size: 2e6,
-    seed: 5,
+    seed,
     dtype: "f32",
-    overrides: { ...AWKWARD, mlaEvery: 1 },
+    overrides: { ...AWKWARD, ...overrides },
     progress: "off",
     log: () => {},
   });
@@ -226,6 +229,11 @@ Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward si
     const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
     assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
   }
+}
+
+Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward sizes", async () => {
+  // Every layer MLA (mlaEvery 1): the K3 pieces apart from KDA, against the float64 reference.
+  await awkwardVsReference("k3-mla-awkward", 5, { mlaEvery: 1 });
 });
 
 /** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
@@ -286,24 +294,13 @@ Deno.test({
 });
 
 Deno.test("K3 engine: KDA with the bounded decay and full-rank gate at awkward sizes", async () => {
-  const out = `${tempDir()}/k3-kda-awkward`;
   // The release's pattern (every 4th layer and the last MLA): KDA layers 0, 1, 2, 4, 5.
-  const ckpt = await synthCheckpoint({
-    arch: "kimi_k3",
-    out,
-    size: 2e6,
-    seed: 6,
-    dtype: "f32",
-    overrides: { ...AWKWARD, layers: 7, kdaHeads: 3, kdaHeadDim: 12, mlaEvery: 4 },
-    progress: "off",
-    log: () => {},
+  await awkwardVsReference("k3-kda-awkward", 6, {
+    layers: 7,
+    kdaHeads: 3,
+    kdaHeadDim: 12,
+    mlaEvery: 4,
   });
-  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
-  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
-  for (const chunk of [1, 5]) {
-    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
-    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
-  }
 });
 
 Deno.test({
