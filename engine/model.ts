@@ -17,10 +17,9 @@ import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
-import type { ModelConfig } from "../io/model_config.ts";
+import type { GlobalTensor, ModelConfig } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
-import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
@@ -176,7 +175,6 @@ export class Model {
         ? openExpertStore(arena, reader, container, plan.expertSlots, opts, sample)
         : null;
       const ops = new Ops(arena, pool);
-      const attention = createAttention(ops, arena, cfg, prefillChunk, ctx);
       const observers = new RunObservers(container, opts);
       if (experts) {
         warmExperts(experts, container, plan, opts);
@@ -192,8 +190,8 @@ export class Model {
         trunk,
         experts: experts ?? noExperts,
         globals,
-        attention,
         maxBatch: prefillChunk,
+        maxCtx: ctx,
       });
       transformer.moeObservers.push(observers.observe);
       if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
@@ -284,8 +282,8 @@ export function planRun(
 }
 
 /**
- * Reads the globals region (embedding, final norm, LM head) into the arena, where it stays;
- * `check` (--verify) CRC-checks it.
+ * Reads the globals region (embedding, final norm, LM head, a residual stream's own) into the
+ * arena, where it stays; `check` (--verify) CRC-checks it.
  */
 function readGlobals(
   arena: Arena,
@@ -304,18 +302,16 @@ function readGlobals(
   check?.("globals", gOff);
   const rel = gOff - region.offset;
   const g = container.manifest.trunk.globals.tensors;
-  const global = (t: "embed" | "final_norm" | "out_res_norm" | "out_res_proj") => {
+  const get = (t: GlobalTensor) => {
     const e = g[t];
     if (!e) throw new Error(`${container.dir}: manifest has no ${t} tensor`);
     return tensorRef(e, rel);
   };
   return {
-    embed: global("embed"),
-    finalNorm: global("final_norm"),
-    lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : global("embed"),
-    outRes: container.config.k3
-      ? { norm: global("out_res_norm"), proj: global("out_res_proj") }
-      : undefined,
+    embed: get("embed"),
+    finalNorm: get("final_norm"),
+    lmHead: g.lm_head ? tensorRef(g.lm_head, rel) : get("embed"),
+    get,
   };
 }
 

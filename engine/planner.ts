@@ -13,9 +13,8 @@ import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
 import type { ModelConfig } from "../io/model_config.ts";
-import { familyOf } from "./models/mod.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
-import { skeletonFloats } from "./run_state.ts";
+import { runStateSizes } from "./run_state.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -102,36 +101,33 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
-/** Bytes of the KV cache (or recurrent state) of every layer for `ctx` positions. */
+/** Bytes of every layer's mixer state (KV cache, latent rows or recurrent state) at `ctx`. */
 export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  const family = familyOf(cfg);
-  let bytes = 0;
-  for (let l = 0; l < cfg.numLayers; l++) {
-    bytes += alignUp(family.stateBytes(cfg, l, ctx, maxBatch), PAGE);
-  }
-  return bytes;
+  return runStateSizes(cfg, ctx, maxBatch).layerStateBytes.reduce(
+    (s, b) => s + alignUp(b, PAGE),
+    0,
+  );
 }
 
-/** Bytes of activation scratch, rope tables and control blocks (an upper bound). */
+/**
+ * Regions allocated besides the parts' declared ones, each rounded to a page: the codebooks, the
+ * lookahead's logits, prepared inputs made on first use, and the 64-byte aligned absorbed
+ * matrices between them.
+ */
+const SLACK_PAGES = 32;
+
+/** Bytes of the run state's scratch (every part's), the kernels' reserved region and control. */
 export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  const family = familyOf(cfg);
-  const floats = skeletonFloats(cfg, maxBatch) + family.scratchFloats(cfg, maxBatch) +
-    Math.min(maxBatch, 8) * cfg.numHeads * ctx +
-    2 * ctx * cfg.rope.dim;
-  // 32 regions rounded up to pages, plus the reserved low region and the pool control block.
-  return alignUp(floats * 4, PAGE) + 32 * PAGE + KERNEL_RESERVED_BYTES + CTL_BYTES +
-    family.persistentBytes(cfg);
+  const s = runStateSizes(cfg, ctx, maxBatch).scratch;
+  return s.skeleton + s.residual + s.mixers + s.feedForward + SLACK_PAGES * PAGE +
+    KERNEL_RESERVED_BYTES + CTL_BYTES;
 }
 
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
   const kvBytes = kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
-  const family = familyOf(cfg);
-  const layerStateBytes = Array.from(
-    { length: cfg.numLayers },
-    (_, l) => family.stateBytes(cfg, l, opts.ctx, opts.maxBatch),
-  );
+  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch).layerStateBytes;
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;

@@ -1,21 +1,18 @@
 /**
- * The activation buffers of the layer skeleton, described once: engine/transformer.ts and
- * engine/ffn.ts allocate exactly these, and the planner (engine/planner.ts) sums them, so the
- * plan cannot drift from the allocations. The attention's state and scratch are its family's
- * (engine/models/family.ts: stateBytes, scratchFloats, persistentBytes), used the same way.
+ * The run state of a model, declared once from its parts: each layer's per-sequence mixer state
+ * (KV cache, latent rows, recurrent state and conv window), and the scratch of the skeleton, the
+ * residual stream, every mixer kind and the feed-forward. The engine allocates exactly these
+ * (engine/transformer.ts and engine/parts/), and the planner (engine/planner.ts), `plan`, the
+ * prompt cache and saved sessions read the same numbers, so a plan cannot drift from the
+ * allocations.
  *
  * @module
  */
 import type { ModelConfig } from "../io/model_config.ts";
-
-/** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
-export function ffnRows(cfg: ModelConfig): number {
-  return Math.max(
-    cfg.intermediateSize,
-    cfg.moe?.expertIntermediate ?? 0,
-    cfg.moe?.sharedIntermediate ?? 0,
-  );
-}
+import { feedForwardScratchBytes } from "./parts/feed_forward.ts";
+import { mixerScratchBytes, mixerStateBytes } from "./parts/mod.ts";
+import { residualPartOf } from "./parts/residual.ts";
+import { regionBytes } from "./parts/scratch.ts";
 
 /**
  * Rows of logits the LM head writes per call: a prefill chunk needs only its last token's, and
@@ -24,54 +21,29 @@ export function ffnRows(cfg: ModelConfig): number {
  */
 export const LOGIT_ROWS = 16;
 
-/** Floats of each skeleton buffer for a batch of `maxBatch` tokens. */
-export interface SkeletonBuffers {
-  /** Each of the residual stream x, the normalised h and the sublayer output tmp. */
-  hidden: number;
-  /** The LM head's logits ({@link LOGIT_ROWS} rows at most). */
-  logits: number;
-  /** Each of the FFN's gate and up activations. */
-  ffn: number;
-  /** The MoE's gathered inputs of one expert. */
-  gathered: number;
-  /** Every routed expert's output of the batch, before the weighted sum. */
-  expertOut: number;
-  /** The router's logits. */
-  routerLogits: number;
-  /** Kimi K3's latent MoE: each of the projected expert input and the weighted sum (else 0). */
-  latent: number;
-  /** Kimi K3's Attention Residuals: block snapshots of at most this many blocks (else 0). */
-  resBlocks: number;
-  /** The snapshots [block][token][hidden], the mixed input, and the scores (else 0 each). */
-  resSnapshots: number;
-  resInput: number;
-  resScores: number;
+/** Bytes of the skeleton's own buffers, in allocation order: the normed input h, the sublayer output, the logits. */
+export function skeletonRegions(cfg: ModelConfig, maxBatch: number): [number, number, number] {
+  const row = maxBatch * cfg.hiddenSize * 4;
+  return [row, row, Math.min(maxBatch, LOGIT_ROWS) * cfg.vocabSize * 4];
 }
 
-/** The skeleton's buffers for `maxBatch` tokens. */
-export function skeletonBuffers(cfg: ModelConfig, maxBatch: number): SkeletonBuffers {
-  const d = cfg.hiddenSize;
-  const k3 = cfg.k3;
-  // A snapshot at every layer L with L % size = 0.
-  const blocks = k3 ? Math.ceil(cfg.numLayers / k3.attnResBlockSize) : 0;
+/** The sizes of a model's run state for `ctx` positions and calls of up to `maxBatch` tokens. */
+export interface RunStateSizes {
+  /** Per layer: its mixer's per-sequence state (one arena region each). */
+  layerStateBytes: number[];
+  /** Arena bytes of each part's scratch. */
+  scratch: { skeleton: number; residual: number; mixers: number; feedForward: number };
+}
+
+/** The run state every part declares. */
+export function runStateSizes(cfg: ModelConfig, ctx: number, maxBatch: number): RunStateSizes {
   return {
-    hidden: maxBatch * d,
-    logits: Math.min(maxBatch, LOGIT_ROWS) * cfg.vocabSize,
-    ffn: maxBatch * ffnRows(cfg),
-    gathered: maxBatch * d,
-    expertOut: maxBatch * (cfg.moe?.topK ?? 1) * d,
-    routerLogits: maxBatch * (cfg.moe?.numExperts ?? 1),
-    latent: k3 && cfg.moe ? maxBatch * k3.latentDim : 0,
-    resBlocks: blocks,
-    resSnapshots: blocks * maxBatch * d,
-    resInput: k3 ? maxBatch * d : 0,
-    resScores: k3 ? blocks + 1 : 0,
+    layerStateBytes: mixerStateBytes(cfg, ctx, maxBatch),
+    scratch: {
+      skeleton: regionBytes(...skeletonRegions(cfg, maxBatch)),
+      residual: residualPartOf(cfg).scratchBytes(cfg, maxBatch),
+      mixers: mixerScratchBytes(cfg, ctx, maxBatch),
+      feedForward: feedForwardScratchBytes(cfg, maxBatch),
+    },
   };
-}
-
-/** Floats of all skeleton buffers: three hidden, two FFN and two latent, one of the others. */
-export function skeletonFloats(cfg: ModelConfig, maxBatch: number): number {
-  const b = skeletonBuffers(cfg, maxBatch);
-  return 3 * b.hidden + 2 * b.ffn + b.gathered + b.expertOut + b.routerLogits + b.logits +
-    2 * b.latent + b.resSnapshots + b.resInput + b.resScores;
 }

@@ -33,9 +33,9 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
     case "lm_head":
       return cfg.tieWordEmbeddings ? null : type.lmHead ?? "lm_head.weight";
     case "out_res_norm":
-      return cfg.k3 ? `${prefix}output_attn_res_norm.weight` : null;
+      return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_norm.weight` : null;
     case "out_res_proj":
-      return cfg.k3 ? `${prefix}output_attn_res_proj.weight` : null;
+      return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_proj.weight` : null;
   }
 }
 

@@ -1,8 +1,9 @@
 /**
  * The one schema of a model's tensors: the shape and role of every trunk and expert tensor,
- * derived from the normalised config — the layer skeleton's (norms, dense FFN, router, shared and
- * routed experts, Kimi K3's latent-MoE projections and Attention Residual pairs) here, the attention tensors by the family (engine/models/<family>.ts,
- * `attentionShape`) — and the bounds a config must meet before anything is sized from it. The
+ * derived from the normalised config — the skeleton's and the feed-forward's (norms, dense FFN,
+ * router, shared and routed experts, a latent MoE's projections) here, a residual stream's and
+ * each layer's mixer's by their parts (engine/parts/) — and the bounds a config must meet before
+ * anything is sized from it. The
  * packer checks a checkpoint against it and the container reader a manifest (engine/container.ts
  * hands it to io/), so a transposed projection, a short norm or a config that disagrees with its
  * tensors is refused instead of read past its end.
@@ -14,12 +15,13 @@ import {
   type ExpertMatrix,
   expertWidth,
   type GlobalTensor,
-  isKdaLayer,
   type LayerTensor,
+  mixerOf,
   type ModelConfig,
 } from "../io/model_config.ts";
 import { MAX_LAYERS } from "./models/hf_config.ts";
-import { familyOf } from "./models/mod.ts";
+import { mixerPartOf } from "./parts/mod.ts";
+import { residualPartOf } from "./parts/residual.ts";
 import { layerTensorsOf } from "./tensor_names.ts";
 
 const vector = (n: number): TensorSpec => ({ shape: [n], role: "vector" });
@@ -27,20 +29,11 @@ const weight = (rows: number, cols: number): TensorSpec => ({
   shape: [rows, cols],
   role: "weight",
 });
-/** Kimi K3's Attention Residual projection: [1, d] as shipped, read as one f32 vector. */
-const resProj = (d: number): TensorSpec => ({ shape: [1, d], role: "vector" });
-
 /** The spec of a global tensor. */
 export function globalTensorSpec(cfg: ModelConfig, g: GlobalTensor): TensorSpec {
-  switch (g) {
-    case "final_norm":
-    case "out_res_norm":
-      return vector(cfg.hiddenSize);
-    case "out_res_proj":
-      return resProj(cfg.hiddenSize);
-    default:
-      return weight(cfg.vocabSize, cfg.hiddenSize);
-  }
+  const residual = residualPartOf(cfg);
+  if (residual.globalTensors.includes(g)) return { shape: residual.shape(cfg, g), role: "vector" };
+  return g === "final_norm" ? vector(cfg.hiddenSize) : weight(cfg.vocabSize, cfg.hiddenSize);
 }
 
 /** The spec of layer `layer`'s tensor `t` (which the layer must have, see layerTensorsOf). */
@@ -66,12 +59,6 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
       return weight(moe!.sharedIntermediate, H);
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
-    case "attn_res_norm":
-    case "mlp_res_norm":
-      return vector(H);
-    case "attn_res_proj":
-    case "mlp_res_proj":
-      return resProj(H);
     case "latent_down":
       return weight(expertWidth(cfg), H);
     case "latent_norm":
@@ -79,14 +66,19 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
     case "latent_up":
       return weight(H, expertWidth(cfg));
     default: {
-      const spec = familyOf(cfg).attentionShape(cfg, t, layer);
+      const residual = residualPartOf(cfg);
+      // A residual stream's vectors (and [1, d] rows) are read as f32 vectors.
+      if (residual.layerTensors.includes(t)) {
+        return { shape: residual.shape(cfg, t), role: "vector" };
+      }
+      const spec = mixerPartOf(cfg, layer).shape(cfg, t, layer);
       if (!Array.isArray(spec)) return spec;
       return { shape: spec, role: spec.length === 2 ? "weight" : "vector" };
     }
   }
 }
 
-/** [rows, cols] of one routed expert's matrix (in K3's latent width, see expertWidth). */
+/** [rows, cols] of one routed expert's matrix (in a latent MoE's width, see expertWidth). */
 export function expertMatrixShape(cfg: ModelConfig, m: ExpertMatrix): [number, number] {
   const inter = cfg.moe!.expertIntermediate, width = expertWidth(cfg);
   return m === "down" ? [width, inter] : [inter, width];
@@ -115,8 +107,8 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     ["numKvHeads", cfg.numKvHeads],
     ["headDim", cfg.headDim],
   ];
-  // Kimi K3's routed experts work in a latent width of their own.
-  if (cfg.k3) dims.push(["k3.latentDim", cfg.k3.latentDim]);
+  // A latent MoE's routed experts work in a width of their own.
+  if (cfg.moe?.latentDim !== undefined) dims.push(["moe.latentDim", cfg.moe.latentDim]);
   for (const [k, v] of dims) {
     if (!Number.isSafeInteger(v) || v < 1 || v > MAX_MODEL_DIM) {
       fail(`${k} ${v} must be a whole number in 1..${MAX_MODEL_DIM}`);
@@ -153,14 +145,14 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`routed_scaling_factor ${moe.routedScaling} must be a positive number`);
     }
   }
-  const k3 = cfg.k3;
-  if (k3) {
-    if (!Number.isSafeInteger(k3.attnResBlockSize) || k3.attnResBlockSize < 1) {
-      fail(`attn_res_block_size ${k3.attnResBlockSize} must be a whole number ≥ 1`);
-    }
+  const residual = cfg.residual;
+  if (residual && (!Number.isSafeInteger(residual.blockSize) || residual.blockSize < 1)) {
+    fail(`attn_res_block_size ${residual.blockSize} must be a whole number ≥ 1`);
+  }
+  if (cfg.glu?.kind === "situ") {
     const caps: [string, number][] = [
-      ["activation_situ_beta", k3.situBeta],
-      ["activation_situ_linear_beta", k3.situLinearBeta],
+      ["activation_situ_beta", cfg.glu.beta],
+      ["activation_situ_linear_beta", cfg.glu.linearBeta],
     ];
     for (const [k, v] of caps) {
       // SiTU divides by its caps: tanh(x / β).
@@ -181,10 +173,10 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     }
   };
   sized("the embedding", globalTensorSpec(cfg, "embed").shape);
-  // One layer of each kind (dense or MoE, KDA or not) stands for all: shapes differ only there.
+  // One layer of each kind (dense or MoE, by mixer) stands for all: shapes differ only there.
   const seen = new Set<string>();
   for (let l = 0; l < cfg.numLayers; l++) {
-    const kind = `${cfg.layerKinds[l]} ${isKdaLayer(cfg, l)}`;
+    const kind = `${cfg.layerKinds[l]} ${mixerOf(cfg, l)}`;
     if (seen.has(kind)) continue;
     seen.add(kind);
     for (const t of layerTensorsOf(cfg, l)) {

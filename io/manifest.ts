@@ -143,11 +143,33 @@ function checkSpec(e: TensorEntry, spec: TensorSpec, where: string): void {
 }
 
 /**
+ * A stored config in the current shape. Containers packed before the layer skeleton was made of
+ * parts kept Kimi K3's features in one `k3` section (latentDim, situBeta, situLinearBeta,
+ * attnResBlockSize); they are read as the features they are: the latent MoE width, the SiTU gate,
+ * Attention Residuals.
+ */
+function upgradeStoredConfig(c: Record<string, unknown>, where: string): Record<string, unknown> {
+  if (c.k3 === undefined) return c;
+  const { k3: raw, ...rest } = c;
+  const k = obj(raw, `${where}.k3`);
+  int(k.latentDim, `${where}.k3.latentDim`, 1, MAX_DIM);
+  int(k.attnResBlockSize, `${where}.k3.attnResBlockSize`, 1, MAX_DIM);
+  num(k.situBeta, `${where}.k3.situBeta`);
+  num(k.situLinearBeta, `${where}.k3.situLinearBeta`);
+  return {
+    ...rest,
+    moe: rest.moe === null ? null : { ...obj(rest.moe, `${where}.moe`), latentDim: k.latentDim },
+    residual: { kind: "attn_res", blockSize: k.attnResBlockSize },
+    glu: { kind: "situ", beta: k.situBeta, linearBeta: k.situLinearBeta },
+  };
+}
+
+/**
  * Validates the normalised config stored in a manifest (types and bounds of every field), the
  * family's sections by `rules`.
  */
 export function validateModelConfig(v: unknown, where: string, rules: FamilyRules): ModelConfig {
-  const c = obj(v, where);
+  const c = upgradeStoredConfig(obj(v, where), where);
   const w = (k: string) => `${where}.${k}`;
   if (typeof c.modelType !== "string") throw new Error(`${w("modelType")}: expected a string`);
   for (const k of ["vocabSize", "hiddenSize", "numHeads", "numKvHeads", "headDim"]) {
@@ -193,8 +215,20 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     int(m.nGroup, w("moe.nGroup"), 1, n);
     int(m.topkGroup, w("moe.topkGroup"), 1, n);
     int(m.sharedIntermediate, w("moe.sharedIntermediate"), 0, MAX_DIM);
+    if (m.latentDim !== undefined) int(m.latentDim, w("moe.latentDim"), 1, MAX_DIM);
   } else if (c.layerKinds.includes("moe")) {
     throw new Error(`${w("moe")}: MoE layers need a moe section`);
+  }
+  if (c.residual !== undefined) {
+    const r = obj(c.residual, w("residual"));
+    oneOf(r.kind, ["attn_res"], w("residual.kind"));
+    int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+  }
+  if (c.glu !== undefined) {
+    const g = obj(c.glu, w("glu"));
+    oneOf(g.kind, ["situ"], w("glu.kind"));
+    num(g.beta, w("glu.beta"));
+    num(g.linearBeta, w("glu.linearBeta"));
   }
   rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);

@@ -87,18 +87,20 @@ export interface KdaConfig {
 }
 
 /**
- * Kimi K3 (engine/models/kimi_k3.ts): on top of KDA and NoPE MLA, Stable LatentMoE with SiTU-GLU
- * and Attention Residuals. Every field comes from the release config; none has a default.
+ * The residual stream of a layer skeleton. Absent: the plain stream (x += sublayer(norm(x))).
+ * `attn_res`: Attention Residuals (Kimi K3, ../shared/K3.md): the stream is cut into blocks of
+ * `blockSize` layers, a snapshot is kept at each block start (layer L with L % blockSize = 0), and
+ * each sublayer's input, and the final norm's, is a softmax-weighted mix of the snapshots and the
+ * running sum of the current block (layer tensors `attn_res_*`, `mlp_res_*`; globals `out_res_*`).
  */
-export interface KimiK3Config {
-  /** Width the routed experts work in (routed_expert_hidden_size). */
-  latentDim: number;
-  /** SiTU-GLU caps: β1 of the gate (activation_situ_beta), β2 of the up (..._linear_beta). */
-  situBeta: number;
-  situLinearBeta: number;
-  /** Attention Residuals: a block snapshot is taken at every layer L with L % size = 0. */
-  attnResBlockSize: number;
-}
+export type ResidualConfig = { kind: "attn_res"; blockSize: number };
+
+/**
+ * The gate of every gated MLP (dense, shared and routed experts). Absent: SwiGLU,
+ * silu(gate) · up. `situ`: SiTU-GLU (Kimi K3), a gate and up capped by β1 = `beta` and
+ * β2 = `linearBeta` (engine/reference/math.ts `situ`).
+ */
+export type GluConfig = { kind: "situ"; beta: number; linearBeta: number };
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
 export interface MoeConfig {
@@ -122,6 +124,12 @@ export interface MoeConfig {
   selectionBias: boolean;
   /** Rows of the shared experts' gate/up, 0 when there are none (all shared experts as one MLP). */
   sharedIntermediate: number;
+  /**
+   * Latent MoE (Kimi K3's Stable LatentMoE): the routed experts work in this width; the layer
+   * projects the input down once (`latent_down`), and RMS-norms (`latent_norm`) and projects the
+   * weighted expert sum back up (`latent_up`). Absent: the experts read the hidden size.
+   */
+  latentDim?: number;
   /** gpt-oss: the router has a bias added to its logits (layer tensor `router_b`). */
   routerLogitBias?: boolean;
   /** gpt-oss: every expert matrix has a bias vector, stored in the expert's record. */
@@ -175,8 +183,10 @@ export interface ModelConfig {
   mla: MlaConfig | null;
   /** KDA layers (absent for families without them). */
   kda?: KdaConfig;
-  /** Kimi K3's own pieces; absent for every other family. */
-  k3?: KimiK3Config;
+  /** The residual stream's kind (absent: plain). */
+  residual?: ResidualConfig;
+  /** The gated MLPs' activation (absent: SwiGLU). */
+  glu?: GluConfig;
   /** Softmax scale of attention scores, already including YaRN's mscale² where it applies. */
   attnScale: number;
   /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
@@ -271,17 +281,31 @@ export function layerTensorName(layer: number, tensor: LayerTensor): string {
   return `layers.${layer}.${tensor}`;
 }
 
-/** The global tensors a model has, in container order (K3 adds its output Attention Residual). */
+/** The global tensors a model has, in container order (Attention Residuals add their output mix). */
 export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
   return [
     "embed",
     "final_norm",
     ...(cfg.tieWordEmbeddings ? [] : ["lm_head" as const]),
-    ...(cfg.k3 ? ["out_res_norm" as const, "out_res_proj" as const] : []),
+    ...(cfg.residual?.kind === "attn_res"
+      ? ["out_res_norm" as const, "out_res_proj" as const]
+      : []),
   ];
 }
 
-/** Width of the vectors routed experts read and write: the hidden size, or K3's latent width. */
+/** Width of the vectors routed experts read and write: the hidden size, or the latent width. */
 export function expertWidth(cfg: ModelConfig): number {
-  return cfg.k3?.latentDim ?? cfg.hiddenSize;
+  return cfg.moe?.latentDim ?? cfg.hiddenSize;
+}
+
+/** The kinds of token mixer a layer may run (engine/parts/, engine/reference/mixers.ts). */
+export type MixerName = "gqa" | "mla" | "kda";
+
+/**
+ * The token mixer of layer `layer`, from the config's sections: a KDA layer where `kda.layers`
+ * says so, else MLA when the model has an `mla` section, else grouped-query attention.
+ */
+export function mixerOf(cfg: ModelConfig, layer: number): MixerName {
+  if (cfg.kda?.layers[layer]) return "kda";
+  return cfg.mla ? "mla" : "gqa";
 }

@@ -397,11 +397,11 @@ Deno.test("K3 synth at the release's width: its shapes and expert bytes are the 
     128,
   ]);
   assert.deepEqual(
-    [cfg.k3!.latentDim, cfg.moe!.expertIntermediate, cfg.moe!.sharedIntermediate, cfg.moe!.topK],
+    [cfg.moe!.latentDim, cfg.moe!.expertIntermediate, cfg.moe!.sharedIntermediate, cfg.moe!.topK],
     [3584, 3072, 6144, 16],
   );
   assert.equal(cfg.intermediateSize, 33792);
-  assert.equal(cfg.k3!.attnResBlockSize, 12);
+  assert.equal(cfg.residual!.blockSize, 12);
   const expert = synthTensors("kimi_k3", s.dims, "bf16").filter((t) =>
     t.name.includes("layers.1.block_sparse_moe.experts.0.")
   );
@@ -419,5 +419,43 @@ Deno.test({
       resume: [120],
     });
     assert.deepEqual(g1, ORACLE_CONTINUATION.slice(0, 8));
+  },
+});
+
+Deno.test({
+  name: "a K3 container packed before the layer parts (one `k3` config section) opens unchanged",
+  ignore: !hasFixture(K3),
+  async fn() {
+    const src = await packedFixture(K3);
+    const dir = `${tempDir()}/k3-legacy.sluice`;
+    Deno.mkdirSync(dir);
+    for (const e of Deno.readDirSync(src)) {
+      Deno.copyFileSync(`${src}/${e.name}`, `${dir}/${e.name}`);
+    }
+    const m = JSON.parse(Deno.readTextFileSync(`${dir}/manifest.json`));
+    const { residual, glu, moe, ...rest } = m.config;
+    const { latentDim, ...moeRest } = moe;
+    assert.ok(residual && glu && latentDim, "the packer writes the parts' fields");
+    m.config = {
+      ...rest,
+      moe: moeRest,
+      k3: {
+        latentDim,
+        situBeta: glu.beta,
+        situLinearBeta: glu.linearBeta,
+        attnResBlockSize: residual.blockSize,
+      },
+    };
+    Deno.writeTextFileSync(`${dir}/manifest.json`, JSON.stringify(m));
+    assert.deepEqual(openContainer(dir).config, openContainer(src).config);
+    const logits = async (path: string) => {
+      const model = await Model.open(path, { quiet: true, hotList: false });
+      try {
+        return model.forward(ORACLE_PROMPT, 0);
+      } finally {
+        model.close();
+      }
+    };
+    assert.deepEqual(await logits(dir), await logits(src));
   },
 });

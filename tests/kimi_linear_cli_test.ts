@@ -66,11 +66,11 @@ Deno.test({
     for (const l of [0, 1, 3, 4]) {
       assert.match(
         r.stdout,
-        new RegExp(`layer ${l} +KDA +recurrent state 4\\.00 KiB \\+ conv window 2\\.25 KiB`),
+        new RegExp(`layer ${l} +KDA +state 6\\.25 KiB \\(any context\\)`),
       );
     }
     for (const l of [2, 5]) {
-      assert.match(r.stdout, new RegExp(`layer ${l} +MLA +latent cache 40\\.0 KiB at ctx 256`));
+      assert.match(r.stdout, new RegExp(`layer ${l} +MLA +state 40\\.0 KiB at ctx 256`));
     }
     const json = JSON.parse(
       (await sluice("plan", "--model", model, "--ctx", "256", "--json")).stdout,

@@ -10,7 +10,7 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
-import { kdaForgetGate } from "../engine/kda.ts";
+import { kdaForgetGate } from "../engine/parts/kda.ts";
 import { kvCacheBytes, planMemory } from "../engine/planner.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import {

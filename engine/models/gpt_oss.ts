@@ -4,17 +4,16 @@
  * attention on the layers `layer_types` marks (their KV cache a ring holding only what the window
  * needs), YaRN RoPE with the checkpoint's `truncate`; every layer MoE with a biased router (top-k
  * of the logits, softmax over the chosen), biased experts and the clamped SwiGLU, the experts
- * shipped as fused MXFP4 (engine/tensor_names.ts `hfFusedExpertSlice`). The attention runs on
- * the llama family's GqaAttention, which reads `config.attention`; the float64 reference is
- * engine/reference/gqa.ts likewise.
+ * shipped as fused MXFP4 (engine/tensor_names.ts `hfFusedExpertSlice`). Its layers run the
+ * grouped-query attention mixer (engine/parts/gqa.ts), whose sinks, o bias and windows are
+ * features of `config.attention`.
  *
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
-import { gqaReference } from "../reference/gqa.ts";
 import type { Family, MoeNaming } from "./family.ts";
 import { checkTopK, type Normaliser, softmaxMoe } from "./hf_config.ts";
-import { GqaAttention, gqaBase, gqaStateBytes, LLAMA } from "./llama.ts";
+import { gqaBase, LLAMA } from "./llama.ts";
 
 /** gpt-oss's config.json: alpha 1.702 is no config key (transformers and llama.cpp hard-code it). */
 export const normaliseGptOss: Normaliser = (f, mt) => {
@@ -80,11 +79,6 @@ export const GPT_OSS: Family = {
     if (cfg.attention?.sinks) names.sinks = "self_attn.sinks";
     return names;
   },
-  attentionShape(cfg, t, layer) {
-    if (t === "bo") return [cfg.hiddenSize];
-    if (t === "sinks") return [cfg.numHeads];
-    return LLAMA.attentionShape(cfg, t, layer);
-  },
   validateConfig(c, where) {
     const { obj, bool, int } = manifestField;
     if (c.mla !== null) throw new Error(`${where}.mla: the gpt_oss family has no MLA section`);
@@ -97,10 +91,4 @@ export const GPT_OSS: Family = {
     }
     a.windows.forEach((x, i) => int(x, `${where}.attention.windows[${i}]`, 0, MAX_DIM));
   },
-  stateBytes: gqaStateBytes,
-  scratchFloats: LLAMA.scratchFloats,
-  persistentBytes: () => 0,
-  createAttention: (ops, arena, cfg, maxBatch, maxCtx) =>
-    new GqaAttention(ops, arena, cfg, maxBatch, maxCtx),
-  reference: gqaReference,
 };

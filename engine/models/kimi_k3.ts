@@ -1,24 +1,19 @@
 /**
  * The kimi_k3 family (`KimiK3ForConditionalGeneration`, ../shared/K3.md): Kimi-Linear's hybrid of
- * KDA and NoPE MLA layers (engine/models/kimi_linear.ts) with what K3 changes there, switched on by
- * its config: KDA's lower-bounded decay and full-rank output gate (engine/kda.ts), MLA's output
- * gate (engine/models/deepseek_v3.ts). Around the attention, K3 has Stable LatentMoE with SiTU-GLU
- * (engine/ffn.ts) and Attention Residuals in place of the plain residual stream (the skeleton,
- * engine/transformer.ts); their tensors are listed here with the attention's. This file holds the
- * config normaliser, each layer's tensors and their names, the planner's sizes and the
- * stored-config check; the references are Kimi-Linear's (engine/reference/kda.ts and mla.ts) and
- * the skeleton's (engine/reference/forward.ts).
+ * KDA and NoPE MLA layers (engine/models/kimi_linear.ts) with K3's features set from its config:
+ * KDA's lower-bounded decay and full-rank output gate, MLA's output gate (engine/parts/kda.ts,
+ * mla.ts), a latent MoE gated by SiTU (engine/parts/feed_forward.ts) and Attention Residuals as
+ * the residual stream (engine/parts/attn_res.ts). This file holds the config normaliser, each
+ * layer's tensors' Hugging Face names and the stored-config check.
  *
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
-import { isKdaLayer, type LayerTensor, type ModelConfig } from "../../io/model_config.ts";
-import { PAGE } from "../arena.ts";
+import { isKdaLayer, type LayerTensor } from "../../io/model_config.ts";
 import type { Family } from "./family.ts";
 import { checkTopK, type Normaliser } from "./hf_config.ts";
 import { KDA_TENSORS, KIMI_LINEAR } from "./kimi_linear.ts";
-import { mlaShape, mlaTensors } from "./deepseek_v3.ts";
-import { kdaTensorSpec } from "../kda.ts";
+import { mlaTensors } from "./deepseek_v3.ts";
 
 /**
  * Kimi K3's config: the language model is under `text_config`. As in kimi-k3-in-c, every field the
@@ -92,6 +87,7 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
       numExperts,
       topK,
       expertIntermediate: expertInter,
+      latentDim: f.int("routed_expert_hidden_size", { min: 1 }),
       scoring: "sigmoid",
       normTopK: f.flag("moe_renormalize"),
       routedScaling: f.num("routed_scaling_factor"),
@@ -119,11 +115,11 @@ export const normaliseKimiK3: Normaliser = (top, mt) => {
       gateLowerBound: lin.num("gate_lower_bound"),
       fullRankOutputGate: true,
     },
-    k3: {
-      latentDim: f.int("routed_expert_hidden_size", { min: 1 }),
-      situBeta: f.num("activation_situ_beta"),
-      situLinearBeta: f.num("activation_situ_linear_beta"),
-      attnResBlockSize: f.int("attn_res_block_size", { min: 1 }),
+    residual: { kind: "attn_res", blockSize: f.int("attn_res_block_size", { min: 1 }) },
+    glu: {
+      kind: "situ",
+      beta: f.num("activation_situ_beta"),
+      linearBeta: f.num("activation_situ_linear_beta"),
     },
     attnScale: 1 / Math.sqrt(qkNope + qkRope),
   };
@@ -151,16 +147,6 @@ const LATENT_TENSORS: Partial<Record<LayerTensor, string>> = {
   latent_up: "block_sparse_moe.routed_expert_up_proj.weight",
 };
 
-/**
- * Floats of K3's own attention scratch for a batch of `maxBatch`: the MLA output gate. (The
- * latent MoE's and the Attention Residuals' buffers are the skeleton's, engine/run_state.ts.)
- * Each region is page-rounded: a page apiece on top, for the gate and the skeleton's five K3
- * regions.
- */
-function k3ScratchFloats(cfg: ModelConfig, maxBatch: number): number {
-  return maxBatch * cfg.numHeads * cfg.mla!.vHeadDim + 6 * (PAGE / 4);
-}
-
 /** The kimi_k3 family. */
 export const KIMI_K3: Family = {
   name: "kimi_k3",
@@ -171,26 +157,23 @@ export const KIMI_K3: Family = {
     ...ATTN_RES_TENSORS,
     ...(cfg.layerKinds[layer] === "moe" ? LATENT_TENSORS : {}),
   }),
-  attentionShape(cfg, t, layer) {
-    if (isKdaLayer(cfg, layer)) return kdaTensorSpec(cfg, t);
-    // MLA's output gate: one sigmoid per value element of every head.
-    if (t === "g_proj") return [cfg.numHeads * cfg.mla!.vHeadDim, cfg.hiddenSize];
-    return mlaShape(cfg, t);
-  },
   validateConfig(c, where) {
     KIMI_LINEAR.validateConfig(c, where);
     const m = manifestField.obj(c.mla, `${where}.mla`);
     manifestField.bool(m.outputGate, `${where}.mla.outputGate`);
-    const k3 = manifestField.obj(c.k3, `${where}.k3`);
-    for (const f of ["latentDim", "attnResBlockSize"]) {
-      manifestField.int(k3[f], `${where}.k3.${f}`, 1, MAX_DIM);
+    // Its parts: Attention Residuals, the SiTU gate and a latent MoE (their fields are checked
+    // with the rest of the config; here, that they are there).
+    if (manifestField.obj(c.residual, `${where}.residual`).kind !== "attn_res") {
+      throw new Error(`${where}.residual.kind: kimi_k3 runs Attention Residuals`);
     }
-    for (const f of ["situBeta", "situLinearBeta"]) manifestField.num(k3[f], `${where}.k3.${f}`);
+    if (manifestField.obj(c.glu, `${where}.glu`).kind !== "situ") {
+      throw new Error(`${where}.glu.kind: kimi_k3 gates its MLPs with SiTU`);
+    }
+    manifestField.int(
+      manifestField.obj(c.moe, `${where}.moe`).latentDim,
+      `${where}.moe.latentDim`,
+      1,
+      MAX_DIM,
+    );
   },
-  stateBytes: KIMI_LINEAR.stateBytes,
-  scratchFloats: (cfg, maxBatch) =>
-    KIMI_LINEAR.scratchFloats(cfg, maxBatch) + k3ScratchFloats(cfg, maxBatch),
-  persistentBytes: KIMI_LINEAR.persistentBytes,
-  createAttention: KIMI_LINEAR.createAttention,
-  reference: KIMI_LINEAR.reference,
 };

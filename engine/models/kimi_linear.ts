@@ -1,32 +1,16 @@
 /**
  * The kimi_linear family (`KimiLinearForCausalLM`, Kimi-Linear-48B-A3B): a hybrid of KDA layers
- * (engine/kda.ts: short convs, gated delta rule, a fixed-size recurrent state per layer) and
- * full-attention MLA layers without rotary (NoPE; the deepseek_v3 family's absorbed latent
- * attention and latent cache), chosen per layer by `linear_attn_config`. The FFN side (dense
- * first layer, sigmoid routing with the correction bias, routed scaling, shared expert) is the
- * shared skeleton's. This file holds the config normaliser, each layer kind's tensors and their
- * Hugging Face names, the planner's sizes, the stored-config check, the engine's attention and
- * the pointer to its float64 references (engine/reference/kda.ts and mla.ts).
+ * (engine/parts/kda.ts: short convs, gated delta rule, a fixed-size recurrent state per layer)
+ * and NoPE MLA layers (engine/parts/mla.ts), chosen per layer by `linear_attn_config` into
+ * `kda.layers`; a dense first layer, then sigmoid routing with the correction bias, routed scaling
+ * and a shared expert. This file holds the config normaliser, each layer kind's tensors' Hugging
+ * Face names and the stored-config check.
  *
  * @module
  */
 import { manifestField, MAX_DIM } from "../../io/manifest.ts";
-import {
-  isKdaLayer,
-  type LayerTensor,
-  type ModelConfig,
-  type MoeConfig,
-} from "../../io/model_config.ts";
-import { PAGE } from "../arena.ts";
-import { KdaAttention, kdaLayerStateBytes, kdaScratchFloats, kdaTensorSpec } from "../kda.ts";
-import type { Ops } from "../ops.ts";
-import type { Arena } from "../arena.ts";
-import { kdaReference } from "../reference/kda.ts";
-import { mlaReference } from "../reference/mla.ts";
-import type { ReferenceAttention } from "../reference/forward.ts";
-import type { Attention, CacheRegion, StateRegion } from "../transformer.ts";
-import type { LayerWeights } from "../weights.ts";
-import { DEEPSEEK_V3, MlaAttention, mlaShape, mlaTensors } from "./deepseek_v3.ts";
+import { isKdaLayer, type LayerTensor, type MoeConfig } from "../../io/model_config.ts";
+import { DEEPSEEK_V3, mlaTensors } from "./deepseek_v3.ts";
 import type { Family } from "./family.ts";
 import { checkTopK, Fields, type Json, type Normaliser, requireSilu } from "./hf_config.ts";
 
@@ -188,54 +172,10 @@ export const KDA_TENSORS: Partial<Record<LayerTensor, string>> = {
   o_norm: "self_attn.o_norm.weight",
 };
 
-/** Each layer's attention: KDA or NoPE MLA. */
-export class KimiLinearAttention implements Attention {
-  #cfg: ModelConfig;
-  #kda: KdaAttention;
-  #mla: MlaAttention;
-
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
-    this.#cfg = cfg;
-    this.#kda = new KdaAttention(ops, arena, cfg, maxBatch);
-    this.#mla = new MlaAttention(ops, arena, cfg, maxBatch, maxCtx);
-  }
-
-  /** The MLA layers' latent caches. */
-  cacheRegions(): CacheRegion[] {
-    return this.#mla.cacheRegions().filter((r) => r.offset >= 0);
-  }
-
-  /** The KDA layers' recurrent states. */
-  stateRegions(): StateRegion[] {
-    return this.#kda.stateRegions();
-  }
-
-  /** Declares restored KDA states to be at position `pos`. */
-  resumeAt(pos: number): void {
-    this.#kda.resumeAt(pos);
-  }
-
-  /** Refuses a position the KDA state cannot continue from, before any layer runs. */
-  begin(pos: number): void {
-    this.#kda.checkPosition(pos);
-  }
-
-  /** Runs layer `layer`'s own kind of attention. */
-  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
-    if (isKdaLayer(this.#cfg, layer)) this.#kda.forward(layer, lw, h, out, nb, pos);
-    else this.#mla.forward(layer, lw, h, out, nb, pos);
-  }
-}
-
-const reference: ReferenceAttention = (m, l, h, pos) =>
-  isKdaLayer(m.cfg, l) ? kdaReference(m, l, h, pos) : mlaReference(m, l, h, pos);
-
 /** The kimi_linear family. */
 export const KIMI_LINEAR: Family = {
   name: "kimi_linear",
   attentionTensors: (cfg, layer) => isKdaLayer(cfg, layer) ? KDA_TENSORS : mlaTensors(cfg),
-  attentionShape: (cfg, t, layer) =>
-    isKdaLayer(cfg, layer) ? kdaTensorSpec(cfg, t) : mlaShape(cfg, t),
   validateConfig(c, where) {
     DEEPSEEK_V3.validateConfig(c, where);
     const k = manifestField.obj(c.kda, `${where}.kda`);
@@ -252,18 +192,4 @@ export const KIMI_LINEAR: Family = {
       manifestField.num(k.gateLowerBound, `${where}.kda.gateLowerBound`);
     }
   },
-  // A KDA layer's state does not grow with the context; an MLA layer's latent cache does.
-  stateBytes(cfg, layer, ctx, maxBatch) {
-    if (!isKdaLayer(cfg, layer)) return DEEPSEEK_V3.stateBytes(cfg, layer, ctx, maxBatch);
-    const { state, conv } = kdaLayerStateBytes(cfg.kda!);
-    return state + conv;
-  },
-  // KDA's scratch regions are page-rounded one by one: a page each on top of their floats.
-  scratchFloats: (cfg, maxBatch) =>
-    DEEPSEEK_V3.scratchFloats(cfg, maxBatch) + kdaScratchFloats(cfg.kda!, maxBatch) +
-    KdaAttention.REGIONS * (PAGE / 4),
-  persistentBytes: (cfg) => DEEPSEEK_V3.persistentBytes(cfg),
-  createAttention: (ops, arena, cfg, maxBatch, maxCtx) =>
-    new KimiLinearAttention(ops, arena, cfg, maxBatch, maxCtx),
-  reference,
 };

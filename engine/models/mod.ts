@@ -1,16 +1,12 @@
 /**
- * The model registry: every supported Hugging Face model_type, one line each, and the attention
- * family it runs. One file per family beside this one holds everything about that family
- * (engine/models/family.ts says what); the config parser, the planner, manifest validation, the
- * packer's tensor names and the reference pass look families up here instead of switching on
- * names. docs/ENGINE.md "Adding a model family" lists the steps.
+ * The model registry: every supported Hugging Face model_type, one line each, and the family
+ * whose tensor naming it shares. One file per family beside this one holds everything about that
+ * family (engine/models/family.ts says what); the config parser, manifest validation and the
+ * packer's tensor names look families up here instead of switching on names. docs/ENGINE.md "Adding a model family" lists the steps.
  *
  * @module
  */
 import type { ModelConfig } from "../../io/model_config.ts";
-import type { Arena } from "../arena.ts";
-import type { Ops } from "../ops.ts";
-import type { Attention } from "../transformer.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
@@ -129,15 +125,4 @@ export function modelTypeOf(cfg: Pick<ModelConfig, "modelType">): ModelType {
     );
   }
   return t;
-}
-
-/** The attention of `cfg.family`, with its KV cache allocated in `arena`. */
-export function createAttention(
-  ops: Ops,
-  arena: Arena,
-  cfg: ModelConfig,
-  maxBatch: number,
-  maxCtx: number,
-): Attention {
-  return familyOf(cfg).createAttention(ops, arena, cfg, maxBatch, maxCtx);
 }

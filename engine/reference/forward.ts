@@ -2,12 +2,12 @@
  * The scalar reference forward pass: one token at a time, float64 everywhere, straight from the
  * published model semantics (Hugging Face transformers' Llama, Mixtral, Qwen3-MoE and
  * DeepSeek-V3). It is slow on purpose: it is the oracle the WASM engine is tested against, so it
- * shares no math with the engine: the layer skeleton, FFN and routing are here, and each family's
- * attention is a function beside this file (gqa.ts, mla.ts; MLA in the expanded form rather than
- * the engine's absorbed form) that the family registry (engine/models/) names. This file is the
- * place to start reading how a model computes. Kimi K3 (../shared/K3.md) changes the skeleton
- * here: SiTU-GLU in every MLP, Stable LatentMoE, and Attention Residuals in place of the plain
- * residual stream.
+ * shares no math with the engine and imports nothing of it: the layer skeleton, residual streams,
+ * FFN and routing are here, and each mixer kind is a function beside this file (gqa.ts, mla.ts,
+ * kda.ts; MLA in the expanded form rather than the engine's absorbed form) that mixers.ts names
+ * by the kind `mixerOf` gives a layer. This file is the place to start reading how a model
+ * computes. Config features change the skeleton here: the SiTU gate (`glu`), a latent MoE
+ * (`moe.latentDim`), and Attention Residuals (`residual`) in place of the plain stream.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -15,10 +15,15 @@
  * @module
  */
 
-import { type LayerTensor, layerTensorName, type ModelConfig } from "../../io/model_config.ts";
+import {
+  type LayerTensor,
+  layerTensorName,
+  mixerOf,
+  type ModelConfig,
+} from "../../io/model_config.ts";
 import {
   addInto,
-  attnRes,
+  attnRes as attnResMix,
   clampedSwiglu,
   type GluActivation,
   matvec,
@@ -29,7 +34,7 @@ import {
   swiglu,
 } from "./math.ts";
 import { routeReference } from "./moe_routing.ts";
-import { familyOf } from "../models/mod.ts";
+import { REFERENCE_MIXERS } from "./mixers.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";
 
 /** Returns the float32 values of a weight by canonical name; throws when it does not exist. */
@@ -61,8 +66,8 @@ export type Attend = (
 ) => void;
 
 /**
- * What a family's reference attention (engine/reference/<attention>.ts, named by the family's
- * `reference` in engine/models/) uses of the reference model.
+ * What a mixer's reference (engine/reference/<mixer>.ts, named in mixers.ts) uses of the
+ * reference model.
  */
 export interface ReferenceContext {
   /** The model description. */
@@ -84,7 +89,7 @@ export interface ReferenceContext {
   stateOf<T>(layer: number, make: () => T): T;
 }
 
-/** A family's float64 attention of layer `l` for the normalised input `h` at position `pos`. */
+/** A mixer's float64 reference of layer `l` for the normalised input `h` at position `pos`. */
 export type ReferenceAttention = (
   m: ReferenceContext,
   l: number,
@@ -102,11 +107,10 @@ export class ReferenceModel implements ReferenceContext {
   private readonly memo = new Map<string, Float32Array>();
   private readonly invFreq: Float64Array;
   private readonly ropeMagnitude: number;
-  private readonly attention: ReferenceAttention;
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
-  /** The GLU activation of every MLP: SwiGLU, or K3's SiTU-GLU. */
+  /** The GLU activation of every MLP: SwiGLU, or SiTU-GLU. */
   private readonly act: GluActivation;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
@@ -115,8 +119,7 @@ export class ReferenceModel implements ReferenceContext {
     this.get = weight;
     this.invFreq = ropeInvFreq(cfg.rope);
     this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
-    this.attention = familyOf(cfg).reference;
-    this.act = cfg.k3 ? situ(cfg.k3.situBeta, cfg.k3.situLinearBeta) : SWIGLU;
+    this.act = cfg.glu?.kind === "situ" ? situ(cfg.glu.beta, cfg.glu.linearBeta) : SWIGLU;
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -173,23 +176,23 @@ export class ReferenceModel implements ReferenceContext {
     this.positions = pos + 1;
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
-    // x is the residual stream; with Attention Residuals (K3) the running sum of the current
-    // block, `blocks` holding the snapshots taken at each block start.
+    // x is the residual stream; with Attention Residuals the running sum of the current block,
+    // `blocks` holding the snapshots taken at each block start.
     let x: Float64Array = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
-    const k3 = cfg.k3;
+    const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
     const blocks: Float64Array[] = [];
     const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
-      attnRes([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
+      attnResMix([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
-      const a = k3 && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
-      const restart = k3 !== undefined && l % k3.attnResBlockSize === 0;
+      const a = attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
+      const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
       const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
-      const attn = this.attention(this, l, h, pos);
+      const attn = REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos);
       if (restart) x = attn;
       else addInto(x, attn);
-      const m = k3 ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
+      const m = attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
       const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
       if (cfg.layerKinds[l] === "moe") {
         const { out, experts } = this.moe(l, h2);
@@ -212,8 +215,8 @@ export class ReferenceModel implements ReferenceContext {
       }
     }
     this.lastRouting = routing;
-    const final = k3
-      ? attnRes([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
+    const final = attnRes
+      ? attnResMix([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
       : x;
     const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
@@ -286,11 +289,11 @@ export class ReferenceModel implements ReferenceContext {
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
     const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
     const route = routeReference(moe, logits, bias);
-    // K3's Stable LatentMoE: the experts work on a down-projection of h, and their weighted sum
-    // is RMS-normed and projected back up.
-    const k3 = this.cfg.k3;
-    const input = k3
-      ? matvec(this.lw(l, "latent_down"), h, k3.latentDim, d, `layer ${l} latent_down`)
+    // A latent MoE: the experts work on a down-projection of h, and their weighted sum is
+    // RMS-normed and projected back up.
+    const latent = moe.latentDim;
+    const input = latent
+      ? matvec(this.lw(l, "latent_down"), h, latent, d, `layer ${l} latent_down`)
       : h;
     const sum = new Float64Array(input.length);
     route.experts.forEach((e, k) => {
@@ -314,12 +317,12 @@ export class ReferenceModel implements ReferenceContext {
       );
       for (let i = 0; i < sum.length; i++) sum[i] += route.weights[k] * y[i];
     });
-    const out = k3
+    const out = latent
       ? matvec(
         this.lw(l, "latent_up"),
         rmsNorm(sum, this.lw(l, "latent_norm"), this.cfg.rmsNormEps, `layer ${l} latent_norm`),
         d,
-        k3.latentDim,
+        latent,
         `layer ${l} latent_up`,
       )
       : sum;

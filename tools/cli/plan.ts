@@ -5,21 +5,22 @@
  * @module
  */
 import { openContainer } from "../../engine/container.ts";
-import { planInput, planMemory } from "../../engine/planner.ts";
+import { planRun } from "../../engine/model.ts";
+import { mixerPartOf } from "../../engine/parts/mod.ts";
 import { formatBytes } from "../../engine/units.ts";
-import { kdaLayerStateBytes } from "../../engine/kda.ts";
-import { isKdaLayer } from "../../io/model_config.ts";
+import { mixerOf } from "../../io/model_config.ts";
 import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
 
-const HELP = `sluice plan — the memory plan of a container
+const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
 
 Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [--json]
 
 ${BUDGET_HELP}
-  -m, --model PATH  the container
-  -c, --ctx N     context length for the KV cache (default min(model, 4096); also --ctx-size)
-  --json          print the plan as JSON
+  -m, --model PATH      the container
+  -c, --ctx N           context length for the KV cache (default min(model, 4096); also --ctx-size)
+  --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)
+  --json                print the plan as JSON
 `;
 
 /** Runs the plan command; returns the exit code. */
@@ -28,6 +29,7 @@ export function planCommand(args: string[]): Promise<number> {
     ...MODEL_FLAG,
     ...BUDGET_FLAGS,
     ...CTX_FLAG,
+    "prefill-chunk": { type: "string", aliases: ["batch-size"] },
     json: { type: "boolean" },
     ...HELP_FLAG,
   });
@@ -38,25 +40,26 @@ export function planCommand(args: string[]): Promise<number> {
   }
   const c = openContainer(model);
   const cfg = c.config;
-  const ctx = Math.min(a.int("ctx") ?? 4096, cfg.maxPositions);
-  const input = planInput(c);
-
-  const plan = planMemory(input, {
+  const opts = { ctx: a.int("ctx"), prefillChunk: a.int("prefill-chunk") };
+  // The floor is the plan without the lookahead's resident routers: the run drops them there.
+  const floor = planRun(c, { ...opts, lookahead: 0 }).plan.floor;
+  const { plan, lookahead, ctx } = planRun(c, {
+    ...opts,
     budget: budgetFromArgs(a.str("budget"), a.str("preset")),
-    ctx,
-    maxBatch: 64,
   });
   const recommended = recommendedBudget(plan.wholeModelBytes);
   if (a.bool("json")) {
-    console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
+    console.log(
+      JSON.stringify({ ...plan, floor, ctx, lookahead, recommendedBudget: recommended }),
+    );
     return Promise.resolve(0);
   }
   const L = cfg.numLayers;
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
-floor          ${formatBytes(plan.floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
+floor          ${formatBytes(floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
     formatBytes(plan.kvBytes)
   } at ctx ${ctx}, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
-    Math.min(2 * (cfg.moe?.topK ?? 0), input.totalExperts)
+    Math.min(2 * (cfg.moe?.topK ?? 0), plan.totalExperts)
   } expert records)
 working set    ${formatBytes(plan.workingSetBytes)} per token
 whole model    ${formatBytes(plan.wholeModelBytes)}
@@ -65,22 +68,20 @@ budget         ${formatBytes(plan.budget)}
 trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${
     formatBytes(plan.ringSlotBytes)
   }  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
-expert cache   ${plan.expertSlots} of ${input.totalExperts} records (${
+expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${
     formatBytes(plan.expertBytes)
-  })
+  })${lookahead > 0 ? `; routers resident for the lookahead` : ""}
 arena          ${formatBytes(plan.arenaBytes)}`);
-  if (cfg.kda) {
+  const kinds = new Set(Array.from({ length: L }, (_, l) => mixerOf(cfg, l)));
+  if (kinds.size > 1) {
     // Hybrid models: what each layer keeps between tokens.
-    const { state, conv } = kdaLayerStateBytes(cfg.kda);
     for (let l = 0; l < L; l++) {
+      const part = mixerPartOf(cfg, l);
+      const grows = part.stateBytes(cfg, l, 2 * ctx, 1) !== part.stateBytes(cfg, l, ctx, 1);
       console.log(
-        isKdaLayer(cfg, l)
-          ? `layer ${String(l).padEnd(4)} KDA  recurrent state ${
-            formatBytes(state)
-          } + conv window ${formatBytes(conv)} (any context)`
-          : `layer ${String(l).padEnd(4)} MLA  latent cache ${
-            formatBytes(plan.layerStateBytes[l])
-          } at ctx ${ctx}`,
+        `layer ${String(l).padEnd(4)} ${mixerOf(cfg, l).toUpperCase().padEnd(4)} state ${
+          formatBytes(plan.layerStateBytes[l])
+        } ${grows ? `at ctx ${ctx}` : "(any context)"}`,
       );
     }
   }

@@ -12,20 +12,34 @@
  *
  * @module
  */
-import type { Arena } from "./arena.ts";
-import type { TensorSpec } from "../io/manifest.ts";
-import type { KdaConfig, LayerTensor, ModelConfig } from "../io/model_config.ts";
-import type { Ops } from "./ops.ts";
-import type { StateRegion } from "./transformer.ts";
-import type { LayerWeights } from "./weights.ts";
+import type { Arena } from "../arena.ts";
+import type { TensorSpec } from "../../io/manifest.ts";
+import type { KdaConfig, LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import type { Ops } from "../ops.ts";
+import type { LayerWeights } from "../weights.ts";
+import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
+import { regionBytes } from "./scratch.ts";
 
 /**
- * Floats of scratch for calls of up to `maxBatch` tokens: pre- and post-conv q/k/v, the forget
- * and output gates, the output, beta and the two low-rank projections.
+ * Floats per token of each scratch region, in allocation order: pre- and post-conv q/k/v, the
+ * forget gate, beta, the two low-rank projections, the output gate and the output.
  */
-export function kdaScratchFloats(k: KdaConfig, maxBatch: number): number {
+function kdaScratchFloats(k: KdaConfig): [string, number][] {
   const p = k.numHeads * k.headDim;
-  return maxBatch * (9 * p + k.numHeads + 2 * k.headDim);
+  return [
+    ["kda q pre-conv", p],
+    ["kda k pre-conv", p],
+    ["kda v pre-conv", p],
+    ["kda q", p],
+    ["kda k", p],
+    ["kda v", p],
+    ["kda forget gate", p],
+    ["kda beta", k.numHeads],
+    ["kda f_a", k.headDim],
+    ["kda g_a", k.headDim],
+    ["kda output gate", p],
+    ["kda output", p],
+  ];
 }
 
 /** Bytes of one KDA layer's recurrent state and conv windows. */
@@ -97,9 +111,7 @@ interface LayerState {
 }
 
 /** The KDA layers of one model: their state and the scratch of one call. */
-export class KdaAttention {
-  /** Scratch regions the constructor allocates (each is page-rounded by the arena). */
-  static readonly REGIONS = 13;
+export class KdaAttention implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
   #k: KdaConfig;
@@ -115,31 +127,37 @@ export class KdaAttention {
   #gate: number;
   #o: number;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
+  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, layers: number[], maxBatch: number) {
     const k = cfg.kda;
     if (!k) throw new Error(`${cfg.modelType}: KDA attention needs the kda config`);
     this.#ops = ops;
     this.#cfg = cfg;
     this.#k = k;
-    const p = k.numHeads * k.headDim;
     const sizes = kdaLayerStateBytes(k);
-    this.#layers = k.layers.map((isKda, l) => {
-      if (!isKda) return null;
+    this.#layers = new Array(cfg.numLayers).fill(null);
+    for (const l of layers) {
       const state = arena.alloc(`kda state + conv windows L${l}`, sizes.state + sizes.conv);
       const w = sizes.conv / 3;
       const at = state + sizes.state;
-      return { state, conv: [at, at + w, at + 2 * w] };
-    });
+      this.#layers[l] = { state, conv: [at, at + w, at + 2 * w] };
+    }
     this.#next = new Array(cfg.numLayers).fill(0);
-    const buf = (what: string, floats: number) => arena.alloc(what, maxBatch * floats * 4);
-    this.#pre = [buf("kda q pre-conv", p), buf("kda k pre-conv", p), buf("kda v pre-conv", p)];
-    this.#post = [buf("kda q", p), buf("kda k", p), buf("kda v", p)];
-    this.#g = buf("kda forget gate", p);
-    this.#beta = buf("kda beta", k.numHeads);
-    this.#lowA = buf("kda f_a", k.headDim);
-    this.#lowG = buf("kda g_a", k.headDim);
-    this.#gate = buf("kda output gate", p);
-    this.#o = buf("kda output", p);
+    const [preQ, preK, preV, q, kk, v, g, beta, lowA, lowG, gate, o] = kdaScratchFloats(k).map((
+      [what, floats],
+    ) => arena.alloc(what, maxBatch * floats * 4));
+    this.#pre = [preQ, preK, preV];
+    this.#post = [q, kk, v];
+    this.#g = g;
+    this.#beta = beta;
+    this.#lowA = lowA;
+    this.#lowG = lowG;
+    this.#gate = gate;
+    this.#o = o;
+  }
+
+  /** None: the state does not grow with the positions. */
+  cacheRegions(): CacheRegion[] {
+    return [];
   }
 
   /** Each KDA layer's state and conv windows, in layer order. */
@@ -155,12 +173,17 @@ export class KdaAttention {
     this.#next.fill(pos);
   }
 
+  /** Refuses a position the states cannot continue from, before any layer runs. */
+  begin(pos: number): void {
+    this.#checkPosition(pos);
+  }
+
   /**
    * Throws unless `pos` is 0 (a restart) or the next position of KDA layer `layer` (of the
-   * first KDA layer when absent): a recurrent state cannot rewind. The family's `begin` calls it
-   * before the first layer, so a refused call changes no layer's state or cache.
+   * first KDA layer when absent): a recurrent state cannot rewind. {@link begin} calls it before
+   * the first layer, so a refused call changes no layer's state or cache.
    */
-  checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
+  #checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
     if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
       throw new Error(
         `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
@@ -176,7 +199,7 @@ export class KdaAttention {
     const st = this.#layers[layer];
     if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    this.checkPosition(pos, layer);
+    this.#checkPosition(pos, layer);
     if (pos === 0) this.#zero(st);
     this.#next[layer] = pos + nb;
     const [xq, xk, xv] = this.#pre;
@@ -254,3 +277,17 @@ export class KdaAttention {
     for (const c of st.conv) this.#ops.f32(c, sizes.conv / 12).fill(0);
   }
 }
+
+/** The KDA mixer: its state is a fixed size whatever the context. */
+export const KDA: MixerPart = {
+  name: "kda",
+  shape: (cfg, t) => kdaTensorSpec(cfg, t),
+  stateBytes(cfg) {
+    const { state, conv } = kdaLayerStateBytes(cfg.kda!);
+    return state + conv;
+  },
+  scratchBytes: (cfg, _layers, _ctx, maxBatch) =>
+    regionBytes(...kdaScratchFloats(cfg.kda!).map(([, floats]) => maxBatch * floats * 4)),
+  create: (ops, arena, cfg, layers, maxBatch) =>
+    new KdaAttention(ops, arena, cfg, layers, maxBatch),
+};

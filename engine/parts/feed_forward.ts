@@ -1,25 +1,70 @@
 /**
- * The feed-forward half of a layer: a dense gated MLP, or a mixture of experts (router →
- * top-k → experts as they arrive → sum in routing order → plus shared experts). The gate is
- * SwiGLU, or SiTU-GLU for Kimi K3, whose Stable LatentMoE runs the routed experts in a latent
- * width: the input is projected down once, the weighted sum is RMS-normed and projected back up.
- * gpt-oss's experts add their bias vectors and use the clamped SwiGLU; its router adds a bias to
- * the logits. Works on a batch of tokens so that chunked prefill reads each distinct expert once
+ * The feed-forward part of a layer, by the layer's kind (`layerKinds`): a dense gated MLP, or a
+ * mixture of experts (router → top-k → experts as they arrive → sum in routing order → plus
+ * shared experts). Features set from the config: the gate (SwiGLU, or SiTU-GLU with `glu`), a
+ * latent MoE (`moe.latentDim`: the routed experts work in a latent width, the input projected down
+ * once, the weighted sum RMS-normed and projected back up), a bias on the router's logits, bias
+ * vectors in the experts and the clamped SwiGLU (gpt-oss). Works on a batch of tokens so that chunked prefill reads each distinct expert once
  * per chunk. Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a token's
  * gate and up inputs are prepared once per layer and shared by every expert the token is routed
  * to.
  *
  * @module
  */
-import type { Arena } from "./arena.ts";
-import { expertWidth, type LayerTensor, type ModelConfig } from "../io/model_config.ts";
-import type { Ops } from "./ops.ts";
-import { skeletonBuffers } from "./run_state.ts";
-import { expertPrepSizes, InputPrep, preparedKey } from "./quant_matmul.ts";
-import { inputFormOf } from "./tensor.ts";
-import { type Route, route } from "./routing.ts";
-import type { MoeObserver } from "./transformer.ts";
-import type { ExpertSource, ExpertWeights, LayerWeights } from "./weights.ts";
+import type { Arena } from "../arena.ts";
+import { expertWidth, type LayerTensor, type ModelConfig } from "../../io/model_config.ts";
+import type { Ops } from "../ops.ts";
+import { expertPrepSizes, InputPrep, preparedKey } from "../quant_matmul.ts";
+import { inputFormOf } from "../tensor.ts";
+import { type Route, route } from "../routing.ts";
+import type { ExpertSource, ExpertWeights, LayerWeights } from "../weights.ts";
+import { regionBytes } from "./scratch.ts";
+
+/**
+ * Watches the MoE layers: called once per MoE layer and forward call when the layer's experts are
+ * chosen (their reads queued, none computed yet), with the routes of the batch (tokens at
+ * positions pos..) and `h`, the layer's normalised MoE input. The one hook of a run: the trace,
+ * the hot-list counts and the lookahead all watch through it (engine/observers.ts).
+ */
+export type MoeObserver = (
+  layer: number,
+  routes: Route[],
+  h: number,
+  nb: number,
+  pos: number,
+) => void;
+
+/** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
+function ffnRows(cfg: ModelConfig): number {
+  return Math.max(
+    cfg.intermediateSize,
+    cfg.moe?.expertIntermediate ?? 0,
+    cfg.moe?.sharedIntermediate ?? 0,
+  );
+}
+
+/**
+ * Bytes of each buffer for calls of up to `maxBatch` tokens, in allocation order: the gate and up
+ * activations, one expert's gathered inputs, every routed expert's output of the batch, the
+ * router's logits, and with a latent MoE its projected input and weighted sum.
+ */
+function ffnRegions(cfg: ModelConfig, maxBatch: number): number[] {
+  const d = cfg.hiddenSize, f = maxBatch * 4;
+  const latent = cfg.moe?.latentDim;
+  return [
+    f * ffnRows(cfg),
+    f * ffnRows(cfg),
+    f * d,
+    f * (cfg.moe?.topK ?? 1) * d,
+    f * (cfg.moe?.numExperts ?? 1),
+    ...(latent ? [f * latent, f * latent] : []),
+  ];
+}
+
+/** Bytes the feed-forward allocates up front (prepared inputs come with the quant formats). */
+export function feedForwardScratchBytes(cfg: ModelConfig, maxBatch: number): number {
+  return regionBytes(...ffnRegions(cfg, maxBatch));
+}
 
 /** The FFN of every layer of one model, with its scratch buffers. */
 export class FeedForward {
@@ -53,22 +98,22 @@ export class FeedForward {
     this.#experts = experts;
     this.#maxBatch = maxBatch;
     this.#arena = arena;
-    const b = skeletonBuffers(cfg, maxBatch);
-    this.#gate = arena.alloc("ffn gate", b.ffn * 4);
-    this.#up = arena.alloc("ffn up", b.ffn * 4);
-    this.#gathered = arena.alloc("moe gathered input", b.gathered * 4);
-    this.#expertOut = arena.alloc("moe expert outputs", b.expertOut * 4);
-    this.#logits = arena.alloc("moe router logits", b.routerLogits * 4);
-    if (b.latent) {
-      this.#latentIn = arena.alloc("moe latent input", b.latent * 4);
-      this.#latentSum = arena.alloc("moe latent sum", b.latent * 4);
+    const [gate, up, gathered, expertOut, logits, latentIn, latentSum] = ffnRegions(cfg, maxBatch);
+    this.#gate = arena.alloc("ffn gate", gate);
+    this.#up = arena.alloc("ffn up", up);
+    this.#gathered = arena.alloc("moe gathered input", gathered);
+    this.#expertOut = arena.alloc("moe expert outputs", expertOut);
+    this.#logits = arena.alloc("moe router logits", logits);
+    if (latentIn) {
+      this.#latentIn = arena.alloc("moe latent input", latentIn);
+      this.#latentSum = arena.alloc("moe latent sum", latentSum);
     }
   }
 
-  /** g = act(g) · u over n floats: SiLU, or Kimi K3's SiTU. */
+  /** g = act(g) · u over n floats: SiLU, or SiTU with `glu`. */
   #activate(g: number, u: number, n: number): void {
-    const k3 = this.#cfg.k3;
-    if (k3) this.#ops.situMul(g, u, n, k3.situBeta, k3.situLinearBeta);
+    const glu = this.#cfg.glu;
+    if (glu?.kind === "situ") this.#ops.situMul(g, u, n, glu.beta, glu.linearBeta);
     else this.#ops.siluMul(g, u, n);
   }
 
@@ -175,6 +220,12 @@ export class FeedForward {
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
     ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep, scratch: slot0 });
     if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
+  }
+
+  /** out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos... */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    if (this.#cfg.layerKinds[layer] === "moe") this.moe(layer, lw, h, out, nb, pos);
+    else this.dense(lw, h, out, nb);
   }
 
   /** Dense FFN of a layer: out = MLP(h) for `nb` tokens. */

@@ -1,0 +1,79 @@
+/**
+ * The token mixer of a layer (the part that moves information between positions: attention,
+ * latent attention, linear attention) as the layer skeleton sees it. Each kind is one file beside
+ * this one: its tensors' shapes, the state it keeps per sequence, its scratch, and the engine's
+ * implementation; engine/parts/mod.ts lists them and io/model_config.ts `mixerOf` says which one
+ * each layer runs. Its float64 reference is engine/reference/mixers.ts's entry of the same name.
+ *
+ * @module
+ */
+import type { TensorSpec } from "../../io/manifest.ts";
+import type { LayerTensor, MixerName, ModelConfig } from "../../io/model_config.ts";
+import type { Arena } from "../arena.ts";
+import type { Ops } from "../ops.ts";
+import type { LayerWeights } from "../weights.ts";
+
+/** One fixed-size recurrent state in the arena. */
+export interface StateRegion {
+  offset: number;
+  bytes: number;
+}
+
+/** One position-indexed cache in the arena: position p's row is at offset + p × rowBytes. */
+export interface CacheRegion {
+  offset: number;
+  rowBytes: number;
+}
+
+/** The mixer of the layers that run one kind, with its per-sequence state and scratch. */
+export interface Mixer {
+  /** out = mixer(h) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * Called once per forward pass before any layer runs: a recurrent state refuses a position it
+   * cannot continue from here, before any cache or state changes.
+   */
+  begin?(pos: number, nb: number): void;
+  /** The position-indexed caches of its layers, in layer order: what a saved session holds. */
+  cacheRegions(): CacheRegion[];
+  /**
+   * Recurrent states of its layers, in layer order: fixed-size regions that carry the whole past,
+   * saved whole by a saved session. A model with any cannot rewind: a prompt cache reuses it only
+   * to its very end.
+   */
+  stateRegions?(): StateRegion[];
+  /** Declares the recurrent states written back into the arena to be at position `pos`. */
+  resumeAt?(pos: number): void;
+}
+
+/** One kind of mixer: what the schema, the planner and the forward pass need of it. */
+export interface MixerPart {
+  readonly name: MixerName;
+  /**
+   * The shape of its tensor `t` in layer `layer` ([rows, cols] as in PyTorch, [n] for a vector;
+   * a full spec where the shape is looser), derived from the config. Anything but a 2-D shape is
+   * stored as an f32 vector.
+   */
+  shape(cfg: ModelConfig, t: LayerTensor, layer: number): number[] | TensorSpec;
+  /**
+   * Bytes of layer `layer`'s per-sequence state (KV cache, latent rows, recurrent state and conv
+   * window) for `ctx` positions and calls of up to `maxBatch` tokens. Each layer's state is one
+   * arena region of exactly this size.
+   */
+  stateBytes(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number;
+  /**
+   * Bytes of everything else the mixer of `layers` allocates (scratch for calls of `maxBatch`
+   * tokens and `ctx` positions, tables, weights it derives once), each region rounded up to the
+   * arena's page as the arena rounds it.
+   */
+  scratchBytes(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: number): number;
+  /** The mixer of `layers`, its state and scratch allocated in `arena`. */
+  create(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    layers: number[],
+    maxBatch: number,
+    maxCtx: number,
+  ): Mixer;
+}

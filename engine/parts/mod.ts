@@ -1,0 +1,96 @@
+/**
+ * The parts a layer is made of, by kind: the token mixers (one file each beside this one), the
+ * feed-forward (engine/parts/feed_forward.ts) and the residual stream (residual.ts, attn_res.ts).
+ * A layer's mixer is chosen by its config (io/model_config.ts `mixerOf`); the planner, the arena,
+ * the prompt cache and saved sessions all read the same declarations through here.
+ *
+ * Adding a mixer kind: one file with its {@link MixerPart} (and its kernel), its name in
+ * io/model_config.ts `MixerName` and `mixerOf`, its entry here, and its float64 reference in
+ * engine/reference/mixers.ts.
+ *
+ * @module
+ */
+import type { MixerName, ModelConfig } from "../../io/model_config.ts";
+import { mixerOf } from "../../io/model_config.ts";
+import type { Arena } from "../arena.ts";
+import type { Ops } from "../ops.ts";
+import type { LayerWeights } from "../weights.ts";
+import { GQA } from "./gqa.ts";
+import { KDA } from "./kda.ts";
+import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
+import { MLA } from "./mla.ts";
+
+/** Every mixer kind, by name. */
+export const MIXERS: Readonly<Record<MixerName, MixerPart>> = { gqa: GQA, mla: MLA, kda: KDA };
+
+/** The mixer kind of layer `layer`. */
+export function mixerPartOf(cfg: ModelConfig, layer: number): MixerPart {
+  return MIXERS[mixerOf(cfg, layer)];
+}
+
+/** The mixer kinds a model runs, each with its layers in order, in order of first use. */
+export function mixerGroups(cfg: ModelConfig): [MixerPart, number[]][] {
+  const groups = new Map<MixerPart, number[]>();
+  for (let l = 0; l < cfg.numLayers; l++) {
+    const part = mixerPartOf(cfg, l);
+    const layers = groups.get(part) ?? [];
+    layers.push(l);
+    groups.set(part, layers);
+  }
+  return [...groups];
+}
+
+/** Bytes of every layer's per-sequence mixer state at `ctx` positions, layer by layer. */
+export function mixerStateBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number[] {
+  return Array.from(
+    { length: cfg.numLayers },
+    (_, l) => mixerPartOf(cfg, l).stateBytes(cfg, l, ctx, maxBatch),
+  );
+}
+
+/** Bytes of the scratch of every mixer kind the model runs. */
+export function mixerScratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  return mixerGroups(cfg).reduce(
+    (s, [part, layers]) => s + part.scratchBytes(cfg, layers, ctx, maxBatch),
+    0,
+  );
+}
+
+/** The mixers of every layer of one model: each layer runs its own kind's. */
+export class LayerMixers implements Mixer {
+  #byLayer: Mixer[] = [];
+  #all: Mixer[] = [];
+
+  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
+    for (const [part, layers] of mixerGroups(cfg)) {
+      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx);
+      this.#all.push(mixer);
+      for (const l of layers) this.#byLayer[l] = mixer;
+    }
+  }
+
+  /** Runs layer `layer`'s own mixer. */
+  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#byLayer[layer].forward(layer, lw, h, out, nb, pos);
+  }
+
+  /** Lets every mixer refuse a position before any layer runs. */
+  begin(pos: number, nb: number): void {
+    for (const m of this.#all) m.begin?.(pos, nb);
+  }
+
+  /** The position-indexed caches of every mixer, grouped by kind in order of first use. */
+  cacheRegions(): CacheRegion[] {
+    return this.#all.flatMap((m) => m.cacheRegions());
+  }
+
+  /** The recurrent states of every mixer, grouped by kind in order of first use. */
+  stateRegions(): StateRegion[] {
+    return this.#all.flatMap((m) => m.stateRegions?.() ?? []);
+  }
+
+  /** Declares the restored recurrent states to be at position `pos`. */
+  resumeAt(pos: number): void {
+    for (const m of this.#all) m.resumeAt?.(pos);
+  }
+}
