@@ -1,0 +1,208 @@
+/**
+ * Each mixer part on its own, against its float64 reference (engine/reference/mixers.ts) at
+ * awkward sizes: one layer, random weights in the arena, a few positions run as one chunk and
+ * then token by token; outputs within 1e-5 relative. The residual streams and the feed-forward
+ * are held to the reference through whole models (tests/kimi_k3_test.ts, synth_engine_test.ts).
+ */
+import assert from "node:assert/strict";
+import { Arena } from "../engine/arena.ts";
+import { Ops } from "../engine/ops.ts";
+import { MIXERS } from "../engine/parts/mod.ts";
+import { Pool } from "../engine/pool.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
+import { layerTensorsOf } from "../engine/tensor_names.ts";
+import { layerTensorSpec } from "../engine/tensor_shapes.ts";
+import type { TensorRef } from "../engine/tensor.ts";
+import type { LayerWeights } from "../engine/weights.ts";
+import {
+  type LayerTensor,
+  layerTensorName,
+  type MixerName,
+  mixerOf,
+  type ModelConfig,
+} from "../io/model_config.ts";
+import { loadKernelModule } from "../wasm/mod.ts";
+import { maxRelDiff } from "./fixtures.ts";
+
+/** A one-layer config around a mixer's own sections (no FFN: parts are tested alone). */
+function config(over: Partial<ModelConfig>): ModelConfig {
+  return {
+    family: "llama",
+    modelType: "qwen3_moe",
+    vocabSize: 8,
+    hiddenSize: 40,
+    numLayers: 1,
+    numHeads: 5,
+    numKvHeads: 1,
+    headDim: 12,
+    intermediateSize: 8,
+    rmsNormEps: 1e-6,
+    rope: { theta: 10000, layout: "half", dim: 8, scaling: { type: "none" } },
+    maxPositions: 64,
+    tieWordEmbeddings: true,
+    qkNorm: false,
+    attentionBias: false,
+    layerKinds: ["dense"],
+    moe: null,
+    mla: null,
+    attnScale: 1 / Math.sqrt(12),
+    bosId: null,
+    eosIds: [],
+    ...over,
+  };
+}
+
+const MLA_CFG = {
+  family: "deepseek_v3",
+  modelType: "deepseek_v3",
+  numHeads: 3,
+  numKvHeads: 3,
+  headDim: 18,
+  rope: { theta: 10000, layout: "interleaved", dim: 6, scaling: { type: "none" } },
+  mla: { qLoraRank: 20, kvLoraRank: 24, qkNopeHeadDim: 12, qkRopeHeadDim: 6, vHeadDim: 10 },
+  attnScale: 1 / Math.sqrt(18),
+} as const;
+
+const KDA_CFG = {
+  family: "kimi_linear",
+  modelType: "kimi_linear",
+  numHeads: 3,
+  numKvHeads: 3,
+  headDim: 18,
+  mla: { ...MLA_CFG.mla, nope: true },
+  rope: MLA_CFG.rope,
+  attnScale: MLA_CFG.attnScale,
+} as const;
+
+/** Every mixer kind, at sizes no kernel is tuned for, with its features on. */
+const CASES: [string, ModelConfig][] = [
+  ["gqa with q/k norm, biases and partial RoPE", config({ qkNorm: true, attentionBias: true })],
+  [
+    "gqa with sinks, o bias and a window of 3",
+    config({
+      family: "gpt_oss",
+      modelType: "gpt_oss",
+      numKvHeads: 5,
+      attention: { sinks: true, outputBias: true, windows: [3] },
+    }),
+  ],
+  ["mla", config(MLA_CFG)],
+  [
+    "mla without rotary, with an output gate",
+    config({
+      ...MLA_CFG,
+      family: "kimi_k3",
+      modelType: "kimi_k3",
+      residual: { kind: "attn_res", blockSize: 1 },
+      mla: { ...MLA_CFG.mla, nope: true, outputGate: true },
+    }),
+  ],
+  [
+    "kda",
+    config({
+      ...KDA_CFG,
+      kda: {
+        numHeads: 3,
+        headDim: 12,
+        convKernel: 4,
+        layers: [true],
+        gateLowerBound: null,
+        fullRankOutputGate: false,
+      },
+    }),
+  ],
+  [
+    "kda with a bounded gate and a full-rank output gate",
+    config({
+      ...KDA_CFG,
+      family: "kimi_k3",
+      modelType: "kimi_k3",
+      residual: { kind: "attn_res", blockSize: 1 },
+      kda: {
+        numHeads: 3,
+        headDim: 12,
+        convKernel: 3,
+        layers: [true],
+        gateLowerBound: -5,
+        fullRankOutputGate: true,
+      },
+      mla: { ...KDA_CFG.mla, outputGate: true },
+    }),
+  ],
+];
+
+/** Deterministic values in [−scale, scale) (norm weights around 1). */
+function values(n: number, seed: number, scale: number, around = 0): Float32Array {
+  const out = new Float32Array(n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out[i] = around + scale * (s / 2 ** 32 * 2 - 1);
+  }
+  return out;
+}
+
+const POSITIONS = 7;
+
+for (const [what, cfg] of CASES) {
+  Deno.test(`the ${what} mixer matches its float64 reference`, async () => {
+    const name: MixerName = mixerOf(cfg, 0);
+    const part = MIXERS[name];
+    const d = cfg.hiddenSize;
+    const weights = new Map<string, Float32Array>();
+    const tensors = layerTensorsOf(cfg, 0).filter((t) => !t.startsWith("ffn_"));
+    tensors.forEach((t, i) => {
+      const shape = layerTensorSpec(cfg, t, 0).shape;
+      const n = shape.reduce((a, b) => a * b, 1);
+      const norm = t.endsWith("norm");
+      weights.set(t, values(n, 17 + i, norm ? 0.2 : t === "a_log" ? 1 : 0.3, norm ? 1 : 0));
+    });
+    const arena = new Arena(64 * 2 ** 20);
+    const pool = await Pool.create(arena, await loadKernelModule(), 2);
+    try {
+      const ops = new Ops(arena, pool);
+      const refs = new Map<LayerTensor, TensorRef>();
+      for (const t of tensors) {
+        const v = weights.get(t)!;
+        const shape = layerTensorSpec(cfg, t, 0).shape;
+        const ptr = arena.alloc(`w ${t}`, v.length * 4, 64);
+        arena.f32(ptr, v.length).set(v);
+        refs.set(t, {
+          ptr,
+          dtype: "f32",
+          rows: shape[0],
+          cols: shape.length > 1 ? shape.at(-1)! : 1,
+        });
+      }
+      const lw: LayerWeights = {
+        get: (t) => refs.get(t) ?? assert.fail(`no ${t}`),
+        has: (t) => refs.has(t),
+      };
+      const maxBatch = 4;
+      const mixer = part.create(ops, arena, cfg, [0], maxBatch, 32);
+      const h = arena.alloc("h", maxBatch * d * 4);
+      const out = arena.alloc("out", maxBatch * d * 4);
+      const inputs = Array.from({ length: POSITIONS }, (_, p) => values(d, 100 + p, 1));
+      const ref = new ReferenceModel(cfg, (n) => {
+        const t = n.slice(n.lastIndexOf(".") + 1);
+        if (n !== layerTensorName(0, t as LayerTensor)) assert.fail(`no reference weight ${n}`);
+        return weights.get(t) ?? assert.fail(`no ${n}`);
+      });
+      const want = inputs.map((x, p) => REFERENCE_MIXERS[name](ref, 0, Float64Array.from(x), p));
+      // A chunk of 3, then one token at a time (ring wrap and state carry included).
+      const chunks = [[0, 3], [3, 1], [4, 1], [5, 1], [6, 1]];
+      for (const [p0, nb] of chunks) {
+        mixer.begin?.(p0, nb);
+        for (let b = 0; b < nb; b++) arena.f32(h + b * d * 4, d).set(inputs[p0 + b]);
+        mixer.forward(0, lw, h, out, nb, p0);
+        for (let b = 0; b < nb; b++) {
+          const diff = maxRelDiff(arena.f32(out + b * d * 4, d), want[p0 + b]);
+          assert.ok(diff <= 1e-5, `${what}: position ${p0 + b} off by ${diff}`);
+        }
+      }
+    } finally {
+      pool.close();
+    }
+  });
+}
