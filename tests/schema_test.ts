@@ -277,9 +277,22 @@ Deno.test({
       tamper((m) => swap(m.trunk.layers[3].tensors.g_proj), "layers[3].tensors.g_proj");
       tamper((m) => swap(m.trunk.layers[0].tensors.g_proj), "layers[0].tensors.g_proj");
       tamper((m) => swap(m.trunk.globals.tensors.out_res_proj), "out_res_proj");
-      tamper((m) => m.config.k3.latentDim = 32, "latent_down", "but the config gives");
-      tamper((m) => m.config.k3.situBeta = 0, "activation_situ_beta");
-      tamper((m) => m.config.k3.attnResBlockSize = 0, "attnResBlockSize");
+      tamper((m) => m.config.moe.latentDim = 32, "latent_down", "but the config gives");
+      tamper((m) => m.config.glu.beta = 0, "activation_situ_beta");
+      tamper((m) => m.config.residual.blockSize = 0, "residual.blockSize");
+      // The section of containers packed before the layer parts is checked as strictly.
+      tamper((m) => {
+        const { glu, moe } = m.config;
+        m.config.k3 = {
+          latentDim: moe.latentDim,
+          situBeta: glu.beta,
+          situLinearBeta: glu.linearBeta,
+          attnResBlockSize: 0,
+        };
+        delete m.config.residual;
+        delete m.config.glu;
+        delete m.config.moe.latentDim;
+      }, "k3.attnResBlockSize");
       Deno.writeTextFileSync(path, original);
       openContainer(out);
     } finally {
