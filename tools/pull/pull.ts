@@ -201,6 +201,8 @@ export async function pullModel(
     : rev.files.has(SINGLE)
     ? [SINGLE]
     : [];
+  // Remote names become paths below the stage: each is checked before any file is touched.
+  for (const name of shardNames) checkShardName(name, `${repo}@${revision}: ${INDEX}`);
   if (shardNames.length === 0) {
     throw new Error(`${repo}@${revision}: neither ${INDEX} nor ${SINGLE} is in the repo`);
   }
@@ -431,6 +433,23 @@ function readHeader(path: string): Uint8Array {
     return header;
   } finally {
     closeSync(fd);
+  }
+}
+
+/**
+ * Throws unless `name` (a shard named by the remote index) is a plain file name of a safetensors
+ * shard: no folder part, not absolute, no `..`, no control characters. A hostile repository could
+ * otherwise make the pull write outside its folder.
+ */
+export function checkShardName(name: unknown, where: string): void {
+  const ok = typeof name === "string" && name.length > 0 && name.length <= 255 &&
+    name.endsWith(".safetensors") && !/[\/\\\x00-\x1f]/.test(name) && name !== "." &&
+    name !== ".." && !name.startsWith(".");
+  if (!ok) {
+    throw new Error(
+      `${where}: invalid shard name ${JSON.stringify(name)}: expected a plain file name ending ` +
+        `in .safetensors (no folder, no "..", not absolute); refusing to write it`,
+    );
   }
 }
 
