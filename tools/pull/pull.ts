@@ -443,8 +443,8 @@ function readHeader(path: string): Uint8Array {
  */
 export function checkShardName(name: unknown, where: string): void {
   const ok = typeof name === "string" && name.length > 0 && name.length <= 255 &&
-    name.endsWith(".safetensors") && !/[\/\\\x00-\x1f]/.test(name) && name !== "." &&
-    name !== ".." && !name.startsWith(".");
+    name.endsWith(".safetensors") && !name.startsWith(".") && !/[/\\]/.test(name) &&
+    [...name].every((c) => c.charCodeAt(0) >= 0x20);
   if (!ok) {
     throw new Error(
       `${where}: invalid shard name ${JSON.stringify(name)}: expected a plain file name ending ` +
