@@ -7,6 +7,8 @@
  *
  * @module
  */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { isIP } from "node:net";
 import { setImmediate } from "node:timers";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
@@ -21,6 +23,17 @@ export interface ServeOptions {
   port?: number;
   /** When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <key>`. */
   apiKey?: string;
+  /**
+   * Origins (`https://app.example`) whose pages may call the server from a browser (CORS). None by
+   * default: no CORS header is sent, so another site's page cannot read any answer.
+   */
+  cors?: string[];
+  /**
+   * Host names accepted in the Host header besides the bound address, `--host`'s name, IP
+   * literals and (on a loopback address) `localhost`; `"*"` accepts any. Refusing other names
+   * stops DNS rebinding, where a hostile name resolves to this server's address.
+   */
+  allowHosts?: string[];
   /** Requests that may wait behind the running one (default 8). */
   queueSize?: number;
   /** Largest request body in bytes (default 4 MiB). */
@@ -41,17 +54,40 @@ export interface SluiceServer {
 }
 
 const UI_HTML = new URL("./ui.html", import.meta.url);
-const CORS = {
-  "access-control-allow-origin": "*",
-  "access-control-allow-headers": "authorization, content-type",
-  "access-control-allow-methods": "GET, POST, OPTIONS",
-};
 
 function json(body: unknown, status = 200, headers: Record<string, string> = {}): Response {
   return new Response(JSON.stringify(body), {
     status,
-    headers: { "content-type": "application/json", ...CORS, ...headers },
+    headers: { "content-type": "application/json", ...headers },
   });
+}
+
+/** The name part of a Host header (`[::1]:8080` → `::1`, `Example.com.:80` → `example.com`). */
+export function hostName(host: string): string {
+  const h = host.trim().toLowerCase();
+  const name = h.startsWith("[") ? h.slice(1, h.indexOf("]")) : h.replace(/:\d*$/, "");
+  return name.replace(/\.$/, "");
+}
+
+/**
+ * Whether a request's Host header names this server: an IP literal (a browser page reaching an
+ * address by number has that number as its origin, so no other site's name is involved), the
+ * bound host's name, `localhost` on a loopback address, or one of `allowed` (`"*"`: any).
+ */
+export function hostAllowed(host: string | null, bound: string, allowed: string[]): boolean {
+  if (host === null) return false;
+  if (allowed.includes("*")) return true;
+  const name = hostName(host);
+  if (name === "" || isIP(name) !== 0) return name !== "";
+  const loopback = ["127.0.0.1", "::1", "localhost"].includes(bound) || bound.startsWith("127.");
+  return name === hostName(bound) || (loopback && name === "localhost") ||
+    allowed.some((a) => hostName(a) === name);
+}
+
+/** Compares an Authorization header with the expected one in time independent of the contents. */
+function sameSecret(got: string | null, want: string): boolean {
+  const digest = (s: string) => createHash("sha256").update(s).digest();
+  return timingSafeEqual(digest(got ?? ""), digest(want)) && got !== null;
 }
 
 /**
@@ -76,6 +112,18 @@ function errorResponse(e: unknown): ApiError {
 }
 
 async function readJson(req: Request, max: number): Promise<unknown> {
+  // Only JSON: a browser sends text/plain and form bodies cross-site without asking (no CORS
+  // preflight), so accepting them would let any page drive the server.
+  const type = (req.headers.get("content-type") ?? "").split(";")[0].trim().toLowerCase();
+  if (type !== "application/json") {
+    throw new ApiError(
+      415,
+      `the request body must be JSON sent as Content-Type: application/json, not ${
+        type ? JSON.stringify(type) : "without a Content-Type"
+      }`,
+      { code: "unsupported_media_type" },
+    );
+  }
   const declared = Number(req.headers.get("content-length") ?? "0");
   const tooLarge = () =>
     new ApiError(413, `the request body is larger than ${max} bytes`, { code: "body_too_large" });
@@ -119,7 +167,21 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   let seq = 0;
 
   const authorised = (req: Request) =>
-    !opts.apiKey || req.headers.get("authorization") === `Bearer ${opts.apiKey}`;
+    !opts.apiKey || sameSecret(req.headers.get("authorization"), `Bearer ${opts.apiKey}`);
+  const bound = opts.host ?? "127.0.0.1";
+  const allowHosts = opts.allowHosts ?? [];
+  const origins = new Set(opts.cors ?? []);
+  /** CORS headers for a request from an allowed origin; none for any other. */
+  const cors = (req: Request): Record<string, string> => {
+    const origin = req.headers.get("origin");
+    if (origin === null || !(origins.has(origin) || origins.has("*"))) return {};
+    return {
+      "access-control-allow-origin": origins.has("*") ? "*" : origin,
+      "access-control-allow-headers": "authorization, content-type",
+      "access-control-allow-methods": "GET, POST, OPTIONS",
+      vary: "Origin",
+    };
+  };
 
   /** Prompt ids of a request, checked against the vocabulary and the context. */
   const promptIds = (r: CompletionRequest): number[] => {
@@ -356,7 +418,6 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         "content-type": "text/event-stream",
         "cache-control": "no-cache",
         connection: "keep-alive",
-        ...CORS,
       },
     });
   };
@@ -365,7 +426,23 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const url = new URL(req.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method;
-    if (method === "OPTIONS") return new Response(null, { status: 204, headers: CORS });
+    if (!hostAllowed(req.headers.get("host"), bound, allowHosts)) {
+      throw new ApiError(
+        421,
+        `Host ${JSON.stringify(req.headers.get("host"))} is not this server's address; ` +
+          `start it with --allow-host NAME to accept that name`,
+        { code: "host_not_allowed" },
+      );
+    }
+    if (method === "OPTIONS") {
+      const headers = cors(req);
+      if (!headers["access-control-allow-origin"]) {
+        throw new ApiError(403, "cross-origin requests are not allowed (see --cors)", {
+          code: "cors_not_allowed",
+        });
+      }
+      return new Response(null, { status: 204, headers });
+    }
     const open = ["/", "/health", "/ui", "/ui/state", "/favicon.ico"].includes(path);
     if (!open && !authorised(req)) {
       throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
@@ -456,14 +533,17 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       return json(err.body(), err.status, err.headers);
     },
   }, async (req) => {
+    let res: Response;
     try {
-      return await route(req);
+      res = await route(req);
     } catch (e) {
       const err = errorResponse(e);
       if (err.status >= 500) log(`sluice serve: ${req.method} ${req.url}: ${err.message}`);
       live.totals.errors++;
-      return json(err.body(), err.status, err.headers);
+      res = json(err.body(), err.status, err.headers);
     }
+    for (const [k, v] of Object.entries(cors(req))) res.headers.set(k, v);
+    return res;
   });
   const addr = server.addr as Deno.NetAddr;
   const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
