@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, readdirSync } from "node:fs";
 import { join } from "node:path";
+import { Hub } from "../tools/pull/hub.ts";
 import { pullModel, type PullOptions } from "../tools/pull/pull.ts";
 import { tempDir } from "./fixtures.ts";
 
@@ -135,3 +136,124 @@ for (
     }
   });
 }
+
+/** A two-file repo: config and one shard (the shard's bytes need not be a real model). */
+function oneShard(): Record<string, Uint8Array> {
+  return { "config.json": CONFIG, "model.safetensors": tinySafetensors() };
+}
+
+/** A promise that settles only when `signal` aborts: a server that never answers. */
+function never(signal: AbortSignal): Promise<Response> {
+  return new Promise((resolve) =>
+    signal.addEventListener("abort", () => resolve(new Response(null, { status: 503 })))
+  );
+}
+
+const FAST = { connectTimeoutMs: 200, idleTimeoutMs: 200, attempts: 2 };
+
+Deno.test("pull: a file list that never answers fails after the connect timeout and retries", async () => {
+  const hub = fakeHub(
+    oneShard(),
+    {},
+    (path, req) => path.startsWith("/api/") ? never(req.signal) : undefined,
+  );
+  const { out } = nest("stall-list");
+  try {
+    const t0 = performance.now();
+    await assert.rejects(
+      () => pullFrom(hub, out, { hub: FAST }),
+      /evil\/model@main: file list: no answer within 0\.2 s, giving up after 2 attempts/,
+    );
+    assert.ok(performance.now() - t0 < 10_000);
+    assert.equal(hub.requests.filter((p) => p.startsWith("/api/")).length, 2);
+  } finally {
+    await hub.close();
+  }
+});
+
+Deno.test("pull: a shard whose bytes stop coming fails after the idle timeout and retries", async () => {
+  const files = oneShard();
+  const shard = files["model.safetensors"];
+  const hub = fakeHub(files, {}, (path, req) => {
+    // Header reads (Range with an end) are served; the whole-file download stalls mid-way.
+    const range = req.headers.get("range") ?? "";
+    if (!path.endsWith("/model.safetensors") || /-\d+$/.test(range)) return undefined;
+    const stream = new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(shard.slice(0, 10));
+        req.signal.addEventListener("abort", () => c.close());
+      },
+    });
+    return new Response(stream, { status: 200 });
+  });
+  const dest = join(tempDir(), "stalled.incomplete");
+  const client = new Hub({
+    endpoint: hub.endpoint,
+    token: "",
+    backoffMs: 5,
+    log: () => {},
+    ...FAST,
+  });
+  try {
+    const rev = await client.revision(REPO, "main");
+    const t0 = performance.now();
+    await assert.rejects(
+      () => client.download(rev, rev.files.get("model.safetensors")!, dest, () => {}),
+      /model\.safetensors: still \d+ bytes short after 2 attempts \(last: no data for 0\.2 s\)/,
+    );
+    assert.ok(performance.now() - t0 < 10_000);
+    // The second attempt resumed from the 10 bytes the first one got.
+    assert.equal(Deno.statSync(dest).size, 10);
+  } finally {
+    await hub.close();
+  }
+});
+
+Deno.test("pull: a redirect loop fails at once, without retries", async () => {
+  const hub = fakeHub(
+    oneShard(),
+    {},
+    (path) =>
+      path.startsWith("/api/")
+        ? new Response(null, { status: 302, headers: { location: "/api/loop" } })
+        : undefined,
+  );
+  const { out } = nest("redirect");
+  try {
+    const t0 = performance.now();
+    await assert.rejects(
+      () => pullFrom(hub, out, { hub: { attempts: 8, backoffMs: 1000 } }),
+      /file list: redirect loop or too many redirects/,
+    );
+    assert.ok(performance.now() - t0 < 5_000, "no backoff between retries");
+    assert.ok(hub.requests.length <= 25, `${hub.requests.length} requests`);
+  } finally {
+    await hub.close();
+  }
+});
+
+Deno.test("pull: a declared size beyond the free disk is refused before any shard is written", async () => {
+  const files = oneShard();
+  const hub = fakeHub(files, { "model.safetensors": 2 ** 50 });
+  const { out } = nest("huge");
+  try {
+    await assert.rejects(
+      () => pullFrom(hub, out, { freeBytes: 10 << 30 }),
+      /model\.safetensors declares 1\.0 PiB|model\.safetensors declares 1024\.0 TiB/,
+    );
+    const stage = `${out}.pull`;
+    assert.ok(!existsSync(join(stage, "model.safetensors")), "no placeholder was made");
+    assert.ok(!hub.requests.some((p) => p.endsWith("/model.safetensors")), "nothing fetched");
+    const big = fakeHub({ ...files, "tokenizer.json": CONFIG }, { "tokenizer.json": 2 ** 40 });
+    try {
+      await assert.rejects(
+        () => pullFrom(big, nest("huge-tok").out),
+        /tokenizer\.json declares 1099511627776 bytes; at most 64\.0 MiB is accepted/,
+      );
+    } finally {
+      await big.close();
+    }
+  } finally {
+    await hub.close();
+  }
+});

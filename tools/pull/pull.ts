@@ -74,6 +74,8 @@ export interface PullResult {
 }
 
 const INDEX = "model.safetensors.index.json";
+/** Largest config, tokenizer or index file accepted (the engine caps tokenizer.json alike). */
+const MAX_SIDE_FILE_BYTES = 64 << 20;
 const SINGLE = "model.safetensors";
 const STATE = "pull.json";
 
@@ -187,8 +189,20 @@ export async function pullModel(
   if (!rev.files.has("config.json")) {
     throw new Error(`${repo}@${revision}: no config.json, so this is not a transformers model`);
   }
+  const outDir = dirname(resolve(out));
+  const freeBytes = () => {
+    if (opts.freeBytes !== undefined) return opts.freeBytes;
+    const fs = statfsSync(outDir);
+    return Number(fs.bavail) * Number(fs.bsize);
+  };
   for (const name of [...CONFIG_FILES, ...TOKENIZER_FILES, INDEX]) {
     const f = rev.files.get(name);
+    if (f && !(Number.isSafeInteger(f.size) && f.size >= 0 && f.size <= MAX_SIDE_FILE_BYTES)) {
+      throw new Error(
+        `${repo}@${revision}: ${name} declares ${f.size} bytes; at most ` +
+          `${formatBytes(MAX_SIDE_FILE_BYTES)} is accepted`,
+      );
+    }
     if (!f || (existsSync(join(stage, name)) && statSync(join(stage, name)).size === f.size)) {
       continue;
     }
@@ -208,6 +222,19 @@ export async function pullModel(
   }
   const shards = new Map(shardNames.map((n) => [n, fileOf(n)]));
   const sizes = new Map(shardNames.map((n) => [n, shards.get(n)!.size]));
+  // Declared sizes are checked before any shard file is made: a shard must fit on the disk whole.
+  const free0 = freeBytes();
+  for (const [name, size] of sizes) {
+    if (!Number.isSafeInteger(size) || size < 8) {
+      throw new Error(`${repo}@${revision}: ${name}: the file list declares ${size} bytes`);
+    }
+    if (size > free0) {
+      throw new Error(
+        `${repo}@${revision}: ${name} declares ${formatBytes(size)}, more than the ` +
+          `${formatBytes(free0)} free in ${outDir}; no shard was downloaded`,
+      );
+    }
+  }
 
   // Complete shards from an earlier run are kept only when size and sha256 still match.
   const reused: string[] = [];
@@ -283,9 +310,7 @@ export async function pullModel(
   if (schedule.peakShards > keep) {
     log(`pull: one pack step reads ${schedule.peakShards} shards, more than --keep-shards ${keep}`);
   }
-  const outDir = dirname(resolve(out));
-  const fs = opts.freeBytes === undefined ? statfsSync(outDir) : null;
-  const free = opts.freeBytes ?? Number(fs!.bavail) * Number(fs!.bsize);
+  const free = freeBytes();
   const present = allocatedBytes(`${resolve(out)}.tmp`) + shardBytes();
   const needed = containerBytes + schedule.peakBytes - present;
   if (needed > free) {
