@@ -157,3 +157,41 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "serve: closing mid-stream ends the stream with an error event and a waiting request with 503",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const session = await Session.open(await demoModelPath(true), { quiet: true, ctx: 512 });
+    const server = startServer(session, { port: 0, log: () => {}, drainMs: 5_000 });
+    try {
+      const body = (stream: boolean) =>
+        JSON.stringify({ prompt: "a", max_tokens: 400, ignore_eos: true, stream });
+      const headers = { "content-type": "application/json" };
+      const url = `${server.url}/v1/completions`;
+      const streamed = await fetch(url, { method: "POST", headers, body: body(true) });
+      const reader = streamed.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let sse = "";
+      while ((sse.match(/^data: \{/gm) ?? []).length < 3) sse += (await reader.read()).value;
+      // A second request waits in the queue behind the stream.
+      const waiting = fetch(url, { method: "POST", headers, body: body(false) });
+      while (server.live.snapshot().queueDepth === 0) await new Promise((r) => setTimeout(r, 5));
+      const t0 = performance.now();
+      await server.close();
+      assert.ok(performance.now() - t0 < 5_500, "the drain is bounded");
+      for (let r = await reader.read(); !r.done; r = await reader.read()) sse += r.value;
+      const events = sse.split("\n").filter((l) => l.startsWith("data: "));
+      const last = events.at(-1)!;
+      assert.ok(!sse.includes("[DONE]"), "an interrupted stream never claims to be complete");
+      assert.ok(!/"finish_reason":"(stop|length)"/.test(sse), sse.slice(-300));
+      assert.equal(JSON.parse(last.slice(6)).error.code, "server_shutdown");
+      const answer = await waiting;
+      assert.equal(answer.status, 503);
+      assert.equal((await answer.json()).error.code, "server_shutdown");
+    } finally {
+      session.close();
+    }
+  },
+});

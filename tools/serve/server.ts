@@ -42,6 +42,8 @@ export interface ServeOptions {
   keepAliveMs?: number;
   /** One line per request and at start-up (default: stderr). */
   log?: (line: string) => void;
+  /** Most ms {@link SluiceServer.close} waits for connections to finish (default 10 s). */
+  drainMs?: number;
 }
 
 /** A running server. */
@@ -49,7 +51,10 @@ export interface SluiceServer {
   /** `http://host:port`. */
   url: string;
   live: LiveStats;
-  /** Stops listening, ends the streams and waits for the server to finish. */
+  /**
+   * Stops listening and stops every request: a stream ends with an error event, a request not
+   * yet answered gets 503. Waits for the connections to finish, at most `drainMs`.
+   */
   close(): Promise<void>;
 }
 
@@ -163,7 +168,13 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
   const uiHtml = Deno.readTextFileSync(UI_HTML);
-  const streams = new Set<AbortController>();
+  /** Every request in flight (queued or running), stopped by close(). */
+  const active = new Set<AbortController>();
+  let closing = false;
+  const shutdownError = () =>
+    new ApiError(503, "the server is shutting down; the request was stopped before it finished", {
+      code: "server_shutdown",
+    });
   let seq = 0;
 
   const authorised = (req: Request) =>
@@ -314,7 +325,9 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const endpoint = chat ? "chat.completions" : "completions";
     const cid = `${chat ? "chatcmpl" : "cmpl"}-${crypto.randomUUID()}`;
     const now = Math.floor(Date.now() / 1000);
+    if (closing) throw shutdownError();
     const abort = new AbortController();
+    active.add(abort);
     // A client gone mid-generation (deno.json opts in to "no-legacy-abort", so the signal aborts on
     // a disconnect only, not once the response is delivered).
     req.signal.addEventListener("abort", () => abort.abort(), { once: true });
@@ -330,10 +343,19 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const object = chat ? "chat.completion.chunk" : "text_completion";
     if (!r.stream) {
       let text = "";
-      const out = await queue.run(
-        () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
-        abort.signal,
-      );
+      let out;
+      try {
+        out = await queue.run(
+          () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
+          abort.signal,
+        );
+      } catch (e) {
+        throw closing ? shutdownError() : e;
+      } finally {
+        active.delete(abort);
+      }
+      // A stopped answer is never passed off as complete.
+      if (closing && abort.signal.aborted) throw shutdownError();
       const result = chat
         ? {
           index: 0,
@@ -351,9 +373,11 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         usage: out.usage,
       });
     }
-    if (queue.busy && queue.waiting >= queue.capacity) throw new QueueFull(queue.waiting);
+    if (queue.busy && queue.waiting >= queue.capacity) {
+      active.delete(abort);
+      throw new QueueFull(queue.waiting);
+    }
     const enc = new TextEncoder();
-    streams.add(abort);
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         let last = Date.now();
@@ -390,17 +414,20 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         };
         queue.run(() => generate(endpoint, ids, r, abort.signal, send), abort.signal)
           .then((out) => {
+            // Stopped by a shutdown: an error event, never a finish_reason and [DONE].
+            if (closing && abort.signal.aborted) throw shutdownError();
             if (first && chat) send("");
             chunk([choice("", out.finish, false)]);
             if (r.includeUsage) chunk([], out.usage);
             write("data: [DONE]\n\n");
           })
           .catch((e) => {
-            if (!(e instanceof Abandoned)) event(errorResponse(e).body());
+            if (closing) event(shutdownError().body());
+            else if (!(e instanceof Abandoned)) event(errorResponse(e).body());
           })
           .finally(() => {
             clearInterval(keepAlive);
-            streams.delete(abort);
+            active.delete(abort);
             if (open) {
               open = false;
               try {
@@ -551,9 +578,16 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     url: `http://${host}:${addr.port}`,
     live,
     close: async () => {
-      for (const s of streams) s.abort();
+      closing = true;
+      for (const a of active) a.abort();
       live.close();
-      await server.shutdown();
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const drained = await Promise.race([
+        server.shutdown().then(() => true),
+        new Promise<false>((r) => timer = setTimeout(() => r(false), opts.drainMs ?? 10_000)),
+      ]);
+      clearTimeout(timer);
+      if (!drained) log(`sluice serve: connections still open after ${opts.drainMs ?? 10_000} ms`);
     },
   };
 }
