@@ -23,6 +23,7 @@ import { Lookahead } from "./stream/lookahead.ts";
 import { createAttention } from "./models/mod.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
+import { checkLogits } from "./finite_check.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
@@ -226,7 +227,9 @@ export class Model {
   /** Logits of the last of `tokens` run at positions pos.., or of all of them. */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
     if (this.#readLog) this.#readLog.position = pos;
-    return this.transformer.forward(tokens, pos, allLogits);
+    const logits = this.transformer.forward(tokens, pos, allLogits);
+    checkLogits(this, tokens, pos, allLogits, logits);
+    return logits;
   }
 
   /** Stops the workers and reader threads. Idempotent. */

@@ -170,6 +170,9 @@ export class Transformer {
     return this.#p.maxBatch;
   }
 
+  /** Diagnosis only (engine/finite_check.ts): sees each layer's output `x` of `n` floats. */
+  layerProbe: ((layer: number, x: number, n: number) => void) | null = null;
+
   /**
    * Runs `tokens` at positions pos..pos+n−1 and returns the logits of the last token, or of every
    * token when `allLogits` (n × vocab floats). The returned array is a copy.
@@ -223,6 +226,7 @@ export class Transformer {
         this.#ffn.dense(lw, h, tmp, nb);
       }
       ops.add(x, tmp, nb * d);
+      this.layerProbe?.(layer, x, nb * d);
       trunk.release(layer);
     }
     const first = allLogits ? 0 : nb - 1;
