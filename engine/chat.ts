@@ -14,7 +14,7 @@ import { existsSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import type { RenderJob } from "./chat_worker.ts";
-import { readChatTemplate } from "./tokenizer.ts";
+import { readChatTemplate, readTokenizerConfig } from "./tokenizer.ts";
 
 /** One chat turn; extra fields (tool_calls, name, …) are passed through to the template. */
 export interface ChatMessage {
@@ -57,7 +57,7 @@ export interface ChatTemplateSource {
 
 /** Reads the template and special tokens of a tokenizer directory. */
 export function chatTemplateFromDir(dir: string): ChatTemplateSource {
-  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  const config = readTokenizerConfig(dir);
   const template = readChatTemplate(dir, config);
   if (template === null) {
     throw new Error(

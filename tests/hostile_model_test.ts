@@ -7,9 +7,13 @@
 import assert from "node:assert/strict";
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { NAN_WEIGHTS_REFUSED } from "../engine/checkpoint_matrix.ts";
 import { hasNonFinite } from "../engine/finite_check.ts";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
+import { Session } from "../engine/session.ts";
+import { MAX_CHAT_TEMPLATE_BYTES, MAX_TOKENIZER_FILE_BYTES } from "../engine/tokenizer_bounds.ts";
+import { resumeHint } from "../tools/pack/finite.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { runSluice, tempDir } from "./fixtures.ts";
 
@@ -89,4 +93,43 @@ Deno.test({
       model.close();
     }
   },
+});
+
+Deno.test({
+  name: "an oversized tokenizer.json or chat template is refused before it is parsed",
+  sanitizeResources: false,
+  fn: async () => {
+    const path = join(tempDir(), "big-tokenizer.sluice");
+    cpSync(await demoModelPath(true), path, { recursive: true });
+    const tok = join(path, "tokenizer.json");
+    const t0 = performance.now();
+    Deno.truncateSync(tok, MAX_TOKENIZER_FILE_BYTES + 1);
+    await assert.rejects(
+      () => Session.open(path, OPTS),
+      new RegExp(
+        `tokenizer\\.json: ${MAX_TOKENIZER_FILE_BYTES + 1} bytes, more than the ` +
+          `${MAX_TOKENIZER_FILE_BYTES}-byte limit`,
+      ),
+    );
+    assert.ok(performance.now() - t0 < 10_000, "refused without parsing");
+    const chat = join(tempDir(), "big-template.sluice");
+    cpSync(await demoModelPath(true), chat, { recursive: true });
+    writeFileSync(join(chat, "chat_template.jinja"), "x".repeat(MAX_CHAT_TEMPLATE_BYTES + 1));
+    await assert.rejects(
+      () => Session.open(chat, OPTS),
+      /chat_template\.jinja: 1048577 bytes, more than the 1048576-byte limit/,
+    );
+  },
+});
+
+Deno.test("a refused NaN weight says a rerun cannot help; other failures say rerun to resume", () => {
+  const nan = new Error(
+    `w.safetensors: tensor x: element 3 is NaN or infinite; ${NAN_WEIGHTS_REFUSED}`,
+  );
+  assert.match(
+    resumeHint(nan, "partial pack kept in x.tmp"),
+    /the checkpoint itself holds these values, so a rerun fails the same way/,
+  );
+  assert.ok(!resumeHint(nan, "k").includes("rerun to resume"));
+  assert.equal(resumeHint(new Error("disk full"), "k"), " (k; rerun to resume)");
 });

@@ -30,6 +30,7 @@ import {
 } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import { loadModelConfig } from "../../engine/config.ts";
+import { MAX_TOKENIZER_FILE_BYTES } from "../../engine/tokenizer_bounds.ts";
 import { readJsonObject, readJsonObjectIfExists, writeJson } from "../../io/json_file.ts";
 import { openCheckpoint, readSafetensorsHeader, type TensorInfo } from "../../io/safetensors.ts";
 import { packCheckpoint } from "../pack/pack_checkpoint.ts";
@@ -74,8 +75,6 @@ export interface PullResult {
 }
 
 const INDEX = "model.safetensors.index.json";
-/** Largest config, tokenizer or index file accepted (the engine caps tokenizer.json alike). */
-const MAX_SIDE_FILE_BYTES = 64 << 20;
 const SINGLE = "model.safetensors";
 const STATE = "pull.json";
 
@@ -197,10 +196,10 @@ export async function pullModel(
   };
   for (const name of [...CONFIG_FILES, ...TOKENIZER_FILES, INDEX]) {
     const f = rev.files.get(name);
-    if (f && !(Number.isSafeInteger(f.size) && f.size >= 0 && f.size <= MAX_SIDE_FILE_BYTES)) {
+    if (f && !(Number.isSafeInteger(f.size) && f.size >= 0 && f.size <= MAX_TOKENIZER_FILE_BYTES)) {
       throw new Error(
         `${repo}@${revision}: ${name} declares ${f.size} bytes; at most ` +
-          `${formatBytes(MAX_SIDE_FILE_BYTES)} is accepted`,
+          `${formatBytes(MAX_TOKENIZER_FILE_BYTES)} is accepted`,
       );
     }
     if (!f || (existsSync(join(stage, name)) && statSync(join(stage, name)).size === f.size)) {
