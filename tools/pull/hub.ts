@@ -312,11 +312,17 @@ export class Hub {
         try {
           // Bytes beyond the declared size are never written: the download starts over.
           for await (const chunk of this.#chunks(res, append ? file.size - have : file.size)) {
-            for (let w = 0; w < chunk.length;) w += await f.write(chunk.subarray(w));
+            try {
+              for (let w = 0; w < chunk.length;) w += await f.write(chunk.subarray(w));
+            } catch (e) {
+              // A full disk is no network fault: retrying cannot help, and the file is named.
+              throw new HubError(`${what}: cannot write ${dest} (${(e as Error).message})`);
+            }
             fetched += chunk.length;
             onBytes(chunk.length);
           }
         } catch (e) {
+          if (e instanceof HubError) throw e;
           lost = (e as Error).message;
           this.#log(`pull: ${what}: connection lost (${lost}), resuming`);
           await sleep(Math.min(30_000, this.#backoffMs * 2 ** (attempt - 1)));
