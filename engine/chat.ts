@@ -44,7 +44,7 @@ export interface ChatLimits {
 }
 
 /** The default bounds: far above what real templates need (a few ms, thousands of steps). */
-export const CHAT_LIMITS: ChatLimits = { timeMs: 5_000, steps: 1_000_000, outputBytes: 8 << 20 };
+export const CHAT_LIMITS: ChatLimits = { timeMs: 5_000, steps: 1_000_000, outputBytes: 4 << 20 };
 
 /** A template with the special tokens it may refer to. */
 export interface ChatTemplateSource {
@@ -151,6 +151,8 @@ export function renderChat(
 
 /** The render worker, started on first use; unref'd, so it never keeps the process alive. */
 let worker: Worker | null = null;
+/** The buffer the worker answers in. */
+let reply: SharedArrayBuffer | null = null;
 /** Time a worker may take to start and load the template library. */
 const STARTUP_MS = 60_000;
 
@@ -168,9 +170,13 @@ function renderBounded(
     worker = new Worker(new URL("./chat_worker.ts", import.meta.url));
     worker.unref();
   }
-  // Room for the output, and for an error message however small the output cap.
-  const sab = new SharedArrayBuffer(8 + Math.max(limits.outputBytes, 4096));
+  // Room for the output, and for an error message however small the output cap; reused while
+  // it is large enough (no render is ever in flight when another starts).
+  const size = 8 + Math.max(limits.outputBytes, 4096);
+  if (!reply || reply.byteLength < size) reply = new SharedArrayBuffer(size);
+  const sab = reply;
   const head = new Int32Array(sab, 0, 2);
+  Atomics.store(head, 0, 0);
   const job: RenderJob = {
     sab,
     template,
@@ -189,6 +195,8 @@ function renderBounded(
   if (state !== 2 && state !== 3) {
     worker.terminate();
     worker = null;
+    // The stopped worker might still write into its buffer: the next render gets a new one.
+    reply = null;
     throw new Error(
       state === 0
         ? `${name}: the template worker did not start within ${STARTUP_MS / 1000} s`

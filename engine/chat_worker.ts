@@ -26,6 +26,17 @@ export interface RenderJob {
 /** Thrown by the patched interpreter when a budget runs out. */
 class BudgetError extends Error {}
 
+/**
+ * The message of an error the template library threw. A TypeError is the library tripping over
+ * a malformed template (its text, such as "reading 'type' of undefined", says nothing about the
+ * template), so only its kind is kept.
+ */
+function reason(e: unknown): string {
+  if (e instanceof TypeError) return "the template is malformed (the library failed on it)";
+  // Jinja's "undefined" is a template variable that is not set: say so in plain words.
+  return (e instanceof Error ? e.message : String(e)).replace(/\bundefined\b/g, "unset");
+}
+
 let steps = 0;
 let maxSteps = 0;
 let maxSize = 0;
@@ -63,8 +74,8 @@ proto.evaluateBlock = function (s, env) {
   step();
   const v = evaluateBlock.call(this, s, env);
   made += (v.value as string).length;
-  if (made > 32 * maxSize) {
-    throw new BudgetError(`produced more than ${32 * maxSize} characters in all (a loop?)`);
+  if (made > 8 * maxSize) {
+    throw new BudgetError(`produced more than ${8 * maxSize} characters in all (a loop?)`);
   }
   return v;
 };
@@ -117,7 +128,7 @@ parentPort!.on("message", (job: RenderJob) => {
       try {
         cached = { source: job.template, template: new Template(job.template) };
       } catch (e) {
-        throw new Error(`does not parse: ${(e as Error).message}`);
+        throw new Error(`does not parse: ${reason(e)}`);
       }
     }
     const text = cached.template.render(job.vars);
@@ -126,6 +137,6 @@ parentPort!.on("message", (job: RenderJob) => {
     }
     reply(job.sab, 2, text);
   } catch (e) {
-    reply(job.sab, 3, e instanceof Error ? e.message : String(e));
+    reply(job.sab, 3, reason(e));
   }
 });

@@ -219,7 +219,13 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         );
       }
     }
-    if (ids.length === 0) throw new ApiError(400, "the prompt has no tokens", { param: "prompt" });
+    if (ids.length === 0) {
+      throw r.messages
+        ? new ApiError(400, "messages: the model's chat template rendered an empty prompt", {
+          param: "messages",
+        })
+        : new ApiError(400, "the prompt has no tokens", { param: "prompt" });
+    }
     if (ids.length >= ctx) {
       throw new ApiError(
         400,
