@@ -199,15 +199,9 @@ export class Hub {
 
   /** A whole response body (at most `max` bytes), under the idle timeout. */
   async #bytes(res: Response, max = Infinity): Promise<Uint8Array> {
-    const parts: Uint8Array[] = [];
-    for await (const c of this.#chunks(res, max)) parts.push(c);
-    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-    let at = 0;
-    for (const p of parts) {
-      out.set(p, at);
-      at += p.length;
-    }
-    return out;
+    const parts: BlobPart[] = [];
+    for await (const c of this.#chunks(res, max)) parts.push(c as Uint8Array<ArrayBuffer>);
+    return new Uint8Array(await new Blob(parts).arrayBuffer());
   }
 
   /** The files of `repo` at `revision`, with sizes and LFS sha256. */
