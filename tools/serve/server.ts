@@ -10,6 +10,7 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { isIP } from "node:net";
 import { setImmediate } from "node:timers";
+import { MAX_TOKEN_BYTES } from "../../engine/chat.ts";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
@@ -204,6 +205,15 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         throw new ApiError(400, `messages: ${(e as Error).message}`, { param: "messages" });
       }
     } else if (typeof r.prompt === "string") {
+      // Text that cannot fit is refused before the tokenizer spends time on it.
+      if (r.prompt.length > ctx * MAX_TOKEN_BYTES) {
+        throw new ApiError(
+          400,
+          `prompt: ${r.prompt.length} characters cannot fit the context of ${ctx} tokens (at ` +
+            `most ${ctx * MAX_TOKEN_BYTES}, ${MAX_TOKEN_BYTES} per token)`,
+          { param: "prompt", code: "context_length_exceeded" },
+        );
+      }
       ids = session.tokenize(r.prompt);
     } else {
       ids = r.prompt ?? [];
