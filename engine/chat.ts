@@ -94,33 +94,33 @@ export const MAX_TOKEN_BYTES = 128;
 /**
  * Throws unless `messages` is a list of `{role, content}` (strings) that could fit a context of
  * `context` tokens: at most one message per token, and at most {@link MAX_TOKEN_BYTES} per token
- * of text. `where` names the list in messages (a request field, a session file).
+ * of text. `where` names the list in messages (a session file's conversation, say).
  */
 export function checkChatMessages(
   messages: unknown,
   context: number,
-  where = "messages",
+  where = "the conversation",
 ): asserts messages is ChatMessage[] {
   if (!Array.isArray(messages)) throw new Error(`${where}: expected a list of {role, content}`);
   if (messages.length > context) {
     throw new Error(
-      `${where}: ${messages.length} messages; the context holds ${context} tokens, so at most ` +
-        `${context} messages can fit`,
+      `${where} has ${messages.length} messages; the context holds ${context} tokens, so at ` +
+        `most ${context} can fit`,
     );
   }
   let chars = 0;
   for (const [i, m] of messages.entries()) {
     const ok = typeof m === "object" && m !== null && typeof m.role === "string" &&
       typeof m.content === "string";
-    if (!ok) throw new Error(`${where}[${i}]: expected {role, content} with string values`);
+    if (!ok) throw new Error(`message ${i} of ${where}: expected {role, content} with strings`);
     chars += m.role.length + m.content.length;
   }
   // UTF-16 units never outnumber UTF-8 bytes, so this bound never refuses text that could fit.
   const cap = context * MAX_TOKEN_BYTES;
   if (chars > cap) {
     throw new Error(
-      `${where}: ${chars} characters of text cannot fit the context of ${context} tokens ` +
-        `(at most ${cap}, ${MAX_TOKEN_BYTES} per token)`,
+      `${where} has ${chars} characters of text, which cannot fit the context of ${context} ` +
+        `tokens (at most ${cap}, ${MAX_TOKEN_BYTES} per token)`,
     );
   }
 }

@@ -124,7 +124,10 @@ Deno.test({
         json,
       ], JSON.stringify({ prompt: "x".repeat(256 * 128 + 1) }));
       assert.equal(huge.status, 400);
-      assert.match(JSON.parse(huge.body).error.message, /cannot fit the context of 256 tokens/);
+      assert.match(
+        JSON.parse(huge.body).error.message,
+        /^prompt: 32769 characters cannot fit the context of 256 tokens/,
+      );
       const many = await raw(plain.url, [
         "POST /v1/chat/completions HTTP/1.1",
         host,
@@ -132,7 +135,10 @@ Deno.test({
         json,
       ], JSON.stringify({ messages: Array(300).fill({ role: "user", content: "hi" }) }));
       assert.equal(many.status, 400);
-      assert.match(JSON.parse(many.body).error.message, /300 messages; the context holds 256/);
+      assert.match(
+        JSON.parse(many.body).error.message,
+        /^messages: the conversation has 300 messages; the context holds 256/,
+      );
       // The key: a wrong one of the same length and a prefix both fail; the right one passes.
       for (const key of ["Bearer x", "Bearer ", "Bearer kk"]) {
         const r = await raw(plain.url, [

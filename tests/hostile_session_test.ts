@@ -109,14 +109,17 @@ Deno.test("conversations that cannot fit the context are refused before renderin
   checkChatMessages(msgs(256), 256);
   assert.throws(
     () => checkChatMessages(msgs(20_000), 256),
-    /20000 messages; the context holds 256 tokens, so at most 256 messages can fit/,
+    /the conversation has 20000 messages; the context holds 256 tokens, so at most 256 can fit/,
   );
   const long = "x".repeat(256 * MAX_TOKEN_BYTES);
   assert.throws(
     () => checkChatMessages(msgs(1, long), 256),
-    /characters of text cannot fit the context of 256 tokens \(at most 32768, 128 per token\)/,
+    /characters of text, which cannot fit the context of 256 tokens \(at most 32768, 128 per token\)/,
   );
-  assert.throws(() => checkChatMessages([{ role: "user" }], 256), /messages\[0\]: expected/);
+  assert.throws(
+    () => checkChatMessages([{ role: "user" }], 256),
+    /message 0 of the conversation: expected/,
+  );
   assert.throws(() => checkChatMessages("hi", 256), /expected a list/);
 });
 
@@ -147,7 +150,10 @@ Deno.test({
       60_000,
     );
     assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stderr, /many\.session: messages: 20000 messages; the context holds 256 tokens/);
+    assert.match(
+      r.stderr,
+      /many\.session: the conversation has 20000 messages; the context holds 256 tokens/,
+    );
     assert.match(r.stderr, /the chat was cleared/);
     assert.ok(existsSync(file));
   },

@@ -187,7 +187,7 @@ export async function chatCommand(args: string[]): Promise<number> {
           throw new Error(`${arg}: not a saved chat (no conversation in it); the chat was cleared`);
         }
         try {
-          checkChatMessages(saved.messages, session.model.maxContext, `${arg}: messages`);
+          checkChatMessages(saved.messages, session.model.maxContext, `${arg}: the conversation`);
         } catch (e) {
           session.resetCache();
           throw new Error(`${(e as Error).message}; the chat was cleared`);

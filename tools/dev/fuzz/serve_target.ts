@@ -363,7 +363,7 @@ export async function sessionFileTarget(work: string): Promise<FuzzTarget> {
       Deno.writeFileSync(file, input);
       const app = loadSession(session, file).app as { messages?: unknown } | null;
       if (app && typeof app === "object" && "messages" in app) {
-        checkChatMessages(app.messages, session.model.maxContext, `${file}: messages`);
+        checkChatMessages(app.messages, session.model.maxContext, `${file}: the conversation`);
       }
     },
     mutate(rng, s) {
