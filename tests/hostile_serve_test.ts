@@ -34,7 +34,7 @@ async function raw(
 
 const CHAT = JSON.stringify({ prompt: "a", max_tokens: 1 });
 
-Deno.test("hostName and hostAllowed: IP literals, the bound name, localhost on loopback", () => {
+Deno.test("hostName and hostAllowed: IP literals, the bound name, localhost", () => {
   assert.equal(hostName("[::1]:8080"), "::1");
   assert.equal(hostName("Example.COM.:80"), "example.com");
   assert.ok(hostAllowed("127.0.0.1:8080", "127.0.0.1", []));
@@ -42,7 +42,8 @@ Deno.test("hostName and hostAllowed: IP literals, the bound name, localhost on l
   assert.ok(hostAllowed("[::1]:9", "127.0.0.1", []));
   assert.ok(hostAllowed("10.0.0.5:80", "0.0.0.0", []));
   assert.ok(!hostAllowed("evil.example:8080", "127.0.0.1", []));
-  assert.ok(!hostAllowed("localhost", "0.0.0.0", []), "localhost is no name of 0.0.0.0");
+  assert.ok(hostAllowed("localhost", "0.0.0.0", []), "localhost reaches any address");
+  assert.ok(!hostAllowed("localhost.evil.example", "0.0.0.0", []));
   assert.ok(hostAllowed("box.lan:80", "box.lan", []));
   assert.ok(hostAllowed("api.example:80", "0.0.0.0", ["api.example"]));
   assert.ok(hostAllowed("anything:80", "0.0.0.0", ["*"]));

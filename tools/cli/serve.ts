@@ -28,7 +28,7 @@ Server:
   --cors ORIGIN[,ORIGIN]  let pages from these origins (https://app.example) call the server
                         from a browser; none by default ("*": any, only with --api-key)
   --allow-host NAME[,NAME]  accept these names in the Host header besides the --host name, IP
-                        addresses and (on loopback) localhost; others get 421, which stops DNS
+                        addresses and localhost; others get 421, which stops DNS
                         rebinding ("*": any)
   --queue N             requests that may wait behind the running one (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)

@@ -31,7 +31,7 @@ export interface ServeOptions {
   cors?: string[];
   /**
    * Host names accepted in the Host header besides the bound address, `--host`'s name, IP
-   * literals and (on a loopback address) `localhost`; `"*"` accepts any. Refusing other names
+   * literals and `localhost`; `"*"` accepts any. Refusing other names
    * stops DNS rebinding, where a hostile name resolves to this server's address.
    */
   allowHosts?: string[];
@@ -78,15 +78,15 @@ export function hostName(host: string): string {
 /**
  * Whether a request's Host header names this server: an IP literal (a browser page reaching an
  * address by number has that number as its origin, so no other site's name is involved), the
- * bound host's name, `localhost` on a loopback address, or one of `allowed` (`"*"`: any).
+ * bound host's name, `localhost`, or one of `allowed` (`"*"`: any).
  */
 export function hostAllowed(host: string | null, bound: string, allowed: string[]): boolean {
   if (host === null) return false;
   if (allowed.includes("*")) return true;
   const name = hostName(host);
   if (name === "" || isIP(name) !== 0) return name !== "";
-  const loopback = ["127.0.0.1", "::1", "localhost"].includes(bound) || bound.startsWith("127.");
-  return name === hostName(bound) || (loopback && name === "localhost") ||
+  // "localhost" always resolves to this machine, so no other site can stand behind it.
+  return name === hostName(bound) || name === "localhost" ||
     allowed.some((a) => hostName(a) === name);
 }
 
