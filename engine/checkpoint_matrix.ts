@@ -179,6 +179,12 @@ export function readPacked(
 }
 
 /**
+ * The end of every refusal of NaN or infinite checkpoint weights: callers recognise it (also
+ * across worker boundaries, where error classes are lost) to say that a rerun cannot help.
+ */
+export const NAN_WEIGHTS_REFUSED = "sluice refuses weights that would make every output NaN";
+
+/**
  * Refuses MXFP4 scale bytes (E8M0, one per 32 columns of a row) holding 0xFF, which the OCP MX
  * spec defines as NaN: that block, and through it every output, would be NaN. `t` is the
  * checkpoint tensor the bytes come from.
@@ -190,7 +196,7 @@ function checkE8m0(scale: Uint8Array, src: SourceMatrix, t: TensorInfo): void {
   throw new Error(
     `${t.file}: tensor ${t.name} (${src.what}): row ${row} block ${block} (columns ` +
       `${block * 32}–${block * 32 + 31}) has E8M0 scale 0xFF, which the OCP MX spec defines as ` +
-      `NaN; sluice refuses weights that would make every output NaN`,
+      `NaN; ${NAN_WEIGHTS_REFUSED}`,
   );
 }
 

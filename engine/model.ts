@@ -22,6 +22,7 @@ import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
+import { checkLogits } from "./finite_check.ts";
 import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
@@ -224,7 +225,9 @@ export class Model {
   /** Logits of the last of `tokens` run at positions pos.., or of all of them. */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
     if (this.#readLog) this.#readLog.position = pos;
-    return this.transformer.forward(tokens, pos, allLogits);
+    const logits = this.transformer.forward(tokens, pos, allLogits);
+    checkLogits(this, tokens, pos, allLogits, logits);
+    return logits;
   }
 
   /** Stops the workers and reader threads. Idempotent. */

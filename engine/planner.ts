@@ -144,7 +144,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     : alignUp(wholeModelBytes, 65536);
   if (budget < floor) {
     throw new Error(
-      `budget ${formatBytes(budget)} is below the floor of ${formatBytes(floor)} ` +
+      `budget ${formatBytes(opts.budget ?? budget)} is below the floor of ${formatBytes(floor)} ` +
         `(resident ${formatBytes(fixedBytes)} + one trunk slot ${formatBytes(maxLayer)} + ` +
         `${minExperts} expert records of ${formatBytes(expertStride)})`,
     );

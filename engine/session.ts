@@ -5,7 +5,7 @@
  * @module
  */
 import { readJsonObjectIfExists } from "../io/json_file.ts";
-import { type ChatMessage, renderChat } from "./chat.ts";
+import { type ChatMessage, checkChatMessages, renderChat } from "./chat.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -82,6 +82,7 @@ export class Session {
    * template variables (llama.cpp's --chat-template-kwargs).
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
+    checkChatMessages(messages, this.model.maxContext);
     const text = renderChat(this.model.container.dir, messages, {
       addGenerationPrompt: true,
       extra,

@@ -12,7 +12,15 @@
  * @module
  */
 import { createHash } from "node:crypto";
-import { closeSync, openSync, readFileSync, renameSync, rmSync, writeSync } from "node:fs";
+import {
+  closeSync,
+  openSync,
+  readFileSync,
+  readSync,
+  renameSync,
+  rmSync,
+  writeSync,
+} from "node:fs";
 import { basename } from "node:path";
 import { crc32 } from "../io/crc32.ts";
 import type { Session } from "./session.ts";
@@ -41,11 +49,67 @@ export function manifestSha256(session: Session): string {
   return createHash("sha256").update(bytes).digest("hex");
 }
 
+/** What kind of thing `info` is, for messages about a path that is not a regular file. */
+function kindOf(info: Deno.FileInfo): string {
+  if (info.isSymlink) return "a symbolic link";
+  if (info.isDirectory) return "a folder";
+  if (info.isFifo) return "a FIFO";
+  if (info.isCharDevice || info.isBlockDevice) return "a device";
+  if (info.isSocket) return "a socket";
+  return "not a regular file";
+}
+
+/** Whether the regular file at `path` starts with the session magic (a file this module wrote). */
+function isSessionFile(path: string): boolean {
+  const fd = openSync(path, "r");
+  try {
+    const head = new Uint8Array(MAGIC.length);
+    return readSync(fd, head, 0, head.length, 0) === head.length &&
+      MAGIC.every((b, i) => head[i] === b);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
+ * Throws unless `path` may receive a session: nothing there, or (with `replace`) a session file.
+ * Links, devices, FIFOs and folders are never written through or replaced.
+ */
+function checkSaveTarget(path: string, replace: boolean): void {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.lstatSync(path);
+  } catch {
+    return;
+  }
+  if (!info.isFile) {
+    throw new Error(`cannot save the session to ${path}: it is ${kindOf(info)}; choose a new file`);
+  }
+  if (!isSessionFile(path)) {
+    throw new Error(
+      `cannot save the session to ${path}: the file exists and is not a sluice session file`,
+    );
+  }
+  if (!replace) {
+    throw new Error(
+      `cannot save the session to ${path}: a session file is there; replace it explicitly (in chat: /save! FILE)`,
+    );
+  }
+}
+
 /**
  * Writes the prompt cache of `session` and `app` to `path` (through a temporary file renamed
- * into place, so a failed save leaves any older file whole). Returns the bytes written.
+ * into place, so a failed save leaves any older file whole). `path` must not exist, or (with
+ * `replace`) be a session file: nothing else is ever written through or replaced. Returns the
+ * bytes written.
  */
-export function saveSession(session: Session, path: string, app: unknown = null): number {
+export function saveSession(
+  session: Session,
+  path: string,
+  app: unknown = null,
+  replace = false,
+): number {
+  checkSaveTarget(path, replace);
   const regions = session.model.transformer.cacheRegions();
   const states = session.model.transformer.stateRegions();
   const tokens = [...session.cachedTokens];
@@ -61,7 +125,15 @@ export function saveSession(session: Session, path: string, app: unknown = null)
   const len = new Uint8Array(4);
   new DataView(len.buffer).setUint32(0, json.length, true);
   const tmp = `${path}.tmp-${Deno.pid}`;
-  const fd = openSync(tmp, "w");
+  let fd: number;
+  try {
+    fd = openSync(tmp, "wx");
+  } catch (e) {
+    const why = (e as { code?: string }).code === "EEXIST"
+      ? "a temporary file of this process is in the way"
+      : (e as Error).message.replaceAll(tmp, path);
+    throw new Error(`cannot save the session to ${path}: ${why}`);
+  }
   let crc = 0, written = 0;
   const put = (bytes: Uint8Array) => {
     crc = crc32(bytes, crc);
@@ -87,7 +159,9 @@ export function saveSession(session: Session, path: string, app: unknown = null)
       // Already closed before the rename failed.
     }
     rmSync(tmp, { force: true });
-    throw new Error(`cannot save the session to ${path}: ${(e as Error).message}`);
+    // The temporary name is ours, not the user's: messages name the file asked for.
+    const why = (e as Error).message.replaceAll(tmp, path);
+    throw new Error(`cannot save the session to ${path}: ${why}`);
   }
   return written;
 }
@@ -96,6 +170,9 @@ export function saveSession(session: Session, path: string, app: unknown = null)
 export function readSessionFile(path: string): { header: SessionHeader; rows: Uint8Array } {
   let bytes: Uint8Array;
   try {
+    // A FIFO or device would block or never end: only a regular file is read.
+    const info = Deno.statSync(path);
+    if (!info.isFile) throw new Error(`it is ${kindOf(info)}, not a session file`);
     bytes = readFileSync(path);
   } catch (e) {
     throw new Error(`${path}: cannot read the session file (${(e as Error).message})`);
@@ -157,6 +234,14 @@ export function loadSession(session: Session, path: string): SessionHeader {
     states.every((s, i) => s.bytes === header.stateBytes[i]);
   if (!same) throw new Error(`${path}: the cache layout differs from ${dir}'s`);
   const n = header.tokens.length;
+  const vocab = session.model.cfg.vocabSize;
+  const bad = header.tokens.findIndex((id) => id < 0 || id >= vocab);
+  if (bad >= 0) {
+    throw new Error(
+      `${path}: token ${bad} of the session is id ${header.tokens[bad]}, outside the ` +
+        `vocabulary of ${vocab} (0..${vocab - 1})`,
+    );
+  }
   if (n > session.model.maxContext) {
     throw new Error(
       `${path}: the session holds ${n} tokens; this context holds ${session.model.maxContext} ` +

@@ -129,8 +129,19 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   if (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim) {
     fail(`the rotary dimension ${rope.dim} must be even and in 2..head_dim ${cfg.headDim}`);
   }
-  if (!(cfg.attnScale > 0 && Number.isFinite(cfg.attnScale))) {
-    fail(`the attention scale ${cfg.attnScale} must be a positive number`);
+  // Every float the engine reads has a range real models sit far inside: outside it the
+  // softmaxes and rotations overflow into NaN or collapse, and the output is silently wrong.
+  const within = (what: string, v: number, lo: number, hi: number) => {
+    if (!(v >= lo && v <= hi)) fail(`${what} ${v} is outside [${lo}, ${hi}]`);
+  };
+  within("the attention scale", cfg.attnScale, 1e-4, 16);
+  within("rope_theta", rope.theta, 1e-3, 1e12);
+  if (rope.scaling.type !== "none") {
+    within("rope_scaling.factor", rope.scaling.factor, 1e-3, 1e4);
+    if (rope.scaling.type === "yarn") {
+      within("rope_scaling.mscale", rope.scaling.mscale, 0, 1e3);
+      within("rope_scaling.mscale_all_dim", rope.scaling.mscaleAllDim, 0, 1e3);
+    }
   }
   const moe = cfg.moe;
   if (moe) {
@@ -141,8 +152,10 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     if (moe.numExperts % moe.nGroup || moe.topkGroup > moe.nGroup) {
       fail(`n_group ${moe.nGroup} must divide ${moe.numExperts} experts and be ≥ topk_group`);
     }
-    if (!(moe.routedScaling > 0 && Number.isFinite(moe.routedScaling))) {
-      fail(`routed_scaling_factor ${moe.routedScaling} must be a positive number`);
+    within("routed_scaling_factor", moe.routedScaling, 1e-6, 1e3);
+    if (moe.clampedSwiglu) {
+      within("swiglu_limit", moe.clampedSwiglu.limit, 1e-6, 1e6);
+      within("swiglu alpha", moe.clampedSwiglu.alpha, 1e-6, 1e6);
     }
   }
   const residual = cfg.residual;

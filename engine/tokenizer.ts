@@ -9,7 +9,13 @@
 import { readJsonObject, readJsonObjectIfExists } from "../io/json_file.ts";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Tiktoken } from "js-tiktoken/lite";
-import { checkTiktokenRank, checkTokenizerJsonIds } from "./tokenizer_bounds.ts";
+import {
+  checkFileSize,
+  checkTiktokenRank,
+  checkTokenizerJsonIds,
+  MAX_CHAT_TEMPLATE_BYTES,
+  MAX_TOKENIZER_FILE_BYTES,
+} from "./tokenizer_bounds.ts";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -89,15 +95,28 @@ function tokenContent(v: unknown): string | null {
  */
 export function readChatTemplate(dir: string, config?: Json): string | null {
   const jinjaPath = join(dir, "chat_template.jinja");
-  if (existsSync(jinjaPath)) return readFileSync(jinjaPath, "utf8");
-  const cfg = config ?? readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  if (existsSync(jinjaPath)) {
+    checkFileSize(jinjaPath, MAX_CHAT_TEMPLATE_BYTES);
+    return readFileSync(jinjaPath, "utf8");
+  }
+  const cfgPath = join(dir, "tokenizer_config.json");
+  const cfg = config ?? readTokenizerConfig(dir);
   const t = cfg.chat_template;
+  const capped = (template: string) => {
+    if (template.length > MAX_CHAT_TEMPLATE_BYTES) {
+      throw new Error(
+        `${cfgPath}: chat_template has ${template.length} characters, more than the limit of ` +
+          `${MAX_CHAT_TEMPLATE_BYTES}`,
+      );
+    }
+    return template;
+  };
   if (t === undefined || t === null) return null;
-  if (typeof t === "string") return t;
+  if (typeof t === "string") return capped(t);
   if (Array.isArray(t)) {
     const named = t.find((x) => x && (x as Json).name === "default") ?? t[0];
     if (named && typeof (named as Json).template === "string") {
-      return (named as Json).template as string;
+      return capped((named as Json).template as string);
     }
   }
   throw new Error(
@@ -223,9 +242,17 @@ function tokenizerOf(
   };
 }
 
+/** tokenizer_config.json of `dir` ({} when absent), size-capped before it is parsed. */
+export function readTokenizerConfig(dir: string): Json {
+  const path = join(dir, "tokenizer_config.json");
+  if (existsSync(path)) checkFileSize(path, MAX_TOKENIZER_FILE_BYTES);
+  return readJsonObjectIfExists(path);
+}
+
 function loadHfTokenizer(dir: string): Tokenizer {
-  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  const config = readTokenizerConfig(dir);
   const path = join(dir, "tokenizer.json");
+  checkFileSize(path, MAX_TOKENIZER_FILE_BYTES);
   const json = readJsonObject(path);
   checkTokenizerJsonIds(json, path);
   // Like the Rust library and transformers 5, decode does no clean_up_tokenization_spaces on
@@ -284,8 +311,9 @@ export function parseTiktokenRanks(text: string, path: string): Map<string, numb
 
 function loadTiktokenTokenizer(dir: string): Tokenizer {
   const path = join(dir, "tiktoken.model");
+  checkFileSize(path, MAX_TOKENIZER_FILE_BYTES);
   const ranks = parseTiktokenRanks(readFileSync(path, "utf8"), path);
-  const config = readJsonObjectIfExists(join(dir, "tokenizer_config.json"));
+  const config = readTokenizerConfig(dir);
   const generation = readJsonObjectIfExists(join(dir, "generation_config.json"));
   const numBase = ranks.size;
   // Kimi: the added tokens of tokenizer_config.json, the rest of the reserved block named

@@ -6,6 +6,24 @@
  * @module
  */
 
+import { statSync } from "node:fs";
+
+/**
+ * Largest tokenizer file read (tokenizer.json, tiktoken.model, tokenizer_config.json): released
+ * ones are under 40 MiB, and parsing one costs time and memory outside the budget on every run.
+ */
+export const MAX_TOKENIZER_FILE_BYTES = 64 << 20;
+/** Longest chat template accepted (released ones are a few to a few tens of KiB). */
+export const MAX_CHAT_TEMPLATE_BYTES = 1 << 20;
+
+/** Throws, naming the file and the limit, when the file at `path` is larger than `max` bytes. */
+export function checkFileSize(path: string, max: number): void {
+  const size = statSync(path).size;
+  if (size > max) {
+    throw new Error(`${path}: ${size} bytes, more than the ${max}-byte limit for this file`);
+  }
+}
+
 /** Largest token id accepted (16.7 M, far above any released vocabulary). */
 export const MAX_TOKEN_ID = 1 << 24;
 

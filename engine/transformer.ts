@@ -98,6 +98,9 @@ export class Transformer {
     return this.#p.maxBatch;
   }
 
+  /** Diagnosis only (engine/finite_check.ts): sees each layer's output `x` of `n` floats. */
+  layerProbe: ((layer: number, x: number, n: number) => void) | null = null;
+
   /**
    * Runs `tokens` at positions pos..pos+n−1 and returns the logits of the last token, or of every
    * token when `allLogits` (n × vocab floats). The returned array is a copy.
@@ -123,6 +126,7 @@ export class Transformer {
       ops.rmsnorm(stream.input("ffn", layer, lw, nb), lw.get("ffn_norm").ptr, h, d, nb, eps);
       this.#ffn.forward(layer, lw, h, tmp, nb, pos);
       stream.add("ffn", layer, tmp, nb);
+      this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }
     const first = allLogits ? 0 : nb - 1;

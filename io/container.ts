@@ -43,13 +43,33 @@ export interface Container {
   expertBankPath(layer: number): string;
 }
 
+/** Why `path`, which holds no manifest.json, is not a container: missing, a file, empty, or else. */
+function notAContainer(path: string): string {
+  let info: Deno.FileInfo;
+  try {
+    info = Deno.statSync(path);
+  } catch {
+    return `${path}: no such file or folder (a sluice container is a folder made by 'mod.ts pack')`;
+  }
+  if (!info.isDirectory) {
+    return `${path}: a file, not a sluice container (a container is a folder made by 'mod.ts pack')`;
+  }
+  const names = [...Deno.readDirSync(path)].map((e) => e.name);
+  if (names.length === 0) return `${path}: an empty folder, not a sluice container`;
+  if (names.includes("config.json")) {
+    return `${path}: a checkpoint folder, not a sluice container (no manifest.json); ` +
+      `pack it first with 'mod.ts pack ${path} out.sluice'`;
+  }
+  return `${path}: not a sluice container (no manifest.json)`;
+}
+
 /**
  * Opens a container directory and validates its manifest against its files and the model family
  * `rules` (engine/container.ts binds the engine's family registry).
  */
 export function readContainer(path: string, rules: FamilyRules): Container {
   const mPath = join(path, "manifest.json");
-  if (!existsSync(mPath)) throw new Error(`${path}: not a sluice container (no manifest.json)`);
+  if (!existsSync(mPath)) throw new Error(notAContainer(path));
   const size = statSync(mPath).size;
   if (size > MAX_MANIFEST_BYTES) {
     throw new Error(`${mPath}: ${size} bytes exceeds the ${MAX_MANIFEST_BYTES}-byte limit`);

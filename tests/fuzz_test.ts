@@ -25,6 +25,10 @@ Deno.test("fuzz (quick pass): every parser rejects mutated input cleanly, fast, 
         ? 300
         : t.name === "serve request body"
         ? 400
+        : t.name === "serve chat template"
+        ? 150
+        : t.name === "session file"
+        ? 500
         : 1500;
       const r = await fuzzTarget(t, count, 12345);
       assert.equal(r.inputs, count);

@@ -90,7 +90,8 @@ Deno.test({
     assert.equal(run.code, 1);
     assert.equal(
       run.stderr.trim().split("\n").at(-1),
-      `pack: ${want} (partial pack kept in ${tmp}/cli.sluice.tmp; rerun to resume)`,
+      `pack: ${want} (the checkpoint itself holds these values, so a rerun fails the same ` +
+        `way: fix or replace the checkpoint; partial pack kept in ${tmp}/cli.sluice.tmp for then)`,
     );
     assert.ok(!/\n\s+at /.test(run.stderr), run.stderr);
     assert.ok(!existsSync(`${tmp}/cli.sluice`));

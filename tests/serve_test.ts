@@ -255,7 +255,7 @@ Deno.test({
         const gone = new AbortController();
         const request = fetch(`${server.url}/v1/completions`, {
           method: "POST",
-          headers: { authorization: `Bearer ${KEY}` },
+          headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
           body: JSON.stringify({ prompt: "x", max_tokens: 400, ignore_eos: true }),
           signal: gone.signal,
         });
@@ -280,7 +280,7 @@ Deno.test({
         const raw = fetch(`${server.url}/v1/chat/completions`, {
           method: "POST",
           signal: limit(),
-          headers: { authorization: `Bearer ${KEY}` },
+          headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
           body: JSON.stringify({ messages: a, max_tokens: 40, temperature: 0, stream: true }),
         }).then((r) => r.text());
         const b = [{ role: "user" as const, content: "Second client." }];
@@ -304,7 +304,7 @@ Deno.test({
         const sse = await fetch(`${server.url}/v1/completions`, {
           method: "POST",
           signal: limit(),
-          headers: { authorization: `Bearer ${KEY}` },
+          headers: { authorization: `Bearer ${KEY}`, "content-type": "application/json" },
           body: JSON.stringify({ prompt: "y", max_tokens: 2, stream: true }),
         }).then((r) => r.text());
         await long;

@@ -4,7 +4,19 @@
  * bit-identical logits to the unsharded container; the verifier catches a flipped byte.
  */
 import assert from "node:assert/strict";
-import { closeSync, openSync, readSync, statSync, writeSync } from "node:fs";
+import {
+  closeSync,
+  cpSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
 import { join } from "node:path";
 import { openContainer } from "../engine/container.ts";
 import { Model } from "../engine/model.ts";
@@ -113,4 +125,42 @@ Deno.test("split-banks rejects the container itself and repeated directories", a
   assert.throws(() => splitBanks(path, [path]), /is the container itself/);
   const d = join(tempDir(), "twice");
   assert.throws(() => splitBanks(path, [d, d], opts), /is given twice/);
+});
+
+Deno.test("split-banks never replaces another container, foreign files or links; --force only its own", async () => {
+  const path = await packedFixture(FIXTURE);
+  const opts = { progress: "off" as const, log: () => {} };
+  const snapshot = (dir: string) =>
+    new Map(readdirSync(dir).map((n) => [n, readFileSync(join(dir, n)).join()]));
+  // Another container (same family, so the same bank file names) given as a shard folder.
+  const other = join(tempDir(), "other.sluice");
+  cpSync(path, other, { recursive: true });
+  const before = snapshot(other);
+  const fresh = join(tempDir(), "guard-fresh");
+  assert.throws(
+    () => splitBanks(path, [fresh, other], opts),
+    /shard directory .*other\.sluice is a sluice container; give an empty or new folder/,
+  );
+  assert.deepEqual(snapshot(other), before, "the other container is untouched");
+  // A folder with someone's file in it.
+  const mixed = join(tempDir(), "guard-mixed");
+  mkdirSync(mixed);
+  writeFileSync(join(mixed, "notes.txt"), "mine");
+  assert.throws(() => splitBanks(path, [mixed], opts), /holds notes\.txt, which is not a shard/);
+  // A rerun into its own output needs --force; a link where a shard file goes is never replaced.
+  const dirs = [join(tempDir(), "guard-a"), join(tempDir(), "guard-b")];
+  splitBanks(path, dirs, opts);
+  assert.throws(() => splitBanks(path, dirs, opts), /exists \(an earlier split\?\); pass --force/);
+  splitBanks(path, dirs, { ...opts, force: true });
+  assert.ok(verifyShards(path, dirs) > 0);
+  const bank = openContainer(path).manifest.experts.find((b) => b)!;
+  const target = join(tempDir(), "guard-target.bin");
+  writeFileSync(target, "precious");
+  Deno.removeSync(join(dirs[0], bank.file));
+  symlinkSync(target, join(dirs[0], bank.file));
+  assert.throws(
+    () => splitBanks(path, dirs, { ...opts, force: true }),
+    /is not a regular file; remove it yourself/,
+  );
+  assert.equal(readFileSync(target, "utf8"), "precious");
 });

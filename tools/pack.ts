@@ -20,6 +20,7 @@ import { SUPPORTED_MODEL_TYPES } from "../engine/config.ts";
 import { EXPERT_OPTIONS } from "../engine/quant/mod.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { JOURNAL } from "./pack/journal.ts";
+import { resumeHint } from "./pack/finite.ts";
 import { PACK_FLAGS, packOptionsFromArgs } from "./cli/pack_flags.ts";
 import { packCheckpoint } from "./pack/pack_checkpoint.ts";
 
@@ -73,9 +74,7 @@ export async function packCommand(args: string[]): Promise<number> {
     return 0;
   } catch (e) {
     const tmp = out + ".tmp";
-    const hint = existsSync(join(tmp, JOURNAL))
-      ? ` (partial pack kept in ${tmp}; rerun to resume)`
-      : "";
+    const hint = existsSync(join(tmp, JOURNAL)) ? resumeHint(e, `partial pack kept in ${tmp}`) : "";
     console.error(`pack: ${(e as Error).message}${hint}`);
     return 1;
   }

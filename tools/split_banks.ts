@@ -11,8 +11,10 @@
 import {
   closeSync,
   fsyncSync,
+  lstatSync,
   mkdirSync,
   openSync,
+  readdirSync,
   readSync,
   realpathSync,
   renameSync,
@@ -25,6 +27,7 @@ import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "../engine/container.ts";
 import { Progress, type ProgressMode } from "./progress.ts";
+import { isContainerDir } from "./pack/output_guard.ts";
 
 /** Options of {@link splitBanks}. */
 export interface SplitBanksOptions {
@@ -32,6 +35,8 @@ export interface SplitBanksOptions {
   progress?: ProgressMode;
   /** Sink for one-line notices (default: stderr). */
   log?: (line: string) => void;
+  /** Replace shard files an earlier split left in the folders (nothing else is ever replaced). */
+  force?: boolean;
 }
 
 /** What {@link splitBanks} wrote. */
@@ -66,12 +71,51 @@ function writeFully(fd: number, buf: Uint8Array, pos: number): void {
   }
 }
 
-/** The shard directories as given, created if missing; rejects duplicates and the container. */
-function prepareDirs(c: Container, dirs: string[]): string[] {
+/**
+ * The shard directories as given, created if missing. Rejects duplicates, the container, and a
+ * folder holding anything but this split's own shard files (regular files, replaced only with
+ * `force`): a split must never destroy another container or anyone's files.
+ */
+function prepareDirs(c: Container, dirs: string[], own: Set<string>, force: boolean): string[] {
   if (dirs.length === 0) throw new Error("split-banks: no shard directories given");
   const containerDir = realpathSync(c.dir);
   const seen = new Set<string>();
   for (const d of dirs) {
+    const kind = (() => {
+      try {
+        return Deno.statSync(d);
+      } catch {
+        return null;
+      }
+    })();
+    if (kind && !kind.isDirectory) throw new Error(`split-banks: ${d} is not a folder`);
+    if (kind && realpathSync(d) !== containerDir) {
+      if (isContainerDir(d)) {
+        throw new Error(
+          `split-banks: shard directory ${d} is a sluice container; give an empty or new folder`,
+        );
+      }
+      for (const name of readdirSync(d)) {
+        const mine = own.has(name.replace(/\.tmp-\d+$/, ""));
+        if (!mine) {
+          throw new Error(
+            `split-banks: shard directory ${d} holds ${name}, which is not a shard file of ` +
+              `this split; give an empty or new folder`,
+          );
+        }
+        if (!lstatSync(join(d, name)).isFile()) {
+          throw new Error(
+            `split-banks: ${join(d, name)} is not a regular file; remove it yourself`,
+          );
+        }
+        if (!force && own.has(name)) {
+          throw new Error(
+            `split-banks: ${join(d, name)} exists (an earlier split?); pass --force to replace ` +
+              `the shard files`,
+          );
+        }
+      }
+    }
     mkdirSync(d, { recursive: true });
     const real = realpathSync(d);
     if (real === containerDir) {
@@ -100,18 +144,28 @@ function splitLayer(
   const temps = finals.map((f) => `${f}.tmp-${Deno.pid}`);
   const fds: number[] = [];
   const srcFd = openSync(src, "r");
+  /** Runs a write step on shard `i`, naming its file (not the temporary name) on failure. */
+  const onShard = (i: number, f: () => void) => {
+    try {
+      f();
+    } catch (e) {
+      const m = (e as Error).message.replace(temps[i], finals[i]);
+      throw new Error(`${finals[i]}: cannot write the shard file (${m})`);
+    }
+  };
   try {
-    for (const t of temps) fds.push(openSync(t, "w"));
+    temps.forEach((t, i) => onShard(i, () => fds.push(openSync(t, "wx"))));
     const group = new Uint8Array(n * stride);
     for (let g = 0; g * n < count; g++) {
       const inGroup = Math.min(n, count - g * n);
       readFully(srcFd, group, inGroup * stride, g * n * stride, src);
       for (let i = 0; i < inGroup; i++) {
-        writeFully(fds[i], group.subarray(i * stride, (i + 1) * stride), g * stride);
+        const part = group.subarray(i * stride, (i + 1) * stride);
+        onShard(i, () => writeFully(fds[i], part, g * stride));
       }
       progress.add(inGroup * stride);
     }
-    for (const fd of fds) fsyncSync(fd);
+    fds.forEach((fd, i) => onShard(i, () => fsyncSync(fd)));
   } catch (e) {
     for (const t of temps) {
       try {
@@ -209,9 +263,10 @@ export function splitBanks(
   opts: SplitBanksOptions = {},
 ): SplitBanksResult {
   const c = openContainer(containerPath);
-  const shardDirs = prepareDirs(c, dirs);
-  const log = opts.log ?? ((line: string) => console.error(line));
   const banks = c.manifest.experts.filter((b): b is ExpertBank => b !== null);
+  const own = new Set(banks.map((b) => b.file));
+  const shardDirs = prepareDirs(c, dirs, own, opts.force ?? false);
+  const log = opts.log ?? ((line: string) => console.error(line));
   if (banks.length === 0) throw new Error(`${containerPath}: the model has no expert banks`);
   const total = banks.reduce((s, b) => s + b.count * b.stride, 0);
   log(
@@ -233,10 +288,12 @@ export function splitBanks(
 
 /** Runs the split-banks command with command-line `args`; returns the exit code. */
 export function splitBanksCommand(args: string[]): Promise<number> {
-  const usage =
-    "usage: deno run -A mod.ts split-banks <x.sluice> <dirA,dirB,...> [--progress auto|tty|lines|off]";
+  const usage = "usage: deno run -A mod.ts split-banks <x.sluice> <dirA,dirB,...> " +
+    "[--progress auto|tty|lines|off] [--force]\n\n" +
+    "Each folder must be new, empty or hold only this split's shard files (replaced with --force).";
   const a = parseCommandArgs("split-banks", args, {
     progress: { type: "string" },
+    force: { type: "boolean" },
     ...HELP_FLAG,
   }, { positionals: true });
   if (helpShown(a, usage)) return Promise.resolve(0);
@@ -246,7 +303,10 @@ export function splitBanksCommand(args: string[]): Promise<number> {
   }
   const progress = a.oneOf("progress", ["auto", "tty", "lines", "off"] as const) ?? "auto";
   const dirs = a.positionals[1].split(",").filter((d) => d !== "");
-  splitBanks(a.positionals[0], dirs, { progress: progress as ProgressMode });
+  splitBanks(a.positionals[0], dirs, {
+    progress: progress as ProgressMode,
+    force: a.bool("force"),
+  });
   return Promise.resolve(0);
 }
 

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { ChatMessage } from "../../engine/chat.ts";
+import { type ChatMessage, checkChatMessages } from "../../engine/chat.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
@@ -28,7 +28,8 @@ Usage:
 Commands inside the chat:
   /reset           forget the conversation (and the cached state)
   /stats           the stats block of the last turn, and how full the context is
-  /save FILE       save the conversation with its KV cache; /load resumes it exactly
+  /save FILE       save the conversation with its KV cache to a new file; /load resumes it
+                   exactly (/save! FILE replaces an older session file, nothing else)
   /load FILE       load a saved conversation (it must come from the same container)
   /system TEXT     set the system message (empty: none)
   /exit            leave (also Ctrl-D); Ctrl-C stops the answer being written
@@ -169,9 +170,10 @@ export async function chatCommand(args: string[]): Promise<number> {
             `cached, ${state.turn} turn(s)`,
         );
         break;
-      case "/save": {
+      case "/save":
+      case "/save!": {
         if (!arg) throw new Error("/save needs a file name");
-        const bytes = saveSession(session, arg, state);
+        const bytes = saveSession(session, arg, state, name === "/save!");
         note(
           `(saved ${state.turn} turn(s), ${session.cachedTokens.length} tokens, ${bytes} bytes)`,
         );
@@ -183,6 +185,12 @@ export async function chatCommand(args: string[]): Promise<number> {
         if (saved?.kind !== "sluice-chat" || !Array.isArray(saved.messages)) {
           session.resetCache();
           throw new Error(`${arg}: not a saved chat (no conversation in it); the chat was cleared`);
+        }
+        try {
+          checkChatMessages(saved.messages, session.model.maxContext, `${arg}: the conversation`);
+        } catch (e) {
+          session.resetCache();
+          throw new Error(`${(e as Error).message}; the chat was cleared`);
         }
         state = saved;
         note(`(loaded ${state.turn} turn(s), ${session.cachedTokens.length} tokens from ${arg})`);

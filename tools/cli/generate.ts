@@ -45,7 +45,8 @@ Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
 Output:
-  --json                print one JSON object (prompt_ids, generated_ids, text, stats)
+  --json                print one JSON object (prompt_ids, generated_ids, text, stop_reason:
+                        eos, length or context, stats)
   --quiet               no stats block
   -h, --help            this text
 `;
@@ -159,8 +160,21 @@ export async function generateCommand(args: string[]): Promise<number> {
       if (!json) await Deno.stdout.write(enc.encode(tok.text));
     }
     const stats = session.stats();
+    const stopReason = whyStopped(session, ids.length, sampling.maxTokens, generated.length);
+    if (stopReason === "context" && !a.bool("quiet")) {
+      console.error(
+        `\nsluice generate: the context of ${session.model.maxContext} tokens is full ` +
+          `(prompt ${ids.length} + ${generated.length} generated); raise --ctx for longer answers`,
+      );
+    }
     if (json) {
-      console.log(JSON.stringify({ prompt_ids: ids, generated_ids: generated, text, stats }));
+      console.log(JSON.stringify({
+        prompt_ids: ids,
+        generated_ids: generated,
+        text,
+        stop_reason: stopReason,
+        stats,
+      }));
     } else {
       await Deno.stdout.write(enc.encode("\n"));
       if (!a.bool("quiet")) console.error(`\n${formatStats(stats)}`);
@@ -169,4 +183,20 @@ export async function generateCommand(args: string[]): Promise<number> {
     session.close();
   }
   return 0;
+}
+
+/**
+ * Why a generation of `n` tokens after a prompt of `promptLength` ended: "eos" (the model ended
+ * it), "length" (the asked-for `maxTokens`, default 256) or "context" (the context filled first).
+ */
+function whyStopped(
+  session: Session,
+  promptLength: number,
+  maxTokens: number | undefined,
+  n: number,
+): "eos" | "length" | "context" {
+  const room = session.model.maxContext - promptLength;
+  const asked = maxTokens ?? 256;
+  if (n < Math.min(asked, room)) return "eos";
+  return room < asked ? "context" : "length";
 }

@@ -9,6 +9,7 @@ import { resolve } from "node:path";
 import { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 import { PACK_FLAGS, packOptionsFromArgs } from "./pack_flags.ts";
 import { pullModel } from "../pull/pull.ts";
+import { resumeHint } from "../pack/finite.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./args.ts";
 
 const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
@@ -56,7 +57,7 @@ export async function pullCommand(args: string[]): Promise<number> {
   } catch (e) {
     const stage = `${resolve(out)}.pull`;
     if (!existsSync(stage)) throw e;
-    throw new Error(`${(e as Error).message} (downloads kept in ${stage}; rerun to resume)`);
+    throw new Error(`${(e as Error).message}${resumeHint(e, `downloads kept in ${stage}`)}`);
   }
   return 0;
 }

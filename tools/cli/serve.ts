@@ -25,6 +25,11 @@ Server:
   --port N              port (default 8080; 0 picks a free one)
   --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
                         the live view (/ui, which shows counts, never text) stay open
+  --cors ORIGIN[,ORIGIN]  let pages from these origins (https://app.example) call the server
+                        from a browser; none by default ("*": any, only with --api-key)
+  --allow-host NAME[,NAME]  accept these names in the Host header besides the --host name, IP
+                        addresses and localhost; others get 421, which stops DNS
+                        rebinding ("*": any)
   --queue N             requests that may wait behind the running one (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
@@ -45,6 +50,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     host: { type: "string" },
     port: { type: "string" },
     "api-key": { type: "string" },
+    cors: { type: "string" },
+    "allow-host": { type: "string" },
     queue: { type: "string" },
     "max-body": { type: "string" },
     "keep-alive": { type: "string" },
@@ -53,6 +60,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     ...HELP_FLAG,
   });
   if (helpShown(a, HELP)) return 0;
+  const list = (v: string | undefined) => v?.split(",").map((s) => s.trim()).filter(Boolean);
   const quiet = a.bool("quiet");
   const keepAlive = a.num("keep-alive");
   const maxBody = a.str("max-body");
@@ -60,11 +68,16 @@ export async function serveCommand(args: string[]): Promise<number> {
     host: a.str("host"),
     port: a.int("port"),
     apiKey: a.str("api-key") ?? Deno.env.get("SLUICE_API_KEY"),
+    cors: list(a.str("cors")),
+    allowHosts: list(a.str("allow-host")),
     queueSize: a.int("queue"),
     maxBodyBytes: maxBody === undefined ? undefined : parseBytes(maxBody),
     keepAliveMs: keepAlive === undefined ? undefined : keepAlive * 1000,
     log: quiet ? () => {} : undefined,
   };
+  if (options.cors?.includes("*") && !options.apiKey) {
+    throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
+  }
   const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
   const server = startServer(session, options);
   console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);

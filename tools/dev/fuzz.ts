@@ -95,7 +95,9 @@ export async function fuzzTarget(
     }
     const ms = performance.now() - t0;
     report.slowestMs = Math.max(report.slowestMs, ms);
-    if (ms > HANG_MS) note({ kind: "hang", message: `${ms.toFixed(0)} ms for one input`, input });
+    if (ms > (target.hangMs ?? HANG_MS)) {
+      note({ kind: "hang", message: `${ms.toFixed(0)} ms for one input`, input });
+    }
     report.inputs++;
     if (i % 256 === 0) {
       const growth = Deno.memoryUsage().rss - rss0;

@@ -7,6 +7,7 @@
  */
 
 import type { Kernels } from "../../wasm/mod.ts";
+import { NAN_WEIGHTS_REFUSED } from "../../engine/checkpoint_matrix.ts";
 
 /** Bytes per value and the all-ones exponent (infinity or NaN) of a float dtype. */
 interface NonFinite {
@@ -115,8 +116,7 @@ export function checkFinite(
     : firstNonFinite(bytes, n, spec);
   if (bad < n) {
     throw new Error(
-      `${what}: element ${first + bad} is NaN or infinite; sluice refuses weights that would ` +
-        `make every output NaN`,
+      `${what}: element ${first + bad} is NaN or infinite; ${NAN_WEIGHTS_REFUSED}`,
     );
   }
 }
@@ -124,4 +124,16 @@ export function checkFinite(
 /** {@link checkFinite} for float32 values. */
 export function checkFiniteF32(x: Float32Array, what: string, first = 0): void {
   checkFinite(new Uint8Array(x.buffer, x.byteOffset, x.byteLength), "F32", what, first);
+}
+
+/**
+ * The hint after a failed pack or pull that kept its partial work (`kept` says where, e.g.
+ * "partial pack kept in x.tmp"): rerun to resume, unless the checkpoint's own weights were
+ * refused, which a rerun would meet again.
+ */
+export function resumeHint(e: unknown, kept: string): string {
+  return (e as Error)?.message?.includes(NAN_WEIGHTS_REFUSED)
+    ? ` (the checkpoint itself holds these values, so a rerun fails the same way: fix or ` +
+      `replace the checkpoint; ${kept} for then)`
+    : ` (${kept}; rerun to resume)`;
 }

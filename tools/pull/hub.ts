@@ -3,8 +3,9 @@
  * sha256 (`/api/models/<repo>/revision/<rev>?blobs=true`), byte ranges of a file, and whole-file
  * downloads that resume with `Range` after a dropped connection, retry 429 (honouring
  * Retry-After) and 5xx with exponential backoff, check size and sha256, and turn 401/403/404 into
- * one clear line naming the repo and file. `HF_ENDPOINT` overrides the base URL; `HF_TOKEN` is sent
- * as a bearer token and never appears in any message.
+ * one clear line naming the repo and file. Every request has a connect timeout (no answer) and an
+ * idle timeout (no bytes) and is retried after either; a redirect loop fails at once. `HF_ENDPOINT`
+ * overrides the base URL; `HF_TOKEN` is sent as a bearer token and never appears in any message.
  *
  * @module
  */
@@ -40,6 +41,10 @@ export interface HubOptions {
   attempts?: number;
   /** First backoff wait in ms, doubled per retry up to 30 s (default 1000). */
   backoffMs?: number;
+  /** Most ms to wait for the answer to a request before retrying (default 30 s). */
+  connectTimeoutMs?: number;
+  /** Most ms without a byte of the body before dropping the connection (default 60 s). */
+  idleTimeoutMs?: number;
   /** Informational lines (retries); never given the token. */
   log?: (line: string) => void;
 }
@@ -48,6 +53,8 @@ export interface HubOptions {
 export class HubError extends Error {}
 
 const DEFAULT_ENDPOINT = "https://huggingface.co";
+/** Largest file list (JSON) accepted from the API; real ones are kilobytes. */
+const MAX_LIST_BYTES = 64 << 20;
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
@@ -77,6 +84,8 @@ export class Hub {
   readonly #token: string | undefined;
   readonly #attempts: number;
   readonly #backoffMs: number;
+  readonly #connectMs: number;
+  readonly #idleMs: number;
   readonly #log: (line: string) => void;
 
   constructor(opts: HubOptions = {}) {
@@ -87,6 +96,8 @@ export class Hub {
     this.#token = opts.token ?? (Deno.env.get("HF_TOKEN") || undefined);
     this.#attempts = opts.attempts ?? 8;
     this.#backoffMs = opts.backoffMs ?? 1000;
+    this.#connectMs = opts.connectTimeoutMs ?? 30_000;
+    this.#idleMs = opts.idleTimeoutMs ?? 60_000;
     this.#log = opts.log ?? ((s) => console.error(s));
   }
 
@@ -104,12 +115,23 @@ export class Hub {
     for (let attempt = 1;; attempt++) {
       let res: Response | null = null;
       let why: string;
+      const answer = new AbortController();
+      const timer = setTimeout(() => answer.abort(), this.#connectMs);
       try {
-        res = await fetch(url, { headers: this.#headers(headers) });
+        res = await fetch(url, { headers: this.#headers(headers), signal: answer.signal });
         if (res.ok || res.status === 416) return res;
         why = `HTTP ${res.status}`;
       } catch (e) {
-        why = `network error (${(e as Error).message})`;
+        const message = (e as Error).message;
+        // fetch follows redirects itself and gives up on a loop: retrying cannot help.
+        if (/redirect/i.test(message)) {
+          throw new HubError(`${what}: redirect loop or too many redirects (${message})`);
+        }
+        why = answer.signal.aborted
+          ? `no answer within ${this.#connectMs / 1000} s`
+          : `network error (${message})`;
+      } finally {
+        clearTimeout(timer);
       }
       const status = res?.status ?? 0;
       await res?.body?.cancel();
@@ -142,6 +164,46 @@ export class Hub {
     return new HubError(`${what}: HTTP ${status}`);
   }
 
+  /**
+   * The chunks of a response body; throws when none arrives for the idle timeout (the connection
+   * is dropped) or, with `max`, when the body grows beyond `max` bytes.
+   */
+  async *#chunks(res: Response, max = Infinity): AsyncGenerator<Uint8Array> {
+    if (!res.body) return;
+    const reader = res.body.getReader();
+    let total = 0;
+    try {
+      for (;;) {
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const idle = new Promise<never>((_, fail) => {
+          timer = setTimeout(
+            () => fail(new Error(`no data for ${this.#idleMs / 1000} s`)),
+            this.#idleMs,
+          );
+        });
+        let r: ReadableStreamReadResult<Uint8Array>;
+        try {
+          r = await Promise.race([reader.read(), idle]);
+        } finally {
+          clearTimeout(timer);
+        }
+        if (r.done) return;
+        total += r.value.length;
+        if (total > max) throw new Error(`more than ${max} bytes`);
+        yield r.value;
+      }
+    } finally {
+      reader.cancel().catch(() => {});
+    }
+  }
+
+  /** A whole response body (at most `max` bytes), under the idle timeout. */
+  async #bytes(res: Response, max = Infinity): Promise<Uint8Array> {
+    const parts: BlobPart[] = [];
+    for await (const c of this.#chunks(res, max)) parts.push(c as Uint8Array<ArrayBuffer>);
+    return new Uint8Array(await new Blob(parts).arrayBuffer());
+  }
+
   /** The files of `repo` at `revision`, with sizes and LFS sha256. */
   async revision(repo: string, revision: string): Promise<HubRevision> {
     const url = `${this.endpoint}/api/models/${repo}/revision/${encodeURIComponent(revision)}` +
@@ -152,7 +214,7 @@ export class Hub {
       siblings?: { rfilename?: unknown; size?: unknown; lfs?: { sha256?: unknown } }[];
     };
     try {
-      info = await res.json();
+      info = JSON.parse(new TextDecoder().decode(await this.#bytes(res, MAX_LIST_BYTES)));
     } catch (e) {
       throw new HubError(`${repo}@${revision}: file list is not JSON (${(e as Error).message})`);
     }
@@ -185,7 +247,7 @@ export class Hub {
         range: `bytes=${start}-${end - 1}`,
       });
       try {
-        const body = new Uint8Array(await res.arrayBuffer());
+        const body = await this.#bytes(res, res.status === 206 ? end - start : end);
         // A server that ignores Range sends the whole file: take the slice.
         const got = res.status === 206 ? body : body.subarray(start, end);
         if (got.length === end - start) return got;
@@ -211,6 +273,7 @@ export class Hub {
   ): Promise<number> {
     const what = `${rev.repo}@${rev.revision}: ${file.path}`;
     let fetched = 0;
+    let lost = "";
     for (let round = 1;; round++) {
       let etag: string | null = null;
       for (let attempt = 1;; attempt++) {
@@ -223,7 +286,8 @@ export class Hub {
         if (have === file.size) break;
         if (attempt > this.#attempts) {
           throw new HubError(
-            `${what}: still ${file.size - have} bytes short after ${attempt - 1} attempts`,
+            `${what}: still ${file.size - have} bytes short after ${attempt - 1} attempts` +
+              (lost ? ` (last: ${lost})` : ""),
           );
         }
         const res = await this.#get(
@@ -240,13 +304,21 @@ export class Hub {
         if (!append && have > 0) onBytes(-have);
         const f = await Deno.open(dest, { write: true, create: true, append, truncate: !append });
         try {
-          for await (const chunk of res.body!) {
-            for (let w = 0; w < chunk.length;) w += await f.write(chunk.subarray(w));
+          // Bytes beyond the declared size are never written: the download starts over.
+          for await (const chunk of this.#chunks(res, append ? file.size - have : file.size)) {
+            try {
+              for (let w = 0; w < chunk.length;) w += await f.write(chunk.subarray(w));
+            } catch (e) {
+              // A full disk is no network fault: retrying cannot help, and the file is named.
+              throw new HubError(`${what}: cannot write ${dest} (${(e as Error).message})`);
+            }
             fetched += chunk.length;
             onBytes(chunk.length);
           }
         } catch (e) {
-          this.#log(`pull: ${what}: connection lost (${(e as Error).message}), resuming`);
+          if (e instanceof HubError) throw e;
+          lost = (e as Error).message;
+          this.#log(`pull: ${what}: connection lost (${lost}), resuming`);
           await sleep(Math.min(30_000, this.#backoffMs * 2 ** (attempt - 1)));
         } finally {
           f.close();

@@ -30,6 +30,7 @@ import {
 } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import { loadModelConfig } from "../../engine/config.ts";
+import { MAX_TOKENIZER_FILE_BYTES } from "../../engine/tokenizer_bounds.ts";
 import { readJsonObject, readJsonObjectIfExists, writeJson } from "../../io/json_file.ts";
 import { openCheckpoint, readSafetensorsHeader, type TensorInfo } from "../../io/safetensors.ts";
 import { packCheckpoint } from "../pack/pack_checkpoint.ts";
@@ -187,8 +188,20 @@ export async function pullModel(
   if (!rev.files.has("config.json")) {
     throw new Error(`${repo}@${revision}: no config.json, so this is not a transformers model`);
   }
+  const outDir = dirname(resolve(out));
+  const freeBytes = () => {
+    if (opts.freeBytes !== undefined) return opts.freeBytes;
+    const fs = statfsSync(outDir);
+    return Number(fs.bavail) * Number(fs.bsize);
+  };
   for (const name of [...CONFIG_FILES, ...TOKENIZER_FILES, INDEX]) {
     const f = rev.files.get(name);
+    if (f && !(Number.isSafeInteger(f.size) && f.size >= 0 && f.size <= MAX_TOKENIZER_FILE_BYTES)) {
+      throw new Error(
+        `${repo}@${revision}: ${name} declares ${f.size} bytes; at most ` +
+          `${formatBytes(MAX_TOKENIZER_FILE_BYTES)} is accepted`,
+      );
+    }
     if (!f || (existsSync(join(stage, name)) && statSync(join(stage, name)).size === f.size)) {
       continue;
     }
@@ -201,11 +214,26 @@ export async function pullModel(
     : rev.files.has(SINGLE)
     ? [SINGLE]
     : [];
+  // Remote names become paths below the stage: each is checked before any file is touched.
+  for (const name of shardNames) checkShardName(name, `${repo}@${revision}: ${INDEX}`);
   if (shardNames.length === 0) {
     throw new Error(`${repo}@${revision}: neither ${INDEX} nor ${SINGLE} is in the repo`);
   }
   const shards = new Map(shardNames.map((n) => [n, fileOf(n)]));
   const sizes = new Map(shardNames.map((n) => [n, shards.get(n)!.size]));
+  // Declared sizes are checked before any shard file is made: a shard must fit on the disk whole.
+  const free0 = freeBytes();
+  for (const [name, size] of sizes) {
+    if (!Number.isSafeInteger(size) || size < 8) {
+      throw new Error(`${repo}@${revision}: ${name}: the file list declares ${size} bytes`);
+    }
+    if (size > free0) {
+      throw new Error(
+        `${repo}@${revision}: ${name} declares ${formatBytes(size)}, more than the ` +
+          `${formatBytes(free0)} free in ${outDir}; no shard was downloaded`,
+      );
+    }
+  }
 
   // Complete shards from an earlier run are kept only when size and sha256 still match.
   const reused: string[] = [];
@@ -281,9 +309,7 @@ export async function pullModel(
   if (schedule.peakShards > keep) {
     log(`pull: one pack step reads ${schedule.peakShards} shards, more than --keep-shards ${keep}`);
   }
-  const outDir = dirname(resolve(out));
-  const fs = opts.freeBytes === undefined ? statfsSync(outDir) : null;
-  const free = opts.freeBytes ?? Number(fs!.bavail) * Number(fs!.bsize);
+  const free = freeBytes();
   const present = allocatedBytes(`${resolve(out)}.tmp`) + shardBytes();
   const needed = containerBytes + schedule.peakBytes - present;
   if (needed > free) {
@@ -431,6 +457,23 @@ function readHeader(path: string): Uint8Array {
     return header;
   } finally {
     closeSync(fd);
+  }
+}
+
+/**
+ * Throws unless `name` (a shard named by the remote index) is a plain file name of a safetensors
+ * shard: no folder part, not absolute, no `..`, no control characters. A hostile repository could
+ * otherwise make the pull write outside its folder.
+ */
+export function checkShardName(name: unknown, where: string): void {
+  const ok = typeof name === "string" && name.length > 0 && name.length <= 255 &&
+    name.endsWith(".safetensors") && !name.startsWith(".") && !/[/\\]/.test(name) &&
+    [...name].every((c) => c.charCodeAt(0) >= 0x20);
+  if (!ok) {
+    throw new Error(
+      `${where}: invalid shard name ${JSON.stringify(name)}: expected a plain file name ending ` +
+        `in .safetensors (no folder, no "..", not absolute); refusing to write it`,
+    );
   }
 }
 

@@ -7,7 +7,10 @@
  *
  * @module
  */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { isIP } from "node:net";
 import { setImmediate } from "node:timers";
+import { MAX_TOKEN_BYTES } from "../../engine/chat.ts";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
@@ -21,6 +24,17 @@ export interface ServeOptions {
   port?: number;
   /** When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <key>`. */
   apiKey?: string;
+  /**
+   * Origins (`https://app.example`) whose pages may call the server from a browser (CORS). None by
+   * default: no CORS header is sent, so another site's page cannot read any answer.
+   */
+  cors?: string[];
+  /**
+   * Host names accepted in the Host header besides the bound address, `--host`'s name, IP
+   * literals and `localhost`; `"*"` accepts any. Refusing other names
+   * stops DNS rebinding, where a hostile name resolves to this server's address.
+   */
+  allowHosts?: string[];
   /** Requests that may wait behind the running one (default 8). */
   queueSize?: number;
   /** Largest request body in bytes (default 4 MiB). */
@@ -29,6 +43,8 @@ export interface ServeOptions {
   keepAliveMs?: number;
   /** One line per request and at start-up (default: stderr). */
   log?: (line: string) => void;
+  /** Most ms {@link SluiceServer.close} waits for connections to finish (default 10 s). */
+  drainMs?: number;
 }
 
 /** A running server. */
@@ -36,22 +52,48 @@ export interface SluiceServer {
   /** `http://host:port`. */
   url: string;
   live: LiveStats;
-  /** Stops listening, ends the streams and waits for the server to finish. */
+  /**
+   * Stops listening and stops every request: a stream ends with an error event, a request not
+   * yet answered gets 503. Waits for the connections to finish, at most `drainMs`.
+   */
   close(): Promise<void>;
 }
 
 const UI_HTML = new URL("./ui.html", import.meta.url);
-const CORS = {
-  "access-control-allow-origin": "*",
-  "access-control-allow-headers": "authorization, content-type",
-  "access-control-allow-methods": "GET, POST, OPTIONS",
-};
 
 function json(body: unknown, status = 200, headers: Record<string, string> = {}): Response {
   return new Response(JSON.stringify(body), {
     status,
-    headers: { "content-type": "application/json", ...CORS, ...headers },
+    headers: { "content-type": "application/json", ...headers },
   });
+}
+
+/** The name part of a Host header (`[::1]:8080` → `::1`, `Example.com.:80` → `example.com`). */
+export function hostName(host: string): string {
+  const h = host.trim().toLowerCase();
+  const name = h.startsWith("[") ? h.slice(1, h.indexOf("]")) : h.replace(/:\d*$/, "");
+  return name.replace(/\.$/, "");
+}
+
+/**
+ * Whether a request's Host header names this server: an IP literal (a browser page reaching an
+ * address by number has that number as its origin, so no other site's name is involved), the
+ * bound host's name, `localhost`, or one of `allowed` (`"*"`: any).
+ */
+export function hostAllowed(host: string | null, bound: string, allowed: string[]): boolean {
+  if (host === null) return false;
+  if (allowed.includes("*")) return true;
+  const name = hostName(host);
+  if (name === "" || isIP(name) !== 0) return name !== "";
+  // "localhost" always resolves to this machine, so no other site can stand behind it.
+  return name === hostName(bound) || name === "localhost" ||
+    allowed.some((a) => hostName(a) === name);
+}
+
+/** Compares an Authorization header with the expected one in time independent of the contents. */
+function sameSecret(got: string | null, want: string): boolean {
+  const digest = (s: string) => createHash("sha256").update(s).digest();
+  return timingSafeEqual(digest(got ?? ""), digest(want)) && got !== null;
 }
 
 /**
@@ -76,6 +118,18 @@ function errorResponse(e: unknown): ApiError {
 }
 
 async function readJson(req: Request, max: number): Promise<unknown> {
+  // Only JSON: a browser sends text/plain and form bodies cross-site without asking (no CORS
+  // preflight), so accepting them would let any page drive the server.
+  const type = (req.headers.get("content-type") ?? "").split(";")[0].trim().toLowerCase();
+  if (type !== "application/json") {
+    throw new ApiError(
+      415,
+      `the request body must be JSON sent as Content-Type: application/json, not ${
+        type ? JSON.stringify(type) : "without a Content-Type"
+      }`,
+      { code: "unsupported_media_type" },
+    );
+  }
   const declared = Number(req.headers.get("content-length") ?? "0");
   const tooLarge = () =>
     new ApiError(413, `the request body is larger than ${max} bytes`, { code: "body_too_large" });
@@ -115,11 +169,31 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
   const uiHtml = Deno.readTextFileSync(UI_HTML);
-  const streams = new Set<AbortController>();
+  /** Every request in flight (queued or running), stopped by close(). */
+  const active = new Set<AbortController>();
+  let closing = false;
+  const shutdownError = () =>
+    new ApiError(503, "the server is shutting down; the request was stopped before it finished", {
+      code: "server_shutdown",
+    });
   let seq = 0;
 
   const authorised = (req: Request) =>
-    !opts.apiKey || req.headers.get("authorization") === `Bearer ${opts.apiKey}`;
+    !opts.apiKey || sameSecret(req.headers.get("authorization"), `Bearer ${opts.apiKey}`);
+  const bound = opts.host ?? "127.0.0.1";
+  const allowHosts = opts.allowHosts ?? [];
+  const origins = new Set(opts.cors ?? []);
+  /** CORS headers for a request from an allowed origin; none for any other. */
+  const cors = (req: Request): Record<string, string> => {
+    const origin = req.headers.get("origin");
+    if (origin === null || !(origins.has(origin) || origins.has("*"))) return {};
+    return {
+      "access-control-allow-origin": origins.has("*") ? "*" : origin,
+      "access-control-allow-headers": "authorization, content-type",
+      "access-control-allow-methods": "GET, POST, OPTIONS",
+      vary: "Origin",
+    };
+  };
 
   /** Prompt ids of a request, checked against the vocabulary and the context. */
   const promptIds = (r: CompletionRequest): number[] => {
@@ -131,6 +205,15 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         throw new ApiError(400, `messages: ${(e as Error).message}`, { param: "messages" });
       }
     } else if (typeof r.prompt === "string") {
+      // Text that cannot fit is refused before the tokenizer spends time on it.
+      if (r.prompt.length > ctx * MAX_TOKEN_BYTES) {
+        throw new ApiError(
+          400,
+          `prompt: ${r.prompt.length} characters cannot fit the context of ${ctx} tokens (at ` +
+            `most ${ctx * MAX_TOKEN_BYTES}, ${MAX_TOKEN_BYTES} per token)`,
+          { param: "prompt", code: "context_length_exceeded" },
+        );
+      }
       ids = session.tokenize(r.prompt);
     } else {
       ids = r.prompt ?? [];
@@ -146,7 +229,13 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         );
       }
     }
-    if (ids.length === 0) throw new ApiError(400, "the prompt has no tokens", { param: "prompt" });
+    if (ids.length === 0) {
+      throw r.messages
+        ? new ApiError(400, "messages: the model's chat template rendered an empty prompt", {
+          param: "messages",
+        })
+        : new ApiError(400, "the prompt has no tokens", { param: "prompt" });
+    }
     if (ids.length >= ctx) {
       throw new ApiError(
         400,
@@ -252,7 +341,9 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const endpoint = chat ? "chat.completions" : "completions";
     const cid = `${chat ? "chatcmpl" : "cmpl"}-${crypto.randomUUID()}`;
     const now = Math.floor(Date.now() / 1000);
+    if (closing) throw shutdownError();
     const abort = new AbortController();
+    active.add(abort);
     // A client gone mid-generation (deno.json opts in to "no-legacy-abort", so the signal aborts on
     // a disconnect only, not once the response is delivered).
     req.signal.addEventListener("abort", () => abort.abort(), { once: true });
@@ -268,10 +359,19 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const object = chat ? "chat.completion.chunk" : "text_completion";
     if (!r.stream) {
       let text = "";
-      const out = await queue.run(
-        () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
-        abort.signal,
-      );
+      let out;
+      try {
+        out = await queue.run(
+          () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
+          abort.signal,
+        );
+      } catch (e) {
+        throw closing ? shutdownError() : e;
+      } finally {
+        active.delete(abort);
+      }
+      // A stopped answer is never passed off as complete.
+      if (closing && abort.signal.aborted) throw shutdownError();
       const result = chat
         ? {
           index: 0,
@@ -289,9 +389,11 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         usage: out.usage,
       });
     }
-    if (queue.busy && queue.waiting >= queue.capacity) throw new QueueFull(queue.waiting);
+    if (queue.busy && queue.waiting >= queue.capacity) {
+      active.delete(abort);
+      throw new QueueFull(queue.waiting);
+    }
     const enc = new TextEncoder();
-    streams.add(abort);
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         let last = Date.now();
@@ -328,17 +430,20 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         };
         queue.run(() => generate(endpoint, ids, r, abort.signal, send), abort.signal)
           .then((out) => {
+            // Stopped by a shutdown: an error event, never a finish_reason and [DONE].
+            if (closing && abort.signal.aborted) throw shutdownError();
             if (first && chat) send("");
             chunk([choice("", out.finish, false)]);
             if (r.includeUsage) chunk([], out.usage);
             write("data: [DONE]\n\n");
           })
           .catch((e) => {
-            if (!(e instanceof Abandoned)) event(errorResponse(e).body());
+            if (closing) event(shutdownError().body());
+            else if (!(e instanceof Abandoned)) event(errorResponse(e).body());
           })
           .finally(() => {
             clearInterval(keepAlive);
-            streams.delete(abort);
+            active.delete(abort);
             if (open) {
               open = false;
               try {
@@ -356,7 +461,6 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         "content-type": "text/event-stream",
         "cache-control": "no-cache",
         connection: "keep-alive",
-        ...CORS,
       },
     });
   };
@@ -365,7 +469,23 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const url = new URL(req.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method;
-    if (method === "OPTIONS") return new Response(null, { status: 204, headers: CORS });
+    if (!hostAllowed(req.headers.get("host"), bound, allowHosts)) {
+      throw new ApiError(
+        421,
+        `Host ${JSON.stringify(req.headers.get("host"))} is not this server's address; ` +
+          `start it with --allow-host NAME to accept that name`,
+        { code: "host_not_allowed" },
+      );
+    }
+    if (method === "OPTIONS") {
+      const headers = cors(req);
+      if (!headers["access-control-allow-origin"]) {
+        throw new ApiError(403, "cross-origin requests are not allowed (see --cors)", {
+          code: "cors_not_allowed",
+        });
+      }
+      return new Response(null, { status: 204, headers });
+    }
     const open = ["/", "/health", "/ui", "/ui/state", "/favicon.ico"].includes(path);
     if (!open && !authorised(req)) {
       throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
@@ -456,14 +576,17 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       return json(err.body(), err.status, err.headers);
     },
   }, async (req) => {
+    let res: Response;
     try {
-      return await route(req);
+      res = await route(req);
     } catch (e) {
       const err = errorResponse(e);
       if (err.status >= 500) log(`sluice serve: ${req.method} ${req.url}: ${err.message}`);
       live.totals.errors++;
-      return json(err.body(), err.status, err.headers);
+      res = json(err.body(), err.status, err.headers);
     }
+    for (const [k, v] of Object.entries(cors(req))) res.headers.set(k, v);
+    return res;
   });
   const addr = server.addr as Deno.NetAddr;
   const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
@@ -471,9 +594,16 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     url: `http://${host}:${addr.port}`,
     live,
     close: async () => {
-      for (const s of streams) s.abort();
+      closing = true;
+      for (const a of active) a.abort();
       live.close();
-      await server.shutdown();
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const drained = await Promise.race([
+        server.shutdown().then(() => true),
+        new Promise<false>((r) => timer = setTimeout(() => r(false), opts.drainMs ?? 10_000)),
+      ]);
+      clearTimeout(timer);
+      if (!drained) log(`sluice serve: connections still open after ${opts.drainMs ?? 10_000} ms`);
     },
   };
 }

@@ -7,8 +7,19 @@
  * rejection (its message goes through the fuzzer's "unhelpful" check); a 5xx, an error body
  * without a message, an error event inside a stream, or a hung request is a finding.
  *
+ * Two more targets reach what a request renders and what a chat keeps: the chat template (the
+ * input is the container's chat_template.jinja, rendered by a chat request; a template error must
+ * name the template, and a loop must be stopped by the render budget) and saved session files
+ * (loaded as `/load` does, the CRC fixed up after each mutation so the header and the bounds
+ * behind it are reached).
+ *
  * @module
  */
+import { cpSync } from "node:fs";
+import { join } from "node:path";
+import { CHAT_LIMITS, checkChatMessages } from "../../../engine/chat.ts";
+import { crc32 } from "../../../io/crc32.ts";
+import { loadSession, saveSession } from "../../../engine/session_state.ts";
 import { Session } from "../../../engine/session.ts";
 import { demoModelPath } from "../../demo_model.ts";
 import { modelId } from "../../serve/live.ts";
@@ -50,6 +61,20 @@ const SEEDS: [string, unknown][] = [
   }],
   ["/v1/completions", { prompt: "Once upon a time", max_tokens: 3, temperature: 0, echo: false }],
   ["/v1/completions", { prompt: [1, 2, 3], max_tokens: 2, stream: true, stop: "x", tools: [] }],
+  // What a long-running chat session sends: many turns, tool turns, extra fields, an empty turn.
+  ["/v1/chat/completions", {
+    messages: [
+      { role: "system", content: "You are terse." },
+      ...Array.from({ length: 12 }, (_, i) => ({
+        role: i % 2 ? "assistant" : "user",
+        content: `turn ${i}`,
+      })),
+      { role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function" }] },
+      { role: "tool", content: "42", tool_call_id: "c1", name: "calc" },
+      { role: "user", content: "" },
+    ],
+    max_tokens: 1,
+  }],
   ["/tokenize", { content: "Hello world", add_special: false }],
   ["/detokenize", { tokens: [1, 2, 3] }],
 ];
@@ -192,6 +217,9 @@ export async function serveTarget(): Promise<FuzzTarget> {
     threads: 1,
   });
   const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
+  // The first render starts the template worker (type-checked first under `deno test`): not a
+  // cost of any one input.
+  session.chatIds([{ role: "user", content: "warm up" }]);
   const id = modelId(session);
   const seeds = SEEDS.map(([path, body]) =>
     enc.encode(`${path}\n${JSON.stringify(body).replace('"MODEL"', JSON.stringify(id))}`)
@@ -230,6 +258,137 @@ export async function serveTarget(): Promise<FuzzTarget> {
     async close() {
       await server.close();
       session.close();
+    },
+  };
+}
+
+/** Chat templates: the demo model's own and the hostile shapes the render budget must stop. */
+const TEMPLATE_SEEDS = [
+  "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}" +
+  "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+  "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] {{ m.content }} [/INST]" +
+  "{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}",
+  "{% set ns = namespace(x='a') %}{% for i in range(40) %}{% set ns.x = ns.x ~ ns.x %}" +
+  "{% endfor %}{{ ns.x }}",
+  "{% for i in range(10**9) %}x{% endfor %}",
+  "{% for a in range(100000) %}{% for b in range(100) %}{{ b }}{% endfor %}{% endfor %}",
+  "{{ raise_exception('roles must alternate') }}",
+  "{{ messages[0].nope.deeper() }}{% for %}",
+];
+
+/**
+ * The chat template target: the demo container copied to `work`, served, and each input written
+ * as its chat_template.jinja before a chat request renders it.
+ */
+export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
+  const dir = join(work, "template.sluice");
+  cpSync(await demoModelPath(true), dir, { recursive: true });
+  const file = join(dir, "chat_template.jinja");
+  const session = await Session.open(dir, { quiet: true, ctx: 256, threads: 1 });
+  const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
+  const body = JSON.stringify({
+    messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }],
+    max_tokens: 1,
+  });
+  return {
+    name: "serve chat template",
+    seeds: TEMPLATE_SEEDS.map((t) => enc.encode(t)),
+    // A template that loops runs until the render budget stops it.
+    hangMs: CHAT_LIMITS.timeMs + 3000,
+    async run(input) {
+      Deno.writeFileSync(file, input);
+      const r = await fetch(`${server.url}/v1/chat/completions`, {
+        method: "POST",
+        body,
+        headers: { "content-type": "application/json" },
+        signal: AbortSignal.timeout(CHAT_LIMITS.timeMs + 10_000),
+      });
+      try {
+        await outcome(r, "/v1/chat/completions");
+      } catch (e) {
+        // Every template failure names the template; a prompt too long for the context is fine.
+        const m = (e as Error).message;
+        if (
+          !(e instanceof ServerFault) && !m.includes("chat_template.jinja") &&
+          !/context holds|cannot fit|chat template rendered an empty prompt/.test(m)
+        ) {
+          throw new ServerFault(`a template error that does not name the template: ${m}`);
+        }
+        throw e;
+      }
+    },
+    async close() {
+      await server.close();
+      session.close();
+    },
+  };
+}
+
+/** Rewrites the CRC-32 at the end of a session file's bytes to match the rest. */
+function fixCrc(bytes: Uint8Array): Uint8Array {
+  if (bytes.length < 4) return bytes;
+  const out = bytes.slice();
+  new DataView(out.buffer).setUint32(out.length - 4, crc32(out.subarray(0, out.length - 4)), true);
+  return out;
+}
+
+/** The session file target: mutated saves of the demo model, loaded as chat's `/load` does. */
+export async function sessionFileTarget(work: string): Promise<FuzzTarget> {
+  const session = await Session.open(await demoModelPath(true), {
+    quiet: true,
+    ctx: 64,
+    threads: 1,
+  });
+  const seeds: Uint8Array[] = [];
+  for (const [i, prompt] of ["Hello", "Once upon a time there was"].entries()) {
+    session.resetCache();
+    for await (const _ of session.generate(prompt, { maxTokens: 2, ignoreEos: true })) {
+      // Fills the prompt cache the save writes.
+    }
+    const path = join(work, `seed-${i}.session`);
+    saveSession(session, path, {
+      kind: "sluice-chat",
+      system: null,
+      messages: [{ role: "user", content: prompt }, { role: "assistant", content: "x" }],
+      turn: 1,
+      sampling: { seed: 3 },
+    }, true);
+    seeds.push(Deno.readFileSync(path));
+  }
+  const file = join(work, "input.session");
+  return {
+    name: "session file",
+    seeds,
+    run(input) {
+      Deno.writeFileSync(file, input);
+      const app = loadSession(session, file).app as { messages?: unknown } | null;
+      if (app && typeof app === "object" && "messages" in app) {
+        checkChatMessages(app.messages, session.model.maxContext, `${file}: the conversation`);
+      }
+    },
+    mutate(rng, s) {
+      const seed = rng.pick(s);
+      if (rng.below(2)) return fixCrc(mutate(rng, [seed]));
+      // Structure-aware: one header field swapped for a hostile value, the CRC fixed.
+      const view = new DataView(seed.buffer, seed.byteOffset, seed.byteLength);
+      const hLen = view.getUint32(16, true);
+      const header = JSON.parse(dec.decode(seed.subarray(20, 20 + hLen)));
+      const places = anyPlace(rng, header);
+      if (places.length) {
+        const { holder, key } = rng.pick(places);
+        holder[key] = rng.below(3) ? hostile(rng) : rng.pick([[1e9], [-1], [0.5], 2 ** 40, []]);
+      }
+      const json = enc.encode(JSON.stringify(header));
+      const out = new Uint8Array(20 + json.length + seed.length - 20 - hLen);
+      out.set(seed.subarray(0, 16));
+      new DataView(out.buffer).setUint32(16, json.length, true);
+      out.set(json, 20);
+      out.set(seed.subarray(20 + hLen), 20 + json.length);
+      return fixCrc(out);
+    },
+    close() {
+      session.close();
+      return Promise.resolve();
     },
   };
 }

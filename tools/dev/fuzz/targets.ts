@@ -1,8 +1,8 @@
 /**
  * What `deno task fuzz` feeds: one target per parser of untrusted input — the safetensors
  * header, config.json (+ generation_config.json), manifest.json, expert record headers, the
- * tokenizer files, the pack journal, the generate command line and the server's request bodies
- * (./serve_target.ts). Each target has seed inputs (real files from ../shared/models where it
+ * tokenizer files, the pack journal, the generate command line, the server's request bodies,
+ * chat templates and saved session files (./serve_target.ts). Each target has seed inputs (real files from ../shared/models where it
  * needs them, packed into a scratch folder) and runs one input through the same code a user's
  * file goes through.
  *
@@ -22,7 +22,7 @@ import { packCheckpoint } from "../../pack.ts";
 import { dropDamagedWork, JOURNAL, openJournal } from "../../pack/journal.ts";
 import { computeLayout } from "../../pack/layout.ts";
 import { mutate, type Rng } from "./mutate.ts";
-import { serveTarget } from "./serve_target.ts";
+import { serveTarget, serveTemplateTarget, sessionFileTarget } from "./serve_target.ts";
 
 /** One parser under fuzz. */
 export interface FuzzTarget {
@@ -34,6 +34,8 @@ export interface FuzzTarget {
   mutate?(rng: Rng, seeds: Uint8Array[]): Uint8Array;
   /** Releases what the target holds open (the server target's server and session). */
   close?(): Promise<void>;
+  /** Time one input may take before it is a hang (default: the fuzzer's second). */
+  hangMs?: number;
 }
 
 const enc = new TextEncoder();
@@ -282,7 +284,13 @@ export async function makeTargets(
   work: string,
   shared: string | null,
 ): Promise<{ targets: FuzzTarget[]; skipped: string[] }> {
-  const targets = [safetensorsTarget(work, shared), cliTarget(), await serveTarget()];
+  const targets = [
+    safetensorsTarget(work, shared),
+    cliTarget(),
+    await serveTarget(),
+    await serveTemplateTarget(work),
+    await sessionFileTarget(work),
+  ];
   const needShared = [
     "config.json",
     "manifest.json",
