@@ -8,6 +8,7 @@ import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { type ChatMessage, renderChat } from "./chat.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
+import { decode, type SpecOptions, Speculation } from "./speculate.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
 
@@ -25,6 +26,12 @@ export interface GenerateOptions extends SamplerOptions {
   onPrefill?: (done: number, total: number) => void | Promise<void>;
 }
 
+/** How to open a session: the model's run options, and speculative decoding. */
+export interface SessionOptions extends RunOptions {
+  /** Draft tokens and verify them in one batched pass (engine/speculate.ts); off when absent. */
+  spec?: SpecOptions;
+}
+
 /** One generated token. */
 export interface GeneratedToken {
   id: number;
@@ -40,13 +47,21 @@ export class Session {
   readonly timings: Timings;
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
+  /** The drafter of speculative decoding, or null when it is off. */
+  readonly speculation: Speculation | null;
   #cached: number[] = [];
   /** The transformer's call count when #cached was last true: other calls invalidate it. */
   #cachedAt = 0;
 
-  private constructor(model: Model, tokenizer: Tokenizer, loadMs: number) {
+  private constructor(
+    model: Model,
+    tokenizer: Tokenizer,
+    speculation: Speculation | null,
+    loadMs: number,
+  ) {
     this.model = model;
     this.tokenizer = tokenizer;
+    this.speculation = speculation;
     this.samplingDefaults = samplingDefaults(model.container.dir);
     this.timings = {
       loadMs,
@@ -55,16 +70,19 @@ export class Session {
       promptMs: 0,
       generatedTokens: 0,
       generateMs: 0,
+      decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
     };
   }
 
-  /** Opens a container and its tokenizer. */
-  static async open(path: string, opts: RunOptions = {}): Promise<Session> {
+  /** Opens a container and its tokenizer (and the draft model `opts.spec` names). */
+  static async open(path: string, opts: SessionOptions = {}): Promise<Session> {
     const t0 = performance.now();
-    const model = await Model.open(path, opts);
+    const { spec, ...run } = opts;
+    const model = await Model.open(path, run);
     try {
       const tokenizer = await loadTokenizer(model.container.dir);
-      return new Session(model, tokenizer, performance.now() - t0);
+      const speculation = spec ? await Speculation.open(spec, model, tokenizer, run) : null;
+      return new Session(model, tokenizer, speculation, performance.now() - t0);
     } catch (e) {
       model.close();
       throw e;
@@ -163,7 +181,8 @@ export class Session {
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
     const { signal, onPrefill, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
-    const sampler = createSampler({ ...this.samplingDefaults, ...given });
+    const resolved = { ...this.samplingDefaults, ...given };
+    const sampler = createSampler(resolved);
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
@@ -191,22 +210,30 @@ export class Session {
       await onPrefill?.(p + part.length, ids.length);
     }
     t.promptMs = performance.now() - t0;
-    const history = [...ids];
     const stream = this.tokenizer.decodeStream();
+    t.decode = { passes: 0, drafted: 0, accepted: 0, gated: 0 };
+    const ids$ = decode({
+      model: this.model,
+      sampler,
+      sampling: resolved,
+      history: [...ids],
+      cached: this.#cached,
+      logits,
+      maxTokens,
+      stop,
+      spec: this.speculation,
+      counters: t.decode,
+    });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
-    for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
+    while (!signal?.aborted) {
       const t1 = performance.now();
-      const id = sampler.sample(logits, history);
-      if (stop.has(id)) break;
-      history.push(id);
-      t.generatedTokens++;
-      if (n + 1 < maxTokens) {
-        logits = this.model.forward([id], history.length - 1);
-        this.#cached.push(id);
-        this.#cachedAt = this.model.transformer.calls;
-      }
+      const next = ids$.next();
+      this.#cachedAt = this.model.transformer.calls;
       t.generateMs += performance.now() - t1;
+      if (next.done) break;
+      const id = next.value;
+      t.generatedTokens++;
       held.push({ id, text: stream.push(id) });
       if (!stream.holding) {
         yield* held;
@@ -224,9 +251,13 @@ export class Session {
     return collectStats(this.model, this.timings, this.model.observers.lookahead?.recall ?? null);
   }
 
-  /** Releases the workers, reader threads and files. */
+  /** Releases the workers, reader threads and files (the draft model's too). */
   close(): void {
-    this.model.close();
+    try {
+      this.speculation?.close();
+    } finally {
+      this.model.close();
+    }
   }
 }
 
