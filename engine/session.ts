@@ -47,6 +47,11 @@ export class Session {
   readonly timings: Timings;
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
+  /**
+   * Decode counters summed over every generation of this session (`/metrics`): passes count
+   * each generation's last prompt pass too, so tokens ÷ passes is tokens per pass.
+   */
+  readonly decodeTotals = { tokens: 0, passes: 0, drafted: 0, accepted: 0, gated: 0 };
   /** The drafter of speculative decoding, or null when it is off. */
   readonly speculation: Speculation | null;
   #cached: number[] = [];
@@ -210,7 +215,6 @@ export class Session {
       await onPrefill?.(p + part.length, ids.length);
     }
     t.promptMs = performance.now() - t0;
-    const stream = this.tokenizer.decodeStream();
     t.decode = { passes: 0, drafted: 0, accepted: 0, gated: 0 };
     const ids$ = decode({
       model: this.model,
@@ -224,6 +228,22 @@ export class Session {
       spec: this.speculation,
       counters: t.decode,
     });
+    try {
+      yield* this.#stream(ids$, signal);
+    } finally {
+      const d = this.decodeTotals;
+      d.tokens += t.generatedTokens;
+      d.passes += t.decode.passes + 1;
+      d.drafted += t.decode.drafted;
+      d.accepted += t.decode.accepted;
+      d.gated += t.decode.gated;
+    }
+  }
+
+  /** Yields the ids of `ids$` with their text, timing each step into the timings. */
+  async *#stream(ids$: Generator<number>, signal?: AbortSignal): AsyncGenerator<GeneratedToken> {
+    const t = this.timings;
+    const stream = this.tokenizer.decodeStream();
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
     while (!signal?.aborted) {

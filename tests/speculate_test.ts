@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { samplingDistribution } from "../engine/sampler.ts";
 import { type GenerateOptions, Session, type SessionOptions } from "../engine/session.ts";
 import { ngramDraft, parseSpec } from "../engine/speculate.ts";
+import { startServer } from "../tools/serve/server.ts";
 import { packedFixture } from "./fixtures.ts";
 
 const OPTS = { quiet: true, ctx: 512, threads: 1 };
@@ -194,4 +195,33 @@ Deno.test("a draft with another vocabulary, or with a recurrent state, is refuse
     Session.open(target, { ...OPTS, spec: { draft: await packedFixture("tiny-kimi-linear") } }),
     /recurrent-state \(KDA\) model cannot rewind/,
   );
+});
+
+Deno.test("serve's /metrics and generate's stats report drafted, accepted and tokens per pass", async () => {
+  const path = await packedFixture("stories260k-moe");
+  const session = await Session.open(path, { ...OPTS, spec: { ngram: 3, adaptive: false } });
+  const server = startServer(session, { port: 0, log: () => {} });
+  try {
+    const prompt = repeating(session);
+    const r = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt, max_tokens: 40, ignore_eos: true }),
+    });
+    assert.equal(r.status, 200);
+    await r.body?.cancel();
+    const stats = session.stats();
+    assert.ok(stats.draft_accepted > 0 && stats.draft_tokens > stats.draft_accepted);
+    assert.equal(stats.tokens_per_pass, 40 / (stats.decode_passes + 1));
+    assert.ok(stats.tokens_per_pass > 1);
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const value = (name: string) =>
+      Number(new RegExp(`^sluice_${name} (\\S+)$`, "m").exec(metrics)?.[1]);
+    assert.equal(value("draft_tokens_total"), stats.draft_tokens);
+    assert.equal(value("draft_accepted_total"), stats.draft_accepted);
+    assert.equal(value("decode_passes_total"), stats.decode_passes + 1);
+    assert.equal(value("tokens_per_pass"), stats.tokens_per_pass);
+  } finally {
+    await server.close();
+    session.close();
+  }
 });
