@@ -187,16 +187,19 @@ class NgramDrafter implements Drafter {
  * (doubling) while it is not.
  */
 export class SpecGate {
-  static readonly PROBE = 4;
+  static readonly PROBE = 2;
   static readonly MEASURE = 3;
   static readonly KEEP = 32;
-  static readonly MAX_BACKOFF = 512;
+  static readonly MIN_BACKOFF = 32;
+  static readonly MAX_BACKOFF = 1024;
   readonly adaptive: boolean;
   #spec = NaN;
   #plain = NaN;
-  #phase: "probe" | "measure" | "keep" | "off" = "probe";
-  #left: number = SpecGate.PROBE;
-  #backoff = 16;
+  // Plain steps are measured first: the cold start's first reads then weigh against plain
+  // decoding, and the comparison after each kept stretch corrects a wrong start.
+  #phase: SpecGate["phase"] = "measure";
+  #left: number = SpecGate.MEASURE;
+  #backoff: number = SpecGate.MIN_BACKOFF;
 
   constructor(adaptive: boolean) {
     this.adaptive = adaptive;
@@ -214,21 +217,27 @@ export class SpecGate {
     if (drafted) this.#spec = ema(this.#spec, ms / tokens);
     else this.#plain = ema(this.#plain, ms / tokens);
     if (!this.adaptive || drafted !== this.drafting || --this.#left > 0) return;
-    if (this.#phase === "probe" || this.#phase === "keep") {
-      this.#phase = "measure";
-      this.#left = SpecGate.MEASURE;
-    } else if (this.#phase === "measure" && this.#spec < this.#plain) {
-      this.#phase = "keep";
-      this.#left = SpecGate.KEEP;
-      this.#backoff = 16;
-    } else if (this.#phase === "measure") {
-      this.#phase = "off";
-      this.#left = this.#backoff;
-      this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
+    if (this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))) {
+      this.#enter("measure", SpecGate.MEASURE);
+    } else if (this.#phase === "off" || Number.isNaN(this.#spec)) {
+      this.#enter("probe", SpecGate.PROBE);
+    } else if (this.#spec < this.#plain) {
+      this.#enter("keep", SpecGate.KEEP);
+      this.#backoff = SpecGate.MIN_BACKOFF;
     } else {
-      this.#phase = "probe";
-      this.#left = SpecGate.PROBE;
+      this.#enter("off", this.#backoff);
+      this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
     }
+  }
+
+  #enter(phase: SpecGate["phase"], steps: number): void {
+    this.#phase = phase;
+    this.#left = steps;
+  }
+
+  /** The gate's phase: plain steps measured, drafts probed, kept, or off for a backoff. */
+  get phase(): "measure" | "probe" | "keep" | "off" {
+    return this.#phase;
   }
 }
 
@@ -371,12 +380,15 @@ export function* decode(s: DecodeSetup): Generator<number> {
   const saved = states.map((r) => new Uint8Array(r.bytes));
   const sampled = (s.sampling.temperature ?? 0) > 0;
   const uniform = seededUniform((sampler.seed ^ 0xbb67ae85) >>> 0);
+  // Draft length: one more after a fully kept draft, the kept run plus one after a rejection,
+  // so rejected drafts cost little where the drafter is often wrong.
+  let length = s.spec?.draftMax ?? 0;
   while (generated < s.maxTokens) {
     const t0 = performance.now();
     // The last kept token is pending: the KV cache holds everything before it.
     const pos = history.length - 1;
     const room = Math.min(
-      s.spec?.draftMax ?? 0,
+      length,
       s.maxTokens - generated - 1,
       model.prefillChunk - 1,
       model.maxContext - history.length,
@@ -415,6 +427,7 @@ export function* decode(s: DecodeSetup): Generator<number> {
       accepted++;
     }
     counters.accepted += accepted;
+    if (nd > 0) length = accepted === nd ? Math.min(length + 1, s.spec!.draftMax) : accepted + 1;
     cached.push(...draft.tokens.slice(0, accepted));
     if (states.length > 0 && accepted < nd) {
       // The recurrent state ran rejected drafts: restore it and run the kept tokens again.

@@ -168,7 +168,7 @@ export function formatStats(s: RunStats): string {
       ? [
         `drafts        ${s.draft_tokens} drafted, ${s.draft_accepted} accepted (${
           pct(s.draft_tokens > 0 ? s.draft_accepted / s.draft_tokens : 0)
-        })${s.draft_gated_steps > 0 ? `, ${s.draft_gated_steps} steps undrafted (no gain)` : ""}`,
+        })${s.draft_gated_steps > 0 ? `, ${s.draft_gated_steps} steps undrafted by the gate` : ""}`,
       ]
       : []),
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { samplingDistribution } from "../engine/sampler.ts";
 import { type GenerateOptions, Session, type SessionOptions } from "../engine/session.ts";
-import { ngramDraft, parseSpec } from "../engine/speculate.ts";
+import { ngramDraft, parseSpec, SpecGate } from "../engine/speculate.ts";
 import { startServer } from "../tools/serve/server.ts";
 import { packedFixture } from "./fixtures.ts";
 
@@ -35,6 +35,27 @@ Deno.test("prompt lookup drafts the continuation of the latest earlier match", (
   assert.equal(parseSpec("ngram:5"), 5);
   assert.throws(() => parseSpec("ngrams"), /--spec: expected ngram/);
   assert.throws(() => parseSpec("ngram:0"), /--spec/);
+});
+
+/** Share of `steps` decode steps the gate drafts when a drafted step costs `specMs` per token. */
+function draftedShare(specMs: number, steps: number): number {
+  const gate = new SpecGate(true);
+  let drafted = 0;
+  for (let i = 0; i < steps; i++) {
+    const d = gate.drafting;
+    drafted += d ? 1 : 0;
+    gate.record(d, d ? specMs * 2 : 1, d ? 2 : 1);
+  }
+  return drafted / steps;
+}
+
+Deno.test("the gate keeps drafting while it measures faster and backs off while it is slower", () => {
+  assert.ok(draftedShare(0.5, 2000) > 0.85, "drafting at half the time per token");
+  assert.ok(draftedShare(1.5, 2000) < 0.03, "drafting at 1.5x the time per token");
+  // Held open, it always drafts.
+  const open = new SpecGate(false);
+  open.record(true, 100, 1);
+  assert.ok(open.drafting);
 });
 
 /** Opens `name` plain and with `spec`, and checks both give the same tokens for `opts`. */
