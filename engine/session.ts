@@ -102,14 +102,39 @@ export class Session {
   /**
    * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
    * appended (the template writes any BOS itself, as transformers does); `extra` holds further
-   * template variables (llama.cpp's --chat-template-kwargs).
+   * template variables (llama.cpp's --chat-template-kwargs). Chat turns keep their tokens: where
+   * the rendering starts with the text of the prompt cache's tokens (the last prompt and the
+   * answer as sampled), those ids are kept and only the rest is tokenized, so the next turn runs
+   * from the first token where the conversation differs rather than from wherever re-tokenizing
+   * the answer splits it otherwise.
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
     const text = renderChat(this.model.container.dir, messages, {
       addGenerationPrompt: true,
       extra,
     });
-    return this.tokenizer.encode(text, { addSpecial: false });
+    const fresh = this.tokenizer.encode(text, { addSpecial: false });
+    const cached = this.cachedTokens;
+    const keep = this.#textPrefix(cached, text);
+    if (keep.tokens <= commonPrefix(cached, fresh, fresh.length)) return fresh;
+    const rest = this.tokenizer.encode(text.slice(keep.chars), { addSpecial: false });
+    return [...cached.slice(0, keep.tokens), ...rest];
+  }
+
+  /**
+   * The most leading tokens of `ids` whose text (special tokens kept) starts `text`, and that
+   * text's length. Binary search on prefixes; a prefix ending inside a UTF-8 sequence decodes to
+   * a replacement character and simply fails.
+   */
+  #textPrefix(ids: readonly number[], text: string): { tokens: number; chars: number } {
+    const textOf = (n: number) => this.tokenizer.decode(ids.slice(0, n));
+    let lo = 0, hi = ids.length;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (text.startsWith(textOf(mid))) lo = mid;
+      else hi = mid - 1;
+    }
+    return { tokens: lo, chars: textOf(lo).length };
   }
 
   /** Text of `ids`, special tokens skipped. */
