@@ -87,7 +87,6 @@ interface Draft {
 /** Something that proposes tokens to follow `history`. */
 interface Drafter {
   draft(history: readonly number[], k: number): Draft;
-  close(): void;
 }
 
 /** Prompt lookup: the tokens after the latest earlier occurrence of the context's last n-gram. */
@@ -107,12 +106,14 @@ export function ngramDraft(history: readonly number[], n: number, k: number): nu
 /** A second, smaller model drafting with the target's sampling settings. */
 class ModelDrafter implements Drafter {
   readonly model: Model;
-  #cached: number[] = [];
+  /** The ids the draft's KV cache holds; kept by {@link Speculation} across generations. */
+  #cached: number[];
   #opts: SamplerOptions;
   #uniform: () => number;
 
-  constructor(model: Model, opts: SamplerOptions, seed: number) {
+  constructor(model: Model, cached: number[], opts: SamplerOptions, seed: number) {
     this.model = model;
+    this.#cached = cached;
     this.#opts = opts;
     this.#uniform = seededUniform((seed ^ 0x6a09e667) >>> 0);
   }
@@ -163,10 +164,6 @@ class ModelDrafter implements Drafter {
     }
     return { tokens, q: greedy ? null : q };
   }
-
-  close(): void {
-    this.model.close();
-  }
 }
 
 /** Prompt lookup as a drafter. */
@@ -178,7 +175,6 @@ class NgramDrafter implements Drafter {
   draft(history: readonly number[], k: number): Draft {
     return { tokens: ngramDraft(history, this.#n, k), q: null };
   }
-  close(): void {}
 }
 
 /**
@@ -247,6 +243,7 @@ export class Speculation {
   readonly adaptive: boolean;
   readonly #ngram: number;
   readonly #draftModel: Model | null;
+  readonly #draftCached: number[] = [];
 
   private constructor(
     ngram: number,
@@ -305,7 +302,7 @@ export class Speculation {
   /** A drafter for one generation with the target's sampling settings and seed. */
   drafter(opts: SamplerOptions, seed: number): Drafter {
     return this.#draftModel
-      ? new ModelDrafter(this.#draftModel, opts, seed)
+      ? new ModelDrafter(this.#draftModel, this.#draftCached, opts, seed)
       : new NgramDrafter(this.#ngram);
   }
 

@@ -11,7 +11,8 @@
  * gate held open (`--spec-always`). Every run is `mod.ts generate --json` in its own process
  * (inside a memory cgroup of `--cap` when given, as root), greedy with `--ignore-eos`, under a
  * budget of `--budget-fraction` × the whole-model arena, after the page cache is dropped (root);
- * repeats are interleaved and the median decode tok/s is kept. All runs of a workload must give
+ * repeats are interleaved (each starting one configuration later) and the median decode tok/s is
+ * kept. All runs of a workload must give
  * the same ids. Targets: on ÷ off ≥ 1.3 where tokens per pass ≥ 2, never below 0.95.
  *
  * @module
@@ -138,7 +139,9 @@ export async function main(args: string[]): Promise<void> {
     ]);
     const results = new Map<string, ChildStats[]>();
     for (let r = 0; r < repeat; r++) {
-      for (const c of configs) {
+      // Each repeat starts one configuration later, so no side always runs first.
+      const order = configs.map((_, i) => configs[(i + r) % configs.length]);
+      for (const c of order) {
         log(`bench spec: ${c.w.name}, ${c.label} (${r + 1}/${repeat})`);
         const run = await generate([...base, ...c.w.args, ...c.extra], cap);
         const key = `${c.w.name}|${c.label}`;
