@@ -10,7 +10,7 @@ import { samplingDistribution } from "../engine/sampler.ts";
 import { type GenerateOptions, Session, type SessionOptions } from "../engine/session.ts";
 import { ngramDraft, parseSpec, SpecGate } from "../engine/speculate.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { packedFixture } from "./fixtures.ts";
+import { packedFixture, runSluice } from "./fixtures.ts";
 
 const OPTS = { quiet: true, ctx: 512, threads: 1 };
 
@@ -245,4 +245,35 @@ Deno.test("serve's /metrics and generate's stats report drafted, accepted and to
     await server.close();
     session.close();
   }
+});
+
+Deno.test("generate --spec / --draft: flags checked before loading, stats block and --json", async () => {
+  const model = await packedFixture("stories260k-moe");
+  const bad = await runSluice(["generate", "-m", model, "--spec", "trigram", "-p", "x"]);
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.stderr, /--spec: expected ngram or ngram:N/);
+  const lonely = await runSluice(["generate", "-m", model, "--draft-max", "3", "-p", "x"]);
+  assert.match(lonely.stderr, /--draft-max and --spec-always need --spec ngram or --draft MODEL/);
+  const both = await runSluice(["generate", "-m", model, "--spec", "ngram", "--draft", model]);
+  assert.match(both.stderr, /not both/);
+  const line = "Once upon a time, there was a little girl named Lily. She liked to play.";
+  const args = [
+    "generate",
+    "-m",
+    model,
+    "-p",
+    `${line} ${line} ${line}`,
+    "-n",
+    "30",
+    "--ignore-eos",
+  ];
+  const plain = await runSluice([...args, "--json"]);
+  const json = await runSluice([...args, "--json", "--spec", "ngram:3", "--spec-always"]);
+  const a = JSON.parse(plain.stdout), b = JSON.parse(json.stdout);
+  assert.deepEqual(b.generated_ids, a.generated_ids);
+  assert.ok(b.stats.draft_accepted > 0 && b.stats.tokens_per_pass > 1, json.stdout);
+  assert.equal(a.stats.draft_tokens, 0);
+  const block = await runSluice([...args, "--spec", "ngram", "--spec-always"]);
+  assert.equal(block.code, 0, block.stderr);
+  assert.match(block.stderr, /tokens per pass\ndrafts +\d+ drafted, \d+ accepted/);
 });
