@@ -183,8 +183,8 @@ class NgramDrafter implements Drafter {
  * (doubling) while it is not.
  */
 export class SpecGate {
-  static readonly PROBE = 2;
-  static readonly MEASURE = 3;
+  static readonly PROBE = 4;
+  static readonly MEASURE = 4;
   static readonly KEEP = 32;
   static readonly MIN_BACKOFF = 32;
   static readonly MAX_BACKOFF = 1024;
@@ -380,63 +380,73 @@ export function* decode(s: DecodeSetup): Generator<number> {
   // Draft length: one more after a fully kept draft, the kept run plus one after a rejection,
   // so rejected drafts cost little where the drafter is often wrong.
   let length = s.spec?.draftMax ?? 0;
-  while (generated < s.maxTokens) {
-    const t0 = performance.now();
-    // The last kept token is pending: the KV cache holds everything before it.
-    const pos = history.length - 1;
-    const room = Math.min(
-      length,
-      s.maxTokens - generated - 1,
-      model.prefillChunk - 1,
-      model.maxContext - history.length,
-    );
-    const wants = drafter !== null && room > 0 && gate.drafting;
-    if (drafter !== null && room > 0 && !wants) counters.gated++;
-    const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
-    const nd = draft.tokens.length;
-    if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));
-    const rows = model.forward([history[pos], ...draft.tokens], pos, nd > 0);
-    counters.passes++;
-    counters.drafted += nd;
-    cached.push(history[pos]);
-    const emitted: number[] = [];
-    let accepted = 0, stopped = false;
-    for (let i = 0; i <= nd; i++) {
-      const row = rows.subarray(i * vocab, (i + 1) * vocab);
-      let tok: number;
-      if (i < nd && draft.q && sampled) {
-        const p = samplingDistribution(row, history, s.sampling);
-        const x = draft.tokens[i], q = draft.q[i];
-        if (uniform() * q[x] < p[x]) tok = x;
-        else tok = drawFrom(residual(p, q), uniform());
-      } else if (i === nd && draft.q && sampled) {
-        tok = drawFrom(samplingDistribution(row, history, s.sampling), uniform());
-      } else {
-        tok = sampler.sample(row, history);
-      }
-      if (stop.has(tok)) {
-        stopped = true;
-        break;
-      }
-      history.push(tok);
-      emitted.push(tok);
-      if (i === nd || tok !== draft.tokens[i]) break;
-      accepted++;
-    }
-    counters.accepted += accepted;
-    if (nd > 0) length = accepted === nd ? Math.min(length + 1, s.spec!.draftMax) : accepted + 1;
-    cached.push(...draft.tokens.slice(0, accepted));
-    if (states.length > 0 && accepted < nd) {
-      // The recurrent state ran rejected drafts: restore it and run the kept tokens again.
-      states.forEach((r, i) => model.arena.u8(r.offset, r.bytes).set(saved[i]));
-      model.transformer.resumeAt(pos);
-      model.forward(history.slice(pos, pos + 1 + accepted), pos);
+  // The router lookahead predicts for every token of a verify pass while this loop runs.
+  const lookahead = model.observers.lookahead;
+  if (lookahead) lookahead.predictBatch = length + 1;
+  try {
+    yield* rounds();
+  } finally {
+    if (lookahead) lookahead.predictBatch = 1;
+  }
+  function* rounds(): Generator<number> {
+    while (generated < s.maxTokens) {
+      const t0 = performance.now();
+      // The last kept token is pending: the KV cache holds everything before it.
+      const pos = history.length - 1;
+      const room = Math.min(
+        length,
+        s.maxTokens - generated - 1,
+        model.prefillChunk - 1,
+        model.maxContext - history.length,
+      );
+      const wants = drafter !== null && room > 0 && gate.drafting;
+      if (drafter !== null && room > 0 && !wants) counters.gated++;
+      const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
+      const nd = draft.tokens.length;
+      if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));
+      const rows = model.forward([history[pos], ...draft.tokens], pos, nd > 0);
       counters.passes++;
+      counters.drafted += nd;
+      cached.push(history[pos]);
+      const emitted: number[] = [];
+      let accepted = 0, stopped = false;
+      for (let i = 0; i <= nd; i++) {
+        const row = rows.subarray(i * vocab, (i + 1) * vocab);
+        let tok: number;
+        if (i < nd && draft.q && sampled) {
+          const p = samplingDistribution(row, history, s.sampling);
+          const x = draft.tokens[i], q = draft.q[i];
+          if (uniform() * q[x] < p[x]) tok = x;
+          else tok = drawFrom(residual(p, q), uniform());
+        } else if (i === nd && draft.q && sampled) {
+          tok = drawFrom(samplingDistribution(row, history, s.sampling), uniform());
+        } else {
+          tok = sampler.sample(row, history);
+        }
+        if (stop.has(tok)) {
+          stopped = true;
+          break;
+        }
+        history.push(tok);
+        emitted.push(tok);
+        if (i === nd || tok !== draft.tokens[i]) break;
+        accepted++;
+      }
+      counters.accepted += accepted;
+      if (nd > 0) length = accepted === nd ? Math.min(length + 1, s.spec!.draftMax) : accepted + 1;
+      cached.push(...draft.tokens.slice(0, accepted));
+      if (states.length > 0 && accepted < nd) {
+        // The recurrent state ran rejected drafts: restore it and run the kept tokens again.
+        states.forEach((r, i) => model.arena.u8(r.offset, r.bytes).set(saved[i]));
+        model.transformer.resumeAt(pos);
+        model.forward(history.slice(pos, pos + 1 + accepted), pos);
+        counters.passes++;
+      }
+      gate.record(nd > 0, performance.now() - t0, emitted.length);
+      generated += emitted.length;
+      yield* emitted;
+      if (stopped) return;
     }
-    gate.record(nd > 0, performance.now() - t0, emitted.length);
-    generated += emitted.length;
-    yield* emitted;
-    if (stopped) return;
   }
 }
 

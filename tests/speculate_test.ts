@@ -10,7 +10,7 @@ import { samplingDistribution } from "../engine/sampler.ts";
 import { type GenerateOptions, Session, type SessionOptions } from "../engine/session.ts";
 import { ngramDraft, parseSpec, SpecGate } from "../engine/speculate.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { packedFixture, runSluice } from "./fixtures.ts";
+import { budgetAboveFloor, packedFixture, runSluice } from "./fixtures.ts";
 
 const OPTS = { quiet: true, ctx: 512, threads: 1 };
 
@@ -121,6 +121,16 @@ Deno.test("a stories260k draft gives the plain greedy tokens: stories260k-moe64"
   const r = await sameTokens("stories260k-moe64", { draft, draftMax: 4 }, [GREEDY]);
   // A trained pair: the draft is nearly always right.
   assert.ok(r.accepted > 0.8 * r.drafted, `${r.accepted}/${r.drafted} accepted`);
+});
+
+Deno.test("drafts verified while experts stream (lookahead on a verify batch) give the plain tokens", async () => {
+  const path = await packedFixture("stories260k-moe64");
+  const budget = await budgetAboveFloor(path, 2 * 2 ** 20, { ctx: OPTS.ctx });
+  const r = await sameTokens("stories260k-moe64", { ngram: 2, draftMax: 6 }, [GREEDY, ...SEEDED], {
+    budget,
+    lookahead: 2,
+  });
+  bothBranches(r);
 });
 
 Deno.test("a stories260k draft gives the plain greedy tokens: tiny-kimi-linear", async () => {
