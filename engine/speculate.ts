@@ -373,7 +373,8 @@ export function* decode(s: DecodeSetup): Generator<number> {
   const vocab = model.cfg.vocabSize;
   const drafter = s.spec?.drafter(s.sampling, sampler.seed) ?? null;
   const gate = new SpecGate(s.spec?.adaptive ?? true);
-  const states = model.transformer.stateRegions();
+  // A copy of each recurrent state (outside the arena) only when drafts will be verified.
+  const states = drafter ? model.transformer.stateRegions() : [];
   const saved = states.map((r) => new Uint8Array(r.bytes));
   const sampled = (s.sampling.temperature ?? 0) > 0;
   const uniform = seededUniform((sampler.seed ^ 0xbb67ae85) >>> 0);
