@@ -352,9 +352,13 @@ export interface DecodeSetup {
   cached: number[];
   /** Logits after the last prompt token. */
   logits: Float32Array;
+  /** Most ids to generate. */
   maxTokens: number;
+  /** Ids that end the generation (not yielded). */
   stop: Set<number>;
+  /** The drafter's setup, or null for plain decoding. */
   spec: Speculation | null;
+  /** Where the loop counts its passes and drafts. */
   counters: DecodeCounters;
 }
 
