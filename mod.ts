@@ -16,7 +16,7 @@
  *
  * @module
  */
-import type { RunOptions } from "./engine/model.ts";
+import type { SessionOptions } from "./engine/session.ts";
 import { Session } from "./engine/session.ts";
 
 export type { RunOptions } from "./engine/model.ts";
@@ -24,7 +24,8 @@ export { Model } from "./engine/model.ts";
 export type { MemoryPlan } from "./engine/planner.ts";
 export type { ModelConfig } from "./io/model_config.ts";
 export { Session } from "./engine/session.ts";
-export type { GeneratedToken, GenerateOptions } from "./engine/session.ts";
+export type { GeneratedToken, GenerateOptions, SessionOptions } from "./engine/session.ts";
+export type { SpecOptions } from "./engine/speculate.ts";
 export { loadSession, saveSession } from "./engine/session_state.ts";
 export type { SessionHeader } from "./engine/session_state.ts";
 export type { RunStats } from "./engine/stats.ts";
@@ -36,7 +37,7 @@ export { packCheckpoint } from "./tools/pack.ts";
 export type { PackOptions, PackResult } from "./tools/pack.ts";
 
 /** Opens a `.sluice` container with its tokenizer, ready to generate. Call `close()` when done. */
-export function open(path: string, opts: RunOptions = {}): Promise<Session> {
+export function open(path: string, opts: SessionOptions = {}): Promise<Session> {
   return Session.open(path, opts);
 }
 

@@ -211,18 +211,21 @@ export function createSampler(opts: SamplerOptions = {}): Sampler {
           ),
         );
       }
-      const probs = samplingDistribution(logits, history, opts);
-      const u = uniform();
-      let acc = 0;
-      let last = -1;
-      for (let i = 0; i < probs.length; i++) {
-        if (probs[i] === 0) continue;
-        acc += probs[i];
-        last = i;
-        if (u < acc) return i;
-      }
-      // Rounding can leave the cumulative sum a hair below 1.
-      return last;
+      return drawFrom(samplingDistribution(logits, history, opts), uniform());
     },
   };
+}
+
+/** The id whose cumulative probability first exceeds `u` (a uniform in [0, 1)). */
+export function drawFrom(probs: Float64Array, u: number): number {
+  let acc = 0;
+  let last = -1;
+  for (let i = 0; i < probs.length; i++) {
+    if (probs[i] === 0) continue;
+    acc += probs[i];
+    last = i;
+    if (u < acc) return i;
+  }
+  // Rounding can leave the cumulative sum a hair below 1.
+  return last;
 }

@@ -8,6 +8,7 @@ import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { type ChatMessage, checkChatMessages, renderChat } from "./chat.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
+import { decode, type SpecOptions, Speculation } from "./speculate.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
 
@@ -25,6 +26,12 @@ export interface GenerateOptions extends SamplerOptions {
   onPrefill?: (done: number, total: number) => void | Promise<void>;
 }
 
+/** How to open a session: the model's run options, and speculative decoding. */
+export interface SessionOptions extends RunOptions {
+  /** Draft tokens and verify them in one batched pass (engine/speculate.ts); off when absent. */
+  spec?: SpecOptions;
+}
+
 /** One generated token. */
 export interface GeneratedToken {
   id: number;
@@ -40,13 +47,26 @@ export class Session {
   readonly timings: Timings;
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
+  /**
+   * Decode counters summed over every generation of this session (`/metrics`): passes count
+   * each generation's last prompt pass too, so tokens ÷ passes is tokens per pass.
+   */
+  readonly decodeTotals = { tokens: 0, passes: 0, drafted: 0, accepted: 0, gated: 0 };
+  /** The drafter of speculative decoding, or null when it is off. */
+  readonly speculation: Speculation | null;
   #cached: number[] = [];
   /** The transformer's call count when #cached was last true: other calls invalidate it. */
   #cachedAt = 0;
 
-  private constructor(model: Model, tokenizer: Tokenizer, loadMs: number) {
+  private constructor(
+    model: Model,
+    tokenizer: Tokenizer,
+    speculation: Speculation | null,
+    loadMs: number,
+  ) {
     this.model = model;
     this.tokenizer = tokenizer;
+    this.speculation = speculation;
     this.samplingDefaults = samplingDefaults(model.container.dir);
     this.timings = {
       loadMs,
@@ -55,16 +75,19 @@ export class Session {
       promptMs: 0,
       generatedTokens: 0,
       generateMs: 0,
+      decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
     };
   }
 
-  /** Opens a container and its tokenizer. */
-  static async open(path: string, opts: RunOptions = {}): Promise<Session> {
+  /** Opens a container and its tokenizer (and the draft model `opts.spec` names). */
+  static async open(path: string, opts: SessionOptions = {}): Promise<Session> {
     const t0 = performance.now();
-    const model = await Model.open(path, opts);
+    const { spec, ...run } = opts;
+    const model = await Model.open(path, run);
     try {
       const tokenizer = await loadTokenizer(model.container.dir);
-      return new Session(model, tokenizer, performance.now() - t0);
+      const speculation = spec ? await Speculation.open(spec, model, tokenizer, run) : null;
+      return new Session(model, tokenizer, speculation, performance.now() - t0);
     } catch (e) {
       model.close();
       throw e;
@@ -79,7 +102,11 @@ export class Session {
   /**
    * Token ids of `messages` rendered by the checkpoint's chat template with the assistant header
    * appended (the template writes any BOS itself, as transformers does); `extra` holds further
-   * template variables (llama.cpp's --chat-template-kwargs).
+   * template variables (llama.cpp's --chat-template-kwargs). Chat turns keep their tokens: where
+   * the rendering starts with the text of the prompt cache's tokens (the last prompt and the
+   * answer as sampled), those ids are kept and only the rest is tokenized, so the next turn runs
+   * from the first token where the conversation differs rather than from wherever re-tokenizing
+   * the answer splits it otherwise.
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
     checkChatMessages(messages, this.model.maxContext);
@@ -87,7 +114,28 @@ export class Session {
       addGenerationPrompt: true,
       extra,
     });
-    return this.tokenizer.encode(text, { addSpecial: false });
+    const fresh = this.tokenizer.encode(text, { addSpecial: false });
+    const cached = this.cachedTokens;
+    const keep = this.#textPrefix(cached, text);
+    if (keep.tokens <= commonPrefix(cached, fresh, fresh.length)) return fresh;
+    const rest = this.tokenizer.encode(text.slice(keep.chars), { addSpecial: false });
+    return [...cached.slice(0, keep.tokens), ...rest];
+  }
+
+  /**
+   * The most leading tokens of `ids` whose text (special tokens kept) starts `text`, and that
+   * text's length. Binary search on prefixes; a prefix ending inside a UTF-8 sequence decodes to
+   * a replacement character and simply fails.
+   */
+  #textPrefix(ids: readonly number[], text: string): { tokens: number; chars: number } {
+    const textOf = (n: number) => this.tokenizer.decode(ids.slice(0, n));
+    let lo = 0, hi = ids.length;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (text.startsWith(textOf(mid))) lo = mid;
+      else hi = mid - 1;
+    }
+    return { tokens: lo, chars: textOf(lo).length };
   }
 
   /** Text of `ids`, special tokens skipped. */
@@ -164,7 +212,8 @@ export class Session {
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
     const { signal, onPrefill, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
-    const sampler = createSampler({ ...this.samplingDefaults, ...given });
+    const resolved = { ...this.samplingDefaults, ...given };
+    const sampler = createSampler(resolved);
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
@@ -192,22 +241,45 @@ export class Session {
       await onPrefill?.(p + part.length, ids.length);
     }
     t.promptMs = performance.now() - t0;
-    const history = [...ids];
+    t.decode = { passes: 0, drafted: 0, accepted: 0, gated: 0 };
+    const ids$ = decode({
+      model: this.model,
+      sampler,
+      sampling: resolved,
+      history: [...ids],
+      cached: this.#cached,
+      logits,
+      maxTokens,
+      stop,
+      spec: this.speculation,
+      counters: t.decode,
+    });
+    try {
+      yield* this.#stream(ids$, signal);
+    } finally {
+      const d = this.decodeTotals;
+      d.tokens += t.generatedTokens;
+      d.passes += t.decode.passes + 1;
+      d.drafted += t.decode.drafted;
+      d.accepted += t.decode.accepted;
+      d.gated += t.decode.gated;
+    }
+  }
+
+  /** Yields the ids of `ids$` with their text, timing each step into the timings. */
+  async *#stream(ids$: Generator<number>, signal?: AbortSignal): AsyncGenerator<GeneratedToken> {
+    const t = this.timings;
     const stream = this.tokenizer.decodeStream();
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
-    for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
+    while (!signal?.aborted) {
       const t1 = performance.now();
-      const id = sampler.sample(logits, history);
-      if (stop.has(id)) break;
-      history.push(id);
-      t.generatedTokens++;
-      if (n + 1 < maxTokens) {
-        logits = this.model.forward([id], history.length - 1);
-        this.#cached.push(id);
-        this.#cachedAt = this.model.transformer.calls;
-      }
+      const next = ids$.next();
+      this.#cachedAt = this.model.transformer.calls;
       t.generateMs += performance.now() - t1;
+      if (next.done) break;
+      const id = next.value;
+      t.generatedTokens++;
       held.push({ id, text: stream.push(id) });
       if (!stream.holding) {
         yield* held;
@@ -225,9 +297,13 @@ export class Session {
     return collectStats(this.model, this.timings, this.model.observers.lookahead?.recall ?? null);
   }
 
-  /** Releases the workers, reader threads and files. */
+  /** Releases the workers, reader threads and files (the draft model's too). */
   close(): void {
-    this.model.close();
+    try {
+      this.speculation?.close();
+    } finally {
+      this.model.close();
+    }
   }
 }
 

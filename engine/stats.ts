@@ -6,6 +6,7 @@
  */
 import { formatBytes } from "./units.ts";
 import type { Model } from "./model.ts";
+import type { DecodeCounters } from "./speculate.ts";
 
 /** Timings measured by the generate loop. */
 export interface Timings {
@@ -16,6 +17,8 @@ export interface Timings {
   promptMs: number;
   generatedTokens: number;
   generateMs: number;
+  /** Forward passes and speculation counters of the decode loop. */
+  decode: DecodeCounters;
 }
 
 /**
@@ -40,6 +43,16 @@ export interface RunStats {
   prompt_tok_s: number;
   /** generated_tokens per second of generate_ms. */
   generate_tok_s: number;
+  /** Target forward passes of the decode (verify passes and recurrent-state re-runs included). */
+  decode_passes: number;
+  /** generated_tokens per decode pass (counting the first token, sampled from the prompt's). */
+  tokens_per_pass: number;
+  /** Tokens drafted by speculative decoding and verified. */
+  draft_tokens: number;
+  /** Drafted tokens the model kept. */
+  draft_accepted: number;
+  /** Decode steps run without drafting because drafting measured slower (the gate). */
+  draft_gated_steps: number;
   /** Expert uses found in the cache (prefetched records included). */
   expert_hits: number;
   /** Expert uses that had to wait for a read. */
@@ -112,6 +125,11 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     generate_ms: t.generateMs,
     prompt_tok_s: t.promptMs > 0 ? ((t.promptTokens - t.cachedTokens) * 1000) / t.promptMs : 0,
     generate_tok_s: t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0,
+    decode_passes: t.decode.passes,
+    tokens_per_pass: t.generatedTokens / (t.decode.passes + 1),
+    draft_tokens: t.decode.drafted,
+    draft_accepted: t.decode.accepted,
+    draft_gated_steps: t.decode.gated,
     expert_hits: hits,
     expert_misses: misses,
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
@@ -144,7 +162,15 @@ export function formatStats(s: RunStats): string {
     `prompt        ${s.prompt_tokens} tokens${
       s.prompt_cached_tokens > 0 ? ` (${s.prompt_cached_tokens} from the prompt cache)` : ""
     }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
-    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
+    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s, ` +
+    `${s.tokens_per_pass.toFixed(2)} tokens per pass`,
+    ...(s.draft_tokens > 0 || s.draft_gated_steps > 0
+      ? [
+        `drafts        ${s.draft_tokens} drafted, ${s.draft_accepted} accepted (${
+          pct(s.draft_tokens > 0 ? s.draft_accepted / s.draft_tokens : 0)
+        })${s.draft_gated_steps > 0 ? `, ${s.draft_gated_steps} steps undrafted by the gate` : ""}`,
+      ]
+      : []),
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
     })`,

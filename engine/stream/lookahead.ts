@@ -164,7 +164,13 @@ export class Lookahead {
   #n: number;
   #logits: number;
   /** Each predicted layer's guesses, best first. */
-  #pending = new Map<number, number[]>();
+  /** Per MoE layer: each token's predicted experts, scored when that layer routes. */
+  #pending = new Map<number, number[][]>();
+  /**
+   * Most tokens of a pass that get predictions: 1 (decode); a speculative decoder raises it to
+   * its verify batch while it decodes.
+   */
+  predictBatch = 1;
 
   constructor(
     ops: Ops,
@@ -187,35 +193,48 @@ export class Lookahead {
     return this.stats.routed > 0 ? this.stats.predictedHits / this.stats.routed : null;
   }
 
-  /** The MoE observer: scores the prediction for `layer`, then predicts the next MoE layer. */
+  /**
+   * The MoE observer: scores the predictions for `layer`, then predicts the next MoE layer, each
+   * token of the pass on its own; a pass of more than {@link predictBatch} tokens (prefill)
+   * predicts nothing. The reads are the union of each token's leading guesses.
+   */
   observe(layer: number, routes: Route[], h: number, nb: number): void {
-    if (nb !== 1) {
+    if (nb > this.predictBatch) {
       this.#pending.clear();
       return;
     }
     const predicted = this.#pending.get(layer);
     if (predicted) {
       this.#pending.delete(layer);
-      const routed = new Set(routes[0].ids);
-      const ranks = predicted.map((e) => routed.has(e));
-      this.stats.predictedHits += ranks.filter((hit) => hit).length;
-      this.stats.routed += routes[0].ids.length;
-      this.gate.record(ranks);
+      predicted.forEach((guess, r) => {
+        const routed = new Set(routes[r].ids);
+        const ranks = guess.map((e) => routed.has(e));
+        this.stats.predictedHits += ranks.filter((hit) => hit).length;
+        this.stats.routed += routes[r].ids.length;
+        this.gate.record(ranks);
+      });
     }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
     const router = next >= 0 ? this.#routers[next] : null;
     if (!router || this.#n <= 0) return;
     const moe = this.#cfg.moe!;
-    this.#ops.matmul({ w: router.weight, x: h, y: this.#logits, nb: 1 });
-    if (router.logitBias !== undefined) {
-      this.#ops.add(this.#logits, router.logitBias, moe.numExperts);
-    }
-    const logits = this.#ops.f32(this.#logits, moe.numExperts);
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
-    const guess = route(moe, logits, bias, this.#n).ids;
-    this.#pending.set(next, guess);
-    const read = this.gate.decide(this.#target.speculationCosts, guess.length);
-    if (read > 0) this.#target.speculate(next, guess.slice(0, read), read);
-    else this.stats.skipped++;
+    const guesses: number[][] = [];
+    for (let r = 0; r < nb; r++) {
+      const x = h + r * this.#cfg.hiddenSize * 4;
+      this.#ops.matmul({ w: router.weight, x, y: this.#logits, nb: 1 });
+      if (router.logitBias !== undefined) {
+        this.#ops.add(this.#logits, router.logitBias, moe.numExperts);
+      }
+      guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, this.#n).ids);
+    }
+    this.#pending.set(next, guesses);
+    const read = this.gate.decide(this.#target.speculationCosts, guesses[0].length);
+    if (read <= 0) {
+      this.stats.skipped++;
+      return;
+    }
+    const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
+    this.#target.speculate(next, ids, ids.length);
   }
 }

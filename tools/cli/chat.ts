@@ -19,6 +19,7 @@ import {
   SAMPLING_HELP,
   samplingFromArgs,
 } from "./run_flags.ts";
+import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
 const HELP = `sluice chat — talk to a model, turn after turn, keeping its KV cache
 
@@ -42,6 +43,9 @@ Chat:
 Sampling (greedy by default; each turn is seeded from --seed and its turn number, so a loaded
 session samples what the original would have):
 ${SAMPLING_HELP}
+
+Speculative decoding:
+${SPEC_HELP}
 
 Memory and I/O (none of these change the output):
 ${RUN_HELP}
@@ -80,13 +84,17 @@ export async function chatCommand(args: string[]): Promise<number> {
     prompt: { type: "string", short: "p" },
     ...SAMPLING_FLAGS,
     ...RUN_FLAGS,
+    ...SPEC_FLAGS,
     quiet: { type: "boolean" },
     ...HELP_FLAG,
   });
   if (helpShown(a, HELP)) return 0;
   const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
-  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const session = await Session.open(await modelPath(a, quiet), {
+    ...runOptionsFromArgs(a),
+    spec: specFromArgs(a),
+  });
   try {
     // A model without a chat template cannot chat: say so now, not at every line.
     session.chatIds([{ role: "user", content: "" }]);

@@ -17,6 +17,7 @@ import {
   SAMPLING_HELP,
   samplingFromArgs,
 } from "./run_flags.ts";
+import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
 const HELP = `sluice generate — generate text from a .sluice container
 
@@ -40,6 +41,9 @@ Input:
 
 Sampling (greedy by default):
 ${SAMPLING_HELP}
+
+Speculative decoding:
+${SPEC_HELP}
 
 Memory and I/O (none of these change the output):
 ${RUN_HELP}
@@ -77,6 +81,7 @@ const FLAGS: Flags = {
   "chat-template-kwargs": { type: "string" },
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
+  ...SPEC_FLAGS,
   json: { type: "boolean" },
   quiet: { type: "boolean" },
   ...HELP_FLAG,
@@ -89,7 +94,7 @@ const FLAGS: Flags = {
 export function parseGenerateArgs(args: string[]) {
   const a = parseCommandArgs("generate", args, FLAGS);
   if (helpShown(a, HELP)) return null;
-  const run = runOptionsFromArgs(a);
+  const run = { ...runOptionsFromArgs(a), spec: specFromArgs(a) };
   const sampling = samplingFromArgs(a);
   createSampler(Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined)));
   const kwargs = templateKwargs(a.str("chat-template-kwargs"));

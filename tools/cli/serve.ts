@@ -9,6 +9,7 @@ import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
+import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
 
@@ -37,6 +38,9 @@ Server:
 Requests run one at a time. Each keeps the KV cache of its prompt: a request that extends the
 previous one (the next turn of a chat) only runs its new tokens (usage.prompt_tokens_details).
 
+Speculative decoding (drafted, accepted and tokens per pass in /metrics):
+${SPEC_HELP}
+
 Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
@@ -56,6 +60,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     "max-body": { type: "string" },
     "keep-alive": { type: "string" },
     ...RUN_FLAGS,
+    ...SPEC_FLAGS,
     quiet: { type: "boolean" },
     ...HELP_FLAG,
   });
@@ -78,7 +83,10 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (options.cors?.includes("*") && !options.apiKey) {
     throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
   }
-  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const session = await Session.open(await modelPath(a, quiet), {
+    ...runOptionsFromArgs(a),
+    spec: specFromArgs(a),
+  });
   const server = startServer(session, options);
   console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
   const host = options.host ?? "127.0.0.1";

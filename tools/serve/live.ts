@@ -169,6 +169,21 @@ export class LiveStats {
       "Decode speed of the last request.",
       this.lastTokPerS,
     );
+    const d = this.session.decodeTotals;
+    metric(
+      "decode_passes_total",
+      "counter",
+      "Decode forward passes (verify passes included).",
+      d.passes,
+    );
+    metric(
+      "tokens_per_pass",
+      "gauge",
+      "Generated tokens per decode pass, all requests.",
+      d.passes > 0 ? d.tokens / d.passes : 0,
+    );
+    metric("draft_tokens_total", "counter", "Tokens drafted by speculative decoding.", d.drafted);
+    metric("draft_accepted_total", "counter", "Drafted tokens the model kept.", d.accepted);
     metric("expert_hits_total", "counter", "Expert cache hits.", s.expert_hits);
     metric("expert_misses_total", "counter", "Expert cache misses.", s.expert_misses);
     metric(

@@ -79,6 +79,20 @@ export const BENCHES: Record<string, BenchEntry> = {
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
     load: () => import("./compare.ts"),
   },
+  spec: {
+    summary: "speculative decoding on ÷ off over a memory budget: a stories260k draft for " +
+      "stories260k-moe64 and prompt lookup on a repeating prompt, with targets",
+    options: [
+      "--budget-fraction F   arena budget as a share of the whole model (default 0.25)",
+      "--tokens N            decode tokens per run (default 200)",
+      "--repeat N            interleaved repeats; the median is kept (default 3)",
+      "--cap SIZE            run every configuration in a memory cgroup of SIZE (root)",
+      "--target X.sluice     target container (default: stories260k-moe64 from ../shared)",
+      "--draft Y.sluice      draft container (default: stories260k from ../shared)",
+      "--json                print the report as JSON",
+    ],
+    load: () => import("./spec.ts"),
+  },
   serve: {
     summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
       "prompt cache saves over a conversation, with targets",
