@@ -6,6 +6,8 @@
  */
 import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { type ChatMessage, renderChat } from "./chat.ts";
+import { resolveChatTemplate, type ResolvedChatTemplate } from "./chat_templates.ts";
+import { type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
@@ -23,6 +25,20 @@ export interface GenerateOptions extends SamplerOptions {
   signal?: AbortSignal;
   /** Awaited after each prompt chunk with the prompt tokens done so far (progress, keep-alives). */
   onPrefill?: (done: number, total: number) => void | Promise<void>;
+  /** Keep special tokens in the yielded text (tool-call and channel markers are special). */
+  keepSpecial?: boolean;
+  /** Restricts each step to the tokens a grammar allows (structured output). */
+  constraint?: TokenConstraint;
+  /** Report each token's log probability with this many alternatives (0 for none). */
+  logprobs?: number;
+}
+
+/** A per-step restriction of the vocabulary (a grammar matcher). */
+export interface TokenConstraint {
+  /** Sets the logits of disallowed ids to −Infinity. */
+  mask(logits: Float32Array): void | Promise<void>;
+  /** Advances past the sampled `id`; false when the grammar is complete (generation ends). */
+  accept(id: number): boolean;
 }
 
 /** One generated token. */
@@ -30,6 +46,8 @@ export interface GeneratedToken {
   id: number;
   /** Text that became printable with this token (may be empty). */
   text: string;
+  /** Its log probability, when asked for (GenerateOptions.logprobs). */
+  logprob?: TokenLogprob;
 }
 
 /** An open model and tokenizer, ready to generate. */
@@ -41,6 +59,7 @@ export class Session {
   /** Sampling defaults of the checkpoint (see {@link samplingDefaults}); generate options win. */
   readonly samplingDefaults: SamplerOptions;
   #cached: number[] = [];
+  #template: ResolvedChatTemplate | null = null;
   /** The transformer's call count when #cached was last true: other calls invalidate it. */
   #cachedAt = 0;
 
@@ -82,11 +101,27 @@ export class Session {
    * template variables (llama.cpp's --chat-template-kwargs).
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
-    const text = renderChat(this.model.container.dir, messages, {
-      addGenerationPrompt: true,
-      extra,
-    });
-    return this.tokenizer.encode(text, { addSpecial: false });
+    return this.tokenizer.encode(this.chatPrompt(messages, extra), { addSpecial: false });
+  }
+
+  /** The prompt text of `messages` (see {@link chatIds}). */
+  chatPrompt(messages: ChatMessage[], extra?: Record<string, unknown>): string {
+    return renderChat(this.chatTemplate.source, messages, { addGenerationPrompt: true, extra });
+  }
+
+  /** The chat template in use: the checkpoint's, else the built-in one (see its notice). */
+  get chatTemplate(): ResolvedChatTemplate {
+    this.#template ??= resolveChatTemplate(this.model.container.dir, this.tokenizer.specialTokens);
+    return this.#template;
+  }
+
+  /** Renders chats with `override` (a Jinja file or a built-in name) instead. */
+  useChatTemplate(override: string): void {
+    this.#template = resolveChatTemplate(
+      this.model.container.dir,
+      this.tokenizer.specialTokens,
+      override,
+    );
   }
 
   /** Text of `ids`, special tokens skipped. */
@@ -161,7 +196,7 @@ export class Session {
       );
     }
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    const { signal, onPrefill, ...sampling } = opts;
+    const { signal, onPrefill, keepSpecial, constraint, logprobs, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const sampler = createSampler({ ...this.samplingDefaults, ...given });
     const stop = opts.ignoreEos
@@ -192,26 +227,34 @@ export class Session {
     }
     t.promptMs = performance.now() - t0;
     const history = [...ids];
-    const stream = this.tokenizer.decodeStream();
+    const stream = this.tokenizer.decodeStream({ skipSpecial: !keepSpecial });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
     for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
       const t1 = performance.now();
+      if (constraint) {
+        // The forward pass's buffer is read again by nothing but the sampler; a copy keeps it so.
+        logits = logits.slice();
+        await constraint.mask(logits);
+      }
       const id = sampler.sample(logits, history);
       if (stop.has(id)) break;
+      const more = constraint ? constraint.accept(id) : true;
+      const logprob = logprobs !== undefined ? tokenLogprob(logits, id, logprobs) : undefined;
       history.push(id);
       t.generatedTokens++;
-      if (n + 1 < maxTokens) {
+      if (n + 1 < maxTokens && more) {
         logits = this.model.forward([id], history.length - 1);
         this.#cached.push(id);
         this.#cachedAt = this.model.transformer.calls;
       }
       t.generateMs += performance.now() - t1;
-      held.push({ id, text: stream.push(id) });
+      held.push({ id, text: stream.push(id), ...(logprob ? { logprob } : {}) });
       if (!stream.holding) {
         yield* held;
         held = [];
       }
+      if (!more) break;
     }
     if (held.length > 0) {
       held[held.length - 1].text += stream.flush();

@@ -186,9 +186,9 @@ Deno.test({
         });
         assert.equal(key.status, 401);
         assert.equal(key.body.error.type, "authentication_error");
-        const logprobs = await post(url, JSON.stringify({ messages: user, logprobs: true }));
+        const logprobs = await post(url, JSON.stringify({ messages: user, top_logprobs: 2 }));
         assert.equal(logprobs.status, 400);
-        assert.equal(logprobs.body.error.param, "logprobs");
+        assert.equal(logprobs.body.error.param, "top_logprobs");
         const tooLong = await post(
           `${server.url}/v1/completions`,
           JSON.stringify({ prompt: Array(600).fill(5) }),
@@ -386,14 +386,22 @@ Deno.test({
         const cli = await generateCli(model, ["--prompt", prompt, "-n", "30"]);
         assert.equal(r.choices[0].text, cli.text, prompt);
       }
-      // No chat template: a clear 400, and the server carries on.
-      await assert.rejects(
-        client.chat.completions.create({
-          model: "stories260k-moe",
-          messages: [{ role: "user", content: "hi" }],
-        }),
-        (e: unknown) => e instanceof OpenAI.BadRequestError && /no chat template/.test(e.message),
+      // No chat template: the built-in ChatML one, with a notice, and its end of turn stops.
+      assert.match(session.chatTemplate.notice ?? "", /no chat template/);
+      const messages = [{ role: "user" as const, content: "Tell me about the dog." }];
+      const prompt = session.chatPrompt(messages);
+      assert.equal(
+        prompt,
+        "<s><|im_start|>user\nTell me about the dog.<|im_end|>\n<|im_start|>assistant\n",
       );
+      const r = await client.chat.completions.create({
+        model: "stories260k-moe",
+        messages,
+        max_tokens: 30,
+        temperature: 0,
+      });
+      const ref = await generateCli(model, ["--chat", "--prompt", messages[0].content, "-n", "30"]);
+      assert.equal(r.choices[0].message.content, ref.text.split("<|im_end|>")[0]);
     } finally {
       await server.close();
       session.close();

@@ -11,6 +11,8 @@ import { setImmediate } from "node:timers";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
+import type { EngineExtras, GenerationEnd } from "./chat_run.ts";
+import { completionResponse } from "./completions.ts";
 import { Abandoned, QueueFull, RequestQueue } from "./queue.ts";
 
 /** Server settings. */
@@ -121,16 +123,14 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const authorised = (req: Request) =>
     !opts.apiKey || req.headers.get("authorization") === `Bearer ${opts.apiKey}`;
 
-  /** Prompt ids of a request, checked against the vocabulary and the context. */
-  const promptIds = (r: CompletionRequest): number[] => {
+  /**
+   * Prompt ids of a request (`planned` for a chat, rendered by chat_plan.ts), checked against the
+   * vocabulary and the context.
+   */
+  const promptIds = (r: CompletionRequest, planned?: number[]): number[] => {
     let ids: number[];
-    if (r.messages) {
-      try {
-        ids = session.chatIds(r.messages);
-      } catch (e) {
-        throw new ApiError(400, `messages: ${(e as Error).message}`, { param: "messages" });
-      }
-    } else if (typeof r.prompt === "string") {
+    if (planned) ids = planned;
+    else if (typeof r.prompt === "string") {
       ids = session.tokenize(r.prompt);
     } else {
       ids = r.prompt ?? [];
@@ -164,9 +164,11 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     r: CompletionRequest,
     signal: AbortSignal,
     send: (text: string) => void,
-  ) => {
+    extras: EngineExtras = {},
+    seedOffset = 0,
+  ): Promise<GenerationEnd> => {
     const maxTokens = Math.min(r.maxTokens ?? ctx, ctx - ids.length);
-    const stop = new StopMatcher(r.stop);
+    const stop = new StopMatcher([...r.stop, ...(extras.stops ?? [])]);
     const cur = {
       id: `req-${++seq}`,
       endpoint,
@@ -187,11 +189,15 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         topP: r.topP,
         topK: r.topK,
         minP: r.minP,
-        seed: r.seed,
+        // The choices of n > 1 differ; each is still reproducible from the request's seed.
+        seed: r.seed === undefined ? undefined : (r.seed + seedOffset) >>> 0,
         frequencyPenalty: r.frequencyPenalty,
         presencePenalty: r.presencePenalty,
         repetitionPenalty: r.repetitionPenalty,
         ignoreEos: r.ignoreEos,
+        keepSpecial: extras.keepSpecial,
+        constraint: extras.constraint,
+        logprobs: extras.logprobs,
         signal,
         onPrefill: async (done) => {
           cur.cachedTokens = session.timings.cachedTokens;
@@ -203,6 +209,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         n++;
         cur.phase = "decode";
         cur.generated = n;
+        extras.onToken?.(tok);
         const text = stop.push(tok.text);
         if (text) send(text);
         if (stop.stopped) break;
@@ -223,7 +230,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       if (signal.aborted) live.totals.cancelled++;
     }
     const t = session.timings;
-    const finish = !stop.stopped && n >= maxTokens ? "length" : "stop";
+    const finish: GenerationEnd["finish"] = !stop.stopped && n >= maxTokens ? "length" : "stop";
     log(
       `sluice serve: ${cur.id} ${endpoint} ${signal.aborted ? "cancelled" : finish}: prompt ` +
         `${ids.length} tokens (${t.cachedTokens} cached), ${n} generated, ` +
@@ -240,55 +247,11 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     };
   };
 
-  const complete = async (req: Request, chat: boolean): Promise<Response> => {
-    const r = parseCompletion(await readJson(req, maxBody), chat);
-    if (r.model !== null && r.model !== id) {
-      throw new ApiError(404, `the model "${r.model}" does not exist; this server serves "${id}"`, {
-        param: "model",
-        code: "model_not_found",
-      });
-    }
-    const ids = promptIds(r);
-    const endpoint = chat ? "chat.completions" : "completions";
-    const cid = `${chat ? "chatcmpl" : "cmpl"}-${crypto.randomUUID()}`;
-    const now = Math.floor(Date.now() / 1000);
-    const abort = new AbortController();
-    // A client gone mid-generation (deno.json opts in to "no-legacy-abort", so the signal aborts on
-    // a disconnect only, not once the response is delivered).
-    req.signal.addEventListener("abort", () => abort.abort(), { once: true });
-    const choice = (text: string, finish: string | null, first: boolean) =>
-      chat
-        ? {
-          index: 0,
-          delta: first ? { role: "assistant", content: text } : text ? { content: text } : {},
-          logprobs: null,
-          finish_reason: finish,
-        }
-        : { index: 0, text, logprobs: null, finish_reason: finish };
-    const object = chat ? "chat.completion.chunk" : "text_completion";
-    if (!r.stream) {
-      let text = "";
-      const out = await queue.run(
-        () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
-        abort.signal,
-      );
-      const result = chat
-        ? {
-          index: 0,
-          message: { role: "assistant", content: text },
-          logprobs: null,
-          finish_reason: out.finish,
-        }
-        : { index: 0, text, logprobs: null, finish_reason: out.finish };
-      return json({
-        id: cid,
-        object: chat ? "chat.completion" : "text_completion",
-        created: now,
-        model: id,
-        choices: [result],
-        usage: out.usage,
-      });
-    }
+  /** An SSE response fed by `produce` once the queue lets it run; errors become an event. */
+  const sse = (
+    abort: AbortController,
+    produce: (write: (s: string) => void) => Promise<void>,
+  ): Response => {
     if (queue.busy && queue.waiting >= queue.capacity) throw new QueueFull(queue.waiting);
     const enc = new TextEncoder();
     streams.add(abort);
@@ -306,35 +269,16 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
             abort.abort();
           }
         };
-        const event = (data: unknown) => write(`data: ${JSON.stringify(data)}\n\n`);
-        const chunk = (c: unknown, usage: unknown = undefined) =>
-          event({
-            id: cid,
-            object,
-            created: now,
-            model: id,
-            choices: c,
-            ...(usage ? { usage } : {}),
-          });
         // SSE comments while queued or in a long prefill keep proxies and clients from timing out.
         const keepAlive = setInterval(() => {
           if (Date.now() - last >= keepAliveMs) write(": keep-alive\n\n");
         }, Math.max(1, Math.min(keepAliveMs, 1000)));
         write(": queued\n\n");
-        let first = true;
-        const send = (text: string) => {
-          chunk([choice(text, null, first)]);
-          first = false;
-        };
-        queue.run(() => generate(endpoint, ids, r, abort.signal, send), abort.signal)
-          .then((out) => {
-            if (first && chat) send("");
-            chunk([choice("", out.finish, false)]);
-            if (r.includeUsage) chunk([], out.usage);
-            write("data: [DONE]\n\n");
-          })
+        queue.run(() => produce(write), abort.signal)
           .catch((e) => {
-            if (!(e instanceof Abandoned)) event(errorResponse(e).body());
+            if (!(e instanceof Abandoned)) {
+              write(`data: ${JSON.stringify(errorResponse(e).body())}\n\n`);
+            }
           })
           .finally(() => {
             clearInterval(keepAlive);
@@ -359,6 +303,44 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         ...CORS,
       },
     });
+  };
+
+  /** An abort controller that fires when the client of `req` goes away. */
+  const abortOn = (req: Request): AbortController => {
+    const abort = new AbortController();
+    // deno.json opts in to "no-legacy-abort", so the signal aborts on a disconnect only, not once
+    // the response is delivered.
+    req.signal.addEventListener("abort", () => abort.abort(), { once: true });
+    return abort;
+  };
+
+  const complete = async (req: Request, chat: boolean): Promise<Response> => {
+    const r = parseCompletion(await readJson(req, maxBody), chat);
+    checkModel(r.model);
+    const abort = abortOn(req);
+    const endpoint = chat ? "chat.completions" : "completions";
+    const answer = await completionResponse({
+      session,
+      r,
+      id,
+      promptIds,
+      generate: (ids, signal, send, extras, index) =>
+        generate(endpoint, ids, r, signal, send, extras, index),
+      maskStats: live.maskStats,
+    });
+    if (!r.stream) {
+      return json(await queue.run(() => answer.whole(abort.signal), abort.signal));
+    }
+    return sse(abort, (write) => answer.stream(abort.signal, write));
+  };
+
+  const checkModel = (model: string | null) => {
+    if (model !== null && model !== id) {
+      throw new ApiError(404, `the model "${model}" does not exist; this server serves "${id}"`, {
+        param: "model",
+        code: "model_not_found",
+      });
+    }
   };
 
   const route = async (req: Request): Promise<Response> => {

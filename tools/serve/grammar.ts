@@ -1,0 +1,164 @@
+/**
+ * Structured output through XGrammar's WebAssembly build (`@mlc-ai/web-xgrammar`): a JSON schema,
+ * free JSON or a structural tag (the tool-call formats) compiled against the model's vocabulary,
+ * then a matcher per generation that masks the logits of every token the grammar does not allow.
+ *
+ * The package is a UMD bundle whose Node path reads the CommonJS globals `require` and
+ * `__filename` while it loads; Deno has neither in an ES module, so they are lent for the import
+ * and taken back (docs/LEARNED.md).
+ *
+ * @module
+ */
+import { createRequire } from "node:module";
+import type { CompiledGrammar, GrammarCompiler, StructuralTagFormat } from "@mlc-ai/web-xgrammar";
+import type { Session, TokenConstraint } from "../../engine/session.ts";
+
+type XGrammar = typeof import("@mlc-ai/web-xgrammar");
+
+let loading: Promise<XGrammar> | null = null;
+
+/** Loads the XGrammar module once. */
+function xgrammar(): Promise<XGrammar> {
+  loading ??= (async () => {
+    const g = globalThis as Record<string, unknown>;
+    const lent = { require: createRequire(import.meta.url), __filename: "xgrammar.js" };
+    const had = Object.keys(lent).filter((k) => k in g);
+    if (had.length > 0) throw new Error(`xgrammar: the global ${had[0]} is already defined`);
+    Object.assign(g, lent);
+    try {
+      await import("@mlc-ai/web-xgrammar");
+      const mod = g.xgrammar as XGrammar | undefined;
+      if (!mod) throw new Error("xgrammar: the module did not load");
+      // The WebAssembly runtime starts on first use; start it while the globals are still lent.
+      await mod.Grammar.builtinJSONGrammar();
+      return mod;
+    } finally {
+      for (const k of Object.keys(lent)) delete g[k];
+    }
+  })();
+  return loading;
+}
+
+/** What a request constrains its output to. */
+export type OutputGrammar =
+  | { kind: "json" }
+  | { kind: "schema"; schema: Record<string, unknown> }
+  | { kind: "tag"; format: StructuralTagFormat };
+
+/** A session's grammar compiler (its vocabulary indexed once) and the time that took. */
+interface Indexed {
+  compiler: GrammarCompiler;
+  xg: XGrammar;
+  stopIds: number[];
+  ms: number;
+}
+
+const compilers = new WeakMap<Session, Promise<Indexed>>();
+
+/**
+ * The text of every token id as XGrammar needs it: its decoded text (after a fixed token and
+ * minus that token's text, so a tokenizer that drops a leading space on the first token keeps
+ * it), "" for special tokens, which XGrammar then never allows inside the output. A token that
+ * is part of a UTF-8 sequence decodes to U+FFFD, which the grammar allows where any character is.
+ */
+export function vocabularyTexts(session: Session): string[] {
+  const tok = session.tokenizer;
+  const n = session.model.cfg.vocabSize;
+  const anchor = tok.encode("a", { addSpecial: false })[0] ?? 0;
+  const base = tok.decode([anchor], { skipSpecial: true });
+  const out = new Array<string>(n).fill("");
+  for (let id = 0; id < Math.min(n, tok.vocabSize); id++) {
+    const text = tok.decode([anchor, id], { skipSpecial: true });
+    out[id] = text.startsWith(base) ? text.slice(base.length) : tok.decode([id]);
+  }
+  return out;
+}
+
+function indexed(session: Session): Promise<Indexed> {
+  let p = compilers.get(session);
+  if (!p) {
+    p = (async () => {
+      const xg = await xgrammar();
+      const t0 = performance.now();
+      const stopIds = [...session.stopIds()];
+      const info = await xg.TokenizerInfo.createTokenizerInfo(
+        vocabularyTexts(session),
+        "raw",
+        false,
+        session.model.cfg.vocabSize,
+        stopIds,
+      );
+      const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
+      return { compiler, xg, stopIds, ms: performance.now() - t0 };
+    })();
+    compilers.set(session, p);
+  }
+  return p;
+}
+
+/** Compiles `grammar` for `session`; throws the grammar engine's message on a bad schema. */
+export async function compileGrammar(
+  session: Session,
+  grammar: OutputGrammar,
+): Promise<CompiledGrammar> {
+  const { compiler } = await indexed(session);
+  switch (grammar.kind) {
+    case "json":
+      return await compiler.compileBuiltinJSONGrammar();
+    case "schema":
+      // Compact separators and no free whitespace: a model cannot pad the output forever.
+      return await compiler.compileJSONSchema(
+        JSON.stringify(grammar.schema),
+        false,
+        -1, // -1 asks for no indentation (undefined would mean the default, 2)
+        [", ", ": "],
+        true,
+      );
+    case "tag":
+      return await compiler.compileStructuralTag({
+        type: "structural_tag",
+        format: grammar.format,
+      });
+  }
+}
+
+/** Per-generation mask timing, for the live view and the benchmark. */
+export interface MaskStats {
+  steps: number;
+  ms: number;
+}
+
+/** A fresh matcher for one generation, as the engine's per-step constraint. */
+export async function grammarConstraint(
+  session: Session,
+  compiled: CompiledGrammar,
+  stats: MaskStats = { steps: 0, ms: 0 },
+): Promise<TokenConstraint & { dispose(): void }> {
+  const { xg } = await indexed(session);
+  const matcher = await xg.GrammarMatcher.createGrammarMatcher(compiled);
+  return {
+    async mask(logits) {
+      const t0 = performance.now();
+      const bits = await matcher.getNextTokenBitmask();
+      for (let w = 0; w < bits.length; w++) {
+        const word = bits[w];
+        if (word === -1) continue;
+        const end = Math.min(logits.length, (w + 1) * 32);
+        for (let id = w * 32; id < end; id++) {
+          if (((word >>> (id & 31)) & 1) === 0) logits[id] = -Infinity;
+        }
+      }
+      // Ids past the grammar's vocabulary (padding rows of the head) are never allowed.
+      for (let id = bits.length * 32; id < logits.length; id++) logits[id] = -Infinity;
+      stats.steps++;
+      stats.ms += performance.now() - t0;
+    },
+    accept(id) {
+      if (!matcher.acceptToken(id)) {
+        throw new Error(`grammar: token ${id} was sampled but the grammar does not allow it`);
+      }
+      return !matcher.isTerminated();
+    },
+    dispose: () => matcher.dispose(),
+  };
+}
