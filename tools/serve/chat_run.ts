@@ -31,6 +31,8 @@ export interface ChoiceDelta {
 /** Why a generation ended, with the token counts. */
 export interface GenerationEnd {
   finish: "stop" | "length";
+  /** The stop string that ended the text, or null. */
+  stopString: string | null;
   usage: {
     prompt_tokens: number;
     completion_tokens: number;

@@ -101,24 +101,41 @@ export async function compileGrammar(
   session: Session,
   grammar: OutputGrammar,
 ): Promise<CompiledGrammar> {
-  const { compiler } = await indexed(session);
+  const { compiler, xg } = await indexed(session);
   switch (grammar.kind) {
     case "json":
       return await compiler.compileBuiltinJSONGrammar();
     case "schema":
-      // Compact separators and no free whitespace: a model cannot pad the output forever.
-      return await compiler.compileJSONSchema(
-        JSON.stringify(grammar.schema),
-        false,
-        -1, // -1 asks for no indentation (undefined would mean the default, 2)
-        [", ", ": "],
-        true,
-      );
+      return await compiler.compileGrammar(await schemaGrammar(xg, grammar.schema));
     case "tag":
       return await compiler.compileStructuralTag({
         type: "structural_tag",
-        format: grammar.format,
+        format: await compactJson(xg, grammar.format),
       });
+  }
+}
+
+/**
+ * The grammar of a JSON schema with compact separators and no free whitespace: a model (a
+ * random-weight one above all) cannot pad the output with whitespace until it runs out of tokens.
+ */
+function schemaGrammar(xg: XGrammar, schema: unknown) {
+  // -1 asks for no indentation (undefined would mean the default, 2).
+  return xg.Grammar.fromJSONSchema(JSON.stringify(schema), false, -1, [", ", ": "], true);
+}
+
+/** A structural tag with each JSON schema element replaced by its compact grammar. */
+async function compactJson(xg: XGrammar, f: StructuralTagFormat): Promise<StructuralTagFormat> {
+  switch (f.type) {
+    case "json_schema":
+      return { type: "grammar", grammar: (await schemaGrammar(xg, f.json_schema)).toString() };
+    case "sequence":
+    case "or":
+      return { ...f, elements: await Promise.all(f.elements.map((e) => compactJson(xg, e))) };
+    case "tag":
+      return { ...f, content: await compactJson(xg, f.content) };
+    default:
+      return f;
   }
 }
 

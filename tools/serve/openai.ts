@@ -30,7 +30,7 @@ export class ApiError extends Error {
   }
 
   /** The JSON body OpenAI sends with an error. */
-  body(): { error: { message: string; type: string; param: string | null; code: string | null } } {
+  body(): Record<string, unknown> {
     return {
       error: { message: this.message, type: this.type, param: this.param, code: this.code },
     };
@@ -201,6 +201,8 @@ export class StopMatcher {
   #held = "";
   /** A stop string was seen: the generation ends. */
   stopped = false;
+  /** The stop string that ended it (the earliest in the text), once stopped. */
+  matched: string | null = null;
 
   constructor(stops: string[]) {
     this.#stops = stops;
@@ -212,7 +214,7 @@ export class StopMatcher {
     let cut = -1;
     for (const s of this.#stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+      if (i >= 0 && (cut < 0 || i < cut)) [cut, this.matched] = [i, s];
     }
     if (cut >= 0) {
       this.stopped = true;

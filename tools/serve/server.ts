@@ -13,6 +13,7 @@ import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
 import type { EngineExtras, GenerationEnd } from "./chat_run.ts";
 import { completionResponse } from "./completions.ts";
+import { anthropicError, countTokens, messagesResponse, parseMessages } from "./anthropic.ts";
 import { Abandoned, QueueFull, RequestQueue } from "./queue.ts";
 
 /** Server settings. */
@@ -120,8 +121,10 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const streams = new Set<AbortController>();
   let seq = 0;
 
+  // Anthropic's clients send the key as x-api-key.
   const authorised = (req: Request) =>
-    !opts.apiKey || req.headers.get("authorization") === `Bearer ${opts.apiKey}`;
+    !opts.apiKey || req.headers.get("authorization") === `Bearer ${opts.apiKey}` ||
+    req.headers.get("x-api-key") === opts.apiKey;
 
   /**
    * Prompt ids of a request (`planned` for a chat, rendered by chat_plan.ts), checked against the
@@ -238,6 +241,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     );
     return {
       finish,
+      stopString: stop.matched,
       usage: {
         prompt_tokens: ids.length,
         completion_tokens: n,
@@ -251,6 +255,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const sse = (
     abort: AbortController,
     produce: (write: (s: string) => void) => Promise<void>,
+    errorEvent = (e: ApiError) => `data: ${JSON.stringify(e.body())}\n\n`,
   ): Response => {
     if (queue.busy && queue.waiting >= queue.capacity) throw new QueueFull(queue.waiting);
     const enc = new TextEncoder();
@@ -276,9 +281,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         write(": queued\n\n");
         queue.run(() => produce(write), abort.signal)
           .catch((e) => {
-            if (!(e instanceof Abandoned)) {
-              write(`data: ${JSON.stringify(errorResponse(e).body())}\n\n`);
-            }
+            if (!(e instanceof Abandoned)) write(errorEvent(errorResponse(e)));
           })
           .finally(() => {
             clearInterval(keepAlive);
@@ -334,6 +337,33 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     return sse(abort, (write) => answer.stream(abort.signal, write));
   };
 
+  /** `POST /v1/messages` (Anthropic), answering errors in Anthropic's shape. */
+  const messages = async (req: Request, counting: boolean): Promise<Response> => {
+    try {
+      const r = parseMessages(await readJson(req, maxBody), counting);
+      if (counting) return json(countTokens(session, r));
+      const abort = abortOn(req);
+      const answer = await messagesResponse({
+        session,
+        r,
+        id,
+        checkIds: promptIds,
+        generate: (ids, signal, send, extras) => generate("messages", ids, r, signal, send, extras),
+        maskStats: live.maskStats,
+      });
+      if (!r.stream) {
+        return json(await queue.run(() => answer.whole(abort.signal), abort.signal));
+      }
+      return sse(
+        abort,
+        (write) => answer.stream(abort.signal, write),
+        (e) => `event: error\ndata: ${JSON.stringify(anthropicError(e).body())}\n\n`,
+      );
+    } catch (e) {
+      throw anthropicError(errorResponse(e));
+    }
+  };
+
   const checkModel = (model: string | null) => {
     if (model !== null && model !== id) {
       throw new ApiError(404, `the model "${model}" does not exist; this server serves "${id}"`, {
@@ -386,6 +416,10 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       case "/v1/completions":
         if (!post) throw wrongMethod("POST");
         return await complete(req, path === "/v1/chat/completions");
+      case "/v1/messages":
+      case "/v1/messages/count_tokens":
+        if (!post) throw wrongMethod("POST");
+        return await messages(req, path.endsWith("/count_tokens"));
       case "/tokenize": {
         if (!post) throw wrongMethod("POST");
         const b = await readJson(req, maxBody) as { content?: unknown; add_special?: unknown };
