@@ -1,0 +1,112 @@
+/**
+ * Reasoning through the server: a template written after Qwen3's (the generation prompt opens
+ * `<think>` unless enable_thinking is false, when it writes an empty think block) served with
+ * `useChatTemplate` (`--chat-template FILE`) on the demo model. With thinking on, the whole
+ * greedy output is reasoning_content, streamed as such; with it off through
+ * chat_template_kwargs or enable_thinking, it is content. A bad override is refused by name.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { Session } from "../engine/session.ts";
+import { demoModelPath } from "../tools/demo_model.ts";
+import { startServer } from "../tools/serve/server.ts";
+import { tempDir } from "./fixtures.ts";
+
+const RUN = { quiet: true, ctx: 1024, threads: 1 };
+
+/** The think handling of Qwen3's generation prompt, reduced to it (written for this test). */
+const TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}`;
+
+Deno.test({
+  name: "serve: reasoning_content from <think>, and the template kwargs that turn it off",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const dir = tempDir();
+    const file = join(dir, "think.jinja");
+    Deno.writeTextFileSync(file, TEMPLATE);
+    const model = await demoModelPath(true);
+    const session = await Session.open(model, RUN);
+    assert.throws(() => session.useChatTemplate(join(dir, "missing.jinja")), /built-in: chatml/);
+    session.useChatTemplate(file);
+    const server = startServer(session, { port: 0, log: () => {} });
+    const client = new OpenAI({ apiKey: "none", baseURL: `${server.url}/v1`, maxRetries: 0 });
+    const messages = [{ role: "user" as const, content: "Why is the sky blue?" }];
+    /** The greedy text after `prompt`, special tokens kept (as the server reads it). */
+    const greedy = async (extra?: Record<string, unknown>) => {
+      session.resetCache();
+      let text = "";
+      const ids = session.chatIds(messages, extra);
+      for await (
+        const t of session.generate(ids, { maxTokens: 16, temperature: 0, keepSpecial: true })
+      ) {
+        text += t.text;
+      }
+      return text;
+    };
+    try {
+      const thinking = await greedy();
+      assert.ok(!thinking.includes("</think>"), "the fixture's text must not close the thought");
+      const r = await client.chat.completions.create({
+        model: "m",
+        messages,
+        max_tokens: 16,
+        temperature: 0,
+      }).catch(() => null);
+      assert.equal(r, null, "a wrong model name is refused");
+      const id = (await client.models.list()).data[0].id;
+      const on = await client.chat.completions.create({
+        model: id,
+        messages,
+        max_tokens: 16,
+        temperature: 0,
+      });
+      const msg = on.choices[0].message as { content: string | null; reasoning_content?: string };
+      assert.equal(msg.reasoning_content, thinking);
+      assert.equal(msg.content, "");
+      const stream = await client.chat.completions.create({
+        model: id,
+        messages,
+        max_tokens: 16,
+        temperature: 0,
+        stream: true,
+      });
+      let streamed = "";
+      for await (const c of stream) {
+        const d = c.choices[0]?.delta as { reasoning_content?: string; content?: string };
+        streamed += d?.reasoning_content ?? "";
+        assert.ok(!d?.content);
+      }
+      assert.equal(streamed, thinking);
+      const plain = (await greedy({ enable_thinking: false })).replace(/^\s+/, "");
+      for (
+        const extra of [{ chat_template_kwargs: { enable_thinking: false } }, {
+          enable_thinking: false,
+        }]
+      ) {
+        const off = await client.chat.completions.create({
+          model: id,
+          messages,
+          max_tokens: 16,
+          temperature: 0,
+          ...extra,
+        });
+        const m = off.choices[0].message as { content: string | null; reasoning_content?: string };
+        assert.equal(m.content, plain);
+        assert.equal(m.reasoning_content, undefined);
+      }
+    } finally {
+      await server.close();
+      session.close();
+    }
+  },
+});
