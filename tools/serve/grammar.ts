@@ -13,12 +13,13 @@ import { createRequire } from "node:module";
 import type { CompiledGrammar, GrammarCompiler, StructuralTagFormat } from "@mlc-ai/web-xgrammar";
 import type { Session, TokenConstraint } from "../../engine/session.ts";
 
-type XGrammar = typeof import("@mlc-ai/web-xgrammar");
+/** The XGrammar module. */
+export type XGrammar = typeof import("@mlc-ai/web-xgrammar");
 
 let loading: Promise<XGrammar> | null = null;
 
 /** Loads the XGrammar module once. */
-function xgrammar(): Promise<XGrammar> {
+export function loadXGrammar(): Promise<XGrammar> {
   loading ??= (async () => {
     const g = globalThis as Record<string, unknown>;
     const lent = { require: createRequire(import.meta.url), __filename: "xgrammar.js" };
@@ -78,7 +79,7 @@ function indexed(session: Session): Promise<Indexed> {
   let p = compilers.get(session);
   if (!p) {
     p = (async () => {
-      const xg = await xgrammar();
+      const xg = await loadXGrammar();
       const t0 = performance.now();
       const stopIds = [...session.stopIds()];
       const info = await xg.TokenizerInfo.createTokenizerInfo(
@@ -145,6 +146,20 @@ export interface MaskStats {
   ms: number;
 }
 
+/** Sets the logits of the ids whose bit is clear in XGrammar's `bits` to −Infinity. */
+export function applyBitmask(bits: Int32Array, logits: Float32Array): void {
+  for (let w = 0; w < bits.length; w++) {
+    const word = bits[w];
+    if (word === -1) continue;
+    const end = Math.min(logits.length, (w + 1) * 32);
+    for (let id = w * 32; id < end; id++) {
+      if (((word >>> (id & 31)) & 1) === 0) logits[id] = -Infinity;
+    }
+  }
+  // Ids past the grammar's vocabulary (padding rows of the head) are never allowed.
+  for (let id = bits.length * 32; id < logits.length; id++) logits[id] = -Infinity;
+}
+
 /** A fresh matcher for one generation, as the engine's per-step constraint. */
 export async function grammarConstraint(
   session: Session,
@@ -156,17 +171,7 @@ export async function grammarConstraint(
   return {
     async mask(logits) {
       const t0 = performance.now();
-      const bits = await matcher.getNextTokenBitmask();
-      for (let w = 0; w < bits.length; w++) {
-        const word = bits[w];
-        if (word === -1) continue;
-        const end = Math.min(logits.length, (w + 1) * 32);
-        for (let id = w * 32; id < end; id++) {
-          if (((word >>> (id & 31)) & 1) === 0) logits[id] = -Infinity;
-        }
-      }
-      // Ids past the grammar's vocabulary (padding rows of the head) are never allowed.
-      for (let id = bits.length * 32; id < logits.length; id++) logits[id] = -Infinity;
+      applyBitmask(await matcher.getNextTokenBitmask(), logits);
       stats.steps++;
       stats.ms += performance.now() - t0;
     },
