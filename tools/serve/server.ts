@@ -44,6 +44,8 @@ export interface SluiceServer {
 }
 
 const UI_HTML = new URL("./ui.html", import.meta.url);
+const CHAT_HTML = new URL("./chat.html", import.meta.url);
+const LIVE_JS = new URL("./live_view.js", import.meta.url);
 const CORS = {
   "access-control-allow-origin": "*",
   "access-control-allow-headers": "authorization, content-type",
@@ -118,6 +120,8 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
   const uiHtml = Deno.readTextFileSync(UI_HTML);
+  const chatHtml = Deno.readTextFileSync(CHAT_HTML);
+  const liveJs = Deno.readTextFileSync(LIVE_JS);
   const streams = new Set<AbortController>();
   let seq = 0;
 
@@ -378,7 +382,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method;
     if (method === "OPTIONS") return new Response(null, { status: 204, headers: CORS });
-    const open = ["/", "/health", "/ui", "/ui/state", "/favicon.ico"].includes(path);
+    const open = ["/", "/health", "/ui", "/ui/state", "/ui/live.js", "/favicon.ico"].includes(path);
     if (!open && !authorised(req)) {
       throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
         type: "authentication_error",
@@ -395,7 +399,14 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       case "/":
       case "/ui":
         if (!get) throw wrongMethod("GET");
-        return new Response(uiHtml, { headers: { "content-type": "text/html; charset=utf-8" } });
+        return new Response(path === "/" ? chatHtml : uiHtml, {
+          headers: { "content-type": "text/html; charset=utf-8" },
+        });
+      case "/ui/live.js":
+        if (!get) throw wrongMethod("GET");
+        return new Response(liveJs, {
+          headers: { "content-type": "text/javascript; charset=utf-8" },
+        });
       case "/favicon.ico":
         return new Response(null, { status: 204 });
       case "/ui/state":
