@@ -9,22 +9,26 @@
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { chatTemplateFromDir, type ChatTemplateSource } from "./chat.ts";
 
-/** ChatML turns; earlier calls and tool results in Hermes's tags. */
+/**
+ * ChatML turns, each ended by the tokenizer's EOS token when it has one (every model can emit it,
+ * so the answer ends there) else by `<|im_end|>`; earlier calls and tool results in Hermes's tags.
+ */
 const CHATML = `{%- if bos_token is defined and bos_token %}{{ bos_token }}{% endif %}
+{%- set eot = eos_token if eos_token is defined and eos_token else '<|im_end|>' %}
 {%- set sys = messages[0].content if messages and messages[0].role == 'system' else '' %}
 {%- if sys %}<|im_start|>system
-{{ sys }}<|im_end|>
+{{ sys }}{{ eot }}
 {% endif %}
 {%- for m in messages %}{% if not (loop.first and m.role == 'system') %}
 {%- if m.role == 'tool' %}<|im_start|>tool
 <tool_response>
 {{ m.content }}
-</tool_response><|im_end|>
+</tool_response>{{ eot }}
 {% else %}<|im_start|>{{ m.role }}
 {{ m.content }}{% if m.tool_calls %}{% for c in m.tool_calls %}
 <tool_call>
 {"name": {{ c.function.name | tojson }}, "arguments": {{ c.function.arguments | tojson }}}
-</tool_call>{% endfor %}{% endif %}<|im_end|>
+</tool_call>{% endfor %}{% endif %}{{ eot }}
 {% endif %}{% endif %}{% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}`;
@@ -32,8 +36,13 @@ const CHATML = `{%- if bos_token is defined and bos_token %}{{ bos_token }}{% en
 /** Built-in templates by name (`--chat-template NAME`). */
 export const BUILTIN_CHAT_TEMPLATES: Readonly<Record<string, string>> = { chatml: CHATML };
 
-/** The end-of-turn text of a built-in template: a stop string, since the model may not know it. */
-const BUILTIN_STOPS: Readonly<Record<string, string[]>> = { chatml: ["<|im_end|>"] };
+/**
+ * Stop strings of a built-in template: the start of a next turn, and `<|im_end|>` (for tokenizers
+ * without an EOS token), which a model that does not know the template may write as text.
+ */
+const BUILTIN_STOPS: Readonly<Record<string, string[]>> = {
+  chatml: ["<|im_start|>", "<|im_end|>"],
+};
 
 /** The template a session renders with, where it came from, and what to tell the user. */
 export interface ResolvedChatTemplate {

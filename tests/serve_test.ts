@@ -392,7 +392,7 @@ Deno.test({
       const prompt = session.chatPrompt(messages);
       assert.equal(
         prompt,
-        "<s><|im_start|>user\nTell me about the dog.<|im_end|>\n<|im_start|>assistant\n",
+        "<s><|im_start|>user\nTell me about the dog.</s>\n<|im_start|>assistant\n",
       );
       const r = await client.chat.completions.create({
         model: "stories260k-moe",
@@ -401,7 +401,7 @@ Deno.test({
         temperature: 0,
       });
       const ref = await generateCli(model, ["--chat", "--prompt", messages[0].content, "-n", "30"]);
-      assert.equal(r.choices[0].message.content, ref.text.split("<|im_end|>")[0]);
+      assert.equal(r.choices[0].message.content, ref.text.split("<|im_start|>")[0]);
     } finally {
       await server.close();
       session.close();
