@@ -10,17 +10,10 @@ import Anthropic from "@anthropic-ai/sdk";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
+import { coldText } from "./fixtures.ts";
 
 const RUN = { quiet: true, ctx: 1024, threads: 1 };
 const KEY = "anthropic-test-key";
-
-/** Text of a cold greedy generation. */
-async function coldText(ref: Session, ids: number[], n: number): Promise<string> {
-  ref.resetCache();
-  let text = "";
-  for await (const t of ref.generate(ids, { maxTokens: n, temperature: 0 })) text += t.text;
-  return text;
-}
 
 const WEATHER = {
   name: "get_weather",

@@ -9,20 +9,9 @@ import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
 import { Browser, countColour, decodePng, findChromium } from "./browser.ts";
-import { tempDir } from "./fixtures.ts";
+import { coldText, tempDir, THINK_TEMPLATE } from "./fixtures.ts";
 
 const chromium = findChromium();
-
-/** Opens `<think>` in the generation prompt, as Qwen3's template does (written for this test). */
-const THINK = `{%- for m in messages %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% else %}<think>
-{% endif %}{% endif %}`;
 
 Deno.test({
   name: "the chat page streams, folds reasoning, stops, and shows the live view" +
@@ -33,7 +22,7 @@ Deno.test({
   fn: async () => {
     const dir = tempDir();
     const template = join(dir, "think.jinja");
-    Deno.writeTextFileSync(template, THINK);
+    Deno.writeTextFileSync(template, THINK_TEMPLATE);
     const demo = await demoModelPath(true);
     const opts = { quiet: true, ctx: 2048, threads: 1 };
     const session = await Session.open(demo, opts);
@@ -69,13 +58,7 @@ Deno.test({
         { role: "system", content: "You are terse." },
         { role: "user", content: "Tell me about foxes." },
       ];
-      let want = "";
-      const ids = ref.chatIds(chat, { enable_thinking: false });
-      for await (
-        const t of ref.generate(ids, { maxTokens: 24, temperature: 0, keepSpecial: true })
-      ) {
-        want += t.text;
-      }
+      const want = await coldText(ref, ref.chatIds(chat, { enable_thinking: false }), 24, true);
       const got = await browser.eval<string>(
         `document.querySelector(".msg.assistant .body").textContent`,
       );

@@ -11,20 +11,9 @@ import OpenAI from "openai";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { tempDir } from "./fixtures.ts";
+import { coldText, tempDir, THINK_TEMPLATE } from "./fixtures.ts";
 
 const RUN = { quiet: true, ctx: 1024, threads: 1 };
-
-/** The think handling of Qwen3's generation prompt, reduced to it (written for this test). */
-const TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% else %}<think>
-{% endif %}{% endif %}`;
 
 Deno.test({
   name: "serve: reasoning_content from <think>, and the template kwargs that turn it off",
@@ -33,7 +22,7 @@ Deno.test({
   fn: async () => {
     const dir = tempDir();
     const file = join(dir, "think.jinja");
-    Deno.writeTextFileSync(file, TEMPLATE);
+    Deno.writeTextFileSync(file, THINK_TEMPLATE);
     const model = await demoModelPath(true);
     const session = await Session.open(model, RUN);
     assert.throws(() => session.useChatTemplate(join(dir, "missing.jinja")), /built-in: chatml/);
@@ -41,18 +30,9 @@ Deno.test({
     const server = startServer(session, { port: 0, log: () => {} });
     const client = new OpenAI({ apiKey: "none", baseURL: `${server.url}/v1`, maxRetries: 0 });
     const messages = [{ role: "user" as const, content: "Why is the sky blue?" }];
-    /** The greedy text after `prompt`, special tokens kept (as the server reads it). */
-    const greedy = async (extra?: Record<string, unknown>) => {
-      session.resetCache();
-      let text = "";
-      const ids = session.chatIds(messages, extra);
-      for await (
-        const t of session.generate(ids, { maxTokens: 16, temperature: 0, keepSpecial: true })
-      ) {
-        text += t.text;
-      }
-      return text;
-    };
+    /** The greedy text of the chat, special tokens kept (as the server reads it). */
+    const greedy = (extra?: Record<string, unknown>) =>
+      coldText(session, session.chatIds(messages, extra), 16, true);
     try {
       const thinking = await greedy();
       assert.ok(!thinking.includes("</think>"), "the fixture's text must not close the thought");

@@ -8,7 +8,7 @@ import OpenAI from "openai";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { packedFixture, runSluice, sharedMissing } from "./fixtures.ts";
+import { coldText, packedFixture, runSluice, sharedMissing } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const KEY = "test-key";
@@ -21,14 +21,6 @@ async function generateCli(model: string, args: string[]): Promise<{ text: strin
   const r = await runSluice(["generate", "--model", model, "--json", "--ctx", "512", ...args]);
   assert.equal(r.code, 0, r.stderr);
   return JSON.parse(r.stdout);
-}
-
-/** Text of a cold greedy generation on a reference session. */
-async function coldText(ref: Session, ids: number[], n: number): Promise<string> {
-  ref.resetCache();
-  let text = "";
-  for await (const t of ref.generate(ids, { maxTokens: n, temperature: 0 })) text += t.text;
-  return text;
 }
 
 async function post(url: string, body: string, headers: Record<string, string> = {}) {

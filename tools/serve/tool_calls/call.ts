@@ -118,3 +118,72 @@ export function splitAt(
   }
   return at < 0 ? null : { before: text.slice(0, at), section: text.slice(at) };
 }
+
+/** Splits `section` into the bodies of consecutive `open … close` blocks; null if anything else. */
+export function blocks(section: string, open: string, close: string): string[] | null {
+  const out: string[] = [];
+  let rest = section.trim();
+  while (rest.length > 0) {
+    if (!rest.startsWith(open)) return null;
+    const end = rest.indexOf(close, open.length);
+    if (end < 0) {
+      out.push(rest.slice(open.length));
+      break;
+    }
+    out.push(rest.slice(open.length, end));
+    rest = rest.slice(end + close.length).trim();
+  }
+  return out;
+}
+
+/**
+ * The call bodies of a section `begin … end` holding `callBegin … callEnd` blocks (Kimi-K2,
+ * DeepSeek); null when the section or a block is malformed.
+ */
+export function sectionBodies(
+  section: string,
+  marks: { begin: string; end: string; callBegin: string; callEnd: string },
+): string[] | null {
+  const outer = blocks(section, marks.begin, marks.end);
+  if (outer === null || outer.length !== 1) return null;
+  const bodies = blocks(outer[0], marks.callBegin, marks.callEnd);
+  return bodies === null || bodies.length === 0 ? null : bodies;
+}
+
+/** What {@link parseInvokes}'s `value` returns for a value that does not parse. */
+export const BAD_VALUE: unique symbol = Symbol("bad value");
+
+/**
+ * Parses consecutive invoke elements (MiniMax-M2, DeepSeek DSML): `invoke` matches one at the
+ * start of the text and captures the tool name and the body, `param` one parameter at the start
+ * of a body and captures the key first; `value` reads that parameter's value or says
+ * {@link BAD_VALUE}. Null when anything does not parse or names an unknown tool.
+ */
+export function parseInvokes(
+  text: string,
+  tools: readonly ToolSpec[],
+  invoke: RegExp,
+  param: RegExp,
+  value: (tool: ToolSpec, p: RegExpExecArray) => unknown,
+): ToolCall[] | null {
+  const calls: ToolCall[] = [];
+  let rest = text;
+  while (rest.trim().length > 0) {
+    const m = invoke.exec(rest);
+    const tool = m && toolNamed(tools, m[1]);
+    if (!m || !tool) return null;
+    const args: Record<string, unknown> = {};
+    let body = m[2];
+    while (body.trim().length > 0) {
+      const p = param.exec(body);
+      if (!p) return null;
+      const v = value(tool, p);
+      if (v === BAD_VALUE) return null;
+      args[p[1]] = v;
+      body = body.slice(p[0].length);
+    }
+    calls.push({ id: callId(), name: tool.name, arguments: JSON.stringify(args) });
+    rest = rest.slice(m[0].length);
+  }
+  return calls;
+}

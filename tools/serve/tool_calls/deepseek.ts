@@ -13,16 +13,19 @@
 import {
   argumentsGrammar,
   argumentValue,
+  BAD_VALUE,
+  blocks,
   callId,
   jsonObjectText,
+  parseInvokes,
   requiredParams,
+  sectionBodies,
   type ToolCall,
   type ToolCallFormat,
   toolNamed,
   type ToolSpec,
   valueGrammar,
 } from "./call.ts";
-import { blocks } from "./hermes.ts";
 
 const CALLS_BEGIN = "<｜tool▁calls▁begin｜>";
 const CALLS_END = "<｜tool▁calls▁end｜>";
@@ -32,10 +35,13 @@ const SEP = "<｜tool▁sep｜>";
 const FENCED = /^function\s*$/;
 
 function parseSection(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
-  const outer = blocks(section, CALLS_BEGIN, CALLS_END);
-  if (outer === null || outer.length !== 1) return null;
-  const bodies = blocks(outer[0], CALL_BEGIN, CALL_END);
-  if (bodies === null || bodies.length === 0) return null;
+  const bodies = sectionBodies(section, {
+    begin: CALLS_BEGIN,
+    end: CALLS_END,
+    callBegin: CALL_BEGIN,
+    callEnd: CALL_END,
+  });
+  if (bodies === null) return null;
   const calls: ToolCall[] = [];
   for (const body of bodies) {
     const s = body.indexOf(SEP);
@@ -109,32 +115,16 @@ const PARAM = new RegExp(
 function parseDsml(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
   const outer = blocks(section, DSML_OPEN, DSML_CLOSE);
   if (outer === null || outer.length !== 1) return null;
-  const calls: ToolCall[] = [];
-  let rest = outer[0];
-  while (rest.trim().length > 0) {
-    const m = INVOKE.exec(rest);
-    if (!m) return null;
-    const tool = toolNamed(tools, m[1]);
-    if (!tool) return null;
-    const args: Record<string, unknown> = {};
-    let body = m[2];
-    while (body.trim().length > 0) {
-      const p = PARAM.exec(body);
-      if (!p) return null;
-      if (p[2] === "true") args[p[1]] = p[3];
-      else if (p[2] === "false") {
-        try {
-          args[p[1]] = JSON.parse(p[3]);
-        } catch {
-          return null;
-        }
-      } else args[p[1]] = argumentValue(tool, p[1], p[3]);
-      body = body.slice(p[0].length);
+  const calls = parseInvokes(outer[0], tools, INVOKE, PARAM, (tool, p) => {
+    if (p[2] === "true") return p[3];
+    if (p[2] === undefined) return argumentValue(tool, p[1], p[3]);
+    try {
+      return JSON.parse(p[3]);
+    } catch {
+      return BAD_VALUE;
     }
-    calls.push({ id: callId(), name: tool.name, arguments: JSON.stringify(args) });
-    rest = rest.slice(m[0].length);
-  }
-  return calls.length > 0 ? calls : null;
+  });
+  return calls && calls.length > 0 ? calls : null;
 }
 
 /** DeepSeek-V3.2 / V4 DSML. */

@@ -7,6 +7,7 @@
  */
 import {
   argumentValue,
+  blocks,
   callId,
   requiredParams,
   type ToolCall,
@@ -15,7 +16,6 @@ import {
   type ToolSpec,
   valueGrammar,
 } from "./call.ts";
-import { blocks } from "./hermes.ts";
 
 const PAIR = /^\s*<arg_key>([\s\S]*?)<\/arg_key>\s*<arg_value>([\s\S]*?)<\/arg_value>/;
 

@@ -6,6 +6,7 @@
  * @module
  */
 import {
+  blocks,
   callId,
   jsonObjectText,
   type ToolCall,
@@ -16,23 +17,6 @@ import {
 
 const OPEN = "<tool_call>";
 const CLOSE = "</tool_call>";
-
-/** Splits `section` into the bodies of consecutive `open … close` blocks; null if anything else. */
-export function blocks(section: string, open: string, close: string): string[] | null {
-  const out: string[] = [];
-  let rest = section.trim();
-  while (rest.length > 0) {
-    if (!rest.startsWith(open)) return null;
-    const end = rest.indexOf(close, open.length);
-    if (end < 0) {
-      out.push(rest.slice(open.length));
-      break;
-    }
-    out.push(rest.slice(open.length, end));
-    rest = rest.slice(end + close.length).trim();
-  }
-  return out;
-}
 
 function parse(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
   const bodies = blocks(section, OPEN, CLOSE);

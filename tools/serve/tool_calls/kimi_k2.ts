@@ -9,12 +9,12 @@
 import {
   argumentsGrammar,
   jsonObjectText,
+  sectionBodies,
   type ToolCall,
   type ToolCallFormat,
   toolNamed,
   type ToolSpec,
 } from "./call.ts";
-import { blocks } from "./hermes.ts";
 
 const SECTION_BEGIN = "<|tool_calls_section_begin|>";
 const SECTION_END = "<|tool_calls_section_end|>";
@@ -23,10 +23,13 @@ const CALL_END = "<|tool_call_end|>";
 const ARGS = "<|tool_call_argument_begin|>";
 
 function parse(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
-  const outer = blocks(section, SECTION_BEGIN, SECTION_END);
-  if (outer === null || outer.length !== 1) return null;
-  const bodies = blocks(outer[0], CALL_BEGIN, CALL_END);
-  if (bodies === null || bodies.length === 0) return null;
+  const bodies = sectionBodies(section, {
+    begin: SECTION_BEGIN,
+    end: SECTION_END,
+    callBegin: CALL_BEGIN,
+    callEnd: CALL_END,
+  });
+  if (bodies === null) return null;
   const calls: ToolCall[] = [];
   for (const body of bodies) {
     const a = body.indexOf(ARGS);

@@ -7,15 +7,14 @@
  */
 import {
   argumentValue,
-  callId,
+  blocks,
+  parseInvokes,
   requiredParams,
   type ToolCall,
   type ToolCallFormat,
-  toolNamed,
   type ToolSpec,
   valueGrammar,
 } from "./call.ts";
-import { blocks } from "./hermes.ts";
 
 const OPEN = "<minimax:tool_call>";
 const CLOSE = "</minimax:tool_call>";
@@ -26,23 +25,16 @@ function parse(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
   const sections = blocks(section, OPEN, CLOSE);
   if (sections === null || sections.length === 0) return null;
   const calls: ToolCall[] = [];
-  for (let rest of sections) {
-    while (rest.trim().length > 0) {
-      const m = INVOKE.exec(rest);
-      if (!m) return null;
-      const tool = toolNamed(tools, m[1]);
-      if (!tool) return null;
-      const args: Record<string, unknown> = {};
-      let body = m[2];
-      while (body.trim().length > 0) {
-        const p = PARAM.exec(body);
-        if (!p) return null;
-        args[p[1]] = argumentValue(tool, p[1], p[2].replace(/^\n|\n$/g, ""));
-        body = body.slice(p[0].length);
-      }
-      calls.push({ id: callId(), name: tool.name, arguments: JSON.stringify(args) });
-      rest = rest.slice(m[0].length);
-    }
+  for (const body of sections) {
+    const some = parseInvokes(
+      body,
+      tools,
+      INVOKE,
+      PARAM,
+      (tool, p) => argumentValue(tool, p[1], p[2].replace(/^\n|\n$/g, "")),
+    );
+    if (some === null) return null;
+    calls.push(...some);
   }
   return calls.length > 0 ? calls : null;
 }
