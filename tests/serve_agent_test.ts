@@ -202,7 +202,10 @@ Deno.test({
           }),
         });
         assert.equal(refused.status, 400);
-        assert.equal((await refused.json()).error.param, "response_format");
+        const why = (await refused.json()).error;
+        assert.equal(why.param, "response_format");
+        // The grammar engine's own reason, not its stderr.
+        assert.match(why.message, /Cannot find field nope/);
         // The grammar engine still works after refusing a schema.
         const again = await client.chat.completions.create({
           model,

@@ -3,10 +3,12 @@
  * `<think>` unless enable_thinking is false, when it writes an empty think block) served with
  * `useChatTemplate` (`--chat-template FILE`) on the demo model. With thinking on, the whole
  * greedy output is reasoning_content, streamed as such; with it off through
- * chat_template_kwargs or enable_thinking, it is content. A bad override is refused by name.
+ * chat_template_kwargs or enable_thinking, it is content; the Anthropic endpoint answers the same
+ * with a thinking block. A bad override is refused by name.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
@@ -84,6 +86,16 @@ Deno.test({
         assert.equal(m.content, plain);
         assert.equal(m.reasoning_content, undefined);
       }
+
+      // Anthropic: the reasoning is a thinking block, whole and streamed; disabled, it is text.
+      const claude = new Anthropic({ apiKey: "none", baseURL: server.url, maxRetries: 0 });
+      const ask = { model: "m", messages, max_tokens: 16 };
+      const whole = await claude.messages.create(ask);
+      assert.deepEqual(whole.content, [{ type: "thinking", thinking, signature: "" }]);
+      const streamed2 = await claude.messages.stream(ask).finalMessage();
+      assert.deepEqual(streamed2.content, whole.content);
+      const off = await claude.messages.create({ ...ask, thinking: { type: "disabled" } });
+      assert.deepEqual(off.content, [{ type: "text", text: plain }]);
     } finally {
       await server.close();
       session.close();

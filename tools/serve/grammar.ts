@@ -18,6 +18,9 @@ export type XGrammar = typeof import("@mlc-ai/web-xgrammar");
 
 let loading: Promise<XGrammar> | null = null;
 
+/** Lines the WebAssembly runtime printed to stderr while {@link caught} ran, else null. */
+let stderrLines: string[] | null = null;
+
 /** Loads the XGrammar module once. */
 export function loadXGrammar(): Promise<XGrammar> {
   loading ??= (async () => {
@@ -26,6 +29,13 @@ export function loadXGrammar(): Promise<XGrammar> {
     const had = Object.keys(lent).filter((k) => k in g);
     if (had.length > 0) throw new Error(`xgrammar: the global ${had[0]} is already defined`);
     Object.assign(g, lent);
+    // The runtime binds console.error when it starts; binding this wrapper instead lets a failed
+    // compile's reason ("[FATAL] …: properties must be an object") reach the client's 400.
+    const consoleError = console.error;
+    console.error = (...args: unknown[]) => {
+      if (stderrLines) stderrLines.push(args.join(" "));
+      else consoleError.apply(console, args);
+    };
     try {
       await import("@mlc-ai/web-xgrammar");
       const mod = g.xgrammar as XGrammar | undefined;
@@ -34,10 +44,30 @@ export function loadXGrammar(): Promise<XGrammar> {
       await mod.Grammar.builtinJSONGrammar();
       return mod;
     } finally {
-      for (const k of Object.keys(lent)) delete g[k];
+      console.error = consoleError;
+      for (const k of [...Object.keys(lent), "xgrammar"]) delete g[k];
     }
   })();
   return loading;
+}
+
+/**
+ * Runs `f`, turning a failure into an Error whose message is what the runtime printed (its C++
+ * checks abort with a line on stderr and throw a bare value).
+ */
+async function caught<T>(f: () => Promise<T>): Promise<T> {
+  stderrLines = [];
+  try {
+    return await f();
+  } catch (e) {
+    const said = stderrLines.map((l) => l.replace(/^\[FATAL\] \S+: /, "")).filter((l) =>
+      l !== "Aborted()"
+    );
+    const why = said.join("; ") || (e instanceof Error ? e.message : "") || String(e);
+    throw new Error(why);
+  } finally {
+    stderrLines = null;
+  }
 }
 
 /** What a request constrains its output to. */
@@ -103,17 +133,19 @@ export async function compileGrammar(
   grammar: OutputGrammar,
 ): Promise<CompiledGrammar> {
   const { compiler, xg } = await indexed(session);
-  switch (grammar.kind) {
-    case "json":
-      return await compiler.compileBuiltinJSONGrammar();
-    case "schema":
-      return await compiler.compileGrammar(await schemaGrammar(xg, grammar.schema));
-    case "tag":
-      return await compiler.compileStructuralTag({
-        type: "structural_tag",
-        format: await compactJson(xg, grammar.format),
-      });
-  }
+  return await caught(async () => {
+    switch (grammar.kind) {
+      case "json":
+        return await compiler.compileBuiltinJSONGrammar();
+      case "schema":
+        return await compiler.compileGrammar(await schemaGrammar(xg, grammar.schema));
+      case "tag":
+        return await compiler.compileStructuralTag({
+          type: "structural_tag",
+          format: await compactJson(xg, grammar.format),
+        });
+    }
+  });
 }
 
 /**

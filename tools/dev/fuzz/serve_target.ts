@@ -12,6 +12,7 @@
 import { Session } from "../../../engine/session.ts";
 import { demoModelPath } from "../../demo_model.ts";
 import { modelId } from "../../serve/live.ts";
+import { compileGrammar } from "../../serve/grammar.ts";
 import { startServer } from "../../serve/server.ts";
 import { HOSTILE_NUMBERS, mutate, type Rng } from "./mutate.ts";
 import type { FuzzTarget } from "./targets.ts";
@@ -267,6 +268,9 @@ export async function serveTarget(): Promise<FuzzTarget> {
   });
   const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
   const id = modelId(session);
+  // The first structured-output request loads the grammar engine and indexes the vocabulary, a
+  // one-off cost that is not a hang.
+  await compileGrammar(session, { kind: "json" });
   const seeds = SEEDS.map(([path, body]) =>
     enc.encode(`${path}\n${JSON.stringify(body).replace('"MODEL"', JSON.stringify(id))}`)
   );
