@@ -7,6 +7,7 @@
  */
 import type { ChatMessage } from "../../engine/chat.ts";
 import { type ChatFields, parseChatFields } from "./chat_request.ts";
+import { shown } from "./quote.ts";
 
 /** An error answered as OpenAI does: an HTTP status and `{"error": {...}}`. */
 export class ApiError extends Error {
@@ -65,17 +66,6 @@ export interface CompletionRequest extends ChatFields {
 }
 
 type Json = Record<string, unknown>;
-
-/**
- * A request value as an error message quotes it: a primitive as JSON (a long string cut short),
- * an array or object by its kind only, since quoting a hostile nesting would overflow the stack.
- */
-function shown(v: unknown): string {
-  if (Array.isArray(v)) return "an array";
-  if (typeof v === "object" && v !== null) return "an object";
-  if (typeof v === "string" && v.length > 40) return `${JSON.stringify(v.slice(0, 40))}…`;
-  return JSON.stringify(v);
-}
 
 function num(b: Json, key: string, lo: number, hi: number): number | undefined {
   const v = b[key];
