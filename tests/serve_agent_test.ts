@@ -238,6 +238,28 @@ Deno.test({
         assert.equal(lp.map((e) => e.token).join(""), r.choices[0].message.content);
       });
 
+      await t.step("text completions: legacy logprobs with the top alternatives", async () => {
+        const r = await client.completions.create({
+          model,
+          prompt: "Once upon a time",
+          logprobs: 2,
+          temperature: 0,
+          max_tokens: 5,
+        });
+        const lp = r.choices[0].logprobs!;
+        assert.equal(lp.tokens!.length, 5);
+        assert.equal(lp.tokens!.join(""), r.choices[0].text);
+        assert.deepEqual(lp.text_offset, [
+          0,
+          ...lp.tokens!.slice(0, -1).map((_, i) => lp.tokens!.slice(0, i + 1).join("").length),
+        ]);
+        for (let i = 0; i < 5; i++) {
+          const top = Object.values(lp.top_logprobs![i]);
+          assert.ok(top.length >= 1 && top.length <= 2);
+          assert.equal(Math.max(...top), lp.token_logprobs![i]);
+        }
+      });
+
       await t.step("n = 2 with a seed: two choices, the same again for the same seed", async () => {
         const ask = () =>
           client.chat.completions.create({

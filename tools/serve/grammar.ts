@@ -12,6 +12,7 @@
 import { createRequire } from "node:module";
 import type { CompiledGrammar, GrammarCompiler, StructuralTagFormat } from "@mlc-ai/web-xgrammar";
 import type { Session, TokenConstraint } from "../../engine/session.ts";
+import type { Tokenizer } from "../../engine/tokenizer.ts";
 
 /** The XGrammar module. */
 export type XGrammar = typeof import("@mlc-ai/web-xgrammar");
@@ -87,18 +88,17 @@ interface Indexed {
 const compilers = new WeakMap<Session, Promise<Indexed>>();
 
 /**
- * The text of every token id as XGrammar needs it: its decoded text (after a fixed token and
- * minus that token's text, so a tokenizer that drops a leading space on the first token keeps
- * it), "" for special tokens, which XGrammar then never allows inside the output. A token that
- * is part of a UTF-8 sequence decodes to U+FFFD, which the grammar allows where any character is.
+ * The text of every token id (of `vocabSize`, the logits' length) as XGrammar needs it: its
+ * decoded text (after a fixed token and minus that token's text, so a tokenizer that drops a
+ * leading space on the first token keeps it), "" for special tokens, which XGrammar then never
+ * allows inside the output. A token that is part of a UTF-8 sequence decodes to U+FFFD, which the
+ * grammar allows where any character is.
  */
-export function vocabularyTexts(session: Session): string[] {
-  const tok = session.tokenizer;
-  const n = session.model.cfg.vocabSize;
+export function vocabularyTexts(tok: Tokenizer, vocabSize: number): string[] {
   const anchor = tok.encode("a", { addSpecial: false })[0] ?? 0;
   const base = tok.decode([anchor], { skipSpecial: true });
-  const out = new Array<string>(n).fill("");
-  for (let id = 0; id < Math.min(n, tok.vocabSize); id++) {
+  const out = new Array<string>(vocabSize).fill("");
+  for (let id = 0; id < Math.min(vocabSize, tok.vocabSize); id++) {
     const text = tok.decode([anchor, id], { skipSpecial: true });
     out[id] = text.startsWith(base) ? text.slice(base.length) : tok.decode([id]);
   }
@@ -113,7 +113,7 @@ function indexed(session: Session): Promise<Indexed> {
       const t0 = performance.now();
       const stopIds = [...session.stopIds()];
       const info = await xg.TokenizerInfo.createTokenizerInfo(
-        vocabularyTexts(session),
+        vocabularyTexts(session.tokenizer, session.model.cfg.vocabSize),
         "raw",
         false,
         session.model.cfg.vocabSize,

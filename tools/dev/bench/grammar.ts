@@ -1,9 +1,9 @@
 /**
  * `deno task bench grammar [--vocab 2048,32000,151936,201088] [--steps 300] [--json]`: what
- * structured output costs per token. For each vocabulary size, a synthetic vocabulary (single
- * bytes, JSON punctuation, words with and without a leading space) is indexed by XGrammar once,
- * a JSON schema with strings, enums, numbers, arrays and nested objects is compiled, and then a
- * random walk through it measures each step's mask: XGrammar's bitmask, and applying it to a
+ * structured output costs per token. For each vocabulary size, the synthetic byte-level BPE
+ * tokenizer of that size (tools/synth/tokenizer.ts) is decoded id by id into the texts XGrammar
+ * needs and indexed by it once, a JSON schema with strings, enums, numbers, arrays and nested
+ * objects is compiled, and then a random walk through it measures each step's mask: XGrammar's bitmask, and applying it to a
  * logits row of the vocabulary's length. Side by side, one decode step of the demo model in the
  * same run, so the mask is seen against the token it gates (a real MoE step is far slower).
  *
@@ -13,7 +13,9 @@ import { parseArgs } from "node:util";
 import { seededUniform } from "../../../engine/sampler.ts";
 import { Session } from "../../../engine/session.ts";
 import { demoModelPath } from "../../demo_model.ts";
-import { applyBitmask, loadXGrammar } from "../../serve/grammar.ts";
+import { loadTokenizer } from "../../../engine/tokenizer.ts";
+import { applyBitmask, loadXGrammar, vocabularyTexts } from "../../serve/grammar.ts";
+import { writeSynthTokenizer } from "../../synth/tokenizer.ts";
 
 /** The schema walked: the shape of a tool call's arguments or an extraction result. */
 const SCHEMA = {
@@ -33,28 +35,11 @@ const SCHEMA = {
   required: ["name", "kind", "population", "coords"],
 };
 
-/** A deterministic vocabulary of `n` token texts. */
-function syntheticVocab(n: number, rand: () => number): string[] {
-  const out: string[] = ["</s>"];
-  for (let b = 32; b < 127 && out.length < n; b++) out.push(String.fromCharCode(b));
-  const letters = "abcdefghijklmnopqrstuvwxyz";
-  const seen = new Set(out);
-  while (out.length < n) {
-    const len = 2 + Math.floor(rand() * 8);
-    let w = rand() < 0.5 ? " " : "";
-    for (let i = 0; i < len; i++) w += letters[Math.floor(rand() * 26)];
-    if (rand() < 0.1) w += ['",', '":', "},", "]", '"'][Math.floor(rand() * 5)];
-    if (!seen.has(w)) {
-      seen.add(w);
-      out.push(w);
-    }
-  }
-  return out;
-}
-
 /** One vocabulary size's figures. */
 export interface GrammarBenchRow {
   vocab: number;
+  /** Decoding every id to the text XGrammar needs (vocabularyTexts). */
+  texts_ms: number;
   index_ms: number;
   compile_ms: number;
   steps: number;
@@ -85,9 +70,14 @@ export async function main(args: string[]): Promise<void> {
   const rows: GrammarBenchRow[] = [];
   for (const n of sizes) {
     const rand = seededUniform(n);
-    const vocab = syntheticVocab(n, rand);
+    const dir = Deno.makeTempDirSync({ prefix: "sluice-bench-grammar-" });
+    writeSynthTokenizer(dir, n);
+    const tok = await loadTokenizer(dir);
+    Deno.removeSync(dir, { recursive: true });
+    const tt = performance.now();
+    const vocab = vocabularyTexts(tok, n);
     const t0 = performance.now();
-    const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, "raw", false, n, [0]);
+    const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, "raw", false, n, tok.eosIds);
     const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
     const t1 = performance.now();
     const compiled = await compiler.compileGrammar(
@@ -120,6 +110,7 @@ export async function main(args: string[]): Promise<void> {
     const sorted = [...mask].sort((x, y) => x - y);
     rows.push({
       vocab: n,
+      texts_ms: t0 - tt,
       index_ms: t1 - t0,
       compile_ms: t2 - t1,
       steps,
@@ -142,14 +133,18 @@ export async function main(args: string[]): Promise<void> {
     return;
   }
   console.log("grammar mask per token (XGrammar wasm, JSON schema walk)");
-  console.log("vocab    index ms  compile ms  mask mean  p50     p99     apply   mask ÷ demo step");
+  console.log(
+    "vocab    texts ms  index ms  compile ms  mask mean  p50     p99     apply   mask ÷ demo step",
+  );
   for (const r of rows) {
     console.log(
-      `${String(r.vocab).padEnd(8)} ${r.index_ms.toFixed(0).padStart(8)}  ${
-        r.compile_ms.toFixed(0).padStart(10)
-      }  ${r.mask_ms_mean.toFixed(3).padStart(9)}  ${r.mask_ms_p50.toFixed(3)}   ${
-        r.mask_ms_p99.toFixed(3)
-      }   ${r.apply_ms_mean.toFixed(3)}   ${(r.mask_ms_mean / decodeMs).toFixed(3)}`,
+      `${String(r.vocab).padEnd(8)} ${r.texts_ms.toFixed(0).padStart(8)}  ${
+        r.index_ms.toFixed(0).padStart(8)
+      }  ${r.compile_ms.toFixed(0).padStart(10)}  ${r.mask_ms_mean.toFixed(3).padStart(9)}  ${
+        r.mask_ms_p50.toFixed(3)
+      }   ${r.mask_ms_p99.toFixed(3)}   ${r.apply_ms_mean.toFixed(3)}   ${
+        (r.mask_ms_mean / decodeMs).toFixed(3)
+      }`,
     );
   }
   console.log(`demo model decode step: ${decodeMs.toFixed(2)} ms/token (same run)`);
