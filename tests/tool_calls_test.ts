@@ -42,7 +42,7 @@ const CALLS = [
 
 /**
  * Excerpts of the assistant-turn part of each release's template (Qwen3, GLM-4.5, Kimi-K2,
- * DeepSeek-V3-0324, DeepSeek-V3.1, DeepSeek-V3.2 DSML, MiniMax-M2, gpt-oss), written for this test.
+ * DeepSeek-V3-0324, DeepSeek-V3.1, DeepSeek-V3.2 and V4 DSML, MiniMax-M2, gpt-oss), written for this test.
  */
 const EXCERPTS: Record<string, string> = {
   hermes: `{%- for tc in message.tool_calls %}{% set f = tc.function %}
@@ -64,11 +64,16 @@ const EXCERPTS: Record<string, string> = {
   "deepseek-v3.1": `<｜tool▁calls▁begin｜>{% for tc in message.tool_calls %}
 {{- '<｜tool▁call▁begin｜>' + tc.function.name + '<｜tool▁sep｜>' + tc.function.arguments + '<｜tool▁call▁end｜>' }}
 {%- endfor %}<｜tool▁calls▁end｜>`,
-  "deepseek-dsml": `<｜DSML｜function_calls>
+  "deepseek-v3.2": `<｜DSML｜function_calls>
 {% for tc in message.tool_calls %}<｜DSML｜invoke name="{{ tc.function.name }}">
 {% for k, v in tc.function.arguments.items() %}<｜DSML｜parameter name="{{ k }}" string="{{ 'true' if v is string else 'false' }}">{{ v if v is string else v | tojson }}</｜DSML｜parameter>
 {% endfor %}</｜DSML｜invoke>
 {% endfor %}</｜DSML｜function_calls>`,
+  "deepseek-v4": `<｜DSML｜tool_calls>
+{% for tc in message.tool_calls %}<｜DSML｜invoke name="{{ tc.function.name }}">
+{% for k, v in tc.function.arguments.items() %}<｜DSML｜parameter name="{{ k }}" string="{{ 'true' if v is string else 'false' }}">{{ v if v is string else v | tojson }}</｜DSML｜parameter>
+{% endfor %}</｜DSML｜invoke>
+{% endfor %}</｜DSML｜tool_calls>`,
   minimax: `<minimax:tool_call>
 {% for tc in message.tool_calls %}<invoke name="{{ tc.function.name }}">
 {% for k, v in tc.function.arguments.items() %}<parameter name="{{ k }}">{{ v if v is string else v | tojson }}</parameter>
@@ -154,9 +159,13 @@ const MALFORMED: Record<string, string[]> = {
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n{}<｜tool▁call▁end｜>",
   ],
   "deepseek-v3.1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather{}<｜tool▁calls▁end｜>"],
-  "deepseek-dsml": [
+  "deepseek-v3.2": [
     '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="days" ' +
     'string="false">three</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+  ],
+  "deepseek-v4": [
+    '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="days" ' +
+    'string="false">three</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
   ],
   minimax: ['<minimax:tool_call>\n<invoke name="get_weather">\n<parameter city>x</parameter>'],
   harmony: ["<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{oops"],

@@ -3,10 +3,11 @@
  * - V3 / R1 (0324, 0528): `<｜tool▁calls▁begin｜>`, then per call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`,
  *   the arguments in a ```json fence, `<｜tool▁call▁end｜>`; then `<｜tool▁calls▁end｜>`;
  * - V3.1: the same section with `NAME<｜tool▁sep｜>ARGUMENTS` and no fence;
- * - V3.2 / V4 ("DSML"): `<｜DSML｜function_calls>` holding `<｜DSML｜invoke name="F">` elements with
- *   `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` children (raw text when
- *   string="true", else JSON).
- * The parser of the first two accepts either body, so a fine-tune mixing them still parses.
+ * - V3.2 and V4 ("DSML"): `<｜DSML｜function_calls>` (V3.2) or `<｜DSML｜tool_calls>` (V4) holding
+ *   `<｜DSML｜invoke name="F">` elements with `<｜DSML｜parameter name="K" string="true|false">V`
+ *   `</｜DSML｜parameter>` children (raw text when string="true", else JSON).
+ * The parser of the first two accepts either body, and the DSML parser either wrapper, so a
+ * fine-tune mixing them still parses.
  *
  * @module
  */
@@ -105,15 +106,17 @@ export const DEEPSEEK_V31: ToolCallFormat = {
 };
 
 const DSML = "｜DSML｜";
-const DSML_OPEN = `<${DSML}function_calls>`;
-const DSML_CLOSE = `</${DSML}function_calls>`;
+/** The wrappers of a DSML section: V3.2's and V4's. */
+const DSML_WRAPPERS = ["function_calls", "tool_calls"] as const;
 const INVOKE = new RegExp(`^\\s*<${DSML}invoke name="([^"]*)">([\\s\\S]*?)(?:</${DSML}invoke>|$)`);
 const PARAM = new RegExp(
   `^\\s*<${DSML}parameter name="([^"]*)"(?: string="(true|false)")?>([\\s\\S]*?)</${DSML}parameter>`,
 );
 
 function parseDsml(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
-  const outer = blocks(section, DSML_OPEN, DSML_CLOSE);
+  const wrapper = DSML_WRAPPERS.find((w) => section.startsWith(`<${DSML}${w}>`));
+  if (!wrapper) return null;
+  const outer = blocks(section, `<${DSML}${wrapper}>`, `</${DSML}${wrapper}>`);
   if (outer === null || outer.length !== 1) return null;
   const calls = parseInvokes(outer[0], tools, INVOKE, PARAM, (tool, p) => {
     if (p[2] === "true") return p[3];
@@ -127,30 +130,42 @@ function parseDsml(section: string, tools: readonly ToolSpec[]): ToolCall[] | nu
   return calls && calls.length > 0 ? calls : null;
 }
 
-/** DeepSeek-V3.2 / V4 DSML. */
-export const DEEPSEEK_DSML: ToolCallFormat = {
-  name: "deepseek-dsml",
-  detect: (t) => t.includes(DSML),
-  opens: [DSML_OPEN],
-  parse: parseDsml,
-  argumentsAs: "object",
-  section: { begin: `${DSML_OPEN}\n`, sep: "\n", end: `\n${DSML_CLOSE}` },
-  callGrammar: (tool) => {
-    const props = (tool.parameters.properties ?? {}) as Record<string, { type?: unknown }>;
-    return {
-      type: "sequence",
-      elements: [
-        { type: "const_string", value: `<${DSML}invoke name="${tool.name}">\n` },
-        ...requiredParams(tool).flatMap((key) => [
-          {
-            type: "const_string" as const,
-            value: `<${DSML}parameter name="${key}" string="${props[key]?.type === "string"}">`,
-          },
-          valueGrammar(tool, key, "<"),
-          { type: "const_string" as const, value: `</${DSML}parameter>\n` },
-        ]),
-        { type: "const_string", value: `</${DSML}invoke>` },
-      ],
-    };
-  },
-};
+/** The DSML format of one generation, named by its section wrapper. */
+function dsmlFormat(name: string, wrapper: (typeof DSML_WRAPPERS)[number]): ToolCallFormat {
+  const open = `<${DSML}${wrapper}>`;
+  const close = `</${DSML}${wrapper}>`;
+  return {
+    name,
+    // A V4 template writes "tool_calls" around its calls and never "function_calls".
+    detect: (t) =>
+      t.includes("DSML") && t.includes("function_calls") === (wrapper === "function_calls"),
+    opens: DSML_WRAPPERS.map((w) => `<${DSML}${w}>`),
+    parse: parseDsml,
+    argumentsAs: "object",
+    section: { begin: `${open}\n`, sep: "\n", end: `\n${close}` },
+    callGrammar: (tool) => {
+      const props = (tool.parameters.properties ?? {}) as Record<string, { type?: unknown }>;
+      return {
+        type: "sequence",
+        elements: [
+          { type: "const_string", value: `<${DSML}invoke name="${tool.name}">\n` },
+          ...requiredParams(tool).flatMap((key) => [
+            {
+              type: "const_string" as const,
+              value: `<${DSML}parameter name="${key}" string="${props[key]?.type === "string"}">`,
+            },
+            valueGrammar(tool, key, "<"),
+            { type: "const_string" as const, value: `</${DSML}parameter>\n` },
+          ]),
+          { type: "const_string", value: `</${DSML}invoke>` },
+        ],
+      };
+    },
+  };
+}
+
+/** DeepSeek-V3.2: DSML in `function_calls`. */
+export const DEEPSEEK_V32: ToolCallFormat = dsmlFormat("deepseek-v3.2", "function_calls");
+
+/** DeepSeek-V4: DSML in `tool_calls`. */
+export const DEEPSEEK_V4: ToolCallFormat = dsmlFormat("deepseek-v4", "tool_calls");

@@ -5,7 +5,7 @@
  * @module
  */
 import type { ToolCallFormat } from "./call.ts";
-import { DEEPSEEK_DSML, DEEPSEEK_V3, DEEPSEEK_V31 } from "./deepseek.ts";
+import { DEEPSEEK_V3, DEEPSEEK_V31, DEEPSEEK_V32, DEEPSEEK_V4 } from "./deepseek.ts";
 import { GLM } from "./glm.ts";
 import { HARMONY } from "./harmony.ts";
 import { HERMES } from "./hermes.ts";
@@ -18,7 +18,8 @@ export type { ToolCall, ToolCallFormat, ToolSpec } from "./call.ts";
 export const TOOL_CALL_FORMATS: readonly ToolCallFormat[] = [
   HARMONY,
   KIMI_K2,
-  DEEPSEEK_DSML,
+  DEEPSEEK_V32,
+  DEEPSEEK_V4,
   DEEPSEEK_V3,
   DEEPSEEK_V31,
   MINIMAX,
