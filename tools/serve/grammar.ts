@@ -10,6 +10,7 @@
  * @module
  */
 import { createRequire } from "node:module";
+import { setImmediate } from "node:timers";
 import type { CompiledGrammar, GrammarCompiler, StructuralTagFormat } from "@mlc-ai/web-xgrammar";
 import type { Session, TokenConstraint } from "../../engine/session.ts";
 import type { Tokenizer } from "../../engine/tokenizer.ts";
@@ -77,12 +78,10 @@ export type OutputGrammar =
   | { kind: "schema"; schema: Record<string, unknown> }
   | { kind: "tag"; format: StructuralTagFormat };
 
-/** A session's grammar compiler (its vocabulary indexed once) and the time that took. */
+/** A session's grammar compiler (its vocabulary indexed once). */
 interface Indexed {
   compiler: GrammarCompiler;
   xg: XGrammar;
-  stopIds: number[];
-  ms: number;
 }
 
 const compilers = new WeakMap<Session, Promise<Indexed>>();
@@ -92,13 +91,15 @@ const compilers = new WeakMap<Session, Promise<Indexed>>();
  * decoded text (after a fixed token and minus that token's text, so a tokenizer that drops a
  * leading space on the first token keeps it), "" for special tokens, which XGrammar then never
  * allows inside the output. A token that is part of a UTF-8 sequence decodes to U+FFFD, which the
- * grammar allows where any character is.
+ * grammar allows where any character is. Seconds of work at 150k ids: it yields to the event loop
+ * every few thousand ids, so a stream being served meanwhile keeps flowing.
  */
-export function vocabularyTexts(tok: Tokenizer, vocabSize: number): string[] {
+export async function vocabularyTexts(tok: Tokenizer, vocabSize: number): Promise<string[]> {
   const anchor = tok.encode("a", { addSpecial: false })[0] ?? 0;
   const base = tok.decode([anchor], { skipSpecial: true });
   const out = new Array<string>(vocabSize).fill("");
   for (let id = 0; id < Math.min(vocabSize, tok.vocabSize); id++) {
+    if (id % 4096 === 4095) await new Promise((r) => setImmediate(r));
     const text = tok.decode([anchor, id], { skipSpecial: true });
     out[id] = text.startsWith(base) ? text.slice(base.length) : tok.decode([id]);
   }
@@ -110,18 +111,18 @@ function indexed(session: Session): Promise<Indexed> {
   if (!p) {
     p = (async () => {
       const xg = await loadXGrammar();
-      const t0 = performance.now();
-      const stopIds = [...session.stopIds()];
       const info = await xg.TokenizerInfo.createTokenizerInfo(
-        vocabularyTexts(session.tokenizer, session.model.cfg.vocabSize),
+        await vocabularyTexts(session.tokenizer, session.model.cfg.vocabSize),
         "raw",
         false,
         session.model.cfg.vocabSize,
-        stopIds,
+        [...session.stopIds()],
       );
       const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
-      return { compiler, xg, stopIds, ms: performance.now() - t0 };
+      return { compiler, xg };
     })();
+    // A failure is not kept: the next request tries again.
+    p.catch(() => compilers.delete(session));
     compilers.set(session, p);
   }
   return p;

@@ -75,7 +75,7 @@ export async function main(args: string[]): Promise<void> {
     const tok = await loadTokenizer(dir);
     Deno.removeSync(dir, { recursive: true });
     const tt = performance.now();
-    const vocab = vocabularyTexts(tok, n);
+    const vocab = await vocabularyTexts(tok, n);
     const t0 = performance.now();
     const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, "raw", false, n, tok.eosIds);
     const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
