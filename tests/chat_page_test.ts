@@ -1,7 +1,8 @@
 /**
  * The chat page at / in a real headless Chromium: a message streams in and equals a greedy
- * generation of the same chat (system prompt and sampling settings from the page); reasoning is
- * shown folded; Stop ends a long generation; the live panels beside the chat draw their charts.
+ * generation of the same chat (system prompt and sampling settings from the page); reasoning and a
+ * required tool call are shown folded; Stop ends a long generation; the live panels beside the
+ * chat draw their charts.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -78,15 +79,47 @@ Deno.test({
       assert.match(fold.summary, /^Reasoning \(\d+ characters\)$/);
       assert.ok(fold.text.length > 0);
 
+      // A required tool call is shown folded, with arguments that parse.
+      await set("thinking", "off");
+      await set(
+        "tools",
+        JSON.stringify([{
+          type: "function",
+          function: {
+            name: "get_weather",
+            parameters: {
+              type: "object",
+              properties: { city: { enum: ["Oslo", "Lima"] } },
+              required: ["city"],
+            },
+          },
+        }]),
+      );
+      await set("tool_choice", "required");
+      await set("max_tokens", "200");
+      await send("Weather in Oslo?");
+      await browser.waitFor(`${stats}.length === 3`);
+      const tool = await browser.eval<{ open: boolean; summary: string; args: string }>(`(() => {
+        const d = document.querySelectorAll(".msg.assistant")[2].querySelector("details.tool");
+        return { open: d.open, summary: d.querySelector("summary").textContent,
+          args: d.querySelector("pre").textContent };
+      })()`);
+      assert.equal(tool.open, false);
+      assert.equal(tool.summary, "Tool call: get_weather");
+      assert.ok(["Oslo", "Lima"].includes(JSON.parse(tool.args).city), tool.args);
+      assert.match(await browser.eval<string>(`${stats}[2].textContent`), /^tool_calls · /);
+      await set("tools", "");
+
       // Stop: a long generation ends at the click, marked as stopped.
+      await set("thinking", "on");
       await set("max_tokens", "1500");
       await send("Tell me a very long story.");
       await browser.waitFor(
-        `(document.querySelectorAll(".msg.assistant")[2]?.textContent.length ?? 0) > 40`,
+        `(document.querySelectorAll(".msg.assistant")[3]?.textContent.length ?? 0) > 40`,
       );
       await browser.eval(`document.getElementById("stopBtn").click()`);
-      await browser.waitFor(`${stats}.length === 3`);
-      assert.equal(await browser.eval<string>(`${stats}[2].textContent`), "stopped");
+      await browser.waitFor(`${stats}.length === 4`);
+      assert.equal(await browser.eval<string>(`${stats}[3].textContent`), "stopped");
       assert.ok(server.live.totals.cancelled >= 1);
 
       await browser.waitFor("globalThis.sluiceState?.history.length >= 3");
