@@ -6,9 +6,19 @@
  */
 import { readJsonObjectIfExists } from "../io/json_file.ts";
 import { type ChatMessage, checkChatMessages, renderChat } from "./chat.ts";
+import { resolveChatTemplate, type ResolvedChatTemplate } from "./chat_templates.ts";
 import { Model, type RunOptions } from "./model.ts";
 import { createSampler, type SamplerOptions } from "./sampler.ts";
-import { decode, type SpecOptions, Speculation } from "./speculate.ts";
+import {
+  decode,
+  type DecodedToken,
+  type SpecOptions,
+  Speculation,
+  type TokenConstraint,
+} from "./speculate.ts";
+import type { TokenLogprob } from "./logprobs.ts";
+
+export type { TokenConstraint };
 import { collectStats, type RunStats, type Timings } from "./stats.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
 
@@ -24,6 +34,12 @@ export interface GenerateOptions extends SamplerOptions {
   signal?: AbortSignal;
   /** Awaited after each prompt chunk with the prompt tokens done so far (progress, keep-alives). */
   onPrefill?: (done: number, total: number) => void | Promise<void>;
+  /** Keep special tokens in the yielded text (tool-call and channel markers are special). */
+  keepSpecial?: boolean;
+  /** Restricts each step to the tokens a grammar allows (structured output). */
+  constraint?: TokenConstraint;
+  /** Report each token's log probability with this many alternatives (0 for none). */
+  logprobs?: number;
 }
 
 /** How to open a session: the model's run options, and speculative decoding. */
@@ -37,6 +53,8 @@ export interface GeneratedToken {
   id: number;
   /** Text that became printable with this token (may be empty). */
   text: string;
+  /** Its log probability, when asked for (GenerateOptions.logprobs). */
+  logprob?: TokenLogprob;
 }
 
 /** An open model and tokenizer, ready to generate. */
@@ -55,6 +73,7 @@ export class Session {
   /** The drafter of speculative decoding, or null when it is off. */
   readonly speculation: Speculation | null;
   #cached: number[] = [];
+  #template: ResolvedChatTemplate | null = null;
   /** The transformer's call count when #cached was last true: other calls invalidate it. */
   #cachedAt = 0;
 
@@ -110,10 +129,7 @@ export class Session {
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
     checkChatMessages(messages, this.model.maxContext);
-    const text = renderChat(this.model.container.dir, messages, {
-      addGenerationPrompt: true,
-      extra,
-    });
+    const text = this.chatPrompt(messages, extra);
     const fresh = this.tokenizer.encode(text, { addSpecial: false });
     const cached = this.cachedTokens;
     const keep = this.#textPrefix(cached, text);
@@ -136,6 +152,26 @@ export class Session {
       else hi = mid - 1;
     }
     return { tokens: lo, chars: textOf(lo).length };
+  }
+
+  /** The prompt text of `messages` (see {@link chatIds}). */
+  chatPrompt(messages: ChatMessage[], extra?: Record<string, unknown>): string {
+    return renderChat(this.chatTemplate.source, messages, { addGenerationPrompt: true, extra });
+  }
+
+  /** The chat template in use: the checkpoint's, else the built-in one (see its notice). */
+  get chatTemplate(): ResolvedChatTemplate {
+    this.#template ??= resolveChatTemplate(this.model.container.dir, this.tokenizer.specialTokens);
+    return this.#template;
+  }
+
+  /** Renders chats with `override` (a Jinja file or a built-in name) instead. */
+  useChatTemplate(override: string): void {
+    this.#template = resolveChatTemplate(
+      this.model.container.dir,
+      this.tokenizer.specialTokens,
+      override,
+    );
   }
 
   /** Text of `ids`, special tokens skipped. */
@@ -210,7 +246,7 @@ export class Session {
       );
     }
     const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
-    const { signal, onPrefill, ...sampling } = opts;
+    const { signal, onPrefill, keepSpecial, constraint, logprobs, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const resolved = { ...this.samplingDefaults, ...given };
     const sampler = createSampler(resolved);
@@ -242,7 +278,7 @@ export class Session {
     }
     t.promptMs = performance.now() - t0;
     t.decode = { passes: 0, drafted: 0, accepted: 0, gated: 0 };
-    const ids$ = decode({
+    const steps = decode({
       model: this.model,
       sampler,
       sampling: resolved,
@@ -251,12 +287,16 @@ export class Session {
       logits,
       maxTokens,
       stop,
-      spec: this.speculation,
+      // A grammar restricts every step: drafts sampled without it would only be rejected.
+      spec: constraint ? null : this.speculation,
+      constraint,
+      logprobs,
       counters: t.decode,
     });
     try {
-      yield* this.#stream(ids$, signal);
+      yield* this.#stream(steps, keepSpecial ?? false, signal);
     } finally {
+      await steps.return(undefined);
       const d = this.decodeTotals;
       d.tokens += t.generatedTokens;
       d.passes += t.decode.passes + 1;
@@ -266,21 +306,25 @@ export class Session {
     }
   }
 
-  /** Yields the ids of `ids$` with their text, timing each step into the timings. */
-  async *#stream(ids$: Generator<number>, signal?: AbortSignal): AsyncGenerator<GeneratedToken> {
+  /** Yields the ids of `steps` with their text, timing each step into the timings. */
+  async *#stream(
+    steps: AsyncGenerator<DecodedToken>,
+    keepSpecial: boolean,
+    signal?: AbortSignal,
+  ): AsyncGenerator<GeneratedToken> {
     const t = this.timings;
-    const stream = this.tokenizer.decodeStream();
+    const stream = this.tokenizer.decodeStream({ skipSpecial: !keepSpecial });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
     while (!signal?.aborted) {
       const t1 = performance.now();
-      const next = ids$.next();
+      const next = await steps.next();
       this.#cachedAt = this.model.transformer.calls;
       t.generateMs += performance.now() - t1;
       if (next.done) break;
-      const id = next.value;
+      const { id, logprob } = next.value;
       t.generatedTokens++;
-      held.push({ id, text: stream.push(id) });
+      held.push({ id, text: stream.push(id), ...(logprob ? { logprob } : {}) });
       if (!stream.holding) {
         yield* held;
         held = [];

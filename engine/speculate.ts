@@ -26,6 +26,7 @@
  *
  * @module
  */
+import { type TokenLogprob, tokenLogprob } from "./logprobs.ts";
 import { Model, type RunOptions } from "./model.ts";
 import {
   argmax,
@@ -340,6 +341,20 @@ async function checkDraft(
   }
 }
 
+/** A per-step restriction of the vocabulary (a grammar matcher: structured output). */
+export interface TokenConstraint {
+  /** Sets the logits of disallowed ids to −Infinity. */
+  mask(logits: Float32Array): void | Promise<void>;
+  /** Advances past the sampled `id`; false when the grammar is complete (generation ends). */
+  accept(id: number): boolean;
+}
+
+/** One generated id, with its log probability when asked for. */
+export interface DecodedToken {
+  id: number;
+  logprob?: TokenLogprob;
+}
+
 /** What one generation's decode loop works on. */
 export interface DecodeSetup {
   model: Model;
@@ -356,23 +371,42 @@ export interface DecodeSetup {
   maxTokens: number;
   /** Ids that end the generation (not yielded). */
   stop: Set<number>;
-  /** The drafter's setup, or null for plain decoding. */
+  /** The drafter's setup, or null for plain decoding (always null with a constraint). */
   spec: Speculation | null;
+  /** Restricts every step's choice (structured output); drafting is off with one. */
+  constraint?: TokenConstraint;
+  /** Report each token's log probability with this many alternatives. */
+  logprobs?: number;
   /** Where the loop counts its passes and drafts. */
   counters: DecodeCounters;
 }
 
 /**
- * Yields the generated ids one by one until a stop id (not yielded) or `maxTokens`; between
- * yields `history` and `cached` are consistent with the KV cache.
+ * Yields the generated ids one by one until a stop id (not yielded), `maxTokens`, or a
+ * constraint's end; between yields `history` and `cached` are consistent with the KV cache.
  */
-export function* decode(s: DecodeSetup): Generator<number> {
-  const { model, sampler, history, cached, stop, counters } = s;
+export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken> {
+  const { model, sampler, history, cached, stop, counters, constraint } = s;
+  if (constraint && s.spec) throw new Error("decode: drafts cannot be verified under a constraint");
   if (s.maxTokens <= 0) return;
-  const first = sampler.sample(s.logits, history);
+  /**
+   * `row` as the sampler sees it without a draft: masked by the constraint, if any (a copy: the
+   * forward pass's buffer is read again by nothing but the sampler).
+   */
+  const restrict = async (row: Float32Array): Promise<Float32Array> => {
+    if (!constraint) return row;
+    const masked = row.slice();
+    await constraint.mask(masked);
+    return masked;
+  };
+  const withLogprob = (row: Float32Array, id: number): DecodedToken =>
+    s.logprobs === undefined ? { id } : { id, logprob: tokenLogprob(row, id, s.logprobs) };
+  const row0 = await restrict(s.logits);
+  const first = sampler.sample(row0, history);
   if (stop.has(first)) return;
   history.push(first);
-  yield first;
+  yield withLogprob(row0, first);
+  if (constraint && !constraint.accept(first)) return;
   let generated = 1;
   const vocab = model.cfg.vocabSize;
   const drafter = s.spec?.drafter(s.sampling, sampler.seed) ?? null;
@@ -393,7 +427,7 @@ export function* decode(s: DecodeSetup): Generator<number> {
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
   }
-  function* rounds(): Generator<number> {
+  async function* rounds(): AsyncGenerator<DecodedToken> {
     while (generated < s.maxTokens) {
       const t0 = performance.now();
       // The last kept token is pending: the KV cache holds everything before it.
@@ -413,10 +447,11 @@ export function* decode(s: DecodeSetup): Generator<number> {
       counters.passes++;
       counters.drafted += nd;
       cached.push(history[pos]);
-      const emitted: number[] = [];
+      const emitted: DecodedToken[] = [];
       let accepted = 0, stopped = false;
       for (let i = 0; i <= nd; i++) {
-        const row = rows.subarray(i * vocab, (i + 1) * vocab);
+        // Only the token after the last draft can be constrained: with a constraint nd is 0.
+        const row = await restrict(rows.subarray(i * vocab, (i + 1) * vocab));
         let tok: number;
         if (i < nd && draft.q && sampled) {
           const p = samplingDistribution(row, history, s.sampling);
@@ -433,7 +468,11 @@ export function* decode(s: DecodeSetup): Generator<number> {
           break;
         }
         history.push(tok);
-        emitted.push(tok);
+        emitted.push(withLogprob(row, tok));
+        if (constraint && !constraint.accept(tok)) {
+          stopped = true;
+          break;
+        }
         if (i === nd || tok !== draft.tokens[i]) break;
         accepted++;
       }

@@ -263,3 +263,35 @@ export async function checkRecurrentCache(
     cold.close();
   }
 }
+
+/**
+ * Text of a cold greedy generation of `n` tokens after `ids` on a reference session (special
+ * tokens kept when `keepSpecial`, as the server reads a chat's output for its markers).
+ */
+export async function coldText(
+  ref: Session,
+  ids: number[],
+  n: number,
+  keepSpecial = false,
+): Promise<string> {
+  ref.resetCache();
+  let text = "";
+  for await (const t of ref.generate(ids, { maxTokens: n, temperature: 0, keepSpecial })) {
+    text += t.text;
+  }
+  return text;
+}
+
+/**
+ * A chat template whose generation prompt opens `<think>`, or writes an empty think block when
+ * enable_thinking is false: Qwen3's habit, reduced to it (written for the tests).
+ */
+export const THINK_TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}`;

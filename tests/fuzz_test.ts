@@ -159,15 +159,18 @@ Deno.test("regression: serve request fields are quoted by kind, never as [object
       assert.equal(e.message, message);
       return true;
     });
-  const only = 'response_format: only {"type": "text"} is supported, not';
-  refuses(chat({ response_format: { type: {} } }), 400, `${only} an object`);
-  refuses(chat({ response_format: { type: "json_object" } }), 400, `${only} "json_object"`);
-  refuses(chat({ response_format: "json" }), 400, `${only} "json"`);
-  refuses(chat({ response_format: {} }), 400, `${only} an object without a type`);
+  const types = 'response_format.type: expected "text", "json_object" or "json_schema"';
+  refuses(chat({ response_format: { type: {} } }), 400, `${types}, got an object`);
+  refuses(
+    chat({ response_format: "json" }),
+    400,
+    'response_format: expected an object with a type, got "json"',
+  );
+  refuses(chat({ response_format: {} }), 400, `${types}, it is missing`);
   // A nesting deep enough to overflow the stack of any recursive quoting (it gave a 500).
   let deep: unknown = 1;
   for (let i = 0; i < 200_000; i++) deep = [deep];
-  refuses(chat({ response_format: { type: deep } }), 400, `${only} an array`);
+  refuses(chat({ response_format: { type: deep } }), 400, `${types}, got an array`);
   refuses(
     chat({ max_tokens: deep }),
     400,
@@ -179,7 +182,13 @@ Deno.test("regression: serve request fields are quoted by kind, never as [object
     400,
     'stream_options.include_usage: expected true or false, got "yes"',
   );
-  refuses(chat({ logprobs: "yes" }), 400, 'logprobs: expected true, false or a count, got "yes"');
+  refuses(chat({ logprobs: "yes" }), 400, 'logprobs: expected true or false, got "yes"');
+  refuses(chat({ n: deep }), 400, "n: expected a whole number in [1, 8], got an array");
+  refuses(
+    chat({ tools: [{ type: "function", function: { name: "f", parameters: deep } }] }),
+    400,
+    "tools[0].function.parameters: expected a JSON schema object, got an array",
+  );
   refuses(chat({ tools: "all" }), 400, 'tools: expected an array, got "all"');
   refuses(chat({ echo: 1 }), 400, "echo: expected true or false, got 1");
   refuses(

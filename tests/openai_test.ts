@@ -1,7 +1,7 @@
 /**
  * The OpenAI wire format without a model: stop strings cut streamed text where the generation
  * ends (at the first token whose text completes one), holding back no more and no less; request
- * checks name the bad field.
+ * checks name the bad field, unknown fields are ignored, unsupported combinations are refused.
  */
 import assert from "node:assert/strict";
 import { seededUniform } from "../engine/sampler.ts";
@@ -60,7 +60,52 @@ Deno.test("request checks name the field and keep what is valid", () => {
   fails({ messages: msgs, top_p: 0 }, true, "top_p");
   fails({ messages: msgs, max_tokens: 1.5 }, true, "max_tokens");
   fails({ messages: msgs, stop: ["a", "b", "c", "d", "e"] }, true, "stop");
-  fails({ messages: msgs, n: 2 }, true, "n");
+  fails({ messages: msgs, n: 9 }, true, "n");
+  fails({ messages: msgs, tools: {} }, true, "tools");
+  fails(
+    { messages: msgs, tools: [{ type: "function", function: { name: "a b" } }] },
+    true,
+    "tools[0].function.name",
+  );
+  const tool = { type: "function", function: { name: "f", parameters: { type: "object" } } };
+  fails({ messages: msgs, tools: [tool, tool] }, true, "tools[1].function.name");
+  fails({ messages: msgs, tool_choice: "required" }, true, "tool_choice");
+  fails({ messages: msgs, tools: [tool], tool_choice: "sometimes" }, true, "tool_choice");
+  fails(
+    { messages: msgs, tools: [tool], tool_choice: { type: "function", function: { name: "g" } } },
+    true,
+    "tool_choice.function.name",
+  );
+  fails({ messages: msgs, tools: [tool], parallel_tool_calls: 1 }, true, "parallel_tool_calls");
+  fails({ messages: msgs, response_format: { type: "xml" } }, true, "response_format.type");
+  fails(
+    { messages: msgs, response_format: { type: "json_schema", json_schema: { schema: {} } } },
+    true,
+    "response_format.json_schema.name",
+  );
+  fails(
+    { messages: msgs, tools: [tool], response_format: { type: "json_object" } },
+    true,
+    "response_format",
+  );
+  fails(
+    { messages: msgs, response_format: { type: "json_object" }, ignore_eos: true },
+    true,
+    "ignore_eos",
+  );
+  fails({ messages: msgs, top_logprobs: 3 }, true, "top_logprobs");
+  fails({ messages: msgs, logprobs: true, top_logprobs: 21 }, true, "top_logprobs");
+  fails({ prompt: "a", logprobs: 6 }, false, "logprobs");
+  fails({ prompt: "a", tools: [tool] }, false, "tools");
+  fails({ messages: msgs, user: 7 }, true, "user");
+  fails({ messages: msgs, chat_template_kwargs: [] }, true, "chat_template_kwargs");
+  fails(
+    { messages: msgs, chat_template_kwargs: { tools: [] } },
+    true,
+    "chat_template_kwargs.tools",
+  );
+  fails({ messages: msgs, enable_thinking: "yes" }, true, "enable_thinking");
+  fails({ messages: msgs, reasoning_effort: "max" }, true, "reasoning_effort");
   fails({ messages: msgs, stream: "yes" }, true, "stream");
   fails({ prompt: ["a", "b"] }, false, "prompt");
   fails({ prompt: [1, -2] }, false, "prompt");
@@ -83,4 +128,23 @@ Deno.test("request checks name the field and keep what is valid", () => {
   assert.ok(r.stream && r.includeUsage);
   assert.equal(r.seed, 5);
   assert.deepEqual(parseCompletion({ prompt: [1, 2, 3] }, false).prompt, [1, 2, 3]);
+  const agent = parseCompletion({
+    messages: msgs,
+    tools: [tool],
+    tool_choice: { type: "function", function: { name: "f" } },
+    parallel_tool_calls: false,
+    logprobs: true,
+    top_logprobs: 2,
+    n: 3,
+    user: "u1",
+    chat_template_kwargs: { enable_thinking: false },
+    reasoning_effort: "low",
+    some_future_field: { ignored: true },
+  }, true);
+  assert.deepEqual(agent.toolChoice, { name: "f" });
+  assert.equal(agent.parallelToolCalls, false);
+  assert.equal(agent.logprobs, 2);
+  assert.equal(agent.n, 3);
+  assert.deepEqual(agent.templateKwargs, { enable_thinking: false, reasoning_effort: "low" });
+  assert.equal(parseCompletion({ messages: msgs, tools: [tool] }, true).toolChoice, "auto");
 });

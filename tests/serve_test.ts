@@ -8,7 +8,7 @@ import OpenAI from "openai";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
-import { packedFixture, runSluice, sharedMissing } from "./fixtures.ts";
+import { coldText, packedFixture, runSluice, sharedMissing } from "./fixtures.ts";
 
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const KEY = "test-key";
@@ -21,14 +21,6 @@ async function generateCli(model: string, args: string[]): Promise<{ text: strin
   const r = await runSluice(["generate", "--model", model, "--json", "--ctx", "512", ...args]);
   assert.equal(r.code, 0, r.stderr);
   return JSON.parse(r.stdout);
-}
-
-/** Text of a cold greedy generation on a reference session. */
-async function coldText(ref: Session, ids: number[], n: number): Promise<string> {
-  ref.resetCache();
-  let text = "";
-  for await (const t of ref.generate(ids, { maxTokens: n, temperature: 0 })) text += t.text;
-  return text;
 }
 
 async function post(url: string, body: string, headers: Record<string, string> = {}) {
@@ -189,9 +181,9 @@ Deno.test({
         });
         assert.equal(key.status, 401);
         assert.equal(key.body.error.type, "authentication_error");
-        const logprobs = await post(url, JSON.stringify({ messages: user, logprobs: true }));
+        const logprobs = await post(url, JSON.stringify({ messages: user, top_logprobs: 2 }));
         assert.equal(logprobs.status, 400);
-        assert.equal(logprobs.body.error.param, "logprobs");
+        assert.equal(logprobs.body.error.param, "top_logprobs");
         const tooLong = await post(
           `${server.url}/v1/completions`,
           JSON.stringify({ prompt: Array(600).fill(5) }),
@@ -389,14 +381,22 @@ Deno.test({
         const cli = await generateCli(model, ["--prompt", prompt, "-n", "30"]);
         assert.equal(r.choices[0].text, cli.text, prompt);
       }
-      // No chat template: a clear 400, and the server carries on.
-      await assert.rejects(
-        client.chat.completions.create({
-          model: "stories260k-moe",
-          messages: [{ role: "user", content: "hi" }],
-        }),
-        (e: unknown) => e instanceof OpenAI.BadRequestError && /no chat template/.test(e.message),
+      // No chat template: the built-in ChatML one, with a notice, and its end of turn stops.
+      assert.match(session.chatTemplate.notice ?? "", /no chat template/);
+      const messages = [{ role: "user" as const, content: "Tell me about the dog." }];
+      const prompt = session.chatPrompt(messages);
+      assert.equal(
+        prompt,
+        "<s><|im_start|>user\nTell me about the dog.</s>\n<|im_start|>assistant\n",
       );
+      const r = await client.chat.completions.create({
+        model: "stories260k-moe",
+        messages,
+        max_tokens: 30,
+        temperature: 0,
+      });
+      const ref = await generateCli(model, ["--chat", "--prompt", messages[0].content, "-n", "30"]);
+      assert.equal(r.choices[0].message.content, ref.text.split("<|im_start|>")[0]);
     } finally {
       await server.close();
       session.close();

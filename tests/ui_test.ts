@@ -1,7 +1,8 @@
 /**
  * The live view at /ui in a real headless Chromium: while a request streams, the page shows the
- * model, the current request, the rate history, the expert heat map and the trunk layout, and a
- * screenshot of it has those panels' colours where the page says they are.
+ * model, the current request, the decode and read rates on their own charts with axes, the expert
+ * heat map and the trunk layout, and a screenshot of it has those panels' colours where the page
+ * says they are.
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -72,7 +73,7 @@ Deno.test({
       const rects = await browser.eval<
         Record<string, { x: number; y: number; w: number; h: number }>
       >(
-        `Object.fromEntries(["rates", "heat", "trunk"].map((id) => {
+        `Object.fromEntries(["rates", "reads", "heat", "trunk"].map((id) => {
           const r = document.getElementById(id).getBoundingClientRect();
           return [id, { x: r.x, y: r.y, w: r.width, h: r.height }];
         }))`,
@@ -101,6 +102,16 @@ Deno.test({
       const ratio = pinned / streamed, want = plan.pinned / (4 - plan.pinned);
       assert.ok(pinned > 100 && Math.abs(ratio - want) < 0.1 * want, `${pinned} vs ${streamed}`);
       assert.ok(countColour(img, [0x4f, 0xb3, 0xff], rects.rates, 40) > 50, "tok/s line");
+      // Read rates have their own chart (they no longer overlap the tok/s line), both on grids.
+      assert.ok(countColour(img, [0xff, 0xb3, 0x47], rects.reads, 40) > 50, "MiB/s line");
+      assert.equal(
+        countColour(img, [0xff, 0xb3, 0x47], rects.rates, 40),
+        0,
+        "no read line on tok/s",
+      );
+      for (const r of [rects.rates, rects.reads]) {
+        assert.ok(countColour(img, [0x25, 0x2b, 0x33], r, 4) > 100, "grid lines");
+      }
       const background = countColour(img, [0x11, 0x15, 0x1a], rects.heat, 6);
       assert.ok(background < 0.9 * rects.heat.w * rects.heat.h, "heat map drawn");
       assert.ok(countColour(img, [0xe8, 0xf4, 0xff], rects.heat, 30) > 20, "resident outlines");

@@ -96,8 +96,11 @@ export async function chatCommand(args: string[]): Promise<number> {
     spec: specFromArgs(a),
   });
   try {
-    // A model without a chat template cannot chat: say so now, not at every line.
+    // A template that does not render is refused now, not at every line; a checkpoint without
+    // one chats through the built-in template, with a notice.
     session.chatIds([{ role: "user", content: "" }]);
+    const notice = session.chatTemplate.notice;
+    if (notice && !quiet) console.error(`sluice chat: ${notice}`);
   } catch (e) {
     session.close();
     throw e;

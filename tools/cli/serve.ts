@@ -18,7 +18,15 @@ Usage:
 
 Endpoints:
   POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
-  GET /metrics (Prometheus)   POST /tokenize   POST /detokenize   GET /ui (live view)
+  POST /v1/messages (Anthropic)   POST /v1/messages/count_tokens
+  GET /metrics (Prometheus)   POST /tokenize   POST /detokenize
+  GET / (chat page)   GET /ui (live view)
+
+Chat completions take tools (tool_choice auto/none/required/named), response_format json_object
+and json_schema (sampling is constrained so the output matches), logprobs, n, and
+chat_template_kwargs / enable_thinking / reasoning_effort; reasoning comes back as
+reasoning_content. Tool calls are read in the template's own format: Qwen/Hermes, GLM,
+Kimi-K2, DeepSeek V3/V3.1/V3.2-V4, MiniMax-M2, gpt-oss harmony.
 
 Server:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
@@ -34,6 +42,8 @@ Server:
   --queue N             requests that may wait behind the running one (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
+  --chat-template T     a Jinja file, or "chatml" (built-in), instead of the checkpoint's
+                        template; a checkpoint without one uses chatml, with a notice
 
 Requests run one at a time. Each keeps the KV cache of its prompt: a request that extends the
 previous one (the next turn of a chat) only runs its new tokens (usage.prompt_tokens_details).
@@ -59,6 +69,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     queue: { type: "string" },
     "max-body": { type: "string" },
     "keep-alive": { type: "string" },
+    "chat-template": { type: "string" },
     ...RUN_FLAGS,
     ...SPEC_FLAGS,
     quiet: { type: "boolean" },
@@ -87,8 +98,19 @@ export async function serveCommand(args: string[]): Promise<number> {
     ...runOptionsFromArgs(a),
     spec: specFromArgs(a),
   });
+  const template = a.str("chat-template");
+  try {
+    if (template !== undefined) session.useChatTemplate(template);
+    const notice = session.chatTemplate.notice;
+    if (notice && !quiet) console.error(`sluice serve: ${notice}`);
+  } catch (e) {
+    session.close();
+    throw e;
+  }
   const server = startServer(session, options);
-  console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
+  console.error(
+    `sluice serve: listening on ${server.url} (chat ${server.url}/, live view ${server.url}/ui)`,
+  );
   const host = options.host ?? "127.0.0.1";
   if (!options.apiKey && !["127.0.0.1", "localhost", "::1"].includes(host)) {
     console.error(

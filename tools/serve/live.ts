@@ -49,6 +49,8 @@ export class LiveStats {
   };
   /** Decode tok/s of the last finished request. */
   lastTokPerS = 0;
+  /** Grammar masks of structured output: steps masked and the time spent. */
+  readonly maskStats = { steps: 0, ms: 0 };
   current: CurrentRequest | null = null;
   readonly history: RateSample[] = [];
   /** Per MoE layer (null for dense layers): how often each expert was routed to. */
@@ -184,6 +186,18 @@ export class LiveStats {
     );
     metric("draft_tokens_total", "counter", "Tokens drafted by speculative decoding.", d.drafted);
     metric("draft_accepted_total", "counter", "Drafted tokens the model kept.", d.accepted);
+    metric(
+      "grammar_mask_steps_total",
+      "counter",
+      "Tokens sampled under a grammar.",
+      this.maskStats.steps,
+    );
+    metric(
+      "grammar_mask_seconds_total",
+      "counter",
+      "Time spent computing grammar masks.",
+      this.maskStats.ms / 1000,
+    );
     metric("expert_hits_total", "counter", "Expert cache hits.", s.expert_hits);
     metric("expert_misses_total", "counter", "Expert cache misses.", s.expert_misses);
     metric(

@@ -6,6 +6,8 @@
  * @module
  */
 import type { ChatMessage } from "../../engine/chat.ts";
+import { type ChatFields, parseChatFields } from "./chat_request.ts";
+import { shown } from "./quote.ts";
 
 /** An error answered as OpenAI does: an HTTP status and `{"error": {...}}`. */
 export class ApiError extends Error {
@@ -29,7 +31,7 @@ export class ApiError extends Error {
   }
 
   /** The JSON body OpenAI sends with an error. */
-  body(): { error: { message: string; type: string; param: string | null; code: string | null } } {
+  body(): Record<string, unknown> {
     return {
       error: { message: this.message, type: this.type, param: this.param, code: this.code },
     };
@@ -42,7 +44,7 @@ function bad(param: string, message: string): ApiError {
 }
 
 /** What one completion request asks for, whatever endpoint it came through. */
-export interface CompletionRequest {
+export interface CompletionRequest extends ChatFields {
   /** Chat turns (chat completions) or null (text completions). */
   messages: ChatMessage[] | null;
   /** Prompt text or ids (text completions). */
@@ -64,17 +66,6 @@ export interface CompletionRequest {
 }
 
 type Json = Record<string, unknown>;
-
-/**
- * A request value as an error message quotes it: a primitive as JSON (a long string cut short),
- * an array or object by its kind only, since quoting a hostile nesting would overflow the stack.
- */
-function shown(v: unknown): string {
-  if (Array.isArray(v)) return "an array";
-  if (typeof v === "object" && v !== null) return "an object";
-  if (typeof v === "string" && v.length > 40) return `${JSON.stringify(v.slice(0, 40))}…`;
-  return JSON.stringify(v);
-}
 
 function num(b: Json, key: string, lo: number, hi: number): number | undefined {
   const v = b[key];
@@ -153,29 +144,8 @@ export function parseCompletion(body: unknown, chat: boolean): CompletionRequest
     throw bad("model", "expected a string");
   }
   // Asked-for features the engine does not have are refused, never silently dropped.
-  const lp = b.logprobs;
-  if (lp !== undefined && lp !== null && typeof lp !== "boolean" && typeof lp !== "number") {
-    throw bad("logprobs", `expected true, false or a count, got ${shown(lp)}`);
-  }
-  if (lp === true || (typeof lp === "number" && lp > 0)) {
-    throw bad("logprobs", "log probabilities are not supported");
-  }
-  if (b.tools !== undefined && b.tools !== null && !Array.isArray(b.tools)) {
-    throw bad("tools", `expected an array, got ${shown(b.tools)}`);
-  }
-  if (Array.isArray(b.tools) && b.tools.length > 0) throw bad("tools", "tools are not supported");
-  const rf = b.response_format;
-  if (rf !== undefined && rf !== null) {
-    const object = typeof rf === "object" && !Array.isArray(rf);
-    const format = object ? (rf as Json).type : rf;
-    if (format !== "text") {
-      const got = object && format === undefined ? "an object without a type" : shown(format);
-      throw bad("response_format", `only {"type": "text"} is supported, not ${got}`);
-    }
-  }
   if (bool(b, "echo")) throw bad("echo", "echoing the prompt is not supported");
-  const n = int(b, "n", 1);
-  if (n !== undefined && n !== 1) throw bad("n", "only n = 1 is supported");
+  const fields = parseChatFields(b, chat, bad);
   let stop: string[] = [];
   if (typeof b.stop === "string") stop = [b.stop];
   else if (Array.isArray(b.stop) && b.stop.every((s) => typeof s === "string")) stop = b.stop;
@@ -190,6 +160,7 @@ export function parseCompletion(body: unknown, chat: boolean): CompletionRequest
   }
   const maxTokens = int(b, "max_completion_tokens", 0) ?? int(b, "max_tokens", 0);
   return {
+    ...fields,
     messages,
     prompt,
     model: (b.model as string | undefined) ?? null,
@@ -220,6 +191,8 @@ export class StopMatcher {
   #held = "";
   /** A stop string was seen: the generation ends. */
   stopped = false;
+  /** The stop string that ended it (the earliest in the text), once stopped. */
+  matched: string | null = null;
 
   constructor(stops: string[]) {
     this.#stops = stops;
@@ -231,7 +204,7 @@ export class StopMatcher {
     let cut = -1;
     for (const s of this.#stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+      if (i >= 0 && (cut < 0 || i < cut)) [cut, this.matched] = [i, s];
     }
     if (cut >= 0) {
       this.stopped = true;

@@ -14,6 +14,9 @@ import { MAX_TOKEN_BYTES } from "../../engine/chat.ts";
 import type { Session } from "../../engine/session.ts";
 import { LiveStats, modelId } from "./live.ts";
 import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "./openai.ts";
+import type { EngineExtras, GenerationEnd } from "./chat_run.ts";
+import { completionResponse } from "./completions.ts";
+import { anthropicError, countTokens, messagesResponse, parseMessages } from "./anthropic.ts";
 import { Abandoned, QueueFull, RequestQueue } from "./queue.ts";
 
 /** Server settings. */
@@ -22,7 +25,10 @@ export interface ServeOptions {
   host?: string;
   /** Port (default 8080; 0 picks a free one). */
   port?: number;
-  /** When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <key>`. */
+  /**
+   * When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <key>` (or
+   * Anthropic's `x-api-key: <key>`).
+   */
   apiKey?: string;
   /**
    * Origins (`https://app.example`) whose pages may call the server from a browser (CORS). None by
@@ -60,6 +66,8 @@ export interface SluiceServer {
 }
 
 const UI_HTML = new URL("./ui.html", import.meta.url);
+const CHAT_HTML = new URL("./chat.html", import.meta.url);
+const LIVE_JS = new URL("./live_view.js", import.meta.url);
 
 function json(body: unknown, status = 200, headers: Record<string, string> = {}): Response {
   return new Response(JSON.stringify(body), {
@@ -90,7 +98,7 @@ export function hostAllowed(host: string | null, bound: string, allowed: string[
     allowed.some((a) => hostName(a) === name);
 }
 
-/** Compares an Authorization header with the expected one in time independent of the contents. */
+/** Compares a credential header with the expected one in time independent of the contents. */
 function sameSecret(got: string | null, want: string): boolean {
   const digest = (s: string) => createHash("sha256").update(s).digest();
   return timingSafeEqual(digest(got ?? ""), digest(want)) && got !== null;
@@ -169,6 +177,8 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
   const uiHtml = Deno.readTextFileSync(UI_HTML);
+  const chatHtml = Deno.readTextFileSync(CHAT_HTML);
+  const liveJs = Deno.readTextFileSync(LIVE_JS);
   /** Every request in flight (queued or running), stopped by close(). */
   const active = new Set<AbortController>();
   let closing = false;
@@ -178,8 +188,10 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     });
   let seq = 0;
 
+  // Anthropic's clients send the key as x-api-key.
   const authorised = (req: Request) =>
-    !opts.apiKey || sameSecret(req.headers.get("authorization"), `Bearer ${opts.apiKey}`);
+    !opts.apiKey || sameSecret(req.headers.get("authorization"), `Bearer ${opts.apiKey}`) ||
+    sameSecret(req.headers.get("x-api-key"), opts.apiKey);
   const bound = opts.host ?? "127.0.0.1";
   const allowHosts = opts.allowHosts ?? [];
   const origins = new Set(opts.cors ?? []);
@@ -189,22 +201,20 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     if (origin === null || !(origins.has(origin) || origins.has("*"))) return {};
     return {
       "access-control-allow-origin": origins.has("*") ? "*" : origin,
-      "access-control-allow-headers": "authorization, content-type",
+      "access-control-allow-headers": "authorization, content-type, x-api-key",
       "access-control-allow-methods": "GET, POST, OPTIONS",
       vary: "Origin",
     };
   };
 
-  /** Prompt ids of a request, checked against the vocabulary and the context. */
-  const promptIds = (r: CompletionRequest): number[] => {
+  /**
+   * Prompt ids of a request (`planned` for a chat, rendered by chat_plan.ts), checked against the
+   * vocabulary and the context.
+   */
+  const promptIds = (r: CompletionRequest, planned?: number[]): number[] => {
     let ids: number[];
-    if (r.messages) {
-      try {
-        ids = session.chatIds(r.messages);
-      } catch (e) {
-        throw new ApiError(400, `messages: ${(e as Error).message}`, { param: "messages" });
-      }
-    } else if (typeof r.prompt === "string") {
+    if (planned) ids = planned;
+    else if (typeof r.prompt === "string") {
       // Text that cannot fit is refused before the tokenizer spends time on it.
       if (r.prompt.length > ctx * MAX_TOKEN_BYTES) {
         throw new ApiError(
@@ -230,7 +240,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       }
     }
     if (ids.length === 0) {
-      throw r.messages
+      throw planned
         ? new ApiError(400, "messages: the model's chat template rendered an empty prompt", {
           param: "messages",
         })
@@ -253,9 +263,11 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     r: CompletionRequest,
     signal: AbortSignal,
     send: (text: string) => void,
-  ) => {
+    extras: EngineExtras = {},
+    seedOffset = 0,
+  ): Promise<GenerationEnd> => {
     const maxTokens = Math.min(r.maxTokens ?? ctx, ctx - ids.length);
-    const stop = new StopMatcher(r.stop);
+    const stop = new StopMatcher([...r.stop, ...(extras.stops ?? [])]);
     const cur = {
       id: `req-${++seq}`,
       endpoint,
@@ -276,11 +288,15 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         topP: r.topP,
         topK: r.topK,
         minP: r.minP,
-        seed: r.seed,
+        // The choices of n > 1 differ; each is still reproducible from the request's seed.
+        seed: r.seed === undefined ? undefined : (r.seed + seedOffset) >>> 0,
         frequencyPenalty: r.frequencyPenalty,
         presencePenalty: r.presencePenalty,
         repetitionPenalty: r.repetitionPenalty,
         ignoreEos: r.ignoreEos,
+        keepSpecial: extras.keepSpecial,
+        constraint: extras.constraint,
+        logprobs: extras.logprobs,
         signal,
         onPrefill: async (done) => {
           cur.cachedTokens = session.timings.cachedTokens;
@@ -292,6 +308,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
         n++;
         cur.phase = "decode";
         cur.generated = n;
+        extras.onToken?.(tok);
         const text = stop.push(tok.text);
         if (text) send(text);
         if (stop.stopped) break;
@@ -312,7 +329,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       if (signal.aborted) live.totals.cancelled++;
     }
     const t = session.timings;
-    const finish = !stop.stopped && n >= maxTokens ? "length" : "stop";
+    const finish: GenerationEnd["finish"] = !stop.stopped && n >= maxTokens ? "length" : "stop";
     log(
       `sluice serve: ${cur.id} ${endpoint} ${signal.aborted ? "cancelled" : finish}: prompt ` +
         `${ids.length} tokens (${t.cachedTokens} cached), ${n} generated, ` +
@@ -320,6 +337,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     );
     return {
       finish,
+      stopString: stop.matched,
       usage: {
         prompt_tokens: ids.length,
         completion_tokens: n,
@@ -329,71 +347,30 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     };
   };
 
-  const complete = async (req: Request, chat: boolean): Promise<Response> => {
-    const r = parseCompletion(await readJson(req, maxBody), chat);
-    if (r.model !== null && r.model !== id) {
-      throw new ApiError(404, `the model "${r.model}" does not exist; this server serves "${id}"`, {
-        param: "model",
-        code: "model_not_found",
-      });
-    }
-    const ids = promptIds(r);
-    const endpoint = chat ? "chat.completions" : "completions";
-    const cid = `${chat ? "chatcmpl" : "cmpl"}-${crypto.randomUUID()}`;
-    const now = Math.floor(Date.now() / 1000);
-    if (closing) throw shutdownError();
-    const abort = new AbortController();
+  /** The whole answer of a request that is not streamed; a shutdown answers 503 instead. */
+  const whole = async <T>(abort: AbortController, run: () => Promise<T>): Promise<Response> => {
     active.add(abort);
-    // A client gone mid-generation (deno.json opts in to "no-legacy-abort", so the signal aborts on
-    // a disconnect only, not once the response is delivered).
-    req.signal.addEventListener("abort", () => abort.abort(), { once: true });
-    const choice = (text: string, finish: string | null, first: boolean) =>
-      chat
-        ? {
-          index: 0,
-          delta: first ? { role: "assistant", content: text } : text ? { content: text } : {},
-          logprobs: null,
-          finish_reason: finish,
-        }
-        : { index: 0, text, logprobs: null, finish_reason: finish };
-    const object = chat ? "chat.completion.chunk" : "text_completion";
-    if (!r.stream) {
-      let text = "";
-      let out;
-      try {
-        out = await queue.run(
-          () => generate(endpoint, ids, r, abort.signal, (t) => (text += t)),
-          abort.signal,
-        );
-      } catch (e) {
-        throw closing ? shutdownError() : e;
-      } finally {
-        active.delete(abort);
-      }
+    try {
+      const answer = await queue.run(run, abort.signal);
       // A stopped answer is never passed off as complete.
       if (closing && abort.signal.aborted) throw shutdownError();
-      const result = chat
-        ? {
-          index: 0,
-          message: { role: "assistant", content: text },
-          logprobs: null,
-          finish_reason: out.finish,
-        }
-        : { index: 0, text, logprobs: null, finish_reason: out.finish };
-      return json({
-        id: cid,
-        object: chat ? "chat.completion" : "text_completion",
-        created: now,
-        model: id,
-        choices: [result],
-        usage: out.usage,
-      });
-    }
-    if (queue.busy && queue.waiting >= queue.capacity) {
+      return json(answer);
+    } catch (e) {
+      throw closing ? shutdownError() : e;
+    } finally {
       active.delete(abort);
-      throw new QueueFull(queue.waiting);
     }
+  };
+
+  /** An SSE response fed by `produce` once the queue lets it run; errors become an event. */
+  const sse = (
+    abort: AbortController,
+    produce: (write: (s: string) => void) => Promise<void>,
+    errorEvent = (e: ApiError) => `data: ${JSON.stringify(e.body())}\n\n`,
+  ): Response => {
+    if (queue.busy && queue.waiting >= queue.capacity) throw new QueueFull(queue.waiting);
     const enc = new TextEncoder();
+    active.add(abort);
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         let last = Date.now();
@@ -408,38 +385,20 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
             abort.abort();
           }
         };
-        const event = (data: unknown) => write(`data: ${JSON.stringify(data)}\n\n`);
-        const chunk = (c: unknown, usage: unknown = undefined) =>
-          event({
-            id: cid,
-            object,
-            created: now,
-            model: id,
-            choices: c,
-            ...(usage ? { usage } : {}),
-          });
         // SSE comments while queued or in a long prefill keep proxies and clients from timing out.
         const keepAlive = setInterval(() => {
           if (Date.now() - last >= keepAliveMs) write(": keep-alive\n\n");
         }, Math.max(1, Math.min(keepAliveMs, 1000)));
         write(": queued\n\n");
-        let first = true;
-        const send = (text: string) => {
-          chunk([choice(text, null, first)]);
-          first = false;
-        };
-        queue.run(() => generate(endpoint, ids, r, abort.signal, send), abort.signal)
-          .then((out) => {
-            // Stopped by a shutdown: an error event, never a finish_reason and [DONE].
-            if (closing && abort.signal.aborted) throw shutdownError();
-            if (first && chat) send("");
-            chunk([choice("", out.finish, false)]);
-            if (r.includeUsage) chunk([], out.usage);
-            write("data: [DONE]\n\n");
+        // Stopped by a shutdown: an error event, never the end of a complete answer.
+        const stopped = () => closing && abort.signal.aborted;
+        queue.run(() => produce((s) => stopped() || write(s)), abort.signal)
+          .then(() => {
+            if (stopped()) write(errorEvent(shutdownError()));
           })
           .catch((e) => {
-            if (closing) event(shutdownError().body());
-            else if (!(e instanceof Abandoned)) event(errorResponse(e).body());
+            if (closing) write(errorEvent(shutdownError()));
+            else if (!(e instanceof Abandoned)) write(errorEvent(errorResponse(e)));
           })
           .finally(() => {
             clearInterval(keepAlive);
@@ -465,6 +424,68 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     });
   };
 
+  /** An abort controller that fires when the client of `req` goes away (or the server closes). */
+  const abortOn = (req: Request): AbortController => {
+    if (closing) throw shutdownError();
+    const abort = new AbortController();
+    // deno.json opts in to "no-legacy-abort", so the signal aborts on a disconnect only, not once
+    // the response is delivered.
+    req.signal.addEventListener("abort", () => abort.abort(), { once: true });
+    return abort;
+  };
+
+  const complete = async (req: Request, chat: boolean): Promise<Response> => {
+    const r = parseCompletion(await readJson(req, maxBody), chat);
+    checkModel(r.model);
+    const abort = abortOn(req);
+    const endpoint = chat ? "chat.completions" : "completions";
+    const answer = await completionResponse({
+      session,
+      r,
+      id,
+      promptIds,
+      generate: (ids, signal, send, extras, index) =>
+        generate(endpoint, ids, r, signal, send, extras, index),
+      maskStats: live.maskStats,
+    });
+    if (!r.stream) return await whole(abort, () => answer.whole(abort.signal));
+    return sse(abort, (write) => answer.stream(abort.signal, write));
+  };
+
+  /** `POST /v1/messages` (Anthropic), answering errors in Anthropic's shape. */
+  const messages = async (req: Request, counting: boolean): Promise<Response> => {
+    try {
+      const r = parseMessages(await readJson(req, maxBody), counting);
+      if (counting) return json(countTokens(session, r));
+      const abort = abortOn(req);
+      const answer = await messagesResponse({
+        session,
+        r,
+        id,
+        checkIds: promptIds,
+        generate: (ids, signal, send, extras) => generate("messages", ids, r, signal, send, extras),
+        maskStats: live.maskStats,
+      });
+      if (!r.stream) return await whole(abort, () => answer.whole(abort.signal));
+      return sse(
+        abort,
+        (write) => answer.stream(abort.signal, write),
+        (e) => `event: error\ndata: ${JSON.stringify(anthropicError(e).body())}\n\n`,
+      );
+    } catch (e) {
+      throw anthropicError(errorResponse(e));
+    }
+  };
+
+  const checkModel = (model: string | null) => {
+    if (model !== null && model !== id) {
+      throw new ApiError(404, `the model "${model}" does not exist; this server serves "${id}"`, {
+        param: "model",
+        code: "model_not_found",
+      });
+    }
+  };
+
   const route = async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
     const path = url.pathname.replace(/\/+$/, "") || "/";
@@ -486,7 +507,7 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       }
       return new Response(null, { status: 204, headers });
     }
-    const open = ["/", "/health", "/ui", "/ui/state", "/favicon.ico"].includes(path);
+    const open = ["/", "/health", "/ui", "/ui/state", "/ui/live.js", "/favicon.ico"].includes(path);
     if (!open && !authorised(req)) {
       throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
         type: "authentication_error",
@@ -503,7 +524,14 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       case "/":
       case "/ui":
         if (!get) throw wrongMethod("GET");
-        return new Response(uiHtml, { headers: { "content-type": "text/html; charset=utf-8" } });
+        return new Response(path === "/" ? chatHtml : uiHtml, {
+          headers: { "content-type": "text/html; charset=utf-8" },
+        });
+      case "/ui/live.js":
+        if (!get) throw wrongMethod("GET");
+        return new Response(liveJs, {
+          headers: { "content-type": "text/javascript; charset=utf-8" },
+        });
       case "/favicon.ico":
         return new Response(null, { status: 204 });
       case "/ui/state":
@@ -524,6 +552,10 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       case "/v1/completions":
         if (!post) throw wrongMethod("POST");
         return await complete(req, path === "/v1/chat/completions");
+      case "/v1/messages":
+      case "/v1/messages/count_tokens":
+        if (!post) throw wrongMethod("POST");
+        return await messages(req, path.endsWith("/count_tokens"));
       case "/tokenize": {
         if (!post) throw wrongMethod("POST");
         const b = await readJson(req, maxBody) as { content?: unknown; add_special?: unknown };

@@ -93,6 +93,16 @@ export const BENCHES: Record<string, BenchEntry> = {
     ],
     load: () => import("./spec.ts"),
   },
+  grammar: {
+    summary: "structured output's cost per token: XGrammar's mask over vocabularies of 2k to " +
+      "201k ids, index and compile times, against a decode step of the demo model",
+    options: [
+      "--vocab N,N,...   vocabulary sizes (default 2048,32000,151936,201088)",
+      "--steps N         masked steps per size (default 300)",
+      "--json            print the report as JSON",
+    ],
+    load: () => import("./grammar.ts"),
+  },
   serve: {
     summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
       "prompt cache saves over a conversation, with targets",

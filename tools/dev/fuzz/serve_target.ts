@@ -1,5 +1,5 @@
 /**
- * The fuzz target of the OpenAI-compatible server's request bodies: the demo model served
+ * The fuzz target of the server's request bodies (OpenAI and Anthropic endpoints): the demo model served
  * in-process on 127.0.0.1, and each input posted to one of its POST endpoints. An input is
  * `<path>\n<body>`; the structure-aware mutation keeps the path and rewrites the body as JSON
  * (wrong types, extreme numbers, missing or unknown fields, deep nesting) or as bytes (malformed
@@ -23,6 +23,7 @@ import { loadSession, saveSession } from "../../../engine/session_state.ts";
 import { Session } from "../../../engine/session.ts";
 import { demoModelPath } from "../../demo_model.ts";
 import { modelId } from "../../serve/live.ts";
+import { compileGrammar } from "../../serve/grammar.ts";
 import { startServer } from "../../serve/server.ts";
 import { HOSTILE_NUMBERS, mutate, type Rng } from "./mutate.ts";
 import type { FuzzTarget } from "./targets.ts";
@@ -59,7 +60,71 @@ const SEEDS: [string, unknown][] = [
     response_format: { type: "text" },
     ignore_eos: true,
   }],
-  ["/v1/completions", { prompt: "Once upon a time", max_tokens: 3, temperature: 0, echo: false }],
+  ["/v1/chat/completions", {
+    messages: [
+      { role: "user", content: "Weather?" },
+      {
+        role: "assistant",
+        content: null,
+        tool_calls: [{ id: "c1", type: "function", function: { name: "w", arguments: "{}" } }],
+      },
+      { role: "tool", tool_call_id: "c1", content: "sunny" },
+    ],
+    tools: [{
+      type: "function",
+      function: {
+        name: "w",
+        parameters: { type: "object", properties: { c: { type: "string", maxLength: 4 } } },
+      },
+    }],
+    tool_choice: "required",
+    parallel_tool_calls: false,
+    logprobs: true,
+    top_logprobs: 2,
+    max_tokens: 3,
+    chat_template_kwargs: { enable_thinking: false },
+    reasoning_effort: "low",
+  }],
+  ["/v1/chat/completions", {
+    messages: [{ role: "user", content: "JSON please" }],
+    response_format: {
+      type: "json_schema",
+      json_schema: {
+        name: "r",
+        strict: true,
+        schema: { type: "object", properties: { a: { enum: [1, 2] } }, required: ["a"] },
+      },
+    },
+    max_tokens: 8,
+    stream: true,
+  }],
+  ["/v1/messages", {
+    model: "any",
+    max_tokens: 3,
+    system: "Be brief.",
+    stop_sequences: ["x"],
+    thinking: { type: "enabled", budget_tokens: 10 },
+    messages: [
+      { role: "user", content: "Weather?" },
+      { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "w", input: {} }] },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", content: "sunny" }] },
+    ],
+    tools: [{ name: "w", input_schema: { type: "object", properties: {} } }],
+    tool_choice: { type: "auto" },
+    stream: true,
+  }],
+  ["/v1/messages/count_tokens", {
+    model: "any",
+    messages: [{ role: "user", content: [{ type: "text", text: "hi" }] }],
+  }],
+  ["/v1/completions", {
+    prompt: "Once upon a time",
+    max_tokens: 3,
+    temperature: 0,
+    echo: false,
+    n: 2,
+    logprobs: 1,
+  }],
   ["/v1/completions", { prompt: [1, 2, 3], max_tokens: 2, stream: true, stop: "x", tools: [] }],
   // What a long-running chat session sends: many turns, tool turns, extra fields, an empty turn.
   ["/v1/chat/completions", {
@@ -93,6 +158,19 @@ const FIELDS = [
   "type",
   "text",
   "tokens",
+  "tools",
+  "tool_choice",
+  "response_format",
+  "json_schema",
+  "schema",
+  "parameters",
+  "arguments",
+  "input_schema",
+  "input",
+  "system",
+  "thinking",
+  "n",
+  "logprobs",
 ];
 
 /** Values of every JSON type, and the extremes, that a field may be swapped for. */
@@ -194,7 +272,10 @@ async function outcome(r: Response, path: string): Promise<void> {
       const event = JSON.parse(line.slice(6));
       if (event.error) throw new ServerFault(`${path}: error inside a stream: ${line}`);
     }
-    if (!text.includes("data: [DONE]")) throw new ServerFault(`${path}: a stream without [DONE]`);
+    // OpenAI streams end with [DONE], Anthropic's with message_stop.
+    if (!text.includes("data: [DONE]") && !text.includes("event: message_stop")) {
+      throw new ServerFault(`${path}: a stream without its end`);
+    }
     return;
   }
   let message: unknown;
@@ -221,6 +302,9 @@ export async function serveTarget(): Promise<FuzzTarget> {
   // cost of any one input.
   session.chatIds([{ role: "user", content: "warm up" }]);
   const id = modelId(session);
+  // The first structured-output request loads the grammar engine and indexes the vocabulary, a
+  // one-off cost that is not a hang.
+  await compileGrammar(session, { kind: "json" });
   const seeds = SEEDS.map(([path, body]) =>
     enc.encode(`${path}\n${JSON.stringify(body).replace('"MODEL"', JSON.stringify(id))}`)
   );
