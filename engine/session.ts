@@ -129,7 +129,15 @@ export class Session {
    */
   chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
     checkChatMessages(messages, this.model.maxContext);
-    const text = this.chatPrompt(messages, extra);
+    return this.continuationIds(this.chatPrompt(messages, extra));
+  }
+
+  /**
+   * Token ids of a rendered chat prompt `text` (special tokens as text, no BOS added): where it
+   * starts with the text of the prompt cache's tokens (the last prompt and the answer as
+   * sampled), those ids are kept and only the rest is tokenized.
+   */
+  continuationIds(text: string): number[] {
     const fresh = this.tokenizer.encode(text, { addSpecial: false });
     const cached = this.cachedTokens;
     const keep = this.#textPrefix(cached, text);

@@ -155,6 +155,7 @@ Deno.test({
         assert.ok(prompt.includes("Snow, -3 C"));
         const bad = await fetch(`${server.url}/v1/chat/completions`, {
           method: "POST",
+          headers: { "content-type": "application/json" },
           body: JSON.stringify({
             messages: [
               ...user,
@@ -190,6 +191,7 @@ Deno.test({
         }
         const refused = await fetch(`${server.url}/v1/chat/completions`, {
           method: "POST",
+          headers: { "content-type": "application/json" },
           body: JSON.stringify({
             messages: user,
             response_format: {

@@ -236,6 +236,7 @@ Deno.test("serve's /metrics and generate's stats report drafted, accepted and to
     const prompt = repeating(session);
     const r = await fetch(`${server.url}/v1/completions`, {
       method: "POST",
+      headers: { "content-type": "application/json" },
       body: JSON.stringify({ prompt, max_tokens: 40, ignore_eos: true }),
     });
     assert.equal(r.status, 200);

@@ -167,7 +167,7 @@ export function planChat(session: Session, r: CompletionRequest): ChatPlan {
     };
   }
   return {
-    ids: session.tokenizer.encode(prompt, { addSpecial: false }),
+    ids: session.continuationIds(prompt),
     output: { format, tools: r.tools, thinkTags, startsInReasoning, harmony },
     keepSpecial: harmony || format !== null || thinkTags,
     grammar,
