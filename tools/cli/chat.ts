@@ -31,7 +31,8 @@ Commands inside the chat:
   /save FILE       save the conversation with its KV cache; /load resumes it exactly
   /load FILE       load a saved conversation (it must come from the same container)
   /system TEXT     set the system message (empty: none)
-  /exit            leave (also Ctrl-D); Ctrl-C stops the answer being written
+  /exit            leave (also Ctrl-D, or Ctrl-C twice at the prompt)
+  Ctrl-C           stop the answer being written; the conversation is kept
 
 Chat:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
@@ -106,12 +107,27 @@ export async function chatCommand(args: string[]): Promise<number> {
   const enc = new TextEncoder();
   const out = (s: string) => Deno.stdout.writeSync(enc.encode(s));
   const note = (s: string) => console.error(s);
+  // Ctrl-C stops the answer being written (at the next token or prompt chunk) and keeps the
+  // conversation; at the prompt, a first Ctrl-C only says how to leave and a second one leaves.
   let current: AbortController | null = null;
+  let armed = false;
   const onInterrupt = () => {
     if (current) current.abort();
-    else Deno.exit(130);
+    else if (!tty || armed) Deno.exit(130);
+    else {
+      armed = true;
+      out("\n(Ctrl-C again, /exit or Ctrl-D to leave)\n> ");
+    }
   };
   Deno.addSignalListener("SIGINT", onInterrupt);
+  // The forward passes run on this thread: without a turn of the event loop now and then, the
+  // signal would wait for the whole answer. Every 20 ms costs nothing next to a token.
+  let breathed = performance.now();
+  const breathe = async () => {
+    if (performance.now() - breathed < 20) return;
+    await new Promise((r) => setTimeout(r, 0));
+    breathed = performance.now();
+  };
 
   const turn = async (text: string) => {
     const messages = [...state.messages, { role: "user", content: text }];
@@ -123,20 +139,22 @@ export async function chatCommand(args: string[]): Promise<number> {
           `${session.model.maxContext}: /reset, or start with a larger --ctx`,
       );
     }
-    current = new AbortController();
+    const abort = new AbortController();
+    current = abort;
     let answer = "";
     try {
       const seed = (state.sampling.seed! + state.turn) >>> 0;
-      for await (
-        const tok of session.generate(ids, { ...state.sampling, seed, signal: current.signal })
-      ) {
+      const opts = { ...state.sampling, seed, signal: abort.signal, onPrefill: breathe };
+      for await (const tok of session.generate(ids, opts)) {
         answer += tok.text;
         out(tok.text);
+        await breathe();
       }
     } finally {
       current = null;
     }
     out("\n");
+    if (abort.signal.aborted) note("(stopped; the answer so far is kept)");
     state.messages = [...messages, { role: "assistant", content: answer }];
     state.turn++;
     if (!quiet) {
@@ -207,6 +225,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     if (first !== undefined) await turn(first);
     if (tty) out("> ");
     for await (const raw of lines(Deno.stdin.readable)) {
+      armed = false;
       const line = raw.trim();
       try {
         if (line.startsWith("/")) {
