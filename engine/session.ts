@@ -192,7 +192,8 @@ export class Session {
     }
     t.promptMs = performance.now() - t0;
     const history = [...ids];
-    const stream = this.tokenizer.decodeStream();
+    // Decoded after the prompt, so the first token keeps its leading space ("The dog" + " was").
+    const stream = this.tokenizer.decodeStream({ context: ids });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
     for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
