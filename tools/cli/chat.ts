@@ -36,7 +36,7 @@ Commands inside the chat:
 
 Chat:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
-  --system TEXT         system message
+  --system TEXT         system message (also -sys, --system-prompt)
   -p, --prompt TEXT     first user message (then the chat continues on stdin)
 
 Sampling (greedy by default; each turn is seeded from --seed and its turn number, so a loaded
@@ -76,7 +76,7 @@ async function* lines(input: ReadableStream<Uint8Array>): AsyncGenerator<string>
 export async function chatCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("chat", args, {
     ...MODEL_FLAG,
-    system: { type: "string" },
+    system: { type: "string", dashed: ["sys"], aliases: ["system-prompt"] },
     prompt: { type: "string", short: "p" },
     ...SAMPLING_FLAGS,
     ...RUN_FLAGS,

@@ -16,6 +16,7 @@ import { ensureShim, shimBuildFailure, shimLibraryPath } from "../../io/build_sh
 import { openContainer } from "../../engine/container.ts";
 import { type DiskProbe, probeDisk } from "../../io/disk_probe.ts";
 import { measureDramNative } from "../../io/dram_probe.ts";
+import { resolveModel } from "./models.ts";
 import { CTX_FLAG, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { cgroupLimit, recommendedBudget, usableMemory } from "./budget.ts";
 
@@ -111,8 +112,9 @@ export async function doctorCommand(args: string[]): Promise<number> {
     json: { type: "boolean" },
     ...HELP_FLAG,
   });
+  const given = a.str("model");
   const v = {
-    model: a.str("model"),
+    model: given === undefined ? undefined : await resolveModel(given),
     dir: a.str("dir"),
     benchSize: a.str("bench-size"),
     ctx: a.int("ctx", 1),

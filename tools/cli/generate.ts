@@ -7,6 +7,7 @@
 import { createSampler } from "../../engine/sampler.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
+import { chatCommand } from "./chat.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
@@ -31,7 +32,9 @@ Input:
   -f, --prompt-file FILE  read the prompt from a file
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
-  --system TEXT         system message for --chat
+  --system TEXT         system message for --chat (also -sys, --system-prompt)
+  -cnv, --conversation  start an interactive chat instead (as 'mod.ts chat' with these flags;
+                        -no-cnv, generate's own behaviour, is accepted too)
   --chat-template-kwargs JSON
                         extra template variables for --chat, as llama.cpp takes them, e.g.
                         '{"reasoning_effort":"high"}' for gpt-oss's harmony template
@@ -45,6 +48,8 @@ Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
 Output:
+  The prompt is printed before the text that continues it, as llama.cpp does (not with --chat).
+  --no-display-prompt   print only the generated text
   --json                print one JSON object (prompt_ids, generated_ids, text, stats)
   --quiet               no stats block
   -h, --help            this text
@@ -72,10 +77,13 @@ const FLAGS: Flags = {
   "prompt-file": { type: "string", short: "f", aliases: ["file"] },
   "prompt-ids": { type: "string" },
   chat: { type: "boolean" },
-  system: { type: "string" },
+  conversation: { type: "boolean", dashed: ["cnv"] },
+  "no-conversation": { type: "boolean", dashed: ["no-cnv"] },
+  system: { type: "string", dashed: ["sys"], aliases: ["system-prompt"] },
   "chat-template-kwargs": { type: "string" },
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
+  "no-display-prompt": { type: "boolean" },
   json: { type: "boolean" },
   quiet: { type: "boolean" },
   ...HELP_FLAG,
@@ -97,6 +105,10 @@ export function parseGenerateArgs(args: string[]) {
 
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
+  const cnv = ["-cnv", "--conversation"];
+  if (args.some((x) => cnv.includes(x))) {
+    return await chatCommand(args.filter((x) => !cnv.includes(x)));
+  }
   const parsed = parseGenerateArgs(args);
   if (!parsed) return 0;
   const { a, run, sampling, kwargs } = parsed;
@@ -151,6 +163,10 @@ export async function generateCommand(args: string[]): Promise<number> {
     let text = "";
     const enc = new TextEncoder();
     const json = a.bool("json");
+    // The prompt's own decode: with the continuation's text after it, the decode of the whole.
+    if (!json && !a.bool("chat") && !a.bool("no-display-prompt")) {
+      await Deno.stdout.write(enc.encode(session.detokenize(ids)));
+    }
     for await (
       const tok of session.generate(ids, sampling)
     ) {

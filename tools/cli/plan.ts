@@ -11,6 +11,7 @@ import { kdaLayerStateBytes } from "../../engine/kda.ts";
 import { isKdaLayer } from "../../io/model_config.ts";
 import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
+import { resolveModel } from "./models.ts";
 
 const HELP = `sluice plan — the memory plan of a container
 
@@ -23,7 +24,7 @@ ${BUDGET_HELP}
 `;
 
 /** Runs the plan command; returns the exit code. */
-export function planCommand(args: string[]): Promise<number> {
+export async function planCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("plan", args, {
     ...MODEL_FLAG,
     ...BUDGET_FLAGS,
@@ -34,9 +35,9 @@ export function planCommand(args: string[]): Promise<number> {
   const model = a.str("model");
   if (a.bool("help") || !model) {
     console.log(HELP);
-    return Promise.resolve(a.bool("help") ? 0 : 2);
+    return a.bool("help") ? 0 : 2;
   }
-  const c = openContainer(model);
+  const c = openContainer(await resolveModel(model));
   const cfg = c.config;
   const ctx = Math.min(a.int("ctx") ?? 4096, cfg.maxPositions);
   const input = planInput(c);
@@ -49,7 +50,7 @@ export function planCommand(args: string[]): Promise<number> {
   const recommended = recommendedBudget(plan.wholeModelBytes);
   if (a.bool("json")) {
     console.log(JSON.stringify({ ...plan, ctx, recommendedBudget: recommended }));
-    return Promise.resolve(0);
+    return 0;
   }
   const L = cfg.numLayers;
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
@@ -84,5 +85,5 @@ arena          ${formatBytes(plan.arenaBytes)}`);
       );
     }
   }
-  return Promise.resolve(0);
+  return 0;
 }
