@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
 import { demoModelPath } from "../tools/demo_model.ts";
+import { skipIf } from "./skips.ts";
 
 const HAVE_TMUX = (() => {
   try {
@@ -64,7 +65,7 @@ class Terminal {
 Deno.test({
   name:
     "chat in a terminal: Ctrl-C stops the answer, keeps the conversation; twice at the prompt exits",
-  ignore: !HAVE_TMUX,
+  ignore: skipIf(!HAVE_TMUX, "need tmux"),
   fn: async () => {
     const model = await demoModelPath(true);
     const modTs = fileURLToPath(new URL("../mod.ts", import.meta.url));
