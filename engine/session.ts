@@ -55,6 +55,7 @@ export class Session {
       promptMs: 0,
       generatedTokens: 0,
       generateMs: 0,
+      stopReason: null,
     };
   }
 
@@ -160,7 +161,8 @@ export class Session {
           `generate: shorten the prompt or raise --ctx (this model allows up to ${this.model.cfg.maxPositions})`,
       );
     }
-    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
+    const room = ctx - ids.length;
+    const maxTokens = Math.min(opts.maxTokens ?? 256, room);
     const { signal, onPrefill, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const sampler = createSampler({ ...this.samplingDefaults, ...given });
@@ -179,6 +181,7 @@ export class Session {
     t.cachedTokens = reuse;
     t.generatedTokens = 0;
     t.generateMs = 0;
+    t.stopReason = "aborted";
     let logits: Float32Array = new Float32Array(0);
     const chunk = this.model.prefillChunk;
     for (let p = reuse; p < ids.length; p += chunk) {
@@ -199,7 +202,10 @@ export class Session {
     for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
       const t1 = performance.now();
       const id = sampler.sample(logits, history);
-      if (stop.has(id)) break;
+      if (stop.has(id)) {
+        t.stopReason = "eos";
+        break;
+      }
       history.push(id);
       t.generatedTokens++;
       if (n + 1 < maxTokens) {
@@ -213,6 +219,9 @@ export class Session {
         yield* held;
         held = [];
       }
+    }
+    if (t.stopReason !== "eos" && !signal?.aborted) {
+      t.stopReason = t.generatedTokens === room ? "context" : "max_tokens";
     }
     if (held.length > 0) {
       held[held.length - 1].text += stream.flush();

@@ -7,6 +7,12 @@
 import { formatBytes } from "./units.ts";
 import type { Model } from "./model.ts";
 
+/**
+ * Why the last generation stopped: an end-of-sequence or stop id, the token limit, a full
+ * context (no room for another token), or an abort (Ctrl-C, a client gone).
+ */
+export type StopReason = "eos" | "max_tokens" | "context" | "aborted";
+
 /** Timings measured by the generate loop. */
 export interface Timings {
   loadMs: number;
@@ -16,6 +22,8 @@ export interface Timings {
   promptMs: number;
   generatedTokens: number;
   generateMs: number;
+  /** Why the last generation stopped (null before the first). */
+  stopReason: StopReason | null;
 }
 
 /**
@@ -78,6 +86,8 @@ export interface RunStats {
   arena_bytes: number;
   /** Peak resident set size of the process (VmHWM). */
   peak_rss_bytes: number;
+  /** Why the last generation stopped: eos, max_tokens, context (full) or aborted. */
+  stop_reason: StopReason | null;
   /** Compute threads, the main thread included. */
   threads: number;
   /** The reader: direct (O_DIRECT shim), buffered or fallback. */
@@ -131,10 +141,19 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     budget_bytes: model.plan.budget,
     arena_bytes: model.arena.capacity,
     peak_rss_bytes: peakRss(),
+    stop_reason: t.stopReason,
     threads: model.pool.threads,
     reader: model.reader.kind,
   };
 }
+
+/** How the stats block says why a generation stopped. */
+const STOP_TEXT: Record<StopReason, string> = {
+  eos: "end of sequence",
+  max_tokens: "token limit",
+  context: "context full",
+  aborted: "interrupted",
+};
 
 /** The human-readable stats block (stderr). */
 export function formatStats(s: RunStats): string {
@@ -144,7 +163,8 @@ export function formatStats(s: RunStats): string {
     `prompt        ${s.prompt_tokens} tokens${
       s.prompt_cached_tokens > 0 ? ` (${s.prompt_cached_tokens} from the prompt cache)` : ""
     }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
-    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s`,
+    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s` +
+    (s.stop_reason ? ` (stopped: ${STOP_TEXT[s.stop_reason]})` : ""),
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
     })`,

@@ -9,6 +9,15 @@ import type { ChatMessage } from "../../engine/chat.ts";
 import { type GenerateOptions, Session } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
+import {
+  COLOR_FLAGS,
+  COLOR_HELP,
+  colorOn,
+  contextFullNotice,
+  loadLine,
+  paint,
+  prefillProgress,
+} from "./feedback.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
@@ -46,7 +55,8 @@ ${SAMPLING_HELP}
 Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
-  --quiet               no per-turn stats line
+  --quiet               no load line, prompt progress or per-turn stats line
+${COLOR_HELP}
   -h, --help            this text
 `;
 
@@ -81,12 +91,15 @@ export async function chatCommand(args: string[]): Promise<number> {
     ...SAMPLING_FLAGS,
     ...RUN_FLAGS,
     quiet: { type: "boolean" },
+    ...COLOR_FLAGS,
     ...HELP_FLAG,
   });
   if (helpShown(a, HELP)) return 0;
   const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
+  const colorErr = colorOn(a, Deno.stderr);
   const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  if (!quiet) console.error(paint(colorErr, "dim", loadLine(session.stats())));
   try {
     // A model without a chat template cannot chat: say so now, not at every line.
     session.chatIds([{ role: "user", content: "" }]);
@@ -144,7 +157,11 @@ export async function chatCommand(args: string[]): Promise<number> {
     let answer = "";
     try {
       const seed = (state.sampling.seed! + state.turn) >>> 0;
-      const opts = { ...state.sampling, seed, signal: abort.signal, onPrefill: breathe };
+      const onPrefill = quiet ? breathe : prefillProgress({
+        color: colorErr,
+        cached: () => session.timings.cachedTokens,
+      }, breathe);
+      const opts = { ...state.sampling, seed, signal: abort.signal, onPrefill };
       for await (const tok of session.generate(ids, opts)) {
         answer += tok.text;
         out(tok.text);
@@ -155,6 +172,8 @@ export async function chatCommand(args: string[]): Promise<number> {
     }
     out("\n");
     if (abort.signal.aborted) note("(stopped; the answer so far is kept)");
+    const full = contextFullNotice(session.stats(), session.model.maxContext);
+    if (full) note(paint(colorErr, "yellow", `${full.slice(0, -1)}, or /reset)`));
     state.messages = [...messages, { role: "assistant", content: answer }];
     state.turn++;
     if (!quiet) {

@@ -8,6 +8,15 @@ import { createSampler } from "../../engine/sampler.ts";
 import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { chatCommand } from "./chat.ts";
+import {
+  COLOR_FLAGS,
+  COLOR_HELP,
+  colorOn,
+  contextFullNotice,
+  loadLine,
+  paint,
+  prefillProgress,
+} from "./feedback.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
   modelPath,
@@ -51,6 +60,7 @@ Output:
   The prompt is printed before the text that continues it, as llama.cpp does (not with --chat).
   --no-display-prompt   print only the generated text
   --json                print one JSON object (prompt_ids, generated_ids, text, stats)
+${COLOR_HELP}
   --quiet               no stats block
   -h, --help            this text
 `;
@@ -84,6 +94,7 @@ const FLAGS: Flags = {
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
   "no-display-prompt": { type: "boolean" },
+  ...COLOR_FLAGS,
   json: { type: "boolean" },
   quiet: { type: "boolean" },
   ...HELP_FLAG,
@@ -139,8 +150,11 @@ export async function generateCommand(args: string[]): Promise<number> {
       "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
     );
   }
+  const colorOut = colorOn(a, Deno.stdout);
+  const colorErr = colorOn(a, Deno.stderr);
   const session = await Session.open(await modelPath(a, quiet), run);
   try {
+    if (!quiet) console.error(paint(colorErr, "dim", loadLine(session.stats())));
     let ids: number[];
     if (promptIds) {
       const vocab = session.model.cfg.vocabSize;
@@ -164,17 +178,23 @@ export async function generateCommand(args: string[]): Promise<number> {
     const enc = new TextEncoder();
     const json = a.bool("json");
     // The prompt's own decode: with the continuation's text after it, the decode of the whole.
-    if (!json && !a.bool("chat") && !a.bool("no-display-prompt")) {
-      await Deno.stdout.write(enc.encode(session.detokenize(ids)));
-    }
-    for await (
-      const tok of session.generate(ids, sampling)
-    ) {
+    // Printed once the prefill is done, after its progress line.
+    let echo = !json && !a.bool("chat") && !a.bool("no-display-prompt")
+      ? paint(colorOut, "bold", session.detokenize(ids))
+      : "";
+    const onPrefill = quiet
+      ? undefined
+      : prefillProgress({ color: colorErr, cached: () => session.timings.cachedTokens });
+    for await (const tok of session.generate(ids, { ...sampling, onPrefill })) {
       generated.push(tok.id);
       text += tok.text;
-      if (!json) await Deno.stdout.write(enc.encode(tok.text));
+      if (!json) await Deno.stdout.write(enc.encode(echo + tok.text));
+      echo = "";
     }
+    if (echo) await Deno.stdout.write(enc.encode(echo));
     const stats = session.stats();
+    const full = contextFullNotice(stats, session.model.maxContext);
+    if (full && !json) console.error(paint(colorErr, "yellow", `\n${full}`));
     if (json) {
       console.log(JSON.stringify({ prompt_ids: ids, generated_ids: generated, text, stats }));
     } else {
