@@ -6,7 +6,7 @@
  * @module
  */
 import type { ChatMessage } from "../../engine/chat.ts";
-import { type GenerateOptions, Session } from "../../engine/session.ts";
+import type { GenerateOptions } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
 import {
@@ -20,7 +20,7 @@ import {
 } from "./feedback.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  modelPath,
+  openSession,
   RUN_FLAGS,
   RUN_HELP,
   runOptionsFromArgs,
@@ -98,7 +98,7 @@ export async function chatCommand(args: string[]): Promise<number> {
   const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
   const colorErr = colorOn(a, Deno.stderr);
-  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const session = await openSession(a, runOptionsFromArgs(a), quiet);
   if (!quiet) console.error(paint(colorErr, "dim", loadLine(session.stats())));
   try {
     // A model without a chat template cannot chat: say so now, not at every line.

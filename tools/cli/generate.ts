@@ -5,9 +5,9 @@
  * @module
  */
 import { createSampler } from "../../engine/sampler.ts";
-import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
 import { chatCommand } from "./chat.ts";
+import { modeLines } from "./modes.ts";
 import {
   COLOR_FLAGS,
   COLOR_HELP,
@@ -19,7 +19,7 @@ import {
 } from "./feedback.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  modelPath,
+  openSession,
   RUN_FLAGS,
   RUN_HELP,
   runOptionsFromArgs,
@@ -152,9 +152,14 @@ export async function generateCommand(args: string[]): Promise<number> {
   }
   const colorOut = colorOn(a, Deno.stdout);
   const colorErr = colorOn(a, Deno.stderr);
-  const session = await Session.open(await modelPath(a, quiet), run);
+  const session = await openSession(a, run, quiet);
   try {
-    if (!quiet) console.error(paint(colorErr, "dim", loadLine(session.stats())));
+    if (!quiet) {
+      console.error(paint(colorErr, "dim", loadLine(session.stats())));
+      const [mode, warning] = modeLines(session.model, run);
+      console.error(paint(colorErr, "dim", mode));
+      if (warning) console.error(paint(colorErr, "yellow", warning));
+    }
     let ids: number[];
     if (promptIds) {
       const vocab = session.model.cfg.vocabSize;

@@ -7,7 +7,9 @@
  */
 import type { RunOptions } from "../../engine/model.ts";
 import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
-import type { GenerateOptions } from "../../engine/session.ts";
+import { type GenerateOptions, Session } from "../../engine/session.ts";
+import { openContainer } from "../../engine/container.ts";
+import { autoBudget } from "./modes.ts";
 import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
 import { checkTracePath } from "../../io/trace.ts";
 import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags, GPU_HABIT_FLAGS } from "./args.ts";
@@ -132,6 +134,18 @@ export function samplingFromArgs(a: Args): GenerateOptions {
     seed: a.int("seed"),
     ignoreEos: a.bool("ignore-eos"),
   };
+}
+
+/**
+ * Opens the session of `--model` (see {@link modelPath}) with `run`; `--preset auto` becomes
+ * the whole working-set step below its ¾ of usable memory (tools/cli/modes.ts).
+ */
+export async function openSession(a: Args, run: RunOptions, quiet: boolean): Promise<Session> {
+  const path = await modelPath(a, quiet);
+  if (a.str("preset") === "auto" && run.budget !== undefined) {
+    run = { ...run, budget: autoBudget(openContainer(path), run, run.budget) };
+  }
+  return await Session.open(path, run);
 }
 
 /**

@@ -4,11 +4,10 @@
  *
  * @module
  */
-import { Session } from "../../engine/session.ts";
 import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
-import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
+import { openSession, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
 
@@ -65,7 +64,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     keepAliveMs: keepAlive === undefined ? undefined : keepAlive * 1000,
     log: quiet ? () => {} : undefined,
   };
-  const session = await Session.open(await modelPath(a, quiet), runOptionsFromArgs(a));
+  const session = await openSession(a, runOptionsFromArgs(a), quiet);
   const server = startServer(session, options);
   console.error(`sluice serve: listening on ${server.url} (live view ${server.url}/ui)`);
   const host = options.host ?? "127.0.0.1";
