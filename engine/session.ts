@@ -12,6 +12,7 @@ import { createSampler, type SamplerOptions } from "./sampler.ts";
 import {
   decode,
   type DecodedToken,
+  type DecodeEnd,
   type SpecOptions,
   Speculation,
   type TokenConstraint,
@@ -95,6 +96,7 @@ export class Session {
       generatedTokens: 0,
       generateMs: 0,
       decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
+      stopReason: null,
     };
   }
 
@@ -253,7 +255,8 @@ export class Session {
           `generate: shorten the prompt or raise --ctx (this model allows up to ${this.model.cfg.maxPositions})`,
       );
     }
-    const maxTokens = Math.min(opts.maxTokens ?? 256, ctx - ids.length);
+    const room = ctx - ids.length;
+    const maxTokens = Math.min(opts.maxTokens ?? 256, room);
     const { signal, onPrefill, keepSpecial, constraint, logprobs, ...sampling } = opts;
     const given = Object.fromEntries(Object.entries(sampling).filter(([, x]) => x !== undefined));
     const resolved = { ...this.samplingDefaults, ...given };
@@ -273,6 +276,7 @@ export class Session {
     t.cachedTokens = reuse;
     t.generatedTokens = 0;
     t.generateMs = 0;
+    t.stopReason = "aborted";
     let logits: Float32Array = new Float32Array(0);
     const chunk = this.model.prefillChunk;
     for (let p = reuse; p < ids.length; p += chunk) {
@@ -302,9 +306,14 @@ export class Session {
       counters: t.decode,
     });
     try {
-      yield* this.#stream(steps, keepSpecial ?? false, signal);
+      const end = yield* this.#stream(steps, ids, keepSpecial ?? false, signal);
+      if (end === "stop") t.stopReason = "eos";
+      else if (end === "length") {
+        t.stopReason = t.generatedTokens === room ? "context" : "max_tokens";
+      }
     } finally {
-      await steps.return(undefined);
+      // Ends the loop (and its lookahead setting) when the consumer stopped early.
+      await steps.return("length");
       const d = this.decodeTotals;
       d.tokens += t.generatedTokens;
       d.passes += t.decode.passes + 1;
@@ -316,20 +325,26 @@ export class Session {
 
   /** Yields the ids of `steps` with their text, timing each step into the timings. */
   async *#stream(
-    steps: AsyncGenerator<DecodedToken>,
+    steps: AsyncGenerator<DecodedToken, DecodeEnd>,
+    context: readonly number[],
     keepSpecial: boolean,
     signal?: AbortSignal,
-  ): AsyncGenerator<GeneratedToken> {
+  ): AsyncGenerator<GeneratedToken, DecodeEnd | null> {
     const t = this.timings;
-    const stream = this.tokenizer.decodeStream({ skipSpecial: !keepSpecial });
+    // Decoded after the prompt, so the first token keeps its leading space ("The dog" + " was").
+    const stream = this.tokenizer.decodeStream({ context, skipSpecial: !keepSpecial });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
     let held: GeneratedToken[] = [];
+    let end: DecodeEnd | null = null;
     while (!signal?.aborted) {
       const t1 = performance.now();
       const next = await steps.next();
       this.#cachedAt = this.model.transformer.calls;
       t.generateMs += performance.now() - t1;
-      if (next.done) break;
+      if (next.done) {
+        end = next.value;
+        break;
+      }
       const { id, logprob } = next.value;
       t.generatedTokens++;
       held.push({ id, text: stream.push(id), ...(logprob ? { logprob } : {}) });
@@ -342,6 +357,7 @@ export class Session {
       held[held.length - 1].text += stream.flush();
       yield* held;
     }
+    return end;
   }
 
   /** Counters and timings of the last generation. */

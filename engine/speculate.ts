@@ -355,6 +355,9 @@ export interface DecodedToken {
   logprob?: TokenLogprob;
 }
 
+/** Why a decode loop ended: a stop id or the constraint's end, or `maxTokens`. */
+export type DecodeEnd = "stop" | "length";
+
 /** What one generation's decode loop works on. */
 export interface DecodeSetup {
   model: Model;
@@ -385,10 +388,10 @@ export interface DecodeSetup {
  * Yields the generated ids one by one until a stop id (not yielded), `maxTokens`, or a
  * constraint's end; between yields `history` and `cached` are consistent with the KV cache.
  */
-export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken> {
+export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, DecodeEnd> {
   const { model, sampler, history, cached, stop, counters, constraint } = s;
   if (constraint && s.spec) throw new Error("decode: drafts cannot be verified under a constraint");
-  if (s.maxTokens <= 0) return;
+  if (s.maxTokens <= 0) return "length";
   /**
    * `row` as the sampler sees it without a draft: masked by the constraint, if any (a copy: the
    * forward pass's buffer is read again by nothing but the sampler).
@@ -403,10 +406,10 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken> {
     s.logprobs === undefined ? { id } : { id, logprob: tokenLogprob(row, id, s.logprobs) };
   const row0 = await restrict(s.logits);
   const first = sampler.sample(row0, history);
-  if (stop.has(first)) return;
+  if (stop.has(first)) return "stop";
   history.push(first);
   yield withLogprob(row0, first);
-  if (constraint && !constraint.accept(first)) return;
+  if (constraint && !constraint.accept(first)) return "stop";
   let generated = 1;
   const vocab = model.cfg.vocabSize;
   const drafter = s.spec?.drafter(s.sampling, sampler.seed) ?? null;
@@ -423,11 +426,11 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken> {
   const lookahead = model.observers.lookahead;
   if (lookahead) lookahead.predictBatch = length + 1;
   try {
-    yield* rounds();
+    return yield* rounds();
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
   }
-  async function* rounds(): AsyncGenerator<DecodedToken> {
+  async function* rounds(): AsyncGenerator<DecodedToken, DecodeEnd> {
     while (generated < s.maxTokens) {
       const t0 = performance.now();
       // The last kept token is pending: the KV cache holds everything before it.
@@ -489,8 +492,9 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken> {
       gate.record(nd > 0, performance.now() - t0, emitted.length);
       generated += emitted.length;
       yield* emitted;
-      if (stopped) return;
+      if (stopped) return "stop";
     }
+    return "length";
   }
 }
 

@@ -8,6 +8,12 @@ import { formatBytes } from "./units.ts";
 import type { Model } from "./model.ts";
 import type { DecodeCounters } from "./speculate.ts";
 
+/**
+ * Why the last generation stopped: an end-of-sequence or stop id, the token limit, a full
+ * context (no room for another token), or an abort (Ctrl-C, a client gone).
+ */
+export type StopReason = "eos" | "max_tokens" | "context" | "aborted";
+
 /** Timings measured by the generate loop. */
 export interface Timings {
   loadMs: number;
@@ -19,6 +25,8 @@ export interface Timings {
   generateMs: number;
   /** Forward passes and speculation counters of the decode loop. */
   decode: DecodeCounters;
+  /** Why the last generation stopped (null before the first). */
+  stopReason: StopReason | null;
 }
 
 /**
@@ -91,6 +99,8 @@ export interface RunStats {
   arena_bytes: number;
   /** Peak resident set size of the process (VmHWM). */
   peak_rss_bytes: number;
+  /** Why the last generation stopped: eos, max_tokens, context (full) or aborted. */
+  stop_reason: StopReason | null;
   /** Compute threads, the main thread included. */
   threads: number;
   /** The reader: direct (O_DIRECT shim), buffered or fallback. */
@@ -149,10 +159,19 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     budget_bytes: model.plan.budget,
     arena_bytes: model.arena.capacity,
     peak_rss_bytes: peakRss(),
+    stop_reason: t.stopReason,
     threads: model.pool.threads,
     reader: model.reader.kind,
   };
 }
+
+/** How the stats block says why a generation stopped. */
+const STOP_TEXT: Record<StopReason, string> = {
+  eos: "end of sequence",
+  max_tokens: "token limit",
+  context: "context full",
+  aborted: "interrupted",
+};
 
 /** The human-readable stats block (stderr). */
 export function formatStats(s: RunStats): string {
@@ -163,7 +182,8 @@ export function formatStats(s: RunStats): string {
       s.prompt_cached_tokens > 0 ? ` (${s.prompt_cached_tokens} from the prompt cache)` : ""
     }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
     `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s, ` +
-    `${s.tokens_per_pass.toFixed(2)} tokens per pass`,
+    `${s.tokens_per_pass.toFixed(2)} tokens per pass` +
+    (s.stop_reason ? ` (stopped: ${STOP_TEXT[s.stop_reason]})` : ""),
     ...(s.draft_tokens > 0 || s.draft_gated_steps > 0
       ? [
         `drafts        ${s.draft_tokens} drafted, ${s.draft_accepted} accepted (${

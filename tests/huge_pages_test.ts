@@ -11,6 +11,7 @@ import { join } from "node:path";
 import { openReader } from "../io/reader.ts";
 import { shimUnavailable } from "../io/shim.ts";
 import { sharedMemory64 } from "../wasm/mod.ts";
+import { skipIf } from "./skips.ts";
 
 const MiB = 1024 * 1024;
 
@@ -46,7 +47,7 @@ Deno.test({
   name: `shim reader: the arena it fills is eligible for huge pages${
     why ? ` (skipped: ${why})` : ""
   }`,
-  ignore: why !== null,
+  ignore: skipIf(why !== null, `need huge pages and the I/O shim (${why})`),
   fn() {
     const base = BigInt(
       Deno.UnsafePointer.value(Deno.UnsafePointer.of(new Uint8Array(memory.buffer))),

@@ -8,11 +8,15 @@
  */
 import { existsSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+import { noteSkip } from "./skips.ts";
 
 /** Whether ../shared is beside the repository. */
 export const HAVE_SHARED: boolean = existsSync(
   fileURLToPath(new URL("../../shared/models/README.md", import.meta.url)),
 );
+
+/** The reason counted for the tests skipped here (tests/skips.ts). */
+const SHARED_REASON = "need ../shared/models";
 
 /** What marks a test as reading ../shared: its helpers, its paths, its fixtures' names. */
 const NEEDS_SHARED =
@@ -57,17 +61,19 @@ if (!HAVE_SHARED) {
   };
   const needs = (name: string, fn: unknown) => {
     const body = typeof fn === "function" ? String(fn) : "";
-    return NEEDS_SHARED.test(name) || NEEDS_SHARED.test(body) || !!callerNames()?.test(body);
+    const yes = NEEDS_SHARED.test(name) || NEEDS_SHARED.test(body) || !!callerNames()?.test(body);
+    if (yes) noteSkip(SHARED_REASON);
+    return yes;
   };
   const guarded = (...args: unknown[]) => {
     if (typeof args[0] === "object" && args[0] !== null) {
       const def = args[0] as Deno.TestDefinition;
-      return register({ ...def, ignore: def.ignore || needs(def.name, def.fn) });
+      return register({ ...def, ignore: needs(def.name, def.fn) || def.ignore });
     }
     const [name, a, b] = args as [string, TestFn | Omit<Deno.TestDefinition, "name">, TestFn?];
     const fn = (typeof a === "function" ? a : b) as TestFn;
     const opts: Omit<Deno.TestDefinition, "name" | "fn"> = typeof a === "function" ? {} : a;
-    return register({ ...opts, name, fn, ignore: opts.ignore || needs(name, fn) });
+    return register({ ...opts, name, fn, ignore: needs(name, fn) || opts.ignore });
   };
   Object.assign(guarded, { ignore: Deno.test.ignore, only: Deno.test.only });
   (Deno as { test: unknown }).test = guarded;

@@ -16,6 +16,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { loadTokenizer, type Tokenizer } from "../engine/tokenizer.ts";
 import { tempDir } from "./fixtures.ts";
+import { NO_TOKENIZER_PACKAGES, skipIf } from "./skips.ts";
 
 function packageModels(name: string): string | null {
   const root = Deno.env.get("SLUICE_TOKENIZER_PACKAGES") ??
@@ -44,7 +45,7 @@ function streamed(tok: Tokenizer, ids: number[]): string {
 
 Deno.test({
   name: "Llama-3 tokenizer: decode is exact (no clean-up) and the stream equals it",
-  ignore: LLAMA3 === null,
+  ignore: skipIf(LLAMA3 === null, NO_TOKENIZER_PACKAGES),
   fn: async () => {
     const tok = await loadTokenizer(LLAMA3!);
     for (const text of TEXTS) {
@@ -60,7 +61,7 @@ Deno.test({
 
 Deno.test({
   name: "Llama-3 tokenizer: a split UTF-8 character is held back, then flushed",
-  ignore: LLAMA3 === null,
+  ignore: skipIf(LLAMA3 === null, NO_TOKENIZER_PACKAGES),
   fn: async () => {
     const tok = await loadTokenizer(LLAMA3!);
     const ids = tok.encode("𝔘", { addSpecial: false });
@@ -75,7 +76,7 @@ Deno.test({
 
 Deno.test({
   name: "DeepSeek-V3 tokenizer: add_bos_token puts BOS before a plain prompt, as transformers",
-  ignore: DEEPSEEK === null,
+  ignore: skipIf(DEEPSEEK === null, NO_TOKENIZER_PACKAGES),
   fn: async () => {
     const tok = await loadTokenizer(DEEPSEEK!);
     assert.equal(tok.bosId, 0, "<｜begin▁of▁sentence｜> is id 0 in DeepSeek-V3's vocabulary");
@@ -131,7 +132,7 @@ function byteLevelDecoder(tokenizerJson: string): (ids: number[]) => string {
 for (const [name, dir] of [["Llama-3", LLAMA3], ["DeepSeek-V3", DEEPSEEK]] as const) {
   Deno.test({
     name: `${name} tokenizer: decode of random ids equals the byte-level decode`,
-    ignore: dir === null,
+    ignore: skipIf(dir === null, NO_TOKENIZER_PACKAGES),
     fn: async () => {
       const tok = await loadTokenizer(dir!);
       const reference = byteLevelDecoder(join(dir!, "tokenizer.json"));

@@ -12,6 +12,7 @@ import { modelId } from "../tools/serve/live.ts";
 import { startServer } from "../tools/serve/server.ts";
 import { Browser, countColour, decodePng, findChromium } from "./browser.ts";
 import { budgetAboveFloor, tempDir } from "./fixtures.ts";
+import { skipIf } from "./skips.ts";
 
 const chromium = findChromium();
 if (!chromium) console.error("ui_test: skipped, no chromium on PATH (apt-get install chromium)");
@@ -19,7 +20,7 @@ if (!chromium) console.error("ui_test: skipped, no chromium on PATH (apt-get ins
 Deno.test({
   name: "the live view renders live state in headless Chromium" +
     (chromium ? "" : " (skipped: no chromium on PATH; apt-get install chromium)"),
-  ignore: chromium === null,
+  ignore: skipIf(chromium === null, "need chromium"),
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {

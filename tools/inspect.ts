@@ -7,6 +7,7 @@
  */
 
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./cli/args.ts";
+import { resolveModel } from "./cli/models.ts";
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { EXPERT_MATRICES } from "../io/model_config.ts";
@@ -156,7 +157,7 @@ export function formatReport(r: InspectReport): string {
 }
 
 /** Runs the inspect command with command-line `args`; returns the exit code. */
-export function inspectCommand(args: string[]): Promise<number> {
+export async function inspectCommand(args: string[]): Promise<number> {
   const usage = "usage: deno run -A mod.ts inspect <x.sluice> [--json] [--verify]";
   try {
     const a = parseCommandArgs("inspect", args, {
@@ -164,17 +165,17 @@ export function inspectCommand(args: string[]): Promise<number> {
       verify: { type: "boolean" },
       ...HELP_FLAG,
     }, { positionals: true });
-    if (helpShown(a, usage)) return Promise.resolve(0);
+    if (helpShown(a, usage)) return 0;
     if (a.positionals.length !== 1) throw new Error(`expected one container path\n${usage}`);
-    const path = a.positionals[0];
+    const path = await resolveModel(a.positionals[0]);
     const report = inspectContainer(path);
     if (a.bool("verify")) verifyContainer(openContainer(path));
     console.log(a.bool("json") ? JSON.stringify(report, null, 2) : formatReport(report));
     if (a.bool("verify") && !a.bool("json")) console.log("verify        all CRCs match");
-    return Promise.resolve(0);
+    return 0;
   } catch (e) {
     console.error(`inspect: ${(e as Error).message}`);
-    return Promise.resolve(1);
+    return 1;
   }
 }
 

@@ -6,12 +6,21 @@
  * @module
  */
 import { type ChatMessage, checkChatMessages } from "../../engine/chat.ts";
-import { type GenerateOptions, Session } from "../../engine/session.ts";
+import type { GenerateOptions } from "../../engine/session.ts";
 import { loadSession, saveSession } from "../../engine/session_state.ts";
 import { formatStats } from "../../engine/stats.ts";
+import {
+  COLOR_FLAGS,
+  COLOR_HELP,
+  colorOn,
+  contextFullNotice,
+  loadLine,
+  paint,
+  prefillProgress,
+} from "./feedback.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  modelPath,
+  openSession,
   RUN_FLAGS,
   RUN_HELP,
   runOptionsFromArgs,
@@ -33,11 +42,12 @@ Commands inside the chat:
                    exactly (/save! FILE replaces an older session file, nothing else)
   /load FILE       load a saved conversation (it must come from the same container)
   /system TEXT     set the system message (empty: none)
-  /exit            leave (also Ctrl-D); Ctrl-C stops the answer being written
+  /exit            leave (also Ctrl-D, or Ctrl-C twice at the prompt)
+  Ctrl-C           stop the answer being written; the conversation is kept
 
 Chat:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
-  --system TEXT         system message
+  --system TEXT         system message (also -sys, --system-prompt)
   -p, --prompt TEXT     first user message (then the chat continues on stdin)
 
 Sampling (greedy by default; each turn is seeded from --seed and its turn number, so a loaded
@@ -50,7 +60,8 @@ ${SPEC_HELP}
 Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
-  --quiet               no per-turn stats line
+  --quiet               no load line, prompt progress or per-turn stats line
+${COLOR_HELP}
   -h, --help            this text
 `;
 
@@ -80,21 +91,21 @@ async function* lines(input: ReadableStream<Uint8Array>): AsyncGenerator<string>
 export async function chatCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("chat", args, {
     ...MODEL_FLAG,
-    system: { type: "string" },
+    system: { type: "string", dashed: ["sys"], aliases: ["system-prompt"] },
     prompt: { type: "string", short: "p" },
     ...SAMPLING_FLAGS,
     ...RUN_FLAGS,
     ...SPEC_FLAGS,
     quiet: { type: "boolean" },
+    ...COLOR_FLAGS,
     ...HELP_FLAG,
   });
   if (helpShown(a, HELP)) return 0;
   const quiet = a.bool("quiet");
   const tty = Deno.stdin.isTerminal();
-  const session = await Session.open(await modelPath(a, quiet), {
-    ...runOptionsFromArgs(a),
-    spec: specFromArgs(a),
-  });
+  const colorErr = colorOn(a, Deno.stderr);
+  const session = await openSession(a, { ...runOptionsFromArgs(a), spec: specFromArgs(a) }, quiet);
+  if (!quiet) console.error(paint(colorErr, "dim", loadLine(session.stats())));
   try {
     // A template that does not render is refused now, not at every line; a checkpoint without
     // one chats through the built-in template, with a notice.
@@ -118,12 +129,27 @@ export async function chatCommand(args: string[]): Promise<number> {
   const enc = new TextEncoder();
   const out = (s: string) => Deno.stdout.writeSync(enc.encode(s));
   const note = (s: string) => console.error(s);
+  // Ctrl-C stops the answer being written (at the next token or prompt chunk) and keeps the
+  // conversation; at the prompt, a first Ctrl-C only says how to leave and a second one leaves.
   let current: AbortController | null = null;
+  let armed = false;
   const onInterrupt = () => {
     if (current) current.abort();
-    else Deno.exit(130);
+    else if (!tty || armed) Deno.exit(130);
+    else {
+      armed = true;
+      out("\n(Ctrl-C again, /exit or Ctrl-D to leave)\n> ");
+    }
   };
   Deno.addSignalListener("SIGINT", onInterrupt);
+  // The forward passes run on this thread: without a turn of the event loop now and then, the
+  // signal would wait for the whole answer. Every 20 ms costs nothing next to a token.
+  let breathed = performance.now();
+  const breathe = async () => {
+    if (performance.now() - breathed < 20) return;
+    await new Promise((r) => setTimeout(r, 0));
+    breathed = performance.now();
+  };
 
   const turn = async (text: string) => {
     const messages = [...state.messages, { role: "user", content: text }];
@@ -135,20 +161,28 @@ export async function chatCommand(args: string[]): Promise<number> {
           `${session.model.maxContext}: /reset, or start with a larger --ctx`,
       );
     }
-    current = new AbortController();
+    const abort = new AbortController();
+    current = abort;
     let answer = "";
     try {
       const seed = (state.sampling.seed! + state.turn) >>> 0;
-      for await (
-        const tok of session.generate(ids, { ...state.sampling, seed, signal: current.signal })
-      ) {
+      const onPrefill = quiet ? breathe : prefillProgress({
+        color: colorErr,
+        cached: () => session.timings.cachedTokens,
+      }, breathe);
+      const opts = { ...state.sampling, seed, signal: abort.signal, onPrefill };
+      for await (const tok of session.generate(ids, opts)) {
         answer += tok.text;
         out(tok.text);
+        await breathe();
       }
     } finally {
       current = null;
     }
     out("\n");
+    if (abort.signal.aborted) note("(stopped; the answer so far is kept)");
+    const full = contextFullNotice(session.stats(), session.model.maxContext);
+    if (full) note(paint(colorErr, "yellow", `${full.slice(0, -1)}, or /reset)`));
     state.messages = [...messages, { role: "assistant", content: answer }];
     state.turn++;
     if (!quiet) {
@@ -226,6 +260,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     if (first !== undefined) await turn(first);
     if (tty) out("> ");
     for await (const raw of lines(Deno.stdin.readable)) {
+      armed = false;
       const line = raw.trim();
       try {
         if (line.startsWith("/")) {

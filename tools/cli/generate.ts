@@ -5,11 +5,21 @@
  * @module
  */
 import { createSampler } from "../../engine/sampler.ts";
-import { Session } from "../../engine/session.ts";
 import { formatStats } from "../../engine/stats.ts";
+import { chatCommand } from "./chat.ts";
+import { modeLines } from "./modes.ts";
+import {
+  COLOR_FLAGS,
+  COLOR_HELP,
+  colorOn,
+  contextFullNotice,
+  loadLine,
+  paint,
+  prefillProgress,
+} from "./feedback.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  modelPath,
+  openSession,
   RUN_FLAGS,
   RUN_HELP,
   runOptionsFromArgs,
@@ -32,7 +42,9 @@ Input:
   -f, --prompt-file FILE  read the prompt from a file
   --prompt-ids 1,2,3    token ids instead of text (for models without a text tokenizer)
   --chat                wrap the prompt in the model's chat template as a user message
-  --system TEXT         system message for --chat
+  --system TEXT         system message for --chat (also -sys, --system-prompt)
+  -cnv, --conversation  start an interactive chat instead (as 'mod.ts chat' with these flags;
+                        -no-cnv, generate's own behaviour, is accepted too)
   --chat-template-kwargs JSON
                         extra template variables for --chat, as llama.cpp takes them, e.g.
                         '{"reasoning_effort":"high"}' for gpt-oss's harmony template
@@ -49,8 +61,11 @@ Memory and I/O (none of these change the output):
 ${RUN_HELP}
 
 Output:
+  The prompt is printed before the text that continues it, as llama.cpp does (not with --chat).
+  --no-display-prompt   print only the generated text
   --json                print one JSON object (prompt_ids, generated_ids, text, stop_reason:
-                        eos, length or context, stats)
+                        eos, max_tokens, context or aborted, stats)
+${COLOR_HELP}
   --quiet               no stats block
   -h, --help            this text
 `;
@@ -77,11 +92,15 @@ const FLAGS: Flags = {
   "prompt-file": { type: "string", short: "f", aliases: ["file"] },
   "prompt-ids": { type: "string" },
   chat: { type: "boolean" },
-  system: { type: "string" },
+  conversation: { type: "boolean", dashed: ["cnv"] },
+  "no-conversation": { type: "boolean", dashed: ["no-cnv"] },
+  system: { type: "string", dashed: ["sys"], aliases: ["system-prompt"] },
   "chat-template-kwargs": { type: "string" },
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
   ...SPEC_FLAGS,
+  "no-display-prompt": { type: "boolean" },
+  ...COLOR_FLAGS,
   json: { type: "boolean" },
   quiet: { type: "boolean" },
   ...HELP_FLAG,
@@ -103,6 +122,10 @@ export function parseGenerateArgs(args: string[]) {
 
 /** Runs the generate command with command-line `args`; returns the exit code. */
 export async function generateCommand(args: string[]): Promise<number> {
+  const cnv = ["-cnv", "--conversation"];
+  if (args.some((x) => cnv.includes(x))) {
+    return await chatCommand(args.filter((x) => !cnv.includes(x)));
+  }
   const parsed = parseGenerateArgs(args);
   if (!parsed) return 0;
   const { a, run, sampling, kwargs } = parsed;
@@ -133,8 +156,16 @@ export async function generateCommand(args: string[]): Promise<number> {
       "--chat needs a user message: give --prompt, --prompt-file or pipe it on stdin",
     );
   }
-  const session = await Session.open(await modelPath(a, quiet), run);
+  const colorOut = colorOn(a, Deno.stdout);
+  const colorErr = colorOn(a, Deno.stderr);
+  const session = await openSession(a, run, quiet);
   try {
+    if (!quiet) {
+      console.error(paint(colorErr, "dim", loadLine(session.stats())));
+      const [mode, warning] = modeLines(session.model, run);
+      console.error(paint(colorErr, "dim", mode));
+      if (warning) console.error(paint(colorErr, "yellow", warning));
+    }
     let ids: number[];
     if (promptIds) {
       const vocab = session.model.cfg.vocabSize;
@@ -157,27 +188,31 @@ export async function generateCommand(args: string[]): Promise<number> {
     let text = "";
     const enc = new TextEncoder();
     const json = a.bool("json");
-    for await (
-      const tok of session.generate(ids, sampling)
-    ) {
+    // The prompt's own decode: with the continuation's text after it, the decode of the whole.
+    // Printed once the prefill is done, after its progress line.
+    let echo = !json && !a.bool("chat") && !a.bool("no-display-prompt")
+      ? paint(colorOut, "bold", session.detokenize(ids))
+      : "";
+    const onPrefill = quiet
+      ? undefined
+      : prefillProgress({ color: colorErr, cached: () => session.timings.cachedTokens });
+    for await (const tok of session.generate(ids, { ...sampling, onPrefill })) {
       generated.push(tok.id);
       text += tok.text;
-      if (!json) await Deno.stdout.write(enc.encode(tok.text));
+      if (!json) await Deno.stdout.write(enc.encode(echo + tok.text));
+      echo = "";
     }
+    if (echo) await Deno.stdout.write(enc.encode(echo));
     const stats = session.stats();
-    const stopReason = whyStopped(session, ids.length, sampling.maxTokens, generated.length);
-    if (stopReason === "context" && !a.bool("quiet")) {
-      console.error(
-        `\nsluice generate: the context of ${session.model.maxContext} tokens is full ` +
-          `(prompt ${ids.length} + ${generated.length} generated); raise --ctx for longer answers`,
-      );
-    }
+    // A full context is said on stderr even with --json, where stop_reason says it too.
+    const full = contextFullNotice(stats, session.model.maxContext);
+    if (full && !a.bool("quiet")) console.error(paint(colorErr, "yellow", `\n${full}`));
     if (json) {
       console.log(JSON.stringify({
         prompt_ids: ids,
         generated_ids: generated,
         text,
-        stop_reason: stopReason,
+        stop_reason: stats.stop_reason,
         stats,
       }));
     } else {
@@ -188,20 +223,4 @@ export async function generateCommand(args: string[]): Promise<number> {
     session.close();
   }
   return 0;
-}
-
-/**
- * Why a generation of `n` tokens after a prompt of `promptLength` ended: "eos" (the model ended
- * it), "length" (the asked-for `maxTokens`, default 256) or "context" (the context filled first).
- */
-function whyStopped(
-  session: Session,
-  promptLength: number,
-  maxTokens: number | undefined,
-  n: number,
-): "eos" | "length" | "context" {
-  const room = session.model.maxContext - promptLength;
-  const asked = maxTokens ?? 256;
-  if (n < Math.min(asked, room)) return "eos";
-  return room < asked ? "context" : "length";
 }

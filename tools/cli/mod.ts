@@ -9,9 +9,11 @@
 import { inspectCommand } from "../inspect.ts";
 import { packCommand } from "../pack.ts";
 import { splitBanksCommand } from "../split_banks.ts";
+import { didYouMean } from "./args.ts";
 import { chatCommand } from "./chat.ts";
 import { doctorCommand } from "./doctor.ts";
 import { generateCommand } from "./generate.ts";
+import { listCommand } from "./list.ts";
 import { planCommand } from "./plan.ts";
 import { pullCommand } from "./pull.ts";
 import { serveCommand } from "./serve.ts";
@@ -27,6 +29,7 @@ export interface Command {
 export const COMMANDS: Record<string, Command> = {
   generate: { run: generateCommand, about: "generate text from a container" },
   chat: { run: chatCommand, about: "multi-turn chat in the terminal, KV cache kept" },
+  list: { run: listCommand, about: "show the models of the local store (pull writes there)" },
   plan: { run: planCommand, about: "show the memory plan of a container under a budget" },
   serve: { run: serveCommand, about: "OpenAI-compatible HTTP server with a live view at /ui" },
   pack: { run: packCommand, about: "turn a Hugging Face checkpoint into a .sluice container" },
@@ -62,7 +65,8 @@ export async function main(args: string[]): Promise<number> {
   }
   const cmd = COMMANDS[name];
   if (!cmd) {
-    console.error(`sluice: unknown command "${name}"\n\n${usage()}`);
+    const hint = didYouMean(name, Object.keys(COMMANDS));
+    console.error(`sluice: unknown command "${name}"${hint}\n\n${usage()}`);
     return 2;
   }
   try {

@@ -11,6 +11,7 @@ import { formatBytes } from "../../engine/units.ts";
 import { mixerOf } from "../../io/model_config.ts";
 import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
+import { resolveModel } from "./models.ts";
 
 const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
 
@@ -24,7 +25,7 @@ ${BUDGET_HELP}
 `;
 
 /** Runs the plan command; returns the exit code. */
-export function planCommand(args: string[]): Promise<number> {
+export async function planCommand(args: string[]): Promise<number> {
   const a = parseCommandArgs("plan", args, {
     ...MODEL_FLAG,
     ...BUDGET_FLAGS,
@@ -36,9 +37,9 @@ export function planCommand(args: string[]): Promise<number> {
   const model = a.str("model");
   if (a.bool("help") || !model) {
     console.log(HELP);
-    return Promise.resolve(a.bool("help") ? 0 : 2);
+    return a.bool("help") ? 0 : 2;
   }
-  const c = openContainer(model);
+  const c = openContainer(await resolveModel(model));
   const cfg = c.config;
   const opts = { ctx: a.int("ctx"), prefillChunk: a.int("prefill-chunk") };
   // The floor is the plan without the lookahead's resident routers: the run drops them there.
@@ -52,7 +53,7 @@ export function planCommand(args: string[]): Promise<number> {
     console.log(
       JSON.stringify({ ...plan, floor, ctx, lookahead, recommendedBudget: recommended }),
     );
-    return Promise.resolve(0);
+    return 0;
   }
   const L = cfg.numLayers;
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
@@ -85,5 +86,5 @@ arena          ${formatBytes(plan.arenaBytes)}`);
       );
     }
   }
-  return Promise.resolve(0);
+  return 0;
 }

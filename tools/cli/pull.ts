@@ -4,8 +4,9 @@
  *
  * @module
  */
-import { existsSync } from "node:fs";
-import { resolve } from "node:path";
+import { existsSync, mkdirSync } from "node:fs";
+import { dirname, resolve } from "node:path";
+import { storePath } from "./models.ts";
 import { EXPERT_OPTIONS } from "../../engine/quant/mod.ts";
 import { PACK_FLAGS, packOptionsFromArgs } from "./pack_flags.ts";
 import { pullModel } from "../pull/pull.ts";
@@ -14,7 +15,10 @@ import { HELP_FLAG, helpShown, parseCommandArgs } from "./args.ts";
 
 const HELP = `sluice pull — a Hugging Face Hub checkpoint into a .sluice container, shard by shard
 
-Usage: deno run -A mod.ts pull <org/name>[@revision] <out>.sluice [options]
+Usage: deno run -A mod.ts pull <org/name>[@revision] [<out>.sluice] [options]
+
+Without <out>, the container goes into the model store (\$SLUICE_MODELS, else
+~/.local/share/sluice/models) as <org>/<name>.sluice, where '-m org/name' and 'list' find it.
 
 Downloads config, tokenizer and chat files, then the safetensors shards (HTTP Range resume, size
 and sha256 checked), packing each layer as soon as the shards it reads are on disk, fetching the
@@ -47,11 +51,13 @@ export async function pullCommand(args: string[]): Promise<number> {
     ...HELP_FLAG,
   }, { positionals: true });
   if (helpShown(a, HELP)) return 0;
-  if (a.positionals.length !== 2) {
-    console.error(`pull: expected a Hub repo and an output path\n\n${HELP}`);
+  if (a.positionals.length < 1 || a.positionals.length > 2) {
+    console.error(`pull: expected a Hub repo and, optionally, an output path\n\n${HELP}`);
     return 2;
   }
-  const [spec, out] = a.positionals;
+  const [spec, given] = a.positionals;
+  const out = given ?? storePath(spec);
+  if (given === undefined) mkdirSync(dirname(out), { recursive: true });
   try {
     await pullModel(spec, out, { ...packOptionsFromArgs(a), keepShards: a.int("keep-shards", 1) });
   } catch (e) {

@@ -7,11 +7,14 @@
  */
 import type { RunOptions } from "../../engine/model.ts";
 import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
-import type { GenerateOptions } from "../../engine/session.ts";
+import { type GenerateOptions, Session, type SessionOptions } from "../../engine/session.ts";
+import { openContainer } from "../../engine/container.ts";
+import { autoBudget } from "./modes.ts";
 import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
 import { checkTracePath } from "../../io/trace.ts";
-import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags } from "./args.ts";
+import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags, GPU_HABIT_FLAGS } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
+import { resolveModel } from "./models.ts";
 
 /** The --help lines of {@link RUN_FLAGS}. */
 export const RUN_HELP = `${BUDGET_HELP}
@@ -33,11 +36,13 @@ export const RUN_HELP = `${BUDGET_HELP}
                         (default 1 while experts stream, 0 when all fit)
   --learn               add this run's expert use counts to the hot list (<model>.hot.json)
   --no-hot-list         do not warm the expert cache from the hot list
-  --trace FILE          write the routed experts of every (token, layer) as JSON lines`;
+  --trace FILE          write the routed experts of every (token, layer) as JSON lines
+  -ngl N, -fa           accepted from llama.cpp habit and ignored, with a note (no GPU here)`;
 
 /** The --help lines of {@link SAMPLING_FLAGS}. */
 export const SAMPLING_HELP =
-  `  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict)
+  `  -n, --max-tokens N    new tokens to generate (default 256; also --n-predict); -1: until
+                        an end-of-sequence token or the context is full
   --temperature T       0 = greedy (default 0; also --temp)
   --top-k K  --top-p P  --min-p P  --repeat-penalty R
   -s, --seed S          same seed, same tokens
@@ -62,6 +67,7 @@ export const RUN_FLAGS: Flags = {
   learn: { type: "boolean" },
   "no-hot-list": { type: "boolean" },
   trace: { type: "string" },
+  ...GPU_HABIT_FLAGS,
 };
 
 /** The sampling flags, with llama.cpp's spellings as aliases. */
@@ -110,10 +116,16 @@ export function runOptionsFromArgs(a: Args): RunOptions {
   return run;
 }
 
+/**
+ * `-n -1` (llama.cpp's "no limit"): the generation then stops at an end-of-sequence token or
+ * when the context is full. A safe integer, so a saved chat's JSON keeps it.
+ */
+export const UNTIL_END = Number.MAX_SAFE_INTEGER;
+
 /** The generate options of {@link SAMPLING_FLAGS}. */
 export function samplingFromArgs(a: Args): GenerateOptions {
   return {
-    maxTokens: a.int("max-tokens"),
+    maxTokens: a.str("max-tokens") === "-1" ? UNTIL_END : a.int("max-tokens"),
     temperature: a.num("temperature"),
     topK: a.int("top-k"),
     topP: a.num("top-p"),
@@ -124,7 +136,28 @@ export function samplingFromArgs(a: Args): GenerateOptions {
   };
 }
 
-/** The model to open: --model, or the demo model (made on first use). */
+/**
+ * Opens the session of `--model` (see {@link modelPath}) with `run`; `--preset auto` becomes
+ * the whole working-set step below its ¾ of usable memory (tools/cli/modes.ts).
+ */
+export async function openSession(
+  a: Args,
+  run: SessionOptions,
+  quiet: boolean,
+): Promise<Session> {
+  const path = await modelPath(a, quiet);
+  if (a.str("preset") === "auto" && run.budget !== undefined) {
+    run = { ...run, budget: autoBudget(openContainer(path), run, run.budget) };
+  }
+  return await Session.open(path, run);
+}
+
+/**
+ * The model to open: --model (a path, or a name of the model store: tools/cli/models.ts), or the
+ * demo model (made on first use).
+ */
 export async function modelPath(a: Args, quiet: boolean): Promise<string> {
-  return a.str("model") ?? await (await import("../demo_model.ts")).demoModelPath(quiet);
+  const given = a.str("model");
+  if (given !== undefined) return await resolveModel(given);
+  return await (await import("../demo_model.ts")).demoModelPath(quiet);
 }

@@ -4,11 +4,10 @@
  *
  * @module
  */
-import { Session } from "../../engine/session.ts";
 import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
-import { modelPath, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
+import { openSession, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
 import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
@@ -94,10 +93,7 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (options.cors?.includes("*") && !options.apiKey) {
     throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
   }
-  const session = await Session.open(await modelPath(a, quiet), {
-    ...runOptionsFromArgs(a),
-    spec: specFromArgs(a),
-  });
+  const session = await openSession(a, { ...runOptionsFromArgs(a), spec: specFromArgs(a) }, quiet);
   const template = a.str("chat-template");
   try {
     if (template !== undefined) session.useChatTemplate(template);
