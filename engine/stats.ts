@@ -181,9 +181,9 @@ export function formatStats(s: RunStats): string {
     `prompt        ${s.prompt_tokens} tokens${
       s.prompt_cached_tokens > 0 ? ` (${s.prompt_cached_tokens} from the prompt cache)` : ""
     }, ${s.prompt_tok_s.toFixed(2)} tok/s`,
-    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s, ` +
-    `${s.tokens_per_pass.toFixed(2)} tokens per pass` +
-    (s.stop_reason ? ` (stopped: ${STOP_TEXT[s.stop_reason]})` : ""),
+    `generated     ${s.generated_tokens} tokens, ${s.generate_tok_s.toFixed(2)} tok/s` +
+    (s.stop_reason ? ` (stopped: ${STOP_TEXT[s.stop_reason]})` : "") +
+    `, ${s.tokens_per_pass.toFixed(2)} tokens per pass`,
     ...(s.draft_tokens > 0 || s.draft_gated_steps > 0
       ? [
         `drafts        ${s.draft_tokens} drafted, ${s.draft_accepted} accepted (${
