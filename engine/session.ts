@@ -233,7 +233,7 @@ export class Session {
     for (let n = 0; n < maxTokens && !signal?.aborted; n++) {
       const t1 = performance.now();
       if (constraint) {
-        // The forward pass's buffer is read again by nothing but the sampler; a copy keeps it so.
+        // The mask writes −Infinity into the logits: on a copy, never into the model's buffer.
         logits = logits.slice();
         await constraint.mask(logits);
       }
