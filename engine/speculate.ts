@@ -393,8 +393,8 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   if (constraint && s.spec) throw new Error("decode: drafts cannot be verified under a constraint");
   if (s.maxTokens <= 0) return "length";
   /**
-   * `row` as the sampler sees it without a draft: masked by the constraint, if any (a copy: the
-   * forward pass's buffer is read again by nothing but the sampler).
+   * `row` as the sampler sees it without a draft: masked by the constraint, if any. The mask
+   * writes −Infinity into the logits: on a copy, never into the model's buffer.
    */
   const restrict = async (row: Float32Array): Promise<Float32Array> => {
     if (!constraint) return row;

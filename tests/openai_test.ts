@@ -98,6 +98,9 @@ Deno.test("request checks name the field and keep what is valid", () => {
   fails({ prompt: "a", logprobs: 6 }, false, "logprobs");
   fails({ prompt: "a", tools: [tool] }, false, "tools");
   fails({ messages: msgs, user: 7 }, true, "user");
+  fails({ messages: msgs, logit_bias: [1] }, true, "logit_bias");
+  fails({ messages: msgs, logit_bias: { "-3": 1 } }, true, "logit_bias");
+  fails({ messages: msgs, logit_bias: { "5": 101 } }, true, "logit_bias.5");
   fails({ messages: msgs, chat_template_kwargs: [] }, true, "chat_template_kwargs");
   fails(
     { messages: msgs, chat_template_kwargs: { tools: [] } },
@@ -147,4 +150,8 @@ Deno.test("request checks name the field and keep what is valid", () => {
   assert.equal(agent.n, 3);
   assert.deepEqual(agent.templateKwargs, { enable_thinking: false, reasoning_effort: "low" });
   assert.equal(parseCompletion({ messages: msgs, tools: [tool] }, true).toolChoice, "auto");
+  assert.deepEqual(
+    [...parseCompletion({ prompt: "a", logit_bias: { "7": -100, "9": 2.5 } }, false).logitBias],
+    [[7, -100], [9, 2.5]],
+  );
 });

@@ -240,6 +240,48 @@ Deno.test({
         assert.equal(lp.map((e) => e.token).join(""), r.choices[0].message.content);
       });
 
+      await t.step(
+        "logit_bias: +100 makes a token every pick, -100 bans the greedy one",
+        async () => {
+          // The greedy first token, from the engine itself (the server is idle between steps).
+          let greedyId = -1;
+          for await (
+            const tok of session.generate(session.chatIds(user), { maxTokens: 1, temperature: 0 })
+          ) greedyId = tok.id;
+          const fox = session.tokenize(" fox").at(-1)!;
+          const forced = await client.chat.completions.create({
+            model,
+            messages: user,
+            temperature: 0,
+            max_tokens: 4,
+            logit_bias: { [fox]: 100 },
+          });
+          assert.equal(forced.choices[0].message.content, session.detokenize([fox, fox, fox, fox]));
+          // Ban the greedy first token: the first pick becomes another.
+          const banned = await client.completions.create({
+            model,
+            prompt: session.chatIds(user),
+            temperature: 0,
+            max_tokens: 1,
+            logit_bias: { [greedyId]: -100 },
+          });
+          const unbanned = await client.completions.create({
+            model,
+            prompt: session.chatIds(user),
+            temperature: 0,
+            max_tokens: 1,
+          });
+          assert.equal(unbanned.choices[0].text, session.detokenize([greedyId]));
+          assert.notEqual(banned.choices[0].text, unbanned.choices[0].text);
+          const tooBig = await fetch(`${server.url}/v1/chat/completions`, {
+            method: "POST",
+            body: JSON.stringify({ messages: user, logit_bias: { "999999": 1 } }),
+          });
+          assert.equal(tooBig.status, 400);
+          assert.equal((await tooBig.json()).error.param, "logit_bias");
+        },
+      );
+
       await t.step("text completions: legacy logprobs with the top alternatives", async () => {
         const r = await client.completions.create({
           model,

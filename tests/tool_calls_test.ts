@@ -42,7 +42,7 @@ const CALLS = [
 
 /**
  * Excerpts of the assistant-turn part of each release's template (Qwen3, GLM-4.5, Kimi-K2,
- * DeepSeek-V3-0324, DeepSeek-V3.1, DeepSeek-V3.2 and V4 DSML, MiniMax-M2, gpt-oss), written for this test.
+ * DeepSeek-V3-0324, DeepSeek-V3.1, DeepSeek-V3.2 and V4 DSML, MiniMax-M2, gpt-oss, Qwen3.5), written for this test.
  */
 const EXCERPTS: Record<string, string> = {
   hermes: `{%- for tc in message.tool_calls %}{% set f = tc.function %}
@@ -54,6 +54,14 @@ const EXCERPTS: Record<string, string> = {
 {% for k, v in f.arguments.items() %}<arg_key>{{ k }}</arg_key>
 <arg_value>{{ v if v is string else v | tojson(ensure_ascii=False) }}</arg_value>
 {% endfor %}</tool_call>{% endfor %}`,
+  "qwen3-coder": `{%- for tc in message.tool_calls %}{% set f = tc.function %}
+{%- if not loop.first %}{{ '\\n' }}{% endif %}<tool_call>
+<function={{ f.name }}>
+{% for k, v in f.arguments|items %}<parameter={{ k }}>
+{{ v | tojson | safe if v is mapping or (v is sequence and v is not string) else v | string }}
+</parameter>
+{% endfor %}</function>
+</tool_call>{% endfor %}`,
   "kimi-k2": `<|tool_calls_section_begin|>{%- for tc in message.tool_calls -%}
 <|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>{{ tc.function.arguments }}<|tool_call_end|>
 {%- endfor -%}<|tool_calls_section_end|>`,
@@ -149,6 +157,10 @@ const MALFORMED: Record<string, string[]> = {
   glm: [
     "<tool_call>get_weather<arg_key>city</arg_key>Paris</tool_call>",
     "<tool_call>nope<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+  ],
+  "qwen3-coder": [
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>",
+    "<tool_call>\n<function=nope>\n</function>\n</tool_call>",
   ],
   "kimi-k2": [
     "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0{}<|tool_call_end|>",

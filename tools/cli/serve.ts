@@ -24,8 +24,8 @@ Endpoints:
 Chat completions take tools (tool_choice auto/none/required/named), response_format json_object
 and json_schema (sampling is constrained so the output matches), logprobs, n, and
 chat_template_kwargs / enable_thinking / reasoning_effort; reasoning comes back as
-reasoning_content. Tool calls are read in the template's own format: Qwen/Hermes, GLM,
-Kimi-K2, DeepSeek V3/V3.1/V3.2-V4, MiniMax-M2, gpt-oss harmony.
+reasoning_content. Tool calls are read in the template's own format: Qwen/Hermes, Qwen3-Coder
+and Qwen3.5, GLM, Kimi-K2, DeepSeek V3/V3.1/V3.2/V4, MiniMax-M2, gpt-oss harmony.
 
 Server:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)

@@ -281,6 +281,7 @@ export function parseMessages(body: unknown, counting = false): CompletionReques
     parallelToolCalls: parallel,
     responseFormat,
     logprobs: undefined,
+    logitBias: new Map(),
     n: 1,
     user: typeof user === "string" ? user : undefined,
     templateKwargs: kwargs,
@@ -342,6 +343,7 @@ export async function messagesResponse(input: MessagesInput): Promise<MessagesAn
       compiled,
       parallelToolCalls: r.parallelToolCalls,
       logprobs: undefined,
+      logitBias: r.logitBias,
       signal,
       maskStats: input.maskStats,
     }, onDelta);

@@ -95,8 +95,11 @@ function toolCallsOf(m: Json, i: number, format: ToolCallFormat | null): unknown
   });
 }
 
-/** The grammar of a forced call: one call of the named tool, or of any tool. */
-function callGrammar(format: ToolCallFormat, tools: readonly ToolSpec[]): StructuralTagFormat {
+/** The grammar of a forced call: one call of one of `tools`, in its section. */
+export function forcedCallGrammar(
+  format: ToolCallFormat,
+  tools: readonly ToolSpec[],
+): StructuralTagFormat {
   const calls = tools.map((t) => format.callGrammar(t, 0));
   const call: StructuralTagFormat = calls.length === 1 ? calls[0] : { type: "or", elements: calls };
   const parts: StructuralTagFormat[] = [
@@ -151,7 +154,7 @@ export function planChat(session: Session, r: CompletionRequest): ChatPlan {
     const forced = typeof choice === "object"
       ? r.tools.filter((t) => t.name === choice.name)
       : r.tools;
-    grammar = { kind: "tag", format: callGrammar(format, forced) };
+    grammar = { kind: "tag", format: forcedCallGrammar(format, forced) };
   }
   // A prompt that opened the reasoning: a constrained answer closes it first.
   if (grammar && startsInReasoning) {

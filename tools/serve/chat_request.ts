@@ -1,7 +1,8 @@
 /**
  * The request fields of agents and structured output, checked one by one (a 400 names the
  * field): `tools`, `tool_choice`, `parallel_tool_calls`, `response_format`, `logprobs` /
- * `top_logprobs`, `n`, `user`, `chat_template_kwargs`, `enable_thinking`, `reasoning_effort`.
+ * `top_logprobs`, `logit_bias`, `n`, `user`, `chat_template_kwargs`, `enable_thinking`,
+ * `reasoning_effort`.
  * Combinations the server cannot honour are refused, never silently dropped.
  *
  * @module
@@ -31,6 +32,8 @@ export interface ChatFields {
   responseFormat: ResponseFormat;
   /** Report log probabilities with this many alternatives per token; undefined for none. */
   logprobs: number | undefined;
+  /** Added to the logits of these token ids (OpenAI's `logit_bias`, −100 to 100). */
+  logitBias: Map<number, number>;
   /** Completions per request (run one after another). */
   n: number;
   user: string | undefined;
@@ -167,6 +170,26 @@ function logprobs(b: Json, chat: boolean, bad: BadField): number | undefined {
   return lp === true ? 0 : undefined;
 }
 
+function logitBias(b: Json, bad: BadField): Map<number, number> {
+  const v = b.logit_bias;
+  const out = new Map<number, number>();
+  if (v === undefined || v === null) return out;
+  if (!isObject(v)) throw bad("logit_bias", `expected an object of token id → bias, ${got(v)}`);
+  const entries = Object.entries(v);
+  if (entries.length > 1024) throw bad("logit_bias", "at most 1024 token ids");
+  for (const [key, bias] of entries) {
+    const id = Number(key);
+    if (!/^\d+$/.test(key) || !Number.isSafeInteger(id)) {
+      throw bad("logit_bias", `keys are token ids, ${got(key)}`);
+    }
+    if (typeof bias !== "number" || !(bias >= -100 && bias <= 100)) {
+      throw bad(`logit_bias.${key}`, `expected a number in [-100, 100], ${got(bias)}`);
+    }
+    out.set(id, bias);
+  }
+  return out;
+}
+
 function templateKwargs(b: Json, bad: BadField): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   const kw = b.chat_template_kwargs;
@@ -230,6 +253,7 @@ export function parseChatFields(b: Json, chat: boolean, bad: BadField): ChatFiel
     parallelToolCalls: ptc !== false,
     responseFormat: format,
     logprobs: logprobs(b, chat, bad),
+    logitBias: logitBias(b, bad),
     n: n as number,
     user: typeof b.user === "string" ? b.user : undefined,
     templateKwargs: chat ? templateKwargs(b, bad) : {},

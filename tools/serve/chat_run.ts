@@ -5,7 +5,12 @@
  *
  * @module
  */
-import type { GeneratedToken, GenerateOptions, Session } from "../../engine/session.ts";
+import type {
+  GeneratedToken,
+  GenerateOptions,
+  Session,
+  TokenConstraint,
+} from "../../engine/session.ts";
 import type { ChatPlan } from "./chat_plan.ts";
 import { outputSplitter } from "./chat_output.ts";
 import { compileGrammar, grammarConstraint, type MaskStats } from "./grammar.ts";
@@ -74,6 +79,24 @@ function entry(session: Session, id: number, logprob: number) {
   return { token, logprob, bytes: [...new TextEncoder().encode(token)] };
 }
 
+/**
+ * The per-step constraint of a choice: the grammar's mask, then `bias` added to those ids' logits
+ * (a disallowed token stays disallowed). Undefined when there is neither.
+ */
+function biased(
+  grammar: TokenConstraint | undefined,
+  bias: ReadonlyMap<number, number>,
+): TokenConstraint | undefined {
+  if (bias.size === 0) return grammar;
+  return {
+    async mask(logits) {
+      await grammar?.mask(logits);
+      for (const [id, b] of bias) logits[id] += b;
+    },
+    accept: (id) => grammar?.accept(id) ?? true,
+  };
+}
+
 /** Compiles a plan's grammar; a schema the grammar engine refuses is the client's 400. */
 export async function planGrammar(session: Session, plan: ChatPlan) {
   if (!plan.grammar) return null;
@@ -96,6 +119,8 @@ export interface ChoiceInput {
   parallelToolCalls: boolean;
   /** Alternatives per token to report, or undefined for no log probabilities. */
   logprobs: number | undefined;
+  /** Added to the logits of these ids (ids checked against the vocabulary by the caller). */
+  logitBias: ReadonlyMap<number, number>;
   signal: AbortSignal;
   maskStats?: MaskStats;
 }
@@ -123,7 +148,8 @@ export async function runChoice(
     onDelta({ content, reasoning, toolCalls, logprobs: pending });
     pending = [];
   };
-  const constraint = compiled ? await grammarConstraint(session, compiled, maskStats) : undefined;
+  const grammar = compiled ? await grammarConstraint(session, compiled, maskStats) : undefined;
+  const constraint = biased(grammar, input.logitBias);
   let end: GenerationEnd;
   try {
     end = await generate(plan.ids, signal, (text) => {
@@ -143,7 +169,7 @@ export async function runChoice(
       },
     });
   } finally {
-    constraint?.dispose();
+    grammar?.dispose();
   }
   const last = splitter.end();
   const calls = parallelToolCalls ? last.toolCalls : last.toolCalls.slice(0, 1);

@@ -17,7 +17,7 @@ import {
   runChoice,
 } from "./chat_run.ts";
 import type { MaskStats } from "./grammar.ts";
-import type { CompletionRequest } from "./openai.ts";
+import { ApiError, type CompletionRequest } from "./openai.ts";
 import type { ToolCall } from "./tool_calls/mod.ts";
 
 /** What an answer is built from. */
@@ -93,6 +93,18 @@ export async function completionResponse(input: CompletionInput): Promise<Comple
     stops: [],
   };
   plan.ids = input.promptIds(r, chat ? plan.ids : undefined);
+  const vocab = session.model.cfg.vocabSize;
+  for (const id of r.logitBias.keys()) {
+    if (id >= vocab) {
+      throw new ApiError(
+        400,
+        `logit_bias: token id ${id} is outside the vocabulary [0, ${vocab})`,
+        {
+          param: "logit_bias",
+        },
+      );
+    }
+  }
   const compiled = await planGrammar(session, plan);
   const cid = `${chat ? "chatcmpl" : "cmpl"}-${crypto.randomUUID()}`;
   const created = Math.floor(Date.now() / 1000);
@@ -105,6 +117,7 @@ export async function completionResponse(input: CompletionInput): Promise<Comple
       compiled,
       parallelToolCalls: r.parallelToolCalls,
       logprobs: r.logprobs,
+      logitBias: r.logitBias,
       signal,
       maskStats: input.maskStats,
     }, onDelta);

@@ -10,10 +10,12 @@
  * @module
  */
 import { createRequire } from "node:module";
-import { setImmediate } from "node:timers";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import type { CompiledGrammar, GrammarCompiler, StructuralTagFormat } from "@mlc-ai/web-xgrammar";
 import type { Session, TokenConstraint } from "../../engine/session.ts";
-import type { Tokenizer } from "../../engine/tokenizer.ts";
+import { parseTiktokenRanks, type Tokenizer } from "../../engine/tokenizer.ts";
+import { readJsonObject } from "../../io/json_file.ts";
 
 /** The XGrammar module. */
 export type XGrammar = typeof import("@mlc-ai/web-xgrammar");
@@ -86,22 +88,88 @@ interface Indexed {
 
 const compilers = new WeakMap<Session, Promise<Indexed>>();
 
+/** GPT-2's byte-level alphabet: the printable character each byte is written as. */
+const BYTE_CHARS: readonly string[] = (() => {
+  const printable = (b: number) =>
+    (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+  const out: string[] = [];
+  let next = 256;
+  for (let b = 0; b < 256; b++) out.push(String.fromCodePoint(printable(b) ? b : next++));
+  return out;
+})();
+
+const utf8 = new TextEncoder();
+
+/** Bytes in the byte-level alphabet (XGrammar's "byte_level" vocabulary type). */
+function byteLevel(bytes: Uint8Array): string {
+  let s = "";
+  for (const b of bytes) s += BYTE_CHARS[b];
+  return s;
+}
+
+/** A SentencePiece-style piece (`▁` for a space, `<0xNN>` for a byte) in the byte-level alphabet. */
+function pieceBytes(piece: string): string {
+  const byte = /^<0x([0-9A-Fa-f]{2})>$/.exec(piece);
+  if (byte) return BYTE_CHARS[parseInt(byte[1], 16)];
+  return byteLevel(utf8.encode(piece.replaceAll("\u2581", " ")));
+}
+
+/** The decoder types of a tokenizer.json (a Sequence's members, or the one). */
+function decoderTypes(json: Record<string, unknown>): string[] {
+  const d = json.decoder as { type?: string; decoders?: { type?: string }[] } | null | undefined;
+  return [d?.type ?? "", ...(d?.decoders ?? []).map((x) => x.type ?? "")];
+}
+
 /**
- * The text of every token id (of `vocabSize`, the logits' length) as XGrammar needs it: its
- * decoded text (after a fixed token and minus that token's text, so a tokenizer that drops a
- * leading space on the first token keeps it), "" for special tokens, which XGrammar then never
- * allows inside the output. A token that is part of a UTF-8 sequence decodes to U+FFFD, which the
- * grammar allows where any character is. Seconds of work at 150k ids: it yields to the event loop
- * every few thousand ids, so a stream being served meanwhile keeps flowing.
+ * The bytes of every token id (of `vocabSize`, the logits' length) in the byte-level alphabet,
+ * as XGrammar needs them, read from the checkpoint's own vocabulary in `dir` so that a token
+ * holding part of a UTF-8 character still counts as its bytes (a grammar may need them to spell
+ * "｜" or "ü"): tokenizer.json's byte-level keys as they are, SentencePiece pieces converted,
+ * tiktoken's ranks decoded. Special tokens are "": XGrammar never allows them inside the output
+ * (the stop ids are given apart). Other tokenizers fall back to each id's decoded text.
  */
-export async function vocabularyTexts(tok: Tokenizer, vocabSize: number): Promise<string[]> {
+export function vocabularyTexts(dir: string, tok: Tokenizer, vocabSize: number): string[] {
+  const out = new Array<string>(vocabSize).fill("");
+  const jsonPath = join(dir, "tokenizer.json");
+  const tiktoken = join(dir, "tiktoken.model");
+  if (existsSync(jsonPath)) {
+    const json = readJsonObject(jsonPath);
+    const model = json.model as { type?: string; vocab?: Record<string, number> } | undefined;
+    const types = decoderTypes(json);
+    const convert = types.includes("ByteLevel")
+      ? (k: string) => k
+      : types.includes("ByteFallback") || types.includes("Metaspace")
+      ? pieceBytes
+      : null;
+    if (convert && model?.type === "BPE" && model.vocab) {
+      for (const [k, id] of Object.entries(model.vocab)) {
+        if (Number.isInteger(id) && id >= 0 && id < vocabSize) out[id] = convert(k);
+      }
+      const added = (json.added_tokens ?? []) as {
+        id: number;
+        content: string;
+        special?: boolean;
+      }[];
+      for (const t of added) {
+        if (t.id >= 0 && t.id < vocabSize) {
+          out[t.id] = t.special ? "" : byteLevel(utf8.encode(t.content));
+        }
+      }
+      return out;
+    }
+  } else if (existsSync(tiktoken)) {
+    for (const [b64, rank] of parseTiktokenRanks(readFileSync(tiktoken, "utf8"), tiktoken)) {
+      if (rank < vocabSize) {
+        out[rank] = byteLevel(Uint8Array.from(atob(b64), (c) => c.charCodeAt(0)));
+      }
+    }
+    return out;
+  }
   const anchor = tok.encode("a", { addSpecial: false })[0] ?? 0;
   const base = tok.decode([anchor], { skipSpecial: true });
-  const out = new Array<string>(vocabSize).fill("");
   for (let id = 0; id < Math.min(vocabSize, tok.vocabSize); id++) {
-    if (id % 4096 === 4095) await new Promise((r) => setImmediate(r));
     const text = tok.decode([anchor, id], { skipSpecial: true });
-    out[id] = text.startsWith(base) ? text.slice(base.length) : tok.decode([id]);
+    out[id] = byteLevel(utf8.encode(text.startsWith(base) ? text.slice(base.length) : ""));
   }
   return out;
 }
@@ -112,8 +180,12 @@ function indexed(session: Session): Promise<Indexed> {
     p = (async () => {
       const xg = await loadXGrammar();
       const info = await xg.TokenizerInfo.createTokenizerInfo(
-        await vocabularyTexts(session.tokenizer, session.model.cfg.vocabSize),
-        "raw",
+        vocabularyTexts(
+          session.model.container.dir,
+          session.tokenizer,
+          session.model.cfg.vocabSize,
+        ),
+        "byte_level",
         false,
         session.model.cfg.vocabSize,
         [...session.stopIds()],
@@ -204,7 +276,14 @@ export async function grammarConstraint(
   return {
     async mask(logits) {
       const t0 = performance.now();
-      applyBitmask(await matcher.getNextTokenBitmask(), logits);
+      const bits = await matcher.getNextTokenBitmask();
+      if (!bits.some((w) => w !== 0)) {
+        throw new Error(
+          "grammar: no token of this vocabulary can continue the output here (the schema or " +
+            "tool-call format needs text this tokenizer cannot write)",
+        );
+      }
+      applyBitmask(bits, logits);
       stats.steps++;
       stats.ms += performance.now() - t0;
     },

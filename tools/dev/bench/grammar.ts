@@ -1,8 +1,8 @@
 /**
  * `deno task bench grammar [--vocab 2048,32000,151936,201088] [--steps 300] [--json]`: what
  * structured output costs per token. For each vocabulary size, the synthetic byte-level BPE
- * tokenizer of that size (tools/synth/tokenizer.ts) is decoded id by id into the texts XGrammar
- * needs and indexed by it once, a JSON schema with strings, enums, numbers, arrays and nested
+ * tokenizer of that size (tools/synth/tokenizer.ts) is read into the token bytes XGrammar needs
+ * and indexed by it once, a JSON schema with strings, enums, numbers, arrays and nested
  * objects is compiled, and then a random walk through it measures each step's mask: XGrammar's bitmask, and applying it to a
  * logits row of the vocabulary's length. Side by side, one decode step of the demo model in the
  * same run, so the mask is seen against the token it gates (a real MoE step is far slower).
@@ -73,11 +73,17 @@ export async function main(args: string[]): Promise<void> {
     const dir = Deno.makeTempDirSync({ prefix: "sluice-bench-grammar-" });
     writeSynthTokenizer(dir, n);
     const tok = await loadTokenizer(dir);
-    Deno.removeSync(dir, { recursive: true });
     const tt = performance.now();
-    const vocab = await vocabularyTexts(tok, n);
+    const vocab = vocabularyTexts(dir, tok, n);
     const t0 = performance.now();
-    const info = await xg.TokenizerInfo.createTokenizerInfo(vocab, "raw", false, n, tok.eosIds);
+    Deno.removeSync(dir, { recursive: true });
+    const info = await xg.TokenizerInfo.createTokenizerInfo(
+      vocab,
+      "byte_level",
+      false,
+      n,
+      tok.eosIds,
+    );
     const compiler = await xg.GrammarCompiler.createGrammarCompiler(info);
     const t1 = performance.now();
     const compiled = await compiler.compileGrammar(

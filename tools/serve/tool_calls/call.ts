@@ -94,11 +94,23 @@ export function requiredParams(tool: ToolSpec): string[] {
   return props.filter((k) => required.includes(k));
 }
 
-/** Grammar of one key/value argument's value: raw text without `stopChar` for strings. */
+/**
+ * Grammar of one key/value argument's value. A string is raw text without `stopChar`: one of its
+ * enum values when the schema lists them, at most maxLength characters when it says so. Anything
+ * else is JSON of the parameter's schema.
+ */
 export function valueGrammar(tool: ToolSpec, key: string, stopChar: string): StructuralTagFormat {
-  if (isStringParam(tool, key)) return { type: "regex", pattern: `[^${stopChar}]*` };
-  const props = tool.parameters.properties as Record<string, Record<string, unknown>>;
-  return { type: "json_schema", json_schema: props[key] ?? {} };
+  const props = tool.parameters.properties as Record<string, Record<string, unknown>> | undefined;
+  const schema = props?.[key] ?? {};
+  if (!isStringParam(tool, key)) return { type: "json_schema", json_schema: schema };
+  const values = schema.enum;
+  if (Array.isArray(values) && values.length > 0 && values.every((v) => typeof v === "string")) {
+    const escape = (v: string) => v.replace(/[\\^$.*+?()[\]{}|/-]/g, "\\$&");
+    return { type: "regex", pattern: `(${values.map(escape).join("|")})` };
+  }
+  const max = schema.maxLength;
+  const count = Number.isInteger(max) && (max as number) >= 0 ? `{0,${max}}` : "*";
+  return { type: "regex", pattern: `[^${stopChar}]${count}` };
 }
 
 /** Grammar of a JSON arguments object for `tool`. */

@@ -1,7 +1,8 @@
 /**
  * Qwen / Hermes tool calls: each call a JSON object `{"name": …, "arguments": {…}}` between
- * `<tool_call>` and `</tool_call>` (Qwen2.5, Qwen3, Qwen3.5 and the Hermes models; also the
- * format of the built-in template). The last closing tag may be missing when the model stopped.
+ * `<tool_call>` and `</tool_call>` (Qwen2.5, Qwen3 and the Hermes models; also the format of the
+ * built-in template). The registry tries it after GLM's and Qwen3-Coder's, which open their calls
+ * with the same tag. The last closing tag may be missing when the model stopped.
  *
  * @module
  */
@@ -45,7 +46,7 @@ function parse(section: string, tools: readonly ToolSpec[]): ToolCall[] | null {
 /** The `<tool_call>` JSON format. */
 export const HERMES: ToolCallFormat = {
   name: "hermes",
-  detect: (t) => t.includes(OPEN) && !t.includes("<arg_key>"),
+  detect: (t) => t.includes(OPEN),
   opens: [OPEN],
   parse,
   argumentsAs: "object",

@@ -11,10 +11,11 @@ import { HARMONY } from "./harmony.ts";
 import { HERMES } from "./hermes.ts";
 import { KIMI_K2 } from "./kimi_k2.ts";
 import { MINIMAX } from "./minimax.ts";
+import { QWEN_XML } from "./qwen_xml.ts";
 
 export type { ToolCall, ToolCallFormat, ToolSpec } from "./call.ts";
 
-/** Every format, in detection order (GLM before Hermes: both write `<tool_call>`). */
+/** Every format, in detection order (GLM and Qwen's XML before Hermes: all write `<tool_call>`). */
 export const TOOL_CALL_FORMATS: readonly ToolCallFormat[] = [
   HARMONY,
   KIMI_K2,
@@ -24,6 +25,7 @@ export const TOOL_CALL_FORMATS: readonly ToolCallFormat[] = [
   DEEPSEEK_V31,
   MINIMAX,
   GLM,
+  QWEN_XML,
   HERMES,
 ];
 
