@@ -102,7 +102,6 @@ Deno.test({
     const path = join(tempDir(), "big-tokenizer.sluice");
     cpSync(await demoModelPath(true), path, { recursive: true });
     const tok = join(path, "tokenizer.json");
-    const t0 = performance.now();
     Deno.truncateSync(tok, MAX_TOKENIZER_FILE_BYTES + 1);
     await assert.rejects(
       () => Session.open(path, OPTS),
@@ -111,7 +110,6 @@ Deno.test({
           `${MAX_TOKENIZER_FILE_BYTES}-byte limit`,
       ),
     );
-    assert.ok(performance.now() - t0 < 10_000, "refused without parsing");
     const chat = join(tempDir(), "big-template.sluice");
     cpSync(await demoModelPath(true), chat, { recursive: true });
     writeFileSync(join(chat, "chat_template.jinja"), "x".repeat(MAX_CHAT_TEMPLATE_BYTES + 1));
