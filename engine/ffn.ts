@@ -113,7 +113,7 @@ export class FeedForward {
   }
 
   /**
-   * The two slots where exact weights (shipped MXFP4) of `ew` decode for a batch, or none when
+   * The two slots where exact weights (shipped MXFP4, INT4) of `ew` decode for a batch, or none when
    * its matrices multiply batches as stored (engine/tensor.ts batchDecode).
    */
   #decodedFor(ew: ExpertWeights): [number, number] | [] {

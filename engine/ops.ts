@@ -22,7 +22,7 @@ export interface Matmul {
   prep?: readonly number[];
   /**
    * Arena offset of room for `batchDecodeBytes(w)` bytes, where exact weights that multiply a
-   * batch through a decoded copy (shipped MXFP4) put it; without it they run per vector.
+   * batch through a decoded copy (shipped MXFP4, INT4) put it; without it they run per vector.
    */
   scratch?: number;
 }

@@ -46,7 +46,7 @@ export function batchDecodeBytes(w: TensorRef): number {
 }
 
 /**
- * For `exact` weights whose format multiplies batches through a decoded copy (MXFP4 as shipped):
+ * For `exact` weights whose format multiplies batches through a decoded copy (MXFP4, INT4 as shipped):
  * the job writing that copy to arena offset `scratch` and the copy's TensorRef, when `nb` > 1 and
  * a scratch is given; else null (the per-vector exact kernel runs, with the same bits).
  */

@@ -9,7 +9,6 @@ import {
   denseAbsRef,
   denseMatvecRef,
   dequantizeActQ8,
-  matvecQ4ExactRef,
   matvecVq3rRef,
   matvecVq4pRef,
   quantizeActQ8Ref,
@@ -237,7 +236,7 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
 
 /**
  * An exact 4-bit kernel against float64 (1e-6 of Σ|w·x|) and row-split bit-identity, at awkward
- * sizes with random bytes (every code), and with `twin` bit for bit against its scalar twin.
+ * sizes with random bytes (every code).
  */
 function checkExactQ4(
   label: string,
@@ -255,7 +254,6 @@ function checkExactQ4(
   value: (code: number) => number,
   scaleOf: (scales: Uint8Array, cols: number) => (row: number, block: number) => number,
   seed: number,
-  twin: boolean,
 ) {
   const rand = rng(seed);
   for (const rows of [...ROWS, 30]) {
@@ -280,17 +278,6 @@ function checkExactQ4(
         denseAbsRef(wm, x, rows, cols),
         1e-6,
       );
-      if (!twin) continue;
-      const y = alloc(rows * 4);
-      mv(y, rows, 0, rows);
-      const got = f32At(y, rows);
-      const ref = matvecQ4ExactRef(data, value, scale, x, rows, cols);
-      got.forEach((v, r) =>
-        assert.ok(
-          Object.is(v, ref[r]),
-          `${label} ${rows}×${cols} row ${r}: ${v} vs twin ${ref[r]}`,
-        )
-      );
     }
   }
 }
@@ -304,8 +291,6 @@ Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte",
     (code) => E2M1_VALUES[code],
     (scales, cols) => (r, b) => e8m0ToNumber(scales[r * (cols / 32) + b]),
     4,
-    // Its bits are gemm_bf16's on the decoded weights (the dequant test below), not the twin's.
-    false,
   );
   reset();
   const rows = 3, cols = 64;
@@ -348,7 +333,6 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
       return (r, b) => bf16ToNumber(s[r * (cols / 32) + b]);
     },
     5,
-    true,
   );
   reset();
   const rows = 3, cols = 64;
@@ -371,44 +355,127 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
   assert.deepEqual(Array.from(f32At(y, rows)), [256, NaN, 256]);
 });
 
-Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
-  const gemm = instance.exports.gemm_bf16 as (...a: (number | bigint)[]) => void;
-  const rand = rng(5);
-  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96]]) {
+/**
+ * A shipped 4-bit format's batched path: its dequant kernel, split as the pool splits rows, writes
+ * every weight exactly (`want(row, col)`, f32 rounding only overflows), and the GEMM on those
+ * weights gives the exact matvec's bits for every column of batches of 1 to 9, at awkward sizes.
+ */
+function checkExactBatch(
+  label: string,
+  dequant: (
+    W: bigint,
+    S: bigint,
+    out: bigint,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ) => void,
+  gemm: string,
+  bytesPerWeight: number,
+  matvec: (
+    W: bigint,
+    S: bigint,
+    x: bigint,
+    y: bigint,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ) => void,
+  scaleBytes: (rows: number, cols: number) => Uint8Array,
+  want: (
+    blocks: Uint8Array,
+    scales: Uint8Array,
+    rows: number,
+    cols: number,
+    r: number,
+    c: number,
+  ) => number,
+  seed: number,
+) {
+  const gemmFn = instance.exports[gemm] as (...a: (number | bigint)[]) => void;
+  const rand = rng(seed);
+  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96], [30, 160], [3, 32]]) {
     reset();
     const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
-    // Every scale byte but NaN's 255, so subnormal (0, 1) and the largest exponents are decoded too.
-    const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37) % 255);
-    if (rows === 6) scales[7] = 255;
-    const m = { rows, cols, blocks, scales };
+    const scales = scaleBytes(rows, cols);
     const [W, S] = [put(blocks), put(scales)];
-    const decoded = alloc(rows * cols * 2);
-    // Split as the pool splits rows: the decoded bytes must not depend on the range.
-    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 0, 2);
-    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 2, rows);
-    const bits = new Uint16Array(memory.buffer, Number(decoded), rows * cols);
+    const decoded = alloc(rows * cols * bytesPerWeight);
+    dequant(W, S, decoded, rows, cols, 0, 2);
+    dequant(W, S, decoded, rows, cols, 2, rows);
+    const got = bytesPerWeight === 4 ? f32At(decoded, rows * cols) : Float32Array.from(
+      new Uint16Array(memory.buffer, Number(decoded), rows * cols),
+      (h) => new Float32Array(new Uint32Array([h << 16]).buffer)[0],
+    );
     for (let i = 0; i < rows * cols; i++) {
-      // f32 rounding only overflows: 4 · 2^127 and up are ±Inf.
-      const want = Math.fround(mxfp4At(m, Math.floor(i / cols), i % cols));
-      const got = new Float32Array(new Uint32Array([bits[i] << 16]).buffer)[0];
-      // === : code 8 (E2M1 −0) decodes to +0, as the exact matvec multiplies it.
-      assert.ok(got === want || (Number.isNaN(got) && Number.isNaN(want)), `${i}: ${got} ${want}`);
+      const w = Math.fround(want(blocks, scales, rows, cols, Math.floor(i / cols), i % cols));
+      // === : a zero code decodes to +0 or -0 alike (a dot's sum never becomes -0 from +0).
+      assert.ok(
+        got[i] === w || (Number.isNaN(got[i]) && Number.isNaN(w)),
+        `${label} ${rows}×${cols} weight ${i}: ${got[i]} vs ${w}`,
+      );
     }
-    const nb = 9;
-    // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
-    const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
-    const X = put(x);
-    const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
-    gemm(decoded, X, Y, rows, cols, nb, 0, rows);
-    const batch = f32At(Y, nb * rows);
-    for (let b = 0; b < nb; b++) {
-      qk.matvec_mxfp4_exact(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
-      const one = f32At(y1, rows);
-      for (let r = 0; r < rows; r++) {
-        assert.ok(Object.is(one[r], batch[b * rows + r]), `${rows}×${cols} column ${b} row ${r}`);
+    for (const nb of [1, 2, 3, 4, 5, 6, 7, 9]) {
+      // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
+      const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
+      const X = put(x);
+      const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
+      gemmFn(decoded, X, Y, rows, cols, nb, 0, rows);
+      const batch = f32At(Y, nb * rows);
+      for (let b = 0; b < nb; b++) {
+        matvec(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
+        const one = f32At(y1, rows);
+        for (let r = 0; r < rows; r++) {
+          assert.ok(
+            Object.is(one[r], batch[b * rows + r]),
+            `${label} ${rows}×${cols} batch ${nb} column ${b} row ${r}: ${one[r]} vs ${
+              batch[b * rows + r]
+            }`,
+          );
+        }
       }
     }
   }
+}
+
+Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
+  checkExactBatch(
+    "mxfp4",
+    qk.dequant_mxfp4_bf16,
+    "gemm_bf16",
+    2,
+    qk.matvec_mxfp4_exact,
+    // Every scale byte: subnormal weights (0, 1), overflow (253, 254), NaN (255), and the rest.
+    (rows, cols) =>
+      Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37 + rows) % 256),
+    (blocks, scales, rows, cols, r, c) => mxfp4At({ rows, cols, blocks, scales }, r, c),
+    5,
+  );
+});
+
+Deno.test("dequant_int4g32_f32 is exact, and gemm_f32 on it equals matvec_int4g32_exact bit for bit", () => {
+  checkExactBatch(
+    "int4",
+    qk.dequant_int4g32_f32,
+    "gemm_f32",
+    4,
+    qk.matvec_int4g32_exact,
+    // bf16 scales over the whole exponent range (subnormal to 2^127, some Inf / NaN), some 0.
+    (rows, cols) => {
+      const s = Uint16Array.from(
+        { length: (rows * cols) / 32 },
+        (_, i) => i % 13 === 7 ? 0 : ((i * 97 + rows) & 0x7fff) | (i & 2 ? 0x8000 : 0),
+      );
+      return new Uint8Array(s.buffer);
+    },
+    (blocks, scales, _rows, cols, r, c) => {
+      const s = new Uint16Array(scales.slice().buffer);
+      const byte = blocks[(r * cols + c) >> 1];
+      return ((c & 1 ? byte >> 4 : byte & 15) - 8) * bf16ToNumber(s[r * (cols / 32) + (c >> 5)]);
+    },
+    6,
+  );
 });
 
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {

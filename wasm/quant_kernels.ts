@@ -62,12 +62,26 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
-  /** matvec_int4g32 with f32 x instead of its Q8 copy: every product q·x exact, f32 sums. */
+  /**
+   * matvec_int4g32 with f32 x instead of its Q8 copy: each weight its exact value q·scale, the row
+   * dots of gemm_f32, so a batch's columns through dequant_int4g32_f32 + gemm_f32 equal it bit
+   * for bit.
+   */
   matvec_int4g32_exact(
     W: Ptr,
     S: Ptr,
     x: Ptr,
     y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** Rows [r0, r1) of INT4 g32 W (bf16 scales S) written to out as f32 [rows, cols], exactly. */
+  dequant_int4g32_f32(
+    W: Ptr,
+    S: Ptr,
+    out: Ptr,
     rows: number,
     cols: number,
     r0: number,
@@ -131,6 +145,7 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "dequant_mxfp4_bf16",
   "matvec_int4g32",
   "matvec_int4g32_exact",
+  "dequant_int4g32_f32",
   "matvec_fp8b128",
   "matvec_int8row",
   "vq3r_lut",
