@@ -35,6 +35,8 @@ import {
 import { bf16ToNumber, dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
 import { dequantizeInt8Row, quantizeInt8Row } from "../engine/quant/int8.ts";
+import { openCheckpoint } from "../io/safetensors.ts";
+import { fixtureDir } from "./fixtures.ts";
 
 const memory = createArenaMemory(64 * 1024 * 1024);
 const instance = await WebAssembly.instantiate(await loadKernelModule(), { env: { memory } });
@@ -355,13 +357,9 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
   assert.deepEqual(Array.from(f32At(y, rows)), [256, NaN, 256]);
 });
 
-/**
- * A shipped 4-bit format's batched path: its dequant kernel, split as the pool splits rows, writes
- * every weight exactly (`want(row, col)`, f32 rounding only overflows), and the GEMM on those
- * weights gives the exact matvec's bits for every column of batches of 1 to 9, at awkward sizes.
- */
-function checkExactBatch(
-  label: string,
+/** A shipped 4-bit format's exact kernels, as {@link checkExactMatrix} drives them. */
+interface ExactKernels {
+  label: string;
   dequant: (
     W: bigint,
     S: bigint,
@@ -370,9 +368,10 @@ function checkExactBatch(
     cols: number,
     r0: number,
     r1: number,
-  ) => void,
-  gemm: string,
-  bytesPerWeight: number,
+  ) => void;
+  gemm: string;
+  /** Bytes of one decoded weight (2 for bf16, 4 for f32). */
+  bytesPerWeight: number;
   matvec: (
     W: bigint,
     S: bigint,
@@ -382,85 +381,110 @@ function checkExactBatch(
     cols: number,
     r0: number,
     r1: number,
-  ) => void,
+  ) => void;
+}
+
+const MXFP4_EXACT: ExactKernels = {
+  label: "mxfp4",
+  dequant: qk.dequant_mxfp4_bf16,
+  gemm: "gemm_bf16",
+  bytesPerWeight: 2,
+  matvec: qk.matvec_mxfp4_exact,
+};
+
+/**
+ * A shipped 4-bit matrix's batched path: the dequant kernel, split as the pool splits rows,
+ * writes every weight exactly (`want(r, c)`, f32 rounding only overflows), and the GEMM on those
+ * weights gives the exact matvec's bits for every column of batches of 1 to 9.
+ */
+function checkExactMatrix(
+  k: ExactKernels,
+  blocks: Uint8Array,
+  scales: Uint8Array,
+  rows: number,
+  cols: number,
+  want: (r: number, c: number) => number,
+  rand: () => number,
+) {
+  const gemmFn = instance.exports[k.gemm] as (...a: (number | bigint)[]) => void;
+  const label = `${k.label} ${rows}×${cols}`;
+  const [W, S] = [put(blocks), put(scales)];
+  const decoded = alloc(rows * cols * k.bytesPerWeight);
+  k.dequant(W, S, decoded, rows, cols, 0, 2);
+  k.dequant(W, S, decoded, rows, cols, 2, rows);
+  const got = k.bytesPerWeight === 4 ? f32At(decoded, rows * cols) : Float32Array.from(
+    new Uint16Array(memory.buffer, Number(decoded), rows * cols),
+    (h) => new Float32Array(new Uint32Array([h << 16]).buffer)[0],
+  );
+  for (let i = 0; i < rows * cols; i++) {
+    const w = Math.fround(want(Math.floor(i / cols), i % cols));
+    // === : a zero code decodes to +0 or -0 alike (a dot's sum never becomes -0 from +0).
+    assert.ok(
+      got[i] === w || (Number.isNaN(got[i]) && Number.isNaN(w)),
+      `${label} weight ${i}: ${got[i]} vs ${w}`,
+    );
+  }
+  for (const nb of [1, 2, 3, 4, 5, 6, 7, 9]) {
+    // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
+    const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
+    const X = put(x);
+    const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
+    gemmFn(decoded, X, Y, rows, cols, nb, 0, rows);
+    const batch = f32At(Y, nb * rows);
+    for (let b = 0; b < nb; b++) {
+      k.matvec(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
+      const one = f32At(y1, rows);
+      for (let r = 0; r < rows; r++) {
+        assert.ok(
+          Object.is(one[r], batch[b * rows + r]),
+          `${label} batch ${nb} column ${b} row ${r}: ${one[r]} vs ${batch[b * rows + r]}`,
+        );
+      }
+    }
+  }
+}
+
+/** {@link checkExactMatrix} on random codes at awkward sizes. */
+function checkExactBatch(
+  k: ExactKernels,
   scaleBytes: (rows: number, cols: number) => Uint8Array,
   want: (
     blocks: Uint8Array,
     scales: Uint8Array,
     rows: number,
     cols: number,
-    r: number,
-    c: number,
-  ) => number,
+  ) => (r: number, c: number) => number,
   seed: number,
 ) {
-  const gemmFn = instance.exports[gemm] as (...a: (number | bigint)[]) => void;
   const rand = rng(seed);
   for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96], [30, 160], [3, 32]]) {
     reset();
     const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
     const scales = scaleBytes(rows, cols);
-    const [W, S] = [put(blocks), put(scales)];
-    const decoded = alloc(rows * cols * bytesPerWeight);
-    dequant(W, S, decoded, rows, cols, 0, 2);
-    dequant(W, S, decoded, rows, cols, 2, rows);
-    const got = bytesPerWeight === 4 ? f32At(decoded, rows * cols) : Float32Array.from(
-      new Uint16Array(memory.buffer, Number(decoded), rows * cols),
-      (h) => new Float32Array(new Uint32Array([h << 16]).buffer)[0],
-    );
-    for (let i = 0; i < rows * cols; i++) {
-      const w = Math.fround(want(blocks, scales, rows, cols, Math.floor(i / cols), i % cols));
-      // === : a zero code decodes to +0 or -0 alike (a dot's sum never becomes -0 from +0).
-      assert.ok(
-        got[i] === w || (Number.isNaN(got[i]) && Number.isNaN(w)),
-        `${label} ${rows}×${cols} weight ${i}: ${got[i]} vs ${w}`,
-      );
-    }
-    for (const nb of [1, 2, 3, 4, 5, 6, 7, 9]) {
-      // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
-      const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
-      const X = put(x);
-      const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
-      gemmFn(decoded, X, Y, rows, cols, nb, 0, rows);
-      const batch = f32At(Y, nb * rows);
-      for (let b = 0; b < nb; b++) {
-        matvec(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
-        const one = f32At(y1, rows);
-        for (let r = 0; r < rows; r++) {
-          assert.ok(
-            Object.is(one[r], batch[b * rows + r]),
-            `${label} ${rows}×${cols} batch ${nb} column ${b} row ${r}: ${one[r]} vs ${
-              batch[b * rows + r]
-            }`,
-          );
-        }
-      }
-    }
+    checkExactMatrix(k, blocks, scales, rows, cols, want(blocks, scales, rows, cols), rand);
   }
 }
 
 Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
   checkExactBatch(
-    "mxfp4",
-    qk.dequant_mxfp4_bf16,
-    "gemm_bf16",
-    2,
-    qk.matvec_mxfp4_exact,
+    MXFP4_EXACT,
     // Every scale byte: subnormal weights (0, 1), overflow (253, 254), NaN (255), and the rest.
     (rows, cols) =>
       Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37 + rows) % 256),
-    (blocks, scales, rows, cols, r, c) => mxfp4At({ rows, cols, blocks, scales }, r, c),
+    (blocks, scales, rows, cols) => (r, c) => mxfp4At({ rows, cols, blocks, scales }, r, c),
     5,
   );
 });
 
 Deno.test("dequant_int4g32_f32 is exact, and gemm_f32 on it equals matvec_int4g32_exact bit for bit", () => {
   checkExactBatch(
-    "int4",
-    qk.dequant_int4g32_f32,
-    "gemm_f32",
-    4,
-    qk.matvec_int4g32_exact,
+    {
+      label: "int4",
+      dequant: qk.dequant_int4g32_f32,
+      gemm: "gemm_f32",
+      bytesPerWeight: 4,
+      matvec: qk.matvec_int4g32_exact,
+    },
     // bf16 scales over the whole exponent range (subnormal to 2^127, some Inf / NaN), some 0.
     (rows, cols) => {
       const s = Uint16Array.from(
@@ -469,13 +493,58 @@ Deno.test("dequant_int4g32_f32 is exact, and gemm_f32 on it equals matvec_int4g3
       );
       return new Uint8Array(s.buffer);
     },
-    (blocks, scales, _rows, cols, r, c) => {
+    (blocks, scales, _rows, cols) => {
       const s = new Uint16Array(scales.slice().buffer);
-      const byte = blocks[(r * cols + c) >> 1];
-      return ((c & 1 ? byte >> 4 : byte & 15) - 8) * bf16ToNumber(s[r * (cols / 32) + (c >> 5)]);
+      return (r, c) => {
+        const byte = blocks[(r * cols + c) >> 1];
+        return ((c & 1 ? byte >> 4 : byte & 15) - 8) * bf16ToNumber(s[r * (cols / 32) + (c >> 5)]);
+      };
     },
     6,
   );
+});
+
+Deno.test("tiny-deepseek-v4-fp8: DeepSeek-V4's FP4 experts (I8 e2m1 pairs + F8_E8M0 per 32) are MXFP4 bytes", () => {
+  // The README's rule, decoded here on its own: element j of a row is nibble j of the row's bytes
+  // (low nibble first), an E2M1 code times 2^(scale - 127) of its 32-column block.
+  const ckpt = openCheckpoint(fixtureDir("tiny-deepseek-v4-fp8"));
+  const rand = rng(7);
+  let checked = 0;
+  try {
+    for (const t of ckpt.tensors.values()) {
+      if (t.dtype !== "I8") continue;
+      const scale = ckpt.tensors.get(t.name.replace(/\.weight$/, ".scale"));
+      assert.equal(scale?.dtype, "F8_E8M0", `${t.name}: its scale`);
+      const [rows, half] = t.shape, cols = 2 * half;
+      assert.deepEqual(scale.shape, [rows, cols / 32], `${t.name}: scale shape`);
+      reset();
+      const blocks = ckpt.read(t.name), scales = ckpt.read(scale.name);
+      const at = (r: number, c: number) => {
+        const byte = blocks[r * half + (c >> 1)];
+        return E2M1_VALUES[c & 1 ? byte >> 4 : byte & 15] *
+          2 ** (scales[r * (cols / 32) + (c >> 5)] - 127);
+      };
+      const wm = Float64Array.from(
+        { length: rows * cols },
+        (_, i) => at(Math.floor(i / cols), i % cols),
+      );
+      const x = gaussian(cols, rand);
+      const [W, S, X] = [put(blocks), put(scales), put(x)];
+      checkMatvec(
+        t.name,
+        (y, nr, r0, r1) => qk.matvec_mxfp4_exact(W, S, X, y, nr, cols, r0, r1),
+        rows,
+        denseMatvecRef(wm, x, rows, cols),
+        denseAbsRef(wm, x, rows, cols),
+        1e-6,
+      );
+      checkExactMatrix(MXFP4_EXACT, blocks, scales, rows, cols, at, rand);
+      checked++;
+    }
+  } finally {
+    ckpt.close();
+  }
+  assert.ok(checked > 0, "no FP4 expert tensor in the fixture");
 });
 
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {
