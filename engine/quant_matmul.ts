@@ -63,7 +63,7 @@ export interface ExpertPrepSizes {
   pad: number;
   /**
    * Two decoded copies of exact weights (shipped MXFP4, INT4) for batches: gate's and up's, then
-   * down's in the first (engine/tensor.ts batchDecode); 0 when none decode or batches are 1.
+   * down's in the first (engine/tensor.ts exactBatchJob); 0 when none decode or batches are 1.
    */
   decoded: number;
 }

@@ -112,6 +112,40 @@ static inline v128_t q4x_result2(const v128_t acc[4]) {
   }                                                                                          \
   DEFINE_Q4_MATVEC(NAME, SUF, ST)
 
+/*
+ * The batched exact kernel NAME(W, S, X, Y, D, rows, cols, nb, r0, r1): Y[b*rows + r] for the nb
+ * vectors of X, rows [r0, r1), as the format's dequant kernel DEQUANT then GEMM on the decoded
+ * rows, a tile of rows at a time. Every tile is decoded to the same place, D's rows r0.. (about
+ * 256 KiB), so the decoded copy stays in cache between its decode and its GEMM instead of going
+ * to memory and back; the GEMM's result per row and column does not depend on the row range it
+ * is given, so tiles change no bit. Each call writes only D's rows from its r0, so workers
+ * splitting the rows share one D of [rows, cols].
+ */
+#define Q4X_TILE_BYTES (256 * 1024)
+#define DEFINE_Q4_EXACT_GEMM(NAME, ST, DT, DEQUANT, GEMM)                                     \
+  KEXPORT(#NAME)                                                                              \
+  void NAME(const uint8_t *W, const ST *S, const float *X, float *Y, DT *D, int rows, int cols, \
+            int nb, int r0, int r1) {                                                         \
+    if (r1 > rows) r1 = rows;                                                                 \
+    if (r0 < 0) r0 = 0;                                                                       \
+    int tile = Q4X_TILE_BYTES / (cols * (int)sizeof(DT)) / 4 * 4;                             \
+    if (tile < 4) tile = 4;                                                                   \
+    uintptr_t place = (uintptr_t)(D + (size_t)r0 * cols);                                     \
+    for (int r = r0; r < r1; r += tile) {                                                     \
+      int e = r1 - r > tile ? r + tile : r1;                                                  \
+      /* Rows [r, e) of this view are D's rows r0.. */                                        \
+      DT *view = (DT *)(place - (size_t)r * cols * sizeof(DT));                              \
+      DEQUANT(W, S, view, rows, cols, r, e);                                                  \
+      GEMM(view, X, Y, rows, cols, nb, r, e);                                                 \
+    }                                                                                         \
+  }
+
+/* The GEMMs of gemm.c, which the batched exact kernels call on their decoded tiles. */
+void gemm_bf16(const uint16_t *W, const float *X, float *Y, int rows, int cols, int nb, int r0,
+               int r1);
+void gemm_f32(const float *W, const float *X, float *Y, int rows, int cols, int nb, int r0,
+              int r1);
+
 /* The f32 with bits u. */
 static inline float f32_from_bits(uint32_t u) {
   union {

@@ -142,3 +142,6 @@ void dequant_int4g32_f32(const uint8_t *W, const uint16_t *S, float *out, int ro
     }
   }
 }
+
+/* A batch through INT4 g32 W with f32 X, every column matvec_int4g32_exact's bits (quant_exact.h). */
+DEFINE_Q4_EXACT_GEMM(gemm_int4g32_exact, uint16_t, float, dequant_int4g32_f32, gemm_f32)

@@ -194,3 +194,6 @@ void dequant_mxfp4_bf16(const uint8_t *W, const uint8_t *S, uint16_t *out, int r
     }
   }
 }
+
+/* A batch through MXFP4 W with f32 X, every column matvec_mxfp4_exact's bits (quant_exact.h). */
+DEFINE_Q4_EXACT_GEMM(gemm_mxfp4_exact, uint8_t, uint16_t, dequant_mxfp4_bf16, gemm_bf16)

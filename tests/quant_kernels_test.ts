@@ -4,7 +4,14 @@
  */
 import assert from "node:assert/strict";
 import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../wasm/mod.ts";
-import { q8Bytes, quantKernels, vq3rLutFloats, vq4pLutBytes } from "../wasm/quant_kernels.ts";
+import {
+  type ExactBatchKernel,
+  q8Bytes,
+  type QuantKernels,
+  quantKernels,
+  vq3rLutFloats,
+  vq4pLutBytes,
+} from "../wasm/quant_kernels.ts";
 import {
   denseAbsRef,
   denseMatvecRef,
@@ -360,28 +367,13 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
 /** A shipped 4-bit format's exact kernels, as {@link checkExactMatrix} drives them. */
 interface ExactKernels {
   label: string;
-  dequant: (
-    W: bigint,
-    S: bigint,
-    out: bigint,
-    rows: number,
-    cols: number,
-    r0: number,
-    r1: number,
-  ) => void;
+  dequant: QuantKernels["dequant_mxfp4_bf16"];
   gemm: string;
   /** Bytes of one decoded weight (2 for bf16, 4 for f32). */
   bytesPerWeight: number;
-  matvec: (
-    W: bigint,
-    S: bigint,
-    x: bigint,
-    y: bigint,
-    rows: number,
-    cols: number,
-    r0: number,
-    r1: number,
-  ) => void;
+  matvec: QuantKernels["matvec_mxfp4_exact"];
+  /** The batched kernel: dequant and GEMM a tile of rows at a time through scratch D. */
+  batched: ExactBatchKernel;
 }
 
 const MXFP4_EXACT: ExactKernels = {
@@ -390,12 +382,14 @@ const MXFP4_EXACT: ExactKernels = {
   gemm: "gemm_bf16",
   bytesPerWeight: 2,
   matvec: qk.matvec_mxfp4_exact,
+  batched: qk.gemm_mxfp4_exact,
 };
 
 /**
  * A shipped 4-bit matrix's batched path: the dequant kernel, split as the pool splits rows,
  * writes every weight exactly (`want(r, c)`, f32 rounding only overflows), and the GEMM on those
- * weights gives the exact matvec's bits for every column of batches of 1 to 9.
+ * weights, and the batched kernel (tiles of rows, split at an odd row), give the exact matvec's
+ * bits for every column of batches of 1 to 9.
  */
 function checkExactMatrix(
   k: ExactKernels,
@@ -431,6 +425,11 @@ function checkExactMatrix(
     const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
     gemmFn(decoded, X, Y, rows, cols, nb, 0, rows);
     const batch = f32At(Y, nb * rows);
+    const Y2 = alloc(nb * rows * 4), D = alloc(rows * cols * k.bytesPerWeight);
+    const cut = Math.min(rows, 13);
+    k.batched(W, S, X, Y2, D, rows, cols, nb, 0, cut);
+    k.batched(W, S, X, Y2, D, rows, cols, nb, cut, rows);
+    const tiled = f32At(Y2, nb * rows);
     for (let b = 0; b < nb; b++) {
       k.matvec(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
       const one = f32At(y1, rows);
@@ -438,6 +437,12 @@ function checkExactMatrix(
         assert.ok(
           Object.is(one[r], batch[b * rows + r]),
           `${label} batch ${nb} column ${b} row ${r}: ${one[r]} vs ${batch[b * rows + r]}`,
+        );
+        assert.ok(
+          Object.is(one[r], tiled[b * rows + r]),
+          `${label} batched kernel, batch ${nb} column ${b} row ${r}: ${one[r]} vs ${
+            tiled[b * rows + r]
+          }`,
         );
       }
     }
@@ -457,7 +462,13 @@ function checkExactBatch(
   seed: number,
 ) {
   const rand = rng(seed);
-  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96], [30, 160], [3, 32]]) {
+  // 30 × 4128: tiles of 28 (bf16) and 12 (f32) rows, so the batched kernel runs several.
+  for (
+    const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96], [30, 160], [3, 32], [
+      30,
+      4096 + 32,
+    ]]
+  ) {
     reset();
     const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
     const scales = scaleBytes(rows, cols);
@@ -465,7 +476,7 @@ function checkExactBatch(
   }
 }
 
-Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
+Deno.test("dequant_mxfp4_bf16 is exact; gemm_bf16 on it and gemm_mxfp4_exact equal matvec_mxfp4_exact bit for bit", () => {
   checkExactBatch(
     MXFP4_EXACT,
     // Every scale byte: subnormal weights (0, 1), overflow (253, 254), NaN (255), and the rest.
@@ -476,7 +487,7 @@ Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_
   );
 });
 
-Deno.test("dequant_int4g32_f32 is exact, and gemm_f32 on it equals matvec_int4g32_exact bit for bit", () => {
+Deno.test("dequant_int4g32_f32 is exact; gemm_f32 on it and gemm_int4g32_exact equal matvec_int4g32_exact bit for bit", () => {
   checkExactBatch(
     {
       label: "int4",
@@ -484,6 +495,7 @@ Deno.test("dequant_int4g32_f32 is exact, and gemm_f32 on it equals matvec_int4g3
       gemm: "gemm_f32",
       bytesPerWeight: 4,
       matvec: qk.matvec_int4g32_exact,
+      batched: qk.gemm_int4g32_exact,
     },
     // bf16 scales over the whole exponent range (subnormal to 2^127, some Inf / NaN), some 0.
     (rows, cols) => {
