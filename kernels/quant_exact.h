@@ -3,15 +3,15 @@
  * INT4 g32 as shipped in quant_int4.c): x stays f32, every weight is its exact value (code times
  * block scale, an f32 without rounding), and a row's dot is formed as dot.h forms it (groups of
  * 8 columns: [c, c+4) into accumulator a, [c+4, c+8) into b, relaxed madd, hsum(a + b)). That is
- * the order of gemm_bf16 / gemm_f32, so a batch is the format's dequant kernel once, then the GEMM
- * on the decoded rows, and every column equals this matvec bit for bit.
+ * the order of gemm_bf16 / gemm_f32, so a batch is the format's dequant kernel, then the GEMM on
+ * the decoded rows (DEFINE_Q4_EXACT_GEMM), and every column equals this matvec bit for bit.
  *
  * Decoding: every 4-bit code of such a format has a value with at most 8 significant bits (E2M1's
  * 0..6 and int4's -8..7), so it is a bf16. The nibbles of a block are put in column order, two
  * byte swizzles give the low and the high byte of each code's bf16, and interleaving those gives
  * 8 columns of bf16 per vector; interleaving with zero gives the f32 lanes (bf16 is the top half
  * of an f32). Scales: MXFP4's are powers of two, so the scale is added to the bf16 exponent field
- * with one saturating u16 subtract per 8 weights (see q4x_fast_scale), INT4's bf16 scale is an f32
+ * with one saturating u16 subtract per 8 weights (quant_mxfp4.c), INT4's bf16 scale is an f32
  * multiply per 4 weights (q * s has up to 11 significant bits: exact in f32, not in bf16).
  *
  * Two rows per pass share each x load: the loads are the cost here (Deno bounds-checks every one),
@@ -128,6 +128,7 @@ static inline v128_t q4x_result2(const v128_t acc[4]) {
             int nb, int r0, int r1) {                                                         \
     if (r1 > rows) r1 = rows;                                                                 \
     if (r0 < 0) r0 = 0;                                                                       \
+    if (cols <= 0) return;                                                                    \
     int tile = Q4X_TILE_BYTES / (cols * (int)sizeof(DT)) / 4 * 4;                             \
     if (tile < 4) tile = 4;                                                                   \
     uintptr_t place = (uintptr_t)(D + (size_t)r0 * cols);                                     \

@@ -88,8 +88,8 @@ DEFINE_Q4_MATVEC(matvec_int4g32, int4, uint16_t)
 /*
  * The exact variant (quant_exact.h) for Kimi-K2's shipped INT4 experts: x stays f32, each weight
  * is q times its group's bf16 scale (exact in f32), each row's dot formed as gemm_f32 forms it, so
- * a batch is dequant_int4g32_f32 once, then gemm_f32, with every column this matvec's bits. The Q8
- * copy of x costs 5.9e-3 relative in the logits of tests/int4_checkpoint.ts.
+ * a batch is dequant_int4g32_f32, then gemm_f32 (gemm_int4g32_exact), with every column this
+ * matvec's bits. The Q8 copy of x costs 5.9e-3 relative in the logits of tests/int4_checkpoint.ts.
  */
 /* Stored nibble (q + 8) -> the low and the high byte of q as bf16. */
 #define INT4X_LO                                                                               \

@@ -100,9 +100,10 @@ DEFINE_Q4_MATVEC(matvec_mxfp4, mx, uint8_t)
 /*
  * The exact variant (quant_exact.h): x stays f32 (no Q8 copy) and each weight is its exact f32
  * value, E2M1 times the block scale (at most 2 significant bits, so bf16 holds it too), each row's
- * dot formed as gemm_bf16 forms it. So a batch is dequant_mxfp4_bf16 once, then gemm_bf16 on the
- * decoded rows, and every column equals this matvec bit for bit. gpt-oss is defined by these
- * values, and the Q8 path's error (~1e-2 relative in its logits) flips its greedy tokens.
+ * dot formed as gemm_bf16 forms it. So a batch is dequant_mxfp4_bf16, then gemm_bf16 on the
+ * decoded rows (gemm_mxfp4_exact), and every column equals this matvec bit for bit. gpt-oss is
+ * defined by these values, and the Q8 path's error (~1e-2 relative in its logits) flips its
+ * greedy tokens.
  *
  * The tables hold each code's bf16 plus MXS_BIAS (codes 0 and 8, the zeros, hold 0): a block with
  * scale byte e in [2, 252] then gets its exact weights as bf16 by one saturating subtract of
