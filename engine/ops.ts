@@ -8,7 +8,7 @@
 import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { MAX_JOBS } from "./pool_protocol.ts";
-import { batchDecode, matmulJobs, type TensorRef } from "./tensor.ts";
+import { exactBatchJob, matmulJobs, type TensorRef } from "./tensor.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -22,7 +22,7 @@ export interface Matmul {
   prep?: readonly number[];
   /**
    * Arena offset of room for `batchDecodeBytes(w)` bytes, where exact weights that multiply a
-   * batch through a decoded copy (shipped MXFP4) put it; without it they run per vector.
+   * batch through a decoded copy (shipped MXFP4, INT4) put it; without it they run per vector.
    */
   scratch?: number;
 }
@@ -116,19 +116,13 @@ export class Ops {
 
   /** Runs the given matmuls; they must not read each other's outputs. */
   matmul(...list: Matmul[]): void {
-    const decode: Job[] = [];
     const jobs: Job[] = [];
-    let work = 0, decodeWork = 0;
+    let work = 0;
     for (const m of list) {
-      const d = batchDecode(m.w, m.nb, m.scratch);
-      if (d) {
-        decode.push(d.job);
-        decodeWork += m.w.rows * m.w.cols;
-      }
-      jobs.push(...matmulJobs(d ? d.decoded : m.w, m.x, m.y, m.nb, m.prep));
+      const batch = exactBatchJob(m.w, m.x, m.y, m.nb, m.scratch);
+      jobs.push(...(batch ? [batch] : matmulJobs(m.w, m.x, m.y, m.nb, m.prep)));
       work += m.w.rows * m.w.cols * m.nb;
     }
-    if (decode.length) this.#dispatch(decode, decodeWork);
     this.#dispatch(jobs, work);
   }
 

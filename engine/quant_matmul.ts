@@ -62,8 +62,8 @@ export interface ExpertPrepSizes {
   /** One zero-padded copy of the longest vq3r / vq4p input vector. */
   pad: number;
   /**
-   * Two decoded copies of exact weights (shipped MXFP4) for batches: gate's and up's, then
-   * down's in the first (engine/tensor.ts batchDecode); 0 when none decode or batches are 1.
+   * Two decoded copies of exact weights (shipped MXFP4, INT4) for batches: gate's and up's, then
+   * down's in the first (engine/tensor.ts exactBatchJob); 0 when none decode or batches are 1.
    */
   decoded: number;
 }

@@ -38,7 +38,7 @@ export function inputFormOf(w: TensorRef): InputForm {
   return f?.input ?? "f32";
 }
 
-/** Bytes `w` decodes to for a batch ({@link batchDecode}); 0 when it multiplies batches as stored. */
+/** Bytes `w` decodes to for a batch ({@link exactBatchJob}); 0 when it multiplies batches as stored. */
 export function batchDecodeBytes(w: TensorRef): number {
   const f = findFormat(w.dtype);
   if (!w.exact || !f?.exactGemm) return 0;
@@ -46,25 +46,35 @@ export function batchDecodeBytes(w: TensorRef): number {
 }
 
 /**
- * For `exact` weights whose format multiplies batches through a decoded copy (MXFP4 as shipped):
- * the job writing that copy to arena offset `scratch` and the copy's TensorRef, when `nb` > 1 and
- * a scratch is given; else null (the per-vector exact kernel runs, with the same bits).
+ * For `exact` weights whose format multiplies batches through a decoded copy (MXFP4, INT4 as
+ * shipped): the job computing Y[b] = W · X[b] for the `nb` vectors through arena offset `scratch`
+ * ({@link batchDecodeBytes} bytes), when `nb` reaches the format's `minBatch` and a scratch is
+ * given; else null (the per-vector exact kernel runs, with the same bits).
  */
-export function batchDecode(
+export function exactBatchJob(
   w: TensorRef,
+  x: number,
+  y: number,
   nb: number,
   scratch?: number,
-): { job: Job; decoded: TensorRef } | null {
+): Job | null {
   const f = findFormat(w.dtype);
-  if (!w.exact || !f?.exactGemm || nb < 2 || scratch === undefined) return null;
+  const g = f?.exactGemm;
+  if (!w.exact || !g || nb < Math.max(2, g.minBatch) || scratch === undefined) return null;
   if (w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
   return {
-    job: {
-      kernel: f.exactGemm.decode,
-      args: [BigInt(w.ptr), BigInt(w.scale), BigInt(scratch), w.rows, w.cols],
-      rows: w.rows,
-    },
-    decoded: { ptr: scratch, dtype: f.exactGemm.as, rows: w.rows, cols: w.cols },
+    kernel: g.kernel,
+    args: [
+      BigInt(w.ptr),
+      BigInt(w.scale),
+      BigInt(x),
+      BigInt(y),
+      BigInt(scratch),
+      w.rows,
+      w.cols,
+      nb,
+    ],
+    rows: w.rows,
   };
 }
 

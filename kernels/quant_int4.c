@@ -87,8 +87,9 @@ DEFINE_Q4_MATVEC(matvec_int4g32, int4, uint16_t)
 
 /*
  * The exact variant (quant_exact.h) for Kimi-K2's shipped INT4 experts: x stays f32, each weight
- * is q times its group's bf16 scale (the products q * x exact in f32, the scale applied to the
- * group's sum). The Q8 copy of x costs 5.9e-3 relative in the logits of tests/int4_checkpoint.ts.
+ * is q times its group's bf16 scale (exact in f32), each row's dot formed as gemm_f32 forms it, so
+ * a batch is dequant_int4g32_f32, then gemm_f32 (gemm_int4g32_exact), with every column this
+ * matvec's bits. The Q8 copy of x costs 5.9e-3 relative in the logits of tests/int4_checkpoint.ts.
  */
 /* Stored nibble (q + 8) -> the low and the high byte of q as bf16. */
 #define INT4X_LO                                                                               \
@@ -100,5 +101,47 @@ DEFINE_Q4_MATVEC(matvec_int4g32, int4, uint16_t)
 /* bf16 scale -> f32. */
 static inline float int4x_scale(uint16_t s) { return f32_from_bits((uint32_t)s << 16); }
 
+/* Rows w0, w1 (bf16 scales s0, s1) against f32 x: lanes [row0, row1, row0, row1]. */
+static inline v128_t q4x_dot2_int4x(const uint8_t *w0, const uint8_t *w1, const uint16_t *s0,
+                                    const uint16_t *s1, const float *x, int cols) {
+  q4x_consts c = q4x_consts_make(x, INT4X_LO, INT4X_HI);
+  v128_t acc[4] = {c.zero, c.zero, c.zero, c.zero};
+  for (int b = 0; b < cols / 32; b++) {
+    v128_t d0[4], d1[4];
+    q4x_decode(w0 + 16 * (size_t)b, c, d0);
+    q4x_decode(w1 + 16 * (size_t)b, c, d1);
+    q4x_madd2(d0, d1, x + 32 * (size_t)b, 1, wasm_f32x4_splat(int4x_scale(s0[b])),
+              wasm_f32x4_splat(int4x_scale(s1[b])), c.zero, acc);
+  }
+  return q4x_result2(acc);
+}
+
 /* y[r] = sum_c W[r, c] * x[c] for r in [r0, r1) with f32 x: INT4 g32 weights, exact products. */
-DEFINE_Q4_EXACT(matvec_int4g32_exact, int4x, uint16_t, INT4X_LO, INT4X_HI, int4x_scale)
+DEFINE_Q4_EXACT(matvec_int4g32_exact, int4x, uint16_t)
+
+/*
+ * Rows [r0, r1) of W (INT4 g32, bf16 scales S) written to out as f32 [rows, cols], exactly (the
+ * values the exact matvec multiplies), for gemm_f32 to multiply a batch with.
+ */
+KEXPORT("dequant_int4g32_f32")
+void dequant_int4g32_f32(const uint8_t *W, const uint16_t *S, float *out, int rows, int cols,
+                         int r0, int r1) {
+  if (r1 > rows) r1 = rows;
+  q4x_consts c = q4x_consts_make(W, INT4X_LO, INT4X_HI);
+  for (int r = r0 < 0 ? 0 : r0; r < r1; r++) {
+    const uint8_t *w = W + (size_t)r * (cols / 2);
+    const uint16_t *s = S + (size_t)r * (cols / 32);
+    for (int b = 0; b < cols / 32; b++) {
+      float *o = out + (size_t)r * cols + 32 * (size_t)b;
+      v128_t sc = wasm_f32x4_splat(int4x_scale(s[b])), d[4];
+      q4x_decode(w + 16 * (size_t)b, c, d);
+      for (int k = 0; k < 4; k++) {
+        wasm_v128_store(o + 8 * k, wasm_f32x4_mul(bf16_lo_f32x4(d[k]), sc));
+        wasm_v128_store(o + 8 * k + 4, wasm_f32x4_mul(bf16_hi_f32x4(d[k]), sc));
+      }
+    }
+  }
+}
+
+/* A batch through INT4 g32 W with f32 X, every column matvec_int4g32_exact's bits (quant_exact.h). */
+DEFINE_Q4_EXACT_GEMM(gemm_int4g32_exact, uint16_t, float, dequant_int4g32_f32, gemm_f32)

@@ -4,8 +4,7 @@
  * bytes, value = E2M1 * 2^(S - 127); S = 255 is NaN (the whole block, so the row's result is NaN).
  * x is the Q8 copy of the input (quant.h, quantize_act_q8), so cols must be a multiple of 32.
  */
-#include "dot.h"
-#include "quant.h"
+#include "quant_exact.h"
 
 /* Nibble -> 2 * E2M1 + 12: the doubled values -12..12 are integers, the offset makes them 0..24. */
 #define MX_LUT wasm_i8x16_const(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)
@@ -99,90 +98,71 @@ static inline v128_t q4_dot4_mx(const uint8_t *w0, const uint8_t *w1, const uint
 DEFINE_Q4_MATVEC(matvec_mxfp4, mx, uint8_t)
 
 /*
- * The exact variant: x stays f32 (no Q8 copy) and each weight is its exact f32 value, E2M1 times
- * the block scale (at most 2 significant bits, so bf16 holds it too); a row's dot is then the one
- * of dot.h (groups of 8: [c, c+4) into a, [c+4, c+8) into b, relaxed madd, hsum(a + b)), the order
- * gemm_bf16 uses. So a batch is dequant_mxfp4_bf16 once, then gemm_bf16 on the decoded rows, and
- * every column equals this matvec bit for bit. gpt-oss is defined by these values, and the Q8
- * path's error (~1e-2 relative in its logits) flips its greedy tokens.
+ * The exact variant (quant_exact.h): x stays f32 (no Q8 copy) and each weight is its exact f32
+ * value, E2M1 times the block scale (at most 2 significant bits, so bf16 holds it too), each row's
+ * dot formed as gemm_bf16 forms it. So a batch is dequant_mxfp4_bf16, then gemm_bf16 on the
+ * decoded rows (gemm_mxfp4_exact), and every column equals this matvec bit for bit. gpt-oss is
+ * defined by these values, and the Q8 path's error (~1e-2 relative in its logits) flips its
+ * greedy tokens.
+ *
+ * The tables hold each code's bf16 plus MXS_BIAS (codes 0 and 8, the zeros, hold 0): a block with
+ * scale byte e in [2, 252] then gets its exact weights as bf16 by one saturating subtract of
+ * MXS_BIAS - (e - 127) * 128 per 8 weights, which moves the exponent field by e - 127 and leaves
+ * the zeros at 0 (MXS_BIAS keeps every biased value below the sign bit and every shift in range).
+ * Scale bytes 0, 1 (subnormal weights), 253, 254 (overflow to infinity) and 255 (NaN) take the
+ * unscaled codes times the f32 scale instead, which gives the same values.
  */
-#define MXS_LUT wasm_i8x16_const(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+#define MXS_BIAS 0x3f00
+#define MXS_LO                                                                                \
+  wasm_i8x16_const(0, 0, -128, -64, 0, 64, -128, -64, 0, 0, -128, -64, 0, 64, -128, -64)
+#define MXS_HI                                                                                \
+  wasm_i8x16_const(0, 0x7e, 0x7e, 0x7e, 0x7f, 0x7f, 0x7f, 0x7f, 0, -2, -2, -2, -1, -1, -1, -1)
 
-/* 2^(e - 127) * 0.5 (the LUT holds doubled values); e = 255 is NaN, e = 0 the subnormal 2^-128. */
-static inline float mxs_scale(uint8_t e) {
-  union {
-    uint32_t u;
-    float f;
-  } v;
-  v.u = e == 255 ? 0x7fc00000u : e > 1 ? (uint32_t)(e - 1) << 23 : 0x00200000u << e;
-  return v.f;
+/* Whether scale byte e takes the exponent shift (the block's weights stay normal and finite). */
+static inline int mxs_fast(unsigned e) { return (uint8_t)(e - 2) <= 250; }
+
+/* The u16 subtrahend that scales a table value by 2^(e - 127) (e = 127 for the unscaled code). */
+static inline v128_t mxs_shift(unsigned e) {
+  return wasm_i16x8_splat((int16_t)(MXS_BIAS + 127 * 128 - 128 * e));
 }
 
-/*
- * Half h of one 32-block as i8 doubled E2M1 values in column order (columns 16h .. 16h+15). A
- * byte holds column 2i in its low nibble and 2i+1 in its high one, so the two looked-up halves are
- * interleaved back.
- */
-static inline __attribute__((always_inline)) v128_t mxs_codes(const uint8_t *w, int h, v128_t lut,
-                                                              v128_t nibble) {
-  v128_t v = wasm_v128_load(w);
-  v128_t lo = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(v, nibble));
-  v128_t hi = wasm_i8x16_relaxed_swizzle(lut, wasm_v128_and(wasm_u16x8_shr(v, 4), nibble));
-  return h == 0
-             ? wasm_i8x16_shuffle(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)
-             : wasm_i8x16_shuffle(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
-                                  15, 31);
+/* 2^(e - 127) as f32: e = 255 is NaN, e = 0 the subnormal 2^-127. */
+static inline float mxs_scale(unsigned e) {
+  return f32_from_bits(e == 255 ? 0x7fc00000u : e ? e << 23 : 0x00400000u);
 }
 
-/* Columns [4k, 4k+4) of 16 column-ordered codes as exact f32 weights (code * scale). */
-static inline __attribute__((always_inline)) v128_t mxs_weights(v128_t codes, int k,
-                                                                v128_t scale) {
-  v128_t h = k < 2 ? wasm_i16x8_extend_low_i8x16(codes) : wasm_i16x8_extend_high_i8x16(codes);
-  v128_t i = k & 1 ? wasm_i32x4_extend_high_i16x8(h) : wasm_i32x4_extend_low_i16x8(h);
-  return wasm_f32x4_mul(wasm_f32x4_convert_i32x4(i), scale);
+/* Four u16 vectors of table values minus the shift s (saturating at 0). */
+static inline __attribute__((always_inline)) void mxs_apply(v128_t d[4], v128_t s) {
+  for (int k = 0; k < 4; k++) d[k] = wasm_u16x8_sub_sat(d[k], s);
 }
 
-/*
- * Rows w0, w1 (scales s0, s1) against f32 x: lanes [row0, row1, row0, row1]. Each x vector is
- * loaded once for both rows. A block goes by halves, each decoded from the block's bytes again,
- * so that only one code vector per row is live and nothing spills.
- */
-static inline v128_t mxs_dot2(const uint8_t *w0, const uint8_t *w1, const uint8_t *s0,
-                              const uint8_t *s1, const float *x, int cols) {
-  v128_t z = runtime_zero_v128(x);
-  v128_t lut = wasm_v128_xor(MXS_LUT, z), nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z);
-  v128_t a0 = z, b0 = z, a1 = z, b1 = z;
-  for (int blk = 0; blk < cols / 32; blk++) {
-    v128_t e0 = wasm_f32x4_splat(mxs_scale(s0[blk])), e1 = wasm_f32x4_splat(mxs_scale(s1[blk]));
-    for (int h = 0; h < 2; h++) {
-      v128_t c0 = mxs_codes(w0 + 16 * (size_t)blk, h, lut, nibble);
-      v128_t c1 = mxs_codes(w1 + 16 * (size_t)blk, h, lut, nibble);
-      const float *xb = x + 32 * (size_t)blk + 16 * h;
-      for (int g = 0; g < 2; g++) {
-        /* A group of 8 columns: its first 4 into a, its last 4 into b. */
-        v128_t xl = wasm_v128_load(xb + 8 * g), xh = wasm_v128_load(xb + 8 * g + 4);
-        a0 = MADD(mxs_weights(c0, 2 * g, e0), xl, a0);
-        a1 = MADD(mxs_weights(c1, 2 * g, e1), xl, a1);
-        b0 = MADD(mxs_weights(c0, 2 * g + 1, e0), xh, b0);
-        b1 = MADD(mxs_weights(c1, 2 * g + 1, e1), xh, b1);
-      }
+/* Rows w0, w1 (scales s0, s1) against f32 x: lanes [row0, row1, row0, row1]. */
+static inline v128_t q4x_dot2_mxs(const uint8_t *w0, const uint8_t *w1, const uint8_t *s0,
+                                  const uint8_t *s1, const float *x, int cols) {
+  q4x_consts c = q4x_consts_make(x, MXS_LO, MXS_HI);
+  v128_t acc[4] = {c.zero, c.zero, c.zero, c.zero};
+  for (int b = 0; b < cols / 32; b++) {
+    unsigned e0 = s0[b], e1 = s1[b];
+    v128_t d0[4], d1[4];
+    q4x_decode(w0 + 16 * (size_t)b, c, d0);
+    q4x_decode(w1 + 16 * (size_t)b, c, d1);
+    const float *xb = x + 32 * (size_t)b;
+    if (mxs_fast(e0) && mxs_fast(e1)) {
+      mxs_apply(d0, mxs_shift(e0));
+      mxs_apply(d1, mxs_shift(e1));
+      q4x_madd2(d0, d1, xb, 0, c.zero, c.zero, c.zero, acc);
+    } else {
+      mxs_apply(d0, mxs_shift(127));
+      mxs_apply(d1, mxs_shift(127));
+      q4x_madd2(d0, d1, xb, 1, wasm_f32x4_splat(mxs_scale(e0)), wasm_f32x4_splat(mxs_scale(e1)),
+                c.zero, acc);
     }
   }
-  float r0 = hsum_f32x4(wasm_f32x4_add(a0, b0)), r1 = hsum_f32x4(wasm_f32x4_add(a1, b1));
-  return wasm_f32x4_make(r0, r1, r0, r1);
-}
-
-/* Four rows' dots with f32 x (passed through the matvec's xq pointer), lanes [row0..row3]. */
-static inline v128_t q4_dot4_mxs(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2,
-                                 const uint8_t *w3, const uint8_t *s0, const uint8_t *s1,
-                                 const uint8_t *s2, const uint8_t *s3, const int8_t *xq, int cols) {
-  const float *x = (const float *)xq;
-  v128_t p = mxs_dot2(w0, w1, s0, s1, x, cols), q = mxs_dot2(w2, w3, s2, s3, x, cols);
-  return wasm_i64x2_shuffle(p, q, 0, 3);
+  return q4x_result2(acc);
 }
 
 /* y[r] = sum_c W[r, c] * x[c] for r in [r0, r1) with f32 x: MXFP4 weights, exact products. */
-DEFINE_Q4_MATVEC(matvec_mxfp4_exact, mxs, uint8_t)
+DEFINE_Q4_EXACT(matvec_mxfp4_exact, mxs, uint8_t)
 
 /*
  * Rows [r0, r1) of W (MXFP4, scales S) written to out as bf16 [rows, cols], exactly (the values
@@ -192,23 +172,29 @@ KEXPORT("dequant_mxfp4_bf16")
 void dequant_mxfp4_bf16(const uint8_t *W, const uint8_t *S, uint16_t *out, int rows, int cols,
                         int r0, int r1) {
   if (r1 > rows) r1 = rows;
-  v128_t z = runtime_zero_v128(W);
-  v128_t lut = wasm_v128_xor(MXS_LUT, z), nibble = wasm_v128_xor(wasm_i8x16_splat(0x0f), z);
+  q4x_consts c = q4x_consts_make(W, MXS_LO, MXS_HI);
   for (int r = r0 < 0 ? 0 : r0; r < r1; r++) {
     const uint8_t *w = W + (size_t)r * (cols / 2);
     const uint8_t *s = S + (size_t)r * (cols / 32);
-    uint16_t *o = out + (size_t)r * cols;
-    for (int blk = 0; blk < cols / 32; blk++) {
-      v128_t e = wasm_f32x4_splat(mxs_scale(s[blk]));
-      for (int h = 0; h < 2; h++) {
-        v128_t c = mxs_codes(w + 16 * (size_t)blk, h, lut, nibble);
-        for (int g = 0; g < 2; g++) {
+    for (int b = 0; b < cols / 32; b++) {
+      uint16_t *o = out + (size_t)r * cols + 32 * (size_t)b;
+      unsigned e = s[b];
+      v128_t d[4];
+      q4x_decode(w + 16 * (size_t)b, c, d);
+      mxs_apply(d, mxs_shift(mxs_fast(e) ? e : 127));
+      for (int k = 0; k < 4; k++) {
+        if (!mxs_fast(e)) {
           /* Exact values: the low 16 bits of each f32 are zero, its high half is the bf16. */
-          v128_t lo = mxs_weights(c, 2 * g, e), hi = mxs_weights(c, 2 * g + 1, e);
-          wasm_v128_store(o + 32 * (size_t)blk + 16 * h + 8 * g,
-                          wasm_i16x8_shuffle(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15));
+          v128_t sc = wasm_f32x4_splat(mxs_scale(e));
+          v128_t lo = wasm_f32x4_mul(bf16_lo_f32x4(d[k]), sc);
+          v128_t hi = wasm_f32x4_mul(bf16_hi_f32x4(d[k]), sc);
+          d[k] = wasm_i16x8_shuffle(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15);
         }
+        wasm_v128_store(o + 8 * k, d[k]);
       }
     }
   }
 }
+
+/* A batch through MXFP4 W with f32 X, every column matvec_mxfp4_exact's bits (quant_exact.h). */
+DEFINE_Q4_EXACT_GEMM(gemm_mxfp4_exact, uint8_t, uint16_t, dequant_mxfp4_bf16, gemm_bf16)

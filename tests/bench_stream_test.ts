@@ -4,7 +4,7 @@
  * a child that died (the cgroup's OOM kill, an error) is reported by configuration and cause.
  */
 import assert from "node:assert/strict";
-import { median, runChild } from "../tools/dev/bench/stream.ts";
+import { median, runChild, tokenSplit } from "../tools/dev/bench/stream.ts";
 import { parseChildOutput, runJob, type StreamJob } from "../tools/dev/bench/stream_child.ts";
 import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 
@@ -88,4 +88,20 @@ Deno.test("bench stream: the median of the repeats", () => {
   assert.equal(median([4, 1, 2, 3]), 2.5);
   assert.equal(median([7]), 7);
   assert.ok(Number.isNaN(median([])));
+});
+
+Deno.test("bench stream: a run's time per token splits into compute, disk and their overlap", () => {
+  const run = { ms_per_token: 50, io_wait_ms_per_token: 10, bytes_per_token: 40e6 } as Parameters<
+    typeof tokenSplit
+  >[0];
+  // 40 MB at 1 GB/s is 40 ms of disk, of which 10 were waited for: 75% hidden behind 40 ms of compute.
+  const s = tokenSplit(run, 1);
+  assert.equal(s.disk_ms, 40);
+  assert.equal(s.compute_ms, 40);
+  assert.equal(s.overlap, 0.75);
+  assert.equal(s.limit, "compute");
+  const slow = tokenSplit({ ...run, io_wait_ms_per_token: 45 }, 1);
+  assert.equal(slow.overlap, 0);
+  assert.equal(slow.limit, "disk");
+  assert.equal(tokenSplit({ ...run, bytes_per_token: 0, io_wait_ms_per_token: 0 }, 1).overlap, 1);
 });

@@ -82,11 +82,14 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
     for (const p of k.by_threads) assert.ok(p.gbps > 0 && Number.isFinite(p.gbps));
   }
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
-  assert.equal(ratios.length, 7);
-  assert.ok(ratios.some((c) => c.name.startsWith("vq4p / bf16 weights/s")));
-  const paired = r.vq4p_vs_bf16 as { threads: number; ratio: number }[];
-  assert.deepEqual(paired.map((p) => p.threads), r.threads);
-  for (const p of paired) assert.ok(p.ratio > 0 && Number.isFinite(p.ratio));
+  assert.equal(ratios.length, 9);
+  const paired = r.vs_bf16 as { format: string; threads: number; ratio: number }[];
+  for (const name of ["vq4p", "mxfp4_exact", "int4_exact"]) {
+    assert.ok(ratios.some((c) => c.name.startsWith(`${name} / bf16 weights/s`)), name);
+    const points = paired.filter((p) => p.format === name);
+    assert.deepEqual(points.map((p) => p.threads), r.threads);
+    for (const p of points) assert.ok(p.ratio > 0 && Number.isFinite(p.ratio));
+  }
 });
 
 Deno.test("bench with an unknown name lists the benches and fails", async () => {

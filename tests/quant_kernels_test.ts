@@ -4,12 +4,18 @@
  */
 import assert from "node:assert/strict";
 import { createArenaMemory, KERNEL_RESERVED_BYTES, loadKernelModule } from "../wasm/mod.ts";
-import { q8Bytes, quantKernels, vq3rLutFloats, vq4pLutBytes } from "../wasm/quant_kernels.ts";
+import {
+  type ExactBatchKernel,
+  q8Bytes,
+  type QuantKernels,
+  quantKernels,
+  vq3rLutFloats,
+  vq4pLutBytes,
+} from "../wasm/quant_kernels.ts";
 import {
   denseAbsRef,
   denseMatvecRef,
   dequantizeActQ8,
-  matvecQ4ExactRef,
   matvecVq3rRef,
   matvecVq4pRef,
   quantizeActQ8Ref,
@@ -36,6 +42,8 @@ import {
 import { bf16ToNumber, dequantizeInt4g32, quantizeInt4g32 } from "../engine/quant/int4.ts";
 import { dequantizeFp8b128, quantizeFp8b128 } from "../engine/quant/fp8.ts";
 import { dequantizeInt8Row, quantizeInt8Row } from "../engine/quant/int8.ts";
+import { openCheckpoint } from "../io/safetensors.ts";
+import { fixtureDir } from "./fixtures.ts";
 
 const memory = createArenaMemory(64 * 1024 * 1024);
 const instance = await WebAssembly.instantiate(await loadKernelModule(), { env: { memory } });
@@ -237,7 +245,7 @@ Deno.test("matvec_mxfp4 decodes raw codes and every scale byte, NaN for scale 25
 
 /**
  * An exact 4-bit kernel against float64 (1e-6 of Σ|w·x|) and row-split bit-identity, at awkward
- * sizes with random bytes (every code), and with `twin` bit for bit against its scalar twin.
+ * sizes with random bytes (every code).
  */
 function checkExactQ4(
   label: string,
@@ -255,7 +263,6 @@ function checkExactQ4(
   value: (code: number) => number,
   scaleOf: (scales: Uint8Array, cols: number) => (row: number, block: number) => number,
   seed: number,
-  twin: boolean,
 ) {
   const rand = rng(seed);
   for (const rows of [...ROWS, 30]) {
@@ -280,17 +287,6 @@ function checkExactQ4(
         denseAbsRef(wm, x, rows, cols),
         1e-6,
       );
-      if (!twin) continue;
-      const y = alloc(rows * 4);
-      mv(y, rows, 0, rows);
-      const got = f32At(y, rows);
-      const ref = matvecQ4ExactRef(data, value, scale, x, rows, cols);
-      got.forEach((v, r) =>
-        assert.ok(
-          Object.is(v, ref[r]),
-          `${label} ${rows}×${cols} row ${r}: ${v} vs twin ${ref[r]}`,
-        )
-      );
     }
   }
 }
@@ -304,8 +300,6 @@ Deno.test("matvec_mxfp4_exact: f32 activations, raw codes and every scale byte",
     (code) => E2M1_VALUES[code],
     (scales, cols) => (r, b) => e8m0ToNumber(scales[r * (cols / 32) + b]),
     4,
-    // Its bits are gemm_bf16's on the decoded weights (the dequant test below), not the twin's.
-    false,
   );
   reset();
   const rows = 3, cols = 64;
@@ -348,7 +342,6 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
       return (r, b) => bf16ToNumber(s[r * (cols / 32) + b]);
     },
     5,
-    true,
   );
   reset();
   const rows = 3, cols = 64;
@@ -371,44 +364,199 @@ Deno.test("matvec_int4g32_exact: f32 activations, every stored nibble, bf16 scal
   assert.deepEqual(Array.from(f32At(y, rows)), [256, NaN, 256]);
 });
 
-Deno.test("dequant_mxfp4_bf16 is exact, and gemm_bf16 on it equals matvec_mxfp4_exact bit for bit", () => {
-  const gemm = instance.exports.gemm_bf16 as (...a: (number | bigint)[]) => void;
-  const rand = rng(5);
-  for (const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96]]) {
-    reset();
-    const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
-    // Every scale byte but NaN's 255, so subnormal (0, 1) and the largest exponents are decoded too.
-    const scales = Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37) % 255);
-    if (rows === 6) scales[7] = 255;
-    const m = { rows, cols, blocks, scales };
-    const [W, S] = [put(blocks), put(scales)];
-    const decoded = alloc(rows * cols * 2);
-    // Split as the pool splits rows: the decoded bytes must not depend on the range.
-    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 0, 2);
-    qk.dequant_mxfp4_bf16(W, S, decoded, rows, cols, 2, rows);
-    const bits = new Uint16Array(memory.buffer, Number(decoded), rows * cols);
-    for (let i = 0; i < rows * cols; i++) {
-      // f32 rounding only overflows: 4 · 2^127 and up are ±Inf.
-      const want = Math.fround(mxfp4At(m, Math.floor(i / cols), i % cols));
-      const got = new Float32Array(new Uint32Array([bits[i] << 16]).buffer)[0];
-      // === : code 8 (E2M1 −0) decodes to +0, as the exact matvec multiplies it.
-      assert.ok(got === want || (Number.isNaN(got) && Number.isNaN(want)), `${i}: ${got} ${want}`);
-    }
-    const nb = 9;
+/** A shipped 4-bit format's exact kernels, as {@link checkExactMatrix} drives them. */
+interface ExactKernels {
+  label: string;
+  dequant: QuantKernels["dequant_mxfp4_bf16"];
+  gemm: string;
+  /** Bytes of one decoded weight (2 for bf16, 4 for f32). */
+  bytesPerWeight: number;
+  matvec: QuantKernels["matvec_mxfp4_exact"];
+  /** The batched kernel: dequant and GEMM a tile of rows at a time through scratch D. */
+  batched: ExactBatchKernel;
+}
+
+const MXFP4_EXACT: ExactKernels = {
+  label: "mxfp4",
+  dequant: qk.dequant_mxfp4_bf16,
+  gemm: "gemm_bf16",
+  bytesPerWeight: 2,
+  matvec: qk.matvec_mxfp4_exact,
+  batched: qk.gemm_mxfp4_exact,
+};
+
+/**
+ * A shipped 4-bit matrix's batched path: the dequant kernel, split as the pool splits rows,
+ * writes every weight exactly (`want(r, c)`, f32 rounding only overflows), and the GEMM on those
+ * weights, and the batched kernel (tiles of rows, split at an odd row), give the exact matvec's
+ * bits for every column of batches of 1 to 9.
+ */
+function checkExactMatrix(
+  k: ExactKernels,
+  blocks: Uint8Array,
+  scales: Uint8Array,
+  rows: number,
+  cols: number,
+  want: (r: number, c: number) => number,
+  rand: () => number,
+) {
+  const gemmFn = instance.exports[k.gemm] as (...a: (number | bigint)[]) => void;
+  const label = `${k.label} ${rows}×${cols}`;
+  const [W, S] = [put(blocks), put(scales)];
+  const decoded = alloc(rows * cols * k.bytesPerWeight);
+  k.dequant(W, S, decoded, rows, cols, 0, 2);
+  k.dequant(W, S, decoded, rows, cols, 2, rows);
+  const got = k.bytesPerWeight === 4 ? f32At(decoded, rows * cols) : Float32Array.from(
+    new Uint16Array(memory.buffer, Number(decoded), rows * cols),
+    (h) => new Float32Array(new Uint32Array([h << 16]).buffer)[0],
+  );
+  for (let i = 0; i < rows * cols; i++) {
+    const w = Math.fround(want(Math.floor(i / cols), i % cols));
+    // === : a zero code decodes to +0 or -0 alike (a dot's sum never becomes -0 from +0).
+    assert.ok(
+      got[i] === w || (Number.isNaN(got[i]) && Number.isNaN(w)),
+      `${label} weight ${i}: ${got[i]} vs ${w}`,
+    );
+  }
+  for (const nb of [1, 2, 3, 4, 5, 6, 7, 9]) {
     // Weights up to 6 · 2^127 times gaussians overflow to ±Inf: small x keep most rows finite.
     const x = gaussian(nb * cols, rand).map((v) => v * 2 ** -100);
     const X = put(x);
     const Y = alloc(nb * rows * 4), y1 = alloc(rows * 4);
-    gemm(decoded, X, Y, rows, cols, nb, 0, rows);
+    gemmFn(decoded, X, Y, rows, cols, nb, 0, rows);
     const batch = f32At(Y, nb * rows);
+    const Y2 = alloc(nb * rows * 4), D = alloc(rows * cols * k.bytesPerWeight);
+    const cut = Math.min(rows, 13);
+    k.batched(W, S, X, Y2, D, rows, cols, nb, 0, cut);
+    k.batched(W, S, X, Y2, D, rows, cols, nb, cut, rows);
+    const tiled = f32At(Y2, nb * rows);
     for (let b = 0; b < nb; b++) {
-      qk.matvec_mxfp4_exact(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
+      k.matvec(W, S, X + BigInt(b * cols * 4), y1, rows, cols, 0, rows);
       const one = f32At(y1, rows);
       for (let r = 0; r < rows; r++) {
-        assert.ok(Object.is(one[r], batch[b * rows + r]), `${rows}×${cols} column ${b} row ${r}`);
+        assert.ok(
+          Object.is(one[r], batch[b * rows + r]),
+          `${label} batch ${nb} column ${b} row ${r}: ${one[r]} vs ${batch[b * rows + r]}`,
+        );
+        assert.ok(
+          Object.is(one[r], tiled[b * rows + r]),
+          `${label} batched kernel, batch ${nb} column ${b} row ${r}: ${one[r]} vs ${
+            tiled[b * rows + r]
+          }`,
+        );
       }
     }
   }
+}
+
+/** {@link checkExactMatrix} on random codes at awkward sizes. */
+function checkExactBatch(
+  k: ExactKernels,
+  scaleBytes: (rows: number, cols: number) => Uint8Array,
+  want: (
+    blocks: Uint8Array,
+    scales: Uint8Array,
+    rows: number,
+    cols: number,
+  ) => (r: number, c: number) => number,
+  seed: number,
+) {
+  const rand = rng(seed);
+  // 30 × 4128: tiles of 28 (bf16) and 12 (f32) rows, so the batched kernel runs several.
+  for (
+    const [rows, cols] of [[1, 32], [5, 64], [17, 4096 + 32], [6, 96], [30, 160], [3, 32], [
+      30,
+      4096 + 32,
+    ]]
+  ) {
+    reset();
+    const blocks = Uint8Array.from({ length: (rows * cols) / 2 }, () => Math.floor(rand() * 256));
+    const scales = scaleBytes(rows, cols);
+    checkExactMatrix(k, blocks, scales, rows, cols, want(blocks, scales, rows, cols), rand);
+  }
+}
+
+Deno.test("dequant_mxfp4_bf16 is exact; gemm_bf16 on it and gemm_mxfp4_exact equal matvec_mxfp4_exact bit for bit", () => {
+  checkExactBatch(
+    MXFP4_EXACT,
+    // Every scale byte: subnormal weights (0, 1), overflow (253, 254), NaN (255), and the rest.
+    (rows, cols) =>
+      Uint8Array.from({ length: (rows * cols) / 32 }, (_, i) => (i * 37 + rows) % 256),
+    (blocks, scales, rows, cols) => (r, c) => mxfp4At({ rows, cols, blocks, scales }, r, c),
+    5,
+  );
+});
+
+Deno.test("dequant_int4g32_f32 is exact; gemm_f32 on it and gemm_int4g32_exact equal matvec_int4g32_exact bit for bit", () => {
+  checkExactBatch(
+    {
+      label: "int4",
+      dequant: qk.dequant_int4g32_f32,
+      gemm: "gemm_f32",
+      bytesPerWeight: 4,
+      matvec: qk.matvec_int4g32_exact,
+      batched: qk.gemm_int4g32_exact,
+    },
+    // bf16 scales over the whole exponent range (subnormal to 2^127, some Inf / NaN), some 0.
+    (rows, cols) => {
+      const s = Uint16Array.from(
+        { length: (rows * cols) / 32 },
+        (_, i) => i % 13 === 7 ? 0 : ((i * 97 + rows) & 0x7fff) | (i & 2 ? 0x8000 : 0),
+      );
+      return new Uint8Array(s.buffer);
+    },
+    (blocks, scales, _rows, cols) => {
+      const s = new Uint16Array(scales.slice().buffer);
+      return (r, c) => {
+        const byte = blocks[(r * cols + c) >> 1];
+        return ((c & 1 ? byte >> 4 : byte & 15) - 8) * bf16ToNumber(s[r * (cols / 32) + (c >> 5)]);
+      };
+    },
+    6,
+  );
+});
+
+Deno.test("tiny-deepseek-v4-fp8: DeepSeek-V4's FP4 experts (I8 e2m1 pairs + F8_E8M0 per 32) are MXFP4 bytes", () => {
+  // The README's rule, decoded here on its own: element j of a row is nibble j of the row's bytes
+  // (low nibble first), an E2M1 code times 2^(scale - 127) of its 32-column block.
+  const ckpt = openCheckpoint(fixtureDir("tiny-deepseek-v4-fp8"));
+  const rand = rng(7);
+  let checked = 0;
+  try {
+    for (const t of ckpt.tensors.values()) {
+      if (t.dtype !== "I8") continue;
+      const scale = ckpt.tensors.get(t.name.replace(/\.weight$/, ".scale"));
+      assert.equal(scale?.dtype, "F8_E8M0", `${t.name}: its scale`);
+      const [rows, half] = t.shape, cols = 2 * half;
+      assert.deepEqual(scale.shape, [rows, cols / 32], `${t.name}: scale shape`);
+      reset();
+      const blocks = ckpt.read(t.name), scales = ckpt.read(scale.name);
+      const at = (r: number, c: number) => {
+        const byte = blocks[r * half + (c >> 1)];
+        return E2M1_VALUES[c & 1 ? byte >> 4 : byte & 15] *
+          2 ** (scales[r * (cols / 32) + (c >> 5)] - 127);
+      };
+      const wm = Float64Array.from(
+        { length: rows * cols },
+        (_, i) => at(Math.floor(i / cols), i % cols),
+      );
+      const x = gaussian(cols, rand);
+      const [W, S, X] = [put(blocks), put(scales), put(x)];
+      checkMatvec(
+        t.name,
+        (y, nr, r0, r1) => qk.matvec_mxfp4_exact(W, S, X, y, nr, cols, r0, r1),
+        rows,
+        denseMatvecRef(wm, x, rows, cols),
+        denseAbsRef(wm, x, rows, cols),
+        1e-6,
+      );
+      checkExactMatrix(MXFP4_EXACT, blocks, scales, rows, cols, at, rand);
+      checked++;
+    }
+  } finally {
+    ckpt.close();
+  }
+  assert.ok(checked > 0, "no FP4 expert tensor in the fixture");
 });
 
 Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () => {

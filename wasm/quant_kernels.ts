@@ -12,6 +12,24 @@
  */
 import type { Ptr } from "./mod.ts";
 
+/**
+ * A batched exact kernel: Y[b·rows + r] = Σ_c W[r,c]·X[b·cols + c] for the nb vectors of X, rows
+ * [r0, r1), the weights decoded exactly into scratch D ([rows, cols] of the decoded dtype; a call
+ * writes only its own rows) and multiplied by the GEMM, a tile of rows at a time.
+ */
+export type ExactBatchKernel = (
+  W: Ptr,
+  S: Ptr,
+  X: Ptr,
+  Y: Ptr,
+  D: Ptr,
+  rows: number,
+  cols: number,
+  nb: number,
+  r0: number,
+  r1: number,
+) => void;
+
 /** The compact-weight kernels. */
 export interface QuantKernels {
   /** x f32 [cols] → Q8 blocks at xq (q8Bytes(cols) bytes); cols a multiple of 32. */
@@ -41,6 +59,8 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** Batches through MXFP4 W: decoded as bf16, gemm_bf16; matvec_mxfp4_exact's bits. */
+  gemm_mxfp4_exact: ExactBatchKernel;
   /** Rows [r0, r1) of MXFP4 W (scales S) written to out as bf16 [rows, cols], exactly. */
   dequant_mxfp4_bf16(
     W: Ptr,
@@ -62,12 +82,28 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
-  /** matvec_int4g32 with f32 x instead of its Q8 copy: every product q·x exact, f32 sums. */
+  /**
+   * matvec_int4g32 with f32 x instead of its Q8 copy: each weight its exact value q·scale, the row
+   * dots of gemm_f32, so a batch's columns through dequant_int4g32_f32 + gemm_f32 equal it bit
+   * for bit.
+   */
   matvec_int4g32_exact(
     W: Ptr,
     S: Ptr,
     x: Ptr,
     y: Ptr,
+    rows: number,
+    cols: number,
+    r0: number,
+    r1: number,
+  ): void;
+  /** Batches through INT4 g32 W: decoded as f32, gemm_f32; matvec_int4g32_exact's bits. */
+  gemm_int4g32_exact: ExactBatchKernel;
+  /** Rows [r0, r1) of INT4 g32 W (bf16 scales S) written to out as f32 [rows, cols], exactly. */
+  dequant_int4g32_f32(
+    W: Ptr,
+    S: Ptr,
+    out: Ptr,
     rows: number,
     cols: number,
     r0: number,
@@ -128,9 +164,12 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "quantize_act_q8",
   "matvec_mxfp4",
   "matvec_mxfp4_exact",
+  "gemm_mxfp4_exact",
   "dequant_mxfp4_bf16",
   "matvec_int4g32",
   "matvec_int4g32_exact",
+  "gemm_int4g32_exact",
+  "dequant_int4g32_f32",
   "matvec_fp8b128",
   "matvec_int8row",
   "vq3r_lut",

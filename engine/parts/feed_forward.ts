@@ -158,8 +158,8 @@ export class FeedForward {
   }
 
   /**
-   * The two slots where exact weights (shipped MXFP4) of `ew` decode for a batch, or none when
-   * its matrices multiply batches as stored (engine/tensor.ts batchDecode).
+   * The two slots where exact weights (shipped MXFP4, INT4) of `ew` decode for a batch, or none when
+   * its matrices multiply batches as stored (engine/tensor.ts exactBatchJob).
    */
   #decodedFor(ew: ExpertWeights): [number, number] | [] {
     const bytes = expertPrepSizes(ew.gate, ew.up, ew.down, this.#maxBatch).decoded;

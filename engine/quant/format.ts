@@ -62,11 +62,13 @@ export interface WeightFormat {
    */
   readonly exactGemv?: { kernel: string; scaled: boolean };
   /**
-   * The batched path of those `exact` weights: `decode` (W, S, out, rows, cols, r0, r1) writes
-   * them exactly as the plain format `as`, whose gemm then multiplies the batch; every column
-   * equals `exactGemv` bit for bit, so batching still never changes output.
+   * The batched path of those `exact` weights: `kernel` (W, S, X, Y, D, rows, cols, nb, r0, r1)
+   * decodes them exactly as the plain format `as` into scratch D ([rows, cols] of `as`), a tile of
+   * rows at a time, and multiplies the batch with that format's gemm; every column equals
+   * `exactGemv` bit for bit, so batching still never changes output. Batches smaller than
+   * `minBatch` run `exactGemv` per vector instead (the decode costs more than it saves there).
    */
-  readonly exactGemm?: { decode: string; as: string };
+  readonly exactGemm?: { kernel: string; as: string; minBatch: number };
   /**
    * Encodes float32 `w` [rows, cols] (pack). vq3r needs the trained `codebooks` ([3][256][8],
    * engine/quant/vq3r.ts). Throws naming `what` for a matrix the format cannot hold.

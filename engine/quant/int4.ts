@@ -97,6 +97,8 @@ export const INT4G32: WeightFormat = {
   ...compactFormat("int4g32", "int4", "q8", "matvec_int4g32"),
   // Shipped INT4 (Kimi-K2) times f32 activations: the Q8 copy moves its logits by ~6e-3.
   exactGemv: { kernel: "matvec_int4g32_exact", scaled: true },
+  // q × a bf16 scale has up to 11 significant bits: exact in f32, not in bf16.
+  exactGemm: { kernel: "gemm_int4g32_exact", as: "f32", minBatch: 4 },
   encode: (w, rows, cols) => stored(quantizeInt4g32(w, rows, cols), "packed"),
   decode: decodeInt4Bytes,
 };

@@ -193,8 +193,9 @@ export const MXFP4: WeightFormat = {
   // Shipped MXFP4 (gpt-oss, K3) times f32 activations: the Q8 copy's error flips gpt-oss's
   // tokens.
   exactGemv: { kernel: "matvec_mxfp4_exact", scaled: true },
-  // E2M1 × 2^k has at most 2 significant bits: bf16 holds every value exactly.
-  exactGemm: { decode: "dequant_mxfp4_bf16", as: "bf16" },
+  // E2M1 × 2^k has at most 2 significant bits: bf16 holds every value exactly. From 4 vectors the
+  // decode pays (docs/PERFORMANCE.md, issue 29).
+  exactGemm: { kernel: "gemm_mxfp4_exact", as: "bf16", minBatch: 4 },
   encode: (w, rows, cols) => stored(quantizeMxfp4(w, rows, cols), "blocks"),
   decode: decodeMxfp4Bytes,
 };

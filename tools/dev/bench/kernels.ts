@@ -50,12 +50,14 @@ export interface GemvPoint {
   other_cores: number | null;
 }
 
-/** Two formats timed in alternation at one thread count. */
+/** A format and bf16 timed in alternation at one thread count. */
 export interface PairedPoint {
+  /** The format set against bf16 (a {@link BENCH_FORMATS} name). */
+  format: string;
   threads: number;
   bf16_gweights_per_s: number;
-  vq4p_gweights_per_s: number;
-  /** vq4p ÷ bf16 weights per second. */
+  gweights_per_s: number;
+  /** The format's ÷ bf16's weights per second. */
   ratio: number;
 }
 
@@ -109,10 +111,11 @@ export interface KernelBenchReport {
   vq3r_gweights_per_s: number | null;
   vq4p_gweights_per_s: number | null;
   /**
-   * vq4p against bf16 on the first shape, the two timed in alternation (best of each), per thread
-   * count: a ratio that survives load which comes and goes between formats.
+   * The formats with a weights/s target ({@link PAIRED_FORMATS}) against bf16 on the first shape,
+   * each timed in alternation with bf16 (best of each), per format and thread count: a ratio that
+   * survives load which comes and goes between formats.
    */
-  vq4p_vs_bf16: PairedPoint[];
+  vs_bf16: PairedPoint[];
   int8_gweights_per_s: number | null;
   int4_gweights_per_s: number | null;
   fp8_gweights_per_s: number | null;
@@ -203,7 +206,16 @@ export const TARGETS = {
   odirect_over_dd: 0.9,
   /** Issue 16: a 3-bit expert format at least as fast as bf16 in weights per second. */
   vq4p_over_bf16_weights: 1.0,
+  /** Issue 29: shipped 4-bit experts (exact kernels) at least as fast as bf16 in weights/s. */
+  exact4_over_bf16_weights: 1.0,
 };
+
+/** The formats timed in alternation with bf16, each with its weights/s target against bf16. */
+export const PAIRED_FORMATS: readonly { name: string; target: number }[] = [
+  { name: "vq4p", target: TARGETS.vq4p_over_bf16_weights },
+  { name: "mxfp4_exact", target: TARGETS.exact4_over_bf16_weights },
+  { name: "int4_exact", target: TARGETS.exact4_over_bf16_weights },
+];
 
 interface Sizes {
   region: number;
@@ -341,31 +353,35 @@ function timeFormat(
   };
 }
 
-/** Rounds of alternating bf16 / vq4p timings in {@link timePaired}. */
+/** Rounds of alternating bf16 / format timings in {@link timePaired}. */
 const PAIRED_ROUNDS = 3;
 
-/** bf16 and vq4p at one shape, timed in alternation; the best of each. */
+/** bf16 and the format `name` at one shape, timed in alternation; the best of each. */
 function timePaired(
   pool: Pool,
+  name: string,
   rows: number,
   cols: number,
   region: { off: number; bytes: number },
   scratch: Scratch,
   passes: number,
 ): PairedPoint {
-  const [bf16, vq4p] = ["bf16", "vq4p"].map((n) => BENCH_FORMATS.find((f) => f.name === n)!);
+  const [bf16, f] = ["bf16", name].map((n) => BENCH_FORMATS.find((f) => f.name === n)!);
   let b = 0, v = 0;
   for (let i = 0; i < PAIRED_ROUNDS; i++) {
     b = Math.max(
       b,
       timeFormat(pool, bf16, rows, cols, region, scratch, passes).point.gweights_per_s,
     );
-    v = Math.max(
-      v,
-      timeFormat(pool, vq4p, rows, cols, region, scratch, passes).point.gweights_per_s,
-    );
+    v = Math.max(v, timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s);
   }
-  return { threads: pool.threads, bf16_gweights_per_s: b, vq4p_gweights_per_s: v, ratio: v / b };
+  return {
+    format: name,
+    threads: pool.threads,
+    bf16_gweights_per_s: b,
+    gweights_per_s: v,
+    ratio: v / b,
+  };
 }
 
 /** CPU time counters (jiffies) of the whole machine and of this process, from /proc. */
@@ -570,9 +586,19 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
         }
       }
       const [pr, pc] = sizes.shapes[0];
-      const pair = timePaired(pool, pr, pc, { off: regionOff, bytes: sizes.region }, scratch, 2);
-      paired.push(pair);
-      log(`vq4p / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
+      for (const { name } of PAIRED_FORMATS) {
+        const pair = timePaired(
+          pool,
+          name,
+          pr,
+          pc,
+          { off: regionOff, bytes: sizes.region },
+          scratch,
+          2,
+        );
+        paired.push(pair);
+        log(`${name} / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
+      }
       const k = timeKdaKernels(
         arena,
         pool,
@@ -652,11 +678,13 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
       )
     ),
     check("dispatch median µs", dispatch.median, TARGETS.dispatch_median_us, "<="),
-    check(
-      "vq4p / bf16 weights/s (alternating, all threads)",
-      paired[paired.length - 1].ratio,
-      TARGETS.vq4p_over_bf16_weights,
-      ">=",
+    ...PAIRED_FORMATS.map(({ name, target }) =>
+      check(
+        `${name} / bf16 weights/s (alternating, all threads)`,
+        paired.findLast((p) => p.format === name)!.ratio,
+        target,
+        ">=",
+      )
     ),
     check(
       "O_DIRECT / dd",
@@ -685,7 +713,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     mxfp4_gweights_per_s: bestAtMax(gemv, "mxfp4", "gweights_per_s"),
     vq3r_gweights_per_s: bestAtMax(gemv, "vq3r", "gweights_per_s"),
     vq4p_gweights_per_s: vq4pW,
-    vq4p_vs_bf16: paired,
+    vs_bf16: paired,
     int8_gweights_per_s: bestAtMax(gemv, "int8", "gweights_per_s"),
     int4_gweights_per_s: bestAtMax(gemv, "int4", "gweights_per_s"),
     fp8_gweights_per_s: bestAtMax(gemv, "fp8", "gweights_per_s"),
@@ -742,14 +770,16 @@ export function formatKernelReport(r: KernelBenchReport): string {
     );
   }
   out.push("", "\\* other processes kept ≥ 0.3 cores busy during the best pass.", "");
-  out.push(
-    `vq4p ÷ bf16 weights/s, timed in alternation on ${r.gemv[0].rows}×${r.gemv[0].cols}: ` +
-      r.vq4p_vs_bf16.map((p) =>
-        `${p.threads} thr ${fmt2(p.ratio)} (${fmt2(p.vq4p_gweights_per_s)} vs ` +
-        `${fmt2(p.bf16_gweights_per_s)} Gw/s)`
-      ).join(", ") + ".",
-    "",
-  );
+  for (const { name } of PAIRED_FORMATS) {
+    out.push(
+      `${name} ÷ bf16 weights/s, timed in alternation on ${r.gemv[0].rows}×${r.gemv[0].cols}: ` +
+        r.vs_bf16.filter((p) => p.format === name).map((p) =>
+          `${p.threads} thr ${fmt2(p.ratio)} (${fmt2(p.gweights_per_s)} vs ` +
+          `${fmt2(p.bf16_gweights_per_s)} Gw/s)`
+        ).join(", ") + ".",
+    );
+  }
+  out.push("");
   out.push(
     `| KDA kernel | one call | cold set | ${th.map((t) => `${t} thr state GB/s`).join(" | ")} |`,
   );

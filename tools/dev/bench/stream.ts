@@ -102,6 +102,33 @@ export interface StreamBenchOptions {
   log?: (line: string) => void;
 }
 
+/**
+ * Where one run's time per token went: compute (its time less its io wait), disk (its bytes read
+ * at the bench's measured GB/s, as if nothing else ran) and how much of that disk time the run hid
+ * behind compute. The larger of compute and disk is the limit a perfect overlap would reach.
+ */
+export interface TokenSplit {
+  compute_ms: number;
+  disk_ms: number;
+  /** Share of the disk time not waited for: 1 − io wait ÷ disk time, within [0, 1]. */
+  overlap: number;
+  /** Which of the two bounds the run: "disk" or "compute". */
+  limit: "disk" | "compute";
+}
+
+/** The {@link TokenSplit} of `run` at `gbps` GB/s. */
+export function tokenSplit(run: ChildRun, gbps: number): TokenSplit {
+  const diskMs = (run.bytes_per_token / (gbps * 1e9)) * 1000;
+  const computeMs = run.ms_per_token - run.io_wait_ms_per_token;
+  const overlap = diskMs > 0 ? Math.min(1, Math.max(0, 1 - run.io_wait_ms_per_token / diskMs)) : 1;
+  return {
+    compute_ms: computeMs,
+    disk_ms: diskMs,
+    overlap,
+    limit: diskMs > computeMs ? "disk" : "compute",
+  };
+}
+
 /** One target of the bench. */
 export interface StreamTarget {
   name: string;
@@ -136,6 +163,8 @@ export interface StreamBenchResult {
   page_cache_dropped: boolean;
   load_average: number;
   runs: StreamRun[];
+  /** Per run (same order as `runs`): compute and disk ms per token and their overlap. */
+  splits: TokenSplit[];
   roofline_tok_s: number;
   /** The defaults run's own reads replayed with no compute after each of its repeats
    * (tools/dev/bench/replay_roofline.ts). */
@@ -425,6 +454,7 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     page_cache_dropped: dropped,
     load_average: Deno.loadavg()[0],
     runs,
+    splits: runs.map((r) => tokenSplit(r, gbps)),
     roofline_tok_s: roofline,
     replays,
     replay_roofline_tok_s: replayTokS,
@@ -486,6 +516,18 @@ export function formatStreamReport(r: StreamBenchResult): string {
       `${x.lookahead_recall === null ? "-" : pct(x.lookahead_recall)} | ${mib(x.peak_rss_bytes)}` +
       `${x.cgroup_peak_bytes === null ? "" : ` (${mib(x.cgroup_peak_bytes)})`} |`
     ),
+    "",
+    `Per token: compute = ms/token less io wait; disk = read/token at ${
+      r.disk_gbps.toFixed(2)
+    } GB/s; overlap = the share of that disk time not waited for.`,
+    "",
+    "| run | compute ms/token | disk ms/token | io wait ms/token | overlap | limit |",
+    "|---|---|---|---|---|---|",
+    ...r.runs.map((x, i) => {
+      const s = r.splits[i];
+      return `| ${x.label} | ${s.compute_ms.toFixed(1)} | ${s.disk_ms.toFixed(1)} | ` +
+        `${x.io_wait_ms_per_token.toFixed(1)} | ${pct(s.overlap)} | ${s.limit} |`;
+    }),
     "",
     `roofline ${r.roofline_tok_s.toFixed(2)} tok/s; disk ${r.disk_ms_per_token.toFixed(1)} ` +
     `ms/token; compute ${
