@@ -204,6 +204,96 @@ export class Ops {
     );
   }
 
+  /**
+   * Hyper-connection weights before a sublayer for `tokens` tokens of `n` streams (see
+   * kernels/hyper.c): the collapsed input, post and the Sinkhorn-normalised comb.
+   */
+  hcPre(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    iters: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    collapsed: number;
+    post: number;
+    comb: number;
+  }): void {
+    this.#k.hc_pre_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      BigInt(a.scale),
+      a.iters,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.collapsed),
+      BigInt(a.post),
+      BigInt(a.comb),
+    );
+  }
+
+  /** out_k = post_k·y + Σ_j comb[j][k]·x_j for `tokens` tokens of `n` streams of `d` floats. */
+  hcPost(
+    x: number,
+    y: number,
+    post: number,
+    comb: number,
+    out: number,
+    tokens: number,
+    n: number,
+    d: number,
+  ): void {
+    this.#k.hc_post_f32(
+      BigInt(x),
+      BigInt(y),
+      BigInt(post),
+      BigInt(comb),
+      BigInt(out),
+      tokens,
+      n,
+      d,
+    );
+  }
+
+  /** The hyper head's collapse of `tokens` tokens of `n` streams into `out`. */
+  hcHead(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    out: number;
+  }): void {
+    this.#k.hc_head_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      a.scale,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.out),
+    );
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);

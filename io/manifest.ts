@@ -221,8 +221,13 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.residual !== undefined) {
     const r = obj(c.residual, w("residual"));
-    oneOf(r.kind, ["attn_res"], w("residual.kind"));
-    int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    oneOf(r.kind, ["attn_res", "hyper"], w("residual.kind"));
+    if (r.kind === "attn_res") int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    else {
+      int(r.streams, w("residual.streams"), 1, 64);
+      int(r.sinkhornIters, w("residual.sinkhornIters"), 1, 1000);
+      num(r.eps, w("residual.eps"));
+    }
   }
   if (c.glu !== undefined) {
     const g = obj(c.glu, w("glu"));

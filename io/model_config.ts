@@ -92,8 +92,15 @@ export interface KdaConfig {
  * `blockSize` layers, a snapshot is kept at each block start (layer L with L % blockSize = 0), and
  * each sublayer's input, and the final norm's, is a softmax-weighted mix of the snapshots and the
  * running sum of the current block (layer tensors `attn_res_*`, `mlp_res_*`; globals `out_res_*`).
+ * `hyper`: hyper-connections (manifold-constrained, DeepSeek-V4): `streams` copies of the
+ * residual, collapsed before each sublayer, its output spread back and the old streams mixed by
+ * a doubly stochastic matrix (`sinkhornIters` Sinkhorn iterations, `eps` added where the
+ * reference adds hc_eps); the hyper head collapses them before the final norm (layer tensors
+ * `hc_attn_*`, `hc_ffn_*`; globals `hc_head_*`).
  */
-export type ResidualConfig = { kind: "attn_res"; blockSize: number };
+export type ResidualConfig =
+  | { kind: "attn_res"; blockSize: number }
+  | { kind: "hyper"; streams: number; sinkhornIters: number; eps: number };
 
 /**
  * The gate of every gated MLP (dense, shared and routed experts). Absent: SwiGLU,
@@ -235,6 +242,10 @@ export const LAYER_TENSOR_ORDER = [
   // Kimi K3: the attention's Attention Residual.
   "attn_res_norm",
   "attn_res_proj",
+  // Hyper-connections: the weights before the attention.
+  "hc_attn_fn",
+  "hc_attn_base",
+  "hc_attn_scale",
   "ffn_norm",
   "ffn_gate",
   "ffn_up",
@@ -251,6 +262,10 @@ export const LAYER_TENSOR_ORDER = [
   "latent_down",
   "latent_norm",
   "latent_up",
+  // Hyper-connections: the weights before the feed-forward.
+  "hc_ffn_fn",
+  "hc_ffn_base",
+  "hc_ffn_scale",
 ] as const;
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
@@ -268,7 +283,11 @@ export type GlobalTensor =
   | "lm_head"
   // Kimi K3: the model-level Attention Residual over the block snapshots.
   | "out_res_norm"
-  | "out_res_proj";
+  | "out_res_proj"
+  // Hyper-connections: the hyper head that collapses the streams before the final norm.
+  | "hc_head_fn"
+  | "hc_head_base"
+  | "hc_head_scale";
 
 /** The three matrices of one expert, in record order (gpt-oss's biases follow them). */
 export const EXPERT_MATRICES = ["gate", "up", "down"] as const;
@@ -289,6 +308,9 @@ export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
     ...(cfg.tieWordEmbeddings ? [] : ["lm_head" as const]),
     ...(cfg.residual?.kind === "attn_res"
       ? ["out_res_norm" as const, "out_res_proj" as const]
+      : []),
+    ...(cfg.residual?.kind === "hyper"
+      ? ["hc_head_fn" as const, "hc_head_base" as const, "hc_head_scale" as const]
       : []),
   ];
 }

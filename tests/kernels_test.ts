@@ -34,6 +34,7 @@ import {
   topkRef,
   type Weights,
 } from "./scalar_kernels.ts";
+import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);
@@ -663,5 +664,70 @@ Deno.test("attn_res_f32 matches the reference for 1..9 sources and odd widths", 
     assertClose(f32At(out, d), want, 1e-5, scale, `attn_res n=${n} d=${d}`);
     const p = f32At(scores, n);
     assert.ok(Math.abs(p.reduce((a, b) => a + b, 0) - 1) < 1e-6, "probabilities sum to 1");
+  }
+});
+
+Deno.test("hc_pre/hc_post/hc_head match the float64 hyper-connection reference at odd sizes", () => {
+  for (
+    const [n, d, tokens, iters] of [[1, 5, 1, 1], [3, 33, 2, 7], [4, 64, 3, 20], [5, 13, 2, 2]]
+  ) {
+    reset();
+    const nd = n * d, rows = (2 + n) * n;
+    const x = randomF32(tokens * nd, 11 * n + d, -3, 3);
+    const fn = randomF32(rows * nd, 5 + n, -0.3, 0.3);
+    const base = randomF32(rows, 6 + n, -1, 1), scale = randomF32(3, 7 + n, 0.5, 1.5);
+    const px = putF32(x), mix = alloc(rows * 4);
+    const collapsed = alloc(tokens * d * 4), post = alloc(tokens * n * 4);
+    const comb = alloc(tokens * n * n * 4), y = randomF32(tokens * d, 9, -2, 2);
+    k.hc_pre_f32(
+      px,
+      tokens,
+      n,
+      d,
+      putF32(fn),
+      putF32(base),
+      putF32(scale),
+      iters,
+      1e-6,
+      1e-6,
+      mix,
+      collapsed,
+      post,
+      comb,
+    );
+    const out = alloc(tokens * nd * 4);
+    k.hc_post_f32(px, putF32(y), post, comb, out, tokens, n, d);
+    const headFn = randomF32(n * nd, 12, -0.3, 0.3), headBase = randomF32(n, 13, -1, 1);
+    const head = alloc(tokens * d * 4);
+    k.hc_head_f32(px, tokens, n, d, putF32(headFn), putF32(headBase), 0.7, 1e-6, 1e-6, mix, head);
+    for (let t = 0; t < tokens; t++) {
+      const streams = Array.from(
+        { length: n },
+        (_, j) => Float64Array.from(x.subarray(t * nd + j * d, t * nd + (j + 1) * d)),
+      );
+      const w = hyperWeights(streams, fn, base, scale, iters, 1e-6, 1e-6, "hc");
+      const what = `n=${n} d=${d} token ${t}`;
+      const ones = new Float32Array(d).fill(1);
+      const unit = (k: number) => new Float32Array(k).fill(1);
+      assertClose(f32At(collapsed + BigInt(t * d * 4), d), w.input, 1e-5, ones, `${what} input`);
+      assertClose(f32At(post + BigInt(t * n * 4), n), w.post, 1e-5, unit(n), `${what} post`);
+      const c = f32At(comb + BigInt(t * n * n * 4), n * n);
+      assertClose(c, w.comb.flatMap((r) => [...r]), 1e-5, unit(n * n), `${what} comb`);
+      for (let a = 0; a < n; a++) {
+        let col = 0;
+        for (let b = 0; b < n; b++) col += c[b * n + a];
+        assert.ok(Math.abs(col - 1) < 1e-4, `${what}: comb column ${a} sums to ${col}`);
+      }
+      const next = hyperPost(streams, Float64Array.from(y.subarray(t * d, (t + 1) * d)), w);
+      assertClose(
+        f32At(out + BigInt(t * nd * 4), nd),
+        next.flatMap((s) => [...s]),
+        1e-5,
+        new Float32Array(nd).fill(4),
+        `${what} streams`,
+      );
+      const want = hyperHead(streams, headFn, headBase, Float32Array.of(0.7), 1e-6, 1e-6);
+      assertClose(f32At(head + BigInt(t * d * 4), d), want, 1e-5, ones, `${what} head`);
+    }
   }
 });

@@ -10,7 +10,7 @@
  *
  * @module
  */
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import type { GlobalTensor, LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Json, Normaliser } from "./hf_config.ts";
 
 /** Hugging Face naming of a model_type's MoE block, relative to `model.layers.N.`. */
@@ -44,6 +44,11 @@ export interface ModelType {
   prefix?: string;
   /** Checkpoint name of the untied LM head (default `lm_head.weight`). */
   lmHead?: string;
+  /**
+   * Full checkpoint names of global tensors that do not follow the Hugging Face layout
+   * (DeepSeek's original names: `embed.weight`, `head.weight`).
+   */
+  globalNames?: Partial<Record<GlobalTensor, string>>;
 }
 
 /**

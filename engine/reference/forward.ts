@@ -7,7 +7,8 @@
  * kda.ts; MLA in the expanded form rather than the engine's absorbed form) that mixers.ts names
  * by the kind `mixerOf` gives a layer. This file is the place to start reading how a model
  * computes. Config features change the skeleton here: the SiTU gate (`glu`), a latent MoE
- * (`moe.latentDim`), and Attention Residuals (`residual`) in place of the plain stream.
+ * (`moe.latentDim`), and Attention Residuals or hyper-connections (`residual`) in place of the
+ * plain stream.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -26,6 +27,9 @@ import {
   attnRes as attnResMix,
   clampedSwiglu,
   type GluActivation,
+  hyperHead,
+  hyperPost,
+  hyperWeights,
   matvec,
   rmsNorm,
   situ,
@@ -177,47 +181,81 @@ export class ReferenceModel implements ReferenceContext {
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
     // x is the residual stream; with Attention Residuals the running sum of the current block,
-    // `blocks` holding the snapshots taken at each block start.
+    // `blocks` holding the snapshots taken at each block start; with hyper-connections `streams`
+    // are the stream copies and x is unused after the embedding.
     let x: Float64Array = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
     const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
+    const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
+    let streams: Float64Array[] = Array.from({ length: hyper?.streams ?? 0 }, () => x.slice());
+    const hyperAt = (l: number, site: "attn" | "ffn") =>
+      hyperWeights(
+        streams,
+        this.lw(l, `hc_${site}_fn`),
+        this.lw(l, `hc_${site}_base`),
+        this.lw(l, `hc_${site}_scale`),
+        hyper!.sinkhornIters,
+        eps,
+        hyper!.eps,
+        `layer ${l} hc_${site}`,
+      );
     const blocks: Float64Array[] = [];
     const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
       attnResMix([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
-      const a = attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
+      const hcAttn = hyper ? hyperAt(l, "attn") : undefined;
+      const a = hcAttn?.input ??
+        (attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x);
       const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
       const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
       const attn = REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos);
-      if (restart) x = attn;
+      if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
+      else if (restart) x = attn;
       else addInto(x, attn);
-      const m = attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
+      const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
+      const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
       const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
+      let ffn: Float64Array;
       if (cfg.layerKinds[l] === "moe") {
         const { out, experts } = this.moe(l, h2);
-        addInto(x, out);
+        ffn = out;
         routing.push(experts);
       } else {
-        addInto(
-          x,
-          swiglu(
-            this.lw(l, "ffn_gate"),
-            this.lw(l, "ffn_up"),
-            this.lw(l, "ffn_down"),
-            h2,
-            cfg.intermediateSize,
-            `layer ${l} ffn`,
-            this.act,
-          ),
+        ffn = swiglu(
+          this.lw(l, "ffn_gate"),
+          this.lw(l, "ffn_up"),
+          this.lw(l, "ffn_down"),
+          h2,
+          cfg.intermediateSize,
+          `layer ${l} ffn`,
+          this.act,
         );
         routing.push([]);
       }
+      if (hcFfn) streams = hyperPost(streams, ffn, hcFfn);
+      else addInto(x, ffn);
     }
     this.lastRouting = routing;
-    const final = attnRes
-      ? attnResMix([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
-      : x;
+    let final = x;
+    if (attnRes) {
+      final = attnResMix(
+        [...blocks, x],
+        this.w("out_res_norm"),
+        this.w("out_res_proj"),
+        eps,
+        "out_res",
+      );
+    } else if (hyper) {
+      final = hyperHead(
+        streams,
+        this.w("hc_head_fn"),
+        this.w("hc_head_base"),
+        this.w("hc_head_scale"),
+        eps,
+        hyper.eps,
+      );
+    }
     const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     return matvec(head, xn, cfg.vocabSize, d, "lm_head");
