@@ -294,6 +294,66 @@ export class Ops {
     );
   }
 
+  /** Entry `w` of a compressor into `out` (kernels/csa.c `csa_compress_f32`). */
+  csaCompress(a: {
+    rows: number;
+    rowFloats: number;
+    cOff: number;
+    zOff: number;
+    ape: number;
+    ratio: number;
+    width: number;
+    indexed: boolean;
+    w: number;
+    out: number;
+  }): void {
+    this.#k.csa_compress_f32(
+      BigInt(a.rows),
+      a.rowFloats,
+      a.cOff,
+      a.zOff,
+      BigInt(a.ape),
+      a.ratio,
+      a.width,
+      a.indexed ? 1 : 0,
+      a.w,
+      BigInt(a.out),
+    );
+  }
+
+  /** The Lightning indexer's scores of `count` keys `keyStride` floats apart. */
+  csaIndexScores(
+    q: number,
+    heads: number,
+    dim: number,
+    weights: number,
+    keys: number,
+    keyStride: number,
+    count: number,
+    scores: number,
+  ): void {
+    this.#k.csa_index_scores_f32(
+      BigInt(q),
+      heads,
+      dim,
+      BigInt(weights),
+      BigInt(keys),
+      keyStride,
+      count,
+      BigInt(scores),
+    );
+  }
+
+  /** g = silu(min(g, limit)) · clamp(u, ±limit) over n floats (DeepSeek-V4). */
+  swigluLimit(g: number, u: number, n: number, limit: number): void {
+    this.#k.swiglu_limit_f32(BigInt(g), BigInt(u), n, limit);
+  }
+
+  /** y *= a over n floats. */
+  scale(y: number, a: number, n: number): void {
+    this.#k.scale_f32(BigInt(y), a, n);
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);

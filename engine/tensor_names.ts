@@ -50,6 +50,8 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
+  const family = familyOf(cfg);
+  if (family.namesEveryTensor) return family.attentionTensors(cfg, layer)[t] ?? null;
   switch (t) {
     case "attn_norm":
       return "input_layernorm.weight";
@@ -74,7 +76,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
     default:
-      return familyOf(cfg).attentionTensors(cfg, layer)[t] ?? null;
+      return family.attentionTensors(cfg, layer)[t] ?? null;
   }
 }
 

@@ -54,6 +54,9 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
     case "router_bias":
     case "router_b":
       return { shape: [moe!.numExperts], role: "router" };
+    case "router_tid2eid":
+      // Expert ids per token id, exact in f32 (decoded from I64 and range-checked on read).
+      return { shape: [cfg.vocabSize, moe!.topK], role: "vector" };
     case "shared_gate":
     case "shared_up":
       return weight(moe!.sharedIntermediate, H);

@@ -72,6 +72,17 @@ export function decodeDtypeToF32(dtype: string, bytes: Uint8Array, what = "tenso
       for (let i = 0; i < bytes.length; i++) out[i] = FP8_E4M3_TABLE[bytes[i]];
       return out;
     }
+    case "I64": {
+      // Index tables (DeepSeek-V4's tid2eid): small non-negative integers, exact in float32.
+      if (bytes.length % 8) throw new Error(`${what}: I64 byte count ${bytes.length} not / 8`);
+      const ints = new BigInt64Array(aligned(bytes));
+      return Float32Array.from(ints, (v, i) => {
+        if (v < 0n || v >= 1n << 24n) {
+          throw new Error(`${what}: element ${i} is ${v}; expected an index in 0..2^24`);
+        }
+        return Number(v);
+      });
+    }
     default:
       throw new Error(`${what}: dtype ${dtype} cannot be decoded to float32`);
   }

@@ -86,6 +86,36 @@ export interface KdaConfig {
   fullRankOutputGate: boolean;
 }
 
+/** One layer of compressed sparse attention: its compression ratio (0: the window only). */
+export interface CsaLayer {
+  /** Tokens per compressed entry; 0 for a layer that attends to its window only. */
+  ratio: number;
+  /**
+   * true: overlapping windows (each entry mixes two windows' slots) and a Lightning indexer that
+   * keeps `indexer.topK` entries (CSA); false: disjoint windows, every entry kept (HCA).
+   */
+  indexed: boolean;
+}
+
+/**
+ * DeepSeek-V4's attention (mixer `csa`): one shared key-value head (the same vector is key and
+ * value) after a low-rank q (`qLoraRank`) with unweighted per-head q norms; RoPE on the trailing
+ * `rope.dim` dims of each head in interleaved pairs, the output rotated back; a learned sink per
+ * head; a sliding window of `window` positions; per layer, entries compressed from `ratio`
+ * tokens each (see {@link CsaLayer}), rotated with `compressRope` as are those layers' queries and
+ * keys; the output projection grouped (`oGroups` groups of heads, each to `oLoraRank`, then
+ * one projection to the hidden size).
+ */
+export interface CsaConfig {
+  qLoraRank: number;
+  oGroups: number;
+  oLoraRank: number;
+  window: number;
+  layers: CsaLayer[];
+  compressRope: RopeConfig;
+  indexer: { heads: number; headDim: number; topK: number };
+}
+
 /**
  * The residual stream of a layer skeleton. Absent: the plain stream (x += sublayer(norm(x))).
  * `attn_res`: Attention Residuals (Kimi K3, ../shared/K3.md): the stream is cut into blocks of
@@ -117,9 +147,10 @@ export interface MoeConfig {
   expertIntermediate: number;
   /**
    * softmax: Mixtral/Qwen3 (softmax over all experts, then top-k); sigmoid: DeepSeek-V3 and
-   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k).
+   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k);
+   * sqrtsoftplus: DeepSeek-V4 (sqrt(softplus(logit)), then as sigmoid).
    */
-  scoring: "softmax" | "sigmoid" | "topk_softmax";
+  scoring: "softmax" | "sigmoid" | "topk_softmax" | "sqrtsoftplus";
   /** Divide the chosen weights by their sum. */
   normTopK: boolean;
   /** Multiplies the routing weights after normalisation (DeepSeek: routed_scaling_factor). */
@@ -146,6 +177,16 @@ export interface MoeConfig {
    * (up + 1) · gate · σ(alpha · gate).
    */
   clampedSwiglu?: { limit: number; alpha: number };
+  /**
+   * DeepSeek-V4's clamp of every gated MLP (routed and shared experts): silu(min(gate, limit)) ·
+   * clamp(up, ±limit).
+   */
+  swigluLimit?: number;
+  /**
+   * DeepSeek-V4's hash routing: the first `hashLayers` layers choose their experts by the token
+   * id (layer tensor `router_tid2eid`, vocab × topK expert ids), the router only weights them.
+   */
+  hashLayers?: number;
 }
 
 /** The gpt_oss family's attention extras. */
@@ -198,6 +239,8 @@ export interface ModelConfig {
   attnScale: number;
   /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
   attention?: AttentionExtras;
+  /** DeepSeek-V4's compressed sparse attention on every layer (absent for other families). */
+  csa?: CsaConfig;
   bosId: number | null;
   eosIds: number[];
 }
@@ -239,6 +282,21 @@ export const LAYER_TENSOR_ORDER = [
   "g_b",
   "g_proj",
   "o_norm",
+  // DeepSeek-V4's compressed sparse attention (wq_a, q_a_norm, wq_b, sinks above; engine/parts/csa.ts).
+  "wkv",
+  "kv_norm",
+  "wo_a",
+  "wo_b",
+  "cmp_wkv",
+  "cmp_wgate",
+  "cmp_ape",
+  "cmp_norm",
+  "idx_wq_b",
+  "idx_weights",
+  "idx_wkv",
+  "idx_wgate",
+  "idx_ape",
+  "idx_norm",
   // Kimi K3: the attention's Attention Residual.
   "attn_res_norm",
   "attn_res_proj",
@@ -253,6 +311,7 @@ export const LAYER_TENSOR_ORDER = [
   "router",
   "router_bias",
   "router_b",
+  "router_tid2eid",
   "shared_gate",
   "shared_up",
   "shared_down",
@@ -321,13 +380,15 @@ export function expertWidth(cfg: ModelConfig): number {
 }
 
 /** The kinds of token mixer a layer may run (engine/parts/, engine/reference/mixers.ts). */
-export type MixerName = "gqa" | "mla" | "kda";
+export type MixerName = "gqa" | "mla" | "kda" | "csa";
 
 /**
  * The token mixer of layer `layer`, from the config's sections: a KDA layer where `kda.layers`
- * says so, else MLA when the model has an `mla` section, else grouped-query attention.
+ * says so, else compressed sparse attention with a `csa` section, MLA with an `mla` section,
+ * else grouped-query attention.
  */
 export function mixerOf(cfg: ModelConfig, layer: number): MixerName {
   if (cfg.kda?.layers[layer]) return "kda";
+  if (cfg.csa) return "csa";
   return cfg.mla ? "mla" : "gqa";
 }

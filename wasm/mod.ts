@@ -146,6 +146,36 @@ export interface Kernels {
     mix: Ptr,
     out: Ptr,
   ): void;
+  /**
+   * Entry w of a DeepSeek-V4 compressor from per-position rows (row_floats apart; kv projection at
+   * cOff, gate at zOff): per channel, Σ softmax(z + ape)·c over window w's slots (indexed: the
+   * previous window's first halves too). See kernels/csa.c.
+   */
+  csa_compress_f32(
+    rows: Ptr,
+    rowFloats: number,
+    cOff: number,
+    zOff: number,
+    ape: Ptr,
+    ratio: number,
+    width: number,
+    indexed: number,
+    w: number,
+    out: Ptr,
+  ): void;
+  /** scores[w] = Σ_h weights[h]·max(0, q_h · key_w) for `count` keys `keyStride` floats apart. */
+  csa_index_scores_f32(
+    q: Ptr,
+    heads: number,
+    dim: number,
+    weights: Ptr,
+    keys: Ptr,
+    keyStride: number,
+    count: number,
+    scores: Ptr,
+  ): void;
+  /** g[i] = silu(min(g[i], limit))·clamp(u[i], ±limit). */
+  swiglu_limit_f32(g: Ptr, u: Ptr, n: number, limit: number): void;
   /** y[i] += x[i]. */
   add_f32(y: Ptr, x: Ptr, n: number): void;
   /** y[i] += a·x[i] (product rounded, then sum; never fused). */
@@ -266,6 +296,9 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "hc_pre_f32",
   "hc_post_f32",
   "hc_head_f32",
+  "csa_compress_f32",
+  "csa_index_scores_f32",
+  "swiglu_limit_f32",
   "add_f32",
   "axpy_f32",
   "scale_f32",

@@ -68,6 +68,11 @@ export interface Family {
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
   /**
+   * true: {@link attentionTensors} names every tensor of a layer, the skeleton's norms, router
+   * and shared experts included (checkpoints in a model's original, non-Hugging Face naming).
+   */
+  readonly namesEveryTensor?: boolean;
+  /**
    * Checks the family's own parts of a stored config (its sections such as `mla`, and that the
    * sections of other families are absent). `where` names the manifest field.
    */

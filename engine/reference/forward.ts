@@ -30,6 +30,7 @@ import {
   hyperHead,
   hyperPost,
   hyperWeights,
+  limitedSwiglu,
   matvec,
   rmsNorm,
   situ,
@@ -114,7 +115,7 @@ export class ReferenceModel implements ReferenceContext {
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
-  /** The GLU activation of every MLP: SwiGLU, or SiTU-GLU. */
+  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU, or DeepSeek-V4's clamped SwiGLU. */
   private readonly act: GluActivation;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
@@ -123,7 +124,12 @@ export class ReferenceModel implements ReferenceContext {
     this.get = weight;
     this.invFreq = ropeInvFreq(cfg.rope);
     this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
-    this.act = cfg.glu?.kind === "situ" ? situ(cfg.glu.beta, cfg.glu.linearBeta) : SWIGLU;
+    const limit = cfg.moe?.swigluLimit;
+    this.act = cfg.glu?.kind === "situ"
+      ? situ(cfg.glu.beta, cfg.glu.linearBeta)
+      : limit !== undefined
+      ? limitedSwiglu(limit)
+      : SWIGLU;
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -218,7 +224,7 @@ export class ReferenceModel implements ReferenceContext {
       const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
       let ffn: Float64Array;
       if (cfg.layerKinds[l] === "moe") {
-        const { out, experts } = this.moe(l, h2);
+        const { out, experts } = this.moe(l, h2, token);
         ffn = out;
         routing.push(experts);
       } else {
@@ -319,14 +325,19 @@ export class ReferenceModel implements ReferenceContext {
   }
 
   /** Routed experts (plus the shared expert) of a MoE layer. */
-  private moe(l: number, h: Float64Array): { out: Float64Array; experts: number[] } {
+  private moe(l: number, h: Float64Array, token: number): { out: Float64Array; experts: number[] } {
     const moe = this.cfg.moe;
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
     const logits = matvec(this.lw(l, "router"), h, moe.numExperts, d, `layer ${l} router`);
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
-    const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
-    const route = routeReference(moe, logits, bias);
+    // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
+    const hash = l < (moe.hashLayers ?? 0);
+    const chosen = hash
+      ? Array.from(this.lw(l, "router_tid2eid").subarray(token * moe.topK, (token + 1) * moe.topK))
+      : undefined;
+    const bias = moe.selectionBias && !hash ? this.lw(l, "router_bias") : undefined;
+    const route = routeReference(moe, logits, bias, chosen);
     // A latent MoE: the experts work on a down-projection of h, and their weighted sum is
     // RMS-normed and projected back up.
     const latent = moe.latentDim;

@@ -57,6 +57,11 @@ export function sigmoid(v: number): number {
   return 1 / (1 + Math.exp(-v));
 }
 
+/** softplus(v) = ln(1 + e^v), without overflow for large v. */
+export function softplus(v: number): number {
+  return v > 0 ? v + Math.log1p(Math.exp(-v)) : Math.log1p(Math.exp(v));
+}
+
 /** Numerically stable softmax of `v[0, n)`. */
 export function softmax(v: ArrayLike<number>, n = v.length): Float64Array {
   let max = -Infinity;
@@ -97,6 +102,11 @@ export function clampedSwiglu(limit: number, alpha: number): GluActivation {
     const gc = Math.min(g, limit);
     return (Math.min(Math.max(u, -limit), limit) + 1) * gc * sigmoid(alpha * gc);
   };
+}
+
+/** DeepSeek-V4's clamped SwiGLU: silu(min(g, limit)) · clamp(u, ±limit). */
+export function limitedSwiglu(limit: number): GluActivation {
+  return (g, u) => silu(Math.min(g, limit)) * Math.min(Math.max(u, -limit), limit);
 }
 
 /**
