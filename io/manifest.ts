@@ -200,7 +200,9 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
-    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
+    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax", "sqrtsoftplus"], w("moe.scoring"));
+    if (m.swigluLimit !== undefined) num(m.swigluLimit, w("moe.swigluLimit"));
+    if (m.hashLayers !== undefined) int(m.hashLayers, w("moe.hashLayers"), 0, numLayers);
     for (const k of ["routerLogitBias", "expertBias"]) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
