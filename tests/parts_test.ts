@@ -80,8 +80,47 @@ const KDA_CFG = {
   attnScale: MLA_CFG.attnScale,
 } as const;
 
+/** DeepSeek-V4's attention on one layer of compression `layer` (window 3, rotary dims 6). */
+function csaConfig(layer: { ratio: number; indexed: boolean }): ModelConfig {
+  return config({
+    family: "deepseek_v4",
+    modelType: "deepseek_v4",
+    numHeads: 3,
+    numKvHeads: 1,
+    headDim: 18,
+    rope: { theta: 10000, layout: "interleaved", dim: 6, scaling: { type: "none" } },
+    csa: {
+      qLoraRank: 20,
+      oGroups: 3,
+      oLoraRank: 7,
+      window: 3,
+      layers: [layer],
+      compressRope: {
+        theta: 1000,
+        layout: "interleaved",
+        dim: 6,
+        scaling: {
+          type: "yarn",
+          factor: 4,
+          originalMaxPositions: 16,
+          betaFast: 32,
+          betaSlow: 1,
+          mscale: 1,
+          mscaleAllDim: 1,
+        },
+      },
+      // Top-1 of the entries: from position 5 on the indexer chooses between two.
+      indexer: { heads: 5, headDim: 10, topK: 1 },
+    },
+    attnScale: 1 / Math.sqrt(18),
+  });
+}
+
 /** Every mixer kind, at sizes no kernel is tuned for, with its features on. */
 const CASES: [string, ModelConfig][] = [
+  ["csa with a window of 3 only", csaConfig({ ratio: 0, indexed: false })],
+  ["csa with overlapping entries of 3 and an indexer", csaConfig({ ratio: 3, indexed: true })],
+  ["csa with heavy entries of 2", csaConfig({ ratio: 2, indexed: false })],
   ["gqa with q/k norm, biases and partial RoPE", config({ qkNorm: true, attentionBias: true })],
   [
     "gqa with sinks, o bias and a window of 3",

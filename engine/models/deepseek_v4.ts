@@ -179,12 +179,6 @@ export const DEEPSEEK_V4_NAMING: MoeNaming = {
 const LAYER_NAMES: Partial<Record<LayerTensor, string>> = {
   attn_norm: "attn_norm.weight",
   ffn_norm: "ffn_norm.weight",
-  hc_attn_fn: "hc_attn_fn",
-  hc_attn_base: "hc_attn_base",
-  hc_attn_scale: "hc_attn_scale",
-  hc_ffn_fn: "hc_ffn_fn",
-  hc_ffn_base: "hc_ffn_base",
-  hc_ffn_scale: "hc_ffn_scale",
   wq_a: "attn.wq_a.weight",
   q_a_norm: "attn.q_norm.weight",
   wq_b: "attn.wq_b.weight",
@@ -193,10 +187,24 @@ const LAYER_NAMES: Partial<Record<LayerTensor, string>> = {
   wo_a: "attn.wo_a.weight",
   wo_b: "attn.wo_b.weight",
   sinks: "attn.attn_sink",
+};
+
+/** A MoE layer's router and shared expert (every DeepSeek-V4 layer is one). */
+const FFN_NAMES: Partial<Record<LayerTensor, string>> = {
   router: "ffn.gate.weight",
   shared_gate: "ffn.shared_experts.w1.weight",
   shared_up: "ffn.shared_experts.w3.weight",
   shared_down: "ffn.shared_experts.w2.weight",
+};
+
+/** The hyper-connections' weights before each sublayer. */
+const HYPER_NAMES: Partial<Record<LayerTensor, string>> = {
+  hc_attn_fn: "hc_attn_fn",
+  hc_attn_base: "hc_attn_base",
+  hc_attn_scale: "hc_attn_scale",
+  hc_ffn_fn: "hc_ffn_fn",
+  hc_ffn_base: "hc_ffn_base",
+  hc_ffn_scale: "hc_ffn_scale",
 };
 
 /** A compressed layer's compressor, and a CSA layer's indexer. */
@@ -222,9 +230,16 @@ export function deepseekV4LayerNames(
 ): Partial<Record<LayerTensor, string>> {
   const l = cfg.csa!.layers[layer];
   const hash = layer < (cfg.moe?.hashLayers ?? 0);
+  const moe = cfg.layerKinds[layer] === "moe";
   return {
     ...LAYER_NAMES,
-    ...(hash ? { router_tid2eid: "ffn.gate.tid2eid" } : { router_bias: "ffn.gate.bias" }),
+    ...(cfg.residual?.kind === "hyper" ? HYPER_NAMES : {}),
+    ...(moe ? FFN_NAMES : {}),
+    ...(!moe
+      ? {}
+      : hash
+      ? { router_tid2eid: "ffn.gate.tid2eid" }
+      : { router_bias: "ffn.gate.bias" }),
     ...(l.ratio ? COMPRESSOR_NAMES : {}),
     ...(l.indexed ? INDEXER_NAMES : {}),
   };
