@@ -26,6 +26,8 @@ export const DTYPE_BYTES = {
   BF16: 2,
   F8_E4M3: 1,
   F8_E5M2: 1,
+  // Power-of-two scales (DeepSeek-V4's per-32 FP4 and 128×128 FP8 block scales).
+  F8_E8M0: 1,
   I64: 8,
   U64: 8,
   I32: 4,

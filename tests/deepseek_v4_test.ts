@@ -6,13 +6,19 @@
  * token-by-token runs; placements give bit-identical logits.
  */
 import assert from "node:assert/strict";
+import { findMatrix } from "../engine/checkpoint_matrix.ts";
 import { normalizeConfig } from "../engine/config.ts";
+import { openContainer } from "../engine/container.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import { loadSession, saveSession } from "../engine/session_state.ts";
+import { hfExpertName } from "../engine/tensor_names.ts";
+import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
+import { readExpertRecord } from "../io/container.ts";
+import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import {
   decodeAgainstReference,
   fixtureDir,
@@ -22,6 +28,7 @@ import {
 } from "./fixtures.ts";
 
 const V4 = "tiny-deepseek-v4";
+const V4_FP8 = "tiny-deepseek-v4-fp8";
 /** README "Known answer": "Once upon a time" and its first 20 greedy ids. */
 const PROMPT = [1, 403, 407, 261, 378];
 const KNOWN = [
@@ -45,6 +52,30 @@ const KNOWN = [
   292,
   450,
   314,
+];
+
+/** README "tiny-deepseek-v4-fp8 … Known answer": a different function, the same prompt. */
+const KNOWN_FP8 = [
+  465,
+  428,
+  426,
+  312,
+  469,
+  287,
+  485,
+  343,
+  287,
+  293,
+  378,
+  13,
+  340,
+  388,
+  428,
+  340,
+  367,
+  325,
+  372,
+  325,
 ];
 
 function configOf(name: string): Record<string, unknown> {
@@ -252,6 +283,92 @@ Deno.test({
     } finally {
       warm.close();
       cold.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 FP8/FP4 release storage: known answer, 1e-4 of the reference on its decode",
+  ignore: !hasFixture(V4_FP8),
+  async fn() {
+    const dir = await packedFixture(V4_FP8);
+    assert.deepEqual(
+      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }),
+      KNOWN_FP8,
+    );
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4_FP8));
+    const model = await Model.open(dir, { quiet: true, ctx: 256 });
+    try {
+      const worst = decodeAgainstReference(
+        model,
+        new ReferenceModel(cfg, weight),
+        PROMPT,
+        40,
+        V4_FP8,
+      );
+      assert.ok(worst < 1e-4, `logits differ by ${worst} relative`);
+    } finally {
+      model.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 pack: FP4 experts keep the shipped bytes as mxfp4, FP8 stays FP8",
+  ignore: !hasFixture(V4_FP8),
+  async fn() {
+    const c = openContainer(await packedFixture(V4_FP8));
+    const ckpt = openCheckpoint(fixtureDir(V4_FP8));
+    try {
+      const cfg = c.config;
+      for (const [layer, expert] of [[0, 0], [3, 7], [5, 15]]) {
+        const bank = c.manifest.experts[layer]!;
+        assert.equal(bank.format, "mxfp4");
+        assert.equal(bank.activations, "f32", "shipped FP4 multiplies f32 activations");
+        const { record } = readExpertRecord(c, layer, expert);
+        for (const m of ["gate", "up", "down"] as const) {
+          const name = hfExpertName(cfg, layer, expert, m);
+          const e = bank.matrices[m];
+          assert.deepEqual(record.subarray(e.offset, e.offset + e.bytes), ckpt.read(name), name);
+          const scale = name.replace(/\.weight$/, ".scale");
+          assert.deepEqual(
+            record.subarray(e.scale!.offset, e.scale!.offset + e.scale!.bytes),
+            ckpt.read(scale),
+            scale,
+          );
+        }
+      }
+      assert.equal(c.manifest.trunk.layers[2].tensors.wq_b.dtype, "f8_e4m3");
+    } finally {
+      ckpt.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 storage refusals name the tensor: a missing .scale, an E8M0 NaN scale",
+  ignore: !hasFixture(V4_FP8),
+  fn() {
+    const real = openCheckpoint(fixtureDir(V4_FP8));
+    try {
+      const w1 = "layers.3.ffn.experts.0.w1.weight", s1 = "layers.3.ffn.experts.0.w1.scale";
+      const without = (name: string): Checkpoint => {
+        const tensors = new Map(real.tensors);
+        tensors.delete(name);
+        return { ...real, tensors };
+      };
+      assert.throws(() => findMatrix(without(s1), w1, "expert"), new RegExp(w1));
+      const wq = "layers.0.attn.wq_a.weight";
+      assert.throws(
+        () => readF32(without("layers.0.attn.wq_a.scale"), wq),
+        /layers\.0\.attn\.wq_a\.weight.*layers\.0\.attn\.wq_a\.scale/,
+      );
+      assert.throws(
+        () => decodeDtypeToF32("F8_E8M0", Uint8Array.of(127, 0xff), `tensor ${s1}`),
+        new RegExp(`${s1.replaceAll(".", "\\.")}: element 1 is the E8M0 NaN code`),
+      );
+    } finally {
+      real.close();
     }
   },
 });
