@@ -17,6 +17,8 @@ import {
   attnResRef,
   axpyRef,
   bf16ToF32,
+  csaCompressRef,
+  csaIndexScoresRef,
   expRef,
   f16ToF32,
   gemmRef,
@@ -31,6 +33,7 @@ import {
   situMulRef,
   softmaxRef,
   swigluClampedRef,
+  swigluLimitRef,
   topkRef,
   type Weights,
 } from "./scalar_kernels.ts";
@@ -729,5 +732,69 @@ Deno.test("hc_pre/hc_post/hc_head match the float64 hyper-connection reference a
       const want = hyperHead(streams, headFn, headBase, Float32Array.of(0.7), 1e-6, 1e-6);
       assertClose(f32At(head + BigInt(t * d * 4), d), want, 1e-5, ones, `${what} head`);
     }
+  }
+});
+
+Deno.test("swiglu_limit_f32 matches the reference at odd lengths, clamps included", () => {
+  for (const n of [1, 7, 37]) {
+    reset();
+    const g = randomF32(n, n, -20, 20), u = randomF32(n, n + 1, -20, 20);
+    const pg = putF32(g);
+    k.swiglu_limit_f32(pg, putF32(u), n, 10);
+    const want = swigluLimitRef(g, u, 10);
+    assertClose(f32At(pg, n), want, 2e-6, relScale(want, 1e-3), `swiglu_limit n=${n}`);
+  }
+});
+
+Deno.test("csa_compress_f32 matches the reference: HCA and overlapping CSA windows, odd widths", () => {
+  for (
+    const [ratio, width, indexed] of [[3, 5, true], [4, 17, true], [2, 9, false], [
+      5,
+      3,
+      false,
+    ]] as const
+  ) {
+    reset();
+    const span = indexed ? 2 * width : width, cOff = 3, zOff = cOff + span;
+    const rowFloats = zOff + span + 2, positions = 3 * ratio;
+    const rows = randomF32(positions * rowFloats, ratio * 31 + width, -3, 3);
+    const ape = randomF32(ratio * span, width, -1, 1);
+    const pr = putF32(rows), pa = putF32(ape), out = alloc(width * 4);
+    for (let w = 0; w < 3; w++) {
+      k.csa_compress_f32(pr, rowFloats, cOff, zOff, pa, ratio, width, indexed ? 1 : 0, w, out);
+      const want = csaCompressRef(
+        (p, ch) => rows[p * rowFloats + cOff + ch],
+        (p, ch) => rows[p * rowFloats + zOff + ch],
+        ape,
+        ratio,
+        width,
+        indexed,
+        w,
+      );
+      assertClose(f32At(out, width), want, 1e-5, new Float32Array(width).fill(3), `w=${w}`);
+    }
+  }
+});
+
+Deno.test("csa_index_scores_f32 matches the reference with strided keys", () => {
+  for (const [heads, dim, count] of [[1, 3, 1], [5, 10, 4], [7, 33, 9]]) {
+    reset();
+    const stride = dim + 5;
+    const q = randomF32(heads * dim, heads, -1, 1), wts = randomF32(heads, dim, -1, 1);
+    const keysAll = randomF32(count * stride, count, -1, 1);
+    const keys = Array.from(
+      { length: count },
+      (_, w) => keysAll.slice(w * stride, w * stride + dim),
+    );
+    const out = alloc(count * 4);
+    k.csa_index_scores_f32(putF32(q), heads, dim, putF32(wts), putF32(keysAll), stride, count, out);
+    const want = csaIndexScoresRef(q, heads, wts, keys);
+    assertClose(
+      f32At(out, count),
+      want,
+      1e-5,
+      new Float32Array(count).fill(heads * dim),
+      `h=${heads}`,
+    );
   }
 });
