@@ -210,33 +210,36 @@ async function logitsOf(path: string, opts: RunOptions, tokens: number[], prompt
   }
 }
 
-Deno.test({
-  name: "DeepSeek-V4 engine: bit-identical logits across placements, chunks and threads",
-  ignore: !hasFixture(V4),
-  async fn() {
-    const path = await packedFixture(V4);
-    const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {})];
-    const base = await logitsOf(path, { prefillChunk: 1, threads: 2 }, tokens, tokens.length);
-    const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
-    const floor = probe.plan.floor;
-    probe.close();
-    const settings: [string, RunOptions, number][] = [
-      ["prefill chunk 64", { prefillChunk: 64 }, 133],
-      ["prefill chunk 7", { prefillChunk: 7 }, 130],
-      ["budget = floor", { budget: floor, prefillChunk: 1 }, 20],
-      ["1 thread", { threads: 1 }, 20],
-      ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }, 20],
-      ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }, 20],
-    ];
-    for (const [what, opts, prompt] of settings) {
-      assert.deepEqual(
-        await logitsOf(path, opts, tokens, prompt),
-        base,
-        `${what} changed the logits`,
-      );
-    }
-  },
-});
+for (const name of [V4, V4_FP8]) {
+  Deno.test({
+    name:
+      `DeepSeek-V4 engine: bit-identical logits across placements, chunks and threads (${name})`,
+    ignore: !hasFixture(name),
+    async fn() {
+      const path = await packedFixture(name);
+      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {})];
+      const base = await logitsOf(path, { prefillChunk: 1, threads: 2 }, tokens, tokens.length);
+      const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
+      const floor = probe.plan.floor;
+      probe.close();
+      const settings: [string, RunOptions, number][] = [
+        ["prefill chunk 64", { prefillChunk: 64 }, 133],
+        ["prefill chunk 7", { prefillChunk: 7 }, 130],
+        ["budget = floor", { budget: floor, prefillChunk: 1 }, 20],
+        ["1 thread", { threads: 1 }, 20],
+        ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }, 20],
+        ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }, 20],
+      ];
+      for (const [what, opts, prompt] of settings) {
+        assert.deepEqual(
+          await logitsOf(path, opts, tokens, prompt),
+          base,
+          `${what} changed the logits`,
+        );
+      }
+    },
+  });
+}
 
 Deno.test({
   name: "DeepSeek-V4 prompt cache and saved sessions: the same tokens as cold runs",
