@@ -127,6 +127,11 @@ Deno.test({
       () => normalizeConfig({ ...base, num_key_value_heads: 2 }),
       /num_key_value_heads/,
     );
+    // Keys transformers defaults: absent, they take its defaults; set otherwise, refused.
+    const { num_hash_layers: _h, attention_bias: _a, topk_method: _t, ...bare } = base;
+    assert.equal(normalizeConfig(bare).moe!.hashLayers, 3);
+    assert.throws(() => normalizeConfig({ ...base, attention_bias: true }), /attention_bias/);
+    assert.throws(() => normalizeConfig({ ...base, topk_method: "greedy" }), /topk_method/);
   },
 });
 

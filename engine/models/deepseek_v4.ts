@@ -45,12 +45,14 @@ export const normaliseDeepseekV4: Normaliser = (f, mt) => {
     }
   }
   requireSilu(f);
-  f.exactly("topk_method", "noaux_tc");
-  f.exactly("norm_topk_prob", true);
-  f.exactly("attention_bias", false);
+  // transformers' DeepseekV4Config defaults these (its router always renormalises); a config
+  // that sets another value asks for a model sluice does not run.
+  for (const [key, want] of [["topk_method", "noaux_tc"], ["attention_bias", false]] as const) {
+    if (f.has(key)) f.exactly(key, want);
+  }
   const numLayers = f.int("num_hidden_layers", { min: 1, max: MAX_LAYERS });
   const numHeads = f.int("num_attention_heads", { min: 1 });
-  f.exactly("num_key_value_heads", 1);
+  if (f.has("num_key_value_heads")) f.exactly("num_key_value_heads", 1);
   const headDim = f.int("head_dim", { min: 1 });
   const ropeDim = f.int("qk_rope_head_dim", { min: 2, max: headDim });
   if (ropeDim % 2) throw new Error(`${f.where}: qk_rope_head_dim ${ropeDim} must be even`);
@@ -87,7 +89,8 @@ export const normaliseDeepseekV4: Normaliser = (f, mt) => {
   const topK = f.int("num_experts_per_tok", { min: 1 });
   checkTopK(f, numExperts, topK);
   const inter = f.int("moe_intermediate_size", { min: 1 });
-  const hashLayers = f.int("num_hash_layers", { def: 0, min: 0, max: numLayers });
+  // transformers' default_num_hash_layers.
+  const hashLayers = f.int("num_hash_layers", { def: 3, min: 0, max: numLayers });
   const scaling = new Fields(f.obj("rope_scaling").src as Json, `${f.where} rope_scaling`);
   const yarnType = scaling.str("type", scaling.has("rope_type") ? scaling.str("rope_type") : "");
   if (yarnType !== "yarn") {
