@@ -17,7 +17,12 @@ import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
 import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
 import { hfExpertName, hfFusedExpertSlice } from "./tensor_names.ts";
-import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
+import {
+  companionScaleName,
+  decodeDtypeToF32,
+  readExpertRows,
+  readF32,
+} from "../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
@@ -89,6 +94,11 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
         `${plain.file}: tensor ${plain.name} has shape [${plain.shape}], expected 2-D`,
       );
     }
+    const own = companionScaleName(name);
+    // DeepSeek-V4's FP4 experts: e2m1 pairs in I8 with E8M0 scales per 32 inputs in `.scale`.
+    if (plain.dtype === "I8" && own !== null) {
+      return mxfp4Source(name, what, plain, ckpt.tensors.get(own), `${plain.file}: tensor ${name}`);
+    }
     const [rows, cols] = plain.shape;
     return { name, what, file: plain.file, rows, cols, dtype: plain.dtype, plain };
   }
@@ -140,17 +150,18 @@ function mxfp4Source(
   scale: TensorInfo | undefined,
   at: string,
 ): SourceMatrix {
-  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs ${name}_scale`);
+  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs its scale tensor`);
   if (packed.shape.length !== 2 || (packed.shape[1] * 2) % 32 !== 0) {
     throw new Error(
       `${at}: expected U8 [rows, cols/2] with cols a multiple of 32, got [${packed.shape}]`,
     );
   }
   const [rows, cols] = [packed.shape[0], packed.shape[1] * 2];
-  if (scale.dtype !== "U8" || String(scale.shape) !== String([rows, cols / 32])) {
+  const e8m0 = scale.dtype === "U8" || scale.dtype === "F8_E8M0";
+  if (!e8m0 || String(scale.shape) !== String([rows, cols / 32])) {
     throw new Error(
-      `${scale.file}: tensor ${scale.name}: expected U8 [${rows}, ${cols / 32}] (E8M0, group ` +
-        `32), got ${scale.dtype} [${scale.shape}]`,
+      `${scale.file}: tensor ${scale.name}: expected U8 or F8_E8M0 [${rows}, ${cols / 32}] ` +
+        `(E8M0, group 32), got ${scale.dtype} [${scale.shape}]`,
     );
   }
   return {

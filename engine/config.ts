@@ -13,6 +13,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { ModelConfig } from "../io/model_config.ts";
 import { Fields, type Json } from "./models/hf_config.ts";
+import { REFUSED_ARCHITECTURES } from "./models/deepseek_v4.ts";
 import { MODEL_TYPES } from "./models/mod.ts";
 import { checkConfigBounds } from "./tensor_shapes.ts";
 
@@ -37,6 +38,11 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
     return dispatch(inner, `${where} text_config`);
   }
   const archs = Array.isArray(hf.architectures) ? hf.architectures : [];
+  for (const a of archs) {
+    if (typeof a === "string" && Object.hasOwn(REFUSED_ARCHITECTURES, a)) {
+      throw new Error(`${where}: architectures: ${REFUSED_ARCHITECTURES[a]}`);
+    }
+  }
   for (const a of archs) {
     const known = Object.entries(MODEL_TYPES).find(([, t]) => t.architectures.includes(a));
     if (typeof a === "string" && known && mt === undefined) {

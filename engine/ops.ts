@@ -198,6 +198,156 @@ export class Ops {
     );
   }
 
+  /**
+   * Hyper-connection weights before a sublayer for `tokens` tokens of `n` streams (see
+   * kernels/hyper.c): the collapsed input, post and the Sinkhorn-normalised comb.
+   */
+  hcPre(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    iters: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    collapsed: number;
+    post: number;
+    comb: number;
+  }): void {
+    this.#k.hc_pre_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      BigInt(a.scale),
+      a.iters,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.collapsed),
+      BigInt(a.post),
+      BigInt(a.comb),
+    );
+  }
+
+  /** out_k = post_k·y + Σ_j comb[j][k]·x_j for `tokens` tokens of `n` streams of `d` floats. */
+  hcPost(
+    x: number,
+    y: number,
+    post: number,
+    comb: number,
+    out: number,
+    tokens: number,
+    n: number,
+    d: number,
+  ): void {
+    this.#k.hc_post_f32(
+      BigInt(x),
+      BigInt(y),
+      BigInt(post),
+      BigInt(comb),
+      BigInt(out),
+      tokens,
+      n,
+      d,
+    );
+  }
+
+  /** The hyper head's collapse of `tokens` tokens of `n` streams into `out`. */
+  hcHead(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    out: number;
+  }): void {
+    this.#k.hc_head_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      a.scale,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.out),
+    );
+  }
+
+  /** Entry `w` of a compressor into `out` (kernels/csa.c `csa_compress_f32`). */
+  csaCompress(a: {
+    rows: number;
+    rowFloats: number;
+    cOff: number;
+    zOff: number;
+    ape: number;
+    ratio: number;
+    width: number;
+    indexed: boolean;
+    w: number;
+    out: number;
+  }): void {
+    this.#k.csa_compress_f32(
+      BigInt(a.rows),
+      a.rowFloats,
+      a.cOff,
+      a.zOff,
+      BigInt(a.ape),
+      a.ratio,
+      a.width,
+      a.indexed ? 1 : 0,
+      a.w,
+      BigInt(a.out),
+    );
+  }
+
+  /** The Lightning indexer's scores of `count` keys `keyStride` floats apart. */
+  csaIndexScores(
+    q: number,
+    heads: number,
+    dim: number,
+    weights: number,
+    keys: number,
+    keyStride: number,
+    count: number,
+    scores: number,
+  ): void {
+    this.#k.csa_index_scores_f32(
+      BigInt(q),
+      heads,
+      dim,
+      BigInt(weights),
+      BigInt(keys),
+      keyStride,
+      count,
+      BigInt(scores),
+    );
+  }
+
+  /** g = silu(min(g, limit)) · clamp(u, ±limit) over n floats (DeepSeek-V4). */
+  swigluLimit(g: number, u: number, n: number, limit: number): void {
+    this.#k.swiglu_limit_f32(BigInt(g), BigInt(u), n, limit);
+  }
+
+  /** y *= a over n floats. */
+  scale(y: number, a: number, n: number): void {
+    this.#k.scale_f32(BigInt(y), a, n);
+  }
+
   /** y += x over n floats. */
   add(y: number, x: number, n: number): void {
     this.#k.add_f32(BigInt(y), BigInt(x), n);

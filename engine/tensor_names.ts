@@ -25,6 +25,8 @@ function checkLayer(cfg: ModelConfig, layer: number): void {
 export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
   const type = modelTypeOf(cfg);
   const prefix = type.prefix ?? "model.";
+  const own = type.globalNames?.[t];
+  if (own !== undefined) return t === "lm_head" && cfg.tieWordEmbeddings ? null : own;
   switch (t) {
     case "embed":
       return `${prefix}embed_tokens.weight`;
@@ -36,6 +38,10 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
       return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_norm.weight` : null;
     case "out_res_proj":
       return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_proj.weight` : null;
+    case "hc_head_fn":
+    case "hc_head_base":
+    case "hc_head_scale":
+      return cfg.residual?.kind === "hyper" ? `${prefix}${t}` : null;
   }
 }
 
@@ -44,6 +50,8 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
+  const family = familyOf(cfg);
+  if (family.namesEveryTensor) return family.attentionTensors(cfg, layer)[t] ?? null;
   switch (t) {
     case "attn_norm":
       return "input_layernorm.weight";
@@ -68,7 +76,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
     default:
-      return familyOf(cfg).attentionTensors(cfg, layer)[t] ?? null;
+      return family.attentionTensors(cfg, layer)[t] ?? null;
   }
 }
 

@@ -54,6 +54,9 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
     case "router_bias":
     case "router_b":
       return { shape: [moe!.numExperts], role: "router" };
+    case "router_tid2eid":
+      // Expert ids per token id, exact in f32 (decoded from I64 and range-checked on read).
+      return { shape: [cfg.vocabSize, moe!.topK], role: "vector" };
     case "shared_gate":
     case "shared_up":
       return weight(moe!.sharedIntermediate, H);
@@ -159,8 +162,24 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     }
   }
   const residual = cfg.residual;
-  if (residual && (!Number.isSafeInteger(residual.blockSize) || residual.blockSize < 1)) {
+  if (
+    residual?.kind === "attn_res" &&
+    (!Number.isSafeInteger(residual.blockSize) || residual.blockSize < 1)
+  ) {
     fail(`attn_res_block_size ${residual.blockSize} must be a whole number ≥ 1`);
+  }
+  if (residual?.kind === "hyper") {
+    if (!Number.isSafeInteger(residual.streams) || residual.streams < 1 || residual.streams > 64) {
+      fail(`hc_mult ${residual.streams} must be a whole number in 1..64`);
+    }
+    if (
+      !Number.isSafeInteger(residual.sinkhornIters) || residual.sinkhornIters < 1 ||
+      residual.sinkhornIters > 1000
+    ) {
+      fail(`hc_sinkhorn_iters ${residual.sinkhornIters} must be a whole number in 1..1000`);
+    }
+    // Sinkhorn divides by sums + eps; a sum can be 0 only in the limit, eps keeps it finite.
+    if (!(residual.eps >= 0 && residual.eps < 1)) fail(`hc_eps ${residual.eps} must be in [0, 1)`);
   }
   if (cfg.glu?.kind === "situ") {
     const caps: [string, number][] = [

@@ -124,7 +124,7 @@ export class Transformer {
       this.#mixers.forward(layer, lw, h, tmp, nb, pos);
       stream.add("mixer", layer, tmp, nb);
       ops.rmsnorm(stream.input("ffn", layer, lw, nb), lw.get("ffn_norm").ptr, h, d, nb, eps);
-      this.#ffn.forward(layer, lw, h, tmp, nb, pos);
+      this.#ffn.forward(layer, lw, h, tmp, nb, pos, tokens);
       stream.add("ffn", layer, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);

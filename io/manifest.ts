@@ -200,7 +200,9 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
-    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
+    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax", "sqrtsoftplus"], w("moe.scoring"));
+    if (m.swigluLimit !== undefined) num(m.swigluLimit, w("moe.swigluLimit"));
+    if (m.hashLayers !== undefined) int(m.hashLayers, w("moe.hashLayers"), 0, numLayers);
     for (const k of ["routerLogitBias", "expertBias"]) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
@@ -221,8 +223,13 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.residual !== undefined) {
     const r = obj(c.residual, w("residual"));
-    oneOf(r.kind, ["attn_res"], w("residual.kind"));
-    int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    oneOf(r.kind, ["attn_res", "hyper"], w("residual.kind"));
+    if (r.kind === "attn_res") int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    else {
+      int(r.streams, w("residual.streams"), 1, 64);
+      int(r.sinkhornIters, w("residual.sinkhornIters"), 1, 1000);
+      num(r.eps, w("residual.eps"));
+    }
   }
   if (c.glu !== undefined) {
     const g = obj(c.glu, w("glu"));

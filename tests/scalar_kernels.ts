@@ -380,3 +380,57 @@ export function attnResRef(
   });
   return Float32Array.from(out);
 }
+
+/** DeepSeek-V4's clamped SwiGLU: silu(min(g, limit)) · clamp(u, ±limit) (swiglu_limit_f32). */
+export function swigluLimitRef(g: Float32Array, u: Float32Array, limit: number): Float32Array {
+  return Float32Array.from(g, (v, i) => {
+    const gate = Math.min(v, limit);
+    return gate / (1 + Math.exp(-gate)) * Math.min(Math.max(u[i], -limit), limit);
+  });
+}
+
+/**
+ * Entry w of a DeepSeek-V4 compressor (csa_compress_f32): `c(p, ch)` and `z(p, ch)` are position
+ * p's kv and gate projections; the slots are window w's positions (indexed: after the previous
+ * window's, whose first halves they read), softmax per channel of z + ape over the slots.
+ */
+export function csaCompressRef(
+  c: (p: number, ch: number) => number,
+  z: (p: number, ch: number) => number,
+  ape: Float32Array,
+  ratio: number,
+  width: number,
+  indexed: boolean,
+  w: number,
+): Float32Array {
+  const span = indexed ? 2 * width : width;
+  const slots: [number, number][] = [];
+  if (indexed && w > 0) { for (let j = 0; j < ratio; j++) slots.push([(w - 1) * ratio + j, 0]); }
+  for (let j = 0; j < ratio; j++) slots.push([w * ratio + j, indexed ? width : 0]);
+  return Float32Array.from({ length: width }, (_, i) => {
+    const logit = slots.map(([p, o]) => z(p, o + i) + ape[(p % ratio) * span + o + i]);
+    const max = Math.max(...logit);
+    const e = logit.map((v) => Math.exp(v - max));
+    const sum = e.reduce((a, b) => a + b, 0);
+    return slots.reduce((acc, [p, o], s) => acc + (e[s] / sum) * c(p, o + i), 0);
+  });
+}
+
+/** The Lightning indexer's scores (csa_index_scores_f32): Σ_h weight_h · max(0, q_h · key). */
+export function csaIndexScoresRef(
+  q: Float32Array,
+  heads: number,
+  weights: Float32Array,
+  keys: Float32Array[],
+): Float32Array {
+  const dim = q.length / heads;
+  return Float32Array.from(keys, (k) => {
+    let s = 0;
+    for (let h = 0; h < heads; h++) {
+      let d = 0;
+      for (let j = 0; j < dim; j++) d += q[h * dim + j] * k[j];
+      s += weights[h] * Math.max(0, d);
+    }
+    return s;
+  });
+}

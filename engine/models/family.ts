@@ -10,7 +10,7 @@
  *
  * @module
  */
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import type { GlobalTensor, LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Json, Normaliser } from "./hf_config.ts";
 
 /** Hugging Face naming of a model_type's MoE block, relative to `model.layers.N.`. */
@@ -44,6 +44,11 @@ export interface ModelType {
   prefix?: string;
   /** Checkpoint name of the untied LM head (default `lm_head.weight`). */
   lmHead?: string;
+  /**
+   * Full checkpoint names of global tensors that do not follow the Hugging Face layout
+   * (DeepSeek's original names: `embed.weight`, `head.weight`).
+   */
+  globalNames?: Partial<Record<GlobalTensor, string>>;
 }
 
 /**
@@ -62,6 +67,11 @@ export interface Family {
    * model_type's {@link MoeNaming}). A hybrid returns each layer kind's own set.
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
+  /**
+   * true: {@link attentionTensors} names every tensor of a layer, the skeleton's norms, router
+   * and shared experts included (checkpoints in a model's original, non-Hugging Face naming).
+   */
+  readonly namesEveryTensor?: boolean;
   /**
    * Checks the family's own parts of a stored config (its sections such as `mla`, and that the
    * sections of other families are absent). `where` names the manifest field.

@@ -8,6 +8,7 @@
  */
 import type { ModelConfig } from "../../io/model_config.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
+import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
@@ -26,6 +27,7 @@ import {
 export const FAMILIES: Readonly<Record<string, Family>> = {
   llama: LLAMA,
   deepseek_v3: DEEPSEEK_V3,
+  deepseek_v4: DEEPSEEK_V4,
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
@@ -60,6 +62,16 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseDeepseekV3,
     naming: MLP_NAMING,
     architectures: ["DeepseekV3ForCausalLM"],
+  },
+  // DeepSeek-V4 ships its original tensor names (no `model.` prefix, `embed`, `head`).
+  deepseek_v4: {
+    family: DEEPSEEK_V4,
+    normalise: normaliseDeepseekV4,
+    naming: DEEPSEEK_V4_NAMING,
+    architectures: ["DeepseekV4ForCausalLM"],
+    prefix: "",
+    lmHead: "head.weight",
+    globalNames: { embed: "embed.weight", lm_head: "head.weight" },
   },
   glm4_moe: {
     family: LLAMA,

@@ -16,9 +16,15 @@ import type { LayerWeights } from "../weights.ts";
 import type { ResidualPart, ResidualStream } from "./residual.ts";
 import { regionBytes } from "./scratch.ts";
 
+/** Layers per block of the config's Attention Residuals. */
+function blockSize(cfg: ModelConfig): number {
+  if (cfg.residual?.kind !== "attn_res") throw new Error("the config has no Attention Residuals");
+  return cfg.residual.blockSize;
+}
+
 /** Snapshots at every layer L with L % blockSize = 0. */
 function blockCount(cfg: ModelConfig): number {
-  return Math.ceil(cfg.numLayers / cfg.residual!.blockSize);
+  return Math.ceil(cfg.numLayers / blockSize(cfg));
 }
 
 /** Bytes of each region, in allocation order: x, snapshots, mixed input, scores. */
@@ -92,7 +98,7 @@ class AttnResStream implements ResidualStream {
     const input = this.#taken > 0
       ? this.#mix(this.#taken, lw.get("attn_res_norm"), lw.get("attn_res_proj"), 0, nb)
       : this.x;
-    this.#restart = layer % this.#cfg.residual!.blockSize === 0;
+    this.#restart = layer % blockSize(this.#cfg) === 0;
     if (this.#restart) {
       this.#ops.copy(this.#blocks + this.#taken * this.#maxBatch * d * 4, this.x, nb * d);
       this.#taken++;

@@ -113,7 +113,9 @@ export class FeedForward {
   /** g = act(g) · u over n floats: SiLU, or SiTU with `glu`. */
   #activate(g: number, u: number, n: number): void {
     const glu = this.#cfg.glu;
+    const limit = this.#cfg.moe?.swigluLimit;
     if (glu?.kind === "situ") this.#ops.situMul(g, u, n, glu.beta, glu.linearBeta);
+    else if (limit !== undefined) this.#ops.swigluLimit(g, u, n, limit);
     else this.#ops.siluMul(g, u, n);
   }
 
@@ -222,9 +224,20 @@ export class FeedForward {
     if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
   }
 
-  /** out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos... */
-  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
-    if (this.#cfg.layerKinds[layer] === "moe") this.moe(layer, lw, h, out, nb, pos);
+  /**
+   * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos..; `tokens` are
+   * their ids (hash-routed layers choose experts by them).
+   */
+  forward(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    nb: number,
+    pos: number,
+    tokens: readonly number[],
+  ): void {
+    if (this.#cfg.layerKinds[layer] === "moe") this.moe(layer, lw, h, out, nb, pos, tokens);
     else this.dense(lw, h, out, nb);
   }
 
@@ -237,7 +250,15 @@ export class FeedForward {
    * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at positions
    * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
    */
-  moe(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+  moe(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    nb: number,
+    pos: number,
+    tokens: readonly number[],
+  ): void {
     const moe = this.#cfg.moe!;
     const ops = this.#ops;
     const latent = this.#latentIn !== 0;
@@ -253,8 +274,15 @@ export class FeedForward {
     }
     const logits = ops.f32(this.#logits, nb * E);
     const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
+    // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
+    const table = layer < (moe.hashLayers ?? 0)
+      ? ops.f32(lw.get("router_tid2eid").ptr, this.#cfg.vocabSize * moe.topK)
+      : undefined;
     const routes: Route[] = [];
-    for (let b = 0; b < nb; b++) routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias));
+    for (let b = 0; b < nb; b++) {
+      const chosen = table?.subarray(tokens[b] * moe.topK, (tokens[b] + 1) * moe.topK);
+      routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias, moe.topK, chosen));
+    }
     if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
 
     // Distinct experts in first-use order; each is fetched once for the whole batch.

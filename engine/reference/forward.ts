@@ -7,7 +7,8 @@
  * kda.ts; MLA in the expanded form rather than the engine's absorbed form) that mixers.ts names
  * by the kind `mixerOf` gives a layer. This file is the place to start reading how a model
  * computes. Config features change the skeleton here: the SiTU gate (`glu`), a latent MoE
- * (`moe.latentDim`), and Attention Residuals (`residual`) in place of the plain stream.
+ * (`moe.latentDim`), and Attention Residuals or hyper-connections (`residual`) in place of the
+ * plain stream.
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -26,6 +27,10 @@ import {
   attnRes as attnResMix,
   clampedSwiglu,
   type GluActivation,
+  hyperHead,
+  hyperPost,
+  hyperWeights,
+  limitedSwiglu,
   matvec,
   rmsNorm,
   situ,
@@ -110,7 +115,7 @@ export class ReferenceModel implements ReferenceContext {
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
-  /** The GLU activation of every MLP: SwiGLU, or SiTU-GLU. */
+  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU, or DeepSeek-V4's clamped SwiGLU. */
   private readonly act: GluActivation;
 
   /** `weight` maps a canonical name to its values; each name is fetched once. */
@@ -119,7 +124,12 @@ export class ReferenceModel implements ReferenceContext {
     this.get = weight;
     this.invFreq = ropeInvFreq(cfg.rope);
     this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
-    this.act = cfg.glu?.kind === "situ" ? situ(cfg.glu.beta, cfg.glu.linearBeta) : SWIGLU;
+    const limit = cfg.moe?.swigluLimit;
+    this.act = cfg.glu?.kind === "situ"
+      ? situ(cfg.glu.beta, cfg.glu.linearBeta)
+      : limit !== undefined
+      ? limitedSwiglu(limit)
+      : SWIGLU;
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -177,47 +187,81 @@ export class ReferenceModel implements ReferenceContext {
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
     // x is the residual stream; with Attention Residuals the running sum of the current block,
-    // `blocks` holding the snapshots taken at each block start.
+    // `blocks` holding the snapshots taken at each block start; with hyper-connections `streams`
+    // are the stream copies and x is unused after the embedding.
     let x: Float64Array = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
     const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
+    const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
+    let streams: Float64Array[] = Array.from({ length: hyper?.streams ?? 0 }, () => x.slice());
+    const hyperAt = (l: number, site: "attn" | "ffn") =>
+      hyperWeights(
+        streams,
+        this.lw(l, `hc_${site}_fn`),
+        this.lw(l, `hc_${site}_base`),
+        this.lw(l, `hc_${site}_scale`),
+        hyper!.sinkhornIters,
+        eps,
+        hyper!.eps,
+        `layer ${l} hc_${site}`,
+      );
     const blocks: Float64Array[] = [];
     const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
       attnResMix([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
-      const a = attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
+      const hcAttn = hyper ? hyperAt(l, "attn") : undefined;
+      const a = hcAttn?.input ??
+        (attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x);
       const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
       const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
       const attn = REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos);
-      if (restart) x = attn;
+      if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
+      else if (restart) x = attn;
       else addInto(x, attn);
-      const m = attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
+      const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
+      const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
       const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
+      let ffn: Float64Array;
       if (cfg.layerKinds[l] === "moe") {
-        const { out, experts } = this.moe(l, h2);
-        addInto(x, out);
+        const { out, experts } = this.moe(l, h2, token);
+        ffn = out;
         routing.push(experts);
       } else {
-        addInto(
-          x,
-          swiglu(
-            this.lw(l, "ffn_gate"),
-            this.lw(l, "ffn_up"),
-            this.lw(l, "ffn_down"),
-            h2,
-            cfg.intermediateSize,
-            `layer ${l} ffn`,
-            this.act,
-          ),
+        ffn = swiglu(
+          this.lw(l, "ffn_gate"),
+          this.lw(l, "ffn_up"),
+          this.lw(l, "ffn_down"),
+          h2,
+          cfg.intermediateSize,
+          `layer ${l} ffn`,
+          this.act,
         );
         routing.push([]);
       }
+      if (hcFfn) streams = hyperPost(streams, ffn, hcFfn);
+      else addInto(x, ffn);
     }
     this.lastRouting = routing;
-    const final = attnRes
-      ? attnResMix([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
-      : x;
+    let final = x;
+    if (attnRes) {
+      final = attnResMix(
+        [...blocks, x],
+        this.w("out_res_norm"),
+        this.w("out_res_proj"),
+        eps,
+        "out_res",
+      );
+    } else if (hyper) {
+      final = hyperHead(
+        streams,
+        this.w("hc_head_fn"),
+        this.w("hc_head_base"),
+        this.w("hc_head_scale"),
+        eps,
+        hyper.eps,
+      );
+    }
     const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     return matvec(head, xn, cfg.vocabSize, d, "lm_head");
@@ -281,14 +325,19 @@ export class ReferenceModel implements ReferenceContext {
   }
 
   /** Routed experts (plus the shared expert) of a MoE layer. */
-  private moe(l: number, h: Float64Array): { out: Float64Array; experts: number[] } {
+  private moe(l: number, h: Float64Array, token: number): { out: Float64Array; experts: number[] } {
     const moe = this.cfg.moe;
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
     const logits = matvec(this.lw(l, "router"), h, moe.numExperts, d, `layer ${l} router`);
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
-    const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
-    const route = routeReference(moe, logits, bias);
+    // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
+    const hash = l < (moe.hashLayers ?? 0);
+    const chosen = hash
+      ? Array.from(this.lw(l, "router_tid2eid").subarray(token * moe.topK, (token + 1) * moe.topK))
+      : undefined;
+    const bias = moe.selectionBias && !hash ? this.lw(l, "router_bias") : undefined;
+    const route = routeReference(moe, logits, bias, chosen);
     // A latent MoE: the experts work on a down-projection of h, and their weighted sum is
     // RMS-normed and projected back up.
     const latent = moe.latentDim;

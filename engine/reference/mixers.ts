@@ -7,6 +7,7 @@
  */
 import type { MixerName } from "../../io/model_config.ts";
 import type { ReferenceAttention } from "./forward.ts";
+import { csaReference } from "./csa.ts";
 import { gqaReference } from "./gqa.ts";
 import { kdaReference } from "./kda.ts";
 import { mlaReference } from "./mla.ts";
@@ -16,4 +17,5 @@ export const REFERENCE_MIXERS: Readonly<Record<MixerName, ReferenceAttention>> =
   gqa: gqaReference,
   mla: mlaReference,
   kda: kdaReference,
+  csa: csaReference,
 };

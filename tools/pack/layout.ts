@@ -93,6 +93,8 @@ function storedDtype(
   role: "vector" | "router" | "weight",
   convert: PackOptions["convert"],
 ): StoredDtype {
+  // An index table (DeepSeek-V4's tid2eid, I64) is stored as exact f32 like any vector.
+  if (role !== "weight" && src.dtype === "I64") return "f32";
   const kept = KEPT_DTYPE[src.dtype];
   if (!kept) {
     throw new Error(
