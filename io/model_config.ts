@@ -311,11 +311,6 @@ export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {
   return cfg.kda?.layers[layer] ?? false;
 }
 
-/** Whether `layer` is a Gated DeltaNet layer. */
-export function isGdnLayer(cfg: ModelConfig, layer: number): boolean {
-  return cfg.gdn?.layers[layer] ?? false;
-}
-
 /** Canonical names of the tensors outside the layers. */
 export type GlobalTensor =
   | "embed"
@@ -354,13 +349,15 @@ export function expertWidth(cfg: ModelConfig): number {
 }
 
 /** The kinds of token mixer a layer may run (engine/parts/, engine/reference/mixers.ts). */
-export type MixerName = "gqa" | "mla" | "kda";
+export type MixerName = "gqa" | "mla" | "kda" | "gdn";
 
 /**
  * The token mixer of layer `layer`, from the config's sections: a KDA layer where `kda.layers`
- * says so, else MLA when the model has an `mla` section, else grouped-query attention.
+ * says so, a Gated DeltaNet layer where `gdn.layers` does, else MLA when the model has an `mla`
+ * section, else grouped-query attention.
  */
 export function mixerOf(cfg: ModelConfig, layer: number): MixerName {
   if (cfg.kda?.layers[layer]) return "kda";
+  if (cfg.gdn?.layers[layer]) return "gdn";
   return cfg.mla ? "mla" : "gqa";
 }
