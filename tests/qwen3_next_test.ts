@@ -12,7 +12,10 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { normalizeConfig } from "../engine/config.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
+import {
+  referenceWeightsFromCheckpoint,
+  referenceWeightsFromContainer,
+} from "../engine/float_weights.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import { planMemory } from "../engine/planner.ts";
 import { ReferenceModel, type WeightGetter } from "../engine/reference/forward.ts";
@@ -508,5 +511,27 @@ Deno.test({
     });
     // 30 layers: 16.5 M floats, 63 MiB per sequence.
     assert.equal(30 * gdnBytes, 16_465_920 * 4);
+  },
+});
+
+Deno.test({
+  name: "Qwen3.5's stacked experts packed as int8 match the reference on the container's weights",
+  ignore: ignoreOf("tiny-qwen3.5-moe"),
+  async fn() {
+    const dir = `${tempDir()}/qwen3.5-int8.sluice`;
+    await packCheckpoint(fixtureDir("tiny-qwen3.5-moe"), dir, {
+      experts: "int8",
+      progress: "off",
+      log: () => {},
+    });
+    const { cfg, weight } = referenceWeightsFromContainer(dir);
+    const model = await Model.open(dir, { quiet: true, ctx: 64 });
+    try {
+      const ref = new ReferenceModel(cfg, weight);
+      const worst = decodeAgainstReference(model, ref, KNOWN_PROMPT, 30, "int8");
+      assert.ok(worst <= 1e-4, `int8: logits differ by ${worst} relative`);
+    } finally {
+      model.close();
+    }
   },
 });
