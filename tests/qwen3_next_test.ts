@@ -10,7 +10,8 @@
  * other six prompts are held to the float64 reference, itself held to the README's known answer.
  */
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { cpSync, existsSync } from "node:fs";
+import { join } from "node:path";
 import { normalizeConfig } from "../engine/config.ts";
 import {
   referenceWeightsFromCheckpoint,
@@ -533,5 +534,30 @@ Deno.test({
     } finally {
       model.close();
     }
+  },
+});
+
+Deno.test({
+  name: "pack refuses a DeltaNet tensor of the wrong shape, naming the file, tensor and layer",
+  ignore: ignoreOf("tiny-qwen3-next"),
+  async fn() {
+    const src = join(tempDir(), "qwen3-next-bad-ba");
+    cpSync(fixtureDir("tiny-qwen3-next"), src, { recursive: true });
+    const file = join(src, "model.safetensors");
+    Deno.chmodSync(file, 0o644);
+    const bytes = Deno.readFileSync(file);
+    const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    const header = new TextDecoder().decode(bytes.subarray(8, 8 + n));
+    // Same byte count, transposed: only a shape check can tell.
+    const key = '"model.layers.1.linear_attn.in_proj_ba.weight":{"dtype":"F32","shape":[8,64]';
+    assert.ok(header.includes(key), "fixture header layout changed");
+    bytes.set(new TextEncoder().encode(header.replace(key, key.replace("[8,64]", "[64,8]"))), 8);
+    Deno.writeFileSync(file, bytes);
+    const out = join(tempDir(), "qwen3-next-bad-ba.sluice");
+    await assert.rejects(
+      packCheckpoint(src, out, { progress: "off", log: () => {} }),
+      /model\.safetensors: tensor model\.layers\.1\.linear_attn\.in_proj_ba\.weight \(layer 1 gdn_ba\) has shape \[64,8\], but config.json gives \[8,64\]/,
+    );
+    assert.ok(!existsSync(out), "a refused pack left a container");
   },
 });
