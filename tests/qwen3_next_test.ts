@@ -28,6 +28,7 @@ import {
   decodeAgainstReference,
   fixtureDir,
   packedFixture,
+  synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
@@ -560,4 +561,28 @@ Deno.test({
     );
     assert.ok(!existsSync(out), "a refused pack left a container");
   },
+});
+
+Deno.test("the gdn mixer and gated attention at awkward sizes match the float64 reference", async () => {
+  // Synthetic Qwen3.5 layout: 3 key heads shared by 6 value heads, key dim 5 ≠ value dim 7,
+  // full attention at layers 2 and 5 (6 heads on 3 kv heads × 24, a rotary slice of 6), 7
+  // experts top-3 of width 27, a shared expert of 33.
+  await synthVsReference("qwen3_5_moe", "qwen3.5-awkward", 7, {
+    hidden: 44,
+    layers: 6,
+    fullEvery: 3,
+    experts: 7,
+    topK: 3,
+    expertInter: 27,
+    sharedInter: 33,
+    heads: 6,
+    kvHeads: 3,
+    headDim: 24,
+    gdnKeyHeads: 3,
+    gdnValueHeads: 6,
+    gdnKeyDim: 5,
+    gdnValueDim: 7,
+    vocab: 300,
+    maxPositions: 256,
+  });
 });
