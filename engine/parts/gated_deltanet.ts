@@ -1,15 +1,16 @@
 /**
- * A Gated DeltaNet layer (Qwen3-Next, Qwen3.5/3.6-MoE), with its recurrent state: per layer,
- * value heads × dk × dv floats of delta-rule state and the last K−1 pre-conv q/k/v inputs. The
- * state has a fixed size whatever the context, carries from prefill into decode, and position 0
- * starts it from zero.
+ * The `gdn` mixer: Gated DeltaNet layers (Qwen3-Next, Qwen3.5/3.6-MoE), with their recurrent
+ * state: per layer, value heads × dk × dv floats of delta-rule state and the last K−1 pre-conv
+ * q/k/v inputs. The state has a fixed size whatever the context, carries from prefill into
+ * decode, and position 0 starts it from zero.
  *
  * Per token, on the normed hidden u: q|k|v = SiLU(causal conv(W_qkv·u)) over all their channels
  * at once; β = σ(W_b·u) and the decay g = −exp(A_log)·softplus(W_a·u + dt_bias), one each per
- * value head (engine/kda.ts's `kdaForgetGate` with one channel a head); the delta rule with
- * `ratio` value heads on each key head's q and k (kernels/kda.c, split by key head); an RMSNorm
- * of each head's output with its plain weight, times SiLU(W_z·u); out_proj. Qwen3-Next's fused
- * projections (a block per key head) are regrouped into the flat order first.
+ * value head (kda.ts's `kdaForgetGate` with one channel a head); the delta rule with `ratio`
+ * value heads on each key head's q and k (kernels/kda.c, split by key head); an RMSNorm of each
+ * head's output with its plain weight, times SiLU(W_z·u); out_proj. Qwen3-Next's fused
+ * projections (a block per key head) are regrouped into the flat order first. Its float64
+ * reference is engine/reference/gated_deltanet.ts.
  *
  * @module
  */
