@@ -22,6 +22,7 @@ import { planMemory } from "../engine/planner.ts";
 import { ReferenceModel, type WeightGetter } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
+import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
   checkRecurrentCache,
@@ -448,6 +449,18 @@ Deno.test({
       "shared_expert_intermediate_size",
     );
     bad("tiny-qwen3-next", (c) => c.hidden_act = "gelu", "hidden_act");
+  },
+});
+
+Deno.test({
+  name: "both containers hold the README's 708,432 text-model parameters, nothing skipped missing",
+  ignore: NAMES.some(ignoreOf),
+  async fn() {
+    // README: 821,104 in all less the MTP block's 100,288 and the vision tower's 12,384
+    // (Qwen3.5); 808,720 less the MTP block's (Qwen3-Next): the same text model.
+    for (const name of NAMES) {
+      assert.equal(inspectContainer(await packedFixture(name)).params.total, 708432, name);
+    }
   },
 });
 
