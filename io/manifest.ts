@@ -181,6 +181,8 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.rmsNormEps, w("rmsNormEps"));
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
+  // Features any family may set (absent: off).
+  for (const k of ["normUnitOffset", "attnOutputGate"]) if (c[k] !== undefined) bool(c[k], w(k));
   const rope = obj(c.rope, w("rope"));
   num(rope.theta, w("rope.theta"));
   oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));
@@ -201,7 +203,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
     oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
-    for (const k of ["routerLogitBias", "expertBias"]) {
+    for (const k of ["routerLogitBias", "expertBias", "sharedExpertGate"]) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
     if (m.clampedSwiglu !== undefined) {

@@ -13,6 +13,7 @@ import assert from "node:assert/strict";
 import { cpSync, existsSync } from "node:fs";
 import { join } from "node:path";
 import { normalizeConfig } from "../engine/config.ts";
+import { openContainer } from "../engine/container.ts";
 import {
   referenceWeightsFromCheckpoint,
   referenceWeightsFromContainer,
@@ -598,4 +599,33 @@ Deno.test("the gdn mixer and gated attention at awkward sizes match the float64 
     vocab: 300,
     maxPositions: 256,
   });
+});
+
+Deno.test({
+  name: "a stored config with a mistyped Qwen feature or gdn section is refused naming the field",
+  ignore: ignoreOf("tiny-qwen3.5-moe"),
+  async fn() {
+    const src = await packedFixture("tiny-qwen3.5-moe");
+    const edits: [string, (c: Record<string, unknown>) => void, RegExp][] = [
+      ["normUnitOffset", (c) => c.normUnitOffset = "yes", /config\.normUnitOffset/],
+      ["sharedExpertGate", (c) => {
+        (c.moe as Record<string, unknown>).sharedExpertGate = 1;
+      }, /config\.moe\.sharedExpertGate/],
+      ["projections", (c) => {
+        (c.gdn as Record<string, unknown>).projections = "interleaved";
+      }, /config\.gdn\.projections/],
+      ["value heads", (c) => {
+        (c.gdn as Record<string, unknown>).numValueHeads = 3;
+      }, /numValueHeads must be a multiple of numKeyHeads/],
+    ];
+    for (const [what, edit, want] of edits) {
+      const dir = join(tempDir(), `qwen3.5-bad-${what.replace(" ", "-")}.sluice`);
+      cpSync(src, dir, { recursive: true });
+      const path = join(dir, "manifest.json");
+      const m = JSON.parse(Deno.readTextFileSync(path));
+      edit(m.config);
+      Deno.writeTextFileSync(path, JSON.stringify(m));
+      assert.throws(() => openContainer(dir), want, what);
+    }
+  },
 });

@@ -216,8 +216,6 @@ export const QWEN3_NEXT: Family = {
     }
     layers.forEach((x, i) => manifestField.bool(x, `${where}.gdn.layers[${i}]`));
     manifestField.oneOf(g.projections, ["flat", "grouped"], `${where}.gdn.projections`);
-    manifestField.bool(c.normUnitOffset, `${where}.normUnitOffset`);
-    manifestField.bool(c.attnOutputGate, `${where}.attnOutputGate`);
   },
 };
 
