@@ -298,6 +298,8 @@ export const THINK_TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
 
 {% else %}<think>
 {% endif %}{% endif %}`;
+
+/**
  * Runs `tokens` through the engine (prefill in chunks of `chunk`, then one at a time) and the
  * float64 reference; returns the worst relative logit difference and asserts the greedy ids match.
  */

@@ -1,5 +1,6 @@
 /**
- * GGUF exports of GLM-4.5 (glm4moe) and gpt-oss checked by llama.cpp itself: node-llama-cpp
+ * GGUF exports of GLM-4.5 (glm4moe), gpt-oss and Qwen3.5-MoE (qwen35moe) checked by llama.cpp
+ * itself: node-llama-cpp
  * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
  * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
  * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
@@ -23,15 +24,23 @@ const PROMPT = [1, 403, 407, 261, 378];
 /** Generated ids compared: prompt + 150 reaches position 155, past gpt-oss's 128 window. */
 const STEPS = 150;
 const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
-const llama = have && LLAMACPP_TESTS ? await setupLlamaCpp(undefined, () => {}) : null;
-/** Each test's `ignore`: why it skips is counted (tests/skips.ts). */
-const ignore = () =>
-  !have ||
+const haveQwen = hasFixture("tiny-qwen3.5-moe") || hasFixture("tiny-qwen3-next");
+const llama = (have || haveQwen) && LLAMACPP_TESTS
+  ? await setupLlamaCpp(undefined, () => {})
+  : null;
+/**
+ * Each test's `ignore` (`fixtures`: whether its fixtures are there): why it skips is counted
+ * (tests/skips.ts).
+ */
+const ignore = (fixtures = have) =>
+  !fixtures ||
   skipIf(
     !llama?.ok,
     LLAMACPP_TESTS && llama && !llama.ok ? `need llama.cpp (${llama.why})` : LLAMACPP_REASON,
   );
-if (have && llama && !llama.ok) console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
+if ((have || haveQwen) && llama && !llama.ok) {
+  console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
+}
 
 /** sluice's greedy ids after PROMPT on checkpoint `dir`. */
 async function sluiceIds(dir: string, name: string): Promise<number[]> {
@@ -127,5 +136,39 @@ Deno.test({
     // llama.cpp multiplies MXFP4 with Q8 activations, so only the start of the path is shared
     // (it leaves sluice's exact path at generated token 28 here).
     assert.deepEqual(got.slice(0, 10), (await sluiceIds(dir, "oss-mx")).slice(0, 10));
+  },
+});
+
+Deno.test({
+  name: "qwen35moe GGUF export: llama.cpp's greedy ids equal sluice's and the README's",
+  ignore: ignore(hasFixture("tiny-qwen3.5-moe")),
+  fn: async () => {
+    const dir = fixtureDir("tiny-qwen3.5-moe");
+    const [want, got] = [await sluiceIds(dir, "q35"), await llamaIds(dir, "q35")];
+    // ../shared/models/README.md: llama.cpp follows transformers here up to generated position
+    // 176 (its log-probabilities differ by up to 3.6e-3, cause unknown).
+    assert.deepEqual(got.slice(0, 20), [
+      460,
+      163,
+      50,
+      473,
+      473,
+      473,
+      473,
+      79,
+      456,
+      275,
+      133,
+      506,
+      299,
+      304,
+      304,
+      277,
+      375,
+      466,
+      466,
+      465,
+    ]);
+    assert.deepEqual(got, want);
   },
 });

@@ -120,6 +120,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseQwen3_5Moe,
     naming: QWEN3_5_NAMING,
     architectures: ["Qwen3_5MoeForConditionalGeneration"],
+    llamaCppArch: "qwen35moe",
     prefix: "model.language_model.",
     skipped: {
       "mtp.": "the multi-token-prediction block, not used for generation",

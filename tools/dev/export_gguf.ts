@@ -8,7 +8,10 @@
  * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
  * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
  * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
- * sliding window; the MXFP4 experts are written dequantised to `--type`). Tensor names, dims
+ * sliding window; the MXFP4 experts are written dequantised to `--type`) and `qwen35moe`
+ * (Qwen3.5/3.6-MoE: Gated DeltaNet layers whose value heads llama.cpp orders key head fastest,
+ * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert; the MTP block is
+ * not exported). Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
  * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
@@ -30,7 +33,9 @@ import { openContainer } from "../../engine/container.ts";
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
+  type GatedDeltaNetConfig,
   type LayerTensor,
+  mixerOf,
   type ModelConfig,
 } from "../../io/model_config.ts";
 import {
@@ -49,7 +54,7 @@ import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
-export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss";
+export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss" | "qwen35moe";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -175,6 +180,91 @@ export function permuteToPairs(
   return out;
 }
 
+/**
+ * Value heads from Hugging Face's order (value head j reads key head j / r) to llama.cpp's
+ * qwen35moe order (key head fastest: position p holds value head (p mod Hk)·r + p div Hk), for a
+ * [rows, cols] matrix whose heads are blocks of `width` rows (or columns) from `from` on.
+ */
+export function tileValueHeads(
+  w: Float32Array,
+  rows: number,
+  cols: number,
+  g: GatedDeltaNetConfig,
+  along: "rows" | "cols",
+  from: number,
+  width: number,
+): Float32Array {
+  const out = Float32Array.from(w);
+  const Hk = g.numKeyHeads, Hv = g.numValueHeads, r = Hv / Hk;
+  for (let p = 0; p < Hv; p++) {
+    const j = (p % Hk) * r + Math.floor(p / Hk);
+    for (let i = 0; i < width; i++) {
+      const dst = from + p * width + i, src = from + j * width + i;
+      if (along === "rows") out.set(w.subarray(src * cols, (src + 1) * cols), dst * cols);
+      else for (let row = 0; row < rows; row++) out[row * cols + dst] = w[row * cols + src];
+    }
+  }
+  return out;
+}
+
+/** 1 + w of a (1 + w) RMSNorm weight, as llama.cpp's qwen35moe stores it. */
+const plusOne = (v: Float32Array) => v.map((x) => 1 + x);
+
+/**
+ * llama.cpp's qwen35moe name (under `blk.N.`), PyTorch-order shape and values of layer tensor
+ * `t` of layer `l`, where they differ from the other architectures'; null where they do not.
+ */
+function qwen35Tensor(
+  cfg: ModelConfig,
+  l: number,
+  t: LayerTensor,
+): { rel: string; shape: number[]; map: (v: Float32Array) => Float32Array } | null {
+  const g = cfg.gdn!, H = cfg.hiddenSize, Hv = g.numValueHeads, dv = g.valueHeadDim;
+  const qk = 2 * g.numKeyHeads * g.keyHeadDim, C = qk + Hv * dv, vDim = Hv * dv;
+  const tile =
+    (rows: number, cols: number, along: "rows" | "cols", from: number, w: number) =>
+    (v: Float32Array) => tileValueHeads(v, rows, cols, g, along, from, w);
+  switch (t) {
+    case "attn_norm":
+      return { rel: "attn_norm.weight", shape: [H], map: plusOne };
+    case "ffn_norm":
+      return { rel: "post_attention_norm.weight", shape: [H], map: plusOne };
+    case "q_norm":
+    case "k_norm":
+      return { rel: `attn_${t[0]}_norm.weight`, shape: [cfg.headDim], map: plusOne };
+    case "wq":
+      return { rel: "attn_q.weight", shape: [2 * cfg.numHeads * cfg.headDim, H], map: (v) => v };
+    case "gdn_qkv":
+      return { rel: "attn_qkv.weight", shape: [C, H], map: tile(C, H, "rows", qk, dv) };
+    case "gdn_z":
+      return { rel: "attn_gate.weight", shape: [vDim, H], map: tile(vDim, H, "rows", 0, dv) };
+    case "gdn_b":
+      return { rel: "ssm_beta.weight", shape: [Hv, H], map: tile(Hv, H, "rows", 0, 1) };
+    case "gdn_a":
+      return { rel: "ssm_alpha.weight", shape: [Hv, H], map: tile(Hv, H, "rows", 0, 1) };
+    case "qkv_conv":
+      return { rel: "ssm_conv1d.weight", shape: [C, 4], map: tile(C, 4, "rows", qk, dv) };
+    case "dt_bias":
+      return { rel: "ssm_dt.bias", shape: [Hv], map: tile(Hv, 1, "rows", 0, 1) };
+    case "a_log":
+      return {
+        rel: "ssm_a",
+        shape: [Hv],
+        map: (v) => tileValueHeads(v.map((x) => -Math.exp(x)), Hv, 1, g, "rows", 0, 1),
+      };
+    case "o_norm":
+      return { rel: "ssm_norm.weight", shape: [dv], map: (v) => v };
+    case "wo":
+      return mixerOf(cfg, l) === "gdn"
+        ? { rel: "ssm_out.weight", shape: [H, vDim], map: tile(H, vDim, "cols", 0, dv) }
+        : null;
+    case "shared_expert_gate":
+      return { rel: "ffn_gate_inp_shexp.weight", shape: [1, H], map: (v) => v };
+    default:
+      return null;
+  }
+}
+
 /** Which llama.cpp architecture a model maps to; throws for what llama.cpp cannot express. */
 function archOf(cfg: ModelConfig, src: string): GgufArch {
   const fail = (why: string): never => {
@@ -182,11 +272,32 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss"].includes(arch)) {
+  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe"].includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
   }
   if (cfg.mla) fail("only GQA attention is supported");
+  if (arch === "qwen35moe") {
+    // llama.cpp's qwen35moe: flat DeltaNet projections, gated attention, every layer MoE with a
+    // gated shared expert, (1 + w) norms, partial rotate-half RoPE.
+    const g = cfg.gdn;
+    if (!g || g.projections !== "flat" || g.convKernel !== 4) {
+      fail("qwen35moe needs Gated DeltaNet layers with flat projections and a conv of 4");
+    }
+    if (!cfg.attnOutputGate || !cfg.normUnitOffset || !cfg.qkNorm || cfg.rope.layout !== "half") {
+      fail("qwen35moe needs gated attention, (1 + w) norms and rotate-half RoPE");
+    }
+    if (cfg.layerKinds.includes("dense") || !cfg.moe?.sharedExpertGate) {
+      fail("qwen35moe needs every layer MoE with a gated shared expert");
+    }
+    if (cfg.rope.scaling.type !== "none") fail("qwen35moe takes no rope scaling");
+    // llama.cpp places the full-attention layers by one interval.
+    const every = g!.layers.indexOf(false) + 1;
+    if (every < 1 || !g!.layers.every((x, i) => x === ((i + 1) % every !== 0))) {
+      fail("qwen35moe needs a full-attention layer every N layers, the rest Gated DeltaNet");
+    }
+    return arch;
+  }
   const yarn = arch === "gpt-oss" && cfg.rope.scaling.type === "yarn";
   if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
@@ -276,7 +387,7 @@ function planTensors(
     GLOBAL_GGUF.final_norm,
     [H],
     hfGlobalName(cfg, "final_norm")!,
-    () => src.global("final_norm"),
+    () => cfg.normUnitOffset ? plusOne(src.global("final_norm")) : src.global("final_norm"),
   );
   if (src.hasLmHead) {
     add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
@@ -308,7 +419,17 @@ function planTensors(
       shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
     for (const t of layerTensorsOf(cfg, l)) {
-      // llama.cpp's glm4moe and gpt-oss call the FFN norm the post-attention norm.
+      const q35 = arch === "qwen35moe" ? qwen35Tensor(cfg, l, t) : null;
+      if (q35) {
+        add(
+          `blk.${l}.${q35.rel}`,
+          q35.shape,
+          hfLayerName(cfg, l, t)!,
+          () => q35.map(src.layer(l, t)),
+        );
+        continue;
+      }
+      // llama.cpp's glm4moe, gpt-oss and qwen35moe call the FFN norm the post-attention norm.
       const rel = t === "ffn_norm" && (arch === "glm4moe" || arch === "gpt-oss")
         ? "post_attention_norm.weight"
         : LAYER_GGUF[t];
@@ -413,16 +534,26 @@ function metadataFor(
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
   // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
-  const ff = arch === "gpt-oss"
+  const ff = arch === "gpt-oss" || arch === "qwen35moe"
     ? moe!.expertIntermediate
     : arch === "glm4moe" && firstMoe > 0
     ? cfg.intermediateSize
     : moe
     ? moe.expertIntermediate
     : cfg.intermediateSize;
-  u32(`${arch}.feed_forward_length`, ff);
+  // qwen35moe's converter writes none.
+  if (arch !== "qwen35moe") u32(`${arch}.feed_forward_length`, ff);
   u32(`${arch}.attention.head_count`, cfg.numHeads);
   u32(`${arch}.attention.head_count_kv`, cfg.numKvHeads);
+  if (arch === "qwen35moe") {
+    // The multimodal RoPE's sections of the rotary pairs (all positions alike for text).
+    const pairs = cfg.rope.dim / 2, a = Math.ceil(pairs / 3), b = Math.ceil((pairs - a) / 2);
+    m.set(`${arch}.rope.dimension_sections`, {
+      type: "array",
+      elem: "i32",
+      value: [a, b, pairs - a - b, 0],
+    });
+  }
   f32(`${arch}.rope.freq_base`, cfg.rope.theta);
   f32(`${arch}.attention.layer_norm_rms_epsilon`, cfg.rmsNormEps);
   if (moe) {
@@ -441,6 +572,17 @@ function metadataFor(
     m.set(`${arch}.expert_weights_norm`, { type: "bool", value: moe!.normTopK });
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
     u32(`${arch}.expert_gating_func`, 2);
+  }
+  if (arch === "qwen35moe") {
+    const g = cfg.gdn!;
+    u32(`${arch}.expert_shared_feed_forward_length`, moe!.sharedIntermediate);
+    u32(`${arch}.ssm.conv_kernel`, g.convKernel);
+    u32(`${arch}.ssm.state_size`, g.keyHeadDim);
+    u32(`${arch}.ssm.group_count`, g.numKeyHeads);
+    u32(`${arch}.ssm.time_step_rank`, g.numValueHeads);
+    u32(`${arch}.ssm.inner_size`, g.numValueHeads * g.valueHeadDim);
+    u32(`${arch}.full_attention_interval`, g.layers.indexOf(false) + 1);
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
   }
   if (arch === "gpt-oss") {
     const w = cfg.attention?.windows.find((x) => x > 0);
@@ -461,6 +603,9 @@ function metadataFor(
     str(`${arch}.rope.scaling.type`, "linear");
     f32(`${arch}.rope.scaling.factor`, cfg.rope.scaling.factor);
   }
+  // The newer converter that writes qwen35moe puts the quantization version before the vocabulary.
+  const quantFirst = arch === "qwen35moe";
+  if (quantFirst) u32("general.quantization_version", 2);
   const specials = { bosId: cfg.bosId, eosId: cfg.eosIds[0] ?? null };
   if (isByteLevelBpe(readJsonObject(join(src.tokenizerDir, "tokenizer.json")))) {
     const vocab = bpeVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, arch, specials);
@@ -493,7 +638,7 @@ function metadataFor(
       m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
     }
   }
-  u32("general.quantization_version", 2);
+  if (!quantFirst) u32("general.quantization_version", 2);
   return m;
 }
 
