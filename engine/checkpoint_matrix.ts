@@ -18,6 +18,7 @@
 import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
 import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { modelTypeOf } from "./models/mod.ts";
 import { hfExpertName, hfFusedExpertSlice } from "./tensor_names.ts";
 import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
@@ -217,7 +218,7 @@ export function findExpertMatrix(
 ): SourceMatrix {
   const slice = hfFusedExpertSlice(cfg, l, m);
   if (!slice) return findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-  return ckpt.tensors.has(slice.base)
+  return modelTypeOf(cfg).naming.stacked
     ? findStacked(ckpt, cfg, l, e, m, slice.base, slice.first)
     : findFusedMxfp4(ckpt, cfg, l, e, m);
 }

@@ -629,3 +629,28 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "pack refuses a Qwen3.5 checkpoint without a layer's stacked experts, naming the tensor",
+  ignore: ignoreOf("tiny-qwen3.5-moe"),
+  async fn() {
+    const src = join(tempDir(), "qwen3.5-no-experts");
+    cpSync(fixtureDir("tiny-qwen3.5-moe"), src, { recursive: true });
+    const file = join(src, "model.safetensors");
+    Deno.chmodSync(file, 0o644);
+    const bytes = Deno.readFileSync(file);
+    const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    const header = new TextDecoder().decode(bytes.subarray(8, 8 + n));
+    // Renamed in place (same length): the stacked tensor is no longer where the naming says.
+    const key = '"model.language_model.layers.2.mlp.experts.gate_up_proj"';
+    assert.ok(header.includes(key), "fixture header layout changed");
+    bytes.set(new TextEncoder().encode(header.replace(key, key.replace("_proj", "_prxj"))), 8);
+    Deno.writeFileSync(file, bytes);
+    const out = join(tempDir(), "qwen3.5-no-experts.sluice");
+    await assert.rejects(
+      packCheckpoint(src, out, { progress: "off", log: () => {} }),
+      /tensor model\.language_model\.layers\.2\.mlp\.experts\.gate_up_proj, which is missing/,
+    );
+    assert.ok(!existsSync(out), "a refused pack left a container");
+  },
+});
