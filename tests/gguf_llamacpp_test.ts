@@ -1,6 +1,6 @@
 /**
- * GGUF exports of GLM-4.5 (glm4moe), gpt-oss and Qwen3.5-MoE (qwen35moe) checked by llama.cpp
- * itself: node-llama-cpp
+ * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe) and Qwen3-Next (qwen3next)
+ * checked by llama.cpp itself: node-llama-cpp
  * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
  * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
  * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
@@ -139,36 +139,65 @@ Deno.test({
   },
 });
 
-Deno.test({
-  name: "qwen35moe GGUF export: llama.cpp's greedy ids equal sluice's and the README's",
-  ignore: ignore(hasFixture("tiny-qwen3.5-moe")),
-  fn: async () => {
-    const dir = fixtureDir("tiny-qwen3.5-moe");
-    const [want, got] = [await sluiceIds(dir, "q35"), await llamaIds(dir, "q35")];
-    // ../shared/models/README.md: llama.cpp follows transformers here up to generated position
-    // 176 (its log-probabilities differ by up to 3.6e-3, cause unknown).
-    assert.deepEqual(got.slice(0, 20), [
-      460,
-      163,
-      50,
-      473,
-      473,
-      473,
-      473,
-      79,
-      456,
-      275,
-      133,
-      506,
-      299,
-      304,
-      304,
-      277,
-      375,
-      466,
-      466,
-      465,
-    ]);
-    assert.deepEqual(got, want);
-  },
-});
+/** The Qwen hybrids and the README's first 20 generated ids of "Once upon a time". */
+const QWEN_HYBRIDS: [string, string, number[]][] = [
+  ["tiny-qwen3.5-moe", "qwen35moe", [
+    460,
+    163,
+    50,
+    473,
+    473,
+    473,
+    473,
+    79,
+    456,
+    275,
+    133,
+    506,
+    299,
+    304,
+    304,
+    277,
+    375,
+    466,
+    466,
+    465,
+  ]],
+  ["tiny-qwen3-next", "qwen3next", [
+    378,
+    364,
+    462,
+    330,
+    227,
+    332,
+    465,
+    465,
+    403,
+    310,
+    363,
+    465,
+    362,
+    465,
+    465,
+    465,
+    465,
+    465,
+    362,
+    362,
+  ]],
+];
+
+for (const [name, arch, known] of QWEN_HYBRIDS) {
+  Deno.test({
+    name: `${arch} GGUF export: llama.cpp's greedy ids equal sluice's and the README's`,
+    ignore: ignore(hasFixture(name)),
+    fn: async () => {
+      const dir = fixtureDir(name);
+      const [want, got] = [await sluiceIds(dir, arch), await llamaIds(dir, arch)];
+      // ../shared/models/README.md: on this prompt llama.cpp follows transformers past the
+      // compared positions (its log-probabilities differ by up to 3.6e-3, cause unknown).
+      assert.deepEqual(got.slice(0, 20), known);
+      assert.deepEqual(got, want);
+    },
+  });
+}

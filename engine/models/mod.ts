@@ -112,6 +112,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseQwen3Next,
     naming: QWEN3_NEXT_NAMING,
     architectures: ["Qwen3NextForCausalLM"],
+    llamaCppArch: "qwen3next",
     skipped: { "mtp.": "the multi-token-prediction block, not used for generation" },
   },
   // Qwen3.5/3.6-MoE: the text model nested under text_config and model.language_model.

@@ -8,10 +8,11 @@
  * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
  * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
  * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
- * sliding window; the MXFP4 experts are written dequantised to `--type`) and `qwen35moe`
+ * sliding window; the MXFP4 experts are written dequantised to `--type`), `qwen35moe`
  * (Qwen3.5/3.6-MoE: Gated DeltaNet layers whose value heads llama.cpp orders key head fastest,
- * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert; the MTP block is
- * not exported). Tensor names, dims
+ * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
+ * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
+ * their MTP blocks are not exported. Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
  * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
@@ -54,7 +55,7 @@ import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
-export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss" | "qwen35moe";
+export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss" | "qwen35moe" | "qwen3next";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -210,56 +211,93 @@ export function tileValueHeads(
 /** 1 + w of a (1 + w) RMSNorm weight, as llama.cpp's qwen35moe stores it. */
 const plusOne = (v: Float32Array) => v.map((x) => 1 + x);
 
+/** One GGUF tensor made from a canonical one: its name under `blk.N.`, shape and values. */
+interface HybridTensor {
+  rel: string;
+  shape: number[];
+  map: (v: Float32Array) => Float32Array;
+}
+
 /**
- * llama.cpp's qwen35moe name (under `blk.N.`), PyTorch-order shape and values of layer tensor
- * `t` of layer `l`, where they differ from the other architectures'; null where they do not.
+ * llama.cpp's qwen35moe / qwen3next names (under `blk.N.`), PyTorch-order shapes and values of
+ * layer tensor `t` of layer `l`, where they differ from the other architectures'; null where they
+ * do not. qwen35moe orders value heads key head fastest ({@link tileValueHeads}); qwen3next keeps
+ * Hugging Face's order, takes the fused in_proj_qkvz apart into flat q/k/v and z, and keeps
+ * in_proj_ba as it is.
  */
-function qwen35Tensor(
+function hybridTensors(
   cfg: ModelConfig,
+  arch: GgufArch,
   l: number,
   t: LayerTensor,
-): { rel: string; shape: number[]; map: (v: Float32Array) => Float32Array } | null {
-  const g = cfg.gdn!, H = cfg.hiddenSize, Hv = g.numValueHeads, dv = g.valueHeadDim;
-  const qk = 2 * g.numKeyHeads * g.keyHeadDim, C = qk + Hv * dv, vDim = Hv * dv;
-  const tile =
-    (rows: number, cols: number, along: "rows" | "cols", from: number, w: number) =>
-    (v: Float32Array) => tileValueHeads(v, rows, cols, g, along, from, w);
+): HybridTensor[] | null {
+  const g = cfg.gdn!, H = cfg.hiddenSize, Hk = g.numKeyHeads, Hv = g.numValueHeads;
+  const dk = g.keyHeadDim, dv = g.valueHeadDim;
+  const qk = 2 * Hk * dk, C = qk + Hv * dv, vDim = Hv * dv;
+  const same = (v: Float32Array) => v;
+  const tile = (rows: number, cols: number, along: "rows" | "cols", from: number, w: number) =>
+    arch === "qwen35moe"
+      ? (v: Float32Array) => tileValueHeads(v, rows, cols, g, along, from, w)
+      : same;
+  const one = (rel: string, shape: number[], map = same) => [{ rel, shape, map }];
   switch (t) {
     case "attn_norm":
-      return { rel: "attn_norm.weight", shape: [H], map: plusOne };
+      return one("attn_norm.weight", [H], plusOne);
     case "ffn_norm":
-      return { rel: "post_attention_norm.weight", shape: [H], map: plusOne };
+      return one("post_attention_norm.weight", [H], plusOne);
     case "q_norm":
     case "k_norm":
-      return { rel: `attn_${t[0]}_norm.weight`, shape: [cfg.headDim], map: plusOne };
+      return one(`attn_${t[0]}_norm.weight`, [cfg.headDim], plusOne);
     case "wq":
-      return { rel: "attn_q.weight", shape: [2 * cfg.numHeads * cfg.headDim, H], map: (v) => v };
+      return one("attn_q.weight", [2 * cfg.numHeads * cfg.headDim, H]);
     case "gdn_qkv":
-      return { rel: "attn_qkv.weight", shape: [C, H], map: tile(C, H, "rows", qk, dv) };
+      return one("attn_qkv.weight", [C, H], tile(C, H, "rows", qk, dv));
     case "gdn_z":
-      return { rel: "attn_gate.weight", shape: [vDim, H], map: tile(vDim, H, "rows", 0, dv) };
+      return one("attn_gate.weight", [vDim, H], tile(vDim, H, "rows", 0, dv));
     case "gdn_b":
-      return { rel: "ssm_beta.weight", shape: [Hv, H], map: tile(Hv, H, "rows", 0, 1) };
+      return one("ssm_beta.weight", [Hv, H], tile(Hv, H, "rows", 0, 1));
     case "gdn_a":
-      return { rel: "ssm_alpha.weight", shape: [Hv, H], map: tile(Hv, H, "rows", 0, 1) };
-    case "qkv_conv":
-      return { rel: "ssm_conv1d.weight", shape: [C, 4], map: tile(C, 4, "rows", qk, dv) };
-    case "dt_bias":
-      return { rel: "ssm_dt.bias", shape: [Hv], map: tile(Hv, 1, "rows", 0, 1) };
-    case "a_log":
-      return {
-        rel: "ssm_a",
-        shape: [Hv],
-        map: (v) => tileValueHeads(v.map((x) => -Math.exp(x)), Hv, 1, g, "rows", 0, 1),
+      return one("ssm_alpha.weight", [Hv, H], tile(Hv, H, "rows", 0, 1));
+    case "gdn_qkvz": {
+      // Per key head i the stored rows are [q_i | k_i | v of its value heads | z of them]: the
+      // rows of part `at` (offset, count within a key head's block) of every key head in order.
+      const rv = (Hv / Hk) * dv, block = 2 * dk + 2 * rv;
+      const gather = (v: Float32Array, ...parts: [number, number][]) => {
+        const out = new Float32Array(parts.reduce((a, [, n]) => a + n, 0) * Hk * H);
+        let at = 0;
+        for (const [off, n] of parts) {
+          for (let i = 0; i < Hk; i++) {
+            out.set(v.subarray((i * block + off) * H, (i * block + off + n) * H), at);
+            at += n * H;
+          }
+        }
+        return out;
       };
+      return [
+        {
+          rel: "attn_qkv.weight",
+          shape: [C, H],
+          map: (v) => gather(v, [0, dk], [dk, dk], [2 * dk, rv]),
+        },
+        { rel: "attn_gate.weight", shape: [vDim, H], map: (v) => gather(v, [2 * dk + rv, rv]) },
+      ];
+    }
+    case "gdn_ba":
+      return one("ssm_ba.weight", [2 * Hv, H]);
+    case "qkv_conv":
+      return one("ssm_conv1d.weight", [C, 4], tile(C, 4, "rows", qk, dv));
+    case "dt_bias":
+      return one("ssm_dt.bias", [Hv], tile(Hv, 1, "rows", 0, 1));
+    case "a_log":
+      return one("ssm_a", [Hv], (v) => tile(Hv, 1, "rows", 0, 1)(v.map((x) => -Math.exp(x))));
     case "o_norm":
-      return { rel: "ssm_norm.weight", shape: [dv], map: (v) => v };
+      return one("ssm_norm.weight", [dv]);
     case "wo":
       return mixerOf(cfg, l) === "gdn"
-        ? { rel: "ssm_out.weight", shape: [H, vDim], map: tile(H, vDim, "cols", 0, dv) }
+        ? one("ssm_out.weight", [H, vDim], tile(H, vDim, "cols", 0, dv))
         : null;
     case "shared_expert_gate":
-      return { rel: "ffn_gate_inp_shexp.weight", shape: [1, H], map: (v) => v };
+      return one("ffn_gate_inp_shexp.weight", [1, H]);
     default:
       return null;
   }
@@ -272,29 +310,32 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe"].includes(arch)) {
+  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next"];
+  if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
   }
   if (cfg.mla) fail("only GQA attention is supported");
-  if (arch === "qwen35moe") {
-    // llama.cpp's qwen35moe: flat DeltaNet projections, gated attention, every layer MoE with a
-    // gated shared expert, (1 + w) norms, partial rotate-half RoPE.
+  if (arch === "qwen35moe" || arch === "qwen3next") {
+    // llama.cpp's Qwen hybrids: Gated DeltaNet layers (flat projections in qwen35moe, fused per
+    // key head in qwen3next), gated attention, every layer MoE with a gated shared expert,
+    // (1 + w) norms, partial rotate-half RoPE.
     const g = cfg.gdn;
-    if (!g || g.projections !== "flat" || g.convKernel !== 4) {
-      fail("qwen35moe needs Gated DeltaNet layers with flat projections and a conv of 4");
+    const projections = arch === "qwen35moe" ? "flat" : "grouped";
+    if (!g || g.projections !== projections || g.convKernel !== 4) {
+      fail(`${arch} needs Gated DeltaNet layers with ${projections} projections and a conv of 4`);
     }
     if (!cfg.attnOutputGate || !cfg.normUnitOffset || !cfg.qkNorm || cfg.rope.layout !== "half") {
-      fail("qwen35moe needs gated attention, (1 + w) norms and rotate-half RoPE");
+      fail(`${arch} needs gated attention, (1 + w) norms and rotate-half RoPE`);
     }
     if (cfg.layerKinds.includes("dense") || !cfg.moe?.sharedExpertGate) {
-      fail("qwen35moe needs every layer MoE with a gated shared expert");
+      fail(`${arch} needs every layer MoE with a gated shared expert`);
     }
-    if (cfg.rope.scaling.type !== "none") fail("qwen35moe takes no rope scaling");
+    if (cfg.rope.scaling.type !== "none") fail(`${arch} takes no rope scaling`);
     // llama.cpp places the full-attention layers by one interval.
     const every = g!.layers.indexOf(false) + 1;
     if (every < 1 || !g!.layers.every((x, i) => x === ((i + 1) % every !== 0))) {
-      fail("qwen35moe needs a full-attention layer every N layers, the rest Gated DeltaNet");
+      fail(`${arch} needs a full-attention layer every N layers, the rest Gated DeltaNet`);
     }
     return arch;
   }
@@ -419,17 +460,15 @@ function planTensors(
       shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
     for (const t of layerTensorsOf(cfg, l)) {
-      const q35 = arch === "qwen35moe" ? qwen35Tensor(cfg, l, t) : null;
-      if (q35) {
-        add(
-          `blk.${l}.${q35.rel}`,
-          q35.shape,
-          hfLayerName(cfg, l, t)!,
-          () => q35.map(src.layer(l, t)),
-        );
+      const hybrid = cfg.gdn ? hybridTensors(cfg, arch, l, t) : null;
+      if (hybrid) {
+        for (const h of hybrid) {
+          const key = `${hfLayerName(cfg, l, t)!}\u0000${h.rel}`;
+          add(`blk.${l}.${h.rel}`, h.shape, key, () => h.map(src.layer(l, t)));
+        }
         continue;
       }
-      // llama.cpp's glm4moe, gpt-oss and qwen35moe call the FFN norm the post-attention norm.
+      // llama.cpp's glm4moe and gpt-oss call the FFN norm the post-attention norm.
       const rel = t === "ffn_norm" && (arch === "glm4moe" || arch === "gpt-oss")
         ? "post_attention_norm.weight"
         : LAYER_GGUF[t];
@@ -534,7 +573,7 @@ function metadataFor(
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
   // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
-  const ff = arch === "gpt-oss" || arch === "qwen35moe"
+  const ff = arch === "gpt-oss" || arch === "qwen35moe" || arch === "qwen3next"
     ? moe!.expertIntermediate
     : arch === "glm4moe" && firstMoe > 0
     ? cfg.intermediateSize
@@ -573,7 +612,7 @@ function metadataFor(
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
     u32(`${arch}.expert_gating_func`, 2);
   }
-  if (arch === "qwen35moe") {
+  if (arch === "qwen35moe" || arch === "qwen3next") {
     const g = cfg.gdn!;
     u32(`${arch}.expert_shared_feed_forward_length`, moe!.sharedIntermediate);
     u32(`${arch}.ssm.conv_kernel`, g.convKernel);
@@ -603,8 +642,8 @@ function metadataFor(
     str(`${arch}.rope.scaling.type`, "linear");
     f32(`${arch}.rope.scaling.factor`, cfg.rope.scaling.factor);
   }
-  // The newer converter that writes qwen35moe puts the quantization version before the vocabulary.
-  const quantFirst = arch === "qwen35moe";
+  // The newer converter that writes the Qwen hybrids puts the quantization version first.
+  const quantFirst = arch === "qwen35moe" || arch === "qwen3next";
   if (quantFirst) u32("general.quantization_version", 2);
   const specials = { bosId: cfg.bosId, eosId: cfg.eosIds[0] ?? null };
   if (isByteLevelBpe(readJsonObject(join(src.tokenizerDir, "tokenizer.json")))) {
