@@ -9,13 +9,16 @@
  * engine/quant/mxfp4.ts), or one expert's slice of gpt-oss's fused MXFP4 tensors
  * (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate and up
  * rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are also
- * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised.
+ * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised. Or one expert's
+ * rows of Qwen3.5's stacked plain tensors (`…experts.gate_up_proj` [E, 2I, H], `down_proj`
+ * [E, H, I], no `.weight` suffix).
  *
  * @module
  */
 import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
 import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { modelTypeOf } from "./models/mod.ts";
 import { hfExpertName, hfFusedExpertSlice } from "./tensor_names.ts";
 import {
   companionScaleName,
@@ -59,6 +62,8 @@ export interface SourceMatrix {
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
   fused?: FusedSlice;
+  /** One expert's rows first.. of a plain tensor stacking all experts (Qwen3.5). */
+  stacked?: { tensor: TensorInfo; expert: number; first: number };
 }
 
 /**
@@ -222,14 +227,49 @@ export function findExpertMatrix(
   e: number,
   m: ExpertMatrix,
 ): SourceMatrix {
-  return hfFusedExpertSlice(cfg, l, m)
-    ? findFusedMxfp4(ckpt, cfg, l, e, m)
-    : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+  const slice = hfFusedExpertSlice(cfg, l, m);
+  if (!slice) return findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+  return modelTypeOf(cfg).naming.stacked
+    ? findStacked(ckpt, cfg, l, e, m, slice.base, slice.first)
+    : findFusedMxfp4(ckpt, cfg, l, e, m);
+}
+
+/**
+ * Matrix `m` of expert `e` of MoE layer `l` in Qwen3.5's stacked plain tensors
+ * (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), whose rows from `first`
+ * on are the matrix; shape checked against the config.
+ */
+function findStacked(
+  ckpt: Checkpoint,
+  cfg: ModelConfig,
+  l: number,
+  e: number,
+  m: ExpertMatrix,
+  base: string,
+  first: number,
+): SourceMatrix {
+  const E = cfg.moe!.numExperts, I = cfg.moe!.expertIntermediate, H = cfg.hiddenSize;
+  const t = fusedTensor(
+    ckpt,
+    base,
+    ["F32", "BF16", "F16"],
+    m === "down" ? [E, H, I] : [E, 2 * I, H],
+  );
+  const [rows, cols] = m === "down" ? [H, I] : [I, H];
+  return {
+    name: `${base}[${e}].${m}`,
+    what: `layer ${l} expert ${e} ${m}`,
+    file: t.file,
+    rows,
+    cols,
+    dtype: t.dtype,
+    stacked: { tensor: t, expert: e, first },
+  };
 }
 
 function fusedTensor(ckpt: Checkpoint, name: string, dtypes: string[], shape: number[]) {
   const t = ckpt.tensors.get(name);
-  if (!t) throw new Error(`${ckpt.dir}: fused MXFP4 experts need tensor ${name}, which is missing`);
+  if (!t) throw new Error(`${ckpt.dir}: fused experts need tensor ${name}, which is missing`);
   if (!dtypes.includes(t.dtype) || String(t.shape) !== String(shape)) {
     throw new Error(
       `${t.file}: tensor ${name} is ${t.dtype} [${t.shape}], expected ${
@@ -304,6 +344,11 @@ export function readFusedBias(ckpt: Checkpoint, src: SourceMatrix): Float32Array
 /** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
 export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
   if (src.plain) return readF32(ckpt, src.name);
+  const st = src.stacked;
+  if (st) {
+    const bytes = readExpertRows(ckpt, st.tensor.name, st.expert, st.first, 1, src.rows);
+    return decodeDtypeToF32(st.tensor.dtype, bytes, `${st.tensor.file}: tensor ${src.name}`);
+  }
   if (src.fused) {
     const { data, scale } = readFusedMxfp4(ckpt, src);
     return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });

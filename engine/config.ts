@@ -78,11 +78,18 @@ export function normalizeConfig(
   const gen = generation === undefined || generation === null
     ? {}
     : asObject(generation, "generation_config.json");
+  // A normaliser that descends into text_config itself (Qwen3.5) leaves the ids there.
+  const text = cfg === top && top.text_config && typeof top.text_config === "object"
+    ? top.text_config as Json
+    : {};
   const pick = (key: string): { v: unknown; from: string } => {
     if (gen[key] !== undefined && gen[key] !== null) {
       return { v: gen[key], from: "generation_config.json" };
     }
     if (cfg[key] !== undefined && cfg[key] !== null) return { v: cfg[key], from: at };
+    if (text[key] !== undefined && text[key] !== null) {
+      return { v: text[key], from: `${where} text_config` };
+    }
     return { v: top[key], from: where };
   };
   const bos = pick("bos_token_id");

@@ -61,21 +61,32 @@ export interface AttentionCall {
   sinks?: number;
 }
 
-/** One KDA call over consecutive tokens (see {@link Ops.kda}). */
+/**
+ * One delta-rule call over consecutive tokens (see {@link Ops.kda}): KDA's, or Gated DeltaNet's
+ * with `ratio` value heads per key head and one log-decay per value head.
+ */
 export interface KdaCall {
-  /** State of every head: heads × dk × dv floats, key rows. */
+  /** State of every value head: heads × ratio × dk × dv floats, key rows. */
   state: number;
-  /** Token t's q/k of head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
+  /** Token t's q/k of key head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
   q: number;
   k: number;
+  /** Token t's v of value head j at v + (t·vStride + j·dv) floats. */
   v: number;
-  /** Log-decays, laid out as q; rewritten (e^g). */
+  /**
+   * Log-decays of value head j at g + (t·gStride + j·gChannels) floats: dk of them (KDA, one per
+   * key channel) or 1 (Gated DeltaNet); rewritten (e^g).
+   */
   g: number;
+  gChannels: number;
   /** Per token and head, already a sigmoid. */
   beta: number;
   out: number;
   tokens: number;
+  /** Key heads: the unit the pool splits. */
   heads: number;
+  /** Value heads per key head (1 for KDA). */
+  ratio: number;
   dk: number;
   dv: number;
   qkStride: number;
@@ -132,9 +143,20 @@ export class Ops {
     }
   }
 
-  /** RMSNorm of `rows` consecutive vectors of `n` floats with one weight vector. */
-  rmsnorm(x: number, w: number, y: number, n: number, rows: number, eps: number): void {
-    this.#k.rmsnorm_rows_f32(BigInt(x), BigInt(w), BigInt(y), n, rows, eps);
+  /**
+   * RMSNorm of `rows` consecutive vectors of `n` floats with one weight vector w, scaling by
+   * (1 + w) when `unitOffset`.
+   */
+  rmsnorm(
+    x: number,
+    w: number,
+    y: number,
+    n: number,
+    rows: number,
+    eps: number,
+    unitOffset = false,
+  ): void {
+    this.#k.rmsnorm_rows_f32(BigInt(x), BigInt(w), BigInt(y), n, rows, eps, unitOffset ? 1 : 0);
   }
 
   /** Rotates the first `dim` dims of `heads` heads spaced `stride` floats apart. */
@@ -415,7 +437,7 @@ export class Ops {
     this.#k.sigmoid_f32(BigInt(x), n);
   }
 
-  /** KDA's gated delta rule (kernels/kda.c, the recurrence), split over the pool by head. */
+  /** The gated delta rule (kernels/kda.c, the recurrence), split over the pool by key head. */
   kda(c: KdaCall): void {
     const ptrs = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out];
     this.pool.run([{
@@ -431,9 +453,11 @@ export class Ops {
         c.gStride,
         c.betaStride,
         c.outStride,
+        c.ratio,
+        c.gChannels,
       ],
       rows: c.heads,
-    }], 4 * c.tokens * c.heads * c.dk * c.dv);
+    }], 4 * c.tokens * c.heads * c.ratio * c.dk * c.dv);
   }
 
   /** Causal depthwise convs + SiLU (kernels/kda.c), one job each, split by head. */

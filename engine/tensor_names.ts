@@ -73,7 +73,11 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "shared_up":
     case "shared_down":
       return moeLayer && moe && moe.sharedIntermediate > 0
-        ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
+        ? `${naming.moe}.${naming.shared ?? "shared_experts"}.${t.slice(7)}_proj.weight`
+        : null;
+    case "shared_expert_gate":
+      return moeLayer && moe?.sharedExpertGate && moe.sharedIntermediate > 0
+        ? `${naming.moe}.shared_expert_gate.weight`
         : null;
     default:
       return family.attentionTensors(cfg, layer)[t] ?? null;
@@ -102,8 +106,8 @@ export function hfExpertName(
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
   const type = modelTypeOf(cfg);
-  const { moe, expert: names, fused } = type.naming;
-  if (fused) {
+  const { moe, expert: names, fused, stacked } = type.naming;
+  if (fused || stacked) {
     throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
   }
   return `${type.prefix ?? "model."}layers.${layer}.${moe}.experts.${expert}.${names[m]}.weight`;
@@ -111,10 +115,11 @@ export function hfExpertName(
 
 /**
  * Where matrix `m` of every expert of MoE layer `layer` lies when the model_type fuses its
- * experts (gpt-oss), else null. `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
- * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts; the matrix's row r is fused row
- * first + r·step: gate and up rows interleave in gate_up_proj (row 2m gate unit m, 2m + 1 up
- * unit m), down_proj is the down matrix as is.
+ * experts, else null; the matrix's row r is fused row first + r·step. gpt-oss (`fused`):
+ * `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8 [E, R, cols/32] and `<base>_bias`
+ * [E, R] hold all experts, gate and up rows interleave in gate_up_proj (row 2m gate unit m,
+ * 2m + 1 up unit m). Qwen3.5 (`stacked`): `<base>` itself [E, R, cols], gate_up_proj holds the
+ * gate rows then the up rows. down_proj is the down matrix as is in both.
  */
 export function hfFusedExpertSlice(
   cfg: ModelConfig,
@@ -124,9 +129,16 @@ export function hfFusedExpertSlice(
   checkLayer(cfg, layer);
   const type = modelTypeOf(cfg);
   const naming = type.naming;
-  if (!naming.fused || cfg.layerKinds[layer] !== "moe") return null;
+  if (!(naming.fused || naming.stacked) || cfg.layerKinds[layer] !== "moe") return null;
   const p = `${type.prefix ?? "model."}layers.${layer}.${naming.moe}.experts`;
   if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
+  if (naming.stacked) {
+    return {
+      base: `${p}.gate_up_proj`,
+      first: m === "up" ? cfg.moe!.expertIntermediate : 0,
+      step: 1,
+    };
+  }
   return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
 }
 

@@ -62,6 +62,8 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
       return weight(moe!.sharedIntermediate, H);
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
+    case "shared_expert_gate":
+      return weight(1, H);
     case "latent_down":
       return weight(expertWidth(cfg), H);
     case "latent_norm":

@@ -181,6 +181,8 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.rmsNormEps, w("rmsNormEps"));
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
+  // Features any family may set (absent: off).
+  for (const k of ["normUnitOffset", "attnOutputGate"]) if (c[k] !== undefined) bool(c[k], w(k));
   const rope = obj(c.rope, w("rope"));
   num(rope.theta, w("rope.theta"));
   oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));
@@ -203,7 +205,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax", "sqrtsoftplus"], w("moe.scoring"));
     if (m.swigluLimit !== undefined) num(m.swigluLimit, w("moe.swigluLimit"));
     if (m.hashLayers !== undefined) int(m.hashLayers, w("moe.hashLayers"), 0, numLayers);
-    for (const k of ["routerLogitBias", "expertBias"]) {
+    for (const k of ["routerLogitBias", "expertBias", "sharedExpertGate"]) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
     if (m.clampedSwiglu !== undefined) {

@@ -117,6 +117,29 @@ export interface CsaConfig {
 }
 
 /**
+ * Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6-MoE): a short causal conv + SiLU over the fused q/k/v
+ * channels, a delta rule with one decay per value head, value heads sharing key heads, and an
+ * RMSNorm gated by SiLU(z) on the output; a fixed-size recurrent state per layer.
+ */
+export interface GatedDeltaNetConfig {
+  numKeyHeads: number;
+  /** A multiple of numKeyHeads: value head j reads key head j / (numValueHeads / numKeyHeads). */
+  numValueHeads: number;
+  keyHeadDim: number;
+  valueHeadDim: number;
+  /** Width of the depthwise causal conv over the q, k and v channels. */
+  convKernel: number;
+  /** Per layer: true for a Gated DeltaNet layer, false for a full-attention layer. */
+  layers: boolean[];
+  /**
+   * How the input projections are stored: `flat` as Qwen3.5 ships them (in_proj_qkv rows
+   * [q | k | v], in_proj_z, in_proj_b, in_proj_a); `grouped` as Qwen3-Next does (in_proj_qkvz
+   * and in_proj_ba, each a block per key head: [q_h | k_h | v and z of its value heads]).
+   */
+  projections: "flat" | "grouped";
+}
+
+/**
  * The residual stream of a layer skeleton. Absent: the plain stream (x += sublayer(norm(x))).
  * `attn_res`: Attention Residuals (Kimi K3, ../shared/K3.md): the stream is cut into blocks of
  * `blockSize` layers, a snapshot is kept at each block start (layer L with L % blockSize = 0), and
@@ -172,6 +195,11 @@ export interface MoeConfig {
   routerLogitBias?: boolean;
   /** gpt-oss: every expert matrix has a bias vector, stored in the expert's record. */
   expertBias?: boolean;
+  /**
+   * Qwen3-Next / Qwen3.5: the shared expert's output is scaled by σ(w·h), one learned vector `w`
+   * per layer (layer tensor `shared_expert_gate`).
+   */
+  sharedExpertGate?: boolean;
   /**
    * gpt-oss's activation instead of silu(gate)·up: gate = min(gate, limit), up = clamp(up, ±limit),
    * (up + 1) · gate · σ(alpha · gate).
@@ -231,6 +259,18 @@ export interface ModelConfig {
   mla: MlaConfig | null;
   /** KDA layers (absent for families without them). */
   kda?: KdaConfig;
+  /** Gated DeltaNet layers (absent for families without them). */
+  gdn?: GatedDeltaNetConfig;
+  /**
+   * Every RMSNorm of the layer skeleton and the attention's q/k norms scale by (1 + w) instead
+   * of w (Qwen3-Next, Qwen3.5); absent means w.
+   */
+  normUnitOffset?: boolean;
+  /**
+   * Gated attention (Qwen3-Next, Qwen3.5): q_proj holds, per head, the query then as many rows of
+   * an output gate; the heads' values are multiplied by σ(gate) before o_proj.
+   */
+  attnOutputGate?: boolean;
   /** The residual stream's kind (absent: plain). */
   residual?: ResidualConfig;
   /** The gated MLPs' activation (absent: SwiGLU). */
@@ -297,6 +337,15 @@ export const LAYER_TENSOR_ORDER = [
   "idx_wgate",
   "idx_ape",
   "idx_norm",
+  // Gated DeltaNet: the fused q/k/v projection (flat) or q/k/v/z (grouped per key head), the
+  // output gate z, β and decay inputs (flat: b and a; grouped: ba), the conv over q/k/v.
+  "gdn_qkv",
+  "gdn_qkvz",
+  "gdn_z",
+  "gdn_b",
+  "gdn_a",
+  "gdn_ba",
+  "qkv_conv",
   // Kimi K3: the attention's Attention Residual.
   "attn_res_norm",
   "attn_res_proj",
@@ -315,6 +364,7 @@ export const LAYER_TENSOR_ORDER = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  "shared_expert_gate",
   // Kimi K3: the MLP's Attention Residual and the latent MoE's projections and norm.
   "mlp_res_norm",
   "mlp_res_proj",
@@ -380,15 +430,16 @@ export function expertWidth(cfg: ModelConfig): number {
 }
 
 /** The kinds of token mixer a layer may run (engine/parts/, engine/reference/mixers.ts). */
-export type MixerName = "gqa" | "mla" | "kda" | "csa";
+export type MixerName = "gqa" | "mla" | "kda" | "csa" | "gdn";
 
 /**
  * The token mixer of layer `layer`, from the config's sections: a KDA layer where `kda.layers`
- * says so, else compressed sparse attention with a `csa` section, MLA with an `mla` section,
- * else grouped-query attention.
+ * says so, a Gated DeltaNet layer where `gdn.layers` does, else compressed sparse attention with
+ * a `csa` section, MLA with an `mla` section, else grouped-query attention.
  */
 export function mixerOf(cfg: ModelConfig, layer: number): MixerName {
   if (cfg.kda?.layers[layer]) return "kda";
+  if (cfg.gdn?.layers[layer]) return "gdn";
   if (cfg.csa) return "csa";
   return cfg.mla ? "mla" : "gqa";
 }

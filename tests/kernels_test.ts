@@ -284,14 +284,18 @@ Deno.test("rmsnorm_f32 matches the reference, also in place", () => {
   }
 });
 
-Deno.test("rmsnorm_rows_f32 normalises each row with the shared weight", () => {
+Deno.test("rmsnorm_rows_f32 normalises each row with the shared weight, or with 1 + w", () => {
   reset();
   const n = 17, nrows = 5;
   const xs = randomF32(n * nrows, 8, -2, 2), ws = randomF32(n, 9);
   const x = putF32(xs), w = putF32(ws);
-  k.rmsnorm_rows_f32(x, w, x, n, nrows, 1e-6);
+  k.rmsnorm_rows_f32(x, w, x, n, nrows, 1e-6, 0);
   const want = rmsnormRowsRef(xs, ws, n, nrows, 1e-6);
   assertClose(f32At(x, n * nrows), want, 2e-6, relScale(want, 1e-6), "rmsnorm_rows");
+  const x1 = putF32(xs);
+  k.rmsnorm_rows_f32(x1, w, x1, n, nrows, 1e-6, 1);
+  const want1 = rmsnormRowsRef(xs, ws.map((v) => 1 + v), n, nrows, 1e-6);
+  assertClose(f32At(x1, n * nrows), want1, 2e-6, relScale(want1, 1e-6), "rmsnorm_rows 1 + w");
 });
 
 Deno.test("rmsnorm_f32: NaN in x gives all NaN; Inf gives NaN there and 0 elsewhere", () => {

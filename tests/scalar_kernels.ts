@@ -255,18 +255,25 @@ export function swigluClampedRef(
   });
 }
 
-/** Shape of a KDA call (see {@link kdaRecurrentRef}). */
+/** Shape of a delta-rule call (see {@link kdaRecurrentRef}). */
 export interface KdaShape {
   T: number;
+  /** Key heads. */
   nHeads: number;
   dk: number;
   dv: number;
+  /** Value heads per key head (Gated DeltaNet); 1 when absent (KDA). */
+  ratio?: number;
+  /** Log-decays per value head: dk when absent (KDA, per key channel), or 1 (Gated DeltaNet). */
+  gChannels?: number;
 }
 
 /**
  * The gated delta rule in float64, straight from its definition, over T tokens laid out densely
- * (q, k, g: [T][nHeads][dk]; v, out: [T][nHeads][dv]; beta: [T][nHeads]); q and k are raw (this
- * normalises them), g is the log-decay. `S` (nHeads·dk·dv, key rows) is updated in place.
+ * (q, k: [T][nHeads][dk]; v, out: [T][nHeads·ratio][dv]; g: [T][nHeads·ratio][gChannels];
+ * beta: [T][nHeads·ratio]); value head j reads key head j / ratio; q and k are raw (this
+ * normalises them), g is the log-decay of each key row, or of the whole head. `S`
+ * (nHeads·ratio·dk·dv, key rows) is updated in place.
  */
 export function kdaRecurrentRef(
   S: Float64Array,
@@ -278,7 +285,8 @@ export function kdaRecurrentRef(
   s: KdaShape,
 ): Float64Array {
   const { T, nHeads: H, dk, dv } = s;
-  const out = new Float64Array(T * H * dv);
+  const r = s.ratio ?? 1, gc = s.gChannels ?? dk, V = H * r;
+  const out = new Float64Array(T * V * dv);
   const norm = (x: ArrayLike<number>, off: number, scale: number) => {
     let ss = 0;
     for (let i = 0; i < dk; i++) ss += x[off + i] ** 2;
@@ -286,28 +294,29 @@ export function kdaRecurrentRef(
     return Array.from({ length: dk }, (_, i) => x[off + i] / n * scale);
   };
   for (let t = 0; t < T; t++) {
-    for (let h = 0; h < H; h++) {
-      const qh = norm(q, (t * H + h) * dk, 1 / Math.sqrt(dk));
-      const kh = norm(k, (t * H + h) * dk, 1);
+    for (let h = 0; h < V; h++) {
+      const kh0 = Math.floor(h / r);
+      const qh = norm(q, (t * H + kh0) * dk, 1 / Math.sqrt(dk));
+      const kh = norm(k, (t * H + kh0) * dk, 1);
       const base = h * dk * dv;
       const u = new Float64Array(dv);
       for (let i = 0; i < dk; i++) {
-        const a = Math.exp(g[(t * H + h) * dk + i]);
+        const a = Math.exp(g[(t * V + h) * gc + (gc === 1 ? 0 : i)]);
         for (let c = 0; c < dv; c++) {
           S[base + i * dv + c] *= a;
           u[c] += kh[i] * S[base + i * dv + c];
         }
       }
-      const b = beta[t * H + h];
+      const b = beta[t * V + h];
       for (let i = 0; i < dk; i++) {
         for (let c = 0; c < dv; c++) {
-          S[base + i * dv + c] += kh[i] * b * (v[(t * H + h) * dv + c] - u[c]);
+          S[base + i * dv + c] += kh[i] * b * (v[(t * V + h) * dv + c] - u[c]);
         }
       }
       for (let c = 0; c < dv; c++) {
         let o = 0;
         for (let i = 0; i < dk; i++) o += qh[i] * S[base + i * dv + c];
-        out[(t * H + h) * dv + c] = o;
+        out[(t * V + h) * dv + c] = o;
       }
     }
   }

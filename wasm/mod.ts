@@ -55,8 +55,19 @@ export interface Kernels {
   ): void;
   /** y = x / sqrt(mean(x²) + eps) · w over n floats; y may equal x. */
   rmsnorm_f32(x: Ptr, w: Ptr, y: Ptr, n: number, eps: number): void;
-  /** rmsnorm_f32 on nrows consecutive rows of n floats, all with the same w. */
-  rmsnorm_rows_f32(x: Ptr, w: Ptr, y: Ptr, n: number, nrows: number, eps: number): void;
+  /**
+   * rmsnorm_f32 on nrows consecutive rows of n floats, all with the same w; `unit` 1 scales by
+   * (1 + w) instead (Qwen3-Next, Qwen3.5).
+   */
+  rmsnorm_rows_f32(
+    x: Ptr,
+    w: Ptr,
+    y: Ptr,
+    n: number,
+    nrows: number,
+    eps: number,
+    unit: number,
+  ): void;
   /**
    * Rotates in place the first rotDim floats of each of nheads heads at x + h·headStride
    * (floats) with cos/sin tables of rotDim/2 floats. interleaved 0 pairs (i, i + rotDim/2),
@@ -233,9 +244,11 @@ export interface Kernels {
   /** y[i] *= x[i] over n floats. */
   mul_f32(y: Ptr, x: Ptr, n: number): void;
   /**
-   * KDA's gated delta rule for heads [h0, h1) over T tokens (kernels/kda.c): per head the state
-   * S_h (dk × dv, key rows) decays by e^g, takes the delta-rule update with beta, and is read by
-   * q. q, k (L2-normalised in place, q also scaled by dk^−½) and g (e^g in place) are scratch.
+   * The gated delta rule of KDA and Gated DeltaNet for key heads [h0, h1) over T tokens
+   * (kernels/kda.c): each of a key head's `ratio` value heads has a state S_h (dk × dv, key rows)
+   * that decays by e^g (`gChannels` log-decays a head: dk per key channel, or 1 for the head),
+   * takes the delta-rule update with beta, and is read by q. q, k (L2-normalised in place, q
+   * also scaled by dk^−½) and g (e^g in place) are scratch.
    */
   kda_recurrent_f32(
     S: Ptr,
@@ -254,6 +267,8 @@ export interface Kernels {
     gStride: number,
     betaStride: number,
     outStride: number,
+    ratio: number,
+    gChannels: number,
     h0: number,
     h1: number,
   ): void;

@@ -26,6 +26,14 @@ export interface MoeNaming {
    * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
    */
   fused?: boolean;
+  /**
+   * Qwen3.5: all experts of a layer stacked in two plain tensors without a `.weight` suffix,
+   * `experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+   * `experts.down_proj` [E, H, I] (engine/tensor_names.ts `hfFusedExpertSlice`).
+   */
+  stacked?: boolean;
+  /** The shared experts' module inside the MoE block (default `shared_experts`). */
+  shared?: string;
 }
 
 /** One supported Hugging Face model_type. */
@@ -49,6 +57,11 @@ export interface ModelType {
    * (DeepSeek's original names: `embed.weight`, `head.weight`).
    */
   globalNames?: Partial<Record<GlobalTensor, string>>;
+  /**
+   * Checkpoint name prefixes of parts sluice does not run, with what they are (Qwen3.5's
+   * `mtp.` and `model.visual.`): pack skips them with a notice.
+   */
+  skipped?: Readonly<Record<string, string>>;
 }
 
 /**

@@ -14,6 +14,13 @@ import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
 import {
+  normaliseQwen3_5Moe,
+  normaliseQwen3Next,
+  QWEN3_5_NAMING,
+  QWEN3_NEXT,
+  QWEN3_NEXT_NAMING,
+} from "./qwen3_next.ts";
+import {
   LLAMA,
   MIXTRAL_NAMING,
   MLP_NAMING,
@@ -31,6 +38,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
+  qwen3_next: QWEN3_NEXT,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -110,6 +118,27 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     architectures: ["KimiK3ForConditionalGeneration"],
     prefix: "language_model.model.",
     lmHead: "language_model.lm_head.weight",
+  },
+  qwen3_next: {
+    family: QWEN3_NEXT,
+    normalise: normaliseQwen3Next,
+    naming: QWEN3_NEXT_NAMING,
+    architectures: ["Qwen3NextForCausalLM"],
+    llamaCppArch: "qwen3next",
+    skipped: { "mtp.": "the multi-token-prediction block, not used for generation" },
+  },
+  // Qwen3.5/3.6-MoE: the text model nested under text_config and model.language_model.
+  qwen3_5_moe: {
+    family: QWEN3_NEXT,
+    normalise: normaliseQwen3_5Moe,
+    naming: QWEN3_5_NAMING,
+    architectures: ["Qwen3_5MoeForConditionalGeneration"],
+    llamaCppArch: "qwen35moe",
+    prefix: "model.language_model.",
+    skipped: {
+      "mtp.": "the multi-token-prediction block, not used for generation",
+      "model.visual.": "the vision tower; sluice runs the text model",
+    },
   },
 };
 

@@ -1,7 +1,8 @@
 /**
  * The feed-forward part of a layer, by the layer's kind (`layerKinds`): a dense gated MLP, or a
  * mixture of experts (router → top-k → experts as they arrive → sum in routing order → plus
- * shared experts). Features set from the config: the gate (SwiGLU, or SiTU-GLU with `glu`), a
+ * shared experts). Features set from the config: a sigmoid gate on the shared expert
+ * (`moe.sharedExpertGate`, Qwen3-Next and Qwen3.5), the gate (SwiGLU, or SiTU-GLU with `glu`), a
  * latent MoE (`moe.latentDim`: the routed experts work in a latent width, the input projected down
  * once, the weighted sum RMS-normed and projected back up), a bias on the router's logits, bias
  * vectors in the experts and the clamped SwiGLU (gpt-oss). Works on a batch of tokens so that chunked prefill reads each distinct expert once
@@ -328,8 +329,19 @@ export class FeedForward {
       ops.matmul({ w: lw.get("latent_up"), x: sum, y: out, nb });
     }
     if (moe.sharedIntermediate > 0) {
+      const hidden = this.#cfg.hiddenSize;
       this.#mlp(lw, h, this.#gathered, nb, "shared");
-      ops.add(out, this.#gathered, nb * this.#cfg.hiddenSize);
+      if (moe.sharedExpertGate) {
+        // Qwen3-Next / Qwen3.5: out += σ(w·h) · shared(h); the router logits are spent.
+        ops.matmul({ w: lw.get("shared_expert_gate"), x: h, y: this.#logits, nb });
+        ops.sigmoid(this.#logits, nb);
+        const scale = ops.f32(this.#logits, nb);
+        for (let b = 0; b < nb; b++) {
+          ops.axpy(out + b * hidden * 4, this.#gathered + b * hidden * 4, scale[b], hidden);
+        }
+      } else {
+        ops.add(out, this.#gathered, nb * hidden);
+      }
     }
   }
 }

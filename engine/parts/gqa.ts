@@ -1,9 +1,11 @@
 /**
  * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5 and gpt-oss: RoPE (on
  * the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from the
- * config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, and gpt-oss's o_proj bias, one
- * learned sink logit per head in the softmax denominator and sliding-window layers whose cache is a
- * ring holding only what the window needs. Its float64 reference is engine/reference/gqa.ts.
+ * config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (by 1 + w with
+ * `normUnitOffset`), gpt-oss's o_proj bias, one learned sink logit per head in the softmax
+ * denominator and sliding-window layers whose cache is a ring holding only what the window needs,
+ * and Qwen3-Next's / Qwen3.5's output gate (`attnOutputGate`: q_proj holds each head's query and
+ * then its gate; the heads' values are multiplied by σ(gate) before o_proj). Its float64 reference is engine/reference/gqa.ts.
  *
  * @module
  */
@@ -43,6 +45,9 @@ export class GqaAttention implements Mixer {
   #k: number[] = [];
   #v: number[] = [];
   #q: number;
+  /** Gated attention: q_proj's output ([query | gate] per head) and the gates (else 0). */
+  #qg = 0;
+  #gate = 0;
   #kNew: number;
   #vNew: number;
   #att: number;
@@ -77,6 +82,10 @@ export class GqaAttention implements Mixer {
     }
     this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
     this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);
+    if (cfg.attnOutputGate) {
+      this.#qg = arena.alloc("attn q + gate", 2 * maxBatch * cfg.numHeads * hd * 4);
+      this.#gate = arena.alloc("attn gate", maxBatch * cfg.numHeads * hd * 4);
+    }
     this.#kNew = arena.alloc("attn k", maxBatch * kvDim * 4);
     this.#vNew = arena.alloc("attn v", maxBatch * kvDim * 4);
     this.#att = arena.alloc("attn out", maxBatch * cfg.numHeads * hd * 4);
@@ -102,6 +111,20 @@ export class GqaAttention implements Mixer {
     ]);
   }
 
+  /**
+   * Gated attention: splits q_proj's output of `nb` tokens, [query | gate] per head, into the
+   * queries and the gates.
+   */
+  #splitGate(nb: number): void {
+    const ops = this.#ops, hd = this.#cfg.headDim, heads = nb * this.#cfg.numHeads;
+    const qg = ops.f32(this.#qg, 2 * heads * hd);
+    const q = ops.f32(this.#q, heads * hd), gate = ops.f32(this.#gate, heads * hd);
+    for (let i = 0; i < heads; i++) {
+      q.set(qg.subarray(2 * i * hd, (2 * i + 1) * hd), i * hd);
+      gate.set(qg.subarray((2 * i + 1) * hd, (2 * i + 2) * hd), i * hd);
+    }
+  }
+
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
@@ -112,11 +135,13 @@ export class GqaAttention implements Mixer {
     const hd = cfg.headDim;
     const qDim = cfg.numHeads * hd;
     const kvDim = cfg.numKvHeads * hd;
+    const gated = this.#qg !== 0;
     ops.matmul(
-      { w: lw.get("wq"), x: h, y: this.#q, nb },
+      { w: lw.get("wq"), x: h, y: gated ? this.#qg : this.#q, nb },
       { w: lw.get("wk"), x: h, y: this.#kNew, nb },
       { w: lw.get("wv"), x: h, y: this.#vNew, nb },
     );
+    if (gated) this.#splitGate(nb);
     if (cfg.attentionBias) {
       for (let b = 0; b < nb; b++) {
         ops.add(this.#q + b * qDim * 4, lw.get("bq").ptr, qDim);
@@ -125,15 +150,10 @@ export class GqaAttention implements Mixer {
       }
     }
     if (cfg.qkNorm) {
-      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, hd, nb * cfg.numHeads, cfg.rmsNormEps);
-      ops.rmsnorm(
-        this.#kNew,
-        lw.get("k_norm").ptr,
-        this.#kNew,
-        hd,
-        nb * cfg.numKvHeads,
-        cfg.rmsNormEps,
-      );
+      const unit = cfg.normUnitOffset;
+      const eps = cfg.rmsNormEps;
+      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, hd, nb * cfg.numHeads, eps, unit);
+      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, hd, nb * cfg.numKvHeads, eps, unit);
     }
     const interleaved = cfg.rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
@@ -167,6 +187,10 @@ export class GqaAttention implements Mixer {
       ring: { slots, first },
       sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
     });
+    if (gated) {
+      ops.sigmoid(this.#gate, nb * qDim);
+      ops.mul(this.#att, this.#gate, nb * qDim);
+    }
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
     if (cfg.attention?.outputBias) {
       for (let b = 0; b < nb; b++) {
@@ -181,7 +205,8 @@ function gqaShape(cfg: ModelConfig, t: LayerTensor): number[] {
   const H = cfg.hiddenSize, q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
   switch (t) {
     case "wq":
-      return [q, H];
+      // Gated: each head's query, then as many rows of its output gate.
+      return [cfg.attnOutputGate ? 2 * q : q, H];
     case "wk":
     case "wv":
       return [kv, H];
@@ -213,7 +238,14 @@ export const GQA: MixerPart = {
     const q = maxBatch * cfg.numHeads * cfg.headDim * 4;
     const kv = maxBatch * cfg.numKvHeads * cfg.headDim * 4;
     return ropeTableBytes(cfg.rope, ctx) +
-      regionBytes(q, kv, kv, q, scoreBytes(cfg, ctx, maxBatch));
+      regionBytes(
+        q,
+        ...(cfg.attnOutputGate ? [2 * q, q] : []),
+        kv,
+        kv,
+        q,
+        scoreBytes(cfg, ctx, maxBatch),
+      );
   },
   create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
     new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),

@@ -16,6 +16,7 @@ import type { Arena } from "../arena.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
 import { CSA } from "./csa.ts";
+import { GDN } from "./gated_deltanet.ts";
 import { GQA } from "./gqa.ts";
 import { KDA } from "./kda.ts";
 import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
@@ -27,6 +28,7 @@ export const MIXERS: Readonly<Record<MixerName, MixerPart>> = {
   mla: MLA,
   kda: KDA,
   csa: CSA,
+  gdn: GDN,
 };
 
 /** The mixer kind of layer `layer`. */

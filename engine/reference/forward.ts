@@ -33,6 +33,7 @@ import {
   limitedSwiglu,
   matvec,
   rmsNorm,
+  sigmoid,
   situ,
   softmax,
   SWIGLU,
@@ -214,14 +215,14 @@ export class ReferenceModel implements ReferenceContext {
         (attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x);
       const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
-      const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
+      const h = this.norm(a, this.lw(l, "attn_norm"), `layer ${l} attn_norm`);
       const attn = REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos);
       if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
       else if (restart) x = attn;
       else addInto(x, attn);
       const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
       const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
-      const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
+      const h2 = this.norm(m, this.lw(l, "ffn_norm"), `layer ${l} ffn_norm`);
       let ffn: Float64Array;
       if (cfg.layerKinds[l] === "moe") {
         const { out, experts } = this.moe(l, h2, token);
@@ -262,7 +263,7 @@ export class ReferenceModel implements ReferenceContext {
         hyper.eps,
       );
     }
-    const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
+    const xn = this.norm(final, this.w("final_norm"), "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     return matvec(head, xn, cfg.vocabSize, d, "lm_head");
   }
@@ -279,6 +280,11 @@ export class ReferenceModel implements ReferenceContext {
   /** The float32 values of a layer tensor. */
   lw(layer: number, t: LayerTensor): Float32Array {
     return this.w(layerTensorName(layer, t));
+  }
+
+  /** The skeleton's RMSNorm of `x`: · w, or · (1 + w) with `normUnitOffset`. */
+  private norm(x: Float64Array, w: Float32Array, what: string): Float64Array {
+    return rmsNorm(x, w, this.cfg.rmsNormEps, what, 0, x.length, this.cfg.normUnitOffset);
   }
 
   /** Layer `layer`'s cached keys and values. */
@@ -320,7 +326,10 @@ export class ReferenceModel implements ReferenceContext {
   normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void {
     const hd = this.cfg.headDim;
     for (let i = 0; i < heads; i++) {
-      v.set(rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd), i * hd);
+      v.set(
+        rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd, this.cfg.normUnitOffset),
+        i * hd,
+      );
     }
   }
 
@@ -376,18 +385,21 @@ export class ReferenceModel implements ReferenceContext {
       )
       : sum;
     if (moe.sharedIntermediate > 0) {
-      addInto(
-        out,
-        swiglu(
-          this.lw(l, "shared_gate"),
-          this.lw(l, "shared_up"),
-          this.lw(l, "shared_down"),
-          h,
-          moe.sharedIntermediate,
-          `layer ${l} shared expert`,
-          this.act,
-        ),
+      const shared = swiglu(
+        this.lw(l, "shared_gate"),
+        this.lw(l, "shared_up"),
+        this.lw(l, "shared_down"),
+        h,
+        moe.sharedIntermediate,
+        `layer ${l} shared expert`,
+        this.act,
       );
+      // Qwen3-Next / Qwen3.5: the shared expert is scaled by σ(w·h).
+      if (moe.sharedExpertGate) {
+        const [z] = matvec(this.lw(l, "shared_expert_gate"), h, 1, d, `layer ${l} shared gate`);
+        for (let i = 0; i < shared.length; i++) shared[i] *= sigmoid(z);
+      }
+      addInto(out, shared);
     }
     return { out, experts: route.experts };
   }

@@ -8,7 +8,7 @@
  * @module
  */
 import type { ReferenceAttention } from "./forward.ts";
-import { addInto, matvec } from "./math.ts";
+import { addInto, matvec, sigmoid } from "./math.ts";
 
 /** Grouped-query attention of layer `l` at position `pos`, through o_proj. */
 export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
@@ -19,7 +19,15 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
     if (cfg.attentionBias) addInto(y, Float64Array.from(m.lw(l, b)));
     return y;
   };
-  const q = proj("wq", "bq", numHeads);
+  const gated = cfg.attnOutputGate === true;
+  const qg = proj("wq", "bq", gated ? 2 * numHeads : numHeads);
+  // Gated: head h's rows are [query (headDim) | gate (headDim)].
+  const q = gated ? new Float64Array(numHeads * headDim) : qg;
+  const gate = new Float64Array(gated ? numHeads * headDim : 0);
+  for (let hd = 0; gated && hd < numHeads; hd++) {
+    q.set(qg.subarray(2 * hd * headDim, (2 * hd + 1) * headDim), hd * headDim);
+    gate.set(qg.subarray((2 * hd + 1) * headDim, (2 * hd + 2) * headDim), hd * headDim);
+  }
   const k = proj("wk", "bk", numKvHeads);
   const v = proj("wv", "bv", numKvHeads);
   if (cfg.qkNorm) {
@@ -48,6 +56,7 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
       sink: sinks?.[hd],
     });
   }
+  for (let i = 0; i < gate.length; i++) out[i] *= sigmoid(gate[i]);
   const y = matvec(m.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
   if (extras?.outputBias) addInto(y, Float64Array.from(m.lw(l, "bo")));
   return y;

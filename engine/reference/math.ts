@@ -27,7 +27,10 @@ export function matvec(
   return y;
 }
 
-/** RMSNorm as in Hugging Face: x / sqrt(mean(x²) + eps) · weight, over `x[off, off + n)`. */
+/**
+ * RMSNorm as in Hugging Face: x / sqrt(mean(x²) + eps) · weight, over `x[off, off + n)`; with
+ * `unitOffset`, · (1 + weight) (Qwen3-Next, Qwen3.5).
+ */
 export function rmsNorm(
   x: Float64Array,
   weight: Float32Array,
@@ -35,6 +38,7 @@ export function rmsNorm(
   what: string,
   off = 0,
   n = x.length,
+  unitOffset = false,
 ): Float64Array {
   if (weight.length !== n) {
     throw new Error(`${what}: norm weight has ${weight.length} values, expected ${n}`);
@@ -43,7 +47,8 @@ export function rmsNorm(
   for (let i = 0; i < n; i++) ss += x[off + i] * x[off + i];
   const inv = 1 / Math.sqrt(ss / n + eps);
   const y = new Float64Array(n);
-  for (let i = 0; i < n; i++) y[i] = x[off + i] * inv * weight[i];
+  const one = unitOffset ? 1 : 0;
+  for (let i = 0; i < n; i++) y[i] = x[off + i] * inv * (one + weight[i]);
   return y;
 }
 

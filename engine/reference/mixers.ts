@@ -8,6 +8,7 @@
 import type { MixerName } from "../../io/model_config.ts";
 import type { ReferenceAttention } from "./forward.ts";
 import { csaReference } from "./csa.ts";
+import { gatedDeltaNetReference } from "./gated_deltanet.ts";
 import { gqaReference } from "./gqa.ts";
 import { kdaReference } from "./kda.ts";
 import { mlaReference } from "./mla.ts";
@@ -18,4 +19,5 @@ export const REFERENCE_MIXERS: Readonly<Record<MixerName, ReferenceAttention>> =
   mla: mlaReference,
   kda: kdaReference,
   csa: csaReference,
+  gdn: gatedDeltaNetReference,
 };

@@ -16,6 +16,7 @@ import {
   type ModelConfig,
 } from "../../io/model_config.ts";
 import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
+import { modelTypeOf } from "../../engine/models/mod.ts";
 import { hfGlobalName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
 import {
   expertMatrixShape,
@@ -337,7 +338,9 @@ export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
 
 /**
  * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
- * multi-token-prediction layers): they are not part of the model, so they are never packed.
+ * multi-token-prediction layers) and which tensors lie under a prefix the model_type skips
+ * (Qwen3.5's MTP block and vision tower): they are not part of the model, so they are never
+ * packed.
  */
 export function reportSkippedLayers(
   cfg: ModelConfig,
@@ -355,5 +358,9 @@ export function reportSkippedLayers(
       `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
         `a multi-token-prediction layer, not used for generation`,
     );
+  }
+  for (const [prefix, what] of Object.entries(modelTypeOf(cfg).skipped ?? {})) {
+    const n = [...ckpt.tensors.keys()].filter((name) => name.startsWith(prefix)).length;
+    if (n) log(`pack: skipping ${n} tensors under ${prefix}* (${what})`);
   }
 }
