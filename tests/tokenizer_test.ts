@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { renderChat } from "../engine/chat.ts";
