@@ -10,7 +10,9 @@ import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
 import { parseCommandArgs } from "../tools/cli/args.ts";
-import { coldText } from "./fixtures.ts";
+import { existsSync } from "node:fs";
+import { PrefixCache } from "../engine/prefix_cache.ts";
+import { coldText, fixtureDir, packedFixture } from "./fixtures.ts";
 
 const RUN = { quiet: true, ctx: 256, threads: 1 };
 
@@ -159,4 +161,64 @@ Deno.test("serve flags: --api-key may be given once per user", () => {
     "api-key": { type: "string", multiple: true },
   });
   assert.deepEqual(a.all("api-key"), ["k1", "k2"]);
+});
+
+/**
+ * Owner a's story, owner b's, then a's next turn (a's last prompt, its answer, more text) and a
+ * retry of a's first prompt with another ending: through the PrefixCache each equals a cold run,
+ * and a's turns reuse a's prefix although b ran in between. Returns the cached counts.
+ */
+async function ownersTakeTurns(path: string): Promise<number[]> {
+  const session = await Session.open(path, { quiet: true, ctx: 96 });
+  const ref = await Session.open(path, { quiet: true, ctx: 96 });
+  const cache = new PrefixCache(session, { ownerBytes: 2 ** 24 });
+  const cached: number[] = [];
+  const run = async (owner: string, ids: number[]) => {
+    cache.prepare(owner, ids);
+    const got: number[] = [];
+    for await (const t of session.generate(ids, { maxTokens: 5, temperature: 0 })) got.push(t.id);
+    cache.finish();
+    cached.push(session.timings.cachedTokens);
+    ref.resetCache();
+    const want: number[] = [];
+    for await (const t of ref.generate(ids, { maxTokens: 5, temperature: 0 })) want.push(t.id);
+    assert.deepEqual(got, want, `${owner}: ${ids.length} prompt tokens`);
+    return got;
+  };
+  try {
+    const a = session.tokenize("Once upon a time there was a");
+    const answer = await run("a", a);
+    await run("b", session.tokenize("The little dog said"));
+    await run("a", [...a, ...answer, ...session.tokenize(" and the sun").slice(1)]);
+    await run("a", [...a.slice(0, -2), ...session.tokenize(" Tom").slice(1)]);
+    return cached;
+  } finally {
+    session.close();
+    ref.close();
+  }
+}
+
+Deno.test({
+  name: "PrefixCache: owners' turns equal cold runs, a restored prefix resumes (attention)",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const [a, b, next, retry] = await ownersTakeTurns(await demoModelPath(true));
+    assert.deepEqual([a, b], [0, 0], "b never continues a's cache");
+    assert.ok(next > 0 && retry > 0, `${next} and ${retry} cached`);
+  },
+});
+
+Deno.test({
+  name: "PrefixCache: a recurrent model resumes only a prefix its prompt extends whole (KDA)",
+  ignore: !existsSync(fixtureDir("tiny-kimi-linear")),
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const [a, b, next, retry] = await ownersTakeTurns(await packedFixture("tiny-kimi-linear"));
+    assert.deepEqual([a, b], [0, 0]);
+    assert.ok(next > 0, `${next} cached`);
+    // The retry cuts a's prompt short: a recurrent state cannot rewind, so it runs cold.
+    assert.equal(retry, 0);
+  },
 });
