@@ -115,13 +115,25 @@ function sameSecret(got: string | null, want: string): boolean {
   return timingSafeEqual(digest(got ?? ""), digest(want)) && got !== null;
 }
 
+/** When {@link tick} last yielded through a timer. */
+let timerYieldAt = 0;
+
 /**
  * Yields to the event loop so other requests, timers, disconnects and stream writes are seen.
- * setImmediate costs microseconds where a zero timeout costs a millisecond or more.
+ * setImmediate costs microseconds where a zero timeout costs a millisecond or more, but one
+ * immediate turn is not enough for Deno.serve to answer a request: with it alone, /health waited
+ * for the whole prefill (5 s for 1968 tokens on the demo model at load 17). So at most every
+ * {@link TIMER_YIELD_MS} the yield is a zero timeout, which lets waiting requests through.
  */
 function tick(): Promise<void> {
-  return new Promise((r) => setImmediate(r));
+  const now = performance.now();
+  if (now - timerYieldAt < TIMER_YIELD_MS) return new Promise((r) => setImmediate(r));
+  timerYieldAt = now;
+  return new Promise((r) => setTimeout(r, 0));
 }
+
+/** Most ms between yields that let other requests through (see {@link tick}). */
+const TIMER_YIELD_MS = 20;
 
 /** The answer to an error: OpenAI's shape, never a stack trace. */
 function errorResponse(e: unknown): ApiError {
