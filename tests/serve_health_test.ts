@@ -10,9 +10,11 @@ import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
 
 /**
- * One prefill chunk of 32 tokens takes about 40–180 ms on the demo model on this shared 2-core
- * machine (load 15–25), and a ready process may wait for a few time slices more: 500 ms is
- * several chunks' worth, yet far below the whole prefill (seconds) that /health waited before.
+ * The server lets requests in at most every 100 ms (a timer yield costs the decode loop a
+ * millisecond or more), one prefill chunk of 16 tokens takes about 20–90 ms on the demo model,
+ * and on this shared 2-core machine (load 13–25) a ready process may wait some time slices
+ * more: measured p50 70–76 ms, max 226–296 ms at load 13. 500 ms leaves room for a busier
+ * machine yet stays far below the whole prefill (seconds) that /health waited before.
  */
 const BOUND_MS = 500;
 
@@ -25,7 +27,7 @@ Deno.test({
       quiet: true,
       ctx: 2048,
       threads: 1,
-      prefillChunk: 32,
+      prefillChunk: 16,
     });
     const server = startServer(session, { port: 0, log: () => {} });
     try {

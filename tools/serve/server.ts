@@ -122,7 +122,7 @@ let timerYieldAt = 0;
  * Yields to the event loop so other requests, timers, disconnects and stream writes are seen.
  * setImmediate costs microseconds where a zero timeout costs a millisecond or more, but one
  * immediate turn is not enough for Deno.serve to answer a request: with it alone, /health waited
- * for the whole prefill (5 s for 1968 tokens on the demo model at load 17). So at most every
+ * for the whole prefill (3.5 s for 1968 tokens on the demo model at load 16). So at most every
  * {@link TIMER_YIELD_MS} the yield is a zero timeout, which lets waiting requests through.
  */
 function tick(): Promise<void> {
@@ -132,8 +132,12 @@ function tick(): Promise<void> {
   return new Promise((r) => setTimeout(r, 0));
 }
 
-/** Most ms between yields that let other requests through (see {@link tick}). */
-const TIMER_YIELD_MS = 20;
+/**
+ * Most ms between yields that let other requests through (see {@link tick}): a timer yield costs
+ * a millisecond or more (more on a loaded machine, where the process may lose its core), so the
+ * server JSON ÷ direct decode ratio of `bench serve` fell to 0.84–0.90 at 50 ms between them.
+ */
+const TIMER_YIELD_MS = 100;
 
 /** The answer to an error: OpenAI's shape, never a stack trace. */
 function errorResponse(e: unknown): ApiError {
