@@ -138,7 +138,7 @@ Deno.test({
       assert.equal(many.status, 400);
       assert.match(
         JSON.parse(many.body).error.message,
-        /^messages: the conversation has 300 messages; the context holds 256/,
+        /^messages: 300 messages of \d+ characters cannot fit the context of 256 tokens/,
       );
       // The key: a wrong one of the same length and a prefix both fail; the right one passes.
       for (const key of ["Bearer x", "Bearer ", "Bearer kk"]) {

@@ -48,6 +48,15 @@ const note = (pin: string) => `Account note: the PIN is ${pin}. Keep it safe.`;
 async function attack(session: Session, pin: string) {
   const server = startServer(session, { port: 0, log: () => {}, apiKey: ["alice", "bob"] });
   try {
+    // Each key is let in (either header), any other is not.
+    const models = (headers: Record<string, string>) =>
+      fetch(`${server.url}/v1/models`, { headers }).then(async (
+        r,
+      ) => (await r.body?.cancel(), r.status));
+    assert.equal(await models({ authorization: "Bearer alice" }), 200);
+    assert.equal(await models({ "x-api-key": "bob" }), 200);
+    assert.equal(await models({ authorization: "Bearer mallory" }), 401);
+    assert.equal(await models({ authorization: "Bearer alice,bob" }), 401);
     let guess = "";
     const seen: number[] = [];
     const alice: { cached: number; prompt: number }[] = [];
