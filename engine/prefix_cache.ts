@@ -104,6 +104,8 @@ export class PrefixCache {
       // The live cache holds all of it now and is saved again when displaced.
       if (use === best.tokens.length) this.#saved.splice(this.#saved.indexOf(best), 1);
     } else if (!liveOwn) s.resetCache();
+    // The draft model's cache would otherwise make drafting another owner's prefix faster.
+    if (this.#liveOwner !== owner) s.speculation?.forgetDraftCache();
     this.#liveOwner = owner;
     this.#liveSaved = false;
   }
