@@ -120,8 +120,15 @@ export function forcedCallGrammar(
   return parts.length === 1 ? parts[0] : { type: "sequence", elements: parts };
 }
 
-/** Plans the generation of a chat request. */
-export function planChat(session: Session, r: CompletionRequest): ChatPlan {
+/**
+ * Plans the generation of a chat request; `caches` are the cached token lists the prompt may
+ * continue from (Session.continuationIds; default: the session's prompt cache).
+ */
+export function planChat(
+  session: Session,
+  r: CompletionRequest,
+  caches?: readonly (readonly number[])[],
+): ChatPlan {
   boundConversation(r, session.model.maxContext);
   const tpl = session.chatTemplate;
   const template = tpl.source.template;
@@ -178,7 +185,7 @@ export function planChat(session: Session, r: CompletionRequest): ChatPlan {
     };
   }
   return {
-    ids: session.continuationIds(prompt),
+    ids: session.continuationIds(prompt, caches),
     output: { format, tools: r.tools, thinkTags, startsInReasoning, harmony },
     keepSpecial: harmony || format !== null || thinkTags,
     grammar,
