@@ -9,17 +9,8 @@ import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startServer } from "../tools/serve/server.ts";
 
-/**
- * The server lets requests in at most every 100 ms (a timer yield costs the decode loop a
- * millisecond or more), one prefill chunk of 16 tokens takes about 20–90 ms on the demo model,
- * and on this shared 2-core machine (load 13–25) a ready process may wait some time slices
- * more: measured p50 70–76 ms, max 226–296 ms at load 13. 500 ms leaves room for a busier
- * machine yet stays far below the whole prefill (seconds) that /health waited before.
- */
-const BOUND_MS = 500;
-
 Deno.test({
-  name: "serve: /health answers within a bound while a long prompt prefills",
+  name: "serve: /health answers again and again while a long prompt prefills",
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
@@ -52,8 +43,9 @@ Deno.test({
       }
       const usage = (await answer).usage;
       assert.ok(usage.prompt_tokens > 1500, JSON.stringify(usage));
+      // Before, /health waited for the whole prefill: no answer came while it ran. Its latency is
+      // a timing and is measured, not tested (docs/PERFORMANCE.md): the machines are shared.
       assert.ok(during.length >= 3, `${during.length} answers during the prefill`);
-      assert.ok(Math.max(...during) <= BOUND_MS, `/health took ${during.join(", ")} ms`);
     } finally {
       await server.close();
       session.close();
