@@ -254,6 +254,14 @@ export class Model {
   }
 }
 
+/**
+ * The least budget a run of `container` under `opts` starts with: its plan's floor without the
+ * lookahead's resident routers, which a run at the floor goes without (see {@link planRun}).
+ */
+export function runFloor(container: Container, opts: RunOptions = {}): number {
+  return planRun(container, { ...opts, budget: undefined, lookahead: 0 }).plan.floor;
+}
+
 /** The memory plan of a run, with the lookahead depth it leaves room for. */
 export function planRun(
   container: Container,

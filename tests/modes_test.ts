@@ -30,7 +30,7 @@ Deno.test("generate names its mode and warns below one working set with a next s
   const streamed = await modeOf(model, "--budget", "24M");
   assert.match(streamed.mode, /^experts streamed \(trunk resident; expert cache \d+ of 64 records/);
   const low = await modeOf(model, "--budget", "12M");
-  assert.match(low.mode, /^trunk streamed too \(0\/4 layers pinned; expert cache 4 of 64/);
+  assert.match(low.mode, /^trunk streamed too \([0-3]\/4 layers pinned; expert cache 4 of 64/);
   assert.match(low.warning!, /below one token's working set \(8 = top-2 × 4 MoE layers\)/);
   const next = /the next step up is --budget (\d+)M/.exec(low.warning!)![1];
   const at = await modeOf(model, "--budget", `${next}M`);

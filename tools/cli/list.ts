@@ -7,7 +7,7 @@
 import { readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { openContainer } from "../../engine/container.ts";
-import { planInput, planMemory } from "../../engine/planner.ts";
+import { runFloor } from "../../engine/model.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { HELP_FLAG, helpShown, parseCommandArgs } from "./args.ts";
 import { modelsDir, storeModels } from "./models.ts";
@@ -50,8 +50,7 @@ export function listStore(): (StoreEntry | { name: string; path: string; error: 
       );
       const experts = new Set(c.manifest.experts.flatMap((b) => (b ? [b.format] : [])));
       const format = [...dtypes].join("+") + (experts.size ? ` / ${[...experts].join("+")}` : "");
-      const ctx = Math.min(4096, c.config.maxPositions);
-      const floor = planMemory(planInput(c), { ctx, maxBatch: 64 }).floor;
+      const floor = runFloor(c);
       return {
         name,
         path,

@@ -5,7 +5,7 @@
  * @module
  */
 import { openContainer } from "../../engine/container.ts";
-import { planRun } from "../../engine/model.ts";
+import { planRun, runFloor } from "../../engine/model.ts";
 import { mixerPartOf } from "../../engine/parts/mod.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { mixerOf } from "../../io/model_config.ts";
@@ -42,8 +42,7 @@ export async function planCommand(args: string[]): Promise<number> {
   const c = openContainer(await resolveModel(model));
   const cfg = c.config;
   const opts = { ctx: a.int("ctx"), prefillChunk: a.int("prefill-chunk") };
-  // The floor is the plan without the lookahead's resident routers: the run drops them there.
-  const floor = planRun(c, { ...opts, lookahead: 0 }).plan.floor;
+  const floor = runFloor(c, opts);
   const { plan, lookahead, ctx } = planRun(c, {
     ...opts,
     budget: budgetFromArgs(a.str("budget"), a.str("preset")),
