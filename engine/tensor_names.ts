@@ -56,7 +56,9 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "router":
       return moeLayer ? `${naming.moe}.${naming.router ?? "gate"}.weight` : null;
     case "router_bias":
-      return moeLayer && moe?.selectionBias ? `${naming.moe}.gate.e_score_correction_bias` : null;
+      return moeLayer && moe?.selectionBias
+        ? `${naming.moe}.${naming.selectionBias ?? "gate.e_score_correction_bias"}`
+        : null;
     case "router_b":
       return moeLayer && moe?.routerLogitBias
         ? `${naming.moe}.${naming.router ?? "gate"}.bias`

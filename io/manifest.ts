@@ -181,6 +181,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.rmsNormEps, w("rmsNormEps"));
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
+  if (c.qkNormWhole !== undefined) bool(c.qkNormWhole, w("qkNormWhole"));
   const rope = obj(c.rope, w("rope"));
   num(rope.theta, w("rope.theta"));
   oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));

@@ -175,6 +175,11 @@ export interface ModelConfig {
   tieWordEmbeddings: boolean;
   /** Qwen3: per-head RMSNorm of q and k before RoPE. */
   qkNorm: boolean;
+  /**
+   * With qkNorm: one RMSNorm over each token's whole q projection (all heads together) and one
+   * over its whole k projection, before the head split (MiniMax-M2); absent: one per head.
+   */
+  qkNormWhole?: boolean;
   /** Biases on q/k/v projections (Qwen2-style). */
   attentionBias: boolean;
   /** "dense" or "moe" for each layer, in order. */

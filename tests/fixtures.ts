@@ -25,6 +25,8 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "tiny-deepseek-v3-fp8",
   "tiny-glm4-moe",
   "tiny-kimi-linear",
+  "tiny-minimax-m2",
+  "tiny-minimax-m2-fp8",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
@@ -295,3 +297,54 @@ export const THINK_TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
 
 {% else %}<think>
 {% endif %}{% endif %}`;
+
+/**
+ * Opens the container at `path` and asserts that `text` tokenizes to `prompt` and that greedy
+ * generation after `prompt` gives `known` (a README's known answer).
+ */
+export async function assertKnownContinuation(
+  path: string,
+  text: string,
+  prompt: number[],
+  known: number[],
+): Promise<void> {
+  const session = await Session.open(path, { quiet: true });
+  try {
+    assert.deepEqual(session.tokenize(text), prompt);
+    const ids: number[] = [];
+    for await (const t of session.generate(prompt, { maxTokens: known.length })) ids.push(t.id);
+    assert.deepEqual(ids, known);
+  } finally {
+    session.close();
+  }
+}
+
+/**
+ * The logits of every position of `tokens` from the container at `path` opened with `opts` (and
+ * `ctx` positions): the first `prefilled` tokens in chunks of the run's prefill chunk, the rest
+ * one at a time, as a run with a prompt would. Placement tests compare these bit for bit.
+ */
+export async function logitsOfRun(
+  path: string,
+  opts: RunOptions,
+  tokens: number[],
+  prefilled: number,
+  ctx: number,
+): Promise<Float32Array> {
+  const model = await Model.open(path, { quiet: true, ctx, ...opts });
+  try {
+    const vocab = model.cfg.vocabSize;
+    const out = new Float32Array(tokens.length * vocab);
+    const chunk = model.prefillChunk;
+    for (let p = 0; p < prefilled; p += chunk) {
+      const n = Math.min(chunk, prefilled - p);
+      out.set(model.forward(tokens.slice(p, p + n), p, true), p * vocab);
+    }
+    for (let p = prefilled; p < tokens.length; p++) {
+      out.set(model.forward([tokens[p]], p), p * vocab);
+    }
+    return out;
+  } finally {
+    model.close();
+  }
+}

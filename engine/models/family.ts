@@ -22,6 +22,11 @@ export interface MoeNaming {
   /** The router's module name inside the MoE block (default `gate`). */
   router?: string;
   /**
+   * The selection bias's name inside the MoE block (default `gate.e_score_correction_bias`;
+   * MiniMax-M2 keeps it beside the router).
+   */
+  selectionBias?: string;
+  /**
    * gpt-oss: all experts of a layer in fused MXFP4 tensors (engine/tensor_names.ts
    * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
    */

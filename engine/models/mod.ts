@@ -12,6 +12,7 @@ import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
+import { MINIMAX_M2_NAMING, normaliseMinimaxM2 } from "./minimax_m2.ts";
 import {
   LLAMA,
   MIXTRAL_NAMING,
@@ -74,6 +75,12 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: GPT_OSS_NAMING,
     architectures: ["GptOssForCausalLM"],
     llamaCppArch: "gpt-oss",
+  },
+  minimax_m2: {
+    family: LLAMA,
+    normalise: normaliseMinimaxM2,
+    naming: MINIMAX_M2_NAMING,
+    architectures: ["MiniMaxM2ForCausalLM"],
   },
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: {

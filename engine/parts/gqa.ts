@@ -1,9 +1,10 @@
 /**
- * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5 and gpt-oss: RoPE (on
- * the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from the
- * config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, and gpt-oss's o_proj bias, one
- * learned sink logit per head in the softmax denominator and sliding-window layers whose cache is a
- * ring holding only what the window needs. Its float64 reference is engine/reference/gqa.ts.
+ * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5, MiniMax-M2 and gpt-oss:
+ * RoPE (on the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from
+ * the config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (MiniMax-M2's one over the
+ * whole projection, `qkNormWhole`), and gpt-oss's o_proj bias, one learned sink logit per head in
+ * the softmax denominator and sliding-window layers whose cache is a ring holding only what the
+ * window needs. Its float64 reference is engine/reference/gqa.ts.
  *
  * @module
  */
@@ -125,15 +126,12 @@ export class GqaAttention implements Mixer {
       }
     }
     if (cfg.qkNorm) {
-      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, hd, nb * cfg.numHeads, cfg.rmsNormEps);
-      ops.rmsnorm(
-        this.#kNew,
-        lw.get("k_norm").ptr,
-        this.#kNew,
-        hd,
-        nb * cfg.numKvHeads,
-        cfg.rmsNormEps,
-      );
+      // Per head, or (qkNormWhole) one norm over each token's whole projection.
+      const w = cfg.qkNormWhole === true, eps = cfg.rmsNormEps;
+      const [qn, qRows] = w ? [qDim, nb] : [hd, nb * cfg.numHeads];
+      const [kn, kRows] = w ? [kvDim, nb] : [hd, nb * cfg.numKvHeads];
+      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, qn, qRows, eps);
+      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, kn, kRows, eps);
     }
     const interleaved = cfg.rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
@@ -197,8 +195,9 @@ function gqaShape(cfg: ModelConfig, t: LayerTensor): number[] {
     case "sinks":
       return [cfg.numHeads];
     case "q_norm":
+      return [cfg.qkNormWhole ? q : cfg.headDim];
     case "k_norm":
-      return [cfg.headDim];
+      return [cfg.qkNormWhole ? kv : cfg.headDim];
     default:
       throw new Error(`grouped-query attention has no tensor ${t}`);
   }

@@ -1,14 +1,14 @@
 /**
  * The float64 reference of grouped-query attention (the llama family: Llama, Mixtral, Qwen3,
- * GLM-4.5; and the gpt_oss family): optional q/k/v biases, Qwen3's per-head q/k RMSNorm, RoPE,
- * and every query head attending to its shared key/value head, as transformers' LlamaAttention
- * computes it; gpt-oss adds one sink logit per head, a sliding window on the layers that have
+ * GLM-4.5, MiniMax-M2; and the gpt_oss family): optional q/k/v biases, Qwen3's per-head q/k
+ * RMSNorm (MiniMax-M2's one over the whole projection), RoPE, and every query head attending to
+ * its shared key/value head, as transformers' LlamaAttention computes it; gpt-oss adds one sink logit per head, a sliding window on the layers that have
  * one (the full cache is kept, the window is a mask) and an o_proj bias, as GptOssAttention does.
  *
  * @module
  */
 import type { ReferenceAttention } from "./forward.ts";
-import { addInto, matvec } from "./math.ts";
+import { addInto, matvec, rmsNorm } from "./math.ts";
 
 /** Grouped-query attention of layer `l` at position `pos`, through o_proj. */
 export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
@@ -22,7 +22,11 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
   const q = proj("wq", "bq", numHeads);
   const k = proj("wk", "bk", numKvHeads);
   const v = proj("wv", "bv", numKvHeads);
-  if (cfg.qkNorm) {
+  if (cfg.qkNorm && cfg.qkNormWhole) {
+    // MiniMax-M2: one norm over all heads of the token's projection.
+    q.set(rmsNorm(q, m.lw(l, "q_norm"), cfg.rmsNormEps, `layer ${l} q_norm`));
+    k.set(rmsNorm(k, m.lw(l, "k_norm"), cfg.rmsNormEps, `layer ${l} k_norm`));
+  } else if (cfg.qkNorm) {
     m.normHeads(q, numHeads, m.lw(l, "q_norm"), `layer ${l} q_norm`);
     m.normHeads(k, numKvHeads, m.lw(l, "k_norm"), `layer ${l} k_norm`);
   }
