@@ -9,7 +9,9 @@
  * engine/quant/mxfp4.ts), or one expert's slice of gpt-oss's fused MXFP4 tensors
  * (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate and up
  * rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are also
- * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised.
+ * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised. Or one expert's
+ * rows of a plain fused float tensor as Gemma 4 ships its experts (`experts.gate_up_proj`
+ * [E, 2I, H], gate rows then up rows; `experts.down_proj` [E, H, I]).
  *
  * @module
  */
@@ -54,6 +56,8 @@ export interface SourceMatrix {
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
   fused?: FusedSlice;
+  /** One expert's rows of a plain fused tensor [E, R, cols] (Gemma 4): row r is first + r. */
+  rowsOf?: { tensor: TensorInfo; expert: number; first: number };
 }
 
 /**
@@ -211,14 +215,26 @@ export function findExpertMatrix(
   e: number,
   m: ExpertMatrix,
 ): SourceMatrix {
-  return hfFusedExpertSlice(cfg, l, m)
-    ? findFusedMxfp4(ckpt, cfg, l, e, m)
-    : findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+  const slice = hfFusedExpertSlice(cfg, l, m);
+  if (!slice) return findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
+  if (slice.kind === "mxfp4") return findFusedMxfp4(ckpt, cfg, l, e, m);
+  const E = cfg.moe!.numExperts, I = cfg.moe!.expertIntermediate, H = cfg.hiddenSize;
+  const [fusedRows, cols] = m === "down" ? [H, I] : [2 * I, H];
+  const tensor = fusedTensor(ckpt, slice.base, ["F32", "BF16", "F16"], [E, fusedRows, cols]);
+  return {
+    name: `${slice.base}[${e}].${m}`,
+    what: `layer ${l} expert ${e} ${m}`,
+    file: tensor.file,
+    rows: m === "down" ? H : I,
+    cols,
+    dtype: tensor.dtype,
+    rowsOf: { tensor, expert: e, first: slice.first },
+  };
 }
 
 function fusedTensor(ckpt: Checkpoint, name: string, dtypes: string[], shape: number[]) {
   const t = ckpt.tensors.get(name);
-  if (!t) throw new Error(`${ckpt.dir}: fused MXFP4 experts need tensor ${name}, which is missing`);
+  if (!t) throw new Error(`${ckpt.dir}: fused experts need tensor ${name}, which is missing`);
   if (!dtypes.includes(t.dtype) || String(t.shape) !== String(shape)) {
     throw new Error(
       `${t.file}: tensor ${name} is ${t.dtype} [${t.shape}], expected ${
@@ -293,6 +309,11 @@ export function readFusedBias(ckpt: Checkpoint, src: SourceMatrix): Float32Array
 /** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
 export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
   if (src.plain) return readF32(ckpt, src.name);
+  if (src.rowsOf) {
+    const { tensor, expert, first } = src.rowsOf;
+    const rows = readExpertRows(ckpt, tensor.name, expert, first, 1, src.rows);
+    return decodeDtypeToF32(tensor.dtype, rows, `${tensor.file}: tensor ${tensor.name}`);
+  }
   if (src.fused) {
     const { data, scale } = readFusedMxfp4(ckpt, src);
     return dequantizeMxfp4({ rows: src.rows, cols: src.cols, blocks: data, scales: scale });

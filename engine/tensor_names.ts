@@ -41,6 +41,8 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
 
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
+  const own = familyOf(cfg).attentionTensors(cfg, layer);
+  if (Object.hasOwn(own, t)) return own[t] ?? null;
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
@@ -70,7 +72,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
         ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
         : null;
     default:
-      return familyOf(cfg).attentionTensors(cfg, layer)[t] ?? null;
+      return null;
   }
 }
 
@@ -105,23 +107,27 @@ export function hfExpertName(
 
 /**
  * Where matrix `m` of every expert of MoE layer `layer` lies when the model_type fuses its
- * experts (gpt-oss), else null. `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
- * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts; the matrix's row r is fused row
- * first + r·step: gate and up rows interleave in gate_up_proj (row 2m gate unit m, 2m + 1 up
- * unit m), down_proj is the down matrix as is.
+ * experts, else null; the matrix's row r is fused row first + r·step, and down_proj is the down
+ * matrix as is. gpt-oss (`mxfp4`): `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
+ * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts, gate and up rows interleaved in
+ * gate_up_proj (row 2m gate unit m, 2m + 1 up unit m). Gemma 4 (`plain`): `<base>` [E, R, cols]
+ * itself, gate_up_proj's rows the I gate rows, then the I up rows.
  */
 export function hfFusedExpertSlice(
   cfg: ModelConfig,
   layer: number,
   m: ExpertMatrix,
-): { base: string; first: number; step: number } | null {
+): { base: string; first: number; step: number; kind: "mxfp4" | "plain" } | null {
   checkLayer(cfg, layer);
   const type = modelTypeOf(cfg);
-  const naming = type.naming;
-  if (!naming.fused || cfg.layerKinds[layer] !== "moe") return null;
-  const p = `${type.prefix ?? "model."}layers.${layer}.${naming.moe}.experts`;
-  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
-  return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
+  const { fused: kind, moe } = type.naming;
+  if (!kind || cfg.layerKinds[layer] !== "moe") return null;
+  const p = `${type.prefix ?? "model."}layers.${layer}.${moe ? `${moe}.` : ""}experts`;
+  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1, kind };
+  const up = m === "up";
+  return kind === "mxfp4"
+    ? { base: `${p}.gate_up_proj`, first: up ? 1 : 0, step: 2, kind }
+    : { base: `${p}.gate_up_proj`, first: up ? cfg.moe!.expertIntermediate : 0, step: 1, kind };
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

@@ -4,7 +4,7 @@
  * LM head. A layer is made of parts (engine/parts/): the residual stream (plain, or Attention
  * Residuals), the layer's mixer (grouped-query, latent or linear attention, by `mixerOf`) and
  * the feed-forward (dense or MoE, by `layerKinds`). Which parts a model runs is its config's; this
- * loop names none of them.
+ * loop names none of them. A config may soft-cap the final logits (`logitSoftcap`).
  *
  * @module
  */
@@ -122,10 +122,11 @@ export class Transformer {
       const lw = trunk.acquire(layer);
       ops.rmsnorm(stream.input("mixer", layer, lw, nb), lw.get("attn_norm").ptr, h, d, nb, eps);
       this.#mixers.forward(layer, lw, h, tmp, nb, pos);
-      stream.add("mixer", layer, tmp, nb);
-      ops.rmsnorm(stream.input("ffn", layer, lw, nb), lw.get("ffn_norm").ptr, h, d, nb, eps);
-      this.#ffn.forward(layer, lw, h, tmp, nb, pos);
-      stream.add("ffn", layer, tmp, nb);
+      stream.add("mixer", layer, lw, tmp, nb);
+      const x = stream.input("ffn", layer, lw, nb);
+      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
+      this.#ffn.forward(layer, lw, h, x, tmp, nb, pos);
+      stream.add("ffn", layer, lw, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }
@@ -137,6 +138,7 @@ export class Transformer {
     for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
       const n = Math.min(LOGIT_ROWS, rows - r0);
       ops.matmul({ w: globals.lmHead, x: h + r0 * d * 4, y: this.#logits, nb: n });
+      if (cfg.logitSoftcap) ops.softcap(this.#logits, n * vocab, cfg.logitSoftcap);
       logits.set(ops.f32(this.#logits, n * vocab), r0 * vocab);
     }
     return logits;

@@ -92,7 +92,26 @@ function bool(v: unknown, where: string): boolean {
  * The checks of manifest fields, each error naming the field and what was expected; the model
  * families' own config checks (engine/models/) use them too.
  */
-export const manifestField = { obj, int, num, oneOf, bool };
+/** Checks the types of a stored `RopeConfig` (the model's, or a layer geometry's own). */
+function ropeField(v: unknown, where: string): void {
+  const rope = obj(v, where);
+  num(rope.theta, `${where}.theta`);
+  oneOf(rope.layout, ["half", "interleaved"], `${where}.layout`);
+  int(rope.dim, `${where}.dim`, 0, MAX_DIM);
+  const scaling = obj(rope.scaling, `${where}.scaling`);
+  oneOf(
+    scaling.type,
+    ["none", "linear", "llama3", "yarn", "proportional"],
+    `${where}.scaling.type`,
+  );
+  for (const [k, x] of Object.entries(scaling)) {
+    if (k === "truncate") bool(x, `${where}.scaling.truncate`);
+    else if (k !== "type") num(x, `${where}.scaling.${k}`);
+  }
+}
+
+/** The typed field checks, for the families' own sections (engine/models/). */
+export const manifestField = { obj, int, num, oneOf, bool, rope: ropeField };
 
 /**
  * What the container format needs from the engine's model families: io/ knows the format, the
@@ -182,16 +201,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
   if (c.qkNormWhole !== undefined) bool(c.qkNormWhole, w("qkNormWhole"));
-  const rope = obj(c.rope, w("rope"));
-  num(rope.theta, w("rope.theta"));
-  oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));
-  int(rope.dim, w("rope.dim"), 0, MAX_DIM);
-  const scaling = obj(rope.scaling, w("rope.scaling"));
-  oneOf(scaling.type, ["none", "linear", "llama3", "yarn"], w("rope.scaling.type"));
-  for (const [k, x] of Object.entries(scaling)) {
-    if (k === "truncate") bool(x, w("rope.scaling.truncate"));
-    else if (k !== "type") num(x, w(`rope.scaling.${k}`));
-  }
+  ropeField(c.rope, w("rope"));
   if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
     throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
   }
@@ -202,7 +212,15 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
     oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
-    for (const k of ["routerLogitBias", "expertBias"]) {
+    for (
+      const k of [
+        "routerLogitBias",
+        "expertBias",
+        "scaledRouterInput",
+        "expertScale",
+        "denseBeside",
+      ]
+    ) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
     if (m.clampedSwiglu !== undefined) {
@@ -222,15 +240,19 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.residual !== undefined) {
     const r = obj(c.residual, w("residual"));
-    oneOf(r.kind, ["attn_res"], w("residual.kind"));
-    int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    oneOf(r.kind, ["attn_res", "sandwich"], w("residual.kind"));
+    if (r.kind === "attn_res") int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    else num(r.embedScale, w("residual.embedScale"));
   }
   if (c.glu !== undefined) {
     const g = obj(c.glu, w("glu"));
-    oneOf(g.kind, ["situ"], w("glu.kind"));
-    num(g.beta, w("glu.beta"));
-    num(g.linearBeta, w("glu.linearBeta"));
+    oneOf(g.kind, ["situ", "gelu_tanh"], w("glu.kind"));
+    if (g.kind === "situ") {
+      num(g.beta, w("glu.beta"));
+      num(g.linearBeta, w("glu.linearBeta"));
+    }
   }
+  if (c.logitSoftcap !== undefined) num(c.logitSoftcap, w("logitSoftcap"));
   rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);

@@ -113,6 +113,9 @@ export const KIMI_LINEAR_KNOWN: { prompt: readonly number[]; ids: readonly numbe
   ],
 };
 
+/** "Once upon a time" as the fixtures' tokenizer gives it, BOS first: the known answers' prompt. */
+export const ONCE_UPON_A_TIME: readonly number[] = [1, 403, 407, 261, 378];
+
 /** Whether fixture `name` is present (tests that need it are skipped when it is not). */
 export function hasFixture(name: string): boolean {
   return existsSync(fixtureDir(name));
@@ -183,7 +186,7 @@ export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
  */
 export function decodeAgainstReference(
   model: Model,
-  ref: ReferenceModel,
+  ref: Pick<ReferenceModel, "forward64">,
   prompt: number[],
   steps: number,
   name: string,
@@ -300,19 +303,20 @@ export const THINK_TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
 
 /**
  * Opens the container at `path` and asserts that `text` tokenizes to `prompt` and that greedy
- * generation after `prompt` gives `known` (a README's known answer).
+ * generation after `prompt`, for at most `maxTokens`, gives `known` (a README's known answer).
  */
 export async function assertKnownContinuation(
   path: string,
   text: string,
   prompt: number[],
   known: number[],
+  maxTokens = known.length,
 ): Promise<void> {
   const session = await Session.open(path, { quiet: true });
   try {
     assert.deepEqual(session.tokenize(text), prompt);
     const ids: number[] = [];
-    for await (const t of session.generate(prompt, { maxTokens: known.length })) ids.push(t.id);
+    for await (const t of session.generate(prompt, { maxTokens })) ids.push(t.id);
     assert.deepEqual(ids, known);
   } finally {
     session.close();
@@ -346,5 +350,37 @@ export async function logitsOfRun(
     return out;
   } finally {
     model.close();
+  }
+}
+
+/**
+ * Asserts that the usual placements give the logits of the defaults bit for bit on `tokens`
+ * (the first `prefilled` as a prompt, `ctx` positions): the budget at the plan's floor with one
+ * thread and one-token prefill, two threads, prefill chunks of 7, a small LRU expert cache with
+ * lookahead 4, and the node:fs fallback reader with verification.
+ */
+export async function assertPlacementsAgree(
+  path: string,
+  tokens: number[],
+  prefilled: number,
+  ctx: number,
+): Promise<void> {
+  const base = await logitsOfRun(path, {}, tokens, prefilled, ctx);
+  const probe = await Model.open(path, { quiet: true, ctx, prefillChunk: 1 });
+  const floor = probe.plan.floor;
+  probe.close();
+  const settings: [string, RunOptions][] = [
+    ["budget = floor, 1 thread", { budget: floor, prefillChunk: 1, threads: 1 }],
+    ["2 threads", { threads: 2 }],
+    ["prefill chunk 7", { prefillChunk: 7 }],
+    ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }],
+    ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }],
+  ];
+  for (const [what, opts] of settings) {
+    assert.deepEqual(
+      await logitsOfRun(path, opts, tokens, prefilled, ctx),
+      base,
+      `${what} changed the logits`,
+    );
   }
 }

@@ -13,6 +13,7 @@ import {
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
+  ONCE_UPON_A_TIME,
   packedFixture,
   tempDir,
 } from "./fixtures.ts";
@@ -20,7 +21,7 @@ import {
 const NAME = "tiny-glm4-moe";
 const ignore = !hasFixture(NAME);
 /** "Once upon a time" and the README's first 20 greedy ids after it. */
-const PROMPT = [1, 403, 407, 261, 378];
+const PROMPT = [...ONCE_UPON_A_TIME];
 const KNOWN = [
   ...[431, 372, 403, 403, 403, 403, 403, 403, 403, 403],
   ...[403, 403, 407, 407, 407, 407, 407, 407, 407, 407],

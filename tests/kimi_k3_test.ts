@@ -401,7 +401,7 @@ Deno.test("K3 synth at the release's width: its shapes and expert bytes are the 
     [3584, 3072, 6144, 16],
   );
   assert.equal(cfg.intermediateSize, 33792);
-  assert.equal(cfg.residual!.blockSize, 12);
+  assert.deepEqual(cfg.residual, { kind: "attn_res", blockSize: 12 });
   const expert = synthTensors("kimi_k3", s.dims, "bf16").filter((t) =>
     t.name.includes("layers.1.block_sparse_moe.experts.0.")
   );

@@ -9,7 +9,10 @@ import { PAGE } from "../engine/arena.ts";
 import { Model } from "../engine/model.ts";
 import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
-/** One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts. */
+/**
+ * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gemma 4's
+ * (two attention geometries, sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8.
+ */
 const FIXTURES = [
   "stories260k",
   "stories260k-moe",
@@ -17,6 +20,8 @@ const FIXTURES = [
   "tiny-kimi-linear",
   "tiny-gpt-oss",
   "tiny-kimi-k3",
+  "tiny-gemma4-moe",
+  "tiny-minimax-m2-fp8",
 ].filter(hasFixture);
 
 /** The planner's pages for regions made on first use (engine/planner.ts SLACK_PAGES). */

@@ -27,10 +27,12 @@ export interface MoeNaming {
    */
   selectionBias?: string;
   /**
-   * gpt-oss: all experts of a layer in fused MXFP4 tensors (engine/tensor_names.ts
-   * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
+   * All experts of a layer in fused tensors (engine/tensor_names.ts `hfFusedExpertSlice`) instead
+   * of one tensor per expert and matrix: gpt-oss's MXFP4 (`_blocks`/`_scales`/`_bias`, gate and
+   * up rows interleaved), or plain float tensors with each expert's gate rows, then its up rows
+   * (Gemma 4).
    */
-  fused?: boolean;
+  fused?: "mxfp4" | "plain";
 }
 
 /** One supported Hugging Face model_type. */
@@ -49,6 +51,11 @@ export interface ModelType {
   prefix?: string;
   /** Checkpoint name of the untied LM head (default `lm_head.weight`). */
   lmHead?: string;
+  /**
+   * Prefixes of checkpoint tensors that are not the language model's (a vision tower): pack skips
+   * them and says so.
+   */
+  unused?: readonly string[];
 }
 
 /**
@@ -64,7 +71,8 @@ export interface Family {
    * The mixer's trunk tensors that layer `layer` of `cfg` holds, and any tensors of the family's
    * own parts (a residual stream's, a latent MoE's), each with its Hugging Face name relative to
    * `model.layers.N.` (norms, FFN and router are named by engine/tensor_names.ts from the
-   * model_type's {@link MoeNaming}). A hybrid returns each layer kind's own set.
+   * model_type's {@link MoeNaming}, unless the family names them: its names come first). A hybrid
+   * returns each layer kind's own set.
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
   /**

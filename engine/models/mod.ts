@@ -8,6 +8,7 @@
  */
 import type { ModelConfig } from "../../io/model_config.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
+import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
@@ -30,6 +31,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
+  gemma4: GEMMA4,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -75,6 +77,16 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: GPT_OSS_NAMING,
     architectures: ["GptOssForCausalLM"],
     llamaCppArch: "gpt-oss",
+  },
+  // Gemma 4's config nests the language model under text_config (model_type gemma4_text there);
+  // the top-level gemma4 picks this entry, whose normaliser descends. Its vision tower is skipped.
+  gemma4: {
+    family: GEMMA4,
+    normalise: normaliseGemma4,
+    naming: GEMMA4_NAMING,
+    architectures: ["Gemma4ForConditionalGeneration"],
+    prefix: "model.language_model.",
+    unused: ["model.vision_tower.", "model.embed_vision."],
   },
   minimax_m2: {
     family: LLAMA,

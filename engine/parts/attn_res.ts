@@ -16,9 +16,15 @@ import type { LayerWeights } from "../weights.ts";
 import type { ResidualPart, ResidualStream } from "./residual.ts";
 import { regionBytes } from "./scratch.ts";
 
+/** The block size of a config whose stream is Attention Residuals. */
+function blockSize(cfg: ModelConfig): number {
+  if (cfg.residual?.kind !== "attn_res") throw new Error("not an Attention Residuals config");
+  return cfg.residual.blockSize;
+}
+
 /** Snapshots at every layer L with L % blockSize = 0. */
 function blockCount(cfg: ModelConfig): number {
-  return Math.ceil(cfg.numLayers / cfg.residual!.blockSize);
+  return Math.ceil(cfg.numLayers / blockSize(cfg));
 }
 
 /** Bytes of each region, in allocation order: x, snapshots, mixed input, scores. */
@@ -92,7 +98,7 @@ class AttnResStream implements ResidualStream {
     const input = this.#taken > 0
       ? this.#mix(this.#taken, lw.get("attn_res_norm"), lw.get("attn_res_proj"), 0, nb)
       : this.x;
-    this.#restart = layer % this.#cfg.residual!.blockSize === 0;
+    this.#restart = layer % blockSize(this.#cfg) === 0;
     if (this.#restart) {
       this.#ops.copy(this.#blocks + this.#taken * this.#maxBatch * d * 4, this.x, nb * d);
       this.#taken++;
@@ -100,7 +106,7 @@ class AttnResStream implements ResidualStream {
     return input;
   }
 
-  add(which: "mixer" | "ffn", _layer: number, out: number, nb: number): void {
+  add(which: "mixer" | "ffn", _layer: number, _lw: LayerWeights, out: number, nb: number): void {
     const n = nb * this.#cfg.hiddenSize;
     if (which === "mixer" && this.#restart) this.#ops.copy(this.x, out, n);
     else this.#ops.add(this.x, out, n);

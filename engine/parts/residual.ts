@@ -1,8 +1,9 @@
 /**
  * The residual stream of the layer skeleton: what each sublayer (mixer, feed-forward) reads, how
  * its output joins the stream, and what the final norm reads. The plain stream is here; Attention
- * Residuals are attn_res.ts; a new kind (several streams mixed per layer, as hyper-connections
- * do) is one file with its {@link ResidualPart} and a line in {@link residualPartOf}.
+ * Residuals are attn_res.ts, sandwich norms sandwich.ts; a new kind (several streams mixed per
+ * layer, as hyper-connections do) is one file with its {@link ResidualPart} and a line in
+ * {@link residualPartOf}.
  *
  * @module
  */
@@ -12,6 +13,7 @@ import type { Ops } from "../ops.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import { ATTN_RES } from "./attn_res.ts";
+import { SANDWICH } from "./sandwich.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** The residual stream of one forward call of `nb` tokens. */
@@ -22,8 +24,11 @@ export interface ResidualStream {
   start(nb: number): void;
   /** The rows layer `layer`'s sublayer `which` reads (before its norm), an arena offset. */
   input(which: "mixer" | "ffn", layer: number, lw: LayerWeights, nb: number): number;
-  /** Adds sublayer `which`'s output rows `out` of layer `layer` into the stream. */
-  add(which: "mixer" | "ffn", layer: number, out: number, nb: number): void;
+  /**
+   * Adds sublayer `which`'s output rows `out` of layer `layer` (weights `lw`) into the stream;
+   * `out` is the caller's scratch, which a stream may change.
+   */
+  add(which: "mixer" | "ffn", layer: number, lw: LayerWeights, out: number, nb: number): void;
   /** The rows the final norm reads for tokens first..nb−1 (row `first` at the offset). */
   output(first: number, nb: number): number;
 }
@@ -63,7 +68,7 @@ class PlainStream implements ResidualStream {
     return this.x;
   }
 
-  add(_which: "mixer" | "ffn", _layer: number, out: number, nb: number): void {
+  add(_which: "mixer" | "ffn", _layer: number, _lw: LayerWeights, out: number, nb: number): void {
     this.#ops.add(this.x, out, nb * this.#d);
   }
 
@@ -85,5 +90,12 @@ export const PLAIN: ResidualPart = {
 
 /** The residual stream of a config. */
 export function residualPartOf(cfg: ModelConfig): ResidualPart {
-  return cfg.residual?.kind === "attn_res" ? ATTN_RES : PLAIN;
+  switch (cfg.residual?.kind) {
+    case "attn_res":
+      return ATTN_RES;
+    case "sandwich":
+      return SANDWICH;
+    default:
+      return PLAIN;
+  }
 }

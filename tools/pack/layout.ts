@@ -16,6 +16,7 @@ import {
   type ModelConfig,
 } from "../../io/model_config.ts";
 import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
+import { modelTypeOf } from "../../engine/models/mod.ts";
 import { hfGlobalName, hfLayerName, layerTensorsOf } from "../../engine/tensor_names.ts";
 import {
   expertMatrixShape,
@@ -335,7 +336,8 @@ export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
 
 /**
  * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
- * multi-token-prediction layers): they are not part of the model, so they are never packed.
+ * multi-token-prediction layers) and which tensors lie under the model_type's unused prefixes
+ * (Gemma 4's vision tower): they are not part of the language model, so they are never packed.
  */
 export function reportSkippedLayers(
   cfg: ModelConfig,
@@ -353,5 +355,9 @@ export function reportSkippedLayers(
       `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
         `a multi-token-prediction layer, not used for generation`,
     );
+  }
+  for (const prefix of modelTypeOf(cfg).unused ?? []) {
+    const n = [...ckpt.tensors.keys()].filter((name) => name.startsWith(prefix)).length;
+    if (n) log(`pack: skipping ${prefix}* (${n} tensors): not part of the language model`);
   }
 }
