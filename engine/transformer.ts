@@ -122,11 +122,11 @@ export class Transformer {
       const lw = trunk.acquire(layer);
       ops.rmsnorm(stream.input("mixer", layer, lw, nb), lw.get("attn_norm").ptr, h, d, nb, eps);
       this.#mixers.forward(layer, lw, h, tmp, nb, pos);
-      stream.add("mixer", layer, lw, tmp, nb);
+      stream.add("mixer", layer, tmp, nb);
       const x = stream.input("ffn", layer, lw, nb);
       ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
       this.#ffn.forward(layer, lw, h, x, tmp, nb, pos);
-      stream.add("ffn", layer, lw, tmp, nb);
+      stream.add("ffn", layer, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }

@@ -106,7 +106,7 @@ class AttnResStream implements ResidualStream {
     return input;
   }
 
-  add(which: "mixer" | "ffn", _layer: number, _lw: LayerWeights, out: number, nb: number): void {
+  add(which: "mixer" | "ffn", _layer: number, out: number, nb: number): void {
     const n = nb * this.#cfg.hiddenSize;
     if (which === "mixer" && this.#restart) this.#ops.copy(this.x, out, n);
     else this.#ops.add(this.x, out, n);

@@ -25,10 +25,10 @@ export interface ResidualStream {
   /** The rows layer `layer`'s sublayer `which` reads (before its norm), an arena offset. */
   input(which: "mixer" | "ffn", layer: number, lw: LayerWeights, nb: number): number;
   /**
-   * Adds sublayer `which`'s output rows `out` of layer `layer` (weights `lw`) into the stream;
-   * `out` is the caller's scratch, which a stream may change.
+   * Adds sublayer `which`'s output rows `out` of layer `layer` into the stream, right after that
+   * sublayer's {@link input}; `out` is the caller's scratch, which a stream may change.
    */
-  add(which: "mixer" | "ffn", layer: number, lw: LayerWeights, out: number, nb: number): void;
+  add(which: "mixer" | "ffn", layer: number, out: number, nb: number): void;
   /** The rows the final norm reads for tokens first..nb−1 (row `first` at the offset). */
   output(first: number, nb: number): number;
 }
@@ -68,7 +68,7 @@ class PlainStream implements ResidualStream {
     return this.x;
   }
 
-  add(_which: "mixer" | "ffn", _layer: number, _lw: LayerWeights, out: number, nb: number): void {
+  add(_which: "mixer" | "ffn", _layer: number, out: number, nb: number): void {
     this.#ops.add(this.x, out, nb * this.#d);
   }
 

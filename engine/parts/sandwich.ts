@@ -20,6 +20,8 @@ class SandwichStream implements ResidualStream {
   #ops: Ops;
   #cfg: ModelConfig;
   #embedScale: number;
+  /** The weights of the layer whose sublayer input was last read: its output's norm is theirs. */
+  #lw: LayerWeights | null = null;
 
   constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number) {
     if (cfg.residual?.kind !== "sandwich") throw new Error("not a sandwich-norm config");
@@ -33,12 +35,13 @@ class SandwichStream implements ResidualStream {
     this.#ops.scale(this.x, this.#embedScale, nb * this.#cfg.hiddenSize);
   }
 
-  input(): number {
+  input(_which: "mixer" | "ffn", _layer: number, lw: LayerWeights): number {
+    this.#lw = lw;
     return this.x;
   }
 
-  add(which: "mixer" | "ffn", _layer: number, lw: LayerWeights, out: number, nb: number): void {
-    const d = this.#cfg.hiddenSize, ops = this.#ops;
+  add(which: "mixer" | "ffn", _layer: number, out: number, nb: number): void {
+    const d = this.#cfg.hiddenSize, ops = this.#ops, lw = this.#lw!;
     const norm = lw.get(which === "mixer" ? "attn_post_norm" : "ffn_post_norm");
     ops.rmsnorm(out, norm.ptr, out, d, nb, this.#cfg.rmsNormEps);
     ops.add(this.x, out, nb * d);
