@@ -10,16 +10,22 @@
  * (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate and up
  * rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are also
  * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised. Or one expert's
- * rows of a plain fused float tensor as Gemma 4 ships its experts (`experts.gate_up_proj`
- * [E, 2I, H], gate rows then up rows; `experts.down_proj` [E, H, I]).
+ * rows of the stacked plain tensors Qwen3.5 and Gemma 4 ship (`…experts.gate_up_proj` [E, 2I, H],
+ * gate rows then up rows; `down_proj` [E, H, I]; no `.weight` suffix).
  *
  * @module
  */
 import type { ExpertMatrix, ModelConfig } from "../io/model_config.ts";
 import { dequantizeInt4g32 } from "./quant/int4.ts";
 import { dequantizeMxfp4 } from "./quant/mxfp4.ts";
+import { modelTypeOf } from "./models/mod.ts";
 import { hfExpertName, hfFusedExpertSlice } from "./tensor_names.ts";
-import { decodeDtypeToF32, readExpertRows, readF32 } from "../io/checkpoint_weights.ts";
+import {
+  companionScaleName,
+  decodeDtypeToF32,
+  readExpertRows,
+  readF32,
+} from "../io/checkpoint_weights.ts";
 import type { Checkpoint, TensorInfo } from "../io/safetensors.ts";
 
 /** Dtype label of an INT4 pack-quantized source matrix. */
@@ -56,8 +62,8 @@ export interface SourceMatrix {
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
   fused?: FusedSlice;
-  /** One expert's rows of a plain fused tensor [E, R, cols] (Gemma 4): row r is first + r. */
-  rowsOf?: { tensor: TensorInfo; expert: number; first: number };
+  /** One expert's rows first.. of a plain tensor stacking all experts (Qwen3.5, Gemma 4). */
+  stacked?: { tensor: TensorInfo; expert: number; first: number };
 }
 
 /**
@@ -92,6 +98,11 @@ export function findMatrix(ckpt: Checkpoint, name: string, what: string): Source
       throw new Error(
         `${plain.file}: tensor ${plain.name} has shape [${plain.shape}], expected 2-D`,
       );
+    }
+    const own = companionScaleName(name);
+    // DeepSeek-V4's FP4 experts: e2m1 pairs in I8 with E8M0 scales per 32 inputs in `.scale`.
+    if (plain.dtype === "I8" && own !== null) {
+      return mxfp4Source(name, what, plain, ckpt.tensors.get(own), `${plain.file}: tensor ${name}`);
     }
     const [rows, cols] = plain.shape;
     return { name, what, file: plain.file, rows, cols, dtype: plain.dtype, plain };
@@ -144,17 +155,18 @@ function mxfp4Source(
   scale: TensorInfo | undefined,
   at: string,
 ): SourceMatrix {
-  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs ${name}_scale`);
+  if (!scale) throw new Error(`${at}: an MXFP4 packed weight needs its scale tensor`);
   if (packed.shape.length !== 2 || (packed.shape[1] * 2) % 32 !== 0) {
     throw new Error(
       `${at}: expected U8 [rows, cols/2] with cols a multiple of 32, got [${packed.shape}]`,
     );
   }
   const [rows, cols] = [packed.shape[0], packed.shape[1] * 2];
-  if (scale.dtype !== "U8" || String(scale.shape) !== String([rows, cols / 32])) {
+  const e8m0 = scale.dtype === "U8" || scale.dtype === "F8_E8M0";
+  if (!e8m0 || String(scale.shape) !== String([rows, cols / 32])) {
     throw new Error(
-      `${scale.file}: tensor ${scale.name}: expected U8 [${rows}, ${cols / 32}] (E8M0, group ` +
-        `32), got ${scale.dtype} [${scale.shape}]`,
+      `${scale.file}: tensor ${scale.name}: expected U8 or F8_E8M0 [${rows}, ${cols / 32}] ` +
+        `(E8M0, group 32), got ${scale.dtype} [${scale.shape}]`,
     );
   }
   return {
@@ -217,18 +229,41 @@ export function findExpertMatrix(
 ): SourceMatrix {
   const slice = hfFusedExpertSlice(cfg, l, m);
   if (!slice) return findMatrix(ckpt, hfExpertName(cfg, l, e, m), `layer ${l} expert ${e} ${m}`);
-  if (slice.kind === "mxfp4") return findFusedMxfp4(ckpt, cfg, l, e, m);
+  return modelTypeOf(cfg).naming.stacked
+    ? findStacked(ckpt, cfg, l, e, m, slice.base, slice.first)
+    : findFusedMxfp4(ckpt, cfg, l, e, m);
+}
+
+/**
+ * Matrix `m` of expert `e` of MoE layer `l` in the stacked plain tensors (Qwen3.5, Gemma 4)
+ * (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), whose rows from `first`
+ * on are the matrix; shape checked against the config.
+ */
+function findStacked(
+  ckpt: Checkpoint,
+  cfg: ModelConfig,
+  l: number,
+  e: number,
+  m: ExpertMatrix,
+  base: string,
+  first: number,
+): SourceMatrix {
   const E = cfg.moe!.numExperts, I = cfg.moe!.expertIntermediate, H = cfg.hiddenSize;
-  const [fusedRows, cols] = m === "down" ? [H, I] : [2 * I, H];
-  const tensor = fusedTensor(ckpt, slice.base, ["F32", "BF16", "F16"], [E, fusedRows, cols]);
+  const t = fusedTensor(
+    ckpt,
+    base,
+    ["F32", "BF16", "F16"],
+    m === "down" ? [E, H, I] : [E, 2 * I, H],
+  );
+  const [rows, cols] = m === "down" ? [H, I] : [I, H];
   return {
-    name: `${slice.base}[${e}].${m}`,
+    name: `${base}[${e}].${m}`,
     what: `layer ${l} expert ${e} ${m}`,
-    file: tensor.file,
-    rows: m === "down" ? H : I,
+    file: t.file,
+    rows,
     cols,
-    dtype: tensor.dtype,
-    rowsOf: { tensor, expert: e, first: slice.first },
+    dtype: t.dtype,
+    stacked: { tensor: t, expert: e, first },
   };
 }
 
@@ -309,10 +344,10 @@ export function readFusedBias(ckpt: Checkpoint, src: SourceMatrix): Float32Array
 /** The matrix as float32 [rows × cols] (FP8 with its block scales, INT4 as q · scale). */
 export function readMatrixF32(ckpt: Checkpoint, src: SourceMatrix): Float32Array {
   if (src.plain) return readF32(ckpt, src.name);
-  if (src.rowsOf) {
-    const { tensor, expert, first } = src.rowsOf;
-    const rows = readExpertRows(ckpt, tensor.name, expert, first, 1, src.rows);
-    return decodeDtypeToF32(tensor.dtype, rows, `${tensor.file}: tensor ${tensor.name}`);
+  const st = src.stacked;
+  if (st) {
+    const bytes = readExpertRows(ckpt, st.tensor.name, st.expert, st.first, 1, src.rows);
+    return decodeDtypeToF32(st.tensor.dtype, bytes, `${st.tensor.file}: tensor ${src.name}`);
   }
   if (src.fused) {
     const { data, scale } = readFusedMxfp4(ckpt, src);

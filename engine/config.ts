@@ -13,6 +13,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { ModelConfig } from "../io/model_config.ts";
 import { Fields, type Json } from "./models/hf_config.ts";
+import { REFUSED_ARCHITECTURES } from "./models/deepseek_v4.ts";
 import { MODEL_TYPES } from "./models/mod.ts";
 import { checkConfigBounds } from "./tensor_shapes.ts";
 
@@ -37,6 +38,11 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
     return dispatch(inner, `${where} text_config`);
   }
   const archs = Array.isArray(hf.architectures) ? hf.architectures : [];
+  for (const a of archs) {
+    if (typeof a === "string" && Object.hasOwn(REFUSED_ARCHITECTURES, a)) {
+      throw new Error(`${where}: architectures: ${REFUSED_ARCHITECTURES[a]}`);
+    }
+  }
   for (const a of archs) {
     const known = Object.entries(MODEL_TYPES).find(([, t]) => t.architectures.includes(a));
     if (typeof a === "string" && known && mt === undefined) {
@@ -72,11 +78,18 @@ export function normalizeConfig(
   const gen = generation === undefined || generation === null
     ? {}
     : asObject(generation, "generation_config.json");
+  // A normaliser that descends into text_config itself (Qwen3.5) leaves the ids there.
+  const text = cfg === top && top.text_config && typeof top.text_config === "object"
+    ? top.text_config as Json
+    : {};
   const pick = (key: string): { v: unknown; from: string } => {
     if (gen[key] !== undefined && gen[key] !== null) {
       return { v: gen[key], from: "generation_config.json" };
     }
     if (cfg[key] !== undefined && cfg[key] !== null) return { v: cfg[key], from: at };
+    if (text[key] !== undefined && text[key] !== null) {
+      return { v: text[key], from: `${where} text_config` };
+    }
     return { v: top[key], from: where };
   };
   const bos = pick("bos_token_id");

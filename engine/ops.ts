@@ -61,21 +61,32 @@ export interface AttentionCall {
   sinks?: number;
 }
 
-/** One KDA call over consecutive tokens (see {@link Ops.kda}). */
+/**
+ * One delta-rule call over consecutive tokens (see {@link Ops.kda}): KDA's, or Gated DeltaNet's
+ * with `ratio` value heads per key head and one log-decay per value head.
+ */
 export interface KdaCall {
-  /** State of every head: heads × dk × dv floats, key rows. */
+  /** State of every value head: heads × ratio × dk × dv floats, key rows. */
   state: number;
-  /** Token t's q/k of head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
+  /** Token t's q/k of key head h at q/k + (t·qkStride + h·dk) floats; rewritten (normalised). */
   q: number;
   k: number;
+  /** Token t's v of value head j at v + (t·vStride + j·dv) floats. */
   v: number;
-  /** Log-decays, laid out as q; rewritten (e^g). */
+  /**
+   * Log-decays of value head j at g + (t·gStride + j·gChannels) floats: dk of them (KDA, one per
+   * key channel) or 1 (Gated DeltaNet); rewritten (e^g).
+   */
   g: number;
+  gChannels: number;
   /** Per token and head, already a sigmoid. */
   beta: number;
   out: number;
   tokens: number;
+  /** Key heads: the unit the pool splits. */
   heads: number;
+  /** Value heads per key head (1 for KDA). */
+  ratio: number;
   dk: number;
   dv: number;
   qkStride: number;
@@ -132,9 +143,20 @@ export class Ops {
     }
   }
 
-  /** RMSNorm of `rows` consecutive vectors of `n` floats with one weight vector. */
-  rmsnorm(x: number, w: number, y: number, n: number, rows: number, eps: number): void {
-    this.#k.rmsnorm_rows_f32(BigInt(x), BigInt(w), BigInt(y), n, rows, eps);
+  /**
+   * RMSNorm of `rows` consecutive vectors of `n` floats with one weight vector w, scaling by
+   * (1 + w) when `unitOffset`.
+   */
+  rmsnorm(
+    x: number,
+    w: number,
+    y: number,
+    n: number,
+    rows: number,
+    eps: number,
+    unitOffset = false,
+  ): void {
+    this.#k.rmsnorm_rows_f32(BigInt(x), BigInt(w), BigInt(y), n, rows, eps, unitOffset ? 1 : 0);
   }
 
   /** Rotates the first `dim` dims of `heads` heads spaced `stride` floats apart. */
@@ -158,11 +180,6 @@ export class Ops {
   /** g = gelu_tanh(g) · u over n floats (Gemma's GeGLU). */
   geluTanhMul(g: number, u: number, n: number): void {
     this.#k.gelu_tanh_mul_f32(BigInt(g), BigInt(u), n);
-  }
-
-  /** y[i] *= a over n floats. */
-  scale(y: number, a: number, n: number): void {
-    this.#k.scale_f32(BigInt(y), a, n);
   }
 
   /** x = cap · tanh(x / cap) over n floats in place (a logit soft cap). */
@@ -211,6 +228,156 @@ export class Ops {
       a.d,
       a.eps,
     );
+  }
+
+  /**
+   * Hyper-connection weights before a sublayer for `tokens` tokens of `n` streams (see
+   * kernels/hyper.c): the collapsed input, post and the Sinkhorn-normalised comb.
+   */
+  hcPre(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    iters: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    collapsed: number;
+    post: number;
+    comb: number;
+  }): void {
+    this.#k.hc_pre_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      BigInt(a.scale),
+      a.iters,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.collapsed),
+      BigInt(a.post),
+      BigInt(a.comb),
+    );
+  }
+
+  /** out_k = post_k·y + Σ_j comb[j][k]·x_j for `tokens` tokens of `n` streams of `d` floats. */
+  hcPost(
+    x: number,
+    y: number,
+    post: number,
+    comb: number,
+    out: number,
+    tokens: number,
+    n: number,
+    d: number,
+  ): void {
+    this.#k.hc_post_f32(
+      BigInt(x),
+      BigInt(y),
+      BigInt(post),
+      BigInt(comb),
+      BigInt(out),
+      tokens,
+      n,
+      d,
+    );
+  }
+
+  /** The hyper head's collapse of `tokens` tokens of `n` streams into `out`. */
+  hcHead(a: {
+    x: number;
+    tokens: number;
+    n: number;
+    d: number;
+    fn: number;
+    base: number;
+    scale: number;
+    normEps: number;
+    hcEps: number;
+    mix: number;
+    out: number;
+  }): void {
+    this.#k.hc_head_f32(
+      BigInt(a.x),
+      a.tokens,
+      a.n,
+      a.d,
+      BigInt(a.fn),
+      BigInt(a.base),
+      a.scale,
+      a.normEps,
+      a.hcEps,
+      BigInt(a.mix),
+      BigInt(a.out),
+    );
+  }
+
+  /** Entry `w` of a compressor into `out` (kernels/csa.c `csa_compress_f32`). */
+  csaCompress(a: {
+    rows: number;
+    rowFloats: number;
+    cOff: number;
+    zOff: number;
+    ape: number;
+    ratio: number;
+    width: number;
+    indexed: boolean;
+    w: number;
+    out: number;
+  }): void {
+    this.#k.csa_compress_f32(
+      BigInt(a.rows),
+      a.rowFloats,
+      a.cOff,
+      a.zOff,
+      BigInt(a.ape),
+      a.ratio,
+      a.width,
+      a.indexed ? 1 : 0,
+      a.w,
+      BigInt(a.out),
+    );
+  }
+
+  /** The Lightning indexer's scores of `count` keys `keyStride` floats apart. */
+  csaIndexScores(
+    q: number,
+    heads: number,
+    dim: number,
+    weights: number,
+    keys: number,
+    keyStride: number,
+    count: number,
+    scores: number,
+  ): void {
+    this.#k.csa_index_scores_f32(
+      BigInt(q),
+      heads,
+      dim,
+      BigInt(weights),
+      BigInt(keys),
+      keyStride,
+      count,
+      BigInt(scores),
+    );
+  }
+
+  /** g = silu(min(g, limit)) · clamp(u, ±limit) over n floats (DeepSeek-V4). */
+  swigluLimit(g: number, u: number, n: number, limit: number): void {
+    this.#k.swiglu_limit_f32(BigInt(g), BigInt(u), n, limit);
+  }
+
+  /** y *= a over n floats. */
+  scale(y: number, a: number, n: number): void {
+    this.#k.scale_f32(BigInt(y), a, n);
   }
 
   /** y += x over n floats. */
@@ -280,7 +447,7 @@ export class Ops {
     this.#k.sigmoid_f32(BigInt(x), n);
   }
 
-  /** KDA's gated delta rule (kernels/kda.c, the recurrence), split over the pool by head. */
+  /** The gated delta rule (kernels/kda.c, the recurrence), split over the pool by key head. */
   kda(c: KdaCall): void {
     const ptrs = [c.state, c.q, c.k, c.v, c.g, c.beta, c.out];
     this.pool.run([{
@@ -296,9 +463,11 @@ export class Ops {
         c.gStride,
         c.betaStride,
         c.outStride,
+        c.ratio,
+        c.gChannels,
       ],
       rows: c.heads,
-    }], 4 * c.tokens * c.heads * c.dk * c.dv);
+    }], 4 * c.tokens * c.heads * c.ratio * c.dk * c.dv);
   }
 
   /** Causal depthwise convs + SiLU (kernels/kda.c), one job each, split by head. */

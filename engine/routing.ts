@@ -38,14 +38,17 @@ export function topK(
  * Routes one token. Softmax scoring (Mixtral, Qwen3): softmax over all logits, top-k, optional
  * renormalisation. Sigmoid scoring (DeepSeek-V3 noaux_tc): sigmoid scores, the selection bias added
  * for choosing only, group-limited top-k, weights from the unbiased scores. topk_softmax
- * (gpt-oss): top-k of the raw logits, weights the softmax of those k logits. `k` other than top_k
- * ranks more (or fewer) experts the same way, for the lookahead.
+ * (gpt-oss): top-k of the raw logits, weights the softmax of those k logits. sqrtsoftplus
+ * (DeepSeek-V4): sqrt(softplus) scores, otherwise as sigmoid; `chosen` (its hash layers' row of
+ * tid2eid) replaces the selection. `k` other than top_k ranks more (or fewer) experts the same
+ * way, for the lookahead.
  */
 export function route(
   moe: MoeConfig,
   logits: ArrayLike<number>,
   bias?: ArrayLike<number>,
   k = moe.topK,
+  chosen?: ArrayLike<number>,
 ): Route {
   const n = moe.numExperts;
   if (moe.scoring === "topk_softmax") {
@@ -62,6 +65,11 @@ export function route(
     let sum = 0;
     for (let i = 0; i < n; i++) sum += prob[i] = Math.exp(logits[i] - max);
     for (let i = 0; i < n; i++) prob[i] /= sum;
+  } else if (moe.scoring === "sqrtsoftplus") {
+    for (let i = 0; i < n; i++) {
+      const v = logits[i];
+      prob[i] = Math.sqrt(v > 0 ? v + Math.log1p(Math.exp(-v)) : Math.log1p(Math.exp(v)));
+    }
   } else {
     for (let i = 0; i < n; i++) prob[i] = 1 / (1 + Math.exp(-logits[i]));
   }
@@ -78,10 +86,10 @@ export function route(
     const keep = new Set(topK(groupScore, moe.topkGroup));
     allowed = (i) => keep.has(Math.floor(i / size));
   }
-  const ids = topK(choice, k, allowed);
+  const ids = chosen ? Array.from(chosen) : topK(choice, k, allowed);
   let weights = ids.map((i) => prob[i]);
   if (moe.normTopK) {
-    const sum = weights.reduce((a, b) => a + b, 0) + (moe.scoring === "sigmoid" ? 1e-20 : 0);
+    const sum = weights.reduce((a, b) => a + b, 0) + (moe.scoring === "softmax" ? 0 : 1e-20);
     weights = weights.map((w) => w / sum);
   }
   if (moe.routedScaling !== 1) weights = weights.map((w) => w * moe.routedScaling);

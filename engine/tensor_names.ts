@@ -25,6 +25,8 @@ function checkLayer(cfg: ModelConfig, layer: number): void {
 export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
   const type = modelTypeOf(cfg);
   const prefix = type.prefix ?? "model.";
+  const own = type.globalNames?.[t];
+  if (own !== undefined) return t === "lm_head" && cfg.tieWordEmbeddings ? null : own;
   switch (t) {
     case "embed":
       return `${prefix}embed_tokens.weight`;
@@ -36,13 +38,19 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
       return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_norm.weight` : null;
     case "out_res_proj":
       return cfg.residual?.kind === "attn_res" ? `${prefix}output_attn_res_proj.weight` : null;
+    case "hc_head_fn":
+    case "hc_head_base":
+    case "hc_head_scale":
+      return cfg.residual?.kind === "hyper" ? `${prefix}${t}` : null;
   }
 }
 
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
-  const own = familyOf(cfg).attentionTensors(cfg, layer);
-  if (Object.hasOwn(own, t)) return own[t] ?? null;
+  // The family's names come first; a family that names every tensor leaves none to the skeleton.
+  const family = familyOf(cfg);
+  const own = family.attentionTensors(cfg, layer);
+  if (Object.hasOwn(own, t) || family.namesEveryTensor) return own[t] ?? null;
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
@@ -69,7 +77,11 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "shared_up":
     case "shared_down":
       return moeLayer && moe && moe.sharedIntermediate > 0
-        ? `${naming.moe}.shared_experts.${t.slice(7)}_proj.weight`
+        ? `${naming.moe}.${naming.shared ?? "shared_experts"}.${t.slice(7)}_proj.weight`
+        : null;
+    case "shared_expert_gate":
+      return moeLayer && moe?.sharedExpertGate && moe.sharedIntermediate > 0
+        ? `${naming.moe}.shared_expert_gate.weight`
         : null;
     default:
       return null;
@@ -98,8 +110,8 @@ export function hfExpertName(
     throw new Error(`layer ${layer}: expert ${expert} is outside 0..${cfg.moe.numExperts - 1}`);
   }
   const type = modelTypeOf(cfg);
-  const { moe, expert: names, fused } = type.naming;
-  if (fused) {
+  const { moe, expert: names, fused, stacked } = type.naming;
+  if (fused || stacked) {
     throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
   }
   return `${type.prefix ?? "model."}layers.${layer}.${moe}.experts.${expert}.${names[m]}.weight`;
@@ -108,26 +120,33 @@ export function hfExpertName(
 /**
  * Where matrix `m` of every expert of MoE layer `layer` lies when the model_type fuses its
  * experts, else null; the matrix's row r is fused row first + r·step, and down_proj is the down
- * matrix as is. gpt-oss (`mxfp4`): `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
+ * matrix as is. gpt-oss (`fused`): `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
  * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts, gate and up rows interleaved in
- * gate_up_proj (row 2m gate unit m, 2m + 1 up unit m). Gemma 4 (`plain`): `<base>` [E, R, cols]
- * itself, gate_up_proj's rows the I gate rows, then the I up rows.
+ * gate_up_proj (row 2m gate unit m, 2m + 1 up unit m). Qwen3.5 and Gemma 4 (`stacked`): `<base>`
+ * itself [E, R, cols], gate_up_proj's rows the I gate rows, then the I up rows.
  */
 export function hfFusedExpertSlice(
   cfg: ModelConfig,
   layer: number,
   m: ExpertMatrix,
-): { base: string; first: number; step: number; kind: "mxfp4" | "plain" } | null {
+): { base: string; first: number; step: number } | null {
   checkLayer(cfg, layer);
   const type = modelTypeOf(cfg);
-  const { fused: kind, moe } = type.naming;
-  if (!kind || cfg.layerKinds[layer] !== "moe") return null;
-  const p = `${type.prefix ?? "model."}layers.${layer}.${moe ? `${moe}.` : ""}experts`;
-  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1, kind };
-  const up = m === "up";
-  return kind === "mxfp4"
-    ? { base: `${p}.gate_up_proj`, first: up ? 1 : 0, step: 2, kind }
-    : { base: `${p}.gate_up_proj`, first: up ? cfg.moe!.expertIntermediate : 0, step: 1, kind };
+  const naming = type.naming;
+  if (!(naming.fused || naming.stacked) || cfg.layerKinds[layer] !== "moe") return null;
+  // Gemma 4's experts sit in the layer itself (an empty `moe`).
+  const p = `${type.prefix ?? "model."}layers.${layer}.${
+    naming.moe ? `${naming.moe}.` : ""
+  }experts`;
+  if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
+  if (naming.stacked) {
+    return {
+      base: `${p}.gate_up_proj`,
+      first: m === "up" ? cfg.moe!.expertIntermediate : 0,
+      step: 1,
+    };
+  }
+  return { base: `${p}.gate_up_proj`, first: m === "up" ? 1 : 0, step: 2 };
 }
 
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */

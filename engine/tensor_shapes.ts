@@ -55,11 +55,16 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
     case "router_bias":
     case "router_b":
       return { shape: [moe!.numExperts], role: "router" };
+    case "router_tid2eid":
+      // Expert ids per token id, exact in f32 (decoded from I64 and range-checked on read).
+      return { shape: [cfg.vocabSize, moe!.topK], role: "vector" };
     case "shared_gate":
     case "shared_up":
       return weight(moe!.sharedIntermediate, H);
     case "shared_down":
       return weight(H, moe!.sharedIntermediate);
+    case "shared_expert_gate":
+      return weight(1, H);
     case "latent_down":
       return weight(expertWidth(cfg), H);
     case "latent_norm":
@@ -204,6 +209,19 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`the full layers' RoPE must be proportional over head_dim ${full.headDim}`);
     }
     proportional(full.rope);
+  }
+  if (residual?.kind === "hyper") {
+    if (!Number.isSafeInteger(residual.streams) || residual.streams < 1 || residual.streams > 64) {
+      fail(`hc_mult ${residual.streams} must be a whole number in 1..64`);
+    }
+    if (
+      !Number.isSafeInteger(residual.sinkhornIters) || residual.sinkhornIters < 1 ||
+      residual.sinkhornIters > 1000
+    ) {
+      fail(`hc_sinkhorn_iters ${residual.sinkhornIters} must be a whole number in 1..1000`);
+    }
+    // Sinkhorn divides by sums + eps; a sum can be 0 only in the limit, eps keeps it finite.
+    if (!(residual.eps >= 0 && residual.eps < 1)) fail(`hc_eps ${residual.eps} must be in [0, 1)`);
   }
   if (cfg.glu?.kind === "situ") {
     const caps: [string, number][] = [

@@ -111,6 +111,8 @@ export class Transformer {
     const nb = tokens.length;
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
+    // Qwen3-Next / Qwen3.5: every skeleton norm scales by (1 + w).
+    const unit = cfg.normUnitOffset;
     if (nb < 1 || nb > this.maxBatch) {
       throw new Error(`forward: ${nb} tokens, at most ${this.maxBatch}`);
     }
@@ -120,19 +122,27 @@ export class Transformer {
     stream.start(nb);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       const lw = trunk.acquire(layer);
-      ops.rmsnorm(stream.input("mixer", layer, lw, nb), lw.get("attn_norm").ptr, h, d, nb, eps);
+      ops.rmsnorm(
+        stream.input("mixer", layer, lw, nb),
+        lw.get("attn_norm").ptr,
+        h,
+        d,
+        nb,
+        eps,
+        unit,
+      );
       this.#mixers.forward(layer, lw, h, tmp, nb, pos);
       stream.add("mixer", layer, tmp, nb);
       const x = stream.input("ffn", layer, lw, nb);
-      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps);
-      this.#ffn.forward(layer, lw, h, x, tmp, nb, pos);
+      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps, unit);
+      this.#ffn.forward(layer, lw, h, x, tmp, nb, pos, tokens);
       stream.add("ffn", layer, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }
     const first = allLogits ? 0 : nb - 1;
     const rows = nb - first;
-    ops.rmsnorm(stream.output(first, nb), globals.finalNorm.ptr, h, d, rows, eps);
+    ops.rmsnorm(stream.output(first, nb), globals.finalNorm.ptr, h, d, rows, eps, unit);
     const vocab = cfg.vocabSize;
     const logits = new Float32Array(rows * vocab);
     for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {

@@ -72,6 +72,26 @@ export function decodeDtypeToF32(dtype: string, bytes: Uint8Array, what = "tenso
       for (let i = 0; i < bytes.length; i++) out[i] = FP8_E4M3_TABLE[bytes[i]];
       return out;
     }
+    case "F8_E8M0": {
+      // Power-of-two scales: 2^(x − 127); 0xFF is NaN in the OCP MX spec and is refused.
+      const out = new Float32Array(bytes.length);
+      for (let i = 0; i < bytes.length; i++) {
+        if (bytes[i] === 0xff) throw new Error(`${what}: element ${i} is the E8M0 NaN code 0xFF`);
+        out[i] = 2 ** (bytes[i] - 127);
+      }
+      return out;
+    }
+    case "I64": {
+      // Index tables (DeepSeek-V4's tid2eid): small non-negative integers, exact in float32.
+      if (bytes.length % 8) throw new Error(`${what}: I64 byte count ${bytes.length} not / 8`);
+      const ints = new BigInt64Array(aligned(bytes));
+      return Float32Array.from(ints, (v, i) => {
+        if (v < 0n || v >= 1n << 24n) {
+          throw new Error(`${what}: element ${i} is ${v}; expected an index in 0..2^24`);
+        }
+        return Number(v);
+      });
+    }
     default:
       throw new Error(`${what}: dtype ${dtype} cannot be decoded to float32`);
   }
@@ -111,10 +131,16 @@ export function dequantFp8Blocks(
  * have shape [ceil(rows/128), ceil(cols/128)].
  */
 export function fp8ScaleInfo(ckpt: Checkpoint, weight: TensorInfo): TensorInfo {
-  const scaleName = weight.name + SCALE_INV_SUFFIX;
+  const hfName = weight.name + SCALE_INV_SUFFIX;
+  const own = companionScaleName(weight.name);
+  const scaleName = ckpt.tensors.has(hfName) || own === null ? hfName : own;
   const s = ckpt.tensors.get(scaleName);
   const where = `${weight.file}: tensor ${weight.name}`;
-  if (!s) throw new Error(`${where}: FP8 weight has no block-scale tensor ${scaleName}`);
+  if (!s) {
+    throw new Error(
+      `${where}: FP8 weight has no block-scale tensor ${hfName}${own ? ` or ${own}` : ""}`,
+    );
+  }
   if (weight.shape.length !== 2) {
     throw new Error(`${where}: FP8 weight must be 2-D, has shape [${weight.shape}]`);
   }
@@ -125,10 +151,18 @@ export function fp8ScaleInfo(ckpt: Checkpoint, weight: TensorInfo): TensorInfo {
         `${weight.name} [${weight.shape}]`,
     );
   }
-  if (!["F32", "BF16", "F16"].includes(s.dtype)) {
+  if (!["F32", "BF16", "F16", "F8_E8M0"].includes(s.dtype)) {
     throw new Error(`${s.file}: tensor ${scaleName} has dtype ${s.dtype}, expected a float dtype`);
   }
   return s;
+}
+
+/**
+ * DeepSeek's own name of the scales of weight `name` (`….weight` → `….scale`: the FP8 block
+ * scales and the FP4 group scales of its original checkpoints), or null for another name.
+ */
+export function companionScaleName(name: string): string | null {
+  return name.endsWith(".weight") ? `${name.slice(0, -".weight".length)}.scale` : null;
 }
 
 /**

@@ -200,7 +200,10 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.rmsNormEps, w("rmsNormEps"));
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
-  if (c.qkNormWhole !== undefined) bool(c.qkNormWhole, w("qkNormWhole"));
+  // Features any family may set (absent: off).
+  for (const k of ["normUnitOffset", "attnOutputGate", "qkNormWhole"]) {
+    if (c[k] !== undefined) bool(c[k], w(k));
+  }
   ropeField(c.rope, w("rope"));
   if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
     throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
@@ -211,11 +214,14 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     const n = int(m.numExperts, w("moe.numExperts"), 1, 1 << 20);
     int(m.topK, w("moe.topK"), 1, n);
     int(m.expertIntermediate, w("moe.expertIntermediate"), 1, MAX_DIM);
-    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax"], w("moe.scoring"));
+    oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax", "sqrtsoftplus"], w("moe.scoring"));
+    if (m.swigluLimit !== undefined) num(m.swigluLimit, w("moe.swigluLimit"));
+    if (m.hashLayers !== undefined) int(m.hashLayers, w("moe.hashLayers"), 0, numLayers);
     for (
       const k of [
         "routerLogitBias",
         "expertBias",
+        "sharedExpertGate",
         "scaledRouterInput",
         "expertScale",
         "denseBeside",
@@ -240,9 +246,14 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.residual !== undefined) {
     const r = obj(c.residual, w("residual"));
-    oneOf(r.kind, ["attn_res", "sandwich"], w("residual.kind"));
+    oneOf(r.kind, ["attn_res", "hyper", "sandwich"], w("residual.kind"));
     if (r.kind === "attn_res") int(r.blockSize, w("residual.blockSize"), 1, numLayers);
-    else num(r.embedScale, w("residual.embedScale"));
+    else if (r.kind === "sandwich") num(r.embedScale, w("residual.embedScale"));
+    else {
+      int(r.streams, w("residual.streams"), 1, 64);
+      int(r.sinkhornIters, w("residual.sinkhornIters"), 1, 1000);
+      num(r.eps, w("residual.eps"));
+    }
   }
   if (c.glu !== undefined) {
     const g = obj(c.glu, w("glu"));

@@ -94,15 +94,74 @@ export interface KdaConfig {
   fullRankOutputGate: boolean;
 }
 
+/** One layer of compressed sparse attention: its compression ratio (0: the window only). */
+export interface CsaLayer {
+  /** Tokens per compressed entry; 0 for a layer that attends to its window only. */
+  ratio: number;
+  /**
+   * true: overlapping windows (each entry mixes two windows' slots) and a Lightning indexer that
+   * keeps `indexer.topK` entries (CSA); false: disjoint windows, every entry kept (HCA).
+   */
+  indexed: boolean;
+}
+
+/**
+ * DeepSeek-V4's attention (mixer `csa`): one shared key-value head (the same vector is key and
+ * value) after a low-rank q (`qLoraRank`) with unweighted per-head q norms; RoPE on the trailing
+ * `rope.dim` dims of each head in interleaved pairs, the output rotated back; a learned sink per
+ * head; a sliding window of `window` positions; per layer, entries compressed from `ratio`
+ * tokens each (see {@link CsaLayer}), rotated with `compressRope` as are those layers' queries and
+ * keys; the output projection grouped (`oGroups` groups of heads, each to `oLoraRank`, then
+ * one projection to the hidden size).
+ */
+export interface CsaConfig {
+  qLoraRank: number;
+  oGroups: number;
+  oLoraRank: number;
+  window: number;
+  layers: CsaLayer[];
+  compressRope: RopeConfig;
+  indexer: { heads: number; headDim: number; topK: number };
+}
+
+/**
+ * Gated DeltaNet (Qwen3-Next, Qwen3.5/3.6-MoE): a short causal conv + SiLU over the fused q/k/v
+ * channels, a delta rule with one decay per value head, value heads sharing key heads, and an
+ * RMSNorm gated by SiLU(z) on the output; a fixed-size recurrent state per layer.
+ */
+export interface GatedDeltaNetConfig {
+  numKeyHeads: number;
+  /** A multiple of numKeyHeads: value head j reads key head j / (numValueHeads / numKeyHeads). */
+  numValueHeads: number;
+  keyHeadDim: number;
+  valueHeadDim: number;
+  /** Width of the depthwise causal conv over the q, k and v channels. */
+  convKernel: number;
+  /** Per layer: true for a Gated DeltaNet layer, false for a full-attention layer. */
+  layers: boolean[];
+  /**
+   * How the input projections are stored: `flat` as Qwen3.5 ships them (in_proj_qkv rows
+   * [q | k | v], in_proj_z, in_proj_b, in_proj_a); `grouped` as Qwen3-Next does (in_proj_qkvz
+   * and in_proj_ba, each a block per key head: [q_h | k_h | v and z of its value heads]).
+   */
+  projections: "flat" | "grouped";
+}
+
 /**
  * The residual stream of a layer skeleton. Absent: the plain stream (x += sublayer(norm(x))).
  * `attn_res`: Attention Residuals (Kimi K3, ../shared/K3.md): the stream is cut into blocks of
  * `blockSize` layers, a snapshot is kept at each block start (layer L with L % blockSize = 0), and
  * each sublayer's input, and the final norm's, is a softmax-weighted mix of the snapshots and the
  * running sum of the current block (layer tensors `attn_res_*`, `mlp_res_*`; globals `out_res_*`).
+ * `hyper`: hyper-connections (manifold-constrained, DeepSeek-V4): `streams` copies of the
+ * residual, collapsed before each sublayer, its output spread back and the old streams mixed by
+ * a doubly stochastic matrix (`sinkhornIters` Sinkhorn iterations, `eps` added where the
+ * reference adds hc_eps); the hyper head collapses them before the final norm (layer tensors
+ * `hc_attn_*`, `hc_ffn_*`; globals `hc_head_*`).
  */
 export type ResidualConfig =
   | { kind: "attn_res"; blockSize: number }
+  | { kind: "hyper"; streams: number; sinkhornIters: number; eps: number }
   | {
     /**
      * Sandwich norms (Gemma 4): the embedding rows × `embedScale`; each sublayer's output is
@@ -131,9 +190,10 @@ export interface MoeConfig {
   expertIntermediate: number;
   /**
    * softmax: Mixtral/Qwen3 (softmax over all experts, then top-k); sigmoid: DeepSeek-V3 and
-   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k).
+   * GLM-4.5 (noaux_tc); topk_softmax: gpt-oss (top-k of the raw logits, then softmax over those k);
+   * sqrtsoftplus: DeepSeek-V4 (sqrt(softplus(logit)), then as sigmoid).
    */
-  scoring: "softmax" | "sigmoid" | "topk_softmax";
+  scoring: "softmax" | "sigmoid" | "topk_softmax" | "sqrtsoftplus";
   /** Divide the chosen weights by their sum. */
   normTopK: boolean;
   /** Multiplies the routing weights after normalisation (DeepSeek: routed_scaling_factor). */
@@ -156,10 +216,25 @@ export interface MoeConfig {
   /** gpt-oss: every expert matrix has a bias vector, stored in the expert's record. */
   expertBias?: boolean;
   /**
+   * Qwen3-Next / Qwen3.5: the shared expert's output is scaled by σ(w·h), one learned vector `w`
+   * per layer (layer tensor `shared_expert_gate`).
+   */
+  sharedExpertGate?: boolean;
+  /**
    * gpt-oss's activation instead of silu(gate)·up: gate = min(gate, limit), up = clamp(up, ±limit),
    * (up + 1) · gate · σ(alpha · gate).
    */
   clampedSwiglu?: { limit: number; alpha: number };
+  /**
+   * DeepSeek-V4's clamp of every gated MLP (routed and shared experts): silu(min(gate, limit)) ·
+   * clamp(up, ±limit).
+   */
+  swigluLimit?: number;
+  /**
+   * DeepSeek-V4's hash routing: the first `hashLayers` layers choose their experts by the token
+   * id (layer tensor `router_tid2eid`, vocab × topK expert ids), the router only weights them.
+   */
+  hashLayers?: number;
   /**
    * The router reads the layer's residual stream x, not the normed input: unit RMSNorm(x) ×
    * `router_scale` × hidden^−½ (Gemma 4).
@@ -238,6 +313,18 @@ export interface ModelConfig {
   mla: MlaConfig | null;
   /** KDA layers (absent for families without them). */
   kda?: KdaConfig;
+  /** Gated DeltaNet layers (absent for families without them). */
+  gdn?: GatedDeltaNetConfig;
+  /**
+   * Every RMSNorm of the layer skeleton and the attention's q/k norms scale by (1 + w) instead
+   * of w (Qwen3-Next, Qwen3.5); absent means w.
+   */
+  normUnitOffset?: boolean;
+  /**
+   * Gated attention (Qwen3-Next, Qwen3.5): q_proj holds, per head, the query then as many rows of
+   * an output gate; the heads' values are multiplied by σ(gate) before o_proj.
+   */
+  attnOutputGate?: boolean;
   /** The residual stream's kind (absent: plain). */
   residual?: ResidualConfig;
   /** The gated MLPs' activation (absent: SwiGLU). */
@@ -248,6 +335,8 @@ export interface ModelConfig {
   attention?: AttentionExtras;
   /** The final logits are soft-capped, c · tanh(logits / c), with this c (absent: none). */
   logitSoftcap?: number;
+  /** DeepSeek-V4's compressed sparse attention on every layer (absent for other families). */
+  csa?: CsaConfig;
   bosId: number | null;
   eosIds: number[];
 }
@@ -291,9 +380,37 @@ export const LAYER_TENSOR_ORDER = [
   "g_b",
   "g_proj",
   "o_norm",
+  // DeepSeek-V4's compressed sparse attention (wq_a, q_a_norm, wq_b, sinks above; engine/parts/csa.ts).
+  "wkv",
+  "kv_norm",
+  "wo_a",
+  "wo_b",
+  "cmp_wkv",
+  "cmp_wgate",
+  "cmp_ape",
+  "cmp_norm",
+  "idx_wq_b",
+  "idx_weights",
+  "idx_wkv",
+  "idx_wgate",
+  "idx_ape",
+  "idx_norm",
+  // Gated DeltaNet: the fused q/k/v projection (flat) or q/k/v/z (grouped per key head), the
+  // output gate z, β and decay inputs (flat: b and a; grouped: ba), the conv over q/k/v.
+  "gdn_qkv",
+  "gdn_qkvz",
+  "gdn_z",
+  "gdn_b",
+  "gdn_a",
+  "gdn_ba",
+  "qkv_conv",
   // Kimi K3: the attention's Attention Residual.
   "attn_res_norm",
   "attn_res_proj",
+  // Hyper-connections: the weights before the attention.
+  "hc_attn_fn",
+  "hc_attn_base",
+  "hc_attn_scale",
   "ffn_norm",
   "ffn_gate",
   "ffn_up",
@@ -301,6 +418,7 @@ export const LAYER_TENSOR_ORDER = [
   "router",
   "router_bias",
   "router_b",
+  "router_tid2eid",
   // Gemma 4: the router's input scale and per-expert scale, the experts' branch norms beside the
   // dense MLP's, the feed-forward output's norm and the residual stream's scalar.
   "router_scale",
@@ -313,12 +431,17 @@ export const LAYER_TENSOR_ORDER = [
   "shared_gate",
   "shared_up",
   "shared_down",
+  "shared_expert_gate",
   // Kimi K3: the MLP's Attention Residual and the latent MoE's projections and norm.
   "mlp_res_norm",
   "mlp_res_proj",
   "latent_down",
   "latent_norm",
   "latent_up",
+  // Hyper-connections: the weights before the feed-forward.
+  "hc_ffn_fn",
+  "hc_ffn_base",
+  "hc_ffn_scale",
 ] as const;
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
@@ -346,7 +469,11 @@ export type GlobalTensor =
   | "lm_head"
   // Kimi K3: the model-level Attention Residual over the block snapshots.
   | "out_res_norm"
-  | "out_res_proj";
+  | "out_res_proj"
+  // Hyper-connections: the hyper head that collapses the streams before the final norm.
+  | "hc_head_fn"
+  | "hc_head_base"
+  | "hc_head_scale";
 
 /** The three matrices of one expert, in record order (gpt-oss's biases follow them). */
 export const EXPERT_MATRICES = ["gate", "up", "down"] as const;
@@ -368,6 +495,9 @@ export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
     ...(cfg.residual?.kind === "attn_res"
       ? ["out_res_norm" as const, "out_res_proj" as const]
       : []),
+    ...(cfg.residual?.kind === "hyper"
+      ? ["hc_head_fn" as const, "hc_head_base" as const, "hc_head_scale" as const]
+      : []),
   ];
 }
 
@@ -377,13 +507,16 @@ export function expertWidth(cfg: ModelConfig): number {
 }
 
 /** The kinds of token mixer a layer may run (engine/parts/, engine/reference/mixers.ts). */
-export type MixerName = "gqa" | "mla" | "kda";
+export type MixerName = "gqa" | "mla" | "kda" | "csa" | "gdn";
 
 /**
  * The token mixer of layer `layer`, from the config's sections: a KDA layer where `kda.layers`
- * says so, else MLA when the model has an `mla` section, else grouped-query attention.
+ * says so, a Gated DeltaNet layer where `gdn.layers` does, else compressed sparse attention with
+ * a `csa` section, MLA with an `mla` section, else grouped-query attention.
  */
 export function mixerOf(cfg: ModelConfig, layer: number): MixerName {
   if (cfg.kda?.layers[layer]) return "kda";
+  if (cfg.gdn?.layers[layer]) return "gdn";
+  if (cfg.csa) return "csa";
   return cfg.mla ? "mla" : "gqa";
 }

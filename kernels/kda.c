@@ -1,10 +1,14 @@
 /*
- * Kimi Delta Attention (KDA): the causal short convolution in front of it and the gated delta
- * rule itself, token by token. Both split by head: a head's channels and its state belong to the
- * thread that owns the head, so any split gives the same bits.
+ * The gated delta rule of Kimi Delta Attention (KDA) and of Gated DeltaNet (Qwen3-Next, Qwen3.5),
+ * and the causal short convolution in front of both, token by token. KDA decays each key channel
+ * of the state on its own; Gated DeltaNet decays a whole head by one scalar, and lets `ratio`
+ * value heads share one key head's q and k. Both split by key head: a key head's q/k channels and
+ * the states of its value heads belong to the thread that owns it, so any split gives the same bits.
  *
- * The state of head h is S_h[dk][dv] (row i = key channel i), at S + h*dk*dv floats. Per token:
- *   S <- diag(a) S,  a = e^g          (decay first; g <= 0 is the log-decay per key channel)
+ * The state of value head h is S_h[dk][dv] (row i = key channel i), at S + h*dk*dv floats. Per
+ * token:
+ *   S <- diag(a) S,  a = e^g          (decay first; g <= 0 is the log-decay of each key channel,
+ *                                       or of the head: the same a on every row)
  *   u  = S^T k                        (read the decayed state)
  *   S <- S + k (x) beta (v - u)       (delta-rule update)
  *   o  = S^T q                        (read after the update)
@@ -50,7 +54,7 @@ static void exp_inplace(float *x, int n) {
     for (int w = 0; w < W; w++) u[w] = o[w] = wasm_f32x4_splat(0.0f);                          \
     for (int i = 0; i < dk; i++) {                                                             \
       float *row = Sh + (size_t)i * dv + c;                                                    \
-      v128_t a = wasm_f32x4_splat(at[i]), ki = wasm_f32x4_splat(kt[i]);                        \
+      v128_t a = wasm_f32x4_splat(at[i * g_row]), ki = wasm_f32x4_splat(kt[i]);                \
       for (int w = 0; w < W; w++) {                                                            \
         v128_t s = wasm_f32x4_mul(wasm_v128_load(row + 4 * w), a);                             \
         wasm_v128_store(row + 4 * w, s);                                                       \
@@ -77,13 +81,14 @@ static void exp_inplace(float *x, int n) {
 /* One scalar column c of one head (the same per-lane arithmetic as KDA_STRIPE). */
 static void kda_column(float *Sh, const float *q, const float *k, const float *v, const float *g,
                        const float *beta, float *out, int T, int dk, int dv, int qk_stride,
-                       int v_stride, int g_stride, int beta_stride, int out_stride, int c) {
+                       int v_stride, int g_stride, int g_row, int beta_stride, int out_stride,
+                       int c) {
   for (int t = 0; t < T; t++) {
     const float *qt = q + (size_t)t * qk_stride, *kt = k + (size_t)t * qk_stride;
     const float *at = g + (size_t)t * g_stride;
     float u = 0.0f, o = 0.0f;
     for (int i = 0; i < dk; i++) {
-      float s = Sh[(size_t)i * dv + c] * at[i];
+      float s = Sh[(size_t)i * dv + c] * at[i * g_row];
       Sh[(size_t)i * dv + c] = s;
       u = u + kt[i] * s;
     }
@@ -98,35 +103,42 @@ static void kda_column(float *Sh, const float *q, const float *k, const float *v
 }
 
 /**
- * The gated delta rule for heads [h0, h1) over T consecutive tokens. Token t's q and k of head h
- * are at q/k + t*qk_stride + h*dk, v at v + t*v_stride + h*dv, the log-decay g at
- * g + t*g_stride + h*dk, beta (already a sigmoid) at beta + t*beta_stride + h, and o goes to
- * out + t*out_stride + h*dv. q, k and g are rewritten in place (normalised q and k, e^g), so the
- * caller passes scratch copies. The state S (n_heads * dk * dv floats) carries over calls.
+ * The gated delta rule for key heads [h0, h1) over T consecutive tokens; key head h serves value
+ * heads h*ratio .. h*ratio + ratio - 1. Token t's q and k of key head h are at
+ * q/k + t*qk_stride + h*dk, v of value head j at v + t*v_stride + j*dv, its log-decays at
+ * g + t*g_stride + j*g_channels (g_channels = dk: one per key channel, KDA; 1: one per head,
+ * Gated DeltaNet), beta (already a sigmoid) at beta + t*beta_stride + j, and o goes to
+ * out + t*out_stride + j*dv. q, k and g are rewritten in place (normalised q and k, e^g), so the
+ * caller passes scratch copies. The state S (value heads * dk * dv floats) carries over calls.
  */
 KEXPORT("kda_recurrent_f32")
 void kda_recurrent_f32(float *S, float *q, float *k, const float *v, float *g, const float *beta,
                        float *out, int T, int n_heads, int dk, int dv, int qk_stride,
-                       int v_stride, int g_stride, int beta_stride, int out_stride, int h0,
-                       int h1) {
+                       int v_stride, int g_stride, int beta_stride, int out_stride, int ratio,
+                       int g_channels, int h0, int h1) {
   if (h1 > n_heads) h1 = n_heads;
   float scale = 1.0f / __builtin_sqrtf((float)dk);
-  for (int h = h0 < 0 ? 0 : h0; h < h1; h++) {
-    float *qh = q + (size_t)h * dk, *kh = k + (size_t)h * dk, *gh = g + (size_t)h * dk;
+  /* Row i of the state decays by g[i * g_row]: its own channel's, or the head's one value. */
+  int g_row = g_channels == 1 ? 0 : 1;
+  for (int kh_i = h0 < 0 ? 0 : h0; kh_i < h1; kh_i++) {
+    float *qh = q + (size_t)kh_i * dk, *kh = k + (size_t)kh_i * dk;
     for (int t = 0; t < T; t++) {
       l2norm_scale(qh + (size_t)t * qk_stride, dk, scale);
       l2norm_scale(kh + (size_t)t * qk_stride, dk, 1.0f);
-      exp_inplace(gh + (size_t)t * g_stride, dk);
     }
-    float *Sh = S + (size_t)h * dk * dv;
-    const float *vh = v + (size_t)h * dv, *bh = beta + h;
-    float *oh = out + (size_t)h * dv;
-    int c = 0;
-    for (; c + 16 <= dv; c += 16) KDA_STRIPE(4)
-    for (; c + 4 <= dv; c += 4) KDA_STRIPE(1)
-    for (; c < dv; c++)
-      kda_column(Sh, qh, kh, vh, gh, bh, oh, T, dk, dv, qk_stride, v_stride, g_stride,
-                 beta_stride, out_stride, c);
+    for (int h = kh_i * ratio; h < (kh_i + 1) * ratio; h++) {
+      float *gh = g + (size_t)h * g_channels;
+      for (int t = 0; t < T; t++) exp_inplace(gh + (size_t)t * g_stride, g_channels);
+      float *Sh = S + (size_t)h * dk * dv;
+      const float *vh = v + (size_t)h * dv, *bh = beta + h;
+      float *oh = out + (size_t)h * dv;
+      int c = 0;
+      for (; c + 16 <= dv; c += 16) KDA_STRIPE(4)
+      for (; c + 4 <= dv; c += 4) KDA_STRIPE(1)
+      for (; c < dv; c++)
+        kda_column(Sh, qh, kh, vh, gh, bh, oh, T, dk, dv, qk_stride, v_stride, g_stride, g_row,
+                   beta_stride, out_stride, c);
+    }
   }
 }
 

@@ -12,31 +12,6 @@ import { startServer } from "../tools/serve/server.ts";
 import { packedFixture, runSluice } from "./fixtures.ts";
 import "./shared_guard.ts";
 
-/** `generate --json` and the plain run of the same arguments. */
-async function bothWays(model: string, ...args: string[]) {
-  const base = ["generate", "--model", model, "--quiet", ...args];
-  const json = await runSluice([...base, "--json"]);
-  assert.equal(json.code, 0, json.stderr);
-  const plain = await runSluice(base);
-  assert.equal(plain.code, 0, plain.stderr);
-  return { run: JSON.parse(json.stdout), plain: plain.stdout };
-}
-
-/** The echoed prompt and the answer read as the decode of the whole sequence. */
-async function assertEchoed(model: string, prompt: string) {
-  const { run, plain } = await bothWays(model, "-p", prompt, "-n", "12");
-  const tok = await loadTokenizer(model);
-  const whole = tok.decode([...run.prompt_ids, ...run.generated_ids], { skipSpecial: true });
-  assert.equal(plain, whole + "\n");
-  assert.ok(plain.startsWith(prompt), plain);
-  const bare = await runSluice([
-    ...["generate", "--model", model, "--quiet", "-p", prompt, "-n", "12"],
-    "--no-display-prompt",
-  ]);
-  assert.equal(bare.stdout, run.text + "\n");
-  return { run, plain };
-}
-
 Deno.test("generate echoes the prompt; prompt and answer read as the whole decode (demo model)", async () => {
   await assertEchoed(await demoModelPath(true), "The dog");
 });
@@ -117,6 +92,31 @@ Deno.test('llama.cpp habits: -cnv starts a chat; typos get "did you mean"', asyn
     const r = await runSluice(args);
     assert.notEqual(r.code, 0, args.join(" "));
     assert.match(r.stderr, want);
-    assert.doesNotMatch(r.stderr, /\n\s+at /, "no stack trace");
+    assert.doesNotMatch(r.stderr, /\n\s+at /, "one line, no stack frames");
   }
 });
+
+/** `generate --json` and the plain run of the same arguments. */
+async function bothWays(model: string, ...args: string[]) {
+  const base = ["generate", "--model", model, "--quiet", ...args];
+  const json = await runSluice([...base, "--json"]);
+  assert.equal(json.code, 0, json.stderr);
+  const plain = await runSluice(base);
+  assert.equal(plain.code, 0, plain.stderr);
+  return { run: JSON.parse(json.stdout), plain: plain.stdout };
+}
+
+/** The echoed prompt and the answer read as the decode of the whole sequence. */
+async function assertEchoed(model: string, prompt: string) {
+  const { run, plain } = await bothWays(model, "-p", prompt, "-n", "12");
+  const tok = await loadTokenizer(model);
+  const whole = tok.decode([...run.prompt_ids, ...run.generated_ids], { skipSpecial: true });
+  assert.equal(plain, whole + "\n");
+  assert.ok(plain.startsWith(prompt), plain);
+  const bare = await runSluice([
+    ...["generate", "--model", model, "--quiet", "-p", prompt, "-n", "12"],
+    "--no-display-prompt",
+  ]);
+  assert.equal(bare.stdout, run.text + "\n");
+  return { run, plain };
+}

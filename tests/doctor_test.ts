@@ -19,6 +19,49 @@ import { skipIf } from "./skips.ts";
 const MOD = new URL("../mod.ts", import.meta.url).pathname;
 const CACHE = join(tempDir(), "cache");
 
+/**
+ * The ratio tests time runs: on a machine loaded past its cores (as this project's shared one
+ * often is, at 20+), two runs a minute apart differ by 2x, so they skip there, saying why.
+ */
+function loaded(): boolean {
+  return Deno.loadavg()[0] > navigator.hardwareConcurrency;
+}
+
+/** Why the ratio tests skip on a loaded machine. */
+function quietReason(): string {
+  return `need a quiet machine (load ${
+    Deno.loadavg()[0].toFixed(1)
+  } on ${navigator.hardwareConcurrency} cores)`;
+}
+
+/**
+ * doctor's estimate at `budget` over the decode tok/s measured by generate at the same budget
+ * (the median of three runs: the machine is shared).
+ */
+async function estimateOverRun(model: string, budget: number): Promise<number> {
+  const run = async (...args: string[]) => {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", MOD, ...args, "--model", model, "--budget", String(budget), "--json"],
+      stdin: "null",
+      env: { NO_COLOR: "1" },
+    }).output();
+    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    return JSON.parse(new TextDecoder().decode(out.stdout));
+  };
+  const doctor = await run("doctor", "--bench-size", "8M", "--dir", tempDir());
+  const measured: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    const gen = await run("generate", "-p", "Once upon a time", "-n", "100", "--ignore-eos");
+    measured.push(gen.stats.generate_tok_s);
+  }
+  return doctor.model.estimate.tokPerSecond / measured.sort((x, y) => x - y)[1];
+}
+
+/** The budget at which the whole of `model` is resident (the plan's own figure). */
+function wholeBudget(model: string): number {
+  return planMemory(planInput(openContainer(model)), { ctx: 512, maxBatch: 64 }).wholeModelBytes;
+}
+
 Deno.test("doctor --json measures the disk where asked and plans the model", async () => {
   const model = await demoModelPath(true, CACHE);
   const dir = Deno.makeTempDirSync({ dir: tempDir(), prefix: "doctor-" });
@@ -84,41 +127,9 @@ Deno.test("doctor's estimate: disk bytes and tok/s follow the plan", async () =>
   assert.equal(tight.diskBytesPerToken, trunk + moeReads * miss * input.expertStride);
 });
 
-/**
- * doctor's estimate at `budget` over the decode tok/s measured by generate at the same budget
- * (the median of three runs: the machine is shared).
- */
-async function estimateOverRun(model: string, budget: number): Promise<number> {
-  const run = async (...args: string[]) => {
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", MOD, ...args, "--model", model, "--budget", String(budget), "--json"],
-      stdin: "null",
-      env: { NO_COLOR: "1" },
-    }).output();
-    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-    return JSON.parse(new TextDecoder().decode(out.stdout));
-  };
-  const doctor = await run("doctor", "--bench-size", "8M", "--dir", tempDir());
-  const measured: number[] = [];
-  for (let i = 0; i < 3; i++) {
-    const gen = await run("generate", "-p", "Once upon a time", "-n", "100", "--ignore-eos");
-    measured.push(gen.stats.generate_tok_s);
-  }
-  return doctor.model.estimate.tokPerSecond / measured.sort((x, y) => x - y)[1];
-}
-
-/**
- * The ratio tests time runs: on a machine loaded past its cores (as this project's shared one
- * often is, at 20+), two runs a minute apart differ by 2x, so they skip there, saying why.
- */
-const LOADED = Deno.loadavg()[0] > navigator.hardwareConcurrency;
-const QUIET_REASON = `need a quiet machine (load ${
-  Deno.loadavg()[0].toFixed(1)
-} on ${navigator.hardwareConcurrency} cores)`;
-
 Deno.test({
   name: "doctor's estimate is within 1.5x of a run at the same budget (demo model, demo budget)",
-  ignore: skipIf(LOADED, QUIET_REASON),
+  ignore: skipIf(loaded(), quietReason()),
   fn: async () => {
     const model = await demoModelPath(true, CACHE);
     const ratio = await estimateOverRun(model, demoBudget(model).budget);
@@ -128,12 +139,11 @@ Deno.test({
 
 Deno.test({
   name: "doctor's estimate is within 1.5x of a run at the same budget (stories260k-moe fixture)",
-  ignore: skipIf(LOADED, QUIET_REASON),
+  ignore: skipIf(loaded(), quietReason()),
   fn: async () => {
     const model = await packedFixture("stories260k-moe");
     for (const budget of [demoBudget(model).budget, undefined]) {
-      const b = budget ?? planMemory(planInput(openContainer(model)), { ctx: 512, maxBatch: 64 })
-        .wholeModelBytes;
+      const b = budget ?? wholeBudget(model);
       const ratio = await estimateOverRun(model, b);
       assert.ok(
         ratio > 1 / 1.5 && ratio < 1.5,

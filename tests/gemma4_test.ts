@@ -155,8 +155,8 @@ Deno.test({
         for (const m of ["gate", "up", "down"] as const) {
           const src = findExpertMatrix(ck, cfg, l, 5, m);
           assert.deepEqual([src.rows, src.cols], m === "down" ? [64, 32] : [32, 64]);
-          assert.equal(src.rowsOf?.first, m === "up" ? 32 : 0, "gate rows, then up rows");
-          used.add(src.rowsOf!.tensor.name);
+          assert.equal(src.stacked?.first, m === "up" ? 32 : 0, "gate rows, then up rows");
+          used.add(src.stacked!.tensor.name);
         }
       }
       const rest = [...ck.tensors.keys()].filter((n) => !used.has(n));
@@ -180,8 +180,8 @@ Deno.test({
       log: (l) => lines.push(l),
     });
     assert.ok(
-      lines.some((l) => l.includes("skipping model.vision_tower.* (17 tensors)")) &&
-        lines.some((l) => l.includes("skipping model.embed_vision.* (1 tensors)")),
+      lines.some((l) => l.includes("skipping 17 tensors under model.vision_tower.*")) &&
+        lines.some((l) => l.includes("skipping 1 tensors under model.embed_vision.*")),
       `pack output: ${lines.join(" | ")}`,
     );
     assert.equal(res.manifest.experts.length, 6);

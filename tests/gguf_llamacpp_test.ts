@@ -1,5 +1,6 @@
 /**
- * GGUF exports of GLM-4.5 (glm4moe) and gpt-oss checked by llama.cpp itself: node-llama-cpp
+ * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe) and Qwen3-Next (qwen3next)
+ * checked by llama.cpp itself: node-llama-cpp
  * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
  * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
  * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
@@ -23,15 +24,23 @@ const PROMPT = [1, 403, 407, 261, 378];
 /** Generated ids compared: prompt + 150 reaches position 155, past gpt-oss's 128 window. */
 const STEPS = 150;
 const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
-const llama = have && LLAMACPP_TESTS ? await setupLlamaCpp(undefined, () => {}) : null;
-/** Each test's `ignore`: why it skips is counted (tests/skips.ts). */
-const ignore = () =>
-  !have ||
+const haveQwen = hasFixture("tiny-qwen3.5-moe") || hasFixture("tiny-qwen3-next");
+const llama = (have || haveQwen) && LLAMACPP_TESTS
+  ? await setupLlamaCpp(undefined, () => {})
+  : null;
+/**
+ * Each test's `ignore` (`fixtures`: whether its fixtures are there): why it skips is counted
+ * (tests/skips.ts).
+ */
+const ignore = (fixtures = have) =>
+  !fixtures ||
   skipIf(
     !llama?.ok,
     LLAMACPP_TESTS && llama && !llama.ok ? `need llama.cpp (${llama.why})` : LLAMACPP_REASON,
   );
-if (have && llama && !llama.ok) console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
+if ((have || haveQwen) && llama && !llama.ok) {
+  console.error(`gguf_llamacpp_test skipped: ${llama.why}`);
+}
 
 /** sluice's greedy ids after PROMPT on checkpoint `dir`. */
 async function sluiceIds(dir: string, name: string): Promise<number[]> {
@@ -129,3 +138,66 @@ Deno.test({
     assert.deepEqual(got.slice(0, 10), (await sluiceIds(dir, "oss-mx")).slice(0, 10));
   },
 });
+
+/** The Qwen hybrids and the README's first 20 generated ids of "Once upon a time". */
+const QWEN_HYBRIDS: [string, string, number[]][] = [
+  ["tiny-qwen3.5-moe", "qwen35moe", [
+    460,
+    163,
+    50,
+    473,
+    473,
+    473,
+    473,
+    79,
+    456,
+    275,
+    133,
+    506,
+    299,
+    304,
+    304,
+    277,
+    375,
+    466,
+    466,
+    465,
+  ]],
+  ["tiny-qwen3-next", "qwen3next", [
+    378,
+    364,
+    462,
+    330,
+    227,
+    332,
+    465,
+    465,
+    403,
+    310,
+    363,
+    465,
+    362,
+    465,
+    465,
+    465,
+    465,
+    465,
+    362,
+    362,
+  ]],
+];
+
+for (const [name, arch, known] of QWEN_HYBRIDS) {
+  Deno.test({
+    name: `${arch} GGUF export: llama.cpp's greedy ids equal sluice's and the README's`,
+    ignore: ignore(hasFixture(name)),
+    fn: async () => {
+      const dir = fixtureDir(name);
+      const [want, got] = [await sluiceIds(dir, arch), await llamaIds(dir, arch)];
+      // ../shared/models/README.md: on this prompt llama.cpp follows transformers past the
+      // compared positions (its log-probabilities differ by up to 3.6e-3, cause unknown).
+      assert.deepEqual(got.slice(0, 20), known);
+      assert.deepEqual(got, want);
+    },
+  });
+}

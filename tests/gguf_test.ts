@@ -74,6 +74,61 @@ for (const model of ["stories260k", "stories260k-moe"]) {
   });
 }
 
+for (const [model, arch] of [["tiny-qwen3.5-moe", "qwen35moe"], ["tiny-qwen3-next", "qwen3next"]]) {
+  Deno.test({
+    name: `${arch} export of ${model} is llama.cpp's conversion without the MTP block`,
+    ignore: !hasFixture(model),
+    fn() {
+      const dir = tempDir();
+      try {
+        const out = join(dir, "out.gguf");
+        assert.equal(exportGguf(fixtureDir(model), out, { progress: "off" }).arch, arch);
+        const got = readGguf(out), want = readGguf(`${REF_GGUF}${model}-f32.gguf`);
+        // The converter also writes the MTP block (blk.8, nextn_predict_layers 1); sluice does
+        // not run it, so it is not exported. The name is the directory's, the size label counts
+        // blocks, and Qwen3-Next's unused dense width (intermediate_size) is not kept.
+        const differ = [
+          "general.name",
+          "general.size_label",
+          `${arch}.block_count`,
+          `${arch}.feed_forward_length`,
+        ];
+        const keys = (f: GgufFile) => [...f.metadata.keys()].filter((k) => !differ.includes(k));
+        assert.deepEqual(keys(got), keys(want).filter((k) => k !== `${arch}.nextn_predict_layers`));
+        for (const k of keys(got)) {
+          assert.deepEqual(plain(got.metadata.get(k)!), plain(want.metadata.get(k)!), k);
+        }
+        assert.deepEqual(plain(got.metadata.get(`${arch}.block_count`)!), {
+          type: "u32",
+          value: 8,
+        });
+        const mine = new Set(got.tensors.map((t) => t.name));
+        assert.deepEqual(
+          want.tensors.filter((t) => !mine.has(t.name)).map((t) => t.name.split(".")[1]),
+          new Array(20).fill("8"),
+          "only the MTP block's tensors are left out",
+        );
+        for (const t of got.tensors) {
+          const w = want.tensors.find((x) => x.name === t.name)!;
+          assert.deepEqual([t.dims, t.type], [w.dims, w.type], t.name);
+          const a = decodeGgmlToF32(t.type, got.readTensor(t.name), t.name);
+          const b = decodeGgmlToF32(w.type, want.readTensor(w.name), w.name);
+          // ssm_a = −exp(A_log): the converter's float32 exp and float64 rounded once may differ
+          // in the last place; everything else is moved or offset exactly.
+          const tol = t.name.endsWith("ssm_a") ? 1e-6 : 0;
+          a.forEach((x, i) =>
+            assert.ok(Math.abs(x - b[i]) <= tol * Math.abs(b[i]), `${t.name}[${i}]`)
+          );
+        }
+        got.close();
+        want.close();
+      } finally {
+        Deno.removeSync(dir, { recursive: true });
+      }
+    },
+  });
+}
+
 Deno.test("--name changes general.name and nothing else", () => {
   const dir = tempDir();
   try {

@@ -1,6 +1,7 @@
-// KDA's kernels (kernels/kda.c) against the float64 references of tests/scalar_kernels.ts at awkward
-// sizes, plus the invariants the engine relies on: head splits and token splits of a call never
-// change a bit.
+// KDA's and Gated DeltaNet's kernels (kernels/kda.c) against the float64 references of
+// tests/scalar_kernels.ts at awkward sizes (Gated DeltaNet: value heads sharing key heads, one
+// decay per head, strong decays), plus the invariants the engine relies on: head splits and token
+// splits of a call never change a bit.
 import assert from "node:assert/strict";
 import {
   createArenaMemory,
@@ -54,18 +55,21 @@ interface KdaCase {
   beta: Float32Array;
 }
 
-function kdaCase(s: KdaShape, seed: number): KdaCase {
-  const n = s.T * s.nHeads;
+function kdaCase(s: KdaShape, seed: number, gLow = -3): KdaCase {
+  const n = s.T * s.nHeads, nv = n * (s.ratio ?? 1);
   return {
     s,
     q: rand(n * s.dk, seed),
     k: rand(n * s.dk, seed + 1),
-    v: rand(n * s.dv, seed + 2),
+    v: rand(nv * s.dv, seed + 2),
     // Log-decays as the gate makes them: −exp(A)·softplus(z) spans small to large decays.
-    g: rand(n * s.dk, seed + 3, -3, -0.001),
-    beta: rand(n, seed + 4, 0, 1),
+    g: rand(nv * (s.gChannels ?? s.dk), seed + 3, gLow, -0.001),
+    beta: rand(nv, seed + 4, 0, 1),
   };
 }
+
+/** Value heads of a shape. */
+const valueHeads = (s: KdaShape) => s.nHeads * (s.ratio ?? 1);
 
 const PAD = 3;
 
@@ -78,9 +82,10 @@ function runKda(
   splits: number[][],
 ): Float32Array {
   const { nHeads: H, dk, dv } = c.s;
+  const V = valueHeads(c.s), gc = c.s.gChannels ?? dk;
   const T = t1 - t0;
-  const qkStride = H * dk + PAD, vStride = H * dv + PAD, gStride = H * dk + PAD;
-  const outStride = H * dv + PAD;
+  const qkStride = H * dk + PAD, vStride = V * dv + PAD, gStride = V * gc + PAD;
+  const outStride = V * dv + PAD;
   const strided = (src: Float32Array, per: number, stride: number) => {
     const a = new Float32Array(T * stride).fill(NaN);
     for (let t = 0; t < T; t++) {
@@ -89,8 +94,8 @@ function runKda(
     return put(a);
   };
   const q = strided(c.q, H * dk, qkStride), kk = strided(c.k, H * dk, qkStride);
-  const v = strided(c.v, H * dv, vStride), g = strided(c.g, H * dk, gStride);
-  const beta = strided(c.beta, H, H + 1);
+  const v = strided(c.v, V * dv, vStride), g = strided(c.g, V * gc, gStride);
+  const beta = strided(c.beta, V, V + 1);
   const out = alloc(T * outStride);
   view(out, T * outStride).fill(NaN);
   for (const [h0, h1] of splits) {
@@ -109,16 +114,18 @@ function runKda(
       qkStride,
       vStride,
       gStride,
-      H + 1,
+      V + 1,
       outStride,
+      c.s.ratio ?? 1,
+      gc,
       h0,
       h1,
     );
   }
   const o = view(out, T * outStride);
-  const dense = new Float32Array(T * H * dv);
+  const dense = new Float32Array(T * V * dv);
   for (let t = 0; t < T; t++) {
-    dense.set(o.subarray(t * outStride, t * outStride + H * dv), t * H * dv);
+    dense.set(o.subarray(t * outStride, t * outStride + V * dv), t * V * dv);
   }
   return dense;
 }
@@ -138,6 +145,15 @@ const KDA_SHAPES: KdaShape[] = [
   { T: 9, nHeads: 2, dk: 7, dv: 36 },
   { T: 3, nHeads: 1, dk: 128, dv: 128 },
   { T: 1, nHeads: 2, dk: 33, dv: 3 },
+];
+
+/** Gated DeltaNet: one decay per value head, value heads ≠ key heads (and dk ≠ dv). */
+const GDN_SHAPES: KdaShape[] = [
+  { T: 7, nHeads: 2, dk: 16, dv: 16, ratio: 2, gChannels: 1 },
+  { T: 5, nHeads: 3, dk: 5, dv: 19, ratio: 3, gChannels: 1 },
+  { T: 9, nHeads: 1, dk: 33, dv: 20, ratio: 4, gChannels: 1 },
+  { T: 2, nHeads: 2, dk: 128, dv: 128, ratio: 2, gChannels: 1 },
+  { T: 4, nHeads: 5, dk: 7, dv: 3, ratio: 1, gChannels: 1 },
 ];
 
 Deno.test("kda_recurrent_f32 matches the float64 delta rule at awkward sizes", () => {
@@ -169,6 +185,39 @@ Deno.test("kda_recurrent_f32: head splits and token splits give the same bits", 
     ];
     assert.deepEqual(new Float32Array(parts), whole, `out ${JSON.stringify(s)}`);
     const n = s.nHeads * s.dk * s.dv;
+    assert.deepEqual(view(Sb, n).slice(), view(Sa, n).slice(), `state ${JSON.stringify(s)}`);
+  }
+});
+
+Deno.test("Gated DeltaNet (shared key heads, one decay a head) matches the float64 rule", () => {
+  // Strong decays too: log-decays down to −20 (e^g ≈ 2e−9) wipe the state within one token.
+  for (const [gLow, tol] of [[-3, 2e-6], [-20, 2e-6]] as const) {
+    for (const [i, s] of GDN_SHAPES.entries()) {
+      top = KERNEL_RESERVED_BYTES;
+      const c = kdaCase(s, 1000 + i, gLow);
+      const S0 = rand(valueHeads(s) * s.dk * s.dv, 17 + i, -0.5, 0.5);
+      const S = put(S0);
+      const got = runKda(c, S, 0, s.T, [[0, s.nHeads]]);
+      const Sref = Float64Array.from(S0);
+      const want = kdaRecurrentRef(Sref, c.q, c.k, c.v, c.g, c.beta, s);
+      assertNear(got, want, tol, `out ${JSON.stringify(s)} g ≥ ${gLow}`);
+      assertNear(view(S, Sref.length), Sref, tol, `state ${JSON.stringify(s)} g ≥ ${gLow}`);
+    }
+  }
+});
+
+Deno.test("Gated DeltaNet: key-head splits and token splits give the same bits", () => {
+  for (const [i, s] of GDN_SHAPES.entries()) {
+    top = KERNEL_RESERVED_BYTES;
+    const c = kdaCase(s, 1100 + i);
+    const S0 = rand(valueHeads(s) * s.dk * s.dv, 19 + i, -0.5, 0.5);
+    const Sa = put(S0), Sb = put(S0);
+    const whole = runKda(c, Sa, 0, s.T, [[0, s.nHeads]]);
+    const splits = Array.from({ length: s.nHeads }, (_, h) => [h, h + 1]).reverse();
+    const parts: number[] = [];
+    for (let t = 0; t < s.T; t++) parts.push(...runKda(c, Sb, t, t + 1, splits));
+    assert.deepEqual(new Float32Array(parts), whole, `out ${JSON.stringify(s)}`);
+    const n = valueHeads(s) * s.dk * s.dv;
     assert.deepEqual(view(Sb, n).slice(), view(Sa, n).slice(), `state ${JSON.stringify(s)}`);
   }
 });

@@ -17,6 +17,8 @@ import {
   attnResRef,
   axpyRef,
   bf16ToF32,
+  csaCompressRef,
+  csaIndexScoresRef,
   expRef,
   f16ToF32,
   geluTanhMulRef,
@@ -33,9 +35,11 @@ import {
   softcapRef,
   softmaxRef,
   swigluClampedRef,
+  swigluLimitRef,
   topkRef,
   type Weights,
 } from "./scalar_kernels.ts";
+import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 
 const memory = createArenaMemory(64 * 2 ** 20);
 const k: Kernels = await instantiateKernels(await loadKernelModule(), memory);
@@ -282,14 +286,18 @@ Deno.test("rmsnorm_f32 matches the reference, also in place", () => {
   }
 });
 
-Deno.test("rmsnorm_rows_f32 normalises each row with the shared weight", () => {
+Deno.test("rmsnorm_rows_f32 normalises each row with the shared weight, or with 1 + w", () => {
   reset();
   const n = 17, nrows = 5;
   const xs = randomF32(n * nrows, 8, -2, 2), ws = randomF32(n, 9);
   const x = putF32(xs), w = putF32(ws);
-  k.rmsnorm_rows_f32(x, w, x, n, nrows, 1e-6);
+  k.rmsnorm_rows_f32(x, w, x, n, nrows, 1e-6, 0);
   const want = rmsnormRowsRef(xs, ws, n, nrows, 1e-6);
   assertClose(f32At(x, n * nrows), want, 2e-6, relScale(want, 1e-6), "rmsnorm_rows");
+  const x1 = putF32(xs);
+  k.rmsnorm_rows_f32(x1, w, x1, n, nrows, 1e-6, 1);
+  const want1 = rmsnormRowsRef(xs, ws.map((v) => 1 + v), n, nrows, 1e-6);
+  assertClose(f32At(x1, n * nrows), want1, 2e-6, relScale(want1, 1e-6), "rmsnorm_rows 1 + w");
 });
 
 Deno.test("rmsnorm_f32: NaN in x gives all NaN; Inf gives NaN there and 0 elsewhere", () => {
@@ -710,5 +718,134 @@ Deno.test("attn_res_f32 matches the reference for 1..9 sources and odd widths", 
     assertClose(f32At(out, d), want, 1e-5, scale, `attn_res n=${n} d=${d}`);
     const p = f32At(scores, n);
     assert.ok(Math.abs(p.reduce((a, b) => a + b, 0) - 1) < 1e-6, "probabilities sum to 1");
+  }
+});
+
+Deno.test("hc_pre/hc_post/hc_head match the float64 hyper-connection reference at odd sizes", () => {
+  for (
+    const [n, d, tokens, iters] of [[1, 5, 1, 1], [3, 33, 2, 7], [4, 64, 3, 20], [5, 13, 2, 2]]
+  ) {
+    reset();
+    const nd = n * d, rows = (2 + n) * n;
+    const x = randomF32(tokens * nd, 11 * n + d, -3, 3);
+    const fn = randomF32(rows * nd, 5 + n, -0.3, 0.3);
+    const base = randomF32(rows, 6 + n, -1, 1), scale = randomF32(3, 7 + n, 0.5, 1.5);
+    const px = putF32(x), mix = alloc(rows * 4);
+    const collapsed = alloc(tokens * d * 4), post = alloc(tokens * n * 4);
+    const comb = alloc(tokens * n * n * 4), y = randomF32(tokens * d, 9, -2, 2);
+    k.hc_pre_f32(
+      px,
+      tokens,
+      n,
+      d,
+      putF32(fn),
+      putF32(base),
+      putF32(scale),
+      iters,
+      1e-6,
+      1e-6,
+      mix,
+      collapsed,
+      post,
+      comb,
+    );
+    const out = alloc(tokens * nd * 4);
+    k.hc_post_f32(px, putF32(y), post, comb, out, tokens, n, d);
+    const headFn = randomF32(n * nd, 12, -0.3, 0.3), headBase = randomF32(n, 13, -1, 1);
+    const head = alloc(tokens * d * 4);
+    k.hc_head_f32(px, tokens, n, d, putF32(headFn), putF32(headBase), 0.7, 1e-6, 1e-6, mix, head);
+    for (let t = 0; t < tokens; t++) {
+      const streams = Array.from(
+        { length: n },
+        (_, j) => Float64Array.from(x.subarray(t * nd + j * d, t * nd + (j + 1) * d)),
+      );
+      const w = hyperWeights(streams, fn, base, scale, iters, 1e-6, 1e-6, "hc");
+      const what = `n=${n} d=${d} token ${t}`;
+      const ones = new Float32Array(d).fill(1);
+      const unit = (k: number) => new Float32Array(k).fill(1);
+      assertClose(f32At(collapsed + BigInt(t * d * 4), d), w.input, 1e-5, ones, `${what} input`);
+      assertClose(f32At(post + BigInt(t * n * 4), n), w.post, 1e-5, unit(n), `${what} post`);
+      const c = f32At(comb + BigInt(t * n * n * 4), n * n);
+      assertClose(c, w.comb.flatMap((r) => [...r]), 1e-5, unit(n * n), `${what} comb`);
+      for (let a = 0; a < n; a++) {
+        let col = 0;
+        for (let b = 0; b < n; b++) col += c[b * n + a];
+        assert.ok(Math.abs(col - 1) < 1e-4, `${what}: comb column ${a} sums to ${col}`);
+      }
+      const next = hyperPost(streams, Float64Array.from(y.subarray(t * d, (t + 1) * d)), w);
+      assertClose(
+        f32At(out + BigInt(t * nd * 4), nd),
+        next.flatMap((s) => [...s]),
+        1e-5,
+        new Float32Array(nd).fill(4),
+        `${what} streams`,
+      );
+      const want = hyperHead(streams, headFn, headBase, Float32Array.of(0.7), 1e-6, 1e-6);
+      assertClose(f32At(head + BigInt(t * d * 4), d), want, 1e-5, ones, `${what} head`);
+    }
+  }
+});
+
+Deno.test("swiglu_limit_f32 matches the reference at odd lengths, clamps included", () => {
+  for (const n of [1, 7, 37]) {
+    reset();
+    const g = randomF32(n, n, -20, 20), u = randomF32(n, n + 1, -20, 20);
+    const pg = putF32(g);
+    k.swiglu_limit_f32(pg, putF32(u), n, 10);
+    const want = swigluLimitRef(g, u, 10);
+    assertClose(f32At(pg, n), want, 2e-6, relScale(want, 1e-3), `swiglu_limit n=${n}`);
+  }
+});
+
+Deno.test("csa_compress_f32 matches the reference: HCA and overlapping CSA windows, odd widths", () => {
+  for (
+    const [ratio, width, indexed] of [[3, 5, true], [4, 17, true], [2, 9, false], [
+      5,
+      3,
+      false,
+    ]] as const
+  ) {
+    reset();
+    const span = indexed ? 2 * width : width, cOff = 3, zOff = cOff + span;
+    const rowFloats = zOff + span + 2, positions = 3 * ratio;
+    const rows = randomF32(positions * rowFloats, ratio * 31 + width, -3, 3);
+    const ape = randomF32(ratio * span, width, -1, 1);
+    const pr = putF32(rows), pa = putF32(ape), out = alloc(width * 4);
+    for (let w = 0; w < 3; w++) {
+      k.csa_compress_f32(pr, rowFloats, cOff, zOff, pa, ratio, width, indexed ? 1 : 0, w, out);
+      const want = csaCompressRef(
+        (p, ch) => rows[p * rowFloats + cOff + ch],
+        (p, ch) => rows[p * rowFloats + zOff + ch],
+        ape,
+        ratio,
+        width,
+        indexed,
+        w,
+      );
+      assertClose(f32At(out, width), want, 1e-5, new Float32Array(width).fill(3), `w=${w}`);
+    }
+  }
+});
+
+Deno.test("csa_index_scores_f32 matches the reference with strided keys", () => {
+  for (const [heads, dim, count] of [[1, 3, 1], [5, 10, 4], [7, 33, 9]]) {
+    reset();
+    const stride = dim + 5;
+    const q = randomF32(heads * dim, heads, -1, 1), wts = randomF32(heads, dim, -1, 1);
+    const keysAll = randomF32(count * stride, count, -1, 1);
+    const keys = Array.from(
+      { length: count },
+      (_, w) => keysAll.slice(w * stride, w * stride + dim),
+    );
+    const out = alloc(count * 4);
+    k.csa_index_scores_f32(putF32(q), heads, dim, putF32(wts), putF32(keysAll), stride, count, out);
+    const want = csaIndexScoresRef(q, heads, wts, keys);
+    assertClose(
+      f32At(out, count),
+      want,
+      1e-5,
+      new Float32Array(count).fill(heads * dim),
+      `h=${heads}`,
+    );
   }
 });

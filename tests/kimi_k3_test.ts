@@ -18,14 +18,14 @@ import { openCheckpoint } from "../io/safetensors.ts";
 import { Model } from "../engine/model.ts";
 import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
+import { type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
   checkRecurrentCache,
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
-  maxRelDiff,
   packedFixture,
+  synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
@@ -181,54 +181,9 @@ const AWKWARD: SynthOverrides = {
   mxfp4Experts: 0,
 };
 
-/**
- * Runs `tokens` through the engine (prefill in chunks of `chunk`, then one at a time) and the
- * float64 reference; returns the worst relative logit difference and asserts the greedy ids match.
- */
-async function engineVsReference(dir: string, ckpt: string, tokens: number[], chunk: number) {
-  const { cfg, weight } = referenceWeightsFromCheckpoint(ckpt);
-  const ref = new ReferenceModel(cfg, weight);
-  const want = tokens.map((t, p) => ref.forward64(t, p));
-  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
-  try {
-    let worst = 0;
-    for (let p = 0; p < tokens.length; p += chunk) {
-      const part = tokens.slice(p, p + chunk);
-      const got = model.forward(part, p, true);
-      part.forEach((_, i) => {
-        const g = got.subarray(i * cfg.vocabSize, (i + 1) * cfg.vocabSize);
-        worst = Math.max(worst, maxRelDiff(g, want[p + i]));
-        assert.equal(argmax(g), argmax(want[p + i]), `greedy id at position ${p + i}`);
-      });
-    }
-    return worst;
-  } finally {
-    model.close();
-  }
-}
-
-/**
- * Synthesises a K3 checkpoint at the awkward sizes with `overrides` on top, packs it, and checks
- * the engine against the float64 reference within 1e-4 at prefill chunks 1 and 5.
- */
-async function awkwardVsReference(name: string, seed: number, overrides: SynthOverrides) {
-  const out = `${tempDir()}/${name}`;
-  const ckpt = await synthCheckpoint({
-    arch: "kimi_k3",
-    out,
-    size: 2e6,
-    seed,
-    dtype: "f32",
-    overrides: { ...AWKWARD, ...overrides },
-    progress: "off",
-    log: () => {},
-  });
-  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
-  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
-  for (const chunk of [1, 5]) {
-    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
-    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
-  }
+/** A K3 checkpoint at the awkward sizes with `overrides` on top, against the reference. */
+function awkwardVsReference(name: string, seed: number, overrides: SynthOverrides) {
+  return synthVsReference("kimi_k3", name, seed, { ...AWKWARD, ...overrides });
 }
 
 Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward sizes", async () => {

@@ -10,8 +10,9 @@ import { Model } from "../engine/model.ts";
 import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 /**
- * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gemma 4's
- * (two attention geometries, sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8.
+ * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gated
+ * DeltaNet + gated GQA (flat and fused per key head), Gemma 4's (two attention geometries,
+ * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8.
  */
 const FIXTURES = [
   "stories260k",
@@ -20,6 +21,8 @@ const FIXTURES = [
   "tiny-kimi-linear",
   "tiny-gpt-oss",
   "tiny-kimi-k3",
+  "tiny-qwen3.5-moe",
+  "tiny-qwen3-next",
   "tiny-gemma4-moe",
   "tiny-minimax-m2-fp8",
 ].filter(hasFixture);

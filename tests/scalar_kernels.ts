@@ -255,18 +255,25 @@ export function swigluClampedRef(
   });
 }
 
-/** Shape of a KDA call (see {@link kdaRecurrentRef}). */
+/** Shape of a delta-rule call (see {@link kdaRecurrentRef}). */
 export interface KdaShape {
   T: number;
+  /** Key heads. */
   nHeads: number;
   dk: number;
   dv: number;
+  /** Value heads per key head (Gated DeltaNet); 1 when absent (KDA). */
+  ratio?: number;
+  /** Log-decays per value head: dk when absent (KDA, per key channel), or 1 (Gated DeltaNet). */
+  gChannels?: number;
 }
 
 /**
  * The gated delta rule in float64, straight from its definition, over T tokens laid out densely
- * (q, k, g: [T][nHeads][dk]; v, out: [T][nHeads][dv]; beta: [T][nHeads]); q and k are raw (this
- * normalises them), g is the log-decay. `S` (nHeads·dk·dv, key rows) is updated in place.
+ * (q, k: [T][nHeads][dk]; v, out: [T][nHeads·ratio][dv]; g: [T][nHeads·ratio][gChannels];
+ * beta: [T][nHeads·ratio]); value head j reads key head j / ratio; q and k are raw (this
+ * normalises them), g is the log-decay of each key row, or of the whole head. `S`
+ * (nHeads·ratio·dk·dv, key rows) is updated in place.
  */
 export function kdaRecurrentRef(
   S: Float64Array,
@@ -278,7 +285,8 @@ export function kdaRecurrentRef(
   s: KdaShape,
 ): Float64Array {
   const { T, nHeads: H, dk, dv } = s;
-  const out = new Float64Array(T * H * dv);
+  const r = s.ratio ?? 1, gc = s.gChannels ?? dk, V = H * r;
+  const out = new Float64Array(T * V * dv);
   const norm = (x: ArrayLike<number>, off: number, scale: number) => {
     let ss = 0;
     for (let i = 0; i < dk; i++) ss += x[off + i] ** 2;
@@ -286,28 +294,29 @@ export function kdaRecurrentRef(
     return Array.from({ length: dk }, (_, i) => x[off + i] / n * scale);
   };
   for (let t = 0; t < T; t++) {
-    for (let h = 0; h < H; h++) {
-      const qh = norm(q, (t * H + h) * dk, 1 / Math.sqrt(dk));
-      const kh = norm(k, (t * H + h) * dk, 1);
+    for (let h = 0; h < V; h++) {
+      const kh0 = Math.floor(h / r);
+      const qh = norm(q, (t * H + kh0) * dk, 1 / Math.sqrt(dk));
+      const kh = norm(k, (t * H + kh0) * dk, 1);
       const base = h * dk * dv;
       const u = new Float64Array(dv);
       for (let i = 0; i < dk; i++) {
-        const a = Math.exp(g[(t * H + h) * dk + i]);
+        const a = Math.exp(g[(t * V + h) * gc + (gc === 1 ? 0 : i)]);
         for (let c = 0; c < dv; c++) {
           S[base + i * dv + c] *= a;
           u[c] += kh[i] * S[base + i * dv + c];
         }
       }
-      const b = beta[t * H + h];
+      const b = beta[t * V + h];
       for (let i = 0; i < dk; i++) {
         for (let c = 0; c < dv; c++) {
-          S[base + i * dv + c] += kh[i] * b * (v[(t * H + h) * dv + c] - u[c]);
+          S[base + i * dv + c] += kh[i] * b * (v[(t * V + h) * dv + c] - u[c]);
         }
       }
       for (let c = 0; c < dv; c++) {
         let o = 0;
         for (let i = 0; i < dk; i++) o += qh[i] * S[base + i * dv + c];
-        out[(t * H + h) * dv + c] = o;
+        out[(t * V + h) * dv + c] = o;
       }
     }
   }
@@ -393,4 +402,58 @@ export function attnResRef(
     for (let j = 0; j < d; j++) out[j] += (e[i] / sum) * v[j];
   });
   return Float32Array.from(out);
+}
+
+/** DeepSeek-V4's clamped SwiGLU: silu(min(g, limit)) · clamp(u, ±limit) (swiglu_limit_f32). */
+export function swigluLimitRef(g: Float32Array, u: Float32Array, limit: number): Float32Array {
+  return Float32Array.from(g, (v, i) => {
+    const gate = Math.min(v, limit);
+    return gate / (1 + Math.exp(-gate)) * Math.min(Math.max(u[i], -limit), limit);
+  });
+}
+
+/**
+ * Entry w of a DeepSeek-V4 compressor (csa_compress_f32): `c(p, ch)` and `z(p, ch)` are position
+ * p's kv and gate projections; the slots are window w's positions (indexed: after the previous
+ * window's, whose first halves they read), softmax per channel of z + ape over the slots.
+ */
+export function csaCompressRef(
+  c: (p: number, ch: number) => number,
+  z: (p: number, ch: number) => number,
+  ape: Float32Array,
+  ratio: number,
+  width: number,
+  indexed: boolean,
+  w: number,
+): Float32Array {
+  const span = indexed ? 2 * width : width;
+  const slots: [number, number][] = [];
+  if (indexed && w > 0) { for (let j = 0; j < ratio; j++) slots.push([(w - 1) * ratio + j, 0]); }
+  for (let j = 0; j < ratio; j++) slots.push([w * ratio + j, indexed ? width : 0]);
+  return Float32Array.from({ length: width }, (_, i) => {
+    const logit = slots.map(([p, o]) => z(p, o + i) + ape[(p % ratio) * span + o + i]);
+    const max = Math.max(...logit);
+    const e = logit.map((v) => Math.exp(v - max));
+    const sum = e.reduce((a, b) => a + b, 0);
+    return slots.reduce((acc, [p, o], s) => acc + (e[s] / sum) * c(p, o + i), 0);
+  });
+}
+
+/** The Lightning indexer's scores (csa_index_scores_f32): Σ_h weight_h · max(0, q_h · key). */
+export function csaIndexScoresRef(
+  q: Float32Array,
+  heads: number,
+  weights: Float32Array,
+  keys: Float32Array[],
+): Float32Array {
+  const dim = q.length / heads;
+  return Float32Array.from(keys, (k) => {
+    let s = 0;
+    for (let h = 0; h < heads; h++) {
+      let d = 0;
+      for (let j = 0; j < dim; j++) d += q[h * dim + j] * k[j];
+      s += weights[h] * Math.max(0, d);
+    }
+    return s;
+  });
 }

@@ -1,11 +1,10 @@
 import assert from "node:assert/strict";
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { renderChat } from "../engine/chat.ts";
-import { KIMI_PAT_STR, loadTokenizer, type Tokenizer } from "../engine/tokenizer.ts";
-import { writeSynthTokenizer } from "../tools/synth/tokenizer.ts";
+import { KIMI_PAT_STR, loadTokenizer } from "../engine/tokenizer.ts";
+import { kimiTiktokenDir } from "./tokenizer_dirs.ts";
 import { HAVE_SHARED } from "./shared_guard.ts";
 
 const stories = fileURLToPath(new URL("../../shared/models/stories260k", import.meta.url));
@@ -162,42 +161,6 @@ function bpe(bytes: number[], ranks: Map<string, number>): number[] {
   }
 }
 
-/**
- * Writes a Kimi-format tokenizer (tiktoken.model: the 256 bytes and a few merges, then added
- * tokens and a chat template) into a new temporary folder; returns it with the byte sequences
- * by rank.
- */
-function kimiTiktokenDir(): { dir: string; tokens: number[][] } {
-  const dir = mkdtempSync(join(tmpdir(), "sluice-tiktoken-"));
-  const enc = new TextEncoder();
-  const tokens: number[][] = Array.from({ length: 256 }, (_, b) => [b]);
-  for (const m of ["he", "ll", "hell", "hello", " w", "or", " wor", "ld", " world"]) {
-    tokens.push([...enc.encode(m)]);
-  }
-  tokens.push([0xe4, 0xb8], [0xe4, 0xb8, 0xad]); // 中 in two merges
-  const b64 = (t: number[]) => btoa(String.fromCharCode(...t));
-  writeFileSync(join(dir, "tiktoken.model"), tokens.map((t, r) => `${b64(t)} ${r}\n`).join(""));
-  const n = tokens.length;
-  writeFileSync(
-    join(dir, "tokenizer_config.json"),
-    JSON.stringify({
-      added_tokens_decoder: {
-        [n]: { content: "[BOS]", special: true },
-        [n + 1]: { content: "[EOS]", special: true },
-        [n + 4]: { content: "<|im_end|>", special: true },
-      },
-      bos_token: "[BOS]",
-      eos_token: "<|im_end|>",
-      chat_template: [{
-        name: "default",
-        template: "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|im_end|>{% endfor %}" +
-          "{% if add_generation_prompt %}<|assistant|>{% endif %}",
-      }],
-    }),
-  );
-  return { dir, tokens };
-}
-
 Deno.test("tiktoken.model (Kimi format): BPE, special tokens, reserved names, streaming", async () => {
   const { dir, tokens } = kimiTiktokenDir();
   const n = tokens.length;
@@ -267,143 +230,3 @@ Deno.test("renderChat: a harmony-format template (gpt-oss) with strftime_now and
   );
   assert.match(renderChat({ template }, messages), /Reasoning: medium/);
 });
-
-/**
- * Writes a Llama-2-style SentencePiece tokenizer.json (Metaspace normalizer, BPE with byte
- * fallback, a decoder that strips the text's leading space) into a new temporary folder.
- */
-function sentencePieceDir(): string {
-  const dir = mkdtempSync(join(tmpdir(), "sluice-spm-"));
-  const vocab: Record<string, number> = { "<unk>": 0, "<s>": 1, "</s>": 2 };
-  for (let b = 0; b < 256; b++) {
-    vocab[`<0x${b.toString(16).toUpperCase().padStart(2, "0")}>`] = 3 + b;
-  }
-  const merges = [
-    ["T", "h"],
-    ["Th", "e"],
-    ["▁", "The"],
-    ["▁", "d"],
-    ["▁d", "o"],
-    ["▁do", "g"],
-    ["▁", "w"],
-    ["▁w", "a"],
-    ["▁wa", "s"],
-  ];
-  for (const ch of "▁abcdefghijklmnopqrstuvwxyzOT,.") vocab[ch] ??= Object.keys(vocab).length;
-  for (const [a, b] of merges) vocab[a + b] ??= Object.keys(vocab).length;
-  const added = ["<unk>", "<s>", "</s>"].map((content, id) => ({
-    id,
-    content,
-    single_word: false,
-    lstrip: false,
-    rstrip: false,
-    normalized: false,
-    special: true,
-  }));
-  writeFileSync(
-    join(dir, "tokenizer.json"),
-    JSON.stringify({
-      version: "1.0",
-      added_tokens: added,
-      normalizer: {
-        type: "Sequence",
-        normalizers: [
-          { type: "Prepend", prepend: "▁" },
-          { type: "Replace", pattern: { String: " " }, content: "▁" },
-        ],
-      },
-      pre_tokenizer: null,
-      post_processor: {
-        type: "TemplateProcessing",
-        single: [{ SpecialToken: { id: "<s>", type_id: 0 } }, {
-          Sequence: { id: "A", type_id: 0 },
-        }],
-        pair: [{ Sequence: { id: "A", type_id: 0 } }, { Sequence: { id: "B", type_id: 1 } }],
-        special_tokens: { "<s>": { id: "<s>", ids: [1], tokens: ["<s>"] } },
-      },
-      decoder: {
-        type: "Sequence",
-        decoders: [
-          { type: "Replace", pattern: { String: "▁" }, content: " " },
-          { type: "ByteFallback" },
-          { type: "Fuse" },
-          { type: "Strip", content: " ", start: 1, stop: 0 },
-        ],
-      },
-      model: {
-        type: "BPE",
-        unk_token: "<unk>",
-        byte_fallback: true,
-        fuse_unk: true,
-        vocab,
-        merges: merges.map(([a, b]) => `${a} ${b}`),
-      },
-    }),
-  );
-  writeFileSync(
-    join(dir, "tokenizer_config.json"),
-    JSON.stringify({ bos_token: "<s>", eos_token: "</s>" }),
-  );
-  return dir;
-}
-
-/** Texts to split at every token: leading spaces, punctuation, multi-byte characters. */
-const CONTINUED = ["The dog was a big dog.", "Once upon a time, 東京 😀 ok hello world"];
-
-/**
- * Checks that decoding each continuation of each text's ids after its prompt (every split point)
- * streams exactly the whole decode minus the prompt's decode; returns the splits checked.
- */
-function checkContinuations(tok: Tokenizer, label: string): number {
-  let checked = 0;
-  for (const text of CONTINUED) {
-    const ids = tok.encode(text);
-    const whole = tok.decode(ids, { skipSpecial: true });
-    for (let k = 1; k < ids.length; k++) {
-      const head = tok.decode(ids.slice(0, k), { skipSpecial: true });
-      // A prompt ending inside a character has no text of its own to subtract.
-      if (!whole.startsWith(head)) continue;
-      const stream = tok.decodeStream({ context: ids.slice(0, k) });
-      let got = "";
-      for (const id of ids.slice(k)) got += stream.push(id);
-      got += stream.flush();
-      assert.equal(got, whole.slice(head.length), `${label}: ${JSON.stringify(text)} after ${k}`);
-      checked++;
-    }
-  }
-  return checked;
-}
-
-Deno.test("decodeStream after a prompt keeps the continuation's leading space (every tokenizer kind)", async () => {
-  const dirs = { sentencepiece: sentencePieceDir(), tiktoken: kimiTiktokenDir().dir };
-  const synth = mkdtempSync(join(tmpdir(), "sluice-bytelevel-"));
-  writeSynthTokenizer(synth, 2048);
-  try {
-    for (const [label, dir] of Object.entries({ ...dirs, "byte-level BPE": synth })) {
-      const tok = await loadTokenizer(dir);
-      assert.ok(checkContinuations(tok, label) > 10, label);
-    }
-    // The report's case: "The dog" then " was", not "was".
-    const spm = await loadTokenizer(dirs.sentencepiece);
-    const ids = spm.encode("The dog was");
-    const stream = spm.decodeStream({ context: ids.slice(0, -1) });
-    assert.equal(stream.push(ids[ids.length - 1]) + stream.flush(), " was");
-  } finally {
-    for (const dir of [...Object.values(dirs), synth]) rmSync(dir, { recursive: true });
-  }
-});
-
-Deno.test("decodeStream after a prompt: every tokenizer in ../shared/models", async () => {
-  const root = fileURLToPath(new URL("../../shared/models", import.meta.url));
-  let kinds = 0;
-  for (const e of readdirSync(root, { withFileTypes: true })) {
-    const dir = join(root, e.name);
-    if (!e.isDirectory() || !readdirSync(dir).some((f) => TOKENIZER_FILES.includes(f))) continue;
-    assert.ok(checkContinuations(await loadTokenizer(dir), e.name) > 0, e.name);
-    kinds++;
-  }
-  assert.ok(kinds >= 10, `${kinds} fixture tokenizers`);
-});
-
-/** The files a tokenizer folder is recognised by (engine/tokenizer.ts). */
-const TOKENIZER_FILES = ["tokenizer.json", "tiktoken.model"];

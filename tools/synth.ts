@@ -1,5 +1,5 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3 --size 2G --out DIR [options]`: writes a
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe --size 2G --out DIR [options]`: writes a
  * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
@@ -55,13 +55,16 @@ export function parseSize(s: string): number {
 }
 
 const USAGE =
-  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3 --size 2G --out DIR
+  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe
+  --size 2G --out DIR
   [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
   size overrides: --layers --experts --top-k --hidden --expert-inter --dense-inter --heads
   --kv-heads --head-dim --vocab --max-positions --q-lora-rank --kv-lora-rank --rope-dim
   --nope-dim --v-dim --first-dense --n-group --topk-group --shared-experts
-  kimi_k3: --latent --kda-heads --kda-head-dim --attn-res-block --mla-every --mxfp4-experts 0|1`;
+  kimi_k3: --latent --kda-heads --kda-head-dim --attn-res-block --mla-every --mxfp4-experts 0|1
+  qwen3_5_moe: --gdn-key-heads --gdn-value-heads --gdn-key-dim --gdn-value-dim --full-every
+  --shared-inter`;
 
 /** CLI flag → size field. */
 const FLAG_FIELDS: Record<string, keyof SynthDims> = {
@@ -91,6 +94,12 @@ const FLAG_FIELDS: Record<string, keyof SynthDims> = {
   "attn-res-block": "attnResBlock",
   "mla-every": "mlaEvery",
   "mxfp4-experts": "mxfp4Experts",
+  "gdn-key-heads": "gdnKeyHeads",
+  "gdn-value-heads": "gdnValueHeads",
+  "gdn-key-dim": "gdnKeyDim",
+  "gdn-value-dim": "gdnValueDim",
+  "full-every": "fullEvery",
+  "shared-inter": "sharedInter",
 };
 
 async function main(args: string[]): Promise<number> {

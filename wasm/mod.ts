@@ -55,8 +55,19 @@ export interface Kernels {
   ): void;
   /** y = x / sqrt(mean(x²) + eps) · w over n floats; y may equal x. */
   rmsnorm_f32(x: Ptr, w: Ptr, y: Ptr, n: number, eps: number): void;
-  /** rmsnorm_f32 on nrows consecutive rows of n floats, all with the same w. */
-  rmsnorm_rows_f32(x: Ptr, w: Ptr, y: Ptr, n: number, nrows: number, eps: number): void;
+  /**
+   * rmsnorm_f32 on nrows consecutive rows of n floats, all with the same w; `unit` 1 scales by
+   * (1 + w) instead (Qwen3-Next, Qwen3.5).
+   */
+  rmsnorm_rows_f32(
+    x: Ptr,
+    w: Ptr,
+    y: Ptr,
+    n: number,
+    nrows: number,
+    eps: number,
+    unit: number,
+  ): void;
   /**
    * Rotates in place the first rotDim floats of each of nheads heads at x + h·headStride
    * (floats) with cos/sin tables of rotDim/2 floats. interleaved 0 pairs (i, i + rotDim/2),
@@ -102,6 +113,84 @@ export interface Kernels {
     d: number,
     eps: number,
   ): void;
+  /**
+   * Hyper-connections before a sublayer, for `tokens` tokens of n streams of d floats at x:
+   * m = fn · rms(X) ((2+n)·n rows), pre = σ(m·scale[0] + base) + hcEps collapses X into
+   * collapsed (d per token), post = 2σ(m·scale[1] + base) (n per token), comb = Sinkhorn of
+   * softmax_rows(m·scale[2] + base) + hcEps over `iters` iterations (n×n per token, [j][k]).
+   * mix is (2+n)·n floats of scratch.
+   */
+  hc_pre_f32(
+    x: Ptr,
+    tokens: number,
+    n: number,
+    d: number,
+    fn: Ptr,
+    base: Ptr,
+    scale: Ptr,
+    iters: number,
+    normEps: number,
+    hcEps: number,
+    mix: Ptr,
+    collapsed: Ptr,
+    post: Ptr,
+    comb: Ptr,
+  ): void;
+  /** After a sublayer: out_k = post_k·y + Σ_j comb[j][k]·x_j per token; out must not alias x. */
+  hc_post_f32(
+    x: Ptr,
+    y: Ptr,
+    post: Ptr,
+    comb: Ptr,
+    out: Ptr,
+    tokens: number,
+    n: number,
+    d: number,
+  ): void;
+  /** The hyper head: out = Σ_j (σ(m_j·scale + base_j) + hcEps)·X_j, m = fn · rms(X) (n rows). */
+  hc_head_f32(
+    x: Ptr,
+    tokens: number,
+    n: number,
+    d: number,
+    fn: Ptr,
+    base: Ptr,
+    scale: number,
+    normEps: number,
+    hcEps: number,
+    mix: Ptr,
+    out: Ptr,
+  ): void;
+  /**
+   * Entry w of a DeepSeek-V4 compressor from per-position rows (row_floats apart; kv projection at
+   * cOff, gate at zOff): per channel, Σ softmax(z + ape)·c over window w's slots (indexed: the
+   * previous window's first halves too). See kernels/csa.c.
+   */
+  csa_compress_f32(
+    rows: Ptr,
+    rowFloats: number,
+    cOff: number,
+    zOff: number,
+    ape: Ptr,
+    ratio: number,
+    width: number,
+    indexed: number,
+    w: number,
+    out: Ptr,
+  ): void;
+  /** scores[w] = Σ_h weights[h]·max(0, q_h · key_w) for `count` keys `keyStride` floats apart. */
+  csa_index_scores_f32(
+    q: Ptr,
+    heads: number,
+    dim: number,
+    weights: Ptr,
+    keys: Ptr,
+    keyStride: number,
+    count: number,
+    scores: Ptr,
+  ): void;
+  /** g[i] = silu(min(g[i], limit))·clamp(u[i], ±limit). */
+  swiglu_limit_f32(g: Ptr, u: Ptr, n: number, limit: number): void;
   /** y[i] += x[i]. */
   add_f32(y: Ptr, x: Ptr, n: number): void;
   /** y[i] += a·x[i] (product rounded, then sum; never fused). */
@@ -159,9 +248,11 @@ export interface Kernels {
   /** y[i] *= x[i] over n floats. */
   mul_f32(y: Ptr, x: Ptr, n: number): void;
   /**
-   * KDA's gated delta rule for heads [h0, h1) over T tokens (kernels/kda.c): per head the state
-   * S_h (dk × dv, key rows) decays by e^g, takes the delta-rule update with beta, and is read by
-   * q. q, k (L2-normalised in place, q also scaled by dk^−½) and g (e^g in place) are scratch.
+   * The gated delta rule of KDA and Gated DeltaNet for key heads [h0, h1) over T tokens
+   * (kernels/kda.c): each of a key head's `ratio` value heads has a state S_h (dk × dv, key rows)
+   * that decays by e^g (`gChannels` log-decays a head: dk per key channel, or 1 for the head),
+   * takes the delta-rule update with beta, and is read by q. q, k (L2-normalised in place, q
+   * also scaled by dk^−½) and g (e^g in place) are scratch.
    */
   kda_recurrent_f32(
     S: Ptr,
@@ -180,6 +271,8 @@ export interface Kernels {
     gStride: number,
     betaStride: number,
     outStride: number,
+    ratio: number,
+    gChannels: number,
     h0: number,
     h1: number,
   ): void;
@@ -221,6 +314,12 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "exp_f32",
   "situ_mul_f32",
   "attn_res_f32",
+  "hc_pre_f32",
+  "hc_post_f32",
+  "hc_head_f32",
+  "csa_compress_f32",
+  "csa_index_scores_f32",
+  "swiglu_limit_f32",
   "add_f32",
   "axpy_f32",
   "scale_f32",

@@ -10,7 +10,7 @@
  *
  * @module
  */
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import type { GlobalTensor, LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Json, Normaliser } from "./hf_config.ts";
 
 /** Hugging Face naming of a model_type's MoE block, relative to `model.layers.N.`. */
@@ -26,13 +26,16 @@ export interface MoeNaming {
    * MiniMax-M2 keeps it beside the router).
    */
   selectionBias?: string;
+  /** gpt-oss: all experts of a layer in fused MXFP4 tensors (`_blocks`/`_scales`/`_bias`). */
+  fused?: boolean;
   /**
-   * All experts of a layer in fused tensors (engine/tensor_names.ts `hfFusedExpertSlice`) instead
-   * of one tensor per expert and matrix: gpt-oss's MXFP4 (`_blocks`/`_scales`/`_bias`, gate and
-   * up rows interleaved), or plain float tensors with each expert's gate rows, then its up rows
-   * (Gemma 4).
+   * Qwen3.5 and Gemma 4: all experts of a layer stacked in two plain tensors without a `.weight`
+   * suffix, `experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+   * `experts.down_proj` [E, H, I] (engine/tensor_names.ts `hfFusedExpertSlice`).
    */
-  fused?: "mxfp4" | "plain";
+  stacked?: boolean;
+  /** The shared experts' module inside the MoE block (default `shared_experts`). */
+  shared?: string;
 }
 
 /** One supported Hugging Face model_type. */
@@ -52,10 +55,15 @@ export interface ModelType {
   /** Checkpoint name of the untied LM head (default `lm_head.weight`). */
   lmHead?: string;
   /**
-   * Prefixes of checkpoint tensors that are not the language model's (a vision tower): pack skips
-   * them and says so.
+   * Full checkpoint names of global tensors that do not follow the Hugging Face layout
+   * (DeepSeek's original names: `embed.weight`, `head.weight`).
    */
-  unused?: readonly string[];
+  globalNames?: Partial<Record<GlobalTensor, string>>;
+  /**
+   * Checkpoint name prefixes of parts sluice does not run, with what they are (Qwen3.5's
+   * `mtp.` and `model.visual.`): pack skips them with a notice.
+   */
+  skipped?: Readonly<Record<string, string>>;
 }
 
 /**
@@ -75,6 +83,11 @@ export interface Family {
    * returns each layer kind's own set.
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
+  /**
+   * true: {@link attentionTensors} names every tensor of a layer, the skeleton's norms, router
+   * and shared experts included (checkpoints in a model's original, non-Hugging Face naming).
+   */
+  readonly namesEveryTensor?: boolean;
   /**
    * Checks the family's own parts of a stored config (its sections such as `mla`, and that the
    * sections of other families are absent). `where` names the manifest field.

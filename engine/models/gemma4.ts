@@ -171,7 +171,7 @@ export const GEMMA4_NAMING: MoeNaming = {
   moe: "",
   expert: { gate: "gate_proj", up: "up_proj", down: "down_proj" },
   router: "router.proj",
-  fused: "plain",
+  stacked: true,
 };
 
 /** Every trunk tensor of a Gemma 4 layer and its name under `model.language_model.layers.N.`. */

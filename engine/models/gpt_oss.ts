@@ -67,7 +67,7 @@ export const GPT_OSS_NAMING: MoeNaming = {
   moe: "mlp",
   expert: { gate: "gate_proj", up: "up_proj", down: "down_proj" },
   router: "router",
-  fused: "mxfp4",
+  fused: true,
 };
 
 /** The gpt_oss family. */

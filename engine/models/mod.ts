@@ -8,12 +8,20 @@
  */
 import type { ModelConfig } from "../../io/model_config.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
+import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
 import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
 import { MINIMAX_M2_NAMING, normaliseMinimaxM2 } from "./minimax_m2.ts";
+import {
+  normaliseQwen3_5Moe,
+  normaliseQwen3Next,
+  QWEN3_5_NAMING,
+  QWEN3_NEXT,
+  QWEN3_NEXT_NAMING,
+} from "./qwen3_next.ts";
 import {
   LLAMA,
   MIXTRAL_NAMING,
@@ -28,10 +36,12 @@ import {
 export const FAMILIES: Readonly<Record<string, Family>> = {
   llama: LLAMA,
   deepseek_v3: DEEPSEEK_V3,
+  deepseek_v4: DEEPSEEK_V4,
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
   gemma4: GEMMA4,
+  qwen3_next: QWEN3_NEXT,
 };
 
 /** Every supported model_type: its family, normaliser, naming, and llama.cpp's name for it. */
@@ -64,6 +74,16 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: MLP_NAMING,
     architectures: ["DeepseekV3ForCausalLM"],
   },
+  // DeepSeek-V4 ships its original tensor names (no `model.` prefix, `embed`, `head`).
+  deepseek_v4: {
+    family: DEEPSEEK_V4,
+    normalise: normaliseDeepseekV4,
+    naming: DEEPSEEK_V4_NAMING,
+    architectures: ["DeepseekV4ForCausalLM"],
+    prefix: "",
+    lmHead: "head.weight",
+    globalNames: { embed: "embed.weight", lm_head: "head.weight" },
+  },
   glm4_moe: {
     family: LLAMA,
     normalise: normaliseGlm4Moe,
@@ -86,7 +106,10 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: GEMMA4_NAMING,
     architectures: ["Gemma4ForConditionalGeneration"],
     prefix: "model.language_model.",
-    unused: ["model.vision_tower.", "model.embed_vision."],
+    skipped: {
+      "model.vision_tower.": "the vision tower",
+      "model.embed_vision.": "the vision embedding",
+    },
   },
   minimax_m2: {
     family: LLAMA,
@@ -117,6 +140,27 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     architectures: ["KimiK3ForConditionalGeneration"],
     prefix: "language_model.model.",
     lmHead: "language_model.lm_head.weight",
+  },
+  qwen3_next: {
+    family: QWEN3_NEXT,
+    normalise: normaliseQwen3Next,
+    naming: QWEN3_NEXT_NAMING,
+    architectures: ["Qwen3NextForCausalLM"],
+    llamaCppArch: "qwen3next",
+    skipped: { "mtp.": "the multi-token-prediction block, not used for generation" },
+  },
+  // Qwen3.5/3.6-MoE: the text model nested under text_config and model.language_model.
+  qwen3_5_moe: {
+    family: QWEN3_NEXT,
+    normalise: normaliseQwen3_5Moe,
+    naming: QWEN3_5_NAMING,
+    architectures: ["Qwen3_5MoeForConditionalGeneration"],
+    llamaCppArch: "qwen35moe",
+    prefix: "model.language_model.",
+    skipped: {
+      "mtp.": "the multi-token-prediction block, not used for generation",
+      "model.visual.": "the vision tower; sluice runs the text model",
+    },
   },
 };
 

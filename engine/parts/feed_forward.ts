@@ -1,10 +1,12 @@
 /**
  * The feed-forward part of a layer, by the layer's kind (`layerKinds`): a dense gated MLP, or a
  * mixture of experts (router → top-k → experts as they arrive → sum in routing order → plus
- * shared experts). Features set from the config: the gate (SwiGLU, SiTU-GLU or the tanh GELU's
- * GeGLU, by `glu`), a latent MoE (`moe.latentDim`: the routed experts work in a latent width, the
- * input projected down once, the weighted sum RMS-normed and projected back up), a bias on the
- * router's logits, bias vectors in the experts and the clamped SwiGLU (gpt-oss), and Gemma 4's
+ * shared experts). Features set from the config: the gate (SwiGLU, SiTU-GLU, the tanh GELU's
+ * GeGLU by `glu`, or DeepSeek-V4's limited SwiGLU by `moe.swigluLimit`), a sigmoid gate on the
+ * shared expert (`moe.sharedExpertGate`, Qwen3-Next and Qwen3.5), a latent MoE (`moe.latentDim`:
+ * the routed experts work in a latent width, the input projected down once, the weighted sum
+ * RMS-normed and projected back up), a bias on the router's logits, hash routing by token id
+ * (`moe.hashLayers`), bias vectors in the experts and the clamped SwiGLU (gpt-oss), and Gemma 4's
  * dense MLP beside the experts (`moe.denseBeside`) with its router on the scaled stream and
  * per-expert scales. Works on a batch of tokens so that chunked prefill reads each distinct expert
  * once per chunk. Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a
@@ -128,8 +130,10 @@ export class FeedForward {
   /** g = act(g) · u over n floats: SiLU, SiTU or the tanh GELU, by `glu`. */
   #activate(g: number, u: number, n: number): void {
     const glu = this.#cfg.glu;
+    const limit = this.#cfg.moe?.swigluLimit;
     if (glu?.kind === "situ") this.#ops.situMul(g, u, n, glu.beta, glu.linearBeta);
     else if (glu?.kind === "gelu_tanh") this.#ops.geluTanhMul(g, u, n);
+    else if (limit !== undefined) this.#ops.swigluLimit(g, u, n, limit);
     else this.#ops.siluMul(g, u, n);
   }
 
@@ -241,7 +245,8 @@ export class FeedForward {
   /**
    * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos..; `h` is the
    * normed input, `x` the stream's rows it was normed from (which a dense MLP beside the MoE
-   * routes from and norms its own way).
+   * routes from and norms its own way), `tokens` their ids (hash-routed layers choose experts by
+   * them).
    */
   forward(
     layer: number,
@@ -251,9 +256,10 @@ export class FeedForward {
     out: number,
     nb: number,
     pos: number,
+    tokens: readonly number[],
   ): void {
     if (this.#cfg.layerKinds[layer] !== "moe") return this.dense(lw, h, out, nb);
-    if (!this.#beside) return this.moe(layer, lw, h, out, nb, pos);
+    if (!this.#beside) return this.moe(layer, lw, h, out, nb, pos, tokens);
     // The dense MLP beside the MoE (`moe.denseBeside`): out = dense_post_norm(MLP(h)) +
     // moe_post_norm(MoE(moe_norm(x))), the experts routed from x.
     const ops = this.#ops, d = this.#cfg.hiddenSize, eps = this.#cfg.rmsNormEps;
@@ -261,7 +267,7 @@ export class FeedForward {
     this.#mlp(lw, h, dense, nb, "ffn");
     ops.rmsnorm(dense, lw.get("dense_post_norm").ptr, dense, d, nb, eps);
     ops.rmsnorm(x, lw.get("moe_norm").ptr, input, d, nb, eps);
-    this.moe(layer, lw, input, out, nb, pos, x);
+    this.moe(layer, lw, input, out, nb, pos, tokens, x);
     ops.rmsnorm(out, lw.get("moe_post_norm").ptr, out, d, nb, eps);
     ops.add(out, dense, nb * d);
   }
@@ -284,6 +290,7 @@ export class FeedForward {
     out: number,
     nb: number,
     pos: number,
+    tokens: readonly number[],
     residual = h,
   ): void {
     const moe = this.#cfg.moe!;
@@ -308,8 +315,15 @@ export class FeedForward {
     }
     const logits = ops.f32(this.#logits, nb * E);
     const bias = lw.has("router_bias") ? ops.f32(lw.get("router_bias").ptr, E) : undefined;
+    // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
+    const table = layer < (moe.hashLayers ?? 0)
+      ? ops.f32(lw.get("router_tid2eid").ptr, this.#cfg.vocabSize * moe.topK)
+      : undefined;
     const routes: Route[] = [];
-    for (let b = 0; b < nb; b++) routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias));
+    for (let b = 0; b < nb; b++) {
+      const chosen = table?.subarray(tokens[b] * moe.topK, (tokens[b] + 1) * moe.topK);
+      routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias, moe.topK, chosen));
+    }
     if (moe.expertScale) {
       const scale = ops.f32(lw.get("expert_scale").ptr, E);
       for (const r of routes) r.weights = r.weights.map((w, k) => w * scale[r.ids[k]]);
@@ -359,8 +373,19 @@ export class FeedForward {
       ops.matmul({ w: lw.get("latent_up"), x: sum, y: out, nb });
     }
     if (moe.sharedIntermediate > 0) {
+      const hidden = this.#cfg.hiddenSize;
       this.#mlp(lw, h, this.#gathered, nb, "shared");
-      ops.add(out, this.#gathered, nb * this.#cfg.hiddenSize);
+      if (moe.sharedExpertGate) {
+        // Qwen3-Next / Qwen3.5: out += σ(w·h) · shared(h); the router logits are spent.
+        ops.matmul({ w: lw.get("shared_expert_gate"), x: h, y: this.#logits, nb });
+        ops.sigmoid(this.#logits, nb);
+        const scale = ops.f32(this.#logits, nb);
+        for (let b = 0; b < nb; b++) {
+          ops.axpy(out + b * hidden * 4, this.#gathered + b * hidden * 4, scale[b], hidden);
+        }
+      } else {
+        ops.add(out, this.#gathered, nb * hidden);
+      }
     }
   }
 }

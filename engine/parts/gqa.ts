@@ -1,12 +1,14 @@
 /**
  * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5, MiniMax-M2 and gpt-oss:
  * RoPE (on the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from
- * the config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (MiniMax-M2's one over the
- * whole projection, `qkNormWhole`), and gpt-oss's o_proj bias, one learned sink logit per head in
- * the softmax denominator and sliding-window layers whose cache is a ring holding only what the
- * window needs; Gemma 4's full layers with their own head width, KV heads and RoPE
- * (`attention.fullLayers`, values the raw keys with `kEqV`) and a weightless norm on each value
- * head (`attention.valueNorm`). Its float64 reference is engine/reference/gqa.ts.
+ * the config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (by 1 + w with
+ * `normUnitOffset`; MiniMax-M2's one over the whole projection, `qkNormWhole`), gpt-oss's o_proj
+ * bias, one learned sink logit per head in the softmax denominator and sliding-window layers whose
+ * cache is a ring holding only what the window needs; Qwen3-Next's / Qwen3.5's output gate
+ * (`attnOutputGate`: q_proj holds each head's query and then its gate; the heads' values are
+ * multiplied by σ(gate) before o_proj); Gemma 4's full layers with their own head width, KV heads
+ * and RoPE (`attention.fullLayers`, values the raw keys with `kEqV`) and a weightless norm on each
+ * value head (`attention.valueNorm`). Its float64 reference is engine/reference/gqa.ts.
  *
  * @module
  */
@@ -46,8 +48,9 @@ export function gqaStateBytes(
 
 /**
  * What the attention of `layers` allocates besides their caches, in allocation order: a RoPE
- * table per distinct rope, then q, k, v, the heads' output and the scores, sized for the widest
- * layer, and the value norm's weight of ones when the model has one.
+ * table per distinct rope, then q (with the output gate also q_proj's output and the gates), k,
+ * v, the heads' output and the scores, sized for the widest layer, and the value norm's weight of
+ * ones when the model has one.
  */
 function gqaScratch(cfg: ModelConfig, layers: number[], maxBatch: number) {
   const geometry = layers.map((l) => layerGeometry(cfg, l));
@@ -72,6 +75,9 @@ export class GqaAttention implements Mixer {
   #k: number[] = [];
   #v: number[] = [];
   #q: number;
+  /** Gated attention: q_proj's output ([query | gate] per head) and the gates (else 0). */
+  #qg = 0;
+  #gate = 0;
   #kNew: number;
   #vNew: number;
   #att: number;
@@ -116,6 +122,10 @@ export class GqaAttention implements Mixer {
     const tables = new Map(s.ropes.map((r) => [r, buildRopeTable(arena, r, maxCtx)]));
     for (const l of layers) this.#rope[l] = tables.get(this.#geometry[l].rope)!;
     this.#q = arena.alloc("attn q", s.q);
+    if (cfg.attnOutputGate) {
+      this.#qg = arena.alloc("attn q + gate", 2 * s.q);
+      this.#gate = arena.alloc("attn gate", s.q);
+    }
     this.#kNew = arena.alloc("attn k", s.kv);
     this.#vNew = arena.alloc("attn v", s.kv);
     this.#att = arena.alloc("attn out", s.q);
@@ -136,6 +146,20 @@ export class GqaAttention implements Mixer {
     });
   }
 
+  /**
+   * Gated attention: splits q_proj's output of `nb` tokens, [query | gate] per head of width `hd`,
+   * into the queries and the gates.
+   */
+  #splitGate(nb: number, hd: number): void {
+    const ops = this.#ops, heads = nb * this.#cfg.numHeads;
+    const qg = ops.f32(this.#qg, 2 * heads * hd);
+    const q = ops.f32(this.#q, heads * hd), gate = ops.f32(this.#gate, heads * hd);
+    for (let i = 0; i < heads; i++) {
+      q.set(qg.subarray(2 * i * hd, (2 * i + 1) * hd), i * hd);
+      gate.set(qg.subarray((2 * i + 1) * hd, (2 * i + 2) * hd), i * hd);
+    }
+  }
+
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
@@ -147,13 +171,15 @@ export class GqaAttention implements Mixer {
     const hd = g.headDim, kvHeads = g.numKvHeads;
     const qDim = cfg.numHeads * hd;
     const kvDim = kvHeads * hd;
+    const gated = this.#qg !== 0;
     ops.matmul(
-      { w: lw.get("wq"), x: h, y: this.#q, nb },
+      { w: lw.get("wq"), x: h, y: gated ? this.#qg : this.#q, nb },
       { w: lw.get("wk"), x: h, y: this.#kNew, nb },
       ...(g.kEqV ? [] : [{ w: lw.get("wv"), x: h, y: this.#vNew, nb }]),
     );
     // k = v: the values are the keys as projected, before their norm and rotation.
     if (g.kEqV) ops.copy(this.#vNew, this.#kNew, nb * kvDim);
+    if (gated) this.#splitGate(nb, hd);
     if (cfg.attentionBias) {
       for (let b = 0; b < nb; b++) {
         ops.add(this.#q + b * qDim * 4, lw.get("bq").ptr, qDim);
@@ -163,11 +189,11 @@ export class GqaAttention implements Mixer {
     }
     if (cfg.qkNorm) {
       // Per head, or (qkNormWhole) one norm over each token's whole projection.
-      const w = cfg.qkNormWhole === true, eps = cfg.rmsNormEps;
+      const w = cfg.qkNormWhole === true, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
       const [qn, qRows] = w ? [qDim, nb] : [hd, nb * cfg.numHeads];
       const [kn, kRows] = w ? [kvDim, nb] : [hd, nb * kvHeads];
-      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, qn, qRows, eps);
-      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, kn, kRows, eps);
+      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, qn, qRows, eps, unit);
+      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, kn, kRows, eps, unit);
     }
     if (this.#ones) {
       ops.rmsnorm(this.#vNew, this.#ones, this.#vNew, hd, nb * kvHeads, cfg.rmsNormEps);
@@ -205,6 +231,10 @@ export class GqaAttention implements Mixer {
       ring: { slots, first },
       sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
     });
+    if (gated) {
+      ops.sigmoid(this.#gate, nb * qDim);
+      ops.mul(this.#att, this.#gate, nb * qDim);
+    }
     ops.matmul({ w: lw.get("wo"), x: this.#att, y: out, nb });
     if (cfg.attention?.outputBias) {
       for (let b = 0; b < nb; b++) {
@@ -220,7 +250,8 @@ function gqaShape(cfg: ModelConfig, t: LayerTensor, layer: number): number[] {
   const H = cfg.hiddenSize, q = cfg.numHeads * g.headDim, kv = g.numKvHeads * g.headDim;
   switch (t) {
     case "wq":
-      return [q, H];
+      // Gated: each head's query, then as many rows of its output gate.
+      return [cfg.attnOutputGate ? 2 * q : q, H];
     case "wk":
     case "wv":
       return [kv, H];
@@ -252,7 +283,14 @@ export const GQA: MixerPart = {
   scratchBytes(cfg, layers, ctx, maxBatch) {
     const s = gqaScratch(cfg, layers, maxBatch);
     return s.ropes.reduce((sum, r) => sum + ropeTableBytes(r, ctx), 0) +
-      regionBytes(s.q, s.kv, s.kv, s.q, scoreBytes(cfg, ctx, maxBatch)) +
+      regionBytes(
+        s.q,
+        ...(cfg.attnOutputGate ? [2 * s.q, s.q] : []),
+        s.kv,
+        s.kv,
+        s.q,
+        scoreBytes(cfg, ctx, maxBatch),
+      ) +
       (s.ones ? regionBytes(s.ones) : 0);
   },
   create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>

@@ -103,6 +103,47 @@ export function kdaForgetGate(
   }
 }
 
+/**
+ * Where each recurrent layer's state stands: the next position it expects. A recurrent state
+ * cannot rewind, so a call must start at 0 (a restart) or exactly there.
+ */
+export class RecurrentPositions {
+  #what: string;
+  #next: number[];
+  #first: number;
+
+  /** `layers` are the recurrent layers in order; `what` names their kind in errors. */
+  constructor(what: string, numLayers: number, layers: number[]) {
+    this.#what = what;
+    this.#next = new Array(numLayers).fill(0);
+    this.#first = layers.length ? layers[0] : -1;
+  }
+
+  /** Declares every state to be at position `pos` (written back by a saved session). */
+  resumeAt(pos: number): void {
+    this.#next.fill(pos);
+  }
+
+  /** Records that layer `layer` has run up to position `next` − 1. */
+  advance(layer: number, next: number): void {
+    this.#next[layer] = next;
+  }
+
+  /**
+   * Throws unless `pos` is 0 (a restart) or the next position of `layer` (of the first recurrent
+   * layer when absent). A mixer's `begin` calls it before the first layer, so a refused call
+   * changes no layer's state or cache.
+   */
+  check(pos: number, layer = this.#first): void {
+    if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
+      throw new Error(
+        `layer ${layer}: ${this.#what} state is at position ${this.#next[layer]}, not ${pos} ` +
+          `(a recurrent state cannot rewind; start again from position 0)`,
+      );
+    }
+  }
+}
+
 /** Per-layer state in the arena: one region, the delta-rule state then the three windows. */
 interface LayerState {
   state: number;
@@ -116,8 +157,7 @@ export class KdaAttention implements Mixer {
   #cfg: ModelConfig;
   #k: KdaConfig;
   #layers: (LayerState | null)[];
-  /** Next position each layer expects (the state cannot rewind). */
-  #next: number[];
+  #positions: RecurrentPositions;
   #pre: [number, number, number];
   #post: [number, number, number];
   #g: number;
@@ -141,7 +181,7 @@ export class KdaAttention implements Mixer {
       const at = state + sizes.state;
       this.#layers[l] = { state, conv: [at, at + w, at + 2 * w] };
     }
-    this.#next = new Array(cfg.numLayers).fill(0);
+    this.#positions = new RecurrentPositions("KDA", cfg.numLayers, layers);
     const [preQ, preK, preV, q, kk, v, g, beta, lowA, lowG, gate, o] = kdaScratchFloats(k).map((
       [what, floats],
     ) => arena.alloc(what, maxBatch * floats * 4));
@@ -170,26 +210,12 @@ export class KdaAttention implements Mixer {
 
   /** Declares the states (written back by a saved session) to be at position `pos`. */
   resumeAt(pos: number): void {
-    this.#next.fill(pos);
+    this.#positions.resumeAt(pos);
   }
 
   /** Refuses a position the states cannot continue from, before any layer runs. */
   begin(pos: number): void {
-    this.#checkPosition(pos);
-  }
-
-  /**
-   * Throws unless `pos` is 0 (a restart) or the next position of KDA layer `layer` (of the
-   * first KDA layer when absent): a recurrent state cannot rewind. {@link begin} calls it before
-   * the first layer, so a refused call changes no layer's state or cache.
-   */
-  #checkPosition(pos: number, layer = this.#layers.findIndex((st) => st !== null)): void {
-    if (pos !== 0 && layer >= 0 && pos !== this.#next[layer]) {
-      throw new Error(
-        `layer ${layer}: KDA state is at position ${this.#next[layer]}, not ${pos} ` +
-          `(a recurrent state cannot rewind; start again from position 0)`,
-      );
-    }
+    this.#positions.check(pos);
   }
 
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
@@ -199,9 +225,9 @@ export class KdaAttention implements Mixer {
     const st = this.#layers[layer];
     if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    this.#checkPosition(pos, layer);
+    this.#positions.check(pos, layer);
     if (pos === 0) this.#zero(st);
-    this.#next[layer] = pos + nb;
+    this.#positions.advance(layer, pos + nb);
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;
     const fullGate = k.fullRankOutputGate;
@@ -254,10 +280,12 @@ export class KdaAttention implements Mixer {
       k: kk,
       v,
       g: this.#g,
+      gChannels: dk,
       beta: this.#beta,
       out: this.#o,
       tokens: nb,
       heads: H,
+      ratio: 1,
       dk,
       dv: dk,
       qkStride: p,

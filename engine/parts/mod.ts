@@ -15,13 +15,21 @@ import { mixerOf } from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
+import { CSA } from "./csa.ts";
+import { GDN } from "./gated_deltanet.ts";
 import { GQA } from "./gqa.ts";
 import { KDA } from "./kda.ts";
 import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
 import { MLA } from "./mla.ts";
 
 /** Every mixer kind, by name. */
-export const MIXERS: Readonly<Record<MixerName, MixerPart>> = { gqa: GQA, mla: MLA, kda: KDA };
+export const MIXERS: Readonly<Record<MixerName, MixerPart>> = {
+  gqa: GQA,
+  mla: MLA,
+  kda: KDA,
+  csa: CSA,
+  gdn: GDN,
+};
 
 /** The mixer kind of layer `layer`. */
 export function mixerPartOf(cfg: ModelConfig, layer: number): MixerPart {

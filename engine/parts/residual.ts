@@ -1,9 +1,8 @@
 /**
  * The residual stream of the layer skeleton: what each sublayer (mixer, feed-forward) reads, how
  * its output joins the stream, and what the final norm reads. The plain stream is here; Attention
- * Residuals are attn_res.ts, sandwich norms sandwich.ts; a new kind (several streams mixed per
- * layer, as hyper-connections do) is one file with its {@link ResidualPart} and a line in
- * {@link residualPartOf}.
+ * Residuals are attn_res.ts, hyper-connections hyper.ts, sandwich norms sandwich.ts; a new kind
+ * is one file with its {@link ResidualPart} and a line in {@link residualPartOf}.
  *
  * @module
  */
@@ -13,6 +12,7 @@ import type { Ops } from "../ops.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import { ATTN_RES } from "./attn_res.ts";
+import { HYPER } from "./hyper.ts";
 import { SANDWICH } from "./sandwich.ts";
 import { regionBytes } from "./scratch.ts";
 
@@ -93,6 +93,8 @@ export function residualPartOf(cfg: ModelConfig): ResidualPart {
   switch (cfg.residual?.kind) {
     case "attn_res":
       return ATTN_RES;
+    case "hyper":
+      return HYPER;
     case "sandwich":
       return SANDWICH;
     default:

@@ -6,10 +6,11 @@
  * FFN and routing are here, and each mixer kind is a function beside this file (gqa.ts, mla.ts,
  * kda.ts; MLA in the expanded form rather than the engine's absorbed form) that mixers.ts names
  * by the kind `mixerOf` gives a layer. This file is the place to start reading how a model
- * computes. Config features change the skeleton here: the SiTU or tanh-GELU gate (`glu`), a latent
- * MoE (`moe.latentDim`), a dense MLP beside the MoE with its router on the scaled stream
- * (`moe.denseBeside`, `moe.scaledRouterInput`, `moe.expertScale`), Attention Residuals or sandwich
- * norms (`residual`) in place of the plain stream, and a soft cap on the logits (`logitSoftcap`).
+ * computes. Config features change the skeleton here: the SiTU, clamped-SwiGLU or tanh-GELU gate
+ * (`glu`, `moe.swigluLimit`), a latent MoE (`moe.latentDim`), a dense MLP beside the MoE with its
+ * router on the scaled stream (`moe.denseBeside`, `moe.scaledRouterInput`, `moe.expertScale`),
+ * Attention Residuals, hyper-connections or sandwich norms (`residual`) in place of the plain
+ * stream, and a soft cap on the logits (`logitSoftcap`).
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -31,8 +32,13 @@ import {
   fetchOnce,
   GELU_TANH_GLU,
   type GluActivation,
+  hyperHead,
+  hyperPost,
+  hyperWeights,
+  limitedSwiglu,
   matvec,
   rmsNorm,
+  sigmoid,
   situ,
   softcapInto,
   softmax,
@@ -120,7 +126,7 @@ export class ReferenceModel implements ReferenceContext {
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
-  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU or the tanh GELU's GeGLU. */
+  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU, DeepSeek-V4's clamped SwiGLU or GeGLU. */
   private readonly act: GluActivation;
 
   /**
@@ -131,11 +137,14 @@ export class ReferenceModel implements ReferenceContext {
     this.cfg = cfg;
     this.w = fetchOnce(weight);
     const glu = cfg.glu;
+    const limit = cfg.moe?.swigluLimit;
     this.act = act ??
       (glu?.kind === "situ"
         ? situ(glu.beta, glu.linearBeta)
         : glu?.kind === "gelu_tanh"
         ? GELU_TANH_GLU
+        : limit !== undefined
+        ? limitedSwiglu(limit)
         : SWIGLU);
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
@@ -194,7 +203,8 @@ export class ReferenceModel implements ReferenceContext {
     const d = cfg.hiddenSize;
     const eps = cfg.rmsNormEps;
     // x is the residual stream; with Attention Residuals the running sum of the current block,
-    // `blocks` holding the snapshots taken at each block start. Sandwich norms scale the
+    // `blocks` holding the snapshots taken at each block start; with hyper-connections `streams`
+    // are the stream copies and x is unused after the embedding. Sandwich norms scale the
     // embedding, norm each sublayer's output before it joins x, and scale x after each layer.
     const sandwich = cfg.residual?.kind === "sandwich" ? cfg.residual : undefined;
     let x: Float64Array = Float64Array.from(
@@ -204,20 +214,37 @@ export class ReferenceModel implements ReferenceContext {
     const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
     const joining = (out: Float64Array, l: number, norm: LayerTensor) =>
       sandwich ? rmsNorm(out, this.lw(l, norm), eps, `layer ${l} ${norm}`) : out;
+    const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
+    let streams: Float64Array[] = Array.from({ length: hyper?.streams ?? 0 }, () => x.slice());
+    const hyperAt = (l: number, site: "attn" | "ffn") =>
+      hyperWeights(
+        streams,
+        this.lw(l, `hc_${site}_fn`),
+        this.lw(l, `hc_${site}_base`),
+        this.lw(l, `hc_${site}_scale`),
+        hyper!.sinkhornIters,
+        eps,
+        hyper!.eps,
+        `layer ${l} hc_${site}`,
+      );
     const blocks: Float64Array[] = [];
     const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
       attnResMix([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
     const routing: number[][] = [];
     for (let l = 0; l < cfg.numLayers; l++) {
-      const a = attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x;
+      const hcAttn = hyper ? hyperAt(l, "attn") : undefined;
+      const a = hcAttn?.input ??
+        (attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x);
       const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
-      const h = rmsNorm(a, this.lw(l, "attn_norm"), eps, `layer ${l} attn_norm`);
+      const h = this.norm(a, this.lw(l, "attn_norm"), `layer ${l} attn_norm`);
       const attn = joining(REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos), l, "attn_post_norm");
-      if (restart) x = attn;
+      if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
+      else if (restart) x = attn;
       else addInto(x, attn);
-      const m = attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x;
-      const h2 = rmsNorm(m, this.lw(l, "ffn_norm"), eps, `layer ${l} ffn_norm`);
+      const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
+      const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
+      const h2 = this.norm(m, this.lw(l, "ffn_norm"), `layer ${l} ffn_norm`);
       const dense = () =>
         swiglu(
           this.lw(l, "ffn_gate"),
@@ -228,9 +255,9 @@ export class ReferenceModel implements ReferenceContext {
           `layer ${l} ffn`,
           this.act,
         );
-      let out: Float64Array;
+      let ffn: Float64Array;
       if (cfg.layerKinds[l] !== "moe") {
-        out = dense();
+        ffn = dense();
         routing.push([]);
       } else if (cfg.moe?.denseBeside) {
         // Gemma 4: the dense MLP and the experts side by side, each normed before and after,
@@ -238,30 +265,49 @@ export class ReferenceModel implements ReferenceContext {
         const routed = this.moe(
           l,
           rmsNorm(m, this.lw(l, "moe_norm"), eps, `layer ${l} moe_norm`),
+          token,
           m,
         );
-        out = rmsNorm(dense(), this.lw(l, "dense_post_norm"), eps, `layer ${l} dense_post_norm`);
+        ffn = rmsNorm(dense(), this.lw(l, "dense_post_norm"), eps, `layer ${l} dense_post_norm`);
         addInto(
-          out,
+          ffn,
           rmsNorm(routed.out, this.lw(l, "moe_post_norm"), eps, `layer ${l} moe_post_norm`),
         );
         routing.push(routed.experts);
       } else {
-        const routed = this.moe(l, h2);
-        out = routed.out;
+        const routed = this.moe(l, h2, token);
+        ffn = routed.out;
         routing.push(routed.experts);
       }
-      addInto(x, joining(out, l, "ffn_post_norm"));
+      ffn = joining(ffn, l, "ffn_post_norm");
+      if (hcFfn) streams = hyperPost(streams, ffn, hcFfn);
+      else addInto(x, ffn);
       if (sandwich) {
         const scalar = this.lw(l, "layer_scalar")[0];
         for (let i = 0; i < d; i++) x[i] *= scalar;
       }
     }
     this.lastRouting = routing;
-    const final = attnRes
-      ? attnResMix([...blocks, x], this.w("out_res_norm"), this.w("out_res_proj"), eps, "out_res")
-      : x;
-    const xn = rmsNorm(final, this.w("final_norm"), eps, "final_norm");
+    let final = x;
+    if (attnRes) {
+      final = attnResMix(
+        [...blocks, x],
+        this.w("out_res_norm"),
+        this.w("out_res_proj"),
+        eps,
+        "out_res",
+      );
+    } else if (hyper) {
+      final = hyperHead(
+        streams,
+        this.w("hc_head_fn"),
+        this.w("hc_head_base"),
+        this.w("hc_head_scale"),
+        eps,
+        hyper.eps,
+      );
+    }
+    const xn = this.norm(final, this.w("final_norm"), "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
     if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
@@ -271,6 +317,11 @@ export class ReferenceModel implements ReferenceContext {
   /** The float32 values of a layer tensor. */
   lw(layer: number, t: LayerTensor): Float32Array {
     return this.w(layerTensorName(layer, t));
+  }
+
+  /** The skeleton's RMSNorm of `x`: · w, or · (1 + w) with `normUnitOffset`. */
+  private norm(x: Float64Array, w: Float32Array, what: string): Float64Array {
+    return rmsNorm(x, w, this.cfg.rmsNormEps, what, 0, x.length, this.cfg.normUnitOffset);
   }
 
   /** Layer `layer`'s cached keys and values. */
@@ -322,16 +373,25 @@ export class ReferenceModel implements ReferenceContext {
     hd = this.cfg.headDim,
   ): void {
     for (let i = 0; i < heads; i++) {
-      v.set(rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd), i * hd);
+      v.set(
+        rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd, this.cfg.normUnitOffset),
+        i * hd,
+      );
     }
   }
 
   /**
-   * Routed experts (plus the shared expert) of a MoE layer on `h`. With `moe.scaledRouterInput`
-   * the router reads unit RMSNorm(`residual`) × router_scale × hidden^−½ instead (Gemma 4), and
-   * with `moe.expertScale` each chosen weight is × its expert's expert_scale.
+   * Routed experts (plus the shared expert) of a MoE layer on `h` for `token`. With
+   * `moe.scaledRouterInput` the router reads unit RMSNorm(`residual`) × router_scale × hidden^−½
+   * instead (Gemma 4), and with `moe.expertScale` each chosen weight is × its expert's
+   * expert_scale.
    */
-  private moe(l: number, h: Float64Array, residual = h): { out: Float64Array; experts: number[] } {
+  private moe(
+    l: number,
+    h: Float64Array,
+    token: number,
+    residual = h,
+  ): { out: Float64Array; experts: number[] } {
     const moe = this.cfg.moe;
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
@@ -344,8 +404,13 @@ export class ReferenceModel implements ReferenceContext {
     }
     const logits = matvec(this.lw(l, "router"), routerIn, moe.numExperts, d, `layer ${l} router`);
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
-    const bias = moe.selectionBias ? this.lw(l, "router_bias") : undefined;
-    const route = routeReference(moe, logits, bias);
+    // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
+    const hash = l < (moe.hashLayers ?? 0);
+    const chosen = hash
+      ? Array.from(this.lw(l, "router_tid2eid").subarray(token * moe.topK, (token + 1) * moe.topK))
+      : undefined;
+    const bias = moe.selectionBias && !hash ? this.lw(l, "router_bias") : undefined;
+    const route = routeReference(moe, logits, bias, chosen);
     const perExpert = moe.expertScale ? this.lw(l, "expert_scale") : undefined;
     const weights = route.weights.map((w, k) => w * (perExpert?.[route.experts[k]] ?? 1));
     // A latent MoE: the experts work on a down-projection of h, and their weighted sum is
@@ -376,18 +441,21 @@ export class ReferenceModel implements ReferenceContext {
       )
       : sum;
     if (moe.sharedIntermediate > 0) {
-      addInto(
-        out,
-        swiglu(
-          this.lw(l, "shared_gate"),
-          this.lw(l, "shared_up"),
-          this.lw(l, "shared_down"),
-          h,
-          moe.sharedIntermediate,
-          `layer ${l} shared expert`,
-          this.act,
-        ),
+      const shared = swiglu(
+        this.lw(l, "shared_gate"),
+        this.lw(l, "shared_up"),
+        this.lw(l, "shared_down"),
+        h,
+        moe.sharedIntermediate,
+        `layer ${l} shared expert`,
+        this.act,
       );
+      // Qwen3-Next / Qwen3.5: the shared expert is scaled by σ(w·h).
+      if (moe.sharedExpertGate) {
+        const [z] = matvec(this.lw(l, "shared_expert_gate"), h, 1, d, `layer ${l} shared gate`);
+        for (let i = 0; i < shared.length; i++) shared[i] *= sigmoid(z);
+      }
+      addInto(out, shared);
     }
     return { out, experts: route.experts };
   }

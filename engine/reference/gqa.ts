@@ -11,7 +11,7 @@
  */
 import { layerGeometry } from "../../io/model_config.ts";
 import type { ReferenceAttention } from "./forward.ts";
-import { addInto, matvec, rmsNorm, unitRmsNorm } from "./math.ts";
+import { addInto, matvec, rmsNorm, sigmoid, unitRmsNorm } from "./math.ts";
 
 /** Grouped-query attention of layer `l` at position `pos`, through o_proj. */
 export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
@@ -24,14 +24,23 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
     if (cfg.attentionBias) addInto(y, Float64Array.from(m.lw(l, b)));
     return y;
   };
-  const q = proj("wq", "bq", numHeads);
+  const gated = cfg.attnOutputGate === true;
+  const qg = proj("wq", "bq", gated ? 2 * numHeads : numHeads);
+  // Gated: head h's rows are [query (headDim) | gate (headDim)].
+  const q = gated ? new Float64Array(numHeads * headDim) : qg;
+  const gate = new Float64Array(gated ? numHeads * headDim : 0);
+  for (let hd = 0; gated && hd < numHeads; hd++) {
+    q.set(qg.subarray(2 * hd * headDim, (2 * hd + 1) * headDim), hd * headDim);
+    gate.set(qg.subarray((2 * hd + 1) * headDim, (2 * hd + 2) * headDim), hd * headDim);
+  }
   const k = proj("wk", "bk", numKvHeads);
   // k = v: the values are the keys as projected, before their norm and rotation.
   const v = kEqV ? k.slice() : proj("wv", "bv", numKvHeads);
   if (cfg.qkNorm && cfg.qkNormWhole) {
     // MiniMax-M2: one norm over all heads of the token's projection.
-    q.set(rmsNorm(q, m.lw(l, "q_norm"), eps, `layer ${l} q_norm`));
-    k.set(rmsNorm(k, m.lw(l, "k_norm"), eps, `layer ${l} k_norm`));
+    const unit = cfg.normUnitOffset;
+    q.set(rmsNorm(q, m.lw(l, "q_norm"), eps, `layer ${l} q_norm`, 0, q.length, unit));
+    k.set(rmsNorm(k, m.lw(l, "k_norm"), eps, `layer ${l} k_norm`, 0, k.length, unit));
   } else if (cfg.qkNorm) {
     m.normHeads(q, numHeads, m.lw(l, "q_norm"), `layer ${l} q_norm`, headDim);
     m.normHeads(k, numKvHeads, m.lw(l, "k_norm"), `layer ${l} k_norm`, headDim);
@@ -64,6 +73,7 @@ export const gqaReference: ReferenceAttention = (m, l, h, pos) => {
       sink: sinks?.[hd],
     });
   }
+  for (let i = 0; i < gate.length; i++) out[i] *= sigmoid(gate[i]);
   const y = matvec(m.lw(l, "wo"), out, d, numHeads * headDim, `layer ${l} wo`);
   if (extras?.outputBias) addInto(y, Float64Array.from(m.lw(l, "bo")));
   return y;

@@ -27,7 +27,10 @@ export function matvec(
   return y;
 }
 
-/** RMSNorm as in Hugging Face: x / sqrt(mean(x²) + eps) · weight, over `x[off, off + n)`. */
+/**
+ * RMSNorm as in Hugging Face: x / sqrt(mean(x²) + eps) · weight, over `x[off, off + n)`; with
+ * `unitOffset`, · (1 + weight) (Qwen3-Next, Qwen3.5).
+ */
 export function rmsNorm(
   x: Float64Array,
   weight: Float32Array,
@@ -35,6 +38,7 @@ export function rmsNorm(
   what: string,
   off = 0,
   n = x.length,
+  unitOffset = false,
 ): Float64Array {
   if (weight.length !== n) {
     throw new Error(`${what}: norm weight has ${weight.length} values, expected ${n}`);
@@ -43,7 +47,8 @@ export function rmsNorm(
   for (let i = 0; i < n; i++) ss += x[off + i] * x[off + i];
   const inv = 1 / Math.sqrt(ss / n + eps);
   const y = new Float64Array(n);
-  for (let i = 0; i < n; i++) y[i] = x[off + i] * inv * weight[i];
+  const one = unitOffset ? 1 : 0;
+  for (let i = 0; i < n; i++) y[i] = x[off + i] * inv * (one + weight[i]);
   return y;
 }
 
@@ -63,6 +68,11 @@ export function silu(v: number): number {
 /** The logistic function. */
 export function sigmoid(v: number): number {
   return 1 / (1 + Math.exp(-v));
+}
+
+/** softplus(v) = ln(1 + e^v), without overflow for large v. */
+export function softplus(v: number): number {
+  return v > 0 ? v + Math.log1p(Math.exp(-v)) : Math.log1p(Math.exp(v));
 }
 
 /** Numerically stable softmax of `v[0, n)`. */
@@ -118,6 +128,11 @@ export function clampedSwiglu(limit: number, alpha: number): GluActivation {
     const gc = Math.min(g, limit);
     return (Math.min(Math.max(u, -limit), limit) + 1) * gc * sigmoid(alpha * gc);
   };
+}
+
+/** DeepSeek-V4's clamped SwiGLU: silu(min(g, limit)) · clamp(u, ±limit). */
+export function limitedSwiglu(limit: number): GluActivation {
+  return (g, u) => silu(Math.min(g, limit)) * Math.min(Math.max(u, -limit), limit);
 }
 
 /**
@@ -188,4 +203,119 @@ export function fetchOnce(get: (name: string) => Float32Array): (name: string) =
     }
     return v;
   };
+}
+
+/** Hyper-connection weights of one sublayer: its input, post and comb ([j][k]). */
+export interface HyperWeights {
+  input: Float64Array;
+  post: Float64Array;
+  comb: Float64Array[];
+}
+
+/** m = fn · (X / sqrt(mean(X²) + eps)) over the flattened streams, `rows` mixes. */
+function hyperMixes(
+  streams: Float64Array[],
+  fn: Float32Array,
+  rows: number,
+  eps: number,
+  what: string,
+): Float64Array {
+  const flat = new Float64Array(streams.length * streams[0].length);
+  streams.forEach((s, j) => flat.set(s, j * s.length));
+  let ss = 0;
+  for (const v of flat) ss += v * v;
+  const inv = 1 / Math.sqrt(ss / flat.length + eps);
+  return matvec(fn, flat.map((v) => v * inv), rows, flat.length, what);
+}
+
+/** Σ_j pre_j · X_j. */
+function hyperCollapse(streams: Float64Array[], pre: ArrayLike<number>): Float64Array {
+  const out = new Float64Array(streams[0].length);
+  streams.forEach((s, j) => {
+    for (let i = 0; i < out.length; i++) out[i] += pre[j] * s[i];
+  });
+  return out;
+}
+
+/**
+ * The weights of hyper-connections (DeepSeek-V4, transformers `DeepseekV4HyperConnection`) before
+ * one sublayer: m = fn · rms(X); pre = σ(m·s0 + b) + eps; post = 2σ(m·s1 + b); comb =
+ * softmax_rows(m·s2 + b) + eps, then columns normalised, then `iters` − 1 rounds of rows then
+ * columns (each sum + eps); the input is Σ_j pre_j X_j.
+ */
+export function hyperWeights(
+  streams: Float64Array[],
+  fn: Float32Array,
+  base: Float32Array,
+  scale: Float32Array,
+  iters: number,
+  normEps: number,
+  eps: number,
+  what: string,
+): HyperWeights {
+  const n = streams.length;
+  if (base.length !== (2 + n) * n || scale.length !== 3) {
+    throw new Error(`${what}: base/scale of ${base.length}/${scale.length} values`);
+  }
+  const m = hyperMixes(streams, fn, (2 + n) * n, normEps, what);
+  const pre = Array.from({ length: n }, (_, j) => sigmoid(m[j] * scale[0] + base[j]) + eps);
+  const post = Float64Array.from(
+    { length: n },
+    (_, j) => 2 * sigmoid(m[n + j] * scale[1] + base[n + j]),
+  );
+  const comb = Array.from({ length: n }, (_, a) => {
+    const row = Float64Array.from(
+      { length: n },
+      (_, b) => m[2 * n + a * n + b] * scale[2] + base[2 * n + a * n + b],
+    );
+    return softmax(row).map((v) => v + eps);
+  });
+  const cols = () => {
+    for (let b = 0; b < n; b++) {
+      let s = 0;
+      for (let a = 0; a < n; a++) s += comb[a][b];
+      for (let a = 0; a < n; a++) comb[a][b] /= s + eps;
+    }
+  };
+  const rows = () => {
+    for (const row of comb) {
+      const s = row.reduce((x, y) => x + y, 0);
+      for (let b = 0; b < n; b++) row[b] /= s + eps;
+    }
+  };
+  cols();
+  for (let i = 1; i < iters; i++) {
+    rows();
+    cols();
+  }
+  return { input: hyperCollapse(streams, pre), post, comb };
+}
+
+/** The streams after a sublayer with output `y`: X'_k = post_k·y + Σ_j comb[j][k]·X_j. */
+export function hyperPost(
+  streams: Float64Array[],
+  y: Float64Array,
+  w: HyperWeights,
+): Float64Array[] {
+  return streams.map((_, k) => {
+    const out = y.map((v) => w.post[k] * v);
+    streams.forEach((s, j) => {
+      for (let i = 0; i < out.length; i++) out[i] += w.comb[j][k] * s[i];
+    });
+    return out;
+  });
+}
+
+/** The hyper head: Σ_j (σ(m_j·scale + base_j) + eps)·X_j with m = fn · rms(X). */
+export function hyperHead(
+  streams: Float64Array[],
+  fn: Float32Array,
+  base: Float32Array,
+  scale: Float32Array,
+  normEps: number,
+  eps: number,
+): Float64Array {
+  const n = streams.length;
+  const m = hyperMixes(streams, fn, n, normEps, "hc_head_fn");
+  return hyperCollapse(streams, m.map((v, j) => sigmoid(v * scale[0] + base[j]) + eps));
 }

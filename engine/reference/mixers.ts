@@ -7,6 +7,8 @@
  */
 import type { MixerName } from "../../io/model_config.ts";
 import type { ReferenceAttention } from "./forward.ts";
+import { csaReference } from "./csa.ts";
+import { gatedDeltaNetReference } from "./gated_deltanet.ts";
 import { gqaReference } from "./gqa.ts";
 import { kdaReference } from "./kda.ts";
 import { mlaReference } from "./mla.ts";
@@ -16,4 +18,6 @@ export const REFERENCE_MIXERS: Readonly<Record<MixerName, ReferenceAttention>> =
   gqa: gqaReference,
   mla: mlaReference,
   kda: kdaReference,
+  csa: csaReference,
+  gdn: gatedDeltaNetReference,
 };

@@ -1,14 +1,15 @@
 /**
  * Expert selection of the reference MoE layer, written from the published semantics:
  * Mixtral/Qwen3 (softmax → top-k → optional renormalisation), DeepSeek-V3 `noaux_tc`
- * (sigmoid scores, a selection-only bias, group-limited top-k, unbiased weights) and gpt-oss
- * (top-k of the logits, softmax over the chosen).
+ * (sigmoid scores, a selection-only bias, group-limited top-k, unbiased weights), DeepSeek-V4
+ * (sqrt(softplus) scores, or experts chosen by the token id) and gpt-oss (top-k of the logits,
+ * softmax over the chosen).
  *
  * @module
  */
 
 import type { MoeConfig } from "../../io/model_config.ts";
-import { type GluActivation, sigmoid, softmax, swiglu } from "./math.ts";
+import { type GluActivation, sigmoid, softmax, softplus, swiglu } from "./math.ts";
 
 /** Chosen experts in selection order and their mixing weights. */
 export interface ReferenceRoute {
@@ -37,12 +38,14 @@ function topIndices(
  *    selection scores (its only one when a group has one expert); the best topkGroup groups stay;
  * 4. the topK best selection scores among the remaining experts are chosen;
  * 5. weights: the unbiased scores of the chosen experts, divided by their sum when normTopK
- *    (+1e-20 for sigmoid scoring, as DeepSeek does), times routedScaling.
+ *    (+1e-20 for sigmoid and sqrt(softplus) scoring, as DeepSeek does), times routedScaling.
+ * `chosen` (DeepSeek-V4's hash layers: the token's row of tid2eid) replaces steps 2–4.
  */
 export function routeReference(
   moe: MoeConfig,
   logits: ArrayLike<number>,
   bias?: ArrayLike<number>,
+  chosen?: readonly number[],
 ): ReferenceRoute {
   const n = moe.numExperts;
   if (logits.length !== n) throw new Error(`router: ${logits.length} logits for ${n} experts`);
@@ -56,6 +59,8 @@ export function routeReference(
   }
   const scores = moe.scoring === "softmax"
     ? softmax(logits)
+    : moe.scoring === "sqrtsoftplus"
+    ? Float64Array.from(logits, (v) => Math.sqrt(softplus(v)))
     : Float64Array.from(logits, (v) => sigmoid(v));
   const sel = Float64Array.from(scores, (s, i) => s + (bias ? bias[i] : 0));
   if (n % moe.nGroup !== 0) {
@@ -70,10 +75,12 @@ export function routeReference(
     groupScore[g] = members.slice(0, Math.min(2, groupSize)).reduce((a, b) => a + b, 0);
   }
   const keptGroups = new Set(topIndices(groupScore, moe.topkGroup, () => true));
-  const experts = topIndices(sel, moe.topK, (i) => keptGroups.has(Math.floor(i / groupSize)));
+  const experts = chosen
+    ? [...chosen]
+    : topIndices(sel, moe.topK, (i) => keptGroups.has(Math.floor(i / groupSize)));
   let weights = experts.map((e) => scores[e]);
   if (moe.normTopK) {
-    const eps = moe.scoring === "sigmoid" ? 1e-20 : 0;
+    const eps = moe.scoring === "softmax" ? 0 : 1e-20;
     const sum = weights.reduce((a, b) => a + b, 0) + eps;
     weights = weights.map((w) => w / sum);
   }

@@ -8,7 +8,11 @@
  * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
  * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
  * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
- * sliding window; the MXFP4 experts are written dequantised to `--type`). Tensor names, dims
+ * sliding window; the MXFP4 experts are written dequantised to `--type`), `qwen35moe`
+ * (Qwen3.5/3.6-MoE: Gated DeltaNet layers whose value heads llama.cpp orders key head fastest,
+ * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
+ * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
+ * their MTP blocks are not exported. Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
  * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
@@ -30,7 +34,9 @@ import { openContainer } from "../../engine/container.ts";
 import {
   EXPERT_MATRICES,
   type ExpertMatrix,
+  type GatedDeltaNetConfig,
   type LayerTensor,
+  mixerOf,
   type ModelConfig,
 } from "../../io/model_config.ts";
 import {
@@ -49,7 +55,7 @@ import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
-export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss";
+export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss" | "qwen35moe" | "qwen3next";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -175,6 +181,128 @@ export function permuteToPairs(
   return out;
 }
 
+/**
+ * Value heads from Hugging Face's order (value head j reads key head j / r) to llama.cpp's
+ * qwen35moe order (key head fastest: position p holds value head (p mod Hk)·r + p div Hk), for a
+ * [rows, cols] matrix whose heads are blocks of `width` rows (or columns) from `from` on.
+ */
+export function tileValueHeads(
+  w: Float32Array,
+  rows: number,
+  cols: number,
+  g: GatedDeltaNetConfig,
+  along: "rows" | "cols",
+  from: number,
+  width: number,
+): Float32Array {
+  const out = Float32Array.from(w);
+  const Hk = g.numKeyHeads, Hv = g.numValueHeads, r = Hv / Hk;
+  for (let p = 0; p < Hv; p++) {
+    const j = (p % Hk) * r + Math.floor(p / Hk);
+    for (let i = 0; i < width; i++) {
+      const dst = from + p * width + i, src = from + j * width + i;
+      if (along === "rows") out.set(w.subarray(src * cols, (src + 1) * cols), dst * cols);
+      else for (let row = 0; row < rows; row++) out[row * cols + dst] = w[row * cols + src];
+    }
+  }
+  return out;
+}
+
+/** 1 + w of a (1 + w) RMSNorm weight, as llama.cpp's qwen35moe stores it. */
+const plusOne = (v: Float32Array) => v.map((x) => 1 + x);
+
+/** One GGUF tensor made from a canonical one: its name under `blk.N.`, shape and values. */
+interface HybridTensor {
+  rel: string;
+  shape: number[];
+  map: (v: Float32Array) => Float32Array;
+}
+
+/**
+ * llama.cpp's qwen35moe / qwen3next names (under `blk.N.`), PyTorch-order shapes and values of
+ * layer tensor `t` of layer `l`, where they differ from the other architectures'; null where they
+ * do not. qwen35moe orders value heads key head fastest ({@link tileValueHeads}); qwen3next keeps
+ * Hugging Face's order, takes the fused in_proj_qkvz apart into flat q/k/v and z, and keeps
+ * in_proj_ba as it is.
+ */
+function hybridTensors(
+  cfg: ModelConfig,
+  arch: GgufArch,
+  l: number,
+  t: LayerTensor,
+): HybridTensor[] | null {
+  const g = cfg.gdn!, H = cfg.hiddenSize, Hk = g.numKeyHeads, Hv = g.numValueHeads;
+  const dk = g.keyHeadDim, dv = g.valueHeadDim;
+  const qk = 2 * Hk * dk, C = qk + Hv * dv, vDim = Hv * dv;
+  const same = (v: Float32Array) => v;
+  const tile = (rows: number, cols: number, along: "rows" | "cols", from: number, w: number) =>
+    arch === "qwen35moe"
+      ? (v: Float32Array) => tileValueHeads(v, rows, cols, g, along, from, w)
+      : same;
+  const one = (rel: string, shape: number[], map = same) => [{ rel, shape, map }];
+  switch (t) {
+    case "attn_norm":
+      return one("attn_norm.weight", [H], plusOne);
+    case "ffn_norm":
+      return one("post_attention_norm.weight", [H], plusOne);
+    case "q_norm":
+    case "k_norm":
+      return one(`attn_${t[0]}_norm.weight`, [cfg.headDim], plusOne);
+    case "wq":
+      return one("attn_q.weight", [2 * cfg.numHeads * cfg.headDim, H]);
+    case "gdn_qkv":
+      return one("attn_qkv.weight", [C, H], tile(C, H, "rows", qk, dv));
+    case "gdn_z":
+      return one("attn_gate.weight", [vDim, H], tile(vDim, H, "rows", 0, dv));
+    case "gdn_b":
+      return one("ssm_beta.weight", [Hv, H], tile(Hv, H, "rows", 0, 1));
+    case "gdn_a":
+      return one("ssm_alpha.weight", [Hv, H], tile(Hv, H, "rows", 0, 1));
+    case "gdn_qkvz": {
+      // Per key head i the stored rows are [q_i | k_i | v of its value heads | z of them]: the
+      // rows of part `at` (offset, count within a key head's block) of every key head in order.
+      const rv = (Hv / Hk) * dv, block = 2 * dk + 2 * rv;
+      const gather = (v: Float32Array, ...parts: [number, number][]) => {
+        const out = new Float32Array(parts.reduce((a, [, n]) => a + n, 0) * Hk * H);
+        let at = 0;
+        for (const [off, n] of parts) {
+          for (let i = 0; i < Hk; i++) {
+            out.set(v.subarray((i * block + off) * H, (i * block + off + n) * H), at);
+            at += n * H;
+          }
+        }
+        return out;
+      };
+      return [
+        {
+          rel: "attn_qkv.weight",
+          shape: [C, H],
+          map: (v) => gather(v, [0, dk], [dk, dk], [2 * dk, rv]),
+        },
+        { rel: "attn_gate.weight", shape: [vDim, H], map: (v) => gather(v, [2 * dk + rv, rv]) },
+      ];
+    }
+    case "gdn_ba":
+      return one("ssm_ba.weight", [2 * Hv, H]);
+    case "qkv_conv":
+      return one("ssm_conv1d.weight", [C, 4], tile(C, 4, "rows", qk, dv));
+    case "dt_bias":
+      return one("ssm_dt.bias", [Hv], tile(Hv, 1, "rows", 0, 1));
+    case "a_log":
+      return one("ssm_a", [Hv], (v) => tile(Hv, 1, "rows", 0, 1)(v.map((x) => -Math.exp(x))));
+    case "o_norm":
+      return one("ssm_norm.weight", [dv]);
+    case "wo":
+      return mixerOf(cfg, l) === "gdn"
+        ? one("ssm_out.weight", [H, vDim], tile(H, vDim, "cols", 0, dv))
+        : null;
+    case "shared_expert_gate":
+      return one("ffn_gate_inp_shexp.weight", [1, H]);
+    default:
+      return null;
+  }
+}
+
 /** Which llama.cpp architecture a model maps to; throws for what llama.cpp cannot express. */
 function archOf(cfg: ModelConfig, src: string): GgufArch {
   const fail = (why: string): never => {
@@ -182,11 +310,35 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  if (!arch || !["llama", "qwen3moe", "glm4moe", "gpt-oss"].includes(arch)) {
+  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next"];
+  if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
   }
   if (cfg.mla) fail("only GQA attention is supported");
+  if (arch === "qwen35moe" || arch === "qwen3next") {
+    // llama.cpp's Qwen hybrids: Gated DeltaNet layers (flat projections in qwen35moe, fused per
+    // key head in qwen3next), gated attention, every layer MoE with a gated shared expert,
+    // (1 + w) norms, partial rotate-half RoPE.
+    const g = cfg.gdn;
+    const projections = arch === "qwen35moe" ? "flat" : "grouped";
+    if (!g || g.projections !== projections || g.convKernel !== 4) {
+      fail(`${arch} needs Gated DeltaNet layers with ${projections} projections and a conv of 4`);
+    }
+    if (!cfg.attnOutputGate || !cfg.normUnitOffset || !cfg.qkNorm || cfg.rope.layout !== "half") {
+      fail(`${arch} needs gated attention, (1 + w) norms and rotate-half RoPE`);
+    }
+    if (cfg.layerKinds.includes("dense") || !cfg.moe?.sharedExpertGate) {
+      fail(`${arch} needs every layer MoE with a gated shared expert`);
+    }
+    if (cfg.rope.scaling.type !== "none") fail(`${arch} takes no rope scaling`);
+    // llama.cpp places the full-attention layers by one interval.
+    const every = g!.layers.indexOf(false) + 1;
+    if (every < 1 || !g!.layers.every((x, i) => x === ((i + 1) % every !== 0))) {
+      fail(`${arch} needs a full-attention layer every N layers, the rest Gated DeltaNet`);
+    }
+    return arch;
+  }
   const yarn = arch === "gpt-oss" && cfg.rope.scaling.type === "yarn";
   if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
@@ -276,7 +428,7 @@ function planTensors(
     GLOBAL_GGUF.final_norm,
     [H],
     hfGlobalName(cfg, "final_norm")!,
-    () => src.global("final_norm"),
+    () => cfg.normUnitOffset ? plusOne(src.global("final_norm")) : src.global("final_norm"),
   );
   if (src.hasLmHead) {
     add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
@@ -308,6 +460,14 @@ function planTensors(
       shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
     for (const t of layerTensorsOf(cfg, l)) {
+      const hybrid = cfg.gdn ? hybridTensors(cfg, arch, l, t) : null;
+      if (hybrid) {
+        for (const h of hybrid) {
+          const key = `${hfLayerName(cfg, l, t)!}\u0000${h.rel}`;
+          add(`blk.${l}.${h.rel}`, h.shape, key, () => h.map(src.layer(l, t)));
+        }
+        continue;
+      }
       // llama.cpp's glm4moe and gpt-oss call the FFN norm the post-attention norm.
       const rel = t === "ffn_norm" && (arch === "glm4moe" || arch === "gpt-oss")
         ? "post_attention_norm.weight"
@@ -413,16 +573,26 @@ function metadataFor(
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
   // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
-  const ff = arch === "gpt-oss"
+  const ff = arch === "gpt-oss" || arch === "qwen35moe" || arch === "qwen3next"
     ? moe!.expertIntermediate
     : arch === "glm4moe" && firstMoe > 0
     ? cfg.intermediateSize
     : moe
     ? moe.expertIntermediate
     : cfg.intermediateSize;
-  u32(`${arch}.feed_forward_length`, ff);
+  // qwen35moe's converter writes none.
+  if (arch !== "qwen35moe") u32(`${arch}.feed_forward_length`, ff);
   u32(`${arch}.attention.head_count`, cfg.numHeads);
   u32(`${arch}.attention.head_count_kv`, cfg.numKvHeads);
+  if (arch === "qwen35moe") {
+    // The multimodal RoPE's sections of the rotary pairs (all positions alike for text).
+    const pairs = cfg.rope.dim / 2, a = Math.ceil(pairs / 3), b = Math.ceil((pairs - a) / 2);
+    m.set(`${arch}.rope.dimension_sections`, {
+      type: "array",
+      elem: "i32",
+      value: [a, b, pairs - a - b, 0],
+    });
+  }
   f32(`${arch}.rope.freq_base`, cfg.rope.theta);
   f32(`${arch}.attention.layer_norm_rms_epsilon`, cfg.rmsNormEps);
   if (moe) {
@@ -441,6 +611,17 @@ function metadataFor(
     m.set(`${arch}.expert_weights_norm`, { type: "bool", value: moe!.normTopK });
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
     u32(`${arch}.expert_gating_func`, 2);
+  }
+  if (arch === "qwen35moe" || arch === "qwen3next") {
+    const g = cfg.gdn!;
+    u32(`${arch}.expert_shared_feed_forward_length`, moe!.sharedIntermediate);
+    u32(`${arch}.ssm.conv_kernel`, g.convKernel);
+    u32(`${arch}.ssm.state_size`, g.keyHeadDim);
+    u32(`${arch}.ssm.group_count`, g.numKeyHeads);
+    u32(`${arch}.ssm.time_step_rank`, g.numValueHeads);
+    u32(`${arch}.ssm.inner_size`, g.numValueHeads * g.valueHeadDim);
+    u32(`${arch}.full_attention_interval`, g.layers.indexOf(false) + 1);
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
   }
   if (arch === "gpt-oss") {
     const w = cfg.attention?.windows.find((x) => x > 0);
@@ -461,6 +642,9 @@ function metadataFor(
     str(`${arch}.rope.scaling.type`, "linear");
     f32(`${arch}.rope.scaling.factor`, cfg.rope.scaling.factor);
   }
+  // The newer converter that writes the Qwen hybrids puts the quantization version first.
+  const quantFirst = arch === "qwen35moe" || arch === "qwen3next";
+  if (quantFirst) u32("general.quantization_version", 2);
   const specials = { bosId: cfg.bosId, eosId: cfg.eosIds[0] ?? null };
   if (isByteLevelBpe(readJsonObject(join(src.tokenizerDir, "tokenizer.json")))) {
     const vocab = bpeVocabFromTokenizerJson(src.tokenizerDir, cfg.vocabSize, arch, specials);
@@ -493,7 +677,7 @@ function metadataFor(
       m.set("tokenizer.ggml.add_space_prefix", { type: "bool", value: false });
     }
   }
-  u32("general.quantization_version", 2);
+  if (!quantFirst) u32("general.quantization_version", 2);
   return m;
 }
 

@@ -2,10 +2,12 @@
  * `deno task test` (and `test:llamacpp`): runs `deno test -A --parallel` over the given files
  * (default tests/) and ends with one line saying how many tests skipped and why, from the reasons
  * the test modules record (tests/skips.ts) and the JUnit report's skipped count. Exits with the
- * test run's code.
+ * test run's code. `--serial` runs the modules one after the other (the llama.cpp comparisons:
+ * two modules installing node-llama-cpp into one folder at once break npm's install).
  *
  * @module
  */
+import { existsSync } from "node:fs";
 
 /** The summary line: "skipped 12 of 380 tests: 10 need ../shared/models, 2 need tmux". */
 export function skipSummary(total: number, skipped: number, reasons: readonly string[]): string {
@@ -31,9 +33,12 @@ if (import.meta.main) {
   const log = `${dir}/skips.log`;
   const junit = `${dir}/junit.xml`;
   Deno.writeTextFileSync(log, "");
-  const files = Deno.args.some((a) => !a.startsWith("-")) ? [] : ["tests/"];
+  const args = Deno.args.filter((a) => a !== "--serial");
+  const parallel = args.length === Deno.args.length ? ["--parallel"] : [];
+  // Files or folders given (not a flag's value, such as --filter's): else every test.
+  const files = args.some((a) => !a.startsWith("-") && existsSync(a)) ? [] : ["tests/"];
   const run = await new Deno.Command(Deno.execPath(), {
-    args: ["test", "-A", "--parallel", `--junit-path=${junit}`, ...Deno.args, ...files],
+    args: ["test", "-A", ...parallel, `--junit-path=${junit}`, ...args, ...files],
     env: { SLUICE_SKIP_LOG: log },
     stdin: "null",
   }).spawn().status;

@@ -94,6 +94,8 @@ function storedDtype(
   role: "vector" | "router" | "weight",
   convert: PackOptions["convert"],
 ): StoredDtype {
+  // An index table (DeepSeek-V4's tid2eid, I64) is stored as exact f32 like any vector.
+  if (role !== "weight" && src.dtype === "I64") return "f32";
   const kept = KEPT_DTYPE[src.dtype];
   if (!kept) {
     throw new Error(
@@ -336,8 +338,9 @@ export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
 
 /**
  * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
- * multi-token-prediction layers) and which tensors lie under the model_type's unused prefixes
- * (Gemma 4's vision tower): they are not part of the language model, so they are never packed.
+ * multi-token-prediction layers) and which tensors lie under a prefix the model_type skips
+ * (Qwen3.5's MTP block and vision tower, Gemma 4's vision tower): they are not part of the
+ * model, so they are never packed.
  */
 export function reportSkippedLayers(
   cfg: ModelConfig,
@@ -356,8 +359,8 @@ export function reportSkippedLayers(
         `a multi-token-prediction layer, not used for generation`,
     );
   }
-  for (const prefix of modelTypeOf(cfg).unused ?? []) {
+  for (const [prefix, what] of Object.entries(modelTypeOf(cfg).skipped ?? {})) {
     const n = [...ckpt.tensors.keys()].filter((name) => name.startsWith(prefix)).length;
-    if (n) log(`pack: skipping ${prefix}* (${n} tensors): not part of the language model`);
+    if (n) log(`pack: skipping ${n} tensors under ${prefix}* (${what})`);
   }
 }

@@ -1,6 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
- * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168) as
+ * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168,
+ * Qwen3.6-35B-A3B) as
  * functions of the hidden size, their config.json and their tensors.
  *
  * @module
@@ -769,6 +770,160 @@ const KIMI_K3: Recipe = {
   attentionOf: (d, l) => k3IsMla(d, l) ? "mla" : "kda",
 };
 
+/** Qwen3.5's tensor prefix. */
+const Q35 = "model.language_model.";
+
+/** Whether layer `l` of a Qwen3.5 model is full attention (every fullEvery-th, 1-based). */
+const q35IsFull = (d: SynthDims, l: number) => (l + 1) % d.fullEvery === 0;
+
+/** A (1 + w) RMSNorm weight: 0.05·n, so the scale is about 1. */
+function unitNorm(name: string, n: number, dt: SynthElemType, l: number): SynthTensor {
+  return { name, shape: [n], dtype: dt, init: { kind: "normal", mean: 0, std: 0.05 }, layer: l };
+}
+
+/**
+ * Qwen3.5/3.6-MoE (`Qwen3_5MoeForConditionalGeneration`, text model only) at Qwen3.6-35B-A3B's
+ * ratios (hidden 2048, 40 layers of which every 4th full attention, 256 experts top-8 of width
+ * 512, a shared expert of 512, attention 16/2 heads × 256, Gated DeltaNet 16 key / 32 value heads
+ * × 128): the release's nested config and names, stacked experts, (1 + w) norms.
+ */
+const QWEN3_5_MOE: Recipe = {
+  baseHidden: 2048,
+  baseLayers: 40,
+  baseExperts: 256,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 262144,
+  width: (h) => {
+    // Partial rotary 0.25 needs an even rotary slice: head dims are multiples of 8.
+    const headDim = 8 * Math.max(1, Math.round(clamp(h / 8, 16, 256) / 8));
+    const gdnDim = Math.round(clamp(h / 16, 8, 128));
+    const gdnKeyHeads = Math.max(1, Math.round(h / gdnDim));
+    return {
+      headDim,
+      ...gqaHeads((2 * h) / headDim, 8),
+      gdnKeyHeads,
+      gdnValueHeads: 2 * gdnKeyHeads,
+      gdnKeyDim: gdnDim,
+      gdnValueDim: gdnDim,
+      fullEvery: 4,
+      expertInter: h / 4,
+      sharedInter: h / 4,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8) }),
+  config: (d, dtype) => {
+    const text = {
+      model_type: "qwen3_5_moe_text",
+      vocab_size: d.vocab,
+      hidden_size: d.hidden,
+      num_hidden_layers: d.layers,
+      layer_types: Array.from(
+        { length: d.layers },
+        (_, l) => q35IsFull(d, l) ? "full_attention" : "linear_attention",
+      ),
+      full_attention_interval: d.fullEvery,
+      num_attention_heads: d.heads,
+      num_key_value_heads: d.kvHeads,
+      head_dim: d.headDim,
+      attn_output_gate: true,
+      attention_bias: false,
+      partial_rotary_factor: 0.25,
+      rope_parameters: { rope_type: "default", rope_theta: 1e7, partial_rotary_factor: 0.25 },
+      linear_num_key_heads: d.gdnKeyHeads,
+      linear_num_value_heads: d.gdnValueHeads,
+      linear_key_head_dim: d.gdnKeyDim,
+      linear_value_head_dim: d.gdnValueDim,
+      linear_conv_kernel_dim: 4,
+      num_experts: d.experts,
+      num_experts_per_tok: d.topK,
+      moe_intermediate_size: d.expertInter,
+      shared_expert_intermediate_size: d.sharedInter,
+      hidden_act: "silu",
+      max_position_embeddings: d.maxPositions,
+      rms_norm_eps: 1e-6,
+      tie_word_embeddings: false,
+      bos_token_id: SYNTH_BOS_ID,
+      eos_token_id: SYNTH_EOS_ID,
+      dtype: dtype === "bf16" ? "bfloat16" : "float32",
+    };
+    return {
+      architectures: ["Qwen3_5MoeForConditionalGeneration"],
+      model_type: "qwen3_5_moe",
+      text_config: text,
+      tie_word_embeddings: false,
+      dtype: text.dtype,
+    };
+  },
+  layer: (d, l, dt) => {
+    const p = `${Q35}layers.${l}.`;
+    const out: SynthTensor[] = [
+      unitNorm(p + "input_layernorm.weight", d.hidden, dt, l),
+      unitNorm(p + "post_attention_layernorm.weight", d.hidden, dt, l),
+    ];
+    if (q35IsFull(d, l)) {
+      const a = p + "self_attn.", q = d.heads * d.headDim, kv = d.kvHeads * d.headDim;
+      out.push(
+        linear(a + "q_proj.weight", 2 * q, d.hidden, dt, l),
+        linear(a + "k_proj.weight", kv, d.hidden, dt, l),
+        linear(a + "v_proj.weight", kv, d.hidden, dt, l),
+        linear(a + "o_proj.weight", d.hidden, q, dt, l),
+        unitNorm(a + "q_norm.weight", d.headDim, dt, l),
+        unitNorm(a + "k_norm.weight", d.headDim, dt, l),
+      );
+    } else {
+      const a = p + "linear_attn.", Hv = d.gdnValueHeads, vDim = Hv * d.gdnValueDim;
+      const C = 2 * d.gdnKeyHeads * d.gdnKeyDim + vDim;
+      out.push(
+        linear(a + "in_proj_qkv.weight", C, d.hidden, dt, l),
+        linear(a + "in_proj_z.weight", vDim, d.hidden, dt, l),
+        linear(a + "in_proj_b.weight", Hv, d.hidden, dt, l),
+        linear(a + "in_proj_a.weight", Hv, d.hidden, dt, l),
+        f32(a + "conv1d.weight", [C, 1, 4], 0, 0.5, l),
+        f32(a + "dt_bias", [Hv], -3, 1, l),
+        f32(a + "A_log", [Hv], 1.5, 0.5, l),
+        f32(a + "norm.weight", [d.gdnValueDim], 1, 0.05, l),
+        linear(a + "out_proj.weight", d.hidden, vDim, dt, l),
+      );
+    }
+    const m = p + "mlp.", I = d.expertInter;
+    const stacked = (name: string, shape: number[], fanIn: number): SynthTensor => ({
+      name: m + name,
+      shape,
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
+      layer: l,
+    });
+    return [
+      ...out,
+      router(m + "gate.weight", d.experts, d.hidden, dt, l),
+      stacked("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
+      stacked("experts.down_proj", [d.experts, d.hidden, I], I),
+      ...glu(m + "shared_expert.", PROJ, d.sharedInter, d.hidden, dt, l),
+      linear(m + "shared_expert_gate.weight", 1, d.hidden, dt, l),
+    ];
+  },
+  // The experts are stacked per layer (in layer()), not one tensor set per expert.
+  expert: () => [],
+  isMoe: () => true,
+  minLayers: (d) => d.fullEvery,
+  globals: (d, dt) => ({
+    head: [{
+      name: `${Q35}embed_tokens.weight`,
+      shape: [d.vocab, d.hidden],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 1 },
+      layer: -1,
+    }],
+    tail: [
+      unitNorm(`${Q35}norm.weight`, d.hidden, dt, -1),
+      linear("lm_head.weight", d.vocab, d.hidden, dt, -1),
+    ],
+  }),
+  attentionOf: (d, l) => q35IsFull(d, l) ? "full" : "gdn",
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
@@ -776,6 +931,7 @@ const RECIPES: Record<SynthArch, Recipe> = {
   glm4_moe: GLM4_MOE,
   gpt_oss: GPT_OSS,
   kimi_k3: KIMI_K3,
+  qwen3_5_moe: QWEN3_5_MOE,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

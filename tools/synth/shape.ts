@@ -61,6 +61,12 @@ const OVERRIDE_KEYS: readonly (keyof SynthDims)[] = [
   "attnResBlock",
   "mlaEvery",
   "mxfp4Experts",
+  "gdnKeyHeads",
+  "gdnValueHeads",
+  "gdnKeyDim",
+  "gdnValueDim",
+  "fullEvery",
+  "sharedInter",
 ];
 
 /** Throws on an unknown size field or a value that is not a whole number in range. */

@@ -13,6 +13,7 @@ export const SYNTH_ARCHS = [
   "glm4_moe",
   "gpt_oss",
   "kimi_k3",
+  "qwen3_5_moe",
 ] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
@@ -60,6 +61,15 @@ export interface SynthDims {
   mlaEvery: number;
   /** Kimi K3: 1 = routed experts in MXFP4 (`weight_packed`/`weight_scale`, as released), 0 = dtype. */
   mxfp4Experts: number;
+  /** Qwen3.5: Gated DeltaNet key and value heads (value heads a multiple) and their dims. */
+  gdnKeyHeads: number;
+  gdnValueHeads: number;
+  gdnKeyDim: number;
+  gdnValueDim: number;
+  /** Qwen3.5: every this-many-th layer (1-based) is full attention, the rest Gated DeltaNet. */
+  fullEvery: number;
+  /** Qwen3.5: rows of the shared expert's gate/up. */
+  sharedInter: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */

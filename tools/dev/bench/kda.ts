@@ -128,6 +128,8 @@ export function timeKdaKernels(
           p,
           HEADS,
           p,
+          1,
+          DIM,
         ],
         HEADS,
         4 * HEADS * DIM * DIM,

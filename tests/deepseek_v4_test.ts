@@ -1,0 +1,382 @@
+/**
+ * DeepSeek-V4 (../shared/models/README.md, tiny-deepseek-v4): the config normaliser reads the
+ * release's keys and refuses what it cannot run by name; the float64 reference and the engine
+ * give the README's known continuation; the engine stays within 1e-4 of the reference past the
+ * first HCA entry (position 127); chunked prefill, the prompt cache and saved sessions equal
+ * token-by-token runs; placements give bit-identical logits.
+ */
+import assert from "node:assert/strict";
+import { findMatrix } from "../engine/checkpoint_matrix.ts";
+import { normalizeConfig } from "../engine/config.ts";
+import { openContainer } from "../engine/container.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
+import { Model, type RunOptions } from "../engine/model.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { argmax } from "../engine/sampler.ts";
+import { Session } from "../engine/session.ts";
+import { loadSession, saveSession } from "../engine/session_state.ts";
+import { hfExpertName } from "../engine/tensor_names.ts";
+import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
+import { readExpertRecord } from "../io/container.ts";
+import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
+import {
+  decodeAgainstReference,
+  fixtureDir,
+  hasFixture,
+  packedFixture,
+  tempDir,
+} from "./fixtures.ts";
+
+const V4 = "tiny-deepseek-v4";
+const V4_FP8 = "tiny-deepseek-v4-fp8";
+/** README "Known answer": "Once upon a time" and its first 20 greedy ids. */
+const PROMPT = [1, 403, 407, 261, 378];
+const KNOWN = [
+  277,
+  386,
+  483,
+  299,
+  299,
+  332,
+  407,
+  416,
+  494,
+  430,
+  401,
+  313,
+  426,
+  401,
+  406,
+  428,
+  377,
+  292,
+  450,
+  314,
+];
+
+/** README "tiny-deepseek-v4-fp8 … Known answer": a different function, the same prompt. */
+const KNOWN_FP8 = [
+  465,
+  428,
+  426,
+  312,
+  469,
+  287,
+  485,
+  343,
+  287,
+  293,
+  378,
+  13,
+  340,
+  388,
+  428,
+  340,
+  367,
+  325,
+  372,
+  325,
+];
+
+function configOf(name: string): Record<string, unknown> {
+  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
+}
+
+Deno.test({
+  name: "DeepSeek-V4 config: the release's keys, refusals naming the key or architecture",
+  ignore: !hasFixture(V4),
+  fn() {
+    const base = configOf(V4);
+    const cfg = normalizeConfig(base);
+    assert.equal(cfg.family, "deepseek_v4");
+    assert.deepEqual(cfg.csa!.layers.map((l) => l.ratio), [0, 0, 4, 128, 4, 128]);
+    assert.deepEqual(cfg.csa!.layers.map((l) => l.indexed), [
+      false,
+      false,
+      true,
+      false,
+      true,
+      false,
+    ]);
+    assert.deepEqual(cfg.residual, { kind: "hyper", streams: 4, sinkhornIters: 20, eps: 1e-6 });
+    assert.equal(cfg.moe!.hashLayers, 3);
+    assert.equal(cfg.moe!.swigluLimit, 10);
+    const v41 = { ...base, architectures: ["DeepseekV41ForCausalLM"] };
+    assert.throws(() => normalizeConfig(v41), /DeepseekV41ForCausalLM.*Engram/);
+    assert.throws(
+      () => normalizeConfig({ ...v41, model_type: "deepseek_v41" }),
+      /DeepseekV41ForCausalLM/,
+    );
+    assert.throws(
+      () => normalizeConfig({ ...base, compress_ratios: [0, 0, 4, 64, 4, 128, 0] }),
+      /compress_ratios\[3\] is 64/,
+    );
+    assert.throws(
+      () => normalizeConfig({ ...base, compress_ratios: [0, 0, 4] }),
+      /compress_ratios has 3 entries for 6 layers/,
+    );
+    assert.throws(() => normalizeConfig({ ...base, scoring_func: "sigmoid" }), /scoring_func/);
+    for (
+      const key of ["hc_mult", "o_groups", "index_topk", "swiglu_limit", "compress_rope_theta"]
+    ) {
+      const broken = { ...base };
+      delete broken[key];
+      assert.throws(() => normalizeConfig(broken), new RegExp(`required field ${key} is missing`));
+    }
+    assert.throws(
+      () => normalizeConfig({ ...base, num_key_value_heads: 2 }),
+      /num_key_value_heads/,
+    );
+    // Keys transformers defaults: absent, they take its defaults; set otherwise, refused.
+    const { num_hash_layers: _h, attention_bias: _a, topk_method: _t, ...bare } = base;
+    assert.equal(normalizeConfig(bare).moe!.hashLayers, 3);
+    assert.throws(() => normalizeConfig({ ...base, attention_bias: true }), /attention_bias/);
+    assert.throws(() => normalizeConfig({ ...base, topk_method: "greedy" }), /topk_method/);
+  },
+});
+
+Deno.test({
+  name: 'DeepSeek-V4 reference: the README\'s known continuation of "Once upon a time"',
+  ignore: !hasFixture(V4),
+  fn() {
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4));
+    const ref = new ReferenceModel(cfg, weight);
+    const tokens = [...PROMPT];
+    for (let pos = 0; tokens.length < PROMPT.length + KNOWN.length; pos++) {
+      const logits = ref.forward64(tokens[pos], pos);
+      if (pos >= PROMPT.length - 1) tokens.push(argmax(logits));
+    }
+    assert.deepEqual(tokens.slice(PROMPT.length), KNOWN);
+  },
+});
+
+/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
+async function engineGreedy(dir: string, prompt: number[], n: number, opts: RunOptions) {
+  const model = await Model.open(dir, { quiet: true, ctx: 256, ...opts });
+  try {
+    const chunk = model.prefillChunk;
+    let logits: Float32Array = new Float32Array(0);
+    for (let p = 0; p < prompt.length; p += chunk) {
+      logits = model.forward(prompt.slice(p, p + chunk), p);
+    }
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      out.push(argmax(logits));
+      logits = model.forward([out[i]], prompt.length + i);
+    }
+    return out;
+  } finally {
+    model.close();
+  }
+}
+
+Deno.test({
+  name: "DeepSeek-V4 engine: the known continuation, in any prefill chunking",
+  ignore: !hasFixture(V4),
+  async fn() {
+    const dir = await packedFixture(V4);
+    for (const prefillChunk of [64, 1, 3]) {
+      const got = await engineGreedy(dir, PROMPT, KNOWN.length, { prefillChunk });
+      assert.deepEqual(got, KNOWN, `prefill chunk ${prefillChunk}`);
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 engine: within 1e-4 of the float64 reference past the first HCA entry",
+  ignore: !hasFixture(V4),
+  async fn() {
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4));
+    const model = await Model.open(await packedFixture(V4), { quiet: true, ctx: 256 });
+    try {
+      const worst = decodeAgainstReference(model, new ReferenceModel(cfg, weight), PROMPT, 150, V4);
+      assert.ok(worst < 1e-4, `logits differ by ${worst} relative`);
+    } finally {
+      model.close();
+    }
+  },
+});
+
+/** Every position's logits: a prompt of `prompt` tokens in the run's chunks, then one at a time. */
+async function logitsOf(path: string, opts: RunOptions, tokens: number[], prompt: number) {
+  const model = await Model.open(path, { quiet: true, ctx: 256, ...opts });
+  try {
+    const V = model.container.config.vocabSize;
+    const out = new Float32Array(tokens.length * V);
+    const chunk = model.prefillChunk;
+    for (let p = 0; p < prompt; p += chunk) {
+      const n = Math.min(chunk, prompt - p);
+      out.set(model.forward(tokens.slice(p, p + n), p, true), p * V);
+    }
+    for (let p = prompt; p < tokens.length; p++) out.set(model.forward([tokens[p]], p), p * V);
+    return out;
+  } finally {
+    model.close();
+  }
+}
+
+for (const name of [V4, V4_FP8]) {
+  Deno.test({
+    name:
+      `DeepSeek-V4 engine: bit-identical logits across placements, chunks and threads (${name})`,
+    ignore: !hasFixture(name),
+    async fn() {
+      const path = await packedFixture(name);
+      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {})];
+      const base = await logitsOf(path, { prefillChunk: 1, threads: 2 }, tokens, tokens.length);
+      const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
+      const floor = probe.plan.floor;
+      probe.close();
+      const settings: [string, RunOptions, number][] = [
+        ["prefill chunk 64", { prefillChunk: 64 }, 133],
+        ["prefill chunk 7", { prefillChunk: 7 }, 130],
+        ["budget = floor", { budget: floor, prefillChunk: 1 }, 20],
+        ["1 thread", { threads: 1 }, 20],
+        ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }, 20],
+        ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }, 20],
+      ];
+      for (const [what, opts, prompt] of settings) {
+        assert.deepEqual(
+          await logitsOf(path, opts, tokens, prompt),
+          base,
+          `${what} changed the logits`,
+        );
+      }
+    },
+  });
+}
+
+Deno.test({
+  name: "DeepSeek-V4 prompt cache and saved sessions: the same tokens as cold runs",
+  ignore: !hasFixture(V4),
+  async fn() {
+    const path = await packedFixture(V4);
+    const opts = { quiet: true, ctx: 256, threads: 1 };
+    const warm = await Session.open(path, opts);
+    const cold = await Session.open(path, opts);
+    const run = async (s: Session, p: number[], n: number) => {
+      const out: number[] = [];
+      for await (const t of s.generate(p, { maxTokens: n, ignoreEos: true })) out.push(t.id);
+      return out;
+    };
+    const coldRun = (p: number[], n: number) => {
+      cold.resetCache();
+      return run(cold, p, n);
+    };
+    try {
+      const g1 = await run(warm, PROMPT, 8);
+      assert.deepEqual(g1, KNOWN.slice(0, 8));
+      // Extending what the cache holds, across CSA entries (every 4 positions).
+      const p2 = [...PROMPT, ...g1, 40, 77, 9];
+      const g2 = await run(warm, p2, 8);
+      assert.equal(warm.timings.cachedTokens, PROMPT.length + g1.length - 1);
+      assert.deepEqual(g2, await coldRun(p2, 8));
+      // Sharing a prefix only: the cache rewinds to it.
+      const p3 = [...PROMPT.slice(0, 3), 250, 9, 31];
+      const g3 = await run(warm, p3, 8);
+      assert.equal(warm.timings.cachedTokens, 3);
+      assert.deepEqual(g3, await coldRun(p3, 8));
+      const file = `${tempDir()}/deepseek-v4.session`;
+      saveSession(warm, file);
+      const p4 = [...p3, ...g3, 120];
+      const continued = await run(warm, p4, 8);
+      const resumed = await Session.open(path, opts);
+      try {
+        loadSession(resumed, file);
+        assert.deepEqual(await run(resumed, p4, 8), continued);
+        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
+      } finally {
+        resumed.close();
+      }
+    } finally {
+      warm.close();
+      cold.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 FP8/FP4 release storage: known answer, 1e-4 of the reference on its decode",
+  ignore: !hasFixture(V4_FP8),
+  async fn() {
+    const dir = await packedFixture(V4_FP8);
+    assert.deepEqual(
+      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }),
+      KNOWN_FP8,
+    );
+    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4_FP8));
+    const model = await Model.open(dir, { quiet: true, ctx: 256 });
+    try {
+      const worst = decodeAgainstReference(
+        model,
+        new ReferenceModel(cfg, weight),
+        PROMPT,
+        40,
+        V4_FP8,
+      );
+      assert.ok(worst < 1e-4, `logits differ by ${worst} relative`);
+    } finally {
+      model.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 pack: FP4 experts keep the shipped bytes as mxfp4, FP8 stays FP8",
+  ignore: !hasFixture(V4_FP8),
+  async fn() {
+    const c = openContainer(await packedFixture(V4_FP8));
+    const ckpt = openCheckpoint(fixtureDir(V4_FP8));
+    try {
+      const cfg = c.config;
+      for (const [layer, expert] of [[0, 0], [3, 7], [5, 15]]) {
+        const bank = c.manifest.experts[layer]!;
+        assert.equal(bank.format, "mxfp4");
+        assert.equal(bank.activations, "f32", "shipped FP4 multiplies f32 activations");
+        const { record } = readExpertRecord(c, layer, expert);
+        for (const m of ["gate", "up", "down"] as const) {
+          const name = hfExpertName(cfg, layer, expert, m);
+          const e = bank.matrices[m];
+          assert.deepEqual(record.subarray(e.offset, e.offset + e.bytes), ckpt.read(name), name);
+          const scale = name.replace(/\.weight$/, ".scale");
+          assert.deepEqual(
+            record.subarray(e.scale!.offset, e.scale!.offset + e.scale!.bytes),
+            ckpt.read(scale),
+            scale,
+          );
+        }
+      }
+      assert.equal(c.manifest.trunk.layers[2].tensors.wq_b.dtype, "f8_e4m3");
+    } finally {
+      ckpt.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "DeepSeek-V4 storage refusals name the tensor: a missing .scale, an E8M0 NaN scale",
+  ignore: !hasFixture(V4_FP8),
+  fn() {
+    const real = openCheckpoint(fixtureDir(V4_FP8));
+    try {
+      const w1 = "layers.3.ffn.experts.0.w1.weight", s1 = "layers.3.ffn.experts.0.w1.scale";
+      const without = (name: string): Checkpoint => {
+        const tensors = new Map(real.tensors);
+        tensors.delete(name);
+        return { ...real, tensors };
+      };
+      assert.throws(() => findMatrix(without(s1), w1, "expert"), new RegExp(w1));
+      const wq = "layers.0.attn.wq_a.weight";
+      assert.throws(
+        () => readF32(without("layers.0.attn.wq_a.scale"), wq),
+        /layers\.0\.attn\.wq_a\.weight.*layers\.0\.attn\.wq_a\.scale/,
+      );
+      assert.throws(
+        () => decodeDtypeToF32("F8_E8M0", Uint8Array.of(127, 0xff), `tensor ${s1}`),
+        new RegExp(`${s1.replaceAll(".", "\\.")}: element 1 is the E8M0 NaN code`),
+      );
+    } finally {
+      real.close();
+    }
+  },
+});
