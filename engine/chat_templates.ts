@@ -68,7 +68,11 @@ export function resolveChatTemplate(
   if (override !== undefined) {
     if (Object.hasOwn(BUILTIN_CHAT_TEMPLATES, override)) {
       return {
-        source: { template: BUILTIN_CHAT_TEMPLATES[override], specialTokens },
+        source: {
+          template: BUILTIN_CHAT_TEMPLATES[override],
+          specialTokens,
+          name: `the built-in ${override} chat template`,
+        },
         origin: `built-in ${override}`,
         stops: BUILTIN_STOPS[override] ?? [],
         notice: null,
@@ -85,7 +89,7 @@ export function resolveChatTemplate(
       throw new Error(`--chat-template ${override}: larger than 1 MiB; not a chat template`);
     }
     return {
-      source: { template: readFileSync(override, "utf8"), specialTokens },
+      source: { template: readFileSync(override, "utf8"), specialTokens, name: override },
       origin: override,
       stops: [],
       notice: null,

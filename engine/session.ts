@@ -127,22 +127,35 @@ export class Session {
    * the rendering starts with the text of the prompt cache's tokens (the last prompt and the
    * answer as sampled), those ids are kept and only the rest is tokenized, so the next turn runs
    * from the first token where the conversation differs rather than from wherever re-tokenizing
-   * the answer splits it otherwise.
+   * the answer splits it otherwise. `caches` are the token lists to continue from (default: the
+   * prompt cache; a server passes the prefixes it keeps for the client, engine/prefix_cache.ts).
    */
-  chatIds(messages: ChatMessage[], extra?: Record<string, unknown>): number[] {
+  chatIds(
+    messages: ChatMessage[],
+    extra?: Record<string, unknown>,
+    caches?: readonly (readonly number[])[],
+  ): number[] {
     checkChatMessages(messages, this.model.maxContext);
-    return this.continuationIds(this.chatPrompt(messages, extra));
+    return this.continuationIds(this.chatPrompt(messages, extra), caches);
   }
 
   /**
    * Token ids of a rendered chat prompt `text` (special tokens as text, no BOS added): where it
    * starts with the text of the prompt cache's tokens (the last prompt and the answer as
-   * sampled), those ids are kept and only the rest is tokenized.
+   * sampled), those ids are kept and only the rest is tokenized. Of several `caches` (default:
+   * the prompt cache), the one whose text covers most tokens of `text` is kept.
    */
-  continuationIds(text: string): number[] {
+  continuationIds(
+    text: string,
+    caches: readonly (readonly number[])[] = [this.cachedTokens],
+  ): number[] {
     const fresh = this.tokenizer.encode(text, { addSpecial: false });
-    const cached = this.cachedTokens;
-    const keep = this.#textPrefix(cached, text);
+    let cached: readonly number[] = [];
+    let keep = { tokens: 0, chars: 0 };
+    for (const ids of caches) {
+      const k = this.#textPrefix(ids, text);
+      if (k.tokens > keep.tokens) [cached, keep] = [ids, k];
+    }
     if (keep.tokens <= commonPrefix(cached, fresh, fresh.length)) return fresh;
     const rest = this.tokenizer.encode(text.slice(keep.chars), { addSpecial: false });
     return [...cached.slice(0, keep.tokens), ...rest];
@@ -376,7 +389,7 @@ export class Session {
 }
 
 /** Length of the common prefix of `a` and `b`, at most `max`. */
-function commonPrefix(a: readonly number[], b: readonly number[], max: number): number {
+export function commonPrefix(a: readonly number[], b: readonly number[], max: number): number {
   let n = 0;
   while (n < max && n < a.length && n < b.length && a[n] === b[n]) n++;
   return n;

@@ -49,6 +49,42 @@ export function manifestSha256(session: Session): string {
   return createHash("sha256").update(bytes).digest("hex");
 }
 
+/**
+ * The cache contents of positions 0..n−1: each region's rows, then each recurrent state whole
+ * (views into the arena, in the order a session file stores them).
+ */
+export function cacheParts(session: Session, n: number): Uint8Array[] {
+  const { arena, transformer } = session.model;
+  return [
+    ...transformer.cacheRegions().map((r) => arena.u8(r.offset, n * r.rowBytes)),
+    ...transformer.stateRegions().map((s) => arena.u8(s.offset, s.bytes)),
+  ];
+}
+
+/**
+ * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into the arena,
+ * keeping the first `n` ≤ `stored` positions of each region, and declares the recurrent states
+ * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model).
+ */
+export function writeCacheParts(
+  session: Session,
+  bytes: Uint8Array,
+  stored: number,
+  n: number,
+): void {
+  const { arena, transformer } = session.model;
+  let at = 0;
+  for (const r of transformer.cacheRegions()) {
+    arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
+    at += stored * r.rowBytes;
+  }
+  for (const s of transformer.stateRegions()) {
+    arena.u8(s.offset, s.bytes).set(bytes.subarray(at, at + s.bytes));
+    at += s.bytes;
+  }
+  transformer.resumeAt(n);
+}
+
 /** What kind of thing `info` is, for messages about a path that is not a regular file. */
 function kindOf(info: Deno.FileInfo): string {
   if (info.isSymlink) return "a symbolic link";
@@ -144,8 +180,7 @@ export function saveSession(
     put(MAGIC);
     put(len);
     put(json);
-    for (const r of regions) put(session.model.arena.u8(r.offset, tokens.length * r.rowBytes));
-    for (const s of states) put(session.model.arena.u8(s.offset, s.bytes));
+    for (const part of cacheParts(session, tokens.length)) put(part);
     const tail = new Uint8Array(4);
     new DataView(tail.buffer).setUint32(0, crc, true);
     writeSync(fd, tail);
@@ -248,17 +283,7 @@ export function loadSession(session: Session, path: string): SessionHeader {
         `(open the model with a larger --ctx)`,
     );
   }
-  let at = 0;
-  for (const r of regions) {
-    const len = n * r.rowBytes;
-    session.model.arena.u8(r.offset, len).set(rows.subarray(at, at + len));
-    at += len;
-  }
-  for (const s of states) {
-    session.model.arena.u8(s.offset, s.bytes).set(rows.subarray(at, at + s.bytes));
-    at += s.bytes;
-  }
-  session.model.transformer.resumeAt(n);
+  writeCacheParts(session, rows, n, n);
   session.adoptCache(header.tokens);
   return header;
 }

@@ -307,6 +307,14 @@ export class Speculation {
       : new NgramDrafter(this.#ngram);
   }
 
+  /**
+   * Forgets what the draft model's KV cache holds, so the next generation drafts from position 0
+   * rather than after whatever prefix it shares with the last one (another user's, in a server).
+   */
+  forgetDraftCache(): void {
+    this.#draftCached.length = 0;
+  }
+
   /** Closes the draft model. */
   close(): void {
     this.#draftModel?.close();

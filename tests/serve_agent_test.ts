@@ -275,6 +275,7 @@ Deno.test({
           assert.notEqual(banned.choices[0].text, unbanned.choices[0].text);
           const tooBig = await fetch(`${server.url}/v1/chat/completions`, {
             method: "POST",
+            headers: { "content-type": "application/json" },
             body: JSON.stringify({ messages: user, logit_bias: { "999999": 1 } }),
           });
           assert.equal(tooBig.status, 400);

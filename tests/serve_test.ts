@@ -135,14 +135,17 @@ Deno.test({
       });
 
       await t.step("the next turn reuses the prompt cache and gives the cold tokens", async () => {
+        // A story no earlier step asked for: a longer answer to the same prompt, which the server
+        // keeps as a saved prefix, would otherwise be the one continued (tests/prefix_cache_test.ts).
+        const owl = [{ role: "user" as const, content: "Tell me a story about an owl." }];
         const first = await client.chat.completions.create({
           model: id,
-          messages: user,
+          messages: owl,
           max_tokens: 10,
           temperature: 0,
         });
         const turn2 = [
-          ...user,
+          ...owl,
           { role: "assistant" as const, content: first.choices[0].message.content ?? "" },
           { role: "user" as const, content: "And then what happened?" },
         ];
@@ -153,7 +156,7 @@ Deno.test({
           temperature: 0,
         });
         // The served turn keeps the first answer's sampled ids: the reference runs turn 1 too.
-        await coldText(ref, ref.chatIds(user), 10);
+        await coldText(ref, ref.chatIds(owl), 10);
         const held = ref.cachedTokens.length;
         const ids = ref.chatIds(turn2);
         assert.equal(r.choices[0].message.content, await coldText(ref, ids, 10));

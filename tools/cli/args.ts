@@ -20,6 +20,8 @@ export interface Flag {
   values?: readonly string[];
   /** Accepted from llama.cpp habit but meaningless here: ignored, with this one-line note. */
   ignored?: string;
+  /** A string flag that may be given several times (read with {@link Args.all}). */
+  multiple?: boolean;
 }
 
 /** A command's flags by long name. */
@@ -65,7 +67,7 @@ export class Args {
    */
   constructor(
     readonly command: string,
-    readonly values: Readonly<Record<string, string | boolean | undefined>>,
+    readonly values: Readonly<Record<string, string | string[] | boolean | undefined>>,
     readonly positionals: readonly string[],
   ) {}
 
@@ -73,6 +75,12 @@ export class Args {
   str(name: string): string | undefined {
     const v = this.values[name];
     return typeof v === "string" ? v : undefined;
+  }
+
+  /** Every value of a flag given several times (`multiple`), in order; none when absent. */
+  all(name: string): string[] {
+    const v = this.values[name];
+    return Array.isArray(v) ? v : typeof v === "string" ? [v] : [];
   }
 
   /** Whether a boolean flag is given. */
@@ -238,9 +246,16 @@ export function parseCommandArgs(
     }
     rewritten.push(`--${name}${value ?? ""}`);
   }
-  const options: Record<string, { type: "string" | "boolean"; short?: string }> = {};
+  const options: Record<
+    string,
+    { type: "string" | "boolean"; short?: string; multiple?: boolean }
+  > = {};
   for (const [name, f] of Object.entries(flags)) {
-    options[name] = f.short ? { type: f.type, short: f.short } : { type: f.type };
+    options[name] = {
+      type: f.type,
+      ...(f.short ? { short: f.short } : {}),
+      ...(f.multiple ? { multiple: true } : {}),
+    };
   }
   let parsed;
   try {
@@ -261,7 +276,7 @@ export function parseCommandArgs(
   for (const n of notes) console.error(n);
   return new Args(
     command,
-    parsed.values as Record<string, string | boolean | undefined>,
+    parsed.values as Record<string, string | string[] | boolean | undefined>,
     parsed.positionals,
   );
 }

@@ -13,7 +13,7 @@ import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
 
 Usage:
-  deno run -A mod.ts serve --model X.sluice [--host 127.0.0.1] [--port 8080] [--api-key KEY]
+  deno run -A mod.ts serve --model X.sluice [--host 127.0.0.1] [--port 8080] [--api-key KEY]...
 
 Endpoints:
   POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
@@ -32,7 +32,12 @@ Server:
   --host ADDR           interface to listen on (default 127.0.0.1)
   --port N              port (default 8080; 0 picks a free one)
   --api-key KEY         require "Authorization: Bearer KEY" (env SLUICE_API_KEY); /health and
-                        the live view (/ui, which shows counts, never text) stay open
+                        the live view (/ui, which shows counts, never text) stay open. Give it
+                        once per user: each key reuses only prompt prefixes cached for its own
+                        requests, so no user learns from cached_tokens or timing what another
+                        sent
+  --cache-ram SIZE      saved prompt prefixes kept beside the live KV cache, split evenly
+                        between the keys (default 256M; 0: only the live cache)
   --cors ORIGIN[,ORIGIN]  let pages from these origins (https://app.example) call the server
                         from a browser; none by default ("*": any, only with --api-key)
   --allow-host NAME[,NAME]  accept these names in the Host header besides the --host name, IP
@@ -44,8 +49,10 @@ Server:
   --chat-template T     a Jinja file, or "chatml" (built-in), instead of the checkpoint's
                         template; a checkpoint without one uses chatml, with a notice
 
-Requests run one at a time. Each keeps the KV cache of its prompt: a request that extends the
-previous one (the next turn of a chat) only runs its new tokens (usage.prompt_tokens_details).
+Requests run one at a time. The KV cache of a request is kept: a request that extends a cached
+prefix of the same user (the next turn of a chat) only runs its new tokens
+(usage.prompt_tokens_details). Up to 4 prefixes per user (several conversations) are kept as
+copies within --cache-ram and matched by longest common prefix; the least recently used goes first.
 
 Speculative decoding (drafted, accepted and tokens per pass in /metrics):
 ${SPEC_HELP}
@@ -62,7 +69,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     ...MODEL_FLAG,
     host: { type: "string" },
     port: { type: "string" },
-    "api-key": { type: "string" },
+    "api-key": { type: "string", multiple: true },
+    "cache-ram": { type: "string" },
     cors: { type: "string" },
     "allow-host": { type: "string" },
     queue: { type: "string" },
@@ -79,10 +87,14 @@ export async function serveCommand(args: string[]): Promise<number> {
   const quiet = a.bool("quiet");
   const keepAlive = a.num("keep-alive");
   const maxBody = a.str("max-body");
+  const cacheRam = a.str("cache-ram");
+  const envKey = Deno.env.get("SLUICE_API_KEY");
+  const keys = a.all("api-key").length > 0 ? a.all("api-key") : envKey ? [envKey] : [];
   const options = {
     host: a.str("host"),
     port: a.int("port"),
-    apiKey: a.str("api-key") ?? Deno.env.get("SLUICE_API_KEY"),
+    apiKey: keys.length > 0 ? keys : undefined,
+    cacheBytes: cacheRam === undefined ? undefined : parseBytes(cacheRam),
     cors: list(a.str("cors")),
     allowHosts: list(a.str("allow-host")),
     queueSize: a.int("queue"),

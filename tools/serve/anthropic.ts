@@ -288,9 +288,13 @@ export function parseMessages(body: unknown, counting = false): CompletionReques
   };
 }
 
-/** The prompt tokens of a request, as count_tokens answers. */
-export function countTokens(session: Session, r: CompletionRequest): { input_tokens: number } {
-  return { input_tokens: planChat(session, r).ids.length };
+/** The prompt tokens of a request, as count_tokens answers (`caches`: see planChat). */
+export function countTokens(
+  session: Session,
+  r: CompletionRequest,
+  caches?: readonly (readonly number[])[],
+): { input_tokens: number } {
+  return { input_tokens: planChat(session, r, caches).ids.length };
 }
 
 /** Anthropic's usage: fresh input tokens apart from those read from the prompt cache. */
@@ -320,6 +324,8 @@ export interface MessagesInput {
   checkIds: (r: CompletionRequest, planned: number[]) => number[];
   generate: GenerateFn;
   maskStats?: MaskStats;
+  /** The client's cached prefixes, which the prompt may continue (see planChat). */
+  caches?: readonly (readonly number[])[];
 }
 
 /** A prepared Messages answer. */
@@ -331,7 +337,7 @@ export interface MessagesAnswer {
 /** Plans a Messages request (render, check, compile) and returns its answer. */
 export async function messagesResponse(input: MessagesInput): Promise<MessagesAnswer> {
   const { session, r, id } = input;
-  const plan: ChatPlan = planChat(session, r);
+  const plan: ChatPlan = planChat(session, r, input.caches);
   plan.ids = input.checkIds(r, plan.ids);
   const compiled = await planGrammar(session, plan);
   const msgId = `msg_${crypto.randomUUID().replaceAll("-", "")}`;

@@ -40,12 +40,20 @@ type Json = Record<string, unknown>;
 function boundConversation(r: CompletionRequest, ctx: number): void {
   const messages = r.messages ?? [];
   const chars = JSON.stringify(messages).length + JSON.stringify(r.tools ?? []).length;
-  if (messages.length > ctx || chars > ctx * MAX_TOKEN_BYTES) {
-    throw new ApiError(
-      400,
-      `messages: ${messages.length} messages of ${chars} characters cannot fit the context of ` +
-        `${ctx} tokens (at most ${ctx} messages and ${ctx * MAX_TOKEN_BYTES} characters)`,
-      { param: "messages", code: "context_length_exceeded" },
+  const refuse = (what: string) =>
+    new ApiError(400, `messages: the conversation ${what}`, {
+      param: "messages",
+      code: "context_length_exceeded",
+    });
+  if (messages.length > ctx) {
+    throw refuse(
+      `has ${messages.length} messages; the context holds ${ctx} tokens, so at most ${ctx} can fit`,
+    );
+  }
+  if (chars > ctx * MAX_TOKEN_BYTES) {
+    throw refuse(
+      `has ${chars} characters of text, which cannot fit the context of ${ctx} tokens (at most ` +
+        `${ctx * MAX_TOKEN_BYTES}, ${MAX_TOKEN_BYTES} per token)`,
     );
   }
 }
@@ -112,8 +120,15 @@ export function forcedCallGrammar(
   return parts.length === 1 ? parts[0] : { type: "sequence", elements: parts };
 }
 
-/** Plans the generation of a chat request. */
-export function planChat(session: Session, r: CompletionRequest): ChatPlan {
+/**
+ * Plans the generation of a chat request; `caches` are the cached token lists the prompt may
+ * continue from (Session.continuationIds; default: the session's prompt cache).
+ */
+export function planChat(
+  session: Session,
+  r: CompletionRequest,
+  caches?: readonly (readonly number[])[],
+): ChatPlan {
   boundConversation(r, session.model.maxContext);
   const tpl = session.chatTemplate;
   const template = tpl.source.template;
@@ -170,7 +185,7 @@ export function planChat(session: Session, r: CompletionRequest): ChatPlan {
     };
   }
   return {
-    ids: session.continuationIds(prompt),
+    ids: session.continuationIds(prompt, caches),
     output: { format, tools: r.tools, thinkTags, startsInReasoning, harmony },
     keepSpecial: harmony || format !== null || thinkTags,
     grammar,

@@ -37,6 +37,8 @@ export interface CompletionInput {
     index: number,
   ) => Promise<GenerationEnd>;
   maskStats?: MaskStats;
+  /** The client's cached prefixes, which a chat prompt may continue (see planChat). */
+  caches?: readonly (readonly number[])[];
 }
 
 /** A prepared answer: run it whole, or streamed. */
@@ -85,7 +87,7 @@ function textLogprobs(entries: LogprobEntry[]) {
 export async function completionResponse(input: CompletionInput): Promise<CompletionAnswer> {
   const { session, r, id } = input;
   const chat = r.messages !== null;
-  const plan: ChatPlan = chat ? planChat(session, r) : {
+  const plan: ChatPlan = chat ? planChat(session, r, input.caches) : {
     ids: [],
     output: { format: null, tools: [], thinkTags: false, startsInReasoning: false, harmony: false },
     keepSpecial: false,

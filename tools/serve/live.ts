@@ -5,6 +5,7 @@
  *
  * @module
  */
+import type { PrefixCache } from "../../engine/prefix_cache.ts";
 import type { Session } from "../../engine/session.ts";
 import { formatBytes } from "../../engine/units.ts";
 import type { MoeObserver } from "../../engine/transformer.ts";
@@ -56,13 +57,15 @@ export class LiveStats {
   /** Per MoE layer (null for dense layers): how often each expert was routed to. */
   readonly expertUse: (Float64Array | null)[];
   #queueDepth: () => number;
+  #prefixes: PrefixCache | null;
   #timer: ReturnType<typeof setInterval>;
   #observer: MoeObserver;
   #last = { ms: performance.now(), tokens: 0, bytes: 0, waitMs: 0 };
 
-  constructor(session: Session, queueDepth: () => number) {
+  constructor(session: Session, queueDepth: () => number, prefixes: PrefixCache | null = null) {
     this.session = session;
     this.#queueDepth = queueDepth;
+    this.#prefixes = prefixes;
     const cfg = session.model.cfg;
     const n = cfg.moe?.numExperts ?? 0;
     this.expertUse = cfg.layerKinds.map((k) => (k === "moe" && n > 0 ? new Float64Array(n) : null));
@@ -222,6 +225,11 @@ export class LiveStats {
       "Tokens held in the KV cache (prompt cache).",
       this.session.cachedTokens.length,
     );
+    if (this.#prefixes) {
+      const p = this.#prefixes;
+      metric("saved_prefixes", "gauge", "Prompt prefixes saved beside the live cache.", p.count);
+      metric("saved_prefix_bytes", "gauge", "Bytes of the saved prompt prefixes.", p.bytes);
+    }
     return lines.join("\n") + "\n";
   }
 

@@ -362,7 +362,8 @@ const TEMPLATE_SEEDS = [
 
 /**
  * The chat template target: the demo container copied to `work`, served, and each input written
- * as its chat_template.jinja before a chat request renders it.
+ * as a chat_template.jinja that the session takes (as `--chat-template FILE` does) before a chat
+ * request renders it.
  */
 export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
   const dir = join(work, "template.sluice");
@@ -381,6 +382,16 @@ export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
     hangMs: CHAT_LIMITS.timeMs + 3000,
     async run(input) {
       Deno.writeFileSync(file, input);
+      try {
+        session.useChatTemplate(file);
+      } catch (e) {
+        // A template the session refuses to take must name it too.
+        const m = (e as Error).message;
+        if (!m.includes("chat_template.jinja")) {
+          throw new ServerFault(`a template error that does not name the template: ${m}`);
+        }
+        throw e;
+      }
       const r = await fetch(`${server.url}/v1/chat/completions`, {
         method: "POST",
         body,

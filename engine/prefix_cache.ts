@@ -1,0 +1,147 @@
+/**
+ * Prompt prefixes kept per owner (a server's client: one per API key) beside the session's one
+ * live KV cache. The arena holds the cache of one token sequence; the prefixes of other
+ * conversations are kept as copies of their cache rows (and recurrent states), as a session file
+ * holds them (engine/session_state.ts), and copied back when a request of the same owner matches
+ * one by longest common prefix. An owner only ever reuses its own prefixes: the live cache of
+ * another owner is never continued, so how many prompt tokens come from the cache (and how long
+ * the prompt takes) says nothing about what anyone else sent.
+ *
+ * Each owner has its own byte budget and its own least-recently-used eviction, so one owner's
+ * traffic cannot push out (and so reveal itself through) another's prefixes.
+ *
+ * @module
+ */
+import { cacheParts, writeCacheParts } from "./session_state.ts";
+import { commonPrefix, type Session } from "./session.ts";
+
+/** One saved prefix: its tokens and a copy of their cache contents. */
+interface Saved {
+  owner: string;
+  tokens: number[];
+  bytes: Uint8Array;
+  /** When it was last saved or reused (a counter), for LRU eviction. */
+  used: number;
+}
+
+/** How much a {@link PrefixCache} keeps. */
+export interface PrefixCacheOptions {
+  /** Bytes of saved prefixes each owner may keep (0: none; only the live cache is reused). */
+  ownerBytes: number;
+  /** Most saved prefixes per owner (default 4). */
+  perOwner?: number;
+  /**
+   * Save the live cache at the end of every request ({@link finish}) rather than when another
+   * request displaces it, so the copy's time is spent in its owner's request, not in the next
+   * owner's (several owners: set it).
+   */
+  saveEagerly?: boolean;
+}
+
+/** The prefixes of each owner, and which owner the live cache belongs to. */
+export class PrefixCache {
+  readonly #session: Session;
+  readonly #saved: Saved[] = [];
+  readonly #ownerBytes: number;
+  readonly #perOwner: number;
+  readonly #eager: boolean;
+  #liveOwner: string | null = null;
+  /** Whether the live cache as it is now is among the saved prefixes. */
+  #liveSaved = false;
+  #clock = 0;
+
+  /** A prefix cache over `session`'s live KV cache. */
+  constructor(session: Session, opts: PrefixCacheOptions) {
+    this.#session = session;
+    this.#ownerBytes = opts.ownerBytes;
+    this.#perOwner = opts.perOwner ?? 4;
+    this.#eager = opts.saveEagerly ?? false;
+  }
+
+  /** Bytes of all saved prefixes. */
+  get bytes(): number {
+    return this.#saved.reduce((s, e) => s + e.bytes.length, 0);
+  }
+
+  /** Number of saved prefixes (the live cache not counted). */
+  get count(): number {
+    return this.#saved.length;
+  }
+
+  /** Token lists cached for `owner`: the live cache when it is its, then its saved prefixes. */
+  prefixes(owner: string): (readonly number[])[] {
+    const live = this.#liveOwner === owner ? [this.#session.cachedTokens] : [];
+    return [...live, ...this.#saved.filter((e) => e.owner === owner).map((e) => e.tokens)];
+  }
+
+  /**
+   * Readies the live cache for a generation of `ids` by `owner`: it ends up holding the owner's
+   * cached prefix that shares most tokens with `ids` (the live cache or a saved one written back),
+   * or nothing. A live cache that would lose tokens is saved for its owner first.
+   */
+  prepare(owner: string, ids: readonly number[]): void {
+    const s = this.#session;
+    const live = s.cachedTokens;
+    // A recurrent state (KDA) cannot rewind: a prefix serves only a prompt that extends all of it.
+    const recurrent = s.model.transformer.stateRegions().length > 0;
+    const usable = (tokens: readonly number[]) => {
+      const n = commonPrefix(tokens, ids, ids.length - 1);
+      return recurrent && n !== tokens.length ? 0 : n;
+    };
+    const liveOwn = this.#liveOwner === owner && live.length > 0;
+    let use = liveOwn ? usable(live) : 0;
+    let best: Saved | null = null;
+    for (const e of this.#saved) {
+      if (e.owner !== owner) continue;
+      const u = usable(e.tokens);
+      if (u > use) [best, use] = [e, u];
+    }
+    if (live.length > 0 && (best !== null || !liveOwn || use < live.length)) this.#saveLive();
+    if (best) {
+      writeCacheParts(s, best.bytes, best.tokens.length, use);
+      s.adoptCache(best.tokens.slice(0, use));
+      best.used = ++this.#clock;
+      // The live cache holds all of it now and is saved again when displaced.
+      if (use === best.tokens.length) this.#saved.splice(this.#saved.indexOf(best), 1);
+    } else if (!liveOwn) s.resetCache();
+    // The draft model's cache would otherwise make drafting another owner's prefix faster.
+    if (this.#liveOwner !== owner) s.speculation?.forgetDraftCache();
+    this.#liveOwner = owner;
+    this.#liveSaved = false;
+  }
+
+  /** Ends a generation of the live cache's owner (saving it now when eager). */
+  finish(): void {
+    if (this.#eager) this.#saveLive();
+  }
+
+  /** Copies the live cache into its owner's saved prefixes, within the owner's budget. */
+  #saveLive(): void {
+    const owner = this.#liveOwner;
+    const tokens = [...this.#session.cachedTokens];
+    if (this.#liveSaved || owner === null || tokens.length === 0) return;
+    this.#liveSaved = true;
+    const mine = () => this.#saved.filter((e) => e.owner === owner);
+    // Nothing new when a saved prefix already holds these tokens (and maybe more).
+    if (mine().some((e) => commonPrefix(e.tokens, tokens, tokens.length) === tokens.length)) return;
+    const parts = cacheParts(this.#session, tokens.length);
+    const size = parts.reduce((n, p) => n + p.length, 0);
+    if (size > this.#ownerBytes) return;
+    const drop = (e: Saved) => this.#saved.splice(this.#saved.indexOf(e), 1);
+    // A saved prefix of these tokens is superseded.
+    for (const e of mine()) {
+      if (commonPrefix(e.tokens, tokens, e.tokens.length) === e.tokens.length) drop(e);
+    }
+    const used = () => mine().reduce((n, e) => n + e.bytes.length, 0);
+    while (mine().length >= this.#perOwner || used() + size > this.#ownerBytes) {
+      drop(mine().reduce((a, b) => (a.used <= b.used ? a : b)));
+    }
+    const bytes = new Uint8Array(size);
+    let at = 0;
+    for (const p of parts) {
+      bytes.set(p, at);
+      at += p.length;
+    }
+    this.#saved.push({ owner, tokens, bytes, used: ++this.#clock });
+  }
+}
