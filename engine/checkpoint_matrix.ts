@@ -10,8 +10,8 @@
  * (`…experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] + `_scales` U8 [E, 2I, H/32], gate and up
  * rows interleaved; `down_proj_blocks` [E, H, I/32, 16] + `_scales`), whose row bytes are also
  * already sluice's mxfp4 layout. Both MXFP4 forms are copied, never re-quantised. Or one expert's
- * rows of Qwen3.5's stacked plain tensors (`…experts.gate_up_proj` [E, 2I, H], `down_proj`
- * [E, H, I], no `.weight` suffix).
+ * rows of the stacked plain tensors Qwen3.5 and Gemma 4 ship (`…experts.gate_up_proj` [E, 2I, H],
+ * gate rows then up rows; `down_proj` [E, H, I]; no `.weight` suffix).
  *
  * @module
  */
@@ -62,7 +62,7 @@ export interface SourceMatrix {
   plain?: TensorInfo;
   packed?: { packed: TensorInfo; scale: TensorInfo };
   fused?: FusedSlice;
-  /** One expert's rows first.. of a plain tensor stacking all experts (Qwen3.5). */
+  /** One expert's rows first.. of a plain tensor stacking all experts (Qwen3.5, Gemma 4). */
   stacked?: { tensor: TensorInfo; expert: number; first: number };
 }
 
@@ -235,7 +235,7 @@ export function findExpertMatrix(
 }
 
 /**
- * Matrix `m` of expert `e` of MoE layer `l` in Qwen3.5's stacked plain tensors
+ * Matrix `m` of expert `e` of MoE layer `l` in the stacked plain tensors (Qwen3.5, Gemma 4)
  * (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]), whose rows from `first`
  * on are the matrix; shape checked against the config.
  */

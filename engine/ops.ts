@@ -177,6 +177,16 @@ export class Ops {
     this.#k.silu_mul_f32(BigInt(g), BigInt(u), n);
   }
 
+  /** g = gelu_tanh(g) · u over n floats (Gemma's GeGLU). */
+  geluTanhMul(g: number, u: number, n: number): void {
+    this.#k.gelu_tanh_mul_f32(BigInt(g), BigInt(u), n);
+  }
+
+  /** x = cap · tanh(x / cap) over n floats in place (a logit soft cap). */
+  softcap(x: number, n: number, cap: number): void {
+    this.#k.softcap_f32(BigInt(x), n, cap);
+  }
+
   /** gpt-oss's clamped SwiGLU: g = (clamp(u) + 1) · min(g, limit) · σ(alpha · min(g, limit)). */
   swigluClamped(g: number, u: number, n: number, limit: number, alpha: number): void {
     this.#k.swiglu_clamped_f32(BigInt(g), BigInt(u), n, limit, alpha);

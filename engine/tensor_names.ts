@@ -47,11 +47,13 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
 
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
+  // The family's names come first; a family that names every tensor leaves none to the skeleton.
+  const family = familyOf(cfg);
+  const own = family.attentionTensors(cfg, layer);
+  if (Object.hasOwn(own, t) || family.namesEveryTensor) return own[t] ?? null;
   const moeLayer = cfg.layerKinds[layer] === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
-  const family = familyOf(cfg);
-  if (family.namesEveryTensor) return family.attentionTensors(cfg, layer)[t] ?? null;
   switch (t) {
     case "attn_norm":
       return "input_layernorm.weight";
@@ -64,7 +66,9 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
     case "router":
       return moeLayer ? `${naming.moe}.${naming.router ?? "gate"}.weight` : null;
     case "router_bias":
-      return moeLayer && moe?.selectionBias ? `${naming.moe}.gate.e_score_correction_bias` : null;
+      return moeLayer && moe?.selectionBias
+        ? `${naming.moe}.${naming.selectionBias ?? "gate.e_score_correction_bias"}`
+        : null;
     case "router_b":
       return moeLayer && moe?.routerLogitBias
         ? `${naming.moe}.${naming.router ?? "gate"}.bias`
@@ -80,7 +84,7 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
         ? `${naming.moe}.shared_expert_gate.weight`
         : null;
     default:
-      return family.attentionTensors(cfg, layer)[t] ?? null;
+      return null;
   }
 }
 
@@ -115,11 +119,11 @@ export function hfExpertName(
 
 /**
  * Where matrix `m` of every expert of MoE layer `layer` lies when the model_type fuses its
- * experts, else null; the matrix's row r is fused row first + r·step. gpt-oss (`fused`):
- * `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8 [E, R, cols/32] and `<base>_bias`
- * [E, R] hold all experts, gate and up rows interleave in gate_up_proj (row 2m gate unit m,
- * 2m + 1 up unit m). Qwen3.5 (`stacked`): `<base>` itself [E, R, cols], gate_up_proj holds the
- * gate rows then the up rows. down_proj is the down matrix as is in both.
+ * experts, else null; the matrix's row r is fused row first + r·step, and down_proj is the down
+ * matrix as is. gpt-oss (`fused`): `<base>_blocks` U8 [E, R, cols/32, 16], `<base>_scales` U8
+ * [E, R, cols/32] and `<base>_bias` [E, R] hold all experts, gate and up rows interleaved in
+ * gate_up_proj (row 2m gate unit m, 2m + 1 up unit m). Qwen3.5 and Gemma 4 (`stacked`): `<base>`
+ * itself [E, R, cols], gate_up_proj's rows the I gate rows, then the I up rows.
  */
 export function hfFusedExpertSlice(
   cfg: ModelConfig,
@@ -130,7 +134,10 @@ export function hfFusedExpertSlice(
   const type = modelTypeOf(cfg);
   const naming = type.naming;
   if (!(naming.fused || naming.stacked) || cfg.layerKinds[layer] !== "moe") return null;
-  const p = `${type.prefix ?? "model."}layers.${layer}.${naming.moe}.experts`;
+  // Gemma 4's experts sit in the layer itself (an empty `moe`).
+  const p = `${type.prefix ?? "model."}layers.${layer}.${
+    naming.moe ? `${naming.moe}.` : ""
+  }experts`;
   if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
   if (naming.stacked) {
     return {

@@ -18,6 +18,7 @@ import {
   type LayerTensor,
   mixerOf,
   type ModelConfig,
+  type RopeConfig,
 } from "../io/model_config.ts";
 import { MAX_LAYERS } from "./models/hf_config.ts";
 import { mixerPartOf } from "./parts/mod.ts";
@@ -70,6 +71,14 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
       return vector(expertWidth(cfg));
     case "latent_up":
       return weight(H, expertWidth(cfg));
+    // The router's input scale and per-expert scale, the norms of a dense MLP beside the MoE.
+    case "router_scale":
+    case "dense_post_norm":
+    case "moe_norm":
+    case "moe_post_norm":
+      return vector(H);
+    case "expert_scale":
+      return vector(moe!.numExperts);
     default: {
       const residual = residualPartOf(cfg);
       // A residual stream's vectors (and [1, d] rows) are read as f32 vectors.
@@ -134,6 +143,14 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   if (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim) {
     fail(`the rotary dimension ${rope.dim} must be even and in 2..head_dim ${cfg.headDim}`);
   }
+  // Proportional RoPE rotates its leading `angles` pairs of the dim / 2.
+  const proportional = (r: RopeConfig) => {
+    const a = r.scaling.type === "proportional" ? r.scaling.angles : 1;
+    if (!Number.isSafeInteger(a) || a < 1 || a > r.dim / 2) {
+      fail(`proportional RoPE rotates ${a} pairs; expected 1..${r.dim / 2}`);
+    }
+  };
+  proportional(rope);
   // Every float the engine reads has a range real models sit far inside: outside it the
   // softmaxes and rotations overflow into NaN or collapse, and the output is silently wrong.
   const within = (what: string, v: number, lo: number, hi: number) => {
@@ -141,7 +158,7 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   };
   within("the attention scale", cfg.attnScale, 1e-4, 16);
   within("rope_theta", rope.theta, 1e-3, 1e12);
-  if (rope.scaling.type !== "none") {
+  if (rope.scaling.type !== "none" && rope.scaling.type !== "proportional") {
     within("rope_scaling.factor", rope.scaling.factor, 1e-3, 1e4);
     if (rope.scaling.type === "yarn") {
       within("rope_scaling.mscale", rope.scaling.mscale, 0, 1e3);
@@ -169,6 +186,29 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
     (!Number.isSafeInteger(residual.blockSize) || residual.blockSize < 1)
   ) {
     fail(`attn_res_block_size ${residual.blockSize} must be a whole number ≥ 1`);
+  }
+  if (residual?.kind === "sandwich") within("the embedding scale", residual.embedScale, 1e-3, 1e4);
+  if (cfg.logitSoftcap !== undefined) {
+    within("final_logit_softcapping", cfg.logitSoftcap, 1e-3, 1e6);
+  }
+  const full = cfg.attention?.fullLayers;
+  if (full) {
+    // Gemma 4's full layers: their own head width, KV heads and RoPE.
+    if (
+      !Number.isSafeInteger(full.headDim) || full.headDim < 2 || full.headDim % 2 ||
+      full.headDim > MAX_MODEL_DIM || !Number.isSafeInteger(full.numKvHeads) ||
+      full.numKvHeads < 1 || cfg.numHeads % full.numKvHeads
+    ) {
+      fail(
+        `the full layers' head_dim ${full.headDim} must be even and their ${full.numKvHeads} KV ` +
+          `heads divide num_attention_heads ${cfg.numHeads}`,
+      );
+    }
+    within("the full layers' rope_theta", full.rope.theta, 1e-3, 1e12);
+    if (full.rope.dim !== full.headDim || full.rope.scaling.type !== "proportional") {
+      fail(`the full layers' RoPE must be proportional over head_dim ${full.headDim}`);
+    }
+    proportional(full.rope);
   }
   if (residual?.kind === "hyper") {
     if (!Number.isSafeInteger(residual.streams) || residual.streams < 1 || residual.streams > 64) {

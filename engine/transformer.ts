@@ -4,7 +4,7 @@
  * LM head. A layer is made of parts (engine/parts/): the residual stream (plain, or Attention
  * Residuals), the layer's mixer (grouped-query, latent or linear attention, by `mixerOf`) and
  * the feed-forward (dense or MoE, by `layerKinds`). Which parts a model runs is its config's; this
- * loop names none of them.
+ * loop names none of them. A config may soft-cap the final logits (`logitSoftcap`).
  *
  * @module
  */
@@ -133,8 +133,9 @@ export class Transformer {
       );
       this.#mixers.forward(layer, lw, h, tmp, nb, pos);
       stream.add("mixer", layer, tmp, nb);
-      ops.rmsnorm(stream.input("ffn", layer, lw, nb), lw.get("ffn_norm").ptr, h, d, nb, eps, unit);
-      this.#ffn.forward(layer, lw, h, tmp, nb, pos, tokens);
+      const x = stream.input("ffn", layer, lw, nb);
+      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps, unit);
+      this.#ffn.forward(layer, lw, h, x, tmp, nb, pos, tokens);
       stream.add("ffn", layer, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
@@ -147,6 +148,7 @@ export class Transformer {
     for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
       const n = Math.min(LOGIT_ROWS, rows - r0);
       ops.matmul({ w: globals.lmHead, x: h + r0 * d * 4, y: this.#logits, nb: n });
+      if (cfg.logitSoftcap) ops.softcap(this.#logits, n * vocab, cfg.logitSoftcap);
       logits.set(ops.f32(this.#logits, n * vocab), r0 * vocab);
     }
     return logits;

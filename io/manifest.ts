@@ -92,7 +92,26 @@ function bool(v: unknown, where: string): boolean {
  * The checks of manifest fields, each error naming the field and what was expected; the model
  * families' own config checks (engine/models/) use them too.
  */
-export const manifestField = { obj, int, num, oneOf, bool };
+/** Checks the types of a stored `RopeConfig` (the model's, or a layer geometry's own). */
+function ropeField(v: unknown, where: string): void {
+  const rope = obj(v, where);
+  num(rope.theta, `${where}.theta`);
+  oneOf(rope.layout, ["half", "interleaved"], `${where}.layout`);
+  int(rope.dim, `${where}.dim`, 0, MAX_DIM);
+  const scaling = obj(rope.scaling, `${where}.scaling`);
+  oneOf(
+    scaling.type,
+    ["none", "linear", "llama3", "yarn", "proportional"],
+    `${where}.scaling.type`,
+  );
+  for (const [k, x] of Object.entries(scaling)) {
+    if (k === "truncate") bool(x, `${where}.scaling.truncate`);
+    else if (k !== "type") num(x, `${where}.scaling.${k}`);
+  }
+}
+
+/** The typed field checks, for the families' own sections (engine/models/). */
+export const manifestField = { obj, int, num, oneOf, bool, rope: ropeField };
 
 /**
  * What the container format needs from the engine's model families: io/ knows the format, the
@@ -182,17 +201,10 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   num(c.attnScale, w("attnScale"));
   for (const k of ["tieWordEmbeddings", "qkNorm", "attentionBias"]) bool(c[k], w(k));
   // Features any family may set (absent: off).
-  for (const k of ["normUnitOffset", "attnOutputGate"]) if (c[k] !== undefined) bool(c[k], w(k));
-  const rope = obj(c.rope, w("rope"));
-  num(rope.theta, w("rope.theta"));
-  oneOf(rope.layout, ["half", "interleaved"], w("rope.layout"));
-  int(rope.dim, w("rope.dim"), 0, MAX_DIM);
-  const scaling = obj(rope.scaling, w("rope.scaling"));
-  oneOf(scaling.type, ["none", "linear", "llama3", "yarn"], w("rope.scaling.type"));
-  for (const [k, x] of Object.entries(scaling)) {
-    if (k === "truncate") bool(x, w("rope.scaling.truncate"));
-    else if (k !== "type") num(x, w(`rope.scaling.${k}`));
+  for (const k of ["normUnitOffset", "attnOutputGate", "qkNormWhole"]) {
+    if (c[k] !== undefined) bool(c[k], w(k));
   }
+  ropeField(c.rope, w("rope"));
   if (!Array.isArray(c.layerKinds) || c.layerKinds.length !== numLayers) {
     throw new Error(`${w("layerKinds")}: expected ${numLayers} entries`);
   }
@@ -205,7 +217,16 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     oneOf(m.scoring, ["softmax", "sigmoid", "topk_softmax", "sqrtsoftplus"], w("moe.scoring"));
     if (m.swigluLimit !== undefined) num(m.swigluLimit, w("moe.swigluLimit"));
     if (m.hashLayers !== undefined) int(m.hashLayers, w("moe.hashLayers"), 0, numLayers);
-    for (const k of ["routerLogitBias", "expertBias", "sharedExpertGate"]) {
+    for (
+      const k of [
+        "routerLogitBias",
+        "expertBias",
+        "sharedExpertGate",
+        "scaledRouterInput",
+        "expertScale",
+        "denseBeside",
+      ]
+    ) {
       if (m[k] !== undefined) bool(m[k], w(`moe.${k}`));
     }
     if (m.clampedSwiglu !== undefined) {
@@ -225,8 +246,9 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.residual !== undefined) {
     const r = obj(c.residual, w("residual"));
-    oneOf(r.kind, ["attn_res", "hyper"], w("residual.kind"));
+    oneOf(r.kind, ["attn_res", "hyper", "sandwich"], w("residual.kind"));
     if (r.kind === "attn_res") int(r.blockSize, w("residual.blockSize"), 1, numLayers);
+    else if (r.kind === "sandwich") num(r.embedScale, w("residual.embedScale"));
     else {
       int(r.streams, w("residual.streams"), 1, 64);
       int(r.sinkhornIters, w("residual.sinkhornIters"), 1, 1000);
@@ -235,10 +257,13 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
   }
   if (c.glu !== undefined) {
     const g = obj(c.glu, w("glu"));
-    oneOf(g.kind, ["situ"], w("glu.kind"));
-    num(g.beta, w("glu.beta"));
-    num(g.linearBeta, w("glu.linearBeta"));
+    oneOf(g.kind, ["situ", "gelu_tanh"], w("glu.kind"));
+    if (g.kind === "situ") {
+      num(g.beta, w("glu.beta"));
+      num(g.linearBeta, w("glu.linearBeta"));
+    }
   }
+  if (c.logitSoftcap !== undefined) num(c.logitSoftcap, w("logitSoftcap"));
   rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);

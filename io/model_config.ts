@@ -37,6 +37,14 @@ export type RopeScaling =
      * true: floored and ceiled, transformers' default.
      */
     truncate?: boolean;
+  }
+  | {
+    /**
+     * Gemma 4's full layers: frequencies theta^(−2i/dim) over the whole head for the leading
+     * `angles` pairs, 0 (no rotation) for the rest; pairs (i, i + dim/2) as `half`.
+     */
+    type: "proportional";
+    angles: number;
   };
 
 /** Rotary position embedding of the attention. */
@@ -153,14 +161,26 @@ export interface GatedDeltaNetConfig {
  */
 export type ResidualConfig =
   | { kind: "attn_res"; blockSize: number }
-  | { kind: "hyper"; streams: number; sinkhornIters: number; eps: number };
+  | { kind: "hyper"; streams: number; sinkhornIters: number; eps: number }
+  | {
+    /**
+     * Sandwich norms (Gemma 4): the embedding rows × `embedScale`; each sublayer's output is
+     * RMS-normed (`attn_post_norm`, `ffn_post_norm`) before it joins the stream, and after each
+     * layer the whole stream is × the layer's `layer_scalar`.
+     */
+    kind: "sandwich";
+    embedScale: number;
+  };
 
 /**
  * The gate of every gated MLP (dense, shared and routed experts). Absent: SwiGLU,
  * silu(gate) · up. `situ`: SiTU-GLU (Kimi K3), a gate and up capped by β1 = `beta` and
  * β2 = `linearBeta` (engine/reference/math.ts `situ`).
  */
-export type GluConfig = { kind: "situ"; beta: number; linearBeta: number };
+export type GluConfig =
+  | { kind: "situ"; beta: number; linearBeta: number }
+  /** gelu_tanh(gate) · up with PyTorch's tanh-approximated GELU (Gemma's GeGLU). */
+  | { kind: "gelu_tanh" };
 
 /** Mixture-of-experts FFN, shared by all MoE layers of the model. */
 export interface MoeConfig {
@@ -215,6 +235,19 @@ export interface MoeConfig {
    * id (layer tensor `router_tid2eid`, vocab × topK expert ids), the router only weights them.
    */
   hashLayers?: number;
+  /**
+   * The router reads the layer's residual stream x, not the normed input: unit RMSNorm(x) ×
+   * `router_scale` × hidden^−½ (Gemma 4).
+   */
+  scaledRouterInput?: boolean;
+  /** Each chosen weight is multiplied by its expert's `expert_scale` after renormalising. */
+  expertScale?: boolean;
+  /**
+   * Every MoE layer also runs the dense MLP (intermediateSize rows) beside the experts: the dense
+   * branch on `ffn_norm`(x), the experts on `moe_norm`(x), each output normed (`dense_post_norm`,
+   * `moe_post_norm`) and the two summed (Gemma 4).
+   */
+  denseBeside?: boolean;
 }
 
 /** The gpt_oss family's attention extras. */
@@ -228,6 +261,22 @@ export interface AttentionExtras {
    * the W − 1 positions before it); a sliding layer's KV cache holds only what its window needs.
    */
   windows: number[];
+  /** Each value head takes an RMSNorm without weight before attention (Gemma 4). */
+  valueNorm?: boolean;
+  /**
+   * The full-attention layers' (window 0) own geometry, where it differs from the model's
+   * headDim / numKvHeads / rope (Gemma 4's global layers).
+   */
+  fullLayers?: FullLayerGeometry;
+}
+
+/** Head width, KV heads and RoPE of the full-attention layers of a model that has two kinds. */
+export interface FullLayerGeometry {
+  headDim: number;
+  numKvHeads: number;
+  rope: RopeConfig;
+  /** No v_proj: the values are the keys as projected, before any norm or rotation. */
+  kEqV: boolean;
 }
 
 /** Everything the engine needs to know about a model's math. */
@@ -251,6 +300,11 @@ export interface ModelConfig {
   tieWordEmbeddings: boolean;
   /** Qwen3: per-head RMSNorm of q and k before RoPE. */
   qkNorm: boolean;
+  /**
+   * With qkNorm: one RMSNorm over each token's whole q projection (all heads together) and one
+   * over its whole k projection, before the head split (MiniMax-M2); absent: one per head.
+   */
+  qkNormWhole?: boolean;
   /** Biases on q/k/v projections (Qwen2-style). */
   attentionBias: boolean;
   /** "dense" or "moe" for each layer, in order. */
@@ -279,6 +333,8 @@ export interface ModelConfig {
   attnScale: number;
   /** The gpt_oss family: sinks, o_proj bias, sliding windows (absent for the other families). */
   attention?: AttentionExtras;
+  /** The final logits are soft-capped, c · tanh(logits / c), with this c (absent: none). */
+  logitSoftcap?: number;
   /** DeepSeek-V4's compressed sparse attention on every layer (absent for other families). */
   csa?: CsaConfig;
   bosId: number | null;
@@ -304,6 +360,8 @@ export const LAYER_TENSOR_ORDER = [
   "sinks",
   "q_norm",
   "k_norm",
+  // Gemma 4: the attention output's norm before the residual add.
+  "attn_post_norm",
   "wq_a",
   "q_a_norm",
   "wq_b",
@@ -361,6 +419,15 @@ export const LAYER_TENSOR_ORDER = [
   "router_bias",
   "router_b",
   "router_tid2eid",
+  // Gemma 4: the router's input scale and per-expert scale, the experts' branch norms beside the
+  // dense MLP's, the feed-forward output's norm and the residual stream's scalar.
+  "router_scale",
+  "expert_scale",
+  "dense_post_norm",
+  "moe_norm",
+  "moe_post_norm",
+  "ffn_post_norm",
+  "layer_scalar",
   "shared_gate",
   "shared_up",
   "shared_down",
@@ -379,6 +446,16 @@ export const LAYER_TENSOR_ORDER = [
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
 export type LayerTensor = typeof LAYER_TENSOR_ORDER[number];
+
+/**
+ * Head width, KV heads, RoPE and k = v of layer `layer`'s attention: the full layers' own
+ * (`attention.fullLayers`, Gemma 4) where the model has them, else the model's.
+ */
+export function layerGeometry(cfg: ModelConfig, layer: number): FullLayerGeometry {
+  const full = cfg.attention?.fullLayers;
+  if (full && (cfg.attention?.windows[layer] ?? 0) === 0) return full;
+  return { headDim: cfg.headDim, numKvHeads: cfg.numKvHeads, rope: cfg.rope, kEqV: false };
+}
 
 /** Whether `layer` is a KDA (linear-attention) layer. */
 export function isKdaLayer(cfg: ModelConfig, layer: number): boolean {

@@ -15,6 +15,44 @@ void silu_mul_f32(float *g, const float *u, int n) {
 }
 
 /*
+ * PyTorch's tanh GELU times the up projection (Gemma's GeGLU):
+ * 0.5 · g · (1 + tanh(sqrt(2/pi) · (g + 0.044715 · g³))) · u. For |g| past ~1e13, g³ is ±Inf and
+ * tanh ±1, which gives g or −0 as the exact GELU does.
+ */
+static inline v128_t gelu_tanh_f32x4(v128_t g) {
+  v128_t g3 = wasm_f32x4_mul(wasm_f32x4_mul(g, g), g);
+  v128_t inner = wasm_f32x4_mul(wasm_f32x4_splat(0.7978845608028654f),
+                                wasm_f32x4_add(g, wasm_f32x4_mul(wasm_f32x4_splat(0.044715f), g3)));
+  v128_t t = wasm_f32x4_add(wasm_f32x4_splat(1.0f), tanh_f32x4(inner));
+  return wasm_f32x4_mul(wasm_f32x4_mul(wasm_f32x4_splat(0.5f), g), t);
+}
+
+/** g[i] = gelu_tanh(g[i]) * u[i]. */
+KEXPORT("gelu_tanh_mul_f32")
+void gelu_tanh_mul_f32(float *g, const float *u, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(g + i, wasm_f32x4_mul(gelu_tanh_f32x4(wasm_v128_load(g + i)),
+                                          wasm_v128_load(u + i)));
+  for (; i < n; i++) g[i] = lane0(wasm_f32x4_mul(gelu_tanh_f32x4(wasm_f32x4_splat(g[i])),
+                                                 wasm_f32x4_splat(u[i])));
+}
+
+static inline v128_t softcap_f32x4(v128_t x, v128_t c) {
+  return wasm_f32x4_mul(c, tanh_f32x4(wasm_f32x4_div(x, c)));
+}
+
+/** x[i] = cap · tanh(x[i] / cap) in place (a soft cap on logits; ±Inf go to ±cap). */
+KEXPORT("softcap_f32")
+void softcap_f32(float *x, int n, float cap) {
+  v128_t c = wasm_f32x4_splat(cap);
+  int i = 0;
+  for (; i + 4 <= n; i += 4)
+    wasm_v128_store(x + i, softcap_f32x4(wasm_v128_load(x + i), c));
+  for (; i < n; i++) x[i] = lane0(softcap_f32x4(wasm_f32x4_splat(x[i]), c));
+}
+
+/*
  * gpt-oss's clamped SwiGLU: gate = min(g, limit), up = clamp(u, -limit, limit),
  * g[i] = (up + 1) * gate * sigmoid(alpha * gate). min/max are the IEEE ones (NaN propagates).
  */

@@ -28,6 +28,8 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "tiny-deepseek-v3-fp8",
   "tiny-glm4-moe",
   "tiny-kimi-linear",
+  "tiny-minimax-m2",
+  "tiny-minimax-m2-fp8",
 ];
 
 /** Absolute path of a fixture (or a file below one) in ../shared/models. */
@@ -114,6 +116,9 @@ export const KIMI_LINEAR_KNOWN: { prompt: readonly number[]; ids: readonly numbe
   ],
 };
 
+/** "Once upon a time" as the fixtures' tokenizer gives it, BOS first: the known answers' prompt. */
+export const ONCE_UPON_A_TIME: readonly number[] = [1, 403, 407, 261, 378];
+
 /** Whether fixture `name` is present (tests that need it are skipped when it is not). */
 export function hasFixture(name: string): boolean {
   return existsSync(fixtureDir(name));
@@ -184,7 +189,7 @@ export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
  */
 export function decodeAgainstReference(
   model: Model,
-  ref: ReferenceModel,
+  ref: Pick<ReferenceModel, "forward64">,
   prompt: number[],
   steps: number,
   name: string,
@@ -298,6 +303,90 @@ export const THINK_TEMPLATE = `{%- for m in messages %}<|im_start|>{{ m.role }}
 
 {% else %}<think>
 {% endif %}{% endif %}`;
+
+/**
+ * Opens the container at `path` and asserts that `text` tokenizes to `prompt` and that greedy
+ * generation after `prompt`, for at most `maxTokens`, gives `known` (a README's known answer).
+ */
+export async function assertKnownContinuation(
+  path: string,
+  text: string,
+  prompt: number[],
+  known: number[],
+  maxTokens = known.length,
+): Promise<void> {
+  const session = await Session.open(path, { quiet: true });
+  try {
+    assert.deepEqual(session.tokenize(text), prompt);
+    const ids: number[] = [];
+    for await (const t of session.generate(prompt, { maxTokens })) ids.push(t.id);
+    assert.deepEqual(ids, known);
+  } finally {
+    session.close();
+  }
+}
+
+/**
+ * The logits of every position of `tokens` from the container at `path` opened with `opts` (and
+ * `ctx` positions): the first `prefilled` tokens in chunks of the run's prefill chunk, the rest
+ * one at a time, as a run with a prompt would. Placement tests compare these bit for bit.
+ */
+export async function logitsOfRun(
+  path: string,
+  opts: RunOptions,
+  tokens: number[],
+  prefilled: number,
+  ctx: number,
+): Promise<Float32Array> {
+  const model = await Model.open(path, { quiet: true, ctx, ...opts });
+  try {
+    const vocab = model.cfg.vocabSize;
+    const out = new Float32Array(tokens.length * vocab);
+    const chunk = model.prefillChunk;
+    for (let p = 0; p < prefilled; p += chunk) {
+      const n = Math.min(chunk, prefilled - p);
+      out.set(model.forward(tokens.slice(p, p + n), p, true), p * vocab);
+    }
+    for (let p = prefilled; p < tokens.length; p++) {
+      out.set(model.forward([tokens[p]], p), p * vocab);
+    }
+    return out;
+  } finally {
+    model.close();
+  }
+}
+
+/**
+ * Asserts that the usual placements give the logits of the defaults bit for bit on `tokens`
+ * (the first `prefilled` as a prompt, `ctx` positions): the budget at the plan's floor with one
+ * thread and one-token prefill, two threads, prefill chunks of 7, a small LRU expert cache with
+ * lookahead 4, and the node:fs fallback reader with verification.
+ */
+export async function assertPlacementsAgree(
+  path: string,
+  tokens: number[],
+  prefilled: number,
+  ctx: number,
+): Promise<void> {
+  const base = await logitsOfRun(path, {}, tokens, prefilled, ctx);
+  const probe = await Model.open(path, { quiet: true, ctx, prefillChunk: 1 });
+  const floor = probe.plan.floor;
+  probe.close();
+  const settings: [string, RunOptions][] = [
+    ["budget = floor, 1 thread", { budget: floor, prefillChunk: 1, threads: 1 }],
+    ["2 threads", { threads: 2 }],
+    ["prefill chunk 7", { prefillChunk: 7 }],
+    ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }],
+    ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }],
+  ];
+  for (const [what, opts] of settings) {
+    assert.deepEqual(
+      await logitsOfRun(path, opts, tokens, prefilled, ctx),
+      base,
+      `${what} changed the logits`,
+    );
+  }
+}
 
 /**
  * Runs `tokens` through the engine (prefill in chunks of `chunk`, then one at a time) and the

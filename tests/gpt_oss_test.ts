@@ -8,7 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
-import { Model, type RunOptions } from "../engine/model.ts";
+import { Model } from "../engine/model.ts";
 import type { ModelConfig } from "../io/model_config.ts";
 import {
   containerExpertBias,
@@ -18,23 +18,25 @@ import {
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { ropeInvFreq } from "../engine/reference/rope.ts";
 import { argmax } from "../engine/sampler.ts";
-import { Session } from "../engine/session.ts";
 import { openContainer } from "../engine/container.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { findFusedMxfp4 } from "../engine/checkpoint_matrix.ts";
 import {
+  assertKnownContinuation,
+  assertPlacementsAgree,
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
   maxRelDiff,
+  ONCE_UPON_A_TIME,
   packedFixture,
 } from "./fixtures.ts";
 
 const NAME = "tiny-gpt-oss";
 const ignore = !hasFixture(NAME);
 /** "Once upon a time" and the README's first 20 greedy ids after it. */
-const PROMPT = [1, 403, 407, 261, 378];
+const PROMPT = [...ONCE_UPON_A_TIME];
 const KNOWN = [
   ...[472, 477, 477, 477, 477, 477, 477, 477, 477, 472],
   ...[472, 332, 332, 285, 451, 428, 340, 451, 435, 331],
@@ -80,15 +82,7 @@ Deno.test({
   name: "gpt_oss: the known greedy continuation of the fixture's README",
   ignore,
   fn: async () => {
-    const session = await Session.open(await packedFixture(NAME), { quiet: true });
-    try {
-      assert.deepEqual(session.tokenize("Once upon a time"), PROMPT);
-      const ids: number[] = [];
-      for await (const t of session.generate(PROMPT, { maxTokens: 20 })) ids.push(t.id);
-      assert.deepEqual(ids, KNOWN);
-    } finally {
-      session.close();
-    }
+    await assertKnownContinuation(await packedFixture(NAME), "Once upon a time", PROMPT, KNOWN);
   },
 });
 
@@ -222,43 +216,13 @@ Deno.test({
   },
 });
 
-async function logitsOf(path: string, opts: RunOptions, tokens: number[]): Promise<Float32Array> {
-  const model = await Model.open(path, { quiet: true, ctx: 256, ...opts });
-  try {
-    const out = new Float32Array(tokens.length * 512);
-    const chunk = model.prefillChunk;
-    const prompt = 40;
-    for (let p = 0; p < prompt; p += chunk) {
-      const n = Math.min(chunk, prompt - p);
-      out.set(model.forward(tokens.slice(p, p + n), p, true), p * 512);
-    }
-    for (let p = prompt; p < tokens.length; p++) out.set(model.forward([tokens[p]], p), p * 512);
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 Deno.test({
   name: "gpt_oss: bit-identical logits across placements, past the window's ring wrap",
   ignore,
   fn: async () => {
     const path = await packedFixture(NAME);
     const tokens = [...PROMPT, ...greedy(reference(), 170)].slice(0, 170);
-    const base = await logitsOf(path, {}, tokens);
-    const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
-    const floor = probe.plan.floor;
-    probe.close();
-    const settings: [string, RunOptions][] = [
-      ["budget = floor", { budget: floor, prefillChunk: 1 }],
-      ["1 thread", { threads: 1 }],
-      ["prefill chunk 7", { prefillChunk: 7 }],
-      ["lookahead 4, LRU", { expertSlots: 10, lookahead: 4, cache: "lru" }],
-      ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 8 }],
-    ];
-    for (const [what, opts] of settings) {
-      assert.deepEqual(await logitsOf(path, opts, tokens), base, `${what} changed the logits`);
-    }
+    await assertPlacementsAgree(path, tokens, 40, 256);
   },
 });
 

@@ -21,6 +21,7 @@ import {
   csaIndexScoresRef,
   expRef,
   f16ToF32,
+  geluTanhMulRef,
   gemmRef,
   gemvAbsRef,
   gemvRef,
@@ -31,6 +32,7 @@ import {
   sigmoidRef,
   siluMulRef,
   situMulRef,
+  softcapRef,
   softmaxRef,
   swigluClampedRef,
   swigluLimitRef,
@@ -650,6 +652,51 @@ Deno.test("situ_mul_f32 matches the reference at awkward sizes and extremes", ()
   assert.ok(got[4] === 0 && got[5] === 0, "g = ±0 gives 0");
   assert.ok(Number.isNaN(got[6]), "NaN propagates");
   assert.equal(got[7], -100);
+});
+
+Deno.test("gelu_tanh_mul_f32 matches the tanh GELU at awkward sizes and extremes", () => {
+  for (const n of [1, 3, 7, 33, 4099]) {
+    reset();
+    // Past ±10 the GELU is g or 0 to float precision; tiny g takes tanh's series branch.
+    const gs = randomF32(n, n + 7, -12, 12), us = randomF32(n, n + 8, -3, 3);
+    for (let i = 0; i < n; i += 5) gs[i] *= 1e-3;
+    const g = putF32(gs);
+    k.gelu_tanh_mul_f32(g, putF32(us), n);
+    const want = geluTanhMulRef(gs, us);
+    // 1 + tanh(·) cancels for negative g in float32 (as in PyTorch's float32 GELU): the error is
+    // relative to g·u there, not to the tiny result.
+    const scale = Array.from(want, (v, i) => Math.max(Math.abs(v), Math.abs(gs[i] * us[i]), 1e-30));
+    assertClose(f32At(g, n), want, 2e-6, scale, `gelu_tanh_mul n=${n}`);
+  }
+  reset();
+  const g = putF32(Float32Array.of(1e30, -1e30, Infinity, -Infinity, 0, -0, NaN, 3));
+  k.gelu_tanh_mul_f32(g, putF32(Float32Array.of(2, 2, 1, 1, 5, 5, 1, 0)), 8);
+  const got = Array.from(f32At(g, 8));
+  assert.deepEqual(got.slice(0, 2), [2 * Math.fround(1e30), -0], "saturated: g·u, or −0 (not NaN)");
+  assert.equal(got[2], Infinity);
+  assert.ok(Number.isNaN(got[3]), `−Inf · (1 + tanh(−Inf)) is NaN as in PyTorch, got ${got[3]}`);
+  assert.ok(got[4] === 0 && got[5] === 0, "g = ±0 gives 0");
+  assert.ok(Number.isNaN(got[6]), "NaN propagates");
+  assert.equal(got[7], 0);
+});
+
+Deno.test("softcap_f32 matches cap·tanh(x/cap) at awkward sizes and extremes", () => {
+  for (const n of [1, 3, 7, 33, 4099]) {
+    reset();
+    const xs = randomF32(n, n + 9, -200, 200);
+    for (let i = 0; i < n; i += 3) xs[i] *= 1e-4;
+    const x = putF32(xs);
+    k.softcap_f32(x, n, 30);
+    const want = softcapRef(xs, 30);
+    assertClose(f32At(x, n), want, 2e-6, relScale(want, 1e-30), `softcap n=${n}`);
+  }
+  reset();
+  const x = putF32(Float32Array.of(Infinity, -Infinity, 1e30, NaN, -0));
+  k.softcap_f32(x, 5, 30);
+  const got = Array.from(f32At(x, 5));
+  assert.deepEqual(got.slice(0, 3), [30, -30, 30], "±Inf and huge values go to ±cap");
+  assert.ok(Number.isNaN(got[3]), "NaN propagates");
+  assert.equal(got[4], 0);
 });
 
 Deno.test("attn_res_f32 matches the reference for 1..9 sources and odd widths", () => {

@@ -11,7 +11,8 @@ import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 /**
  * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gated
- * DeltaNet + gated GQA (flat and fused per key head).
+ * DeltaNet + gated GQA (flat and fused per key head), Gemma 4's (two attention geometries,
+ * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8.
  */
 const FIXTURES = [
   "stories260k",
@@ -22,6 +23,8 @@ const FIXTURES = [
   "tiny-kimi-k3",
   "tiny-qwen3.5-moe",
   "tiny-qwen3-next",
+  "tiny-gemma4-moe",
+  "tiny-minimax-m2-fp8",
 ].filter(hasFixture);
 
 /** The planner's pages for regions made on first use (engine/planner.ts SLACK_PAGES). */

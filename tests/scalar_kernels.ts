@@ -349,6 +349,20 @@ export function shortConvRef(
   return y;
 }
 
+// Gemma 4 (kernels/elementwise.c): in float64, rounded once.
+
+/** gelu_tanh(g)·u with PyTorch's tanh GELU (gelu_tanh_mul_f32). */
+export function geluTanhMulRef(g: Float32Array, u: Float32Array): Float32Array {
+  return g.map((x, i) =>
+    0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3))) * u[i]
+  );
+}
+
+/** cap·tanh(x/cap) (softcap_f32). */
+export function softcapRef(x: Float32Array, cap: number): Float32Array {
+  return x.map((v) => cap * Math.tanh(v / cap));
+}
+
 // Kimi K3 (kernels/kimi_k3.c): transcendentals and reductions in float64, rounded once.
 
 /** SiTU(g, u) = [β·tanh(g/β)·σ(g)]·[β₂·tanh(u/β₂)] (situ_mul_f32). */

@@ -86,6 +86,10 @@ export interface Kernels {
   softmax_f32(x: Ptr, n: number): void;
   /** g[i] = silu(g[i])·u[i]. */
   silu_mul_f32(g: Ptr, u: Ptr, n: number): void;
+  /** g[i] = gelu_tanh(g[i])·u[i] (PyTorch's tanh-approximated GELU; Gemma's GeGLU). */
+  gelu_tanh_mul_f32(g: Ptr, u: Ptr, n: number): void;
+  /** x[i] = cap·tanh(x[i]/cap) in place (a logit soft cap). */
+  softcap_f32(x: Ptr, n: number, cap: number): void;
   /** x[i] = 1 / (1 + e^−x[i]) in place. */
   sigmoid_f32(x: Ptr, n: number): void;
   /** x[i] = e^x[i] in place (within 2 ulp; overflow → +Inf, underflow → 0, NaN → NaN). */
@@ -304,6 +308,8 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "rope_f32",
   "softmax_f32",
   "silu_mul_f32",
+  "gelu_tanh_mul_f32",
+  "softcap_f32",
   "sigmoid_f32",
   "exp_f32",
   "situ_mul_f32",

@@ -22,13 +22,15 @@ export interface MoeNaming {
   /** The router's module name inside the MoE block (default `gate`). */
   router?: string;
   /**
-   * gpt-oss: all experts of a layer in fused MXFP4 tensors (engine/tensor_names.ts
-   * `hfFusedExpertSlice`) instead of one tensor per expert and matrix.
+   * The selection bias's name inside the MoE block (default `gate.e_score_correction_bias`;
+   * MiniMax-M2 keeps it beside the router).
    */
+  selectionBias?: string;
+  /** gpt-oss: all experts of a layer in fused MXFP4 tensors (`_blocks`/`_scales`/`_bias`). */
   fused?: boolean;
   /**
-   * Qwen3.5: all experts of a layer stacked in two plain tensors without a `.weight` suffix,
-   * `experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
+   * Qwen3.5 and Gemma 4: all experts of a layer stacked in two plain tensors without a `.weight`
+   * suffix, `experts.gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and
    * `experts.down_proj` [E, H, I] (engine/tensor_names.ts `hfFusedExpertSlice`).
    */
   stacked?: boolean;
@@ -77,7 +79,8 @@ export interface Family {
    * The mixer's trunk tensors that layer `layer` of `cfg` holds, and any tensors of the family's
    * own parts (a residual stream's, a latent MoE's), each with its Hugging Face name relative to
    * `model.layers.N.` (norms, FFN and router are named by engine/tensor_names.ts from the
-   * model_type's {@link MoeNaming}). A hybrid returns each layer kind's own set.
+   * model_type's {@link MoeNaming}, unless the family names them: its names come first). A hybrid
+   * returns each layer kind's own set.
    */
   attentionTensors(cfg: ModelConfig, layer: number): Partial<Record<LayerTensor, string>>;
   /**

@@ -1,7 +1,8 @@
 /**
  * The llama family: Llama, Mixtral, Qwen3-MoE (optional q/k/v biases; Qwen3's per-head q/k
  * RMSNorm before RoPE) and GLM-4.5 (q/k/v biases, optional q/k norm, RoPE on the leading part of
- * each head), every layer running the grouped-query attention mixer (engine/parts/gqa.ts) and a
+ * each head), and MiniMax-M2 (engine/models/minimax_m2.ts: one q/k norm over the whole
+ * projection), every layer running the grouped-query attention mixer (engine/parts/gqa.ts) and a
  * dense or MoE feed-forward. This file holds how each model_type's config.json normalises, the
  * attention tensors' Hugging Face names and the stored-config check.
  *

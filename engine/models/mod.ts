@@ -9,10 +9,12 @@
 import type { ModelConfig } from "../../io/model_config.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
 import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
+import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
+import { MINIMAX_M2_NAMING, normaliseMinimaxM2 } from "./minimax_m2.ts";
 import {
   normaliseQwen3_5Moe,
   normaliseQwen3Next,
@@ -38,6 +40,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   gpt_oss: GPT_OSS,
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
+  gemma4: GEMMA4,
   qwen3_next: QWEN3_NEXT,
 };
 
@@ -94,6 +97,25 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     naming: GPT_OSS_NAMING,
     architectures: ["GptOssForCausalLM"],
     llamaCppArch: "gpt-oss",
+  },
+  // Gemma 4's config nests the language model under text_config (model_type gemma4_text there);
+  // the top-level gemma4 picks this entry, whose normaliser descends. Its vision tower is skipped.
+  gemma4: {
+    family: GEMMA4,
+    normalise: normaliseGemma4,
+    naming: GEMMA4_NAMING,
+    architectures: ["Gemma4ForConditionalGeneration"],
+    prefix: "model.language_model.",
+    skipped: {
+      "model.vision_tower.": "the vision tower",
+      "model.embed_vision.": "the vision embedding",
+    },
+  },
+  minimax_m2: {
+    family: LLAMA,
+    normalise: normaliseMinimaxM2,
+    naming: MINIMAX_M2_NAMING,
+    architectures: ["MiniMaxM2ForCausalLM"],
   },
   // Kimi-K2 ships the DeepSeek-V3 structure under its own model_type.
   kimi_k2: {

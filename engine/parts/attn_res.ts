@@ -16,9 +16,9 @@ import type { LayerWeights } from "../weights.ts";
 import type { ResidualPart, ResidualStream } from "./residual.ts";
 import { regionBytes } from "./scratch.ts";
 
-/** Layers per block of the config's Attention Residuals. */
+/** The block size of a config whose stream is Attention Residuals. */
 function blockSize(cfg: ModelConfig): number {
-  if (cfg.residual?.kind !== "attn_res") throw new Error("the config has no Attention Residuals");
+  if (cfg.residual?.kind !== "attn_res") throw new Error("not an Attention Residuals config");
   return cfg.residual.blockSize;
 }
 

@@ -1,14 +1,17 @@
 /**
  * The feed-forward part of a layer, by the layer's kind (`layerKinds`): a dense gated MLP, or a
  * mixture of experts (router → top-k → experts as they arrive → sum in routing order → plus
- * shared experts). Features set from the config: a sigmoid gate on the shared expert
- * (`moe.sharedExpertGate`, Qwen3-Next and Qwen3.5), the gate (SwiGLU, or SiTU-GLU with `glu`), a
- * latent MoE (`moe.latentDim`: the routed experts work in a latent width, the input projected down
- * once, the weighted sum RMS-normed and projected back up), a bias on the router's logits, bias
- * vectors in the experts and the clamped SwiGLU (gpt-oss). Works on a batch of tokens so that chunked prefill reads each distinct expert once
- * per chunk. Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a token's
- * gate and up inputs are prepared once per layer and shared by every expert the token is routed
- * to.
+ * shared experts). Features set from the config: the gate (SwiGLU, SiTU-GLU, the tanh GELU's
+ * GeGLU by `glu`, or DeepSeek-V4's limited SwiGLU by `moe.swigluLimit`), a sigmoid gate on the
+ * shared expert (`moe.sharedExpertGate`, Qwen3-Next and Qwen3.5), a latent MoE (`moe.latentDim`:
+ * the routed experts work in a latent width, the input projected down once, the weighted sum
+ * RMS-normed and projected back up), a bias on the router's logits, hash routing by token id
+ * (`moe.hashLayers`), bias vectors in the experts and the clamped SwiGLU (gpt-oss), and Gemma 4's
+ * dense MLP beside the experts (`moe.denseBeside`) with its router on the scaled stream and
+ * per-expert scales. Works on a batch of tokens so that chunked prefill reads each distinct expert
+ * once per chunk. Experts in compact formats read prepared inputs (engine/quant_matmul.ts): a
+ * token's gate and up inputs are prepared once per layer and shared by every expert the token is
+ * routed to.
  *
  * @module
  */
@@ -59,6 +62,8 @@ function ffnRegions(cfg: ModelConfig, maxBatch: number): number[] {
     f * (cfg.moe?.topK ?? 1) * d,
     f * (cfg.moe?.numExperts ?? 1),
     ...(latent ? [f * latent, f * latent] : []),
+    // A dense MLP beside the MoE: the router's input, the experts' input, the dense output.
+    ...(cfg.moe?.denseBeside ? [f * d, f * d, f * d] : []),
   ];
 }
 
@@ -86,6 +91,8 @@ export class FeedForward {
   /** Latent MoE: the projected input and the weighted sum (0 when experts use the full width). */
   #latentIn = 0;
   #latentSum = 0;
+  /** A dense MLP beside the MoE: the router's input, the experts' input, the dense output. */
+  #beside: { routerIn: number; input: number; dense: number } | null = null;
   #maxBatch: number;
   #arena: Arena;
   /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
@@ -99,23 +106,33 @@ export class FeedForward {
     this.#experts = experts;
     this.#maxBatch = maxBatch;
     this.#arena = arena;
-    const [gate, up, gathered, expertOut, logits, latentIn, latentSum] = ffnRegions(cfg, maxBatch);
+    const regions = ffnRegions(cfg, maxBatch);
+    const [gate, up, gathered, expertOut, logits] = regions;
     this.#gate = arena.alloc("ffn gate", gate);
     this.#up = arena.alloc("ffn up", up);
     this.#gathered = arena.alloc("moe gathered input", gathered);
     this.#expertOut = arena.alloc("moe expert outputs", expertOut);
     this.#logits = arena.alloc("moe router logits", logits);
-    if (latentIn) {
-      this.#latentIn = arena.alloc("moe latent input", latentIn);
-      this.#latentSum = arena.alloc("moe latent sum", latentSum);
+    if (cfg.moe?.latentDim) {
+      this.#latentIn = arena.alloc("moe latent input", regions[5]);
+      this.#latentSum = arena.alloc("moe latent sum", regions[6]);
+    }
+    if (cfg.moe?.denseBeside) {
+      const [routerIn, input, dense] = regions.slice(-3);
+      this.#beside = {
+        routerIn: arena.alloc("moe router input", routerIn),
+        input: arena.alloc("moe input", input),
+        dense: arena.alloc("ffn dense branch", dense),
+      };
     }
   }
 
-  /** g = act(g) · u over n floats: SiLU, or SiTU with `glu`. */
+  /** g = act(g) · u over n floats: SiLU, SiTU or the tanh GELU, by `glu`. */
   #activate(g: number, u: number, n: number): void {
     const glu = this.#cfg.glu;
     const limit = this.#cfg.moe?.swigluLimit;
     if (glu?.kind === "situ") this.#ops.situMul(g, u, n, glu.beta, glu.linearBeta);
+    else if (glu?.kind === "gelu_tanh") this.#ops.geluTanhMul(g, u, n);
     else if (limit !== undefined) this.#ops.swigluLimit(g, u, n, limit);
     else this.#ops.siluMul(g, u, n);
   }
@@ -226,20 +243,33 @@ export class FeedForward {
   }
 
   /**
-   * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos..; `tokens` are
-   * their ids (hash-routed layers choose experts by them).
+   * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos..; `h` is the
+   * normed input, `x` the stream's rows it was normed from (which a dense MLP beside the MoE
+   * routes from and norms its own way), `tokens` their ids (hash-routed layers choose experts by
+   * them).
    */
   forward(
     layer: number,
     lw: LayerWeights,
     h: number,
+    x: number,
     out: number,
     nb: number,
     pos: number,
     tokens: readonly number[],
   ): void {
-    if (this.#cfg.layerKinds[layer] === "moe") this.moe(layer, lw, h, out, nb, pos, tokens);
-    else this.dense(lw, h, out, nb);
+    if (this.#cfg.layerKinds[layer] !== "moe") return this.dense(lw, h, out, nb);
+    if (!this.#beside) return this.moe(layer, lw, h, out, nb, pos, tokens);
+    // The dense MLP beside the MoE (`moe.denseBeside`): out = dense_post_norm(MLP(h)) +
+    // moe_post_norm(MoE(moe_norm(x))), the experts routed from x.
+    const ops = this.#ops, d = this.#cfg.hiddenSize, eps = this.#cfg.rmsNormEps;
+    const { input, dense } = this.#beside;
+    this.#mlp(lw, h, dense, nb, "ffn");
+    ops.rmsnorm(dense, lw.get("dense_post_norm").ptr, dense, d, nb, eps);
+    ops.rmsnorm(x, lw.get("moe_norm").ptr, input, d, nb, eps);
+    this.moe(layer, lw, input, out, nb, pos, tokens, x);
+    ops.rmsnorm(out, lw.get("moe_post_norm").ptr, out, d, nb, eps);
+    ops.add(out, dense, nb * d);
   }
 
   /** Dense FFN of a layer: out = MLP(h) for `nb` tokens. */
@@ -249,7 +279,9 @@ export class FeedForward {
 
   /**
    * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at positions
-   * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h).
+   * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h). With
+   * `moe.scaledRouterInput` the router reads unit RMSNorm(`residual`) × router_scale ×
+   * hidden^−½ instead of h; with `moe.expertScale` each weight is × its expert's expert_scale.
    */
   moe(
     layer: number,
@@ -259,6 +291,7 @@ export class FeedForward {
     nb: number,
     pos: number,
     tokens: readonly number[],
+    residual = h,
   ): void {
     const moe = this.#cfg.moe!;
     const ops = this.#ops;
@@ -269,7 +302,14 @@ export class FeedForward {
     const sum = latent ? this.#latentSum : out;
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
-    ops.matmul({ w: lw.get("router"), x: h, y: this.#logits, nb });
+    let routerIn = h;
+    if (moe.scaledRouterInput) {
+      const hidden = this.#cfg.hiddenSize;
+      routerIn = this.#beside!.routerIn;
+      ops.rmsnorm(residual, lw.get("router_scale").ptr, routerIn, hidden, nb, this.#cfg.rmsNormEps);
+      ops.scale(routerIn, 1 / Math.sqrt(hidden), nb * hidden);
+    }
+    ops.matmul({ w: lw.get("router"), x: routerIn, y: this.#logits, nb });
     if (moe.routerLogitBias) {
       for (let b = 0; b < nb; b++) ops.add(this.#logits + b * E * 4, lw.get("router_b").ptr, E);
     }
@@ -283,6 +323,10 @@ export class FeedForward {
     for (let b = 0; b < nb; b++) {
       const chosen = table?.subarray(tokens[b] * moe.topK, (tokens[b] + 1) * moe.topK);
       routes.push(route(moe, logits.subarray(b * E, (b + 1) * E), bias, moe.topK, chosen));
+    }
+    if (moe.expertScale) {
+      const scale = ops.f32(lw.get("expert_scale").ptr, E);
+      for (const r of routes) r.weights = r.weights.map((w, k) => w * scale[r.ids[k]]);
     }
     if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
 

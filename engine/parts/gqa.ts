@@ -1,15 +1,23 @@
 /**
- * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5 and gpt-oss: RoPE (on
- * the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from the
- * config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (by 1 + w with
- * `normUnitOffset`), gpt-oss's o_proj bias, one learned sink logit per head in the softmax
- * denominator and sliding-window layers whose cache is a ring holding only what the window needs,
- * and Qwen3-Next's / Qwen3.5's output gate (`attnOutputGate`: q_proj holds each head's query and
- * then its gate; the heads' values are multiplied by σ(gate) before o_proj). Its float64 reference is engine/reference/gqa.ts.
+ * Grouped-query attention, the mixer of Llama, Mixtral, Qwen3-MoE, GLM-4.5, MiniMax-M2 and gpt-oss:
+ * RoPE (on the leading `rope.dim` dims of each head), a float32 KV cache, and as features set from
+ * the config: q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE (by 1 + w with
+ * `normUnitOffset`; MiniMax-M2's one over the whole projection, `qkNormWhole`), gpt-oss's o_proj
+ * bias, one learned sink logit per head in the softmax denominator and sliding-window layers whose
+ * cache is a ring holding only what the window needs; Qwen3-Next's / Qwen3.5's output gate
+ * (`attnOutputGate`: q_proj holds each head's query and then its gate; the heads' values are
+ * multiplied by σ(gate) before o_proj); Gemma 4's full layers with their own head width, KV heads
+ * and RoPE (`attention.fullLayers`, values the raw keys with `kEqV`) and a weightless norm on each
+ * value head (`attention.valueNorm`). Its float64 reference is engine/reference/gqa.ts.
  *
  * @module
  */
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import {
+  type FullLayerGeometry,
+  layerGeometry,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
@@ -34,14 +42,36 @@ export function gqaStateBytes(
   ctx: number,
   maxBatch: number,
 ): number {
-  return kvSlots(cfg, layer, ctx, maxBatch) * 2 * cfg.numKvHeads * cfg.headDim * 4;
+  const g = layerGeometry(cfg, layer);
+  return kvSlots(cfg, layer, ctx, maxBatch) * 2 * g.numKvHeads * g.headDim * 4;
+}
+
+/**
+ * What the attention of `layers` allocates besides their caches, in allocation order: a RoPE
+ * table per distinct rope, then q (with the output gate also q_proj's output and the gates), k,
+ * v, the heads' output and the scores, sized for the widest layer, and the value norm's weight of
+ * ones when the model has one.
+ */
+function gqaScratch(cfg: ModelConfig, layers: number[], maxBatch: number) {
+  const geometry = layers.map((l) => layerGeometry(cfg, l));
+  const ropes = [...new Set(geometry.map((g) => g.rope))];
+  const headDim = Math.max(...geometry.map((g) => g.headDim));
+  const q = maxBatch * Math.max(...geometry.map((g) => cfg.numHeads * g.headDim)) * 4;
+  const kv = maxBatch * Math.max(...geometry.map((g) => g.numKvHeads * g.headDim)) * 4;
+  const ones = cfg.attention?.valueNorm ? headDim * 4 : 0;
+  return { geometry, ropes, headDim, q, kv, ones };
 }
 
 /** Grouped-query attention of the layers that run it, with their KV caches and its scratch. */
 export class GqaAttention implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
-  #rope: RopeTable;
+  /** Per layer: its geometry, RoPE table and attention shape. */
+  #geometry: FullLayerGeometry[] = [];
+  #rope: RopeTable[] = [];
+  #shape: AttentionShape[] = [];
+  /** Ones of the widest head: the weight of the weightless value norm (0 without one). */
+  #ones = 0;
   #k: number[] = [];
   #v: number[] = [];
   #q: number;
@@ -55,7 +85,6 @@ export class GqaAttention implements Mixer {
   #scoreTokens: number;
   #maxCtx: number;
   #slots: number[] = [];
-  #shape: AttentionShape;
   #layers: number[];
 
   constructor(
@@ -70,53 +99,59 @@ export class GqaAttention implements Mixer {
     this.#cfg = cfg;
     this.#maxCtx = maxCtx;
     this.#layers = layers;
-    const hd = cfg.headDim;
-    const kvDim = cfg.numKvHeads * hd;
-    for (const l of layers) {
+    const s = gqaScratch(cfg, layers, maxBatch);
+    layers.forEach((l, i) => {
+      const g = s.geometry[i], kvDim = g.numKvHeads * g.headDim;
+      this.#geometry[l] = g;
+      this.#shape[l] = {
+        nHeads: cfg.numHeads,
+        nKvHeads: g.numKvHeads,
+        headDim: g.headDim,
+        vHeadDim: g.headDim,
+        kStride: kvDim,
+        vStride: kvDim,
+        scale: cfg.attnScale,
+      };
       // One region per layer, sized by the function the planner sums: keys, then values.
       const slots = kvSlots(cfg, l, maxCtx, maxBatch);
       this.#slots[l] = slots;
       const kv = arena.alloc(`kv cache L${l}`, gqaStateBytes(cfg, l, maxCtx, maxBatch));
       this.#k[l] = kv;
       this.#v[l] = kv + slots * kvDim * 4;
-    }
-    this.#rope = buildRopeTable(arena, cfg.rope, maxCtx);
-    this.#q = arena.alloc("attn q", maxBatch * cfg.numHeads * hd * 4);
+    });
+    const tables = new Map(s.ropes.map((r) => [r, buildRopeTable(arena, r, maxCtx)]));
+    for (const l of layers) this.#rope[l] = tables.get(this.#geometry[l].rope)!;
+    this.#q = arena.alloc("attn q", s.q);
     if (cfg.attnOutputGate) {
-      this.#qg = arena.alloc("attn q + gate", 2 * maxBatch * cfg.numHeads * hd * 4);
-      this.#gate = arena.alloc("attn gate", maxBatch * cfg.numHeads * hd * 4);
+      this.#qg = arena.alloc("attn q + gate", 2 * s.q);
+      this.#gate = arena.alloc("attn gate", s.q);
     }
-    this.#kNew = arena.alloc("attn k", maxBatch * kvDim * 4);
-    this.#vNew = arena.alloc("attn v", maxBatch * kvDim * 4);
-    this.#att = arena.alloc("attn out", maxBatch * cfg.numHeads * hd * 4);
+    this.#kNew = arena.alloc("attn k", s.kv);
+    this.#vNew = arena.alloc("attn v", s.kv);
+    this.#att = arena.alloc("attn out", s.q);
     this.#scoreTokens = scoreTokens(maxBatch);
     this.#scores = arena.alloc("attn scores", scoreBytes(cfg, maxCtx, maxBatch));
-    this.#shape = {
-      nHeads: cfg.numHeads,
-      nKvHeads: cfg.numKvHeads,
-      headDim: hd,
-      vHeadDim: hd,
-      kStride: kvDim,
-      vStride: kvDim,
-      scale: cfg.attnScale,
-    };
+    if (s.ones) {
+      this.#ones = arena.alloc("attn value-norm ones", s.ones);
+      ops.f32(this.#ones, s.headDim).fill(1);
+    }
   }
 
   /** The K and V caches of its layers. */
   cacheRegions(): CacheRegion[] {
-    const rowBytes = this.#cfg.numKvHeads * this.#cfg.headDim * 4;
-    return this.#layers.flatMap((l) => [
-      { offset: this.#k[l], rowBytes },
-      { offset: this.#v[l], rowBytes },
-    ]);
+    return this.#layers.flatMap((l) => {
+      const g = this.#geometry[l];
+      const rowBytes = g.numKvHeads * g.headDim * 4;
+      return [{ offset: this.#k[l], rowBytes }, { offset: this.#v[l], rowBytes }];
+    });
   }
 
   /**
-   * Gated attention: splits q_proj's output of `nb` tokens, [query | gate] per head, into the
-   * queries and the gates.
+   * Gated attention: splits q_proj's output of `nb` tokens, [query | gate] per head of width `hd`,
+   * into the queries and the gates.
    */
-  #splitGate(nb: number): void {
-    const ops = this.#ops, hd = this.#cfg.headDim, heads = nb * this.#cfg.numHeads;
+  #splitGate(nb: number, hd: number): void {
+    const ops = this.#ops, heads = nb * this.#cfg.numHeads;
     const qg = ops.f32(this.#qg, 2 * heads * hd);
     const q = ops.f32(this.#q, heads * hd), gate = ops.f32(this.#gate, heads * hd);
     for (let i = 0; i < heads; i++) {
@@ -132,16 +167,19 @@ export class GqaAttention implements Mixer {
     if (pos + nb > this.#maxCtx) {
       throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
     }
-    const hd = cfg.headDim;
+    const g = this.#geometry[layer];
+    const hd = g.headDim, kvHeads = g.numKvHeads;
     const qDim = cfg.numHeads * hd;
-    const kvDim = cfg.numKvHeads * hd;
+    const kvDim = kvHeads * hd;
     const gated = this.#qg !== 0;
     ops.matmul(
       { w: lw.get("wq"), x: h, y: gated ? this.#qg : this.#q, nb },
       { w: lw.get("wk"), x: h, y: this.#kNew, nb },
-      { w: lw.get("wv"), x: h, y: this.#vNew, nb },
+      ...(g.kEqV ? [] : [{ w: lw.get("wv"), x: h, y: this.#vNew, nb }]),
     );
-    if (gated) this.#splitGate(nb);
+    // k = v: the values are the keys as projected, before their norm and rotation.
+    if (g.kEqV) ops.copy(this.#vNew, this.#kNew, nb * kvDim);
+    if (gated) this.#splitGate(nb, hd);
     if (cfg.attentionBias) {
       for (let b = 0; b < nb; b++) {
         ops.add(this.#q + b * qDim * 4, lw.get("bq").ptr, qDim);
@@ -150,21 +188,27 @@ export class GqaAttention implements Mixer {
       }
     }
     if (cfg.qkNorm) {
-      const unit = cfg.normUnitOffset;
-      const eps = cfg.rmsNormEps;
-      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, hd, nb * cfg.numHeads, eps, unit);
-      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, hd, nb * cfg.numKvHeads, eps, unit);
+      // Per head, or (qkNormWhole) one norm over each token's whole projection.
+      const w = cfg.qkNormWhole === true, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
+      const [qn, qRows] = w ? [qDim, nb] : [hd, nb * cfg.numHeads];
+      const [kn, kRows] = w ? [kvDim, nb] : [hd, nb * kvHeads];
+      ops.rmsnorm(this.#q, lw.get("q_norm").ptr, this.#q, qn, qRows, eps, unit);
+      ops.rmsnorm(this.#kNew, lw.get("k_norm").ptr, this.#kNew, kn, kRows, eps, unit);
     }
-    const interleaved = cfg.rope.layout === "interleaved";
+    if (this.#ones) {
+      ops.rmsnorm(this.#vNew, this.#ones, this.#vNew, hd, nb * kvHeads, cfg.rmsNormEps);
+    }
+    const rope = g.rope, table = this.#rope[layer];
+    const interleaved = rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
     const slots = this.#slots[layer];
     const lengths: number[] = [];
     const first: number[] = [];
     for (let b = 0; b < nb; b++) {
       const p = pos + b;
-      const [cos, sin] = ropeAt(this.#rope, p);
-      ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, cfg.rope.dim, cos, sin, interleaved);
-      ops.rope(this.#kNew + b * kvDim * 4, cfg.numKvHeads, hd, cfg.rope.dim, cos, sin, interleaved);
+      const [cos, sin] = ropeAt(table, p);
+      ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
+      ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
       // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
       const start = window > 0 ? Math.max(0, p - window + 1) : 0;
       lengths.push(p - start + 1);
@@ -173,7 +217,7 @@ export class GqaAttention implements Mixer {
       ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
     }
     ops.attention({
-      shape: this.#shape,
+      shape: this.#shape[layer],
       q: this.#q,
       qStride: qDim,
       k: this.#k[layer],
@@ -200,9 +244,10 @@ export class GqaAttention implements Mixer {
   }
 }
 
-/** The shape of GQA tensor `t`. */
-function gqaShape(cfg: ModelConfig, t: LayerTensor): number[] {
-  const H = cfg.hiddenSize, q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
+/** The shape of GQA tensor `t` of layer `layer`. */
+function gqaShape(cfg: ModelConfig, t: LayerTensor, layer: number): number[] {
+  const g = layerGeometry(cfg, layer);
+  const H = cfg.hiddenSize, q = cfg.numHeads * g.headDim, kv = g.numKvHeads * g.headDim;
   switch (t) {
     case "wq":
       // Gated: each head's query, then as many rows of its output gate.
@@ -222,8 +267,9 @@ function gqaShape(cfg: ModelConfig, t: LayerTensor): number[] {
     case "sinks":
       return [cfg.numHeads];
     case "q_norm":
+      return [cfg.qkNormWhole ? q : g.headDim];
     case "k_norm":
-      return [cfg.headDim];
+      return [cfg.qkNormWhole ? kv : g.headDim];
     default:
       throw new Error(`grouped-query attention has no tensor ${t}`);
   }
@@ -232,20 +278,20 @@ function gqaShape(cfg: ModelConfig, t: LayerTensor): number[] {
 /** The GQA mixer. */
 export const GQA: MixerPart = {
   name: "gqa",
-  shape: (cfg, t) => gqaShape(cfg, t),
+  shape: gqaShape,
   stateBytes: gqaStateBytes,
-  scratchBytes(cfg, _layers, ctx, maxBatch) {
-    const q = maxBatch * cfg.numHeads * cfg.headDim * 4;
-    const kv = maxBatch * cfg.numKvHeads * cfg.headDim * 4;
-    return ropeTableBytes(cfg.rope, ctx) +
+  scratchBytes(cfg, layers, ctx, maxBatch) {
+    const s = gqaScratch(cfg, layers, maxBatch);
+    return s.ropes.reduce((sum, r) => sum + ropeTableBytes(r, ctx), 0) +
       regionBytes(
-        q,
-        ...(cfg.attnOutputGate ? [2 * q, q] : []),
-        kv,
-        kv,
-        q,
+        s.q,
+        ...(cfg.attnOutputGate ? [2 * s.q, s.q] : []),
+        s.kv,
+        s.kv,
+        s.q,
         scoreBytes(cfg, ctx, maxBatch),
-      );
+      ) +
+      (s.ones ? regionBytes(s.ones) : 0);
   },
   create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
     new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),

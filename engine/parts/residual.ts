@@ -1,8 +1,8 @@
 /**
  * The residual stream of the layer skeleton: what each sublayer (mixer, feed-forward) reads, how
  * its output joins the stream, and what the final norm reads. The plain stream is here; Attention
- * Residuals are attn_res.ts, hyper-connections hyper.ts; a new kind is one file with its
- * {@link ResidualPart} and a line in {@link residualPartOf}.
+ * Residuals are attn_res.ts, hyper-connections hyper.ts, sandwich norms sandwich.ts; a new kind
+ * is one file with its {@link ResidualPart} and a line in {@link residualPartOf}.
  *
  * @module
  */
@@ -13,6 +13,7 @@ import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import { ATTN_RES } from "./attn_res.ts";
 import { HYPER } from "./hyper.ts";
+import { SANDWICH } from "./sandwich.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** The residual stream of one forward call of `nb` tokens. */
@@ -23,7 +24,10 @@ export interface ResidualStream {
   start(nb: number): void;
   /** The rows layer `layer`'s sublayer `which` reads (before its norm), an arena offset. */
   input(which: "mixer" | "ffn", layer: number, lw: LayerWeights, nb: number): number;
-  /** Adds sublayer `which`'s output rows `out` of layer `layer` into the stream. */
+  /**
+   * Adds sublayer `which`'s output rows `out` of layer `layer` into the stream, right after that
+   * sublayer's {@link input}; `out` is the caller's scratch, which a stream may change.
+   */
   add(which: "mixer" | "ffn", layer: number, out: number, nb: number): void;
   /** The rows the final norm reads for tokens first..nb−1 (row `first` at the offset). */
   output(first: number, nb: number): number;
@@ -91,6 +95,8 @@ export function residualPartOf(cfg: ModelConfig): ResidualPart {
       return ATTN_RES;
     case "hyper":
       return HYPER;
+    case "sandwich":
+      return SANDWICH;
     default:
       return PLAIN;
   }

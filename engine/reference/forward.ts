@@ -6,9 +6,11 @@
  * FFN and routing are here, and each mixer kind is a function beside this file (gqa.ts, mla.ts,
  * kda.ts; MLA in the expanded form rather than the engine's absorbed form) that mixers.ts names
  * by the kind `mixerOf` gives a layer. This file is the place to start reading how a model
- * computes. Config features change the skeleton here: the SiTU gate (`glu`), a latent MoE
- * (`moe.latentDim`), and Attention Residuals or hyper-connections (`residual`) in place of the
- * plain stream.
+ * computes. Config features change the skeleton here: the SiTU, clamped-SwiGLU or tanh-GELU gate
+ * (`glu`, `moe.swigluLimit`), a latent MoE (`moe.latentDim`), a dense MLP beside the MoE with its
+ * router on the scaled stream (`moe.denseBeside`, `moe.scaledRouterInput`, `moe.expertScale`),
+ * Attention Residuals, hyper-connections or sandwich norms (`residual`) in place of the plain
+ * stream, and a soft cap on the logits (`logitSoftcap`).
  *
  * Canonical weight names: `embed`, `final_norm`, `lm_head`, `layers.N.<LayerTensor>` and
  * `experts.N.E.gate|up|down` (and gpt-oss's `experts.N.E.gate_bias|up_bias|down_bias`).
@@ -21,11 +23,14 @@ import {
   layerTensorName,
   mixerOf,
   type ModelConfig,
+  type RopeConfig,
 } from "../../io/model_config.ts";
 import {
   addInto,
   attnRes as attnResMix,
   clampedSwiglu,
+  fetchOnce,
+  GELU_TANH_GLU,
   type GluActivation,
   hyperHead,
   hyperPost,
@@ -35,11 +40,13 @@ import {
   rmsNorm,
   sigmoid,
   situ,
+  softcapInto,
   softmax,
   SWIGLU,
   swiglu,
+  unitRmsNorm,
 } from "./math.ts";
-import { routeReference } from "./moe_routing.ts";
+import { mixExperts, routeReference } from "./moe_routing.ts";
 import { REFERENCE_MIXERS } from "./mixers.ts";
 import { applyRope, ropeAttentionFactor, ropeInvFreq } from "./rope.ts";
 
@@ -82,12 +89,15 @@ export interface ReferenceContext {
   lw(layer: number, t: LayerTensor): Float32Array;
   /** Layer `layer`'s cached keys and values (append this position's). */
   cacheOf(layer: number): LayerCache;
-  /** RoPE of the rotary dimensions of `v` from offset `off`, at position `pos`, in place. */
-  rope(v: Float64Array, off: number, pos: number): void;
+  /**
+   * RoPE of the rotary dimensions of `v` from offset `off`, at position `pos`, in place, by the
+   * model's rope or `rope` (a layer geometry's own).
+   */
+  rope(v: Float64Array, off: number, pos: number, rope?: RopeConfig): void;
   /** Causal softmax attention of one head over every cached position, added into `out`. */
   attend: Attend;
-  /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
-  normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void;
+  /** RMSNorm of each head (headDim wide unless `hd` says) of `v` in place (q_norm / k_norm). */
+  normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string, hd?: number): void;
   /**
    * Layer `layer`'s recurrent state (KDA), made by `make` at position 0. A model with one can
    * restart at position 0 but not rewind to another earlier position.
@@ -109,28 +119,33 @@ export class ReferenceModel implements ReferenceContext {
   lastRouting: number[][] = [];
   /** The model description the pass follows. */
   readonly cfg: ModelConfig;
-  private readonly get: WeightGetter;
-  private readonly memo = new Map<string, Float32Array>();
-  private readonly invFreq: Float64Array;
-  private readonly ropeMagnitude: number;
+  /** Weights by canonical name, each fetched once. */
+  private readonly w: WeightGetter;
+  /** Each rope's inverse frequencies and cos/sin magnitude, made on first use. */
+  private readonly ropes = new Map<RopeConfig, { invFreq: Float64Array; magnitude: number }>();
   private cache: LayerCache[] = [];
   private states: unknown[] = [];
   private positions = 0;
-  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU, or DeepSeek-V4's clamped SwiGLU. */
+  /** The GLU activation of every MLP: SwiGLU, SiTU-GLU, DeepSeek-V4's clamped SwiGLU or GeGLU. */
   private readonly act: GluActivation;
 
-  /** `weight` maps a canonical name to its values; each name is fetched once. */
-  constructor(cfg: ModelConfig, weight: WeightGetter) {
+  /**
+   * `weight` maps a canonical name to its values; each name is fetched once. `act` replaces the
+   * config's gate (a test runs another, such as the exact GELU, to show what it changes).
+   */
+  constructor(cfg: ModelConfig, weight: WeightGetter, act?: GluActivation) {
     this.cfg = cfg;
-    this.get = weight;
-    this.invFreq = ropeInvFreq(cfg.rope);
-    this.ropeMagnitude = ropeAttentionFactor(cfg.rope);
+    this.w = fetchOnce(weight);
+    const glu = cfg.glu;
     const limit = cfg.moe?.swigluLimit;
-    this.act = cfg.glu?.kind === "situ"
-      ? situ(cfg.glu.beta, cfg.glu.linearBeta)
-      : limit !== undefined
-      ? limitedSwiglu(limit)
-      : SWIGLU;
+    this.act = act ??
+      (glu?.kind === "situ"
+        ? situ(glu.beta, glu.linearBeta)
+        : glu?.kind === "gelu_tanh"
+        ? GELU_TANH_GLU
+        : limit !== undefined
+        ? limitedSwiglu(limit)
+        : SWIGLU);
     if (cfg.layerKinds.length !== cfg.numLayers) {
       throw new Error(
         `layerKinds has ${cfg.layerKinds.length} entries for ${cfg.numLayers} layers`,
@@ -189,9 +204,16 @@ export class ReferenceModel implements ReferenceContext {
     const eps = cfg.rmsNormEps;
     // x is the residual stream; with Attention Residuals the running sum of the current block,
     // `blocks` holding the snapshots taken at each block start; with hyper-connections `streams`
-    // are the stream copies and x is unused after the embedding.
-    let x: Float64Array = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
+    // are the stream copies and x is unused after the embedding. Sandwich norms scale the
+    // embedding, norm each sublayer's output before it joins x, and scale x after each layer.
+    const sandwich = cfg.residual?.kind === "sandwich" ? cfg.residual : undefined;
+    let x: Float64Array = Float64Array.from(
+      this.w("embed").subarray(token * d, (token + 1) * d),
+      (v) => v * (sandwich?.embedScale ?? 1),
+    );
     const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
+    const joining = (out: Float64Array, l: number, norm: LayerTensor) =>
+      sandwich ? rmsNorm(out, this.lw(l, norm), eps, `layer ${l} ${norm}`) : out;
     const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
     let streams: Float64Array[] = Array.from({ length: hyper?.streams ?? 0 }, () => x.slice());
     const hyperAt = (l: number, site: "attn" | "ffn") =>
@@ -216,20 +238,15 @@ export class ReferenceModel implements ReferenceContext {
       const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
       if (restart) blocks.push(x);
       const h = this.norm(a, this.lw(l, "attn_norm"), `layer ${l} attn_norm`);
-      const attn = REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos);
+      const attn = joining(REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos), l, "attn_post_norm");
       if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
       else if (restart) x = attn;
       else addInto(x, attn);
       const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
       const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
       const h2 = this.norm(m, this.lw(l, "ffn_norm"), `layer ${l} ffn_norm`);
-      let ffn: Float64Array;
-      if (cfg.layerKinds[l] === "moe") {
-        const { out, experts } = this.moe(l, h2, token);
-        ffn = out;
-        routing.push(experts);
-      } else {
-        ffn = swiglu(
+      const dense = () =>
+        swiglu(
           this.lw(l, "ffn_gate"),
           this.lw(l, "ffn_up"),
           this.lw(l, "ffn_down"),
@@ -238,10 +255,37 @@ export class ReferenceModel implements ReferenceContext {
           `layer ${l} ffn`,
           this.act,
         );
+      let ffn: Float64Array;
+      if (cfg.layerKinds[l] !== "moe") {
+        ffn = dense();
         routing.push([]);
+      } else if (cfg.moe?.denseBeside) {
+        // Gemma 4: the dense MLP and the experts side by side, each normed before and after,
+        // the experts routed from the stream itself.
+        const routed = this.moe(
+          l,
+          rmsNorm(m, this.lw(l, "moe_norm"), eps, `layer ${l} moe_norm`),
+          token,
+          m,
+        );
+        ffn = rmsNorm(dense(), this.lw(l, "dense_post_norm"), eps, `layer ${l} dense_post_norm`);
+        addInto(
+          ffn,
+          rmsNorm(routed.out, this.lw(l, "moe_post_norm"), eps, `layer ${l} moe_post_norm`),
+        );
+        routing.push(routed.experts);
+      } else {
+        const routed = this.moe(l, h2, token);
+        ffn = routed.out;
+        routing.push(routed.experts);
       }
+      ffn = joining(ffn, l, "ffn_post_norm");
       if (hcFfn) streams = hyperPost(streams, ffn, hcFfn);
       else addInto(x, ffn);
+      if (sandwich) {
+        const scalar = this.lw(l, "layer_scalar")[0];
+        for (let i = 0; i < d; i++) x[i] *= scalar;
+      }
     }
     this.lastRouting = routing;
     let final = x;
@@ -265,16 +309,9 @@ export class ReferenceModel implements ReferenceContext {
     }
     const xn = this.norm(final, this.w("final_norm"), "final_norm");
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
-    return matvec(head, xn, cfg.vocabSize, d, "lm_head");
-  }
-
-  private w(name: string): Float32Array {
-    let v = this.memo.get(name);
-    if (!v) {
-      v = this.get(name);
-      this.memo.set(name, v);
-    }
-    return v;
+    const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
+    if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
+    return logits;
   }
 
   /** The float32 values of a layer tensor. */
@@ -318,13 +355,23 @@ export class ReferenceModel implements ReferenceContext {
   };
 
   /** RoPE of `v` from offset `off` at position `pos`, in place. */
-  rope(v: Float64Array, off: number, pos: number): void {
-    applyRope(v, off, pos, this.invFreq, this.cfg.rope.layout, this.ropeMagnitude);
+  rope(v: Float64Array, off: number, pos: number, rope = this.cfg.rope): void {
+    let r = this.ropes.get(rope);
+    if (!r) {
+      r = { invFreq: ropeInvFreq(rope), magnitude: ropeAttentionFactor(rope) };
+      this.ropes.set(rope, r);
+    }
+    applyRope(v, off, pos, r.invFreq, rope.layout, r.magnitude);
   }
 
-  /** RMSNorm of each head of `v` in place (Qwen3's q_norm / k_norm). */
-  normHeads(v: Float64Array, heads: number, weight: Float32Array, what: string): void {
-    const hd = this.cfg.headDim;
+  /** RMSNorm of each head (headDim wide unless `hd` says) of `v` in place (q_norm / k_norm). */
+  normHeads(
+    v: Float64Array,
+    heads: number,
+    weight: Float32Array,
+    what: string,
+    hd = this.cfg.headDim,
+  ): void {
     for (let i = 0; i < heads; i++) {
       v.set(
         rmsNorm(v, weight, this.cfg.rmsNormEps, what, i * hd, hd, this.cfg.normUnitOffset),
@@ -333,12 +380,29 @@ export class ReferenceModel implements ReferenceContext {
     }
   }
 
-  /** Routed experts (plus the shared expert) of a MoE layer. */
-  private moe(l: number, h: Float64Array, token: number): { out: Float64Array; experts: number[] } {
+  /**
+   * Routed experts (plus the shared expert) of a MoE layer on `h` for `token`. With
+   * `moe.scaledRouterInput` the router reads unit RMSNorm(`residual`) × router_scale × hidden^−½
+   * instead (Gemma 4), and with `moe.expertScale` each chosen weight is × its expert's
+   * expert_scale.
+   */
+  private moe(
+    l: number,
+    h: Float64Array,
+    token: number,
+    residual = h,
+  ): { out: Float64Array; experts: number[] } {
     const moe = this.cfg.moe;
     if (!moe) throw new Error(`layer ${l} is a MoE layer but the config has no moe section`);
     const d = this.cfg.hiddenSize;
-    const logits = matvec(this.lw(l, "router"), h, moe.numExperts, d, `layer ${l} router`);
+    let routerIn = h;
+    if (moe.scaledRouterInput) {
+      const scale = this.lw(l, "router_scale");
+      routerIn = unitRmsNorm(residual, this.cfg.rmsNormEps).map((v, i) =>
+        v * scale[i] / Math.sqrt(d)
+      );
+    }
+    const logits = matvec(this.lw(l, "router"), routerIn, moe.numExperts, d, `layer ${l} router`);
     if (moe.routerLogitBias) addInto(logits, Float64Array.from(this.lw(l, "router_b")));
     // DeepSeek-V4's hash layers take their experts from the token's row of tid2eid.
     const hash = l < (moe.hashLayers ?? 0);
@@ -347,34 +411,26 @@ export class ReferenceModel implements ReferenceContext {
       : undefined;
     const bias = moe.selectionBias && !hash ? this.lw(l, "router_bias") : undefined;
     const route = routeReference(moe, logits, bias, chosen);
+    const perExpert = moe.expertScale ? this.lw(l, "expert_scale") : undefined;
+    const weights = route.weights.map((w, k) => w * (perExpert?.[route.experts[k]] ?? 1));
     // A latent MoE: the experts work on a down-projection of h, and their weighted sum is
     // RMS-normed and projected back up.
     const latent = moe.latentDim;
     const input = latent
       ? matvec(this.lw(l, "latent_down"), h, latent, d, `layer ${l} latent_down`)
       : h;
-    const sum = new Float64Array(input.length);
-    route.experts.forEach((e, k) => {
-      const y = swiglu(
-        this.w(`experts.${l}.${e}.gate`),
-        this.w(`experts.${l}.${e}.up`),
-        this.w(`experts.${l}.${e}.down`),
-        input,
-        moe.expertIntermediate,
-        `layer ${l} expert ${e}`,
-        moe.clampedSwiglu
-          ? clampedSwiglu(moe.clampedSwiglu.limit, moe.clampedSwiglu.alpha)
-          : this.act,
-        moe.expertBias
-          ? [
-            this.w(`experts.${l}.${e}.gate_bias`),
-            this.w(`experts.${l}.${e}.up_bias`),
-            this.w(`experts.${l}.${e}.down_bias`),
-          ]
-          : undefined,
-      );
-      for (let i = 0; i < sum.length; i++) sum[i] += route.weights[k] * y[i];
-    });
+    const sum = mixExperts(
+      this.w,
+      l,
+      route.experts,
+      weights,
+      input,
+      moe.expertIntermediate,
+      moe.clampedSwiglu
+        ? clampedSwiglu(moe.clampedSwiglu.limit, moe.clampedSwiglu.alpha)
+        : this.act,
+      moe.expertBias,
+    );
     const out = latent
       ? matvec(
         this.lw(l, "latent_up"),

@@ -52,6 +52,14 @@ export function rmsNorm(
   return y;
 }
 
+/** RMSNorm without a weight: x / sqrt(mean(x²) + eps) over `x[off, off + n)` (Gemma 4). */
+export function unitRmsNorm(x: Float64Array, eps: number, off = 0, n = x.length): Float64Array {
+  let ss = 0;
+  for (let i = 0; i < n; i++) ss += x[off + i] * x[off + i];
+  const inv = 1 / Math.sqrt(ss / n + eps);
+  return Float64Array.from(x.subarray(off, off + n), (v) => v * inv);
+}
+
 /** silu(v) = v · sigmoid(v). */
 export function silu(v: number): number {
   return v / (1 + Math.exp(-v));
@@ -99,6 +107,19 @@ export const SWIGLU: GluActivation = (g, u) => silu(g) * u;
 export function situ(beta: number, linearBeta: number): GluActivation {
   return (g, u) =>
     beta * Math.tanh(g / beta) * sigmoid(g) * (linearBeta * Math.tanh(u / linearBeta));
+}
+
+/** GELU, tanh approximation (PyTorch's `gelu(approximate="tanh")`, `gelu_pytorch_tanh`). */
+export function geluTanh(v: number): number {
+  return 0.5 * v * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (v + 0.044715 * v * v * v)));
+}
+
+/** GeGLU's activation with the tanh GELU (Gemma): gelu_tanh(g) · u. */
+export const GELU_TANH_GLU: GluActivation = (g, u) => geluTanh(g) * u;
+
+/** Soft cap: c · tanh(v / c), in place over `v` (Gemma's final logits). */
+export function softcapInto(v: Float64Array, c: number): void {
+  for (let i = 0; i < v.length; i++) v[i] = c * Math.tanh(v[i] / c);
 }
 
 /** gpt-oss's clamped SwiGLU: (clamp(u, ±limit) + 1) · g·σ(alpha·g) with g = min(gate, limit). */
@@ -169,6 +190,19 @@ export function attnRes(
     for (let i = 0; i < d; i++) out[i] += p[s] * v[i];
   });
   return out;
+}
+
+/** `get` fetching each name once: later calls return the first call's array. */
+export function fetchOnce(get: (name: string) => Float32Array): (name: string) => Float32Array {
+  const memo = new Map<string, Float32Array>();
+  return (name) => {
+    let v = memo.get(name);
+    if (!v) {
+      v = get(name);
+      memo.set(name, v);
+    }
+    return v;
+  };
 }
 
 /** Hyper-connection weights of one sublayer: its input, post and comb ([j][k]). */

@@ -9,7 +9,7 @@
  */
 
 import type { MoeConfig } from "../../io/model_config.ts";
-import { sigmoid, softmax, softplus } from "./math.ts";
+import { type GluActivation, sigmoid, softmax, softplus, swiglu } from "./math.ts";
 
 /** Chosen experts in selection order and their mixing weights. */
 export interface ReferenceRoute {
@@ -85,4 +85,37 @@ export function routeReference(
     weights = weights.map((w) => w / sum);
   }
   return { experts, weights: weights.map((w) => w * moe.routedScaling) };
+}
+
+/**
+ * Σ_k weights[k] · expert_k(x) over the chosen `experts` of layer `l`: each a gated MLP of
+ * `inter` rows with activation `act`, its matrices read through `w` by canonical name
+ * (`experts.L.E.gate|up|down`, plus gpt-oss's `…_bias` vectors when `biases`).
+ */
+export function mixExperts(
+  w: (name: string) => Float32Array,
+  l: number,
+  experts: number[],
+  weights: number[],
+  x: Float64Array,
+  inter: number,
+  act: GluActivation,
+  biases = false,
+): Float64Array {
+  const sum = new Float64Array(x.length);
+  experts.forEach((e, k) => {
+    const at = `experts.${l}.${e}`;
+    const y = swiglu(
+      w(`${at}.gate`),
+      w(`${at}.up`),
+      w(`${at}.down`),
+      x,
+      inter,
+      `layer ${l} expert ${e}`,
+      act,
+      biases ? [w(`${at}.gate_bias`), w(`${at}.up_bias`), w(`${at}.down_bias`)] : undefined,
+    );
+    for (let i = 0; i < sum.length; i++) sum[i] += weights[k] * y[i];
+  });
+  return sum;
 }

@@ -17,6 +17,7 @@ export function yarnGetMscale(factor: number, mscale = 1): number {
  * Inverse frequencies θ_i, i = 0 … dim/2 − 1, of a RoPE configuration (the angle of pair i at
  * position p is p·θ_i). Base: θ_i = theta^(−2i/dim). Then:
  * - linear: θ_i / factor;
+ * - proportional: θ_i for i < angles, 0 after (those pairs do not rotate);
  * - llama3: wavelengths longer than original/lowFreqFactor divided by factor, shorter than
  *   original/highFreqFactor kept, a linear blend in between;
  * - yarn: a ramp from the correction range [low, high] (the dimension where the wavelength makes
@@ -50,6 +51,9 @@ export function ropeInvFreq(rope: RopeConfig): Float64Array {
         return (1 - smooth) * (f / factor) + smooth * f;
       });
     }
+    case "proportional":
+      // Gemma 4's full layers: the exponent runs over the whole head; pairs past `angles` stay.
+      return base.map((f, i) => i < scaling.angles ? f : 0);
     case "yarn": {
       const { factor, betaFast, betaSlow, originalMaxPositions } = scaling;
       const [low, high] = yarnCorrectionRange(

@@ -73,15 +73,19 @@ expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${
   })${lookahead > 0 ? `; routers resident for the lookahead` : ""}
 arena          ${formatBytes(plan.arenaBytes)}`);
   const kinds = new Set(Array.from({ length: L }, (_, l) => mixerOf(cfg, l)));
-  if (kinds.size > 1) {
-    // Hybrid models: what each layer keeps between tokens.
+  const grows = Array.from({ length: L }, (_, l) => {
+    const part = mixerPartOf(cfg, l);
+    return part.stateBytes(cfg, l, 2 * ctx, 1) !== part.stateBytes(cfg, l, ctx, 1);
+  });
+  if (kinds.size > 1 || new Set(grows).size > 1) {
+    // Hybrid and sliding-window models: what each layer keeps between tokens.
+    const windows = cfg.attention?.windows ?? [];
     for (let l = 0; l < L; l++) {
-      const part = mixerPartOf(cfg, l);
-      const grows = part.stateBytes(cfg, l, 2 * ctx, 1) !== part.stateBytes(cfg, l, ctx, 1);
+      const window = windows[l] ? `window ${windows[l]}, ` : "";
       console.log(
         `layer ${String(l).padEnd(4)} ${mixerOf(cfg, l).toUpperCase().padEnd(4)} state ${
           formatBytes(plan.layerStateBytes[l])
-        } ${grows ? `at ctx ${ctx}` : "(any context)"}`,
+        } ${grows[l] ? `at ctx ${ctx}` : `(${window}any context)`}`,
       );
     }
   }

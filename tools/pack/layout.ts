@@ -339,8 +339,8 @@ export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
 /**
  * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
  * multi-token-prediction layers) and which tensors lie under a prefix the model_type skips
- * (Qwen3.5's MTP block and vision tower): they are not part of the model, so they are never
- * packed.
+ * (Qwen3.5's MTP block and vision tower, Gemma 4's vision tower): they are not part of the
+ * model, so they are never packed.
  */
 export function reportSkippedLayers(
   cfg: ModelConfig,
