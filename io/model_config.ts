@@ -60,6 +60,24 @@ export interface MlaConfig {
   nope?: boolean;
   /** Kimi K3: a sigmoid gate (the layer's g_proj projection) on the heads' values before o_proj. */
   outputGate?: boolean;
+  /** eps of the latent norms (q_a_layernorm, kv_a_layernorm); absent: rmsNormEps. GLM-5: 1e-6. */
+  latentNormEps?: number;
+  /** DeepSeek Sparse Attention (GLM-5): a lightning indexer picks the keys each query attends to. */
+  indexer?: IndexerConfig;
+}
+
+/**
+ * The lightning indexer of DeepSeek Sparse Attention (GLM-5, engine/parts/mla.ts): per position
+ * one key k = RoPE(LayerNorm(W_k·h)), cached beside the latent row; per query `numHeads` heads
+ * q_h = RoPE(W_q·q_latent) and weights w = W_w·h / √numHeads; key t scores
+ * Σ_h w_h·relu(q_h·k_t / √headDim), and the query attends only to the `topK` best keys (all of
+ * them while it has no more than `topK`), ties broken by the lowest position. RoPE turns the first
+ * qkRopeHeadDim dims of q and k, in the MLA's layout.
+ */
+export interface IndexerConfig {
+  numHeads: number;
+  headDim: number;
+  topK: number;
 }
 
 /**
@@ -310,6 +328,12 @@ export const LAYER_TENSOR_ORDER = [
   "wkv_a",
   "kv_a_norm",
   "wkv_b",
+  // GLM-5: DeepSeek Sparse Attention's lightning indexer.
+  "idx_wq",
+  "idx_wk",
+  "idx_k_norm",
+  "idx_k_bias",
+  "idx_w",
   "q_conv",
   "k_conv",
   "v_conv",

@@ -4,7 +4,10 @@
  * (kv_lora_rank floats) and the shared rope key (qk_rope_head_dim floats), about 57× less than
  * expanded K/V at rank 512. Features set from the config: q through a low-rank pair or one
  * projection, NoPE (no rotary at all), and a sigmoid output gate on the heads' values before
- * o_proj (`g_proj`).
+ * o_proj (`g_proj`), and DeepSeek Sparse Attention (GLM-5): a lightning indexer whose keys are
+ * cached beside the latent rows scores every earlier position for each query, and the query
+ * attends only to the best `topK` of them (io/model_config.ts IndexerConfig). The selection is
+ * computed in float64 on one thread, so it is the same on every placement and thread count.
  *
  * Decode uses the absorbed form: a head's no-rope query is pulled into latent space through its
  * slice of kv_b_proj (q_lat = W_kbᵀ·q_nope), scored against the latent rows directly, and the
@@ -24,9 +27,48 @@ import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
-/** Bytes of one MLA layer's latent cache for `ctx` positions. */
+/** Bytes of one MLA layer's latent cache, then its indexer keys, for `ctx` positions. */
 function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
-  return ctx * (cfg.mla!.kvLoraRank + cfg.mla!.qkRopeHeadDim) * 4;
+  const m = cfg.mla!;
+  return ctx * (m.kvLoraRank + m.qkRopeHeadDim + (m.indexer?.headDim ?? 0)) * 4;
+}
+
+/**
+ * The lightning indexer's score of each of the first `n` keys (rows of `dim` floats in `keys`)
+ * for one query of `heads` heads `q` with head weights `w`: Σ_h w_h·relu(q_h·k_t·scale), in
+ * float64, into `out`.
+ */
+export function indexScores(
+  q: Float32Array,
+  w: ArrayLike<number>,
+  keys: Float32Array,
+  n: number,
+  heads: number,
+  dim: number,
+  scale: number,
+  out: Float64Array,
+): void {
+  for (let t = 0; t < n; t++) {
+    const k0 = t * dim;
+    let s = 0;
+    for (let h = 0; h < heads; h++) {
+      const q0 = h * dim;
+      let d = 0;
+      for (let i = 0; i < dim; i++) d += q[q0 + i] * keys[k0 + i];
+      s += w[h] * Math.max(0, d * scale);
+    }
+    out[t] = s;
+  }
+}
+
+/**
+ * The `k` positions of the highest of the first `n` scores, ties broken by the lowest position,
+ * in increasing order of position.
+ */
+export function topPositions(scores: Float64Array, n: number, k: number): number[] {
+  const order = Array.from({ length: n }, (_, t) => t);
+  order.sort((a, b) => scores[b] - scores[a] || a - b);
+  return order.slice(0, k).sort((a, b) => a - b);
 }
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
@@ -61,6 +103,12 @@ export class MlaAttention implements Mixer {
   #qkDim: number;
   #shape: AttentionShape;
   #layers: number[];
+  /** The indexer's queries, keys, head weights and the rows one sparse query attends to. */
+  #iq = 0;
+  #ik = 0;
+  #iw = 0;
+  #picked = 0;
+  #indexScores: Float64Array;
 
   constructor(
     ops: Ops,
@@ -86,6 +134,14 @@ export class MlaAttention implements Mixer {
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
+    const ix = mla.indexer;
+    if (ix) {
+      this.#iq = arena.alloc("indexer q", maxBatch * ix.numHeads * ix.headDim * 4);
+      this.#ik = arena.alloc("indexer k", maxBatch * ix.headDim * 4);
+      this.#iw = arena.alloc("indexer weights", maxBatch * ix.numHeads * 4);
+      this.#picked = arena.alloc("dsa picked rows", ix.topK * this.#row * 4);
+    }
+    this.#indexScores = new Float64Array(ix ? maxCtx : 0);
     if (mla.outputGate) {
       this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
     }
@@ -136,9 +192,74 @@ export class MlaAttention implements Mixer {
     return made;
   }
 
-  /** The latent caches of its layers (compressed KV and the shared RoPE key). */
+  /**
+   * The latent caches of its layers (compressed KV and the shared RoPE key), each followed by
+   * the layer's indexer keys when it has an indexer.
+   */
   cacheRegions(): CacheRegion[] {
-    return this.#layers.map((l) => ({ offset: this.#cache[l], rowBytes: this.#row * 4 }));
+    const ix = this.#cfg.mla!.indexer;
+    return this.#layers.flatMap((l) => [
+      { offset: this.#cache[l], rowBytes: this.#row * 4 },
+      ...(ix ? [{ offset: this.#indexKeys(l), rowBytes: ix.headDim * 4 }] : []),
+    ]);
+  }
+
+  /** Where layer `layer`'s indexer keys start: after its latent rows. */
+  #indexKeys(layer: number): number {
+    return this.#cache[layer] + this.#maxCtx * this.#row * 4;
+  }
+
+  /**
+   * The indexer keys of tokens pos..pos+nb−1 (LayerNorm with bias, eps 1e-6, then RoPE) into the
+   * cache, and the queries' RoPE, both on the leading qk_rope_head_dim dims.
+   */
+  #indexerKeys(layer: number, lw: LayerWeights, nb: number, pos: number): void {
+    const ix = this.#cfg.mla!.indexer!;
+    const D = ix.headDim;
+    const w = this.#arena.f32(lw.get("idx_k_norm").ptr, D);
+    const bias = this.#arena.f32(lw.get("idx_k_bias").ptr, D);
+    const interleaved = this.#cfg.rope.layout === "interleaved";
+    const ropeDim = this.#cfg.mla!.qkRopeHeadDim;
+    for (let b = 0; b < nb; b++) {
+      const k = this.#arena.f32(this.#ik + b * D * 4, D);
+      let mean = 0;
+      for (let i = 0; i < D; i++) mean += k[i];
+      mean /= D;
+      let v = 0;
+      for (let i = 0; i < D; i++) v += (k[i] - mean) ** 2;
+      const inv = 1 / Math.sqrt(v / D + 1e-6);
+      for (let i = 0; i < D; i++) k[i] = (k[i] - mean) * inv * w[i] + bias[i];
+      const [cos, sin] = ropeAt(this.#rope!, pos + b);
+      this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
+      this.#ops.rope(
+        this.#iq + b * ix.numHeads * D * 4,
+        ix.numHeads,
+        D,
+        ropeDim,
+        cos,
+        sin,
+        interleaved,
+      );
+    }
+    this.#ops.copy(this.#indexKeys(layer) + pos * D * 4, this.#ik, nb * D);
+  }
+
+  /** The positions token b of a call (at position p) attends to, when the indexer thins them. */
+  #select(layer: number, b: number, p: number): number[] {
+    const ix = this.#cfg.mla!.indexer!;
+    const D = ix.headDim, H = ix.numHeads;
+    const w = Array.from(this.#arena.f32(this.#iw + b * H * 4, H), (x) => x / Math.sqrt(H));
+    indexScores(
+      this.#arena.f32(this.#iq + b * H * D * 4, H * D),
+      w,
+      this.#arena.f32(this.#indexKeys(layer), (p + 1) * D),
+      p + 1,
+      H,
+      D,
+      1 / Math.sqrt(D),
+      this.#indexScores,
+    );
+    return topPositions(this.#indexScores, p + 1, ix.topK);
   }
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */
@@ -147,7 +268,8 @@ export class MlaAttention implements Mixer {
     const cfg = this.#cfg;
     const mla = cfg.mla!;
     const H = cfg.numHeads;
-    const eps = cfg.rmsNormEps;
+    const eps = mla.latentNormEps ?? cfg.rmsNormEps;
+    const ix = mla.indexer;
     const nope = mla.qkNopeHeadDim, ropeDim = mla.qkRopeHeadDim, r = mla.kvLoraRank;
     const row = this.#row, qk = this.#qkDim;
     if (pos + nb > this.#maxCtx) {
@@ -164,7 +286,16 @@ export class MlaAttention implements Mixer {
         nb,
       });
       ops.rmsnorm(this.#qa, lw.get("q_a_norm").ptr, this.#qa, mla.qLoraRank, nb, eps);
-      ops.matmul({ w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb });
+      ops.matmul(
+        { w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb },
+        ...(ix
+          ? [
+            { w: lw.get("idx_wq"), x: this.#qa, y: this.#iq, nb },
+            { w: lw.get("idx_wk"), x: h, y: this.#ik, nb },
+            { w: lw.get("idx_w"), x: h, y: this.#iw, nb },
+          ]
+          : []),
+      );
     } else {
       ops.matmul({ w: lw.get("wq"), x: h, y: this.#q, nb }, {
         w: lw.get("wkv_a"),
@@ -186,6 +317,7 @@ export class MlaAttention implements Mixer {
       lengths.push(pos + b + 1);
     }
     ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);
+    if (ix) this.#indexerKeys(layer, lw, nb, pos);
 
     // Absorbed queries: [W_kbᵀ · q_nope | q_pe] per (token, head).
     const absorb: Matmul[] = [];
@@ -199,19 +331,32 @@ export class MlaAttention implements Mixer {
     }
     ops.matmul(...absorb);
 
-    ops.attention({
-      shape: this.#shape,
-      q: this.#qFull,
-      qStride: H * row,
-      k: this.#cache[layer],
-      v: this.#cache[layer],
-      out: this.#latOut,
-      outStride: H * r,
-      scores: this.#scores,
-      scoresPerToken: H * this.#maxCtx,
-      scoreTokens: this.#scoreTokens,
-      lengths,
-    });
+    // A query with more keys than the indexer keeps attends to its picked rows, gathered in
+    // order of position; the others attend to the whole cache, all in one call.
+    const sparse = ix ? lengths.findIndex((n) => n > ix.topK) : -1;
+    const dense = sparse < 0 ? nb : sparse;
+    const attend = (b: number, k: number, n: number[]) =>
+      ops.attention({
+        shape: this.#shape,
+        q: this.#qFull + b * H * row * 4,
+        qStride: H * row,
+        k,
+        v: k,
+        out: this.#latOut + b * H * r * 4,
+        outStride: H * r,
+        scores: this.#scores,
+        scoresPerToken: H * this.#maxCtx,
+        scoreTokens: this.#scoreTokens,
+        lengths: n,
+      });
+    if (dense > 0) attend(0, this.#cache[layer], lengths.slice(0, dense));
+    for (let b = dense; b < nb; b++) {
+      const picked = this.#select(layer, b, pos + b);
+      picked.forEach((t, i) =>
+        ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
+      );
+      attend(b, this.#picked, [picked.length]);
+    }
 
     // Latent outputs → per-head values → o_proj.
     const values: Matmul[] = [];
@@ -261,6 +406,15 @@ function mlaShape(cfg: ModelConfig, t: LayerTensor): number[] {
     // The output gate: one sigmoid per value element of every head.
     case "g_proj":
       return [heads * m.vHeadDim, H];
+    case "idx_wq":
+      return [m.indexer!.numHeads * m.indexer!.headDim, m.qLoraRank!];
+    case "idx_wk":
+      return [m.indexer!.headDim, H];
+    case "idx_k_norm":
+    case "idx_k_bias":
+      return [m.indexer!.headDim];
+    case "idx_w":
+      return [m.indexer!.numHeads, H];
     default:
       throw new Error(`multi-head latent attention has no tensor ${t}`);
   }
@@ -290,6 +444,14 @@ export const MLA: MixerPart = {
         f * H * m.kvLoraRank,
         f * H * m.vHeadDim,
         scoreBytes(cfg, ctx, maxBatch),
+        ...(m.indexer
+          ? [
+            f * m.indexer.numHeads * m.indexer.headDim,
+            f * m.indexer.headDim,
+            f * m.indexer.numHeads,
+            m.indexer.topK * row * 4,
+          ]
+          : []),
       ) + absorbed;
   },
   create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
