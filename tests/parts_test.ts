@@ -9,11 +9,13 @@
 import assert from "node:assert/strict";
 import { Arena } from "../engine/arena.ts";
 import { Ops } from "../engine/ops.ts";
+import { indexScores, topPositions } from "../engine/parts/mla.ts";
 import { MIXERS } from "../engine/parts/mod.ts";
 import { residualPartOf } from "../engine/parts/residual.ts";
 import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
+import { indexScoresReference, topKReference } from "../engine/reference/mla.ts";
 import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
@@ -132,6 +134,17 @@ const CASES: [string, ModelConfig][] = [
     }),
   ],
   ["mla", config(MLA_CFG)],
+  [
+    "mla with a sparse-attention indexer keeping 3 keys, latent norms at 1e-4",
+    config({
+      ...MLA_CFG,
+      mla: {
+        ...MLA_CFG.mla,
+        latentNormEps: 1e-4,
+        indexer: { numHeads: 5, headDim: 10, topK: 3 },
+      },
+    }),
+  ],
   [
     "mla without rotary, with an output gate",
     config({
@@ -328,5 +341,31 @@ Deno.test("the hyper-connection stream matches its float64 reference over layers
     }
   } finally {
     pool.close();
+  }
+});
+
+Deno.test("the indexer's scores and top-k match their scalar reference, ties to the lowest position", () => {
+  for (
+    const [heads, dim, n, k] of [[5, 10, 37, 3], [3, 7, 64, 17], [1, 9, 5, 5], [7, 13, 20, 19]]
+  ) {
+    const ix = { numHeads: heads, headDim: dim, topK: k };
+    const q = values(heads * dim, 3 + n, 1);
+    const w = values(heads, 5 + n, 1);
+    const keys = Array.from({ length: n }, (_, t) => values(dim, 7 + t * n, 1));
+    // Repeated keys give exactly equal scores, so ties fall on the cut.
+    for (let t = 4; t < n; t += 4) keys[t] = keys[t - 3];
+    const flat = new Float32Array(n * dim);
+    keys.forEach((key, t) => flat.set(key, t * dim));
+    const got = new Float64Array(n);
+    indexScores(q, w, flat, n, heads, dim, 1 / Math.sqrt(dim), got);
+    const want = indexScoresReference(ix, q, w, keys);
+    assert.ok(maxRelDiff(got, want) <= 1e-12, `${heads}×${dim}, ${n} keys: scores differ`);
+    for (const take of [1, k, n - 1, n]) {
+      assert.deepEqual(topPositions(want, n, take), topKReference(want, take), `top ${take}`);
+    }
+    // Every score equal: the lowest positions win.
+    const flatScores = new Float64Array(n).fill(0.5);
+    assert.deepEqual(topPositions(flatScores, n, k), Array.from({ length: k }, (_, t) => t));
+    assert.deepEqual(topKReference(flatScores, k), Array.from({ length: k }, (_, t) => t));
   }
 });

@@ -11,12 +11,13 @@ import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 /**
  * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gated
- * DeltaNet + gated GQA (flat and fused per key head).
+ * DeltaNet + gated GQA (flat and fused per key head), MLA with a sparse-attention indexer.
  */
 const FIXTURES = [
   "stories260k",
   "stories260k-moe",
   "tiny-deepseek-v3",
+  "tiny-glm5",
   "tiny-kimi-linear",
   "tiny-gpt-oss",
   "tiny-kimi-k3",

@@ -11,6 +11,9 @@ import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Family } from "./family.ts";
 import { groupedMoe, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
 
+/** Bound of the indexer's sizes (GLM-5: 32 heads of 128, top 2048), far above any real model's. */
+const MAX_INDEXER = 2 ** 16;
+
 /** yarn_get_mscale of DeepSeek's code: the attention scale multiplier for a YaRN factor. */
 function yarnMscale(factor: number, mscale: number): number {
   return factor <= 1 ? 1 : 0.1 * mscale * Math.log(factor) + 1;
@@ -102,16 +105,16 @@ export const normaliseGlmMoeDsa: Normaliser = (f, mt) => {
       `${f.where}: indexer_rope_interleave must equal rope_interleave (sluice rotates both alike)`,
     );
   }
-  const headDim = f.int("index_head_dim", { min: mla.qkRopeHeadDim, max: MAX_DIM });
+  const headDim = f.int("index_head_dim", { min: mla.qkRopeHeadDim, max: MAX_INDEXER });
   return {
     ...cfg,
     mla: {
       ...mla,
       latentNormEps: 1e-6,
       indexer: {
-        numHeads: f.int("index_n_heads", { min: 1, max: MAX_DIM }),
+        numHeads: f.int("index_n_heads", { min: 1, max: MAX_INDEXER }),
         headDim,
-        topK: f.int("index_topk", { min: 1 }),
+        topK: f.int("index_topk", { min: 1, max: MAX_INDEXER }),
       },
     },
   };
@@ -168,7 +171,7 @@ export const DEEPSEEK_V3: Family = {
     if (m.indexer !== undefined) {
       const ix = manifestField.obj(m.indexer, `${where}.mla.indexer`);
       for (const k of ["numHeads", "headDim", "topK"]) {
-        manifestField.int(ix[k], `${where}.mla.indexer.${k}`, 1, MAX_DIM);
+        manifestField.int(ix[k], `${where}.mla.indexer.${k}`, 1, MAX_INDEXER);
       }
       if (m.qLoraRank === null || (ix.headDim as number) < (m.qkRopeHeadDim as number)) {
         throw new Error(
