@@ -78,6 +78,23 @@ export interface IndexerConfig {
   numHeads: number;
   headDim: number;
   topK: number;
+  /**
+   * GLM-5.3-Flash's k-pool indexer: the keys are scored in complete pools of this many positions
+   * (pool key Σ_r softmax_r(g_r + ape_r) ⊙ k_r per channel, g = W_g·h cached beside k), the
+   * best ⌊topK / pool⌋ pools are kept with the positions after the last complete pool (the tail).
+   * Layer tensors `idx_pool_ape` and `idx_pool_gate`. Absent: every position is scored alone.
+   */
+  pool?: number;
+}
+
+/** The most positions an indexer lets one query attend to. */
+export function indexerKept(ix: IndexerConfig): number {
+  return ix.pool ? Math.floor(ix.topK / ix.pool) * ix.pool + ix.pool - 1 : ix.topK;
+}
+
+/** Whether a query that sees `n` positions attends to fewer than all of them. */
+export function indexerThins(ix: IndexerConfig, n: number): boolean {
+  return ix.pool ? Math.floor(n / ix.pool) > Math.floor(ix.topK / ix.pool) : n > ix.topK;
 }
 
 /**
@@ -334,6 +351,8 @@ export const LAYER_TENSOR_ORDER = [
   "idx_k_norm",
   "idx_k_bias",
   "idx_w",
+  "idx_pool_ape",
+  "idx_pool_gate",
   "q_conv",
   "k_conv",
   "v_conv",

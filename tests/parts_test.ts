@@ -9,13 +9,13 @@
 import assert from "node:assert/strict";
 import { Arena } from "../engine/arena.ts";
 import { Ops } from "../engine/ops.ts";
-import { indexScores, topPositions } from "../engine/parts/mla.ts";
+import { indexScores, poolKeys, topPositions } from "../engine/parts/mla.ts";
 import { MIXERS } from "../engine/parts/mod.ts";
 import { residualPartOf } from "../engine/parts/residual.ts";
 import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
-import { indexScoresReference, topKReference } from "../engine/reference/mla.ts";
+import { indexScoresReference, poolKeysReference, topKReference } from "../engine/reference/mla.ts";
 import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
@@ -146,6 +146,17 @@ const CASES: [string, ModelConfig][] = [
     }),
   ],
   [
+    "mla without rotary, with a k-pool indexer keeping 2 pools of 3 and the tail",
+    config({
+      ...MLA_CFG,
+      mla: {
+        ...MLA_CFG.mla,
+        nope: true,
+        indexer: { numHeads: 3, headDim: 10, topK: 7, pool: 3 },
+      },
+    }),
+  ],
+  [
     "mla without rotary, with an output gate",
     config({
       ...MLA_CFG,
@@ -200,7 +211,7 @@ function values(n: number, seed: number, scale: number, around = 0): Float32Arra
   return out;
 }
 
-const POSITIONS = 7;
+const POSITIONS = 12;
 
 for (const [what, cfg] of CASES) {
   Deno.test(`the ${what} mixer matches its float64 reference`, async () => {
@@ -247,8 +258,9 @@ for (const [what, cfg] of CASES) {
         return weights.get(t) ?? assert.fail(`no ${n}`);
       });
       const want = inputs.map((x, p) => REFERENCE_MIXERS[name](ref, 0, Float64Array.from(x), p));
-      // A chunk of 3, then one token at a time (ring wrap and state carry included).
-      const chunks = [[0, 3], [3, 1], [4, 1], [5, 1], [6, 1]];
+      // A chunk of 3, one token at a time (ring wrap and state carry included), then a chunk
+      // whose first token still attends to every position and whose others the indexers thin.
+      const chunks = [[0, 3], [3, 1], [4, 1], [5, 1], [6, 1], [7, 4], [11, 1]];
       for (const [p0, nb] of chunks) {
         mixer.begin?.(p0, nb);
         for (let b = 0; b < nb; b++) arena.f32(h + b * d * 4, d).set(inputs[p0 + b]);
@@ -367,5 +379,29 @@ Deno.test("the indexer's scores and top-k match their scalar reference, ties to 
     const flatScores = new Float64Array(n).fill(0.5);
     assert.deepEqual(topPositions(flatScores, n, k), Array.from({ length: k }, (_, t) => t));
     assert.deepEqual(topKReference(flatScores, k), Array.from({ length: k }, (_, t) => t));
+  }
+});
+
+Deno.test("the indexer's pool keys match their scalar reference at awkward sizes", () => {
+  for (const [pool, dim, n] of [[3, 10, 11], [4, 7, 16], [1, 5, 6], [5, 9, 4]]) {
+    const keys = values(n * dim, 11 + n, 1);
+    const gates = values(n * dim, 13 + n, 4);
+    const ape = values(pool * dim, 19 + pool, 2);
+    const count = Math.floor(n / pool);
+    const got = poolKeys(keys, gates, ape, count, pool, dim);
+    const rows = Array.from({ length: n }, (_, t) => {
+      const row = new Float64Array(2 * dim);
+      row.set(keys.subarray(t * dim, (t + 1) * dim));
+      row.set(gates.subarray(t * dim, (t + 1) * dim), dim);
+      return row;
+    });
+    const want = poolKeysReference(rows, ape, pool, dim);
+    assert.equal(want.length, count, `${n} positions make ${count} complete pools of ${pool}`);
+    want.forEach((K, j) =>
+      assert.ok(
+        maxRelDiff(got.subarray(j * dim, (j + 1) * dim), K) <= 1e-12,
+        `pool ${j} of ${pool}×${dim} differs`,
+      )
+    );
   }
 });

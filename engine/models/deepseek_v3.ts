@@ -140,6 +140,10 @@ export function mlaTensors(cfg: ModelConfig): Partial<Record<LayerTensor, string
     names.idx_k_bias = "self_attn.indexer.k_norm.bias";
     names.idx_w = "self_attn.indexer.weights_proj.weight";
   }
+  if (cfg.mla?.indexer?.pool) {
+    names.idx_pool_ape = "self_attn.indexer.index_kpool_compress_ape";
+    names.idx_pool_gate = "self_attn.indexer.index_kpool_compress_gate";
+  }
   return names;
 }
 
@@ -172,6 +176,9 @@ export const DEEPSEEK_V3: Family = {
       const ix = manifestField.obj(m.indexer, `${where}.mla.indexer`);
       for (const k of ["numHeads", "headDim", "topK"]) {
         manifestField.int(ix[k], `${where}.mla.indexer.${k}`, 1, MAX_INDEXER);
+      }
+      if (ix.pool !== undefined) {
+        manifestField.int(ix.pool, `${where}.mla.indexer.pool`, 1, ix.topK as number);
       }
       if (m.qLoraRank === null || (ix.headDim as number) < (m.qkRopeHeadDim as number)) {
         throw new Error(

@@ -17,7 +17,12 @@
  * @module
  */
 import { alignUp } from "../../io/format.ts";
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import {
+  indexerKept,
+  indexerThins,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
@@ -27,10 +32,49 @@ import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
-/** Bytes of one MLA layer's latent cache, then its indexer keys, for `ctx` positions. */
+/** Floats the indexer caches per position: its key, and with pools the key's pool gate. */
+function indexerRow(cfg: ModelConfig): number {
+  const ix = cfg.mla!.indexer;
+  return ix ? ix.headDim * (ix.pool ? 2 : 1) : 0;
+}
+
+/** Bytes of one MLA layer's latent cache, then its indexer keys and gates, for `ctx` positions. */
 function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
   const m = cfg.mla!;
-  return ctx * (m.kvLoraRank + m.qkRopeHeadDim + (m.indexer?.headDim ?? 0)) * 4;
+  return ctx * (m.kvLoraRank + m.qkRopeHeadDim + indexerRow(cfg)) * 4;
+}
+
+/**
+ * The keys of the first `count` complete pools of `pool` positions: per channel c,
+ * Σ_r softmax_r(gates[r][c] + ape[r][c]) · keys[r][c] over the pool's positions r, in float64.
+ */
+export function poolKeys(
+  keys: Float32Array,
+  gates: Float32Array,
+  ape: Float32Array,
+  count: number,
+  pool: number,
+  dim: number,
+): Float64Array {
+  const out = new Float64Array(count * dim);
+  const e = new Float64Array(pool);
+  for (let j = 0; j < count; j++) {
+    for (let c = 0; c < dim; c++) {
+      let max = -Infinity;
+      for (let r = 0; r < pool; r++) {
+        e[r] = gates[(j * pool + r) * dim + c] + ape[r * dim + c];
+        max = Math.max(max, e[r]);
+      }
+      let sum = 0, acc = 0;
+      for (let r = 0; r < pool; r++) {
+        e[r] = Math.exp(e[r] - max);
+        sum += e[r];
+        acc += e[r] * keys[(j * pool + r) * dim + c];
+      }
+      out[j * dim + c] = acc / sum;
+    }
+  }
+  return out;
 }
 
 /**
@@ -41,7 +85,7 @@ function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
 export function indexScores(
   q: Float32Array,
   w: ArrayLike<number>,
-  keys: Float32Array,
+  keys: ArrayLike<number>,
   n: number,
   heads: number,
   dim: number,
@@ -103,10 +147,14 @@ export class MlaAttention implements Mixer {
   #qkDim: number;
   #shape: AttentionShape;
   #layers: number[];
-  /** The indexer's queries, keys, head weights and the rows one sparse query attends to. */
+  /**
+   * The indexer's queries, keys, head weights, pool gates (beside the keys) and the rows one
+   * sparse query attends to.
+   */
   #iq = 0;
   #ik = 0;
   #iw = 0;
+  #ig = 0;
   #picked = 0;
   #indexScores: Float64Array;
 
@@ -139,7 +187,8 @@ export class MlaAttention implements Mixer {
       this.#iq = arena.alloc("indexer q", maxBatch * ix.numHeads * ix.headDim * 4);
       this.#ik = arena.alloc("indexer k", maxBatch * ix.headDim * 4);
       this.#iw = arena.alloc("indexer weights", maxBatch * ix.numHeads * 4);
-      this.#picked = arena.alloc("dsa picked rows", ix.topK * this.#row * 4);
+      if (ix.pool) this.#ig = arena.alloc("indexer pool gates", maxBatch * ix.headDim * 4);
+      this.#picked = arena.alloc("dsa picked rows", indexerKept(ix) * this.#row * 4);
     }
     this.#indexScores = new Float64Array(ix ? maxCtx : 0);
     if (mla.outputGate) {
@@ -201,7 +250,13 @@ export class MlaAttention implements Mixer {
     return this.#layers.flatMap((l) => [
       { offset: this.#cache[l], rowBytes: this.#row * 4 },
       ...(ix ? [{ offset: this.#indexKeys(l), rowBytes: ix.headDim * 4 }] : []),
+      ...(ix?.pool ? [{ offset: this.#poolGates(l), rowBytes: ix.headDim * 4 }] : []),
     ]);
+  }
+
+  /** Where layer `layer`'s indexer pool gates start: after its indexer keys. */
+  #poolGates(layer: number): number {
+    return this.#indexKeys(layer) + this.#maxCtx * this.#cfg.mla!.indexer!.headDim * 4;
   }
 
   /** Where layer `layer`'s indexer keys start: after its latent rows. */
@@ -229,7 +284,8 @@ export class MlaAttention implements Mixer {
       for (let i = 0; i < D; i++) v += (k[i] - mean) ** 2;
       const inv = 1 / Math.sqrt(v / D + 1e-6);
       for (let i = 0; i < D; i++) k[i] = (k[i] - mean) * inv * w[i] + bias[i];
-      const [cos, sin] = ropeAt(this.#rope!, pos + b);
+      if (!this.#rope) continue;
+      const [cos, sin] = ropeAt(this.#rope, pos + b);
       this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
       this.#ops.rope(
         this.#iq + b * ix.numHeads * D * 4,
@@ -242,24 +298,31 @@ export class MlaAttention implements Mixer {
       );
     }
     this.#ops.copy(this.#indexKeys(layer) + pos * D * 4, this.#ik, nb * D);
+    if (ix.pool) this.#ops.copy(this.#poolGates(layer) + pos * D * 4, this.#ig, nb * D);
   }
 
   /** The positions token b of a call (at position p) attends to, when the indexer thins them. */
-  #select(layer: number, b: number, p: number): number[] {
+  #select(layer: number, lw: LayerWeights, b: number, p: number): number[] {
     const ix = this.#cfg.mla!.indexer!;
     const D = ix.headDim, H = ix.numHeads;
     const w = Array.from(this.#arena.f32(this.#iw + b * H * 4, H), (x) => x / Math.sqrt(H));
-    indexScores(
-      this.#arena.f32(this.#iq + b * H * D * 4, H * D),
-      w,
-      this.#arena.f32(this.#indexKeys(layer), (p + 1) * D),
-      p + 1,
-      H,
-      D,
-      1 / Math.sqrt(D),
-      this.#indexScores,
-    );
-    return topPositions(this.#indexScores, p + 1, ix.topK);
+    const keys = this.#arena.f32(this.#indexKeys(layer), (p + 1) * D);
+    const q = this.#arena.f32(this.#iq + b * H * D * 4, H * D);
+    if (!ix.pool) {
+      indexScores(q, w, keys, p + 1, H, D, 1 / Math.sqrt(D), this.#indexScores);
+      return topPositions(this.#indexScores, p + 1, ix.topK);
+    }
+    // Complete pools are scored as one key each; the tail after them is always kept.
+    const pool = ix.pool;
+    const P = Math.floor((p + 1) / pool);
+    const gates = this.#arena.f32(this.#poolGates(layer), (p + 1) * D);
+    const ape = this.#arena.f32(lw.get("idx_pool_ape").ptr, pool * D);
+    const pooled = poolKeys(keys, gates, ape, P, pool, D);
+    indexScores(q, w, pooled, P, H, D, 1 / Math.sqrt(D), this.#indexScores);
+    const kept = topPositions(this.#indexScores, P, Math.floor(ix.topK / pool))
+      .flatMap((j) => Array.from({ length: pool }, (_, r) => j * pool + r));
+    for (let t = P * pool; t <= p; t++) kept.push(t);
+    return kept;
   }
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */
@@ -293,6 +356,7 @@ export class MlaAttention implements Mixer {
             { w: lw.get("idx_wq"), x: this.#qa, y: this.#iq, nb },
             { w: lw.get("idx_wk"), x: h, y: this.#ik, nb },
             { w: lw.get("idx_w"), x: h, y: this.#iw, nb },
+            ...(ix.pool ? [{ w: lw.get("idx_pool_gate"), x: h, y: this.#ig, nb }] : []),
           ]
           : []),
       );
@@ -333,7 +397,7 @@ export class MlaAttention implements Mixer {
 
     // A query with more keys than the indexer keeps attends to its picked rows, gathered in
     // order of position; the others attend to the whole cache, all in one call.
-    const sparse = ix ? lengths.findIndex((n) => n > ix.topK) : -1;
+    const sparse = ix ? lengths.findIndex((n) => indexerThins(ix, n)) : -1;
     const dense = sparse < 0 ? nb : sparse;
     const attend = (b: number, k: number, n: number[]) =>
       ops.attention({
@@ -351,7 +415,7 @@ export class MlaAttention implements Mixer {
       });
     if (dense > 0) attend(0, this.#cache[layer], lengths.slice(0, dense));
     for (let b = dense; b < nb; b++) {
-      const picked = this.#select(layer, b, pos + b);
+      const picked = this.#select(layer, lw, b, pos + b);
       picked.forEach((t, i) =>
         ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
       );
@@ -415,6 +479,10 @@ function mlaShape(cfg: ModelConfig, t: LayerTensor): number[] {
       return [m.indexer!.headDim];
     case "idx_w":
       return [m.indexer!.numHeads, H];
+    case "idx_pool_ape":
+      return [m.indexer!.pool!, m.indexer!.headDim];
+    case "idx_pool_gate":
+      return [m.indexer!.headDim, H];
     default:
       throw new Error(`multi-head latent attention has no tensor ${t}`);
   }
@@ -449,7 +517,8 @@ export const MLA: MixerPart = {
             f * m.indexer.numHeads * m.indexer.headDim,
             f * m.indexer.headDim,
             f * m.indexer.numHeads,
-            m.indexer.topK * row * 4,
+            ...(m.indexer.pool ? [f * m.indexer.headDim] : []),
+            indexerKept(m.indexer) * row * 4,
           ]
           : []),
       ) + absorbed;

@@ -10,7 +10,7 @@
  */
 import type { IndexerConfig } from "../../io/model_config.ts";
 import type { ReferenceAttention, ReferenceContext } from "./forward.ts";
-import { matvec, rmsNorm, sigmoid } from "./math.ts";
+import { matvec, rmsNorm, sigmoid, softmax } from "./math.ts";
 
 /**
  * The index scores Σ_h w_h·relu(q_h·k_t / √headDim) of `keys` for one query (`q`: heads × headDim,
@@ -51,6 +51,30 @@ export function topKReference(scores: ArrayLike<number>, k: number): number[] {
   return out.sort((a, b) => a - b);
 }
 
+/**
+ * The pool keys of the complete pools of `pool` positions among `keys` (each [k | g], headDim
+ * floats each): per channel, the softmax over the pool of g + ape weighs the pool's keys.
+ */
+export function poolKeysReference(
+  keys: ArrayLike<number>[],
+  ape: ArrayLike<number>,
+  pool: number,
+  dim: number,
+): Float64Array[] {
+  const out: Float64Array[] = [];
+  for (let j = 0; (j + 1) * pool <= keys.length; j++) {
+    const K = new Float64Array(dim);
+    for (let c = 0; c < dim; c++) {
+      const a = softmax(
+        Array.from({ length: pool }, (_, r) => keys[j * pool + r][dim + c] + ape[r * dim + c]),
+      );
+      for (let r = 0; r < pool; r++) K[c] += a[r] * keys[j * pool + r][c];
+    }
+    out.push(K);
+  }
+  return out;
+}
+
 /** The indexer's key of this position (LayerNorm with bias, eps 1e-6, RoPE on the leading dims). */
 function indexerKey(m: ReferenceContext, l: number, h: Float64Array, pos: number): Float64Array {
   const ix = m.cfg.mla!.indexer!;
@@ -60,8 +84,13 @@ function indexerKey(m: ReferenceContext, l: number, h: Float64Array, pos: number
   const variance = k.reduce((a, b) => a + (b - mean) ** 2, 0) / D;
   const w = m.lw(l, "idx_k_norm"), bias = m.lw(l, "idx_k_bias");
   const out = k.map((v, i) => (v - mean) / Math.sqrt(variance + 1e-6) * w[i] + bias[i]);
-  m.rope(out, 0, pos);
-  return out;
+  if (!m.cfg.mla!.nope) m.rope(out, 0, pos);
+  if (!ix.pool) return out;
+  const gate = matvec(m.lw(l, "idx_pool_gate"), h, D, m.cfg.hiddenSize, `layer ${l} idx_pool_gate`);
+  const both = new Float64Array(2 * D);
+  both.set(out);
+  both.set(gate, D);
+  return both;
 }
 
 /** Multi-head latent attention of layer `l` at position `pos`, through o_proj. */
@@ -103,7 +132,7 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
     mla.kvLoraRank,
     `layer ${l} wkv_b`,
   );
-  const keys = new Float64Array(numHeads * qk + (ix?.headDim ?? 0));
+  const keys = new Float64Array(numHeads * qk + (ix ? ix.headDim * (ix.pool ? 2 : 1) : 0));
   const values = new Float64Array(numHeads * vd);
   for (let hd = 0; hd < numHeads; hd++) {
     if (!mla.nope) m.rope(q, hd * qk + nope, pos);
@@ -116,18 +145,25 @@ export const mlaReference: ReferenceAttention = (m, l, h, pos) => {
   cache.keys.push(keys);
   cache.values.push(values);
   let keep: number[] | undefined;
-  if (ix && cache.keys.length > ix.topK) {
+  if (ix) {
+    // Every query selects; with no more candidates than it keeps, it keeps them all.
     const iq = matvec(m.lw(l, "idx_wq"), qn!, ix.numHeads * ix.headDim, mla.qLoraRank!, "idx_wq");
-    for (let hd = 0; hd < ix.numHeads; hd++) m.rope(iq, hd * ix.headDim, pos);
+    if (!mla.nope) { for (let hd = 0; hd < ix.numHeads; hd++) m.rope(iq, hd * ix.headDim, pos); }
     const w = matvec(m.lw(l, "idx_w"), h, ix.numHeads, d, `layer ${l} idx_w`)
       .map((v) => v / Math.sqrt(ix.numHeads));
-    const scores = indexScoresReference(
-      ix,
-      iq,
-      w,
-      cache.keys.map((k) => k.subarray(numHeads * qk)),
-    );
-    keep = topKReference(scores, ix.topK);
+    const own = cache.keys.map((k) => k.subarray(numHeads * qk));
+    if (ix.pool) {
+      const pools = poolKeysReference(own, m.lw(l, "idx_pool_ape"), ix.pool, ix.headDim);
+      const chosen = topKReference(
+        indexScoresReference(ix, iq, w, pools),
+        Math.floor(ix.topK / ix.pool),
+      );
+      keep = [];
+      for (const j of chosen) for (let r = 0; r < ix.pool; r++) keep.push(j * ix.pool + r);
+      for (let t = pools.length * ix.pool; t < cache.keys.length; t++) keep.push(t);
+    } else {
+      keep = topKReference(indexScoresReference(ix, iq, w, own), ix.topK);
+    }
   }
   const out = new Float64Array(numHeads * vd);
   for (let hd = 0; hd < numHeads; hd++) {
