@@ -13,6 +13,8 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import { loadSession, saveSession } from "../engine/session_state.ts";
+import { openContainer } from "../engine/container.ts";
+import { packCheckpoint } from "../tools/pack.ts";
 import {
   budgetAboveFloor,
   decodeAgainstReference,
@@ -213,5 +215,31 @@ Deno.test({
         );
       }
     }
+  },
+});
+
+Deno.test({
+  name: "glm_moe_dsa: open refuses a manifest whose indexer section is out of bounds",
+  ignore,
+  fn: async () => {
+    const out = `${tempDir()}/glm5-tamper.sluice`;
+    await packCheckpoint(fixtureDir(NAME), out, { progress: "off", log: () => {} });
+    const path = `${out}/manifest.json`;
+    const original = Deno.readTextFileSync(path);
+    // deno-lint-ignore no-explicit-any
+    const tamper = (edit: (m: any) => void, want: RegExp) => {
+      const m = JSON.parse(original);
+      edit(m);
+      Deno.writeTextFileSync(path, JSON.stringify(m));
+      assert.throws(() => openContainer(out), want);
+    };
+    tamper((m) => m.config.mla.indexer.topK = 0, /mla\.indexer\.topK/);
+    tamper((m) => m.config.mla.indexer.numHeads = 2 ** 20, /mla\.indexer\.numHeads/);
+    tamper((m) => m.config.mla.indexer.headDim = 4, /headDim ≥ qkRopeHeadDim/);
+    tamper((m) => m.config.mla.indexer.pool = 17, /mla\.indexer\.pool/);
+    tamper((m) => m.config.mla.latentNormEps = 2, /latentNormEps/);
+    tamper((m) => delete m.config.mla.indexer, /tensors: expected exactly attn_norm/);
+    Deno.writeTextFileSync(path, original);
+    openContainer(out);
   },
 });
