@@ -9,7 +9,6 @@
 import assert from "node:assert/strict";
 import { Arena } from "../engine/arena.ts";
 import { Ops } from "../engine/ops.ts";
-import { indexScores, poolKeys, topPositions } from "../engine/parts/mla.ts";
 import { MIXERS } from "../engine/parts/mod.ts";
 import { residualPartOf } from "../engine/parts/residual.ts";
 import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
@@ -17,6 +16,7 @@ import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { indexScoresReference, poolKeysReference, topKReference } from "../engine/reference/mla.ts";
 import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
+import { topK } from "../engine/routing.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
 import type { TensorRef } from "../engine/tensor.ts";
@@ -356,52 +356,79 @@ Deno.test("the hyper-connection stream matches its float64 reference over layers
   }
 });
 
-Deno.test("the indexer's scores and top-k match their scalar reference, ties to the lowest position", () => {
-  for (
-    const [heads, dim, n, k] of [[5, 10, 37, 3], [3, 7, 64, 17], [1, 9, 5, 5], [7, 13, 20, 19]]
-  ) {
-    const ix = { numHeads: heads, headDim: dim, topK: k };
-    const q = values(heads * dim, 3 + n, 1);
-    const w = values(heads, 5 + n, 1);
-    const keys = Array.from({ length: n }, (_, t) => values(dim, 7 + t * n, 1));
-    // Repeated keys give exactly equal scores, so ties fall on the cut.
-    for (let t = 4; t < n; t += 4) keys[t] = keys[t - 3];
-    const flat = new Float32Array(n * dim);
-    keys.forEach((key, t) => flat.set(key, t * dim));
-    const got = new Float64Array(n);
-    indexScores(q, w, flat, n, heads, dim, 1 / Math.sqrt(dim), got);
-    const want = indexScoresReference(ix, q, w, keys);
-    assert.ok(maxRelDiff(got, want) <= 1e-12, `${heads}×${dim}, ${n} keys: scores differ`);
-    for (const take of [1, k, n - 1, n]) {
-      assert.deepEqual(topPositions(want, n, take), topKReference(want, take), `top ${take}`);
+Deno.test("the indexer's scores, top-k and pool keys match their scalar reference at awkward sizes", async () => {
+  const arena = new Arena(4 * 2 ** 20);
+  const pool = await Pool.create(arena, await loadKernelModule(), 1);
+  try {
+    const ops = new Ops(arena, pool);
+    const put = (v: Float32Array) => {
+      const ptr = arena.alloc("v", v.length * 4, 64);
+      arena.f32(ptr, v.length).set(v);
+      return ptr;
+    };
+    for (
+      const [heads, dim, n, k, size] of [
+        [5, 10, 37, 3, 3],
+        [3, 7, 64, 17, 4],
+        [1, 9, 5, 5, 1],
+        [7, 13, 20, 19, 5],
+      ]
+    ) {
+      const ix = { numHeads: heads, headDim: dim, topK: k };
+      const q = values(heads * dim, 3 + n, 1);
+      const w = values(heads, 5 + n, 1);
+      // Rows of [key | gate], as the mixer caches them; repeated keys tie on the cut.
+      const rows = Array.from({ length: n }, (_, t) => {
+        const row = new Float32Array(2 * dim);
+        row.set(values(dim, 7 + t * n, 1));
+        row.set(values(dim, 9 + t * n, 4), dim);
+        return row;
+      });
+      for (let t = 4; t < n; t += 4) rows[t].set(rows[t - 3].subarray(0, dim));
+      const flat = new Float32Array(n * 2 * dim);
+      rows.forEach((r, t) => flat.set(r, t * 2 * dim));
+      const rowsPtr = put(flat);
+      // The mixer folds 1/√(heads·dim) into the head weights.
+      const wPtr = put(w.map((x) => x / Math.sqrt(heads * dim)));
+      const scores = arena.alloc("scores", n * 4);
+      ops.csaIndexScores(put(q), heads, dim, wPtr, rowsPtr, 2 * dim, n, scores);
+      const got = arena.f32(scores, n);
+      const keys = rows.map((r) => r.subarray(0, dim));
+      const want = indexScoresReference(ix, q, w.map((x) => x / Math.sqrt(heads)), keys);
+      assert.ok(maxRelDiff(got, want) <= 1e-5, `${heads}×${dim}, ${n} keys: scores differ`);
+      for (const take of [1, k, n - 1, n]) {
+        assert.deepEqual(
+          topK(got, take).sort((a, b) => a - b),
+          topKReference(got, take),
+          `top ${take}`,
+        );
+      }
+      const even = new Float32Array(n).fill(0.5);
+      assert.deepEqual(topK(even, k).sort((a, b) => a - b), Array.from({ length: k }, (_, t) => t));
+      assert.deepEqual(topKReference(even, k), Array.from({ length: k }, (_, t) => t));
+      // Pool keys, as the mixer makes them when a pool completes.
+      const ape = values(size * dim, 19 + size, 2);
+      const pooled = poolKeysReference(rows, ape, size, dim);
+      const out = arena.alloc("pool key", dim * 4);
+      pooled.forEach((K, j) => {
+        ops.csaCompress({
+          rows: rowsPtr,
+          rowFloats: 2 * dim,
+          cOff: 0,
+          zOff: dim,
+          ape: put(ape),
+          ratio: size,
+          width: dim,
+          indexed: false,
+          w: j,
+          out,
+        });
+        const diff = maxRelDiff(arena.f32(out, dim), K);
+        assert.ok(diff <= 1e-5, `pool ${j} of ${size}×${dim} off by ${diff}`);
+      });
+      assert.equal(pooled.length, Math.floor(n / size));
     }
-    // Every score equal: the lowest positions win.
-    const flatScores = new Float64Array(n).fill(0.5);
-    assert.deepEqual(topPositions(flatScores, n, k), Array.from({ length: k }, (_, t) => t));
-    assert.deepEqual(topKReference(flatScores, k), Array.from({ length: k }, (_, t) => t));
-  }
-});
-
-Deno.test("the indexer's pool keys match their scalar reference at awkward sizes", () => {
-  for (const [pool, dim, n] of [[3, 10, 11], [4, 7, 16], [1, 5, 6], [5, 9, 4]]) {
-    const keys = values(n * dim, 11 + n, 1);
-    const gates = values(n * dim, 13 + n, 4);
-    const ape = values(pool * dim, 19 + pool, 2);
-    const count = Math.floor(n / pool);
-    const got = poolKeys(keys, gates, ape, count, pool, dim);
-    const rows = Array.from({ length: n }, (_, t) => {
-      const row = new Float64Array(2 * dim);
-      row.set(keys.subarray(t * dim, (t + 1) * dim));
-      row.set(gates.subarray(t * dim, (t + 1) * dim), dim);
-      return row;
-    });
-    const want = poolKeysReference(rows, ape, pool, dim);
-    assert.equal(want.length, count, `${n} positions make ${count} complete pools of ${pool}`);
-    want.forEach((K, j) =>
-      assert.ok(
-        maxRelDiff(got.subarray(j * dim, (j + 1) * dim), K) <= 1e-12,
-        `pool ${j} of ${pool}×${dim} differs`,
-      )
-    );
+  } finally {
+    pool.close();
   }
 });

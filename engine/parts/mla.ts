@@ -7,7 +7,7 @@
  * o_proj (`g_proj`), and DeepSeek Sparse Attention (GLM-5): a lightning indexer whose keys are
  * cached beside the latent rows scores every earlier position for each query, and the query
  * attends only to the best `topK` of them (io/model_config.ts IndexerConfig). The selection is
- * computed in float64 on one thread, so it is the same on every placement and thread count.
+ * computed on the main thread, so it is the same on every placement and thread count.
  *
  * Decode uses the absorbed form: a head's no-rope query is pulled into latent space through its
  * slice of kv_b_proj (q_lat = W_kbᵀ·q_nope), scored against the latent rows directly, and the
@@ -27,92 +27,25 @@ import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
+import { topK } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
-/** Floats the indexer caches per position: its key, and with pools the key's pool gate. */
+/**
+ * Floats the indexer caches per position: its key; with pools also the key's pool gate and, at the
+ * last position of a pool, the pool's key (made once, when the pool completes).
+ */
 function indexerRow(cfg: ModelConfig): number {
   const ix = cfg.mla!.indexer;
-  return ix ? ix.headDim * (ix.pool ? 2 : 1) : 0;
+  return ix ? ix.headDim * (ix.pool ? 3 : 1) : 0;
 }
 
 /** Bytes of one MLA layer's latent cache, then its indexer keys and gates, for `ctx` positions. */
 function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
   const m = cfg.mla!;
   return ctx * (m.kvLoraRank + m.qkRopeHeadDim + indexerRow(cfg)) * 4;
-}
-
-/**
- * The keys of the first `count` complete pools of `pool` positions: per channel c,
- * Σ_r softmax_r(gates[r][c] + ape[r][c]) · keys[r][c] over the pool's positions r, in float64.
- */
-export function poolKeys(
-  keys: Float32Array,
-  gates: Float32Array,
-  ape: Float32Array,
-  count: number,
-  pool: number,
-  dim: number,
-): Float64Array {
-  const out = new Float64Array(count * dim);
-  const e = new Float64Array(pool);
-  for (let j = 0; j < count; j++) {
-    for (let c = 0; c < dim; c++) {
-      let max = -Infinity;
-      for (let r = 0; r < pool; r++) {
-        e[r] = gates[(j * pool + r) * dim + c] + ape[r * dim + c];
-        max = Math.max(max, e[r]);
-      }
-      let sum = 0, acc = 0;
-      for (let r = 0; r < pool; r++) {
-        e[r] = Math.exp(e[r] - max);
-        sum += e[r];
-        acc += e[r] * keys[(j * pool + r) * dim + c];
-      }
-      out[j * dim + c] = acc / sum;
-    }
-  }
-  return out;
-}
-
-/**
- * The lightning indexer's score of each of the first `n` keys (rows of `dim` floats in `keys`)
- * for one query of `heads` heads `q` with head weights `w`: Σ_h w_h·relu(q_h·k_t·scale), in
- * float64, into `out`.
- */
-export function indexScores(
-  q: Float32Array,
-  w: ArrayLike<number>,
-  keys: ArrayLike<number>,
-  n: number,
-  heads: number,
-  dim: number,
-  scale: number,
-  out: Float64Array,
-): void {
-  for (let t = 0; t < n; t++) {
-    const k0 = t * dim;
-    let s = 0;
-    for (let h = 0; h < heads; h++) {
-      const q0 = h * dim;
-      let d = 0;
-      for (let i = 0; i < dim; i++) d += q[q0 + i] * keys[k0 + i];
-      s += w[h] * Math.max(0, d * scale);
-    }
-    out[t] = s;
-  }
-}
-
-/**
- * The `k` positions of the highest of the first `n` scores, ties broken by the lowest position,
- * in increasing order of position.
- */
-export function topPositions(scores: Float64Array, n: number, k: number): number[] {
-  const order = Array.from({ length: n }, (_, t) => t);
-  order.sort((a, b) => scores[b] - scores[a] || a - b);
-  return order.slice(0, k).sort((a, b) => a - b);
 }
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
@@ -156,7 +89,7 @@ export class MlaAttention implements Mixer {
   #iw = 0;
   #ig = 0;
   #picked = 0;
-  #indexScores: Float64Array;
+  #iscores = 0;
 
   constructor(
     ops: Ops,
@@ -189,8 +122,8 @@ export class MlaAttention implements Mixer {
       this.#iw = arena.alloc("indexer weights", maxBatch * ix.numHeads * 4);
       if (ix.pool) this.#ig = arena.alloc("indexer pool gates", maxBatch * ix.headDim * 4);
       this.#picked = arena.alloc("dsa picked rows", indexerKept(ix) * this.#row * 4);
+      this.#iscores = arena.alloc("indexer scores", maxCtx * 4);
     }
-    this.#indexScores = new Float64Array(ix ? maxCtx : 0);
     if (mla.outputGate) {
       this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
     }
@@ -243,34 +176,29 @@ export class MlaAttention implements Mixer {
 
   /**
    * The latent caches of its layers (compressed KV and the shared RoPE key), each followed by
-   * the layer's indexer keys when it has an indexer.
+   * the layer's indexer rows when it has an indexer.
    */
   cacheRegions(): CacheRegion[] {
     const ix = this.#cfg.mla!.indexer;
     return this.#layers.flatMap((l) => [
       { offset: this.#cache[l], rowBytes: this.#row * 4 },
-      ...(ix ? [{ offset: this.#indexKeys(l), rowBytes: ix.headDim * 4 }] : []),
-      ...(ix?.pool ? [{ offset: this.#poolGates(l), rowBytes: ix.headDim * 4 }] : []),
+      ...(ix ? [{ offset: this.#indexRows(l), rowBytes: indexerRow(this.#cfg) * 4 }] : []),
     ]);
   }
 
-  /** Where layer `layer`'s indexer pool gates start: after its indexer keys. */
-  #poolGates(layer: number): number {
-    return this.#indexKeys(layer) + this.#maxCtx * this.#cfg.mla!.indexer!.headDim * 4;
-  }
-
-  /** Where layer `layer`'s indexer keys start: after its latent rows. */
-  #indexKeys(layer: number): number {
+  /** Where layer `layer`'s indexer rows start: after its latent rows. */
+  #indexRows(layer: number): number {
     return this.#cache[layer] + this.#maxCtx * this.#row * 4;
   }
 
   /**
-   * The indexer keys of tokens pos..pos+nb−1 (LayerNorm with bias, eps 1e-6, then RoPE) into the
-   * cache, and the queries' RoPE, both on the leading qk_rope_head_dim dims.
+   * The indexer rows of tokens pos..pos+nb−1 into the cache: the key (LayerNorm with bias, eps
+   * 1e-6, then RoPE on the leading qk_rope_head_dim dims, as on the queries), with pools its gate,
+   * and the key of each pool these tokens complete.
    */
   #indexerKeys(layer: number, lw: LayerWeights, nb: number, pos: number): void {
     const ix = this.#cfg.mla!.indexer!;
-    const D = ix.headDim;
+    const D = ix.headDim, R = indexerRow(this.#cfg), rows = this.#indexRows(layer);
     const w = this.#arena.f32(lw.get("idx_k_norm").ptr, D);
     const bias = this.#arena.f32(lw.get("idx_k_bias").ptr, D);
     const interleaved = this.#cfg.rope.layout === "interleaved";
@@ -284,42 +212,65 @@ export class MlaAttention implements Mixer {
       for (let i = 0; i < D; i++) v += (k[i] - mean) ** 2;
       const inv = 1 / Math.sqrt(v / D + 1e-6);
       for (let i = 0; i < D; i++) k[i] = (k[i] - mean) * inv * w[i] + bias[i];
-      if (!this.#rope) continue;
-      const [cos, sin] = ropeAt(this.#rope, pos + b);
-      this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
-      this.#ops.rope(
-        this.#iq + b * ix.numHeads * D * 4,
-        ix.numHeads,
-        D,
-        ropeDim,
-        cos,
-        sin,
-        interleaved,
-      );
+      if (this.#rope) {
+        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
+        this.#ops.rope(
+          this.#iq + b * ix.numHeads * D * 4,
+          ix.numHeads,
+          D,
+          ropeDim,
+          cos,
+          sin,
+          interleaved,
+        );
+      }
+      const row = rows + (pos + b) * R * 4;
+      this.#ops.copy(row, this.#ik + b * D * 4, D);
+      if (ix.pool) this.#ops.copy(row + D * 4, this.#ig + b * D * 4, D);
     }
-    this.#ops.copy(this.#indexKeys(layer) + pos * D * 4, this.#ik, nb * D);
-    if (ix.pool) this.#ops.copy(this.#poolGates(layer) + pos * D * 4, this.#ig, nb * D);
+    if (!ix.pool) return;
+    const ape = lw.get("idx_pool_ape").ptr;
+    for (let j = Math.floor(pos / ix.pool); (j + 1) * ix.pool <= pos + nb; j++) {
+      const last = (j + 1) * ix.pool - 1;
+      this.#ops.csaCompress({
+        rows,
+        rowFloats: R,
+        cOff: 0,
+        zOff: D,
+        ape,
+        ratio: ix.pool,
+        width: D,
+        indexed: false,
+        w: j,
+        out: rows + (last * R + 2 * D) * 4,
+      });
+    }
   }
 
-  /** The positions token b of a call (at position p) attends to, when the indexer thins them. */
-  #select(layer: number, lw: LayerWeights, b: number, p: number): number[] {
+  /**
+   * The positions token b of a call (at position p) attends to, when the indexer thins them, in
+   * increasing order: the scoring kernel (csa.c) with the head weights scaled by
+   * 1/√(heads·head_dim), and top-k with ties to the lower position (routing.ts).
+   */
+  #select(b: number, layer: number, p: number): number[] {
     const ix = this.#cfg.mla!.indexer!;
-    const D = ix.headDim, H = ix.numHeads;
-    const w = Array.from(this.#arena.f32(this.#iw + b * H * 4, H), (x) => x / Math.sqrt(H));
-    const keys = this.#arena.f32(this.#indexKeys(layer), (p + 1) * D);
-    const q = this.#arena.f32(this.#iq + b * H * D * 4, H * D);
+    const D = ix.headDim, H = ix.numHeads, R = indexerRow(this.#cfg);
+    const iw = this.#iw + b * H * 4;
+    const w = this.#arena.f32(iw, H);
+    for (let h = 0; h < H; h++) w[h] /= Math.sqrt(H * D);
+    const rows = this.#indexRows(layer);
+    const q = this.#iq + b * H * D * 4;
     if (!ix.pool) {
-      indexScores(q, w, keys, p + 1, H, D, 1 / Math.sqrt(D), this.#indexScores);
-      return topPositions(this.#indexScores, p + 1, ix.topK);
+      this.#ops.csaIndexScores(q, H, D, iw, rows, R, p + 1, this.#iscores);
+      return topK(this.#arena.f32(this.#iscores, p + 1), ix.topK).sort((x, y) => x - y);
     }
-    // Complete pools are scored as one key each; the tail after them is always kept.
-    const pool = ix.pool;
-    const P = Math.floor((p + 1) / pool);
-    const gates = this.#arena.f32(this.#poolGates(layer), (p + 1) * D);
-    const ape = this.#arena.f32(lw.get("idx_pool_ape").ptr, pool * D);
-    const pooled = poolKeys(keys, gates, ape, P, pool, D);
-    indexScores(q, w, pooled, P, H, D, 1 / Math.sqrt(D), this.#indexScores);
-    const kept = topPositions(this.#indexScores, P, Math.floor(ix.topK / pool))
+    // Complete pools are scored by their keys; the tail after them is always kept.
+    const pool = ix.pool, P = Math.floor((p + 1) / pool);
+    const keys = rows + ((pool - 1) * R + 2 * D) * 4;
+    this.#ops.csaIndexScores(q, H, D, iw, keys, pool * R, P, this.#iscores);
+    const kept = topK(this.#arena.f32(this.#iscores, P), Math.floor(ix.topK / pool))
+      .sort((x, y) => x - y)
       .flatMap((j) => Array.from({ length: pool }, (_, r) => j * pool + r));
     for (let t = P * pool; t <= p; t++) kept.push(t);
     return kept;
@@ -415,7 +366,7 @@ export class MlaAttention implements Mixer {
       });
     if (dense > 0) attend(0, this.#cache[layer], lengths.slice(0, dense));
     for (let b = dense; b < nb; b++) {
-      const picked = this.#select(layer, lw, b, pos + b);
+      const picked = this.#select(b, layer, pos + b);
       picked.forEach((t, i) =>
         ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
       );
@@ -519,6 +470,7 @@ export const MLA: MixerPart = {
             f * m.indexer.numHeads,
             ...(m.indexer.pool ? [f * m.indexer.headDim] : []),
             indexerKept(m.indexer) * row * 4,
+            ctx * 4,
           ]
           : []),
       ) + absorbed;
