@@ -68,6 +68,41 @@ export interface MlaConfig {
   nope?: boolean;
   /** Kimi K3: a sigmoid gate (the layer's g_proj projection) on the heads' values before o_proj. */
   outputGate?: boolean;
+  /** eps of the latent norms (q_a_layernorm, kv_a_layernorm); absent: rmsNormEps. GLM-5: 1e-6. */
+  latentNormEps?: number;
+  /** DeepSeek Sparse Attention (GLM-5): a lightning indexer picks the keys each query attends to. */
+  indexer?: IndexerConfig;
+}
+
+/**
+ * The lightning indexer of DeepSeek Sparse Attention (GLM-5, engine/parts/mla.ts): per position
+ * one key k = RoPE(LayerNorm(W_k·h)), cached beside the latent row; per query `numHeads` heads
+ * q_h = RoPE(W_q·q_latent) and weights w = W_w·h / √numHeads; key t scores
+ * Σ_h w_h·relu(q_h·k_t / √headDim), and the query attends only to the `topK` best keys (all of
+ * them while it has no more than `topK`), ties broken by the lowest position. RoPE turns the first
+ * qkRopeHeadDim dims of q and k, in the MLA's layout.
+ */
+export interface IndexerConfig {
+  numHeads: number;
+  headDim: number;
+  topK: number;
+  /**
+   * GLM-5.3-Flash's k-pool indexer: the keys are scored in complete pools of this many positions
+   * (pool key Σ_r softmax_r(g_r + ape_r) ⊙ k_r per channel, g = W_g·h cached beside k), the
+   * best ⌊topK / pool⌋ pools are kept with the positions after the last complete pool (the tail).
+   * Layer tensors `idx_pool_ape` and `idx_pool_gate`. Absent: every position is scored alone.
+   */
+  pool?: number;
+}
+
+/** The most positions an indexer lets one query attend to. */
+export function indexerKept(ix: IndexerConfig): number {
+  return ix.pool ? Math.floor(ix.topK / ix.pool) * ix.pool + ix.pool - 1 : ix.topK;
+}
+
+/** Whether a query that sees `n` positions attends to fewer than all of them. */
+export function indexerThins(ix: IndexerConfig, n: number): boolean {
+  return ix.pool ? Math.floor(n / ix.pool) > Math.floor(ix.topK / ix.pool) : n > ix.topK;
 }
 
 /**
@@ -368,6 +403,14 @@ export const LAYER_TENSOR_ORDER = [
   "wkv_a",
   "kv_a_norm",
   "wkv_b",
+  // GLM-5: DeepSeek Sparse Attention's lightning indexer.
+  "idx_wq",
+  "idx_wk",
+  "idx_k_norm",
+  "idx_k_bias",
+  "idx_w",
+  "idx_pool_ape",
+  "idx_pool_gate",
   "q_conv",
   "k_conv",
   "v_conv",

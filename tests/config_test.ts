@@ -49,6 +49,17 @@ function expectedShape(cfg: ModelConfig, layer: number, t: LayerTensor): number[
       wkv_b: [cfg.numHeads * (mla.qkNopeHeadDim + mla.vHeadDim), mla.kvLoraRank],
     });
   }
+  if (mla?.indexer) {
+    // GLM-5's lightning indexer (../shared/models/README.md, tiny-glm5 tensors).
+    const { numHeads: n, headDim: d } = mla.indexer;
+    Object.assign(table, {
+      idx_wq: [n * d, mla.qLoraRank ?? 0],
+      idx_wk: [d, h],
+      idx_k_norm: [d],
+      idx_k_bias: [d],
+      idx_w: [n, h],
+    });
+  }
   if (kda) {
     // Kimi-Linear's checkpoint layout (../shared/models/README.md, tiny-kimi-linear tensors).
     const H = kda.numHeads, dk = kda.headDim, p = H * dk, K = kda.convKernel;

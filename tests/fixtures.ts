@@ -27,6 +27,7 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "tiny-deepseek-v3",
   "tiny-deepseek-v3-fp8",
   "tiny-glm4-moe",
+  "tiny-glm5",
   "tiny-kimi-linear",
   "tiny-minimax-m2",
   "tiny-minimax-m2-fp8",

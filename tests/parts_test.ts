@@ -14,7 +14,9 @@ import { residualPartOf } from "../engine/parts/residual.ts";
 import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
+import { indexScoresReference, poolKeysReference, topKReference } from "../engine/reference/mla.ts";
 import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
+import { topK } from "../engine/routing.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
 import type { TensorRef } from "../engine/tensor.ts";
@@ -133,6 +135,28 @@ const CASES: [string, ModelConfig][] = [
   ],
   ["mla", config(MLA_CFG)],
   [
+    "mla with a sparse-attention indexer keeping 3 keys, latent norms at 1e-4",
+    config({
+      ...MLA_CFG,
+      mla: {
+        ...MLA_CFG.mla,
+        latentNormEps: 1e-4,
+        indexer: { numHeads: 5, headDim: 10, topK: 3 },
+      },
+    }),
+  ],
+  [
+    "mla without rotary, with a k-pool indexer keeping 2 pools of 3 and the tail",
+    config({
+      ...MLA_CFG,
+      mla: {
+        ...MLA_CFG.mla,
+        nope: true,
+        indexer: { numHeads: 3, headDim: 10, topK: 7, pool: 3 },
+      },
+    }),
+  ],
+  [
     "mla without rotary, with an output gate",
     config({
       ...MLA_CFG,
@@ -187,7 +211,7 @@ function values(n: number, seed: number, scale: number, around = 0): Float32Arra
   return out;
 }
 
-const POSITIONS = 7;
+const POSITIONS = 12;
 
 for (const [what, cfg] of CASES) {
   Deno.test(`the ${what} mixer matches its float64 reference`, async () => {
@@ -234,8 +258,9 @@ for (const [what, cfg] of CASES) {
         return weights.get(t) ?? assert.fail(`no ${n}`);
       });
       const want = inputs.map((x, p) => REFERENCE_MIXERS[name](ref, 0, Float64Array.from(x), p));
-      // A chunk of 3, then one token at a time (ring wrap and state carry included).
-      const chunks = [[0, 3], [3, 1], [4, 1], [5, 1], [6, 1]];
+      // A chunk of 3, one token at a time (ring wrap and state carry included), then a chunk
+      // whose first token still attends to every position and whose others the indexers thin.
+      const chunks = [[0, 3], [3, 1], [4, 1], [5, 1], [6, 1], [7, 4], [11, 1]];
       for (const [p0, nb] of chunks) {
         mixer.begin?.(p0, nb);
         for (let b = 0; b < nb; b++) arena.f32(h + b * d * 4, d).set(inputs[p0 + b]);
@@ -325,6 +350,83 @@ Deno.test("the hyper-connection stream matches its float64 reference over layers
       const w = hyperHead(want[b], fn, base, scale, cfg.rmsNormEps, 1e-6);
       const diff = maxRelDiff(final.subarray((b - 1) * d, b * d), w);
       assert.ok(diff <= 1e-5, `token ${b}: hyper head off by ${diff}`);
+    }
+  } finally {
+    pool.close();
+  }
+});
+
+Deno.test("the indexer's scores, top-k and pool keys match their scalar reference at awkward sizes", async () => {
+  const arena = new Arena(4 * 2 ** 20);
+  const pool = await Pool.create(arena, await loadKernelModule(), 1);
+  try {
+    const ops = new Ops(arena, pool);
+    const put = (v: Float32Array) => {
+      const ptr = arena.alloc("v", v.length * 4, 64);
+      arena.f32(ptr, v.length).set(v);
+      return ptr;
+    };
+    for (
+      const [heads, dim, n, k, size] of [
+        [5, 10, 37, 3, 3],
+        [3, 7, 64, 17, 4],
+        [1, 9, 5, 5, 1],
+        [7, 13, 20, 19, 5],
+      ]
+    ) {
+      const ix = { numHeads: heads, headDim: dim, topK: k };
+      const q = values(heads * dim, 3 + n, 1);
+      const w = values(heads, 5 + n, 1);
+      // Rows of [key | gate], as the mixer caches them; repeated keys tie on the cut.
+      const rows = Array.from({ length: n }, (_, t) => {
+        const row = new Float32Array(2 * dim);
+        row.set(values(dim, 7 + t * n, 1));
+        row.set(values(dim, 9 + t * n, 4), dim);
+        return row;
+      });
+      for (let t = 4; t < n; t += 4) rows[t].set(rows[t - 3].subarray(0, dim));
+      const flat = new Float32Array(n * 2 * dim);
+      rows.forEach((r, t) => flat.set(r, t * 2 * dim));
+      const rowsPtr = put(flat);
+      // The mixer folds 1/√(heads·dim) into the head weights.
+      const wPtr = put(w.map((x) => x / Math.sqrt(heads * dim)));
+      const scores = arena.alloc("scores", n * 4);
+      ops.csaIndexScores(put(q), heads, dim, wPtr, rowsPtr, 2 * dim, n, scores);
+      const got = arena.f32(scores, n);
+      const keys = rows.map((r) => r.subarray(0, dim));
+      const want = indexScoresReference(ix, q, w.map((x) => x / Math.sqrt(heads)), keys);
+      assert.ok(maxRelDiff(got, want) <= 1e-5, `${heads}×${dim}, ${n} keys: scores differ`);
+      for (const take of [1, k, n - 1, n]) {
+        assert.deepEqual(
+          topK(got, take).sort((a, b) => a - b),
+          topKReference(got, take),
+          `top ${take}`,
+        );
+      }
+      const even = new Float32Array(n).fill(0.5);
+      assert.deepEqual(topK(even, k).sort((a, b) => a - b), Array.from({ length: k }, (_, t) => t));
+      assert.deepEqual(topKReference(even, k), Array.from({ length: k }, (_, t) => t));
+      // Pool keys, as the mixer makes them when a pool completes.
+      const ape = values(size * dim, 19 + size, 2);
+      const pooled = poolKeysReference(rows, ape, size, dim);
+      const out = arena.alloc("pool key", dim * 4);
+      pooled.forEach((K, j) => {
+        ops.csaCompress({
+          rows: rowsPtr,
+          rowFloats: 2 * dim,
+          cOff: 0,
+          zOff: dim,
+          ape: put(ape),
+          ratio: size,
+          width: dim,
+          indexed: false,
+          w: j,
+          out,
+        });
+        const diff = maxRelDiff(arena.f32(out, dim), K);
+        assert.ok(diff <= 1e-5, `pool ${j} of ${size}×${dim} off by ${diff}`);
+      });
+      assert.equal(pooled.length, Math.floor(n / size));
     }
   } finally {
     pool.close();

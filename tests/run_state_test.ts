@@ -12,12 +12,13 @@ import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 /**
  * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gated
  * DeltaNet + gated GQA (flat and fused per key head), Gemma 4's (two attention geometries,
- * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8.
+ * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8, MLA with a sparse-attention indexer.
  */
 const FIXTURES = [
   "stories260k",
   "stories260k-moe",
   "tiny-deepseek-v3",
+  "tiny-glm5",
   "tiny-kimi-linear",
   "tiny-gpt-oss",
   "tiny-kimi-k3",

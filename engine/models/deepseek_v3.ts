@@ -1,8 +1,8 @@
 /**
- * The deepseek_v3 family (DeepSeek-V3/R1, Kimi-K2): every layer runs multi-head latent attention
- * (engine/parts/mla.ts) and a dense or grouped-sigmoid MoE feed-forward with shared experts. This
- * file holds the config normaliser, the MLA tensors' Hugging Face names and the stored-config
- * check.
+ * The deepseek_v3 family (DeepSeek-V3/R1, Kimi-K2, GLM-5): every layer runs multi-head latent
+ * attention (engine/parts/mla.ts; GLM-5's with DeepSeek Sparse Attention's lightning indexer) and a
+ * dense or grouped-sigmoid MoE feed-forward with shared experts. This file holds the config
+ * normalisers, the MLA tensors' Hugging Face names and the stored-config check.
  *
  * @module
  */
@@ -10,6 +10,9 @@ import { manifestField, MAX_DIM } from "../../io/manifest.ts";
 import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Family } from "./family.ts";
 import { groupedMoe, MAX_LAYERS, type Normaliser, requireSilu, ropeSource } from "./hf_config.ts";
+
+/** Bound of the indexer's sizes (GLM-5: 32 heads of 128, top 2048), far above any real model's. */
+const MAX_INDEXER = 2 ** 16;
 
 /** yarn_get_mscale of DeepSeek's code: the attention scale multiplier for a YaRN factor. */
 function yarnMscale(factor: number, mscale: number): number {
@@ -82,6 +85,41 @@ export const normaliseDeepseekV3: Normaliser = (f, mt) => {
   };
 };
 
+/**
+ * GLM-5 (glm_moe_dsa): DeepSeek-V3's layout plus the lightning indexer in every layer, and latent
+ * norms at transformers' fixed eps 1e-6 whatever rms_norm_eps says. The MTP layers stored after
+ * num_hidden_layers are skipped like GLM-4.5's.
+ */
+export const normaliseGlmMoeDsa: Normaliser = (f, mt) => {
+  const cfg = normaliseDeepseekV3(f, mt);
+  const mla = cfg.mla!;
+  if (mla.qLoraRank === null) {
+    throw new Error(`${f.where}: the indexer reads the q latent, so q_lora_rank must be set`);
+  }
+  // GLM-5.2 shares one selection over several layers; this runs an indexer per layer.
+  for (const k of ["index_topk_freq", "indexer_types"]) {
+    if (f.has(k)) throw new Error(`${f.where}: field ${k} (a shared indexer) is not supported`);
+  }
+  if (f.bool("indexer_rope_interleave", true) !== (cfg.rope.layout === "interleaved")) {
+    throw new Error(
+      `${f.where}: indexer_rope_interleave must equal rope_interleave (sluice rotates both alike)`,
+    );
+  }
+  const headDim = f.int("index_head_dim", { min: mla.qkRopeHeadDim, max: MAX_INDEXER });
+  return {
+    ...cfg,
+    mla: {
+      ...mla,
+      latentNormEps: 1e-6,
+      indexer: {
+        numHeads: f.int("index_n_heads", { min: 1, max: MAX_INDEXER }),
+        headDim,
+        topK: f.int("index_topk", { min: 1, max: MAX_INDEXER }),
+      },
+    },
+  };
+};
+
 /** The MLA tensors of a layer and their Hugging Face names (also Kimi-Linear's MLA layers). */
 export function mlaTensors(cfg: ModelConfig): Partial<Record<LayerTensor, string>> {
   const names: Partial<Record<LayerTensor, string>> = {};
@@ -95,6 +133,17 @@ export function mlaTensors(cfg: ModelConfig): Partial<Record<LayerTensor, string
   names.wkv_a = "self_attn.kv_a_proj_with_mqa.weight";
   names.kv_a_norm = "self_attn.kv_a_layernorm.weight";
   names.wkv_b = "self_attn.kv_b_proj.weight";
+  if (cfg.mla?.indexer) {
+    names.idx_wq = "self_attn.indexer.wq_b.weight";
+    names.idx_wk = "self_attn.indexer.wk.weight";
+    names.idx_k_norm = "self_attn.indexer.k_norm.weight";
+    names.idx_k_bias = "self_attn.indexer.k_norm.bias";
+    names.idx_w = "self_attn.indexer.weights_proj.weight";
+  }
+  if (cfg.mla?.indexer?.pool) {
+    names.idx_pool_ape = "self_attn.indexer.index_kpool_compress_ape";
+    names.idx_pool_gate = "self_attn.indexer.index_kpool_compress_gate";
+  }
   return names;
 }
 
@@ -117,5 +166,25 @@ export const DEEPSEEK_V3: Family = {
       );
     }
     if (m.nope !== undefined) manifestField.bool(m.nope, `${where}.mla.nope`);
+    if (m.latentNormEps !== undefined) {
+      const eps = manifestField.num(m.latentNormEps, `${where}.mla.latentNormEps`);
+      if (!(eps > 0 && eps < 1)) {
+        throw new Error(`${where}.mla.latentNormEps: expected 0 < eps < 1`);
+      }
+    }
+    if (m.indexer !== undefined) {
+      const ix = manifestField.obj(m.indexer, `${where}.mla.indexer`);
+      for (const k of ["numHeads", "headDim", "topK"]) {
+        manifestField.int(ix[k], `${where}.mla.indexer.${k}`, 1, MAX_INDEXER);
+      }
+      if (ix.pool !== undefined) {
+        manifestField.int(ix.pool, `${where}.mla.indexer.pool`, 1, ix.topK as number);
+      }
+      if (m.qLoraRank === null || (ix.headDim as number) < (m.qkRopeHeadDim as number)) {
+        throw new Error(
+          `${where}.mla.indexer: needs qLoraRank and headDim ≥ qkRopeHeadDim ${m.qkRopeHeadDim}`,
+        );
+      }
+    }
   },
 };

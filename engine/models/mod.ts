@@ -7,7 +7,7 @@
  * @module
  */
 import type { ModelConfig } from "../../io/model_config.ts";
-import { DEEPSEEK_V3, normaliseDeepseekV3 } from "./deepseek_v3.ts";
+import { DEEPSEEK_V3, normaliseDeepseekV3, normaliseGlmMoeDsa } from "./deepseek_v3.ts";
 import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
 import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
 import type { Family, ModelType } from "./family.ts";
@@ -83,6 +83,12 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     prefix: "",
     lmHead: "head.weight",
     globalNames: { embed: "embed.weight", lm_head: "head.weight" },
+  },
+  glm_moe_dsa: {
+    family: DEEPSEEK_V3,
+    normalise: normaliseGlmMoeDsa,
+    naming: MLP_NAMING,
+    architectures: ["GlmMoeDsaForCausalLM"],
   },
   glm4_moe: {
     family: LLAMA,

@@ -4,7 +4,10 @@
  * (kv_lora_rank floats) and the shared rope key (qk_rope_head_dim floats), about 57× less than
  * expanded K/V at rank 512. Features set from the config: q through a low-rank pair or one
  * projection, NoPE (no rotary at all), and a sigmoid output gate on the heads' values before
- * o_proj (`g_proj`).
+ * o_proj (`g_proj`), and DeepSeek Sparse Attention (GLM-5): a lightning indexer whose keys are
+ * cached beside the latent rows scores every earlier position for each query, and the query
+ * attends only to the best `topK` of them (io/model_config.ts IndexerConfig). The selection is
+ * computed on the main thread, so it is the same on every placement and thread count.
  *
  * Decode uses the absorbed form: a head's no-rope query is pulled into latent space through its
  * slice of kv_b_proj (q_lat = W_kbᵀ·q_nope), scored against the latent rows directly, and the
@@ -14,19 +17,35 @@
  * @module
  */
 import { alignUp } from "../../io/format.ts";
-import type { LayerTensor, ModelConfig } from "../../io/model_config.ts";
+import {
+  indexerKept,
+  indexerThins,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../io/model_config.ts";
 import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
+import { topK } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
-/** Bytes of one MLA layer's latent cache for `ctx` positions. */
+/**
+ * Floats the indexer caches per position: its key; with pools also the key's pool gate and, at the
+ * last position of a pool, the pool's key (made once, when the pool completes).
+ */
+function indexerRow(cfg: ModelConfig): number {
+  const ix = cfg.mla!.indexer;
+  return ix ? ix.headDim * (ix.pool ? 3 : 1) : 0;
+}
+
+/** Bytes of one MLA layer's latent cache, then its indexer keys and gates, for `ctx` positions. */
 function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
-  return ctx * (cfg.mla!.kvLoraRank + cfg.mla!.qkRopeHeadDim) * 4;
+  const m = cfg.mla!;
+  return ctx * (m.kvLoraRank + m.qkRopeHeadDim + indexerRow(cfg)) * 4;
 }
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
@@ -61,6 +80,16 @@ export class MlaAttention implements Mixer {
   #qkDim: number;
   #shape: AttentionShape;
   #layers: number[];
+  /**
+   * The indexer's queries, keys, head weights, pool gates (beside the keys) and the rows one
+   * sparse query attends to.
+   */
+  #iq = 0;
+  #ik = 0;
+  #iw = 0;
+  #ig = 0;
+  #picked = 0;
+  #iscores = 0;
 
   constructor(
     ops: Ops,
@@ -86,6 +115,15 @@ export class MlaAttention implements Mixer {
     }
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
+    const ix = mla.indexer;
+    if (ix) {
+      this.#iq = arena.alloc("indexer q", maxBatch * ix.numHeads * ix.headDim * 4);
+      this.#ik = arena.alloc("indexer k", maxBatch * ix.headDim * 4);
+      this.#iw = arena.alloc("indexer weights", maxBatch * ix.numHeads * 4);
+      if (ix.pool) this.#ig = arena.alloc("indexer pool gates", maxBatch * ix.headDim * 4);
+      this.#picked = arena.alloc("dsa picked rows", indexerKept(ix) * this.#row * 4);
+      this.#iscores = arena.alloc("indexer scores", maxCtx * 4);
+    }
     if (mla.outputGate) {
       this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
     }
@@ -136,9 +174,106 @@ export class MlaAttention implements Mixer {
     return made;
   }
 
-  /** The latent caches of its layers (compressed KV and the shared RoPE key). */
+  /**
+   * The latent caches of its layers (compressed KV and the shared RoPE key), each followed by
+   * the layer's indexer rows when it has an indexer.
+   */
   cacheRegions(): CacheRegion[] {
-    return this.#layers.map((l) => ({ offset: this.#cache[l], rowBytes: this.#row * 4 }));
+    const ix = this.#cfg.mla!.indexer;
+    return this.#layers.flatMap((l) => [
+      { offset: this.#cache[l], rowBytes: this.#row * 4 },
+      ...(ix ? [{ offset: this.#indexRows(l), rowBytes: indexerRow(this.#cfg) * 4 }] : []),
+    ]);
+  }
+
+  /** Where layer `layer`'s indexer rows start: after its latent rows. */
+  #indexRows(layer: number): number {
+    return this.#cache[layer] + this.#maxCtx * this.#row * 4;
+  }
+
+  /**
+   * The indexer rows of tokens pos..pos+nb−1 into the cache: the key (LayerNorm with bias, eps
+   * 1e-6, then RoPE on the leading qk_rope_head_dim dims, as on the queries), with pools its gate,
+   * and the key of each pool these tokens complete.
+   */
+  #indexerKeys(layer: number, lw: LayerWeights, nb: number, pos: number): void {
+    const ix = this.#cfg.mla!.indexer!;
+    const D = ix.headDim, R = indexerRow(this.#cfg), rows = this.#indexRows(layer);
+    const w = this.#arena.f32(lw.get("idx_k_norm").ptr, D);
+    const bias = this.#arena.f32(lw.get("idx_k_bias").ptr, D);
+    const interleaved = this.#cfg.rope.layout === "interleaved";
+    const ropeDim = this.#cfg.mla!.qkRopeHeadDim;
+    for (let b = 0; b < nb; b++) {
+      const k = this.#arena.f32(this.#ik + b * D * 4, D);
+      let mean = 0;
+      for (let i = 0; i < D; i++) mean += k[i];
+      mean /= D;
+      let v = 0;
+      for (let i = 0; i < D; i++) v += (k[i] - mean) ** 2;
+      const inv = 1 / Math.sqrt(v / D + 1e-6);
+      for (let i = 0; i < D; i++) k[i] = (k[i] - mean) * inv * w[i] + bias[i];
+      if (this.#rope) {
+        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
+        this.#ops.rope(
+          this.#iq + b * ix.numHeads * D * 4,
+          ix.numHeads,
+          D,
+          ropeDim,
+          cos,
+          sin,
+          interleaved,
+        );
+      }
+      const row = rows + (pos + b) * R * 4;
+      this.#ops.copy(row, this.#ik + b * D * 4, D);
+      if (ix.pool) this.#ops.copy(row + D * 4, this.#ig + b * D * 4, D);
+    }
+    if (!ix.pool) return;
+    const ape = lw.get("idx_pool_ape").ptr;
+    for (let j = Math.floor(pos / ix.pool); (j + 1) * ix.pool <= pos + nb; j++) {
+      const last = (j + 1) * ix.pool - 1;
+      this.#ops.csaCompress({
+        rows,
+        rowFloats: R,
+        cOff: 0,
+        zOff: D,
+        ape,
+        ratio: ix.pool,
+        width: D,
+        indexed: false,
+        w: j,
+        out: rows + (last * R + 2 * D) * 4,
+      });
+    }
+  }
+
+  /**
+   * The positions token b of a call (at position p) attends to, when the indexer thins them, in
+   * increasing order: the scoring kernel (csa.c) with the head weights scaled by
+   * 1/√(heads·head_dim), and top-k with ties to the lower position (routing.ts).
+   */
+  #select(b: number, layer: number, p: number): number[] {
+    const ix = this.#cfg.mla!.indexer!;
+    const D = ix.headDim, H = ix.numHeads, R = indexerRow(this.#cfg);
+    const iw = this.#iw + b * H * 4;
+    const w = this.#arena.f32(iw, H);
+    for (let h = 0; h < H; h++) w[h] /= Math.sqrt(H * D);
+    const rows = this.#indexRows(layer);
+    const q = this.#iq + b * H * D * 4;
+    if (!ix.pool) {
+      this.#ops.csaIndexScores(q, H, D, iw, rows, R, p + 1, this.#iscores);
+      return topK(this.#arena.f32(this.#iscores, p + 1), ix.topK).sort((x, y) => x - y);
+    }
+    // Complete pools are scored by their keys; the tail after them is always kept.
+    const pool = ix.pool, P = Math.floor((p + 1) / pool);
+    const keys = rows + ((pool - 1) * R + 2 * D) * 4;
+    this.#ops.csaIndexScores(q, H, D, iw, keys, pool * R, P, this.#iscores);
+    const kept = topK(this.#arena.f32(this.#iscores, P), Math.floor(ix.topK / pool))
+      .sort((x, y) => x - y)
+      .flatMap((j) => Array.from({ length: pool }, (_, r) => j * pool + r));
+    for (let t = P * pool; t <= p; t++) kept.push(t);
+    return kept;
   }
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */
@@ -147,7 +282,8 @@ export class MlaAttention implements Mixer {
     const cfg = this.#cfg;
     const mla = cfg.mla!;
     const H = cfg.numHeads;
-    const eps = cfg.rmsNormEps;
+    const eps = mla.latentNormEps ?? cfg.rmsNormEps;
+    const ix = mla.indexer;
     const nope = mla.qkNopeHeadDim, ropeDim = mla.qkRopeHeadDim, r = mla.kvLoraRank;
     const row = this.#row, qk = this.#qkDim;
     if (pos + nb > this.#maxCtx) {
@@ -164,7 +300,17 @@ export class MlaAttention implements Mixer {
         nb,
       });
       ops.rmsnorm(this.#qa, lw.get("q_a_norm").ptr, this.#qa, mla.qLoraRank, nb, eps);
-      ops.matmul({ w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb });
+      ops.matmul(
+        { w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb },
+        ...(ix
+          ? [
+            { w: lw.get("idx_wq"), x: this.#qa, y: this.#iq, nb },
+            { w: lw.get("idx_wk"), x: h, y: this.#ik, nb },
+            { w: lw.get("idx_w"), x: h, y: this.#iw, nb },
+            ...(ix.pool ? [{ w: lw.get("idx_pool_gate"), x: h, y: this.#ig, nb }] : []),
+          ]
+          : []),
+      );
     } else {
       ops.matmul({ w: lw.get("wq"), x: h, y: this.#q, nb }, {
         w: lw.get("wkv_a"),
@@ -186,6 +332,7 @@ export class MlaAttention implements Mixer {
       lengths.push(pos + b + 1);
     }
     ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);
+    if (ix) this.#indexerKeys(layer, lw, nb, pos);
 
     // Absorbed queries: [W_kbᵀ · q_nope | q_pe] per (token, head).
     const absorb: Matmul[] = [];
@@ -199,19 +346,32 @@ export class MlaAttention implements Mixer {
     }
     ops.matmul(...absorb);
 
-    ops.attention({
-      shape: this.#shape,
-      q: this.#qFull,
-      qStride: H * row,
-      k: this.#cache[layer],
-      v: this.#cache[layer],
-      out: this.#latOut,
-      outStride: H * r,
-      scores: this.#scores,
-      scoresPerToken: H * this.#maxCtx,
-      scoreTokens: this.#scoreTokens,
-      lengths,
-    });
+    // A query with more keys than the indexer keeps attends to its picked rows, gathered in
+    // order of position; the others attend to the whole cache, all in one call.
+    const sparse = ix ? lengths.findIndex((n) => indexerThins(ix, n)) : -1;
+    const dense = sparse < 0 ? nb : sparse;
+    const attend = (b: number, k: number, n: number[]) =>
+      ops.attention({
+        shape: this.#shape,
+        q: this.#qFull + b * H * row * 4,
+        qStride: H * row,
+        k,
+        v: k,
+        out: this.#latOut + b * H * r * 4,
+        outStride: H * r,
+        scores: this.#scores,
+        scoresPerToken: H * this.#maxCtx,
+        scoreTokens: this.#scoreTokens,
+        lengths: n,
+      });
+    if (dense > 0) attend(0, this.#cache[layer], lengths.slice(0, dense));
+    for (let b = dense; b < nb; b++) {
+      const picked = this.#select(b, layer, pos + b);
+      picked.forEach((t, i) =>
+        ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
+      );
+      attend(b, this.#picked, [picked.length]);
+    }
 
     // Latent outputs → per-head values → o_proj.
     const values: Matmul[] = [];
@@ -261,6 +421,19 @@ function mlaShape(cfg: ModelConfig, t: LayerTensor): number[] {
     // The output gate: one sigmoid per value element of every head.
     case "g_proj":
       return [heads * m.vHeadDim, H];
+    case "idx_wq":
+      return [m.indexer!.numHeads * m.indexer!.headDim, m.qLoraRank!];
+    case "idx_wk":
+      return [m.indexer!.headDim, H];
+    case "idx_k_norm":
+    case "idx_k_bias":
+      return [m.indexer!.headDim];
+    case "idx_w":
+      return [m.indexer!.numHeads, H];
+    case "idx_pool_ape":
+      return [m.indexer!.pool!, m.indexer!.headDim];
+    case "idx_pool_gate":
+      return [m.indexer!.headDim, H];
     default:
       throw new Error(`multi-head latent attention has no tensor ${t}`);
   }
@@ -290,6 +463,16 @@ export const MLA: MixerPart = {
         f * H * m.kvLoraRank,
         f * H * m.vHeadDim,
         scoreBytes(cfg, ctx, maxBatch),
+        ...(m.indexer
+          ? [
+            f * m.indexer.numHeads * m.indexer.headDim,
+            f * m.indexer.headDim,
+            f * m.indexer.numHeads,
+            ...(m.indexer.pool ? [f * m.indexer.headDim] : []),
+            indexerKept(m.indexer) * row * 4,
+            ctx * 4,
+          ]
+          : []),
       ) + absorbed;
   },
   create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>

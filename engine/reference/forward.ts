@@ -62,8 +62,8 @@ export interface LayerCache {
 /**
  * Causal softmax attention of one head (query `q` from `qOff`) over the positions of `cache` from
  * `opts.from` on (all by default; keys from `kOff`, `kDim` long; values from `vOff`, `vDim`
- * long), added into `out` from `outOff`. `opts.sink` is a logit that joins the softmax
- * denominator only (gpt-oss).
+ * long), or over the positions `opts.keep` only (DeepSeek Sparse Attention), added into `out`
+ * from `outOff`. `opts.sink` is a logit that joins the softmax denominator only (gpt-oss).
  */
 export type Attend = (
   q: Float64Array,
@@ -75,7 +75,7 @@ export type Attend = (
   vDim: number,
   out: Float64Array,
   outOff: number,
-  opts?: { from?: number; sink?: number },
+  opts?: { from?: number; sink?: number; keep?: readonly number[] },
 ) => void;
 
 /**
@@ -338,10 +338,11 @@ export class ReferenceModel implements ReferenceContext {
   /** Causal softmax attention of one head over every cached position, added into `out`. */
   readonly attend: Attend = (q, qOff, cache, kOff, vOff, kDim, vDim, out, outOff, opts = {}) => {
     const from = opts.from ?? 0;
-    const n = cache.keys.length - from;
+    const at = opts.keep ?? Array.from({ length: cache.keys.length - from }, (_, t) => from + t);
+    const n = at.length;
     const logits = new Float64Array(n + (opts.sink === undefined ? 0 : 1));
     for (let t = 0; t < n; t++) {
-      const key = cache.keys[from + t];
+      const key = cache.keys[at[t]];
       let s = 0;
       for (let i = 0; i < kDim; i++) s += q[qOff + i] * key[kOff + i];
       logits[t] = s * this.cfg.attnScale;
@@ -349,7 +350,7 @@ export class ReferenceModel implements ReferenceContext {
     if (opts.sink !== undefined) logits[n] = opts.sink;
     const p = softmax(logits);
     for (let t = 0; t < n; t++) {
-      const val = cache.values[from + t];
+      const val = cache.values[at[t]];
       for (let i = 0; i < vDim; i++) out[outOff + i] += p[t] * val[vOff + i];
     }
   };
