@@ -120,3 +120,32 @@ async function assertEchoed(model: string, prompt: string) {
   assert.equal(bare.stdout, run.text + "\n");
   return { run, plain };
 }
+
+Deno.test("--chat-template FILE renders generate --chat and chat; a bad one is named", async () => {
+  const model = await demoModelPath(true);
+  const dir = Deno.makeTempDirSync({ prefix: "sluice-template-" });
+  try {
+    const file = `${dir}/turns.jinja`;
+    Deno.writeTextFileSync(
+      file,
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}",
+    );
+    const r = await runSluice([
+      ...["generate", "-m", model, "--chat", "-p", "hi", "-n", "1", "--json"],
+      ...["--chat-template", file],
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    const tok = await loadTokenizer(model);
+    assert.deepEqual(
+      JSON.parse(r.stdout).prompt_ids,
+      tok.encode("<user>hi", { addSpecial: false }),
+    );
+    const chat = await runSluice(["chat", "-m", model, "-n", "2", "--chat-template", file], "hi\n");
+    assert.equal(chat.code, 0, chat.stderr);
+    const bad = await runSluice(["chat", "-m", model, "--chat-template", `${dir}/none.jinja`], "");
+    assert.equal(bad.code, 1);
+    assert.match(bad.stderr, /--chat-template .*none\.jinja: not a file nor a built-in template/);
+  } finally {
+    Deno.removeSync(dir, { recursive: true });
+  }
+});

@@ -20,6 +20,9 @@ import {
 } from "./feedback.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
+  applyChatTemplate,
+  CHAT_TEMPLATE_FLAG,
+  CHAT_TEMPLATE_HELP,
   openSession,
   RUN_FLAGS,
   RUN_HELP,
@@ -49,6 +52,7 @@ Chat:
   -m, --model PATH      container made by 'mod.ts pack' (default: the synthetic demo model)
   --system TEXT         system message (also -sys, --system-prompt)
   -p, --prompt TEXT     first user message (then the chat continues on stdin)
+${CHAT_TEMPLATE_HELP}
 
 Sampling (greedy by default; each turn is seeded from --seed and its turn number, so a loaded
 session samples what the original would have):
@@ -96,6 +100,7 @@ export async function chatCommand(args: string[]): Promise<number> {
     ...SAMPLING_FLAGS,
     ...RUN_FLAGS,
     ...SPEC_FLAGS,
+    ...CHAT_TEMPLATE_FLAG,
     quiet: { type: "boolean" },
     ...COLOR_FLAGS,
     ...HELP_FLAG,
@@ -109,9 +114,8 @@ export async function chatCommand(args: string[]): Promise<number> {
   try {
     // A template that does not render is refused now, not at every line; a checkpoint without
     // one chats through the built-in template, with a notice.
+    applyChatTemplate(session, a, "chat", quiet);
     session.chatIds([{ role: "user", content: "" }]);
-    const notice = session.chatTemplate.notice;
-    if (notice && !quiet) console.error(`sluice chat: ${notice}`);
   } catch (e) {
     session.close();
     throw e;

@@ -19,6 +19,9 @@ import {
 } from "./feedback.ts";
 import { type Flags, HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
+  applyChatTemplate,
+  CHAT_TEMPLATE_FLAG,
+  CHAT_TEMPLATE_HELP,
   openSession,
   RUN_FLAGS,
   RUN_HELP,
@@ -45,6 +48,7 @@ Input:
   --system TEXT         system message for --chat (also -sys, --system-prompt)
   -cnv, --conversation  start an interactive chat instead (as 'mod.ts chat' with these flags;
                         -no-cnv, generate's own behaviour, is accepted too)
+${CHAT_TEMPLATE_HELP}
   --chat-template-kwargs JSON
                         extra template variables for --chat, as llama.cpp takes them, e.g.
                         '{"reasoning_effort":"high"}' for gpt-oss's harmony template
@@ -96,6 +100,7 @@ const FLAGS: Flags = {
   "no-conversation": { type: "boolean", dashed: ["no-cnv"] },
   system: { type: "string", dashed: ["sys"], aliases: ["system-prompt"] },
   "chat-template-kwargs": { type: "string" },
+  ...CHAT_TEMPLATE_FLAG,
   ...SAMPLING_FLAGS,
   ...RUN_FLAGS,
   ...SPEC_FLAGS,
@@ -160,6 +165,7 @@ export async function generateCommand(args: string[]): Promise<number> {
   const colorErr = colorOn(a, Deno.stderr);
   const session = await openSession(a, run, quiet);
   try {
+    if (a.bool("chat")) applyChatTemplate(session, a, "generate", quiet);
     if (!quiet) {
       console.error(paint(colorErr, "dim", loadLine(session.stats())));
       const [mode, warning] = modeLines(session.model, run);

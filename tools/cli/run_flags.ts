@@ -161,3 +161,27 @@ export async function modelPath(a: Args, quiet: boolean): Promise<string> {
   if (given !== undefined) return await resolveModel(given);
   return await (await import("../demo_model.ts")).demoModelPath(quiet);
 }
+
+/** `--chat-template T`, shared by chat, generate --chat and serve. */
+export const CHAT_TEMPLATE_FLAG = { "chat-template": { type: "string" } } as const;
+
+/** The help line of {@link CHAT_TEMPLATE_FLAG}. */
+export const CHAT_TEMPLATE_HELP =
+  `  --chat-template T     a Jinja file, or "chatml" (built-in), instead of the checkpoint's
+                        template; a checkpoint without one uses chatml, with a notice`;
+
+/**
+ * Makes `session` render chats with `--chat-template` when given, and says once on stderr (as
+ * `command`) that the built-in template stands in for a checkpoint without one.
+ */
+export function applyChatTemplate(
+  session: Session,
+  a: Args,
+  command: string,
+  quiet: boolean,
+): void {
+  const template = a.str("chat-template");
+  if (template !== undefined) session.useChatTemplate(template);
+  const notice = session.chatTemplate.notice;
+  if (notice && !quiet) console.error(`sluice ${command}: ${notice}`);
+}

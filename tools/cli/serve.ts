@@ -7,7 +7,15 @@
 import { parseBytes } from "../../engine/units.ts";
 import { startServer } from "../serve/server.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
-import { openSession, RUN_FLAGS, RUN_HELP, runOptionsFromArgs } from "./run_flags.ts";
+import {
+  applyChatTemplate,
+  CHAT_TEMPLATE_FLAG,
+  CHAT_TEMPLATE_HELP,
+  openSession,
+  RUN_FLAGS,
+  RUN_HELP,
+  runOptionsFromArgs,
+} from "./run_flags.ts";
 import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
 const HELP = `sluice serve — an OpenAI-compatible server for one .sluice container
@@ -46,8 +54,7 @@ Server:
   --queue N             requests that may wait behind the running one (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
-  --chat-template T     a Jinja file, or "chatml" (built-in), instead of the checkpoint's
-                        template; a checkpoint without one uses chatml, with a notice
+${CHAT_TEMPLATE_HELP}
 
 Requests run one at a time. The KV cache of a request is kept: a request that extends a cached
 prefix of the same user (the next turn of a chat) only runs its new tokens
@@ -76,7 +83,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     queue: { type: "string" },
     "max-body": { type: "string" },
     "keep-alive": { type: "string" },
-    "chat-template": { type: "string" },
+    ...CHAT_TEMPLATE_FLAG,
     ...RUN_FLAGS,
     ...SPEC_FLAGS,
     quiet: { type: "boolean" },
@@ -106,11 +113,8 @@ export async function serveCommand(args: string[]): Promise<number> {
     throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
   }
   const session = await openSession(a, { ...runOptionsFromArgs(a), spec: specFromArgs(a) }, quiet);
-  const template = a.str("chat-template");
   try {
-    if (template !== undefined) session.useChatTemplate(template);
-    const notice = session.chatTemplate.notice;
-    if (notice && !quiet) console.error(`sluice serve: ${notice}`);
+    applyChatTemplate(session, a, "serve", quiet);
   } catch (e) {
     session.close();
     throw e;
