@@ -88,6 +88,57 @@ export async function runSluice(
 }
 
 /**
+ * The Qwen hybrids' known answers (../shared/models/README.md): the first 20 greedy ids after
+ * "Once upon a time" of tiny-qwen3.5-moe and tiny-qwen3-next.
+ */
+export const QWEN_HYBRID_KNOWN = {
+  "tiny-qwen3.5-moe": [
+    460,
+    163,
+    50,
+    473,
+    473,
+    473,
+    473,
+    79,
+    456,
+    275,
+    133,
+    506,
+    299,
+    304,
+    304,
+    277,
+    375,
+    466,
+    466,
+    465,
+  ],
+  "tiny-qwen3-next": [
+    378,
+    364,
+    462,
+    330,
+    227,
+    332,
+    465,
+    465,
+    403,
+    310,
+    363,
+    465,
+    362,
+    465,
+    465,
+    465,
+    465,
+    465,
+    362,
+    362,
+  ],
+} as const;
+
+/**
  * tiny-kimi-linear's known answer (../shared/models/README.md): the ids of "Once upon a time" and
  * the README's ids_no_stop, greedy; the sampled BOS (1) comes at generated position 10.
  */

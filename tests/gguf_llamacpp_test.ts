@@ -17,7 +17,7 @@ import { setupLlamaCpp } from "../tools/dev/bench/llamacpp.ts";
 import type { EngineJob, EngineRun } from "../tools/dev/bench/compare_report.ts";
 import { exportGguf } from "../tools/dev/export_gguf.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { fixtureDir, hasFixture, tempDir } from "./fixtures.ts";
+import { fixtureDir, hasFixture, QWEN_HYBRID_KNOWN, tempDir } from "./fixtures.ts";
 import { LLAMACPP_REASON, LLAMACPP_TESTS, skipIf } from "./skips.ts";
 
 const PROMPT = [1, 403, 407, 261, 378];
@@ -139,52 +139,10 @@ Deno.test({
   },
 });
 
-/** The Qwen hybrids and the README's first 20 generated ids of "Once upon a time". */
-const QWEN_HYBRIDS: [string, string, number[]][] = [
-  ["tiny-qwen3.5-moe", "qwen35moe", [
-    460,
-    163,
-    50,
-    473,
-    473,
-    473,
-    473,
-    79,
-    456,
-    275,
-    133,
-    506,
-    299,
-    304,
-    304,
-    277,
-    375,
-    466,
-    466,
-    465,
-  ]],
-  ["tiny-qwen3-next", "qwen3next", [
-    378,
-    364,
-    462,
-    330,
-    227,
-    332,
-    465,
-    465,
-    403,
-    310,
-    363,
-    465,
-    362,
-    465,
-    465,
-    465,
-    465,
-    465,
-    362,
-    362,
-  ]],
+/** The Qwen hybrids, llama.cpp's name for each, and the README's first 20 generated ids. */
+const QWEN_HYBRIDS: [string, string, readonly number[]][] = [
+  ["tiny-qwen3.5-moe", "qwen35moe", QWEN_HYBRID_KNOWN["tiny-qwen3.5-moe"]],
+  ["tiny-qwen3-next", "qwen3next", QWEN_HYBRID_KNOWN["tiny-qwen3-next"]],
 ];
 
 for (const [name, arch, known] of QWEN_HYBRIDS) {

@@ -29,61 +29,17 @@ import {
   checkRecurrentCache,
   decodeAgainstReference,
   fixtureDir,
+  ONCE_UPON_A_TIME,
   packedFixture,
+  QWEN_HYBRID_KNOWN,
   synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
-/** The two fixtures and the README's known answer of "Once upon a time" for each. */
-const FIXTURES = {
-  "tiny-qwen3.5-moe": [
-    460,
-    163,
-    50,
-    473,
-    473,
-    473,
-    473,
-    79,
-    456,
-    275,
-    133,
-    506,
-    299,
-    304,
-    304,
-    277,
-    375,
-    466,
-    466,
-    465,
-  ],
-  "tiny-qwen3-next": [
-    378,
-    364,
-    462,
-    330,
-    227,
-    332,
-    465,
-    465,
-    403,
-    310,
-    363,
-    465,
-    362,
-    465,
-    465,
-    465,
-    465,
-    465,
-    362,
-    362,
-  ],
-} as const;
+const FIXTURES = QWEN_HYBRID_KNOWN;
+const KNOWN_PROMPT = [...ONCE_UPON_A_TIME];
 type Name = keyof typeof FIXTURES;
 const NAMES = Object.keys(FIXTURES) as Name[];
-const KNOWN_PROMPT = [1, 403, 407, 261, 378];
 
 const PROMPTS = [
   "Once upon a time",
@@ -162,7 +118,10 @@ for (const name of NAMES) {
     ignore,
     fn() {
       const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
-      assert.deepEqual(referenceGreedy(new ReferenceModel(cfg, weight), KNOWN_PROMPT, 20), known);
+      assert.deepEqual(
+        referenceGreedy(new ReferenceModel(cfg, weight), KNOWN_PROMPT, 20),
+        known,
+      );
     },
   });
 
