@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
-import { hostAllowed, hostName, startServer } from "../tools/serve/server.ts";
+import { startServer } from "../tools/serve/server.ts";
+import { hostAllowed, hostName } from "../tools/serve/gate.ts";
 
 /** One HTTP/1.1 request over a fresh connection; the status, headers (lower case) and body. */
 async function raw(
