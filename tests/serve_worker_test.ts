@@ -9,6 +9,7 @@
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
+import { Model } from "../engine/model.ts";
 import { Session } from "../engine/session.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { startWorkerServer, type WorkerServeOptions } from "../tools/serve/front.ts";
@@ -224,6 +225,41 @@ Deno.test({
       } finally {
         await server.close();
       }
+    }
+  },
+});
+
+Deno.test({
+  name: "serve worker: a pool thread and streamed experts inside the worker give the same tokens",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const path = await demoModelPath(true);
+    const probe = await Model.open(path, RUN);
+    const floor = probe.plan.floor;
+    probe.close();
+    const ref = await Session.open(path, RUN);
+    // Two threads: the pool's worker is a worker of the engine's worker. At the floor the
+    // experts stream from the container through the O_DIRECT reader (FFI, opened in the worker).
+    const server = await startWorkerServer({
+      path,
+      options: { ...RUN, threads: 2, budget: floor, io: "direct" },
+    }, { port: 0, log: () => {} });
+    try {
+      const prompt = "Once upon a time there was";
+      const r = await fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: JSON_TYPE,
+        body: JSON.stringify({ prompt, max_tokens: 24, temperature: 0 }),
+        signal: limit(),
+      });
+      assert.equal((await r.json()).choices[0].text, await coldText(ref, ref.tokenize(prompt), 24));
+      const text = await (await fetch(`${server.url}/metrics`, { signal: limit() })).text();
+      assert.ok(metric(text, "expert_misses_total") > 0, text);
+      assert.ok(metric(text, "read_bytes_total") > 0, text);
+    } finally {
+      await server.close();
+      ref.close();
     }
   },
 });
