@@ -272,7 +272,10 @@ export async function startWorkerServer(
       const head = await f.head.promise;
       const empty = [204, 205, 304].includes(head.status) || req.method === "HEAD";
       if (empty) body.cancel().catch(() => {});
-      return new Response(empty ? null : body, { status: head.status, headers: head.headers });
+      // A whole answer goes out with its length, as from the in-process server; only a stream
+      // is passed on chunk by chunk.
+      const answer = empty ? null : f.sse ? body : await new Response(body).arrayBuffer();
+      return new Response(answer, { status: head.status, headers: head.headers });
     } catch (e) {
       if (!f.answered) finish(id);
       throw e instanceof ApiError ? shaped(path, e) : e;
