@@ -64,6 +64,7 @@ Deno.test({
       apiKey: KEY,
       queueSize: 1,
       maxForwards: 2,
+      keepAliveMs: 5,
       worker: { url: HELD, data: { hold } },
     });
     try {
@@ -122,7 +123,10 @@ Deno.test({
       const answer = await long;
       assert.equal(answer.status, 200);
       assert.ok(answer.body.usage.prompt_tokens > 1500, JSON.stringify(answer.body.usage));
-      assert.ok((await queued).trimEnd().endsWith("data: [DONE]"));
+      // It waited in the engine's queue behind the rest of the prefill, with keep-alive comments.
+      const sse = await queued;
+      assert.match(sse, /^: keep-alive$/m);
+      assert.ok(sse.trimEnd().endsWith("data: [DONE]"));
       const after = await metrics(server.url);
       assert.equal(metric(after, "requests_total"), 2);
       // The 401 and the 429 the front answered count as errors too.
