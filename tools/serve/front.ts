@@ -103,6 +103,26 @@ export async function startWorkerServer(
   const opened = Promise.withResolvers<string | null>();
   const closed = Promise.withResolvers<void>();
 
+  /**
+   * Ends request `f` with a 500: its answer if none was sent yet, an error event ending a stream
+   * (never the end of a complete answer), or a broken body.
+   */
+  const breakOff = (f: Forward, message: string) => {
+    const err = shaped(f.path, new ApiError(500, message, { code: "engine_failed" }));
+    if (!f.answered) return f.head.reject(err);
+    try {
+      if (f.sse) {
+        const event = f.path.startsWith("/v1/messages")
+          ? `event: error\ndata: ${JSON.stringify(err.body())}\n\n`
+          : `data: ${JSON.stringify(err.body())}\n\n`;
+        f.controller.enqueue(new TextEncoder().encode(event));
+        f.controller.close();
+      } else f.controller.error(err);
+    } catch {
+      // The client already went away.
+    }
+  };
+
   /** The back is gone: every request in flight gets an error, and every later one 503. */
   const fail = (message: string) => {
     if (failure) return;
@@ -111,26 +131,7 @@ export async function startWorkerServer(
     worker.terminate();
     if (status) log(`sluice serve: the engine worker failed: ${message}`);
     for (const f of forwards.values()) {
-      const err = shaped(
-        f.path,
-        new ApiError(500, `the engine failed while answering: ${message}`, {
-          code: "engine_failed",
-        }),
-      );
-      if (!f.answered) f.head.reject(err);
-      else {
-        try {
-          if (f.sse) {
-            const event = f.path.startsWith("/v1/messages")
-              ? `event: error\ndata: ${JSON.stringify(err.body())}\n\n`
-              : `data: ${JSON.stringify(err.body())}\n\n`;
-            f.controller.enqueue(new TextEncoder().encode(event));
-            f.controller.close();
-          } else f.controller.error(err);
-        } catch {
-          // The client already went away.
-        }
-      }
+      breakOff(f, `the engine failed while answering: ${message}`);
     }
     forwards.clear();
     closed.resolve();
@@ -181,10 +182,8 @@ export async function startWorkerServer(
         if (!f) break;
         finish(m.id);
         if (m.type === "error") {
-          log(`sluice serve: request ${m.id}: ${m.message}`);
-          const err = shaped(f.path, new ApiError(500, m.message));
-          if (!f.answered) f.head.reject(err);
-          else f.controller.error(err);
+          log(`sluice serve: ${f.path}: ${m.message}`);
+          breakOff(f, m.message);
         } else {
           try {
             f.controller.close();
