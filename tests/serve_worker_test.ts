@@ -103,18 +103,17 @@ Deno.test({
         signal: limit(),
       }).then((r) => r.text());
       await until("the second request is passed on", async () => {
-        const r = await fetch(`${server.url}/v1/completions`, {
-          method: "POST",
-          headers: { ...JSON_TYPE, ...auth },
-          body: JSON.stringify({ prompt: "b", max_tokens: 1 }),
-          signal: limit(),
-        });
-        const body = await r.json();
-        if (r.status !== 429) return false;
-        assert.equal(body.error.code, "queue_full");
-        assert.equal(r.headers.get("retry-after"), "1");
-        return true;
+        return (await getJson(`${server.url}/health`)).body.forwarded === 2;
       });
+      const full = await fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: { ...JSON_TYPE, ...auth },
+        body: JSON.stringify({ prompt: "b", max_tokens: 1 }),
+        signal: limit(),
+      });
+      assert.equal(full.status, 429);
+      assert.equal((await full.json()).error.code, "queue_full");
+      assert.equal(full.headers.get("retry-after"), "1");
       assert.equal(Atomics.load(words, 1), 1, "the engine was held all along");
       assert.equal(settled, false, "the prefill had not finished");
 

@@ -29,8 +29,8 @@ export interface WorkerServeOptions extends ServeOptions {
    */
   maxForwards?: number;
   /**
-   * The module the engine worker runs (default ./back_worker.ts) and data for its
-   * {@link OpenedHook}: for embedders and tests that observe the model.
+   * The module the engine worker runs (default ./back_worker.ts) and data for the hook it gives
+   * `runBack` (./back.ts `OpenedHook`): for embedders and tests that observe the model.
    */
   worker?: { url: URL | string; data?: unknown };
 }
@@ -289,7 +289,8 @@ export async function startWorkerServer(
       if (path !== "/health") throw engineDown();
       return json({ status: "error", error: engineDown().message }, 503);
     }
-    if (path === "/health") return json(status.health);
+    // With the requests passed to the engine and not yet answered, counted here and now.
+    if (path === "/health") return json({ ...status.health, forwarded: forwards.size });
     if (path === "/ui/state") return json(status.state);
     return new Response(status.metrics, {
       headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
