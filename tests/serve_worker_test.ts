@@ -90,7 +90,8 @@ Deno.test({
       const state = await getJson(`${server.url}/ui/state`);
       assert.equal(state.body.current.phase, "prefill");
       assert.ok(state.body.current.promptTokens > 1500, JSON.stringify(state.body.current));
-      assert.equal(metric(await metrics(server.url), "busy"), 1);
+      // The counters as of the last yield: the engine has not yielded since the request came.
+      assert.equal(metric(await metrics(server.url), "requests_total"), 0);
       const ui = await fetch(`${server.url}/ui`, { signal: limit() });
       assert.match(await ui.text(), /<html/i);
       const noKey = await getJson(`${server.url}/v1/models`);
@@ -263,6 +264,36 @@ Deno.test({
     } finally {
       await server.close();
       ref.close();
+    }
+  },
+});
+
+Deno.test({
+  name: "serve worker: the status posted inside a forward pass leaves the prompt cache whole",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    // Each request posts a status from its first forward pass; each prompt extends the last
+    // one, so each reuses all the cache holds (the previous prompt and its answer).
+    const server = await start();
+    try {
+      let prompt = "Once upon a time there was a fox.";
+      let held = 0;
+      for (let turn = 0; turn < 3; turn++) {
+        const r = await fetch(`${server.url}/v1/completions`, {
+          method: "POST",
+          headers: JSON_TYPE,
+          body: JSON.stringify({ prompt, max_tokens: 8, temperature: 0 }),
+          signal: limit(),
+        });
+        const body = await r.json();
+        const cached = body.usage.prompt_tokens_details.cached_tokens;
+        if (turn > 0) assert.ok(cached >= held, `turn ${turn}: ${cached} cached, ${held} held`);
+        held = body.usage.prompt_tokens;
+        prompt += body.choices[0].text + " And then the fox ran home.";
+      }
+    } finally {
+      await server.close();
     }
   },
 });

@@ -3,8 +3,9 @@
  * request handling (./server.ts `serverHandler`: session, tokenizer, queue, prompt cache) on the
  * requests the front (./front.ts) passes it, sending each response back in chunks as it is
  * written. A forward pass holds this worker's event loop, never the front's. It posts what
- * /health, /metrics and /ui/state show every half second (from between a forward pass's layers
- * too), when a request starts and after each response, so the front answers those at once.
+ * /health, /metrics and /ui/state show every half second and after each response, and /health
+ * and the running request also from between a forward pass's layers (when a request starts, and
+ * every half second), so the front answers those at once.
  *
  * @module
  */
@@ -56,6 +57,8 @@ export type ToFront =
   | { type: "ready"; notice: string | null; status: EngineStatus }
   | { type: "failed"; message: string }
   | { type: "status"; status: EngineStatus }
+  /** From inside a forward pass: /health and the running request (the rest waits for a yield). */
+  | { type: "progress"; health: Record<string, unknown>; current: unknown }
   | { type: "head"; id: number; status: number; headers: [string, string][] }
   | { type: "chunk"; id: number; bytes: Uint8Array }
   | { type: "end"; id: number }
@@ -99,10 +102,14 @@ export function runBack(opened?: OpenedHook): void {
       if (m.spec.chatTemplate !== undefined) session.useChatTemplate(m.spec.chatTemplate);
       const h = serverHandler(session, { ...m.serve, log: (line) => post({ type: "log", line }) });
       handler = h;
-      // Also from inside a forward pass (between layers), which may run for seconds: a request
-      // that starts shows at once, and the counters are never older than STATUS_MS.
+      // From inside a forward pass too (between layers), which may run for seconds, so /health
+      // and the running request show at once. Only those: the full status reads
+      // Session.cachedTokens, which inside a forward pass drops the prompt cache's token list.
       session.model.transformer.moeObservers.push(() => {
-        if (h.live.current !== sentFor || performance.now() - sentAt >= STATUS_MS) update(h);
+        if (h.live.current === sentFor && performance.now() - sentAt < STATUS_MS) return;
+        sentAt = performance.now();
+        sentFor = h.live.current;
+        post({ type: "progress", health: h.health(), current: h.live.current });
       });
       timer = setInterval(() => {
         if (performance.now() - sentAt >= STATUS_MS) update(h);

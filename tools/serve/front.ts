@@ -2,8 +2,9 @@
  * The worker server, what `mod.ts serve` runs: a thin front on the main thread and the engine in
  * a worker (./back.ts), so a forward pass never holds the event loop that answers HTTP. The front
  * owns the listener; checks the Host header, CORS and the API key; serves the pages; answers
- * /health, /metrics and /ui/state from the status the back posts (at most half a second old, or
- * one forward pass while the back computes); reads each body within a size and time bound; and
+ * /health, /metrics and /ui/state from the status the back posts (/health and the running
+ * request at most half a second old even inside a forward pass, the counters as of the back's
+ * last yield); reads each body within a size and time bound; and
  * passes every other request (method, path, headers, body) to the back, which runs the server's
  * own handler (./server.ts). Responses come back in chunks as the back writes them, so SSE works
  * unchanged; a client that goes away aborts its request in the back. A back that dies gets its
@@ -152,6 +153,11 @@ export async function startWorkerServer(
         break;
       case "status":
         status = m.status;
+        break;
+      case "progress":
+        if (status) {
+          status = { ...status, health: m.health, state: { ...status.state, current: m.current } };
+        }
         break;
       case "log":
         log(m.line);
