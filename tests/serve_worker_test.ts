@@ -182,6 +182,7 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
+    // Deno also prints the worker's uncaught error on stderr ("in worker \"sluice engine\"").
     for (const stream of [false, true]) {
       const logs: string[] = [];
       const server = await start({

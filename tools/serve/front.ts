@@ -91,8 +91,10 @@ export async function startWorkerServer(
   const bodyTimeoutMs = opts.bodyTimeoutMs ?? 60_000;
   const maxForwards = opts.maxForwards ?? (opts.queueSize ?? 8) + 16;
   const gate = new Gate(opts);
+  // Named, so Deno's own report of an uncaught error there says where it came from.
   const worker = new Worker(opts.worker?.url ?? new URL("./back_worker.ts", import.meta.url), {
     type: "module",
+    name: "sluice engine",
   });
   const post = (m: ToBack, transfer: Transferable[] = []) => worker.postMessage(m, transfer);
   const forwards = new Map<number, Forward>();
