@@ -1,8 +1,9 @@
 /**
- * `/health` answers while a long prompt prefills (issue 25 item 2, the part done without a
- * worker): the server yields to the event loop between prefill chunks in a way that lets
- * Deno.serve answer a waiting request. Before, one setImmediate per chunk was not enough, and
- * /health waited for the whole prefill (3.5 s for 1968 tokens here).
+ * `/health` answers while a long prompt prefills on the in-process server (`startServer`): it
+ * yields to the event loop between prefill chunks in a way that lets Deno.serve answer a waiting
+ * request. Before, one setImmediate per chunk was not enough, and /health waited for the whole
+ * prefill (3.5 s for 1968 tokens here). `mod.ts serve` runs the engine in a worker and answers
+ * within a forward pass too (tests/serve_worker_test.ts).
  */
 import assert from "node:assert/strict";
 import { Session } from "../engine/session.ts";

@@ -137,19 +137,30 @@ export function samplingFromArgs(a: Args): GenerateOptions {
 }
 
 /**
- * Opens the session of `--model` (see {@link modelPath}) with `run`; `--preset auto` becomes
- * the whole working-set step below its ¾ of usable memory (tools/cli/modes.ts).
+ * The container of `--model` (see {@link modelPath}) and the options to open it with: `run`,
+ * where `--preset auto` becomes the whole working-set step below its ¾ of usable memory
+ * (tools/cli/modes.ts). Plain data, so a worker can open it (`serve`).
  */
+export async function sessionSpec(
+  a: Args,
+  run: SessionOptions,
+  quiet: boolean,
+): Promise<{ path: string; options: SessionOptions }> {
+  const path = await modelPath(a, quiet);
+  if (a.str("preset") === "auto" && run.budget !== undefined) {
+    run = { ...run, budget: autoBudget(openContainer(path), run, run.budget) };
+  }
+  return { path, options: run };
+}
+
+/** Opens the session of {@link sessionSpec}. */
 export async function openSession(
   a: Args,
   run: SessionOptions,
   quiet: boolean,
 ): Promise<Session> {
-  const path = await modelPath(a, quiet);
-  if (a.str("preset") === "auto" && run.budget !== undefined) {
-    run = { ...run, budget: autoBudget(openContainer(path), run, run.budget) };
-  }
-  return await Session.open(path, run);
+  const { path, options } = await sessionSpec(a, run, quiet);
+  return await Session.open(path, options);
 }
 
 /**

@@ -5,16 +5,15 @@
  * @module
  */
 import { parseBytes } from "../../engine/units.ts";
-import { startServer } from "../serve/server.ts";
+import { startWorkerServer } from "../serve/front.ts";
 import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
 import {
-  applyChatTemplate,
   CHAT_TEMPLATE_FLAG,
   CHAT_TEMPLATE_HELP,
-  openSession,
   RUN_FLAGS,
   RUN_HELP,
   runOptionsFromArgs,
+  sessionSpec,
 } from "./run_flags.ts";
 import { SPEC_FLAGS, SPEC_HELP, specFromArgs } from "./spec_flags.ts";
 
@@ -52,9 +51,14 @@ Server:
                         addresses and localhost; others get 421, which stops DNS
                         rebinding ("*": any)
   --queue N             requests that may wait behind the running one (default 8); more get 429
-  --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M)
+  --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M); a body must
+                        arrive within 60 s
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
 ${CHAT_TEMPLATE_HELP}
+
+The model runs in a worker thread, so /health, /metrics, the pages, new connections and
+cancellations are answered at once while it computes; if that worker fails, the requests in
+flight get 500 and the server exits with status 1.
 
 Requests run one at a time. The KV cache of a request is kept: a request that extends a cached
 prefix of the same user (the next turn of a chat) only runs its new tokens
@@ -112,14 +116,10 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (options.cors?.includes("*") && !options.apiKey) {
     throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
   }
-  const session = await openSession(a, { ...runOptionsFromArgs(a), spec: specFromArgs(a) }, quiet);
-  try {
-    applyChatTemplate(session, a, "serve", quiet);
-  } catch (e) {
-    session.close();
-    throw e;
-  }
-  const server = startServer(session, options);
+  const run = { ...runOptionsFromArgs(a), spec: specFromArgs(a) };
+  const spec = { ...await sessionSpec(a, run, quiet), chatTemplate: a.str("chat-template") };
+  const server = await startWorkerServer(spec, options);
+  if (server.notice && !quiet) console.error(`sluice serve: ${server.notice}`);
   console.error(
     `sluice serve: listening on ${server.url} (chat ${server.url}/, live view ${server.url}/ui)`,
   );
@@ -133,11 +133,11 @@ export async function serveCommand(args: string[]): Promise<number> {
   const stop = () => resolve();
   Deno.addSignalListener("SIGINT", stop);
   Deno.addSignalListener("SIGTERM", stop);
-  await promise;
+  // A dead engine is an error exit, so a supervisor restarts the server.
+  const failed = await Promise.race([promise.then(() => null), server.failed]);
   Deno.removeSignalListener("SIGINT", stop);
   Deno.removeSignalListener("SIGTERM", stop);
-  console.error("sluice serve: stopping");
+  console.error(failed ? "sluice serve: stopping: the engine failed" : "sluice serve: stopping");
   await server.close();
-  session.close();
-  return 0;
+  return failed ? 1 : 0;
 }

@@ -8,8 +8,6 @@
  *
  * @module
  */
-import { createHash, timingSafeEqual } from "node:crypto";
-import { isIP } from "node:net";
 import { setImmediate } from "node:timers";
 import { MAX_TOKEN_BYTES } from "../../engine/chat.ts";
 import { PrefixCache } from "../../engine/prefix_cache.ts";
@@ -20,6 +18,8 @@ import type { EngineExtras, GenerationEnd } from "./chat_run.ts";
 import { completionResponse } from "./completions.ts";
 import { anthropicError, countTokens, messagesResponse, parseMessages } from "./anthropic.ts";
 import { Abandoned, QueueFull, RequestQueue } from "./queue.ts";
+import { Gate, methodNotAllowed } from "./gate.ts";
+import { DEFAULT_MAX_BODY_BYTES, json, listen, readBody } from "./listen.ts";
 
 /** Server settings. */
 export interface ServeOptions {
@@ -76,45 +76,6 @@ export interface SluiceServer {
 /** Default bytes of saved prompt prefixes (ServeOptions.cacheBytes). */
 export const DEFAULT_CACHE_BYTES = 256 * 2 ** 20;
 
-const UI_HTML = new URL("./ui.html", import.meta.url);
-const CHAT_HTML = new URL("./chat.html", import.meta.url);
-const LIVE_JS = new URL("./live_view.js", import.meta.url);
-
-function json(body: unknown, status = 200, headers: Record<string, string> = {}): Response {
-  return new Response(JSON.stringify(body), {
-    status,
-    headers: { "content-type": "application/json", ...headers },
-  });
-}
-
-/** The name part of a Host header (`[::1]:8080` → `::1`, `Example.com.:80` → `example.com`). */
-export function hostName(host: string): string {
-  const h = host.trim().toLowerCase();
-  const name = h.startsWith("[") ? h.slice(1, h.indexOf("]")) : h.replace(/:\d*$/, "");
-  return name.replace(/\.$/, "");
-}
-
-/**
- * Whether a request's Host header names this server: an IP literal (a browser page reaching an
- * address by number has that number as its origin, so no other site's name is involved), the
- * bound host's name, `localhost`, or one of `allowed` (`"*"`: any).
- */
-export function hostAllowed(host: string | null, bound: string, allowed: string[]): boolean {
-  if (host === null) return false;
-  if (allowed.includes("*")) return true;
-  const name = hostName(host);
-  if (name === "" || isIP(name) !== 0) return name !== "";
-  // "localhost" always resolves to this machine, so no other site can stand behind it.
-  return name === hostName(bound) || name === "localhost" ||
-    allowed.some((a) => hostName(a) === name);
-}
-
-/** Compares a credential header with the expected one in time independent of the contents. */
-function sameSecret(got: string | null, want: string): boolean {
-  const digest = (s: string) => createHash("sha256").update(s).digest();
-  return timingSafeEqual(digest(got ?? ""), digest(want)) && got !== null;
-}
-
 /** When {@link tick} last yielded through a timer. */
 let timerYieldAt = 0;
 
@@ -165,25 +126,7 @@ async function readJson(req: Request, max: number): Promise<unknown> {
       { code: "unsupported_media_type" },
     );
   }
-  const declared = Number(req.headers.get("content-length") ?? "0");
-  const tooLarge = () =>
-    new ApiError(413, `the request body is larger than ${max} bytes`, { code: "body_too_large" });
-  if (declared > max) throw tooLarge();
-  const parts: Uint8Array[] = [];
-  let total = 0;
-  if (req.body) {
-    for await (const part of req.body) {
-      total += part.length;
-      if (total > max) throw tooLarge();
-      parts.push(part);
-    }
-  }
-  const bytes = new Uint8Array(total);
-  let at = 0;
-  for (const p of parts) {
-    bytes.set(p, at);
-    at += p.length;
-  }
+  const bytes = await readBody(req, max);
   try {
     return JSON.parse(new TextDecoder().decode(bytes));
   } catch (e) {
@@ -193,25 +136,39 @@ async function readJson(req: Request, max: number): Promise<unknown> {
   }
 }
 
-/** Starts serving `session`. */
-export function startServer(session: Session, opts: ServeOptions = {}): SluiceServer {
+/**
+ * The server's request handling without a listener: what {@link startServer} puts on a port, and
+ * what the engine worker of the worker server (./back.ts) runs for the front (./front.ts).
+ */
+export interface ServerHandler {
+  /** Answers one request; errors become OpenAI-shaped answers, never a stack trace. */
+  handle(req: Request): Promise<Response>;
+  live: LiveStats;
+  /** The body of `GET /health`. */
+  health(): Record<string, unknown>;
+  /**
+   * Stops every request and the live stats: a stream ends with an error event, a request not
+   * yet answered gets 503.
+   */
+  stop(): void;
+}
+
+/** The request handling of a server on `session` (see {@link startServer}). */
+export function serverHandler(session: Session, opts: ServeOptions = {}): ServerHandler {
   const log = opts.log ?? ((line: string) => console.error(line));
-  const maxBody = opts.maxBodyBytes ?? 4 * 2 ** 20;
+  const maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   const keepAliveMs = opts.keepAliveMs ?? 10_000;
   const queue = new RequestQueue(opts.queueSize ?? 8);
-  const keys = [...new Set(typeof opts.apiKey === "string" ? [opts.apiKey] : opts.apiKey ?? [])];
+  const gate = new Gate(opts);
   const prefixes = new PrefixCache(session, {
-    ownerBytes: Math.floor((opts.cacheBytes ?? DEFAULT_CACHE_BYTES) / Math.max(1, keys.length)),
+    ownerBytes: Math.floor((opts.cacheBytes ?? DEFAULT_CACHE_BYTES) / Math.max(1, gate.users)),
     // The next user's request must not spend the time of copying another user's cache.
-    saveEagerly: keys.length > 1,
+    saveEagerly: gate.users > 1,
   });
   const live = new LiveStats(session, () => queue.waiting, prefixes);
   const id = modelId(session);
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
-  const uiHtml = Deno.readTextFileSync(UI_HTML);
-  const chatHtml = Deno.readTextFileSync(CHAT_HTML);
-  const liveJs = Deno.readTextFileSync(LIVE_JS);
   /** Every request in flight (queued or running), stopped by close(). */
   const active = new Set<AbortController>();
   let closing = false;
@@ -220,37 +177,6 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
       code: "server_shutdown",
     });
   let seq = 0;
-
-  /**
-   * The user a request is from (its key's number; "" without keys), or null without a valid key.
-   * Every key is compared, in constant time, whichever matches. Anthropic's clients send the key
-   * as x-api-key.
-   */
-  const userOf = (req: Request): string | null => {
-    if (keys.length === 0) return "";
-    const auth = req.headers.get("authorization");
-    const x = req.headers.get("x-api-key");
-    let user: string | null = null;
-    keys.forEach((key, i) => {
-      const hit = Number(sameSecret(auth, `Bearer ${key}`)) | Number(sameSecret(x, key));
-      if (hit && user === null) user = `key-${i}`;
-    });
-    return user;
-  };
-  const bound = opts.host ?? "127.0.0.1";
-  const allowHosts = opts.allowHosts ?? [];
-  const origins = new Set(opts.cors ?? []);
-  /** CORS headers for a request from an allowed origin; none for any other. */
-  const cors = (req: Request): Record<string, string> => {
-    const origin = req.headers.get("origin");
-    if (origin === null || !(origins.has(origin) || origins.has("*"))) return {};
-    return {
-      "access-control-allow-origin": origins.has("*") ? "*" : origin,
-      "access-control-allow-headers": "authorization, content-type, x-api-key",
-      "access-control-allow-methods": "GET, POST, OPTIONS",
-      vary: "Origin",
-    };
-  };
 
   /**
    * Prompt ids of a request (`planned` for a chat, rendered by chat_plan.ts), checked against the
@@ -538,60 +464,22 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
   };
 
   const route = async (req: Request): Promise<Response> => {
-    const url = new URL(req.url);
-    const path = url.pathname.replace(/\/+$/, "") || "/";
+    const admitted = gate.admit(req);
+    if (admitted instanceof Response) return admitted;
+    const { path, user } = admitted;
     const method = req.method;
-    if (!hostAllowed(req.headers.get("host"), bound, allowHosts)) {
-      throw new ApiError(
-        421,
-        `Host ${JSON.stringify(req.headers.get("host"))} is not this server's address; ` +
-          `start it with --allow-host NAME to accept that name`,
-        { code: "host_not_allowed" },
-      );
-    }
-    if (method === "OPTIONS") {
-      const headers = cors(req);
-      if (!headers["access-control-allow-origin"]) {
-        throw new ApiError(403, "cross-origin requests are not allowed (see --cors)", {
-          code: "cors_not_allowed",
-        });
-      }
-      return new Response(null, { status: 204, headers });
-    }
-    const open = ["/", "/health", "/ui", "/ui/state", "/ui/live.js", "/favicon.ico"].includes(path);
-    const user = open ? "" : userOf(req);
-    if (user === null) {
-      throw new ApiError(401, "missing or wrong API key (send Authorization: Bearer <key>)", {
-        type: "authentication_error",
-        code: "invalid_api_key",
-      });
-    }
+    const page = gate.page(path, method);
+    if (page) return page;
     const get = method === "GET" || method === "HEAD";
     const post = method === "POST";
-    const wrongMethod = (allowed: string) =>
-      new ApiError(405, `${path} accepts ${allowed}, not ${method}`, {
-        code: "method_not_allowed",
-      });
+    const wrongMethod = (allowed: string) => methodNotAllowed(path, method, allowed);
     switch (path) {
-      case "/":
-      case "/ui":
-        if (!get) throw wrongMethod("GET");
-        return new Response(path === "/" ? chatHtml : uiHtml, {
-          headers: { "content-type": "text/html; charset=utf-8" },
-        });
-      case "/ui/live.js":
-        if (!get) throw wrongMethod("GET");
-        return new Response(liveJs, {
-          headers: { "content-type": "text/javascript; charset=utf-8" },
-        });
-      case "/favicon.ico":
-        return new Response(null, { status: 204 });
       case "/ui/state":
         if (!get) throw wrongMethod("GET");
         return json(live.snapshot());
       case "/health":
         if (!get) throw wrongMethod("GET");
-        return json({ status: "ok", model: id, busy: queue.busy, queue_depth: queue.waiting });
+        return json(health());
       case "/metrics":
         if (!get) throw wrongMethod("GET");
         return new Response(live.prometheus(), {
@@ -650,44 +538,52 @@ export function startServer(session: Session, opts: ServeOptions = {}): SluiceSe
     context_length: ctx,
   });
 
-  const server = Deno.serve({
-    hostname: opts.host ?? "127.0.0.1",
-    port: opts.port ?? 8080,
-    onListen: () => {},
-    onError: (e) => {
-      const err = errorResponse(e);
-      log(`sluice serve: ${err.message}`);
-      return json(err.body(), err.status, err.headers);
-    },
-  }, async (req) => {
-    let res: Response;
-    try {
-      res = await route(req);
-    } catch (e) {
-      const err = errorResponse(e);
-      if (err.status >= 500) log(`sluice serve: ${req.method} ${req.url}: ${err.message}`);
-      live.totals.errors++;
-      res = json(err.body(), err.status, err.headers);
-    }
-    for (const [k, v] of Object.entries(cors(req))) res.headers.set(k, v);
-    return res;
+  const health = () => ({
+    status: "ok",
+    model: id,
+    busy: queue.busy,
+    queue_depth: queue.waiting,
   });
-  const addr = server.addr as Deno.NetAddr;
-  const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
+
   return {
-    url: `http://${host}:${addr.port}`,
     live,
-    close: async () => {
+    health,
+    handle: async (req) => {
+      let res: Response;
+      try {
+        res = await route(req);
+      } catch (e) {
+        const err = errorResponse(e);
+        if (err.status >= 500) log(`sluice serve: ${req.method} ${req.url}: ${err.message}`);
+        live.totals.errors++;
+        res = json(err.body(), err.status, err.headers);
+      }
+      for (const [k, v] of Object.entries(gate.cors(req))) res.headers.set(k, v);
+      return res;
+    },
+    stop: () => {
       closing = true;
       for (const a of active) a.abort();
       live.close();
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const drained = await Promise.race([
-        server.shutdown().then(() => true),
-        new Promise<false>((r) => timer = setTimeout(() => r(false), opts.drainMs ?? 10_000)),
-      ]);
-      clearTimeout(timer);
-      if (!drained) log(`sluice serve: connections still open after ${opts.drainMs ?? 10_000} ms`);
+    },
+  };
+}
+
+/**
+ * Starts serving `session` on this thread: a forward pass holds the event loop, so other
+ * requests are answered between prefill chunks and tokens. `mod.ts serve` runs the engine in a
+ * worker instead (./front.ts), which answers them at once.
+ */
+export function startServer(session: Session, opts: ServeOptions = {}): SluiceServer {
+  const handler = serverHandler(session, opts);
+  const log = opts.log ?? ((line: string) => console.error(line));
+  const listener = listen(opts, handler.handle, log);
+  return {
+    url: listener.url,
+    live: handler.live,
+    close: async () => {
+      handler.stop();
+      await listener.shutdown();
     },
   };
 }

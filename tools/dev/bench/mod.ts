@@ -116,6 +116,20 @@ export const BENCHES: Record<string, BenchEntry> = {
     ],
     load: () => import("./serve.ts"),
   },
+  "serve-front": {
+    summary: "/health latency during a long prefill, the in-process server against the worker " +
+      "server (mod.ts serve), and what the worker costs in prefill and decode",
+    options: [
+      "--model X.sluice     model to serve (default: the demo model)",
+      "--ctx N              context; the long prompt fills 90% of it (default 2048)",
+      "--prefill-chunk N    prompt tokens per forward pass (default: the engine's)",
+      "--tokens N           greedy tokens of the decode figure (default 256)",
+      "--repeat N           repeats (default 3)",
+      "--threads N          compute threads (default: all cores)",
+      "--json               print the report as JSON",
+    ],
+    load: () => import("./serve_front.ts"),
+  },
 };
 
 /** The usage text listing every registered bench. */
