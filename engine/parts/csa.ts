@@ -7,10 +7,10 @@
  * entry, indexer scores) with the shared attention, RMSNorm and RoPE kernels. Its float64
  * reference is engine/reference/csa.ts.
  *
- * Per-sequence state: one position-indexed cache per layer whose row p holds position p's kv,
+ * Per-sequence state: one position-indexed cache per layer whose row p holds position p's kv and
  * the compressors' projections of position p (needed by the entries of its window and, on CSA
- * layers, the next one), and, when a window ends at p, the window's compressed entry and indexer
- * key. Every row depends only on positions ≤ p, so the planner, the prompt cache and saved
+ * layers, the next one); when a window ends at p, its compressed entry and indexer key replace
+ * the projections of p that only that window reads. Every row depends only on positions ≤ p, so the planner, the prompt cache and saved
  * sessions carry it as they carry a KV cache, and rewinding is free.
  *
  * @module
@@ -41,19 +41,23 @@ interface RowLayout {
   /** The indexer compressor's kv and gate projections (2·index_head_dim each). */
   ic: number;
   iz: number;
-  /** The entry of the window ending here (head_dim), and its indexer key (index_head_dim). */
+  /**
+   * The entry of the window ending here (head_dim), and its indexer key (index_head_dim). They
+   * overwrite the part of this row's projections that only this window reads (HCA: all of c; CSA:
+   * the second halves of c and ic, the next window reading the first), so no row holds room for
+   * an entry that 1 − 1/ratio of the rows never have.
+   */
   entry: number;
   key: number;
   floats: number;
 }
 
 function rowLayout(cfg: ModelConfig, layer: number): RowLayout {
-  const csa = csaOf(cfg), l = csa.layers[layer], hd = cfg.headDim;
+  const csa = csaOf(cfg), l = csa.layers[layer], hd = cfg.headDim, ixd = csa.indexer.headDim;
   const cw = l.ratio ? (l.indexed ? 2 * hd : hd) : 0;
-  const iw = l.indexed ? 2 * csa.indexer.headDim : 0;
-  const c = hd, z = c + cw, ic = z + cw, iz = ic + iw, entry = iz + iw;
-  const key = entry + (l.ratio ? hd : 0);
-  const floats = key + (l.indexed ? csa.indexer.headDim : 0);
+  const iw = l.indexed ? 2 * ixd : 0;
+  const c = hd, z = c + cw, ic = z + cw, iz = ic + iw, floats = iz + iw;
+  const entry = c + (l.indexed ? hd : 0), key = ic + ixd;
   return { kv: 0, c, z, cw, ic, iz, entry, key, floats };
 }
 
@@ -307,7 +311,11 @@ class CsaAttention implements Mixer {
     ops.matmul({ w: lw.get("wo_b"), x: this.#low, y: out, nb });
   }
 
-  /** Emits the entry (and on CSA layers the indexer key) of the window that ends at `p`. */
+  /**
+   * Emits the entry (and on CSA layers the indexer key) of the window that ends at `p`, into row
+   * p's own projections (see {@link RowLayout}): the kernel reads each element of that slot once,
+   * before it writes the same element.
+   */
   #compressAt(layer: number, lw: LayerWeights, p: number): void {
     const ops = this.#ops, cfg = this.#cfg, spec = this.#csa.layers[layer];
     const rows = this.#rows[layer], cache = this.#cache[layer], r = spec.ratio;
