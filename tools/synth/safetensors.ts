@@ -31,8 +31,23 @@ export function planShards(tensors: SynthTensor[], max: number): SynthTensor[][]
   return shards;
 }
 
+/** The file names of `n` shards: `model.safetensors`, or `model-0000i-of-0000n.safetensors`. */
+export function shardNames(n: number): string[] {
+  if (n === 1) return ["model.safetensors"];
+  const of = String(n).padStart(5, "0");
+  return Array.from(
+    { length: n },
+    (_, i) => `model-${String(i + 1).padStart(5, "0")}-of-${of}.safetensors`,
+  );
+}
+
+/** `tensors` sorted by name, the order of a shard's header and data. */
+export function byName(tensors: SynthTensor[]): SynthTensor[] {
+  return [...tensors].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+}
+
 /** The safetensors header of `tensors` (sorted by name), padded with spaces to 8 bytes. */
-function headerBytes(tensors: SynthTensor[]): Uint8Array {
+export function headerBytes(tensors: SynthTensor[]): Uint8Array {
   const h: Record<string, unknown> = { __metadata__: { format: "pt" } };
   let off = 0;
   for (const t of tensors) {
@@ -182,17 +197,11 @@ export function writeShards(
   progress: Progress,
 ): WrittenShards {
   const buf = { u16: new Uint16Array(CHUNK_ELEMS), f32: new Float32Array(CHUNK_ELEMS) };
-  const names = shards.length === 1
-    ? ["model.safetensors"]
-    : shards.map((_, i) =>
-      `model-${String(i + 1).padStart(5, "0")}-of-${
-        String(shards.length).padStart(5, "0")
-      }.safetensors`
-    );
+  const names = shardNames(shards.length);
   const weightMap: Record<string, string> = {};
   let totalBytes = 0;
   shards.forEach((shard, i) => {
-    const sorted = [...shard].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+    const sorted = byName(shard);
     const header = headerBytes(sorted);
     const fd = openSync(join(dir, names[i]), "w");
     try {
