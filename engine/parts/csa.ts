@@ -20,6 +20,7 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
+import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes } from "./scratch.ts";
@@ -296,16 +297,22 @@ class CsaAttention implements Mixer {
       // The values carried RoPE at their positions: rotate the output back by the query's.
       this.#rope(o, H, hd, rope, p, true);
     }
-    // Grouped output: group g's heads through rows g·R .. g·R + R − 1 of wo_a, then wo_b.
-    const G = csa.oGroups, R = csa.oLoraRank;
-    ops.matmul({ w: lw.get("wo_a"), x: this.#att, y: this.#grouped, nb: nb * G });
-    for (let b = 0; b < nb; b++) {
-      for (let g = 0; g < G; g++) {
-        ops.copy(
-          this.#low + (b * G + g) * R * 4,
-          this.#grouped + ((b * G + g) * G * R + g * R) * 4,
-          R,
-        );
+    // Grouped output: group g's heads through rows g·R .. g·R + R − 1 of wo_a, then wo_b. Where
+    // the format can be cut at every g·R, each group multiplies its own rows only (1/G of wo_a);
+    // else all rows, keeping group g's.
+    const G = csa.oGroups, R = csa.oLoraRank, woA = lw.get("wo_a");
+    const blocks = Array.from({ length: G }, (_, g) => rowBlock(woA, g * R, R));
+    if (blocks.every((w) => w !== null)) {
+      ops.matmul(...Array.from({ length: nb * G }, (_, v) => ({
+        w: blocks[v % G]!,
+        x: this.#att + v * (H * hd / G) * 4,
+        y: this.#low + v * R * 4,
+        nb: 1,
+      })));
+    } else {
+      ops.matmul({ w: woA, x: this.#att, y: this.#grouped, nb: nb * G });
+      for (let v = 0; v < nb * G; v++) {
+        ops.copy(this.#low + v * R * 4, this.#grouped + (v * G * R + (v % G) * R) * 4, R);
       }
     }
     ops.matmul({ w: lw.get("wo_b"), x: this.#low, y: out, nb });
