@@ -473,12 +473,12 @@ Deno.test("pull from the synth hub (tools/dev/synth_hub.ts) equals pack of synth
     overrides,
     size: 1e6,
     maxShardBytes,
-    work: join(dir, "hub"),
+    work: join(dir, "synth-hub"),
     log: () => {},
   });
   try {
     assert.ok(hub.shards > 2, `${hub.shards} shards`);
-    const pulled = join(dir, "pulled.sluice");
+    const pulled = join(dir, "synth-hub-pulled.sluice");
     const r = await pullModel(hub.repo, pulled, {
       ...quiet,
       keepShards: 2,
@@ -487,14 +487,14 @@ Deno.test("pull from the synth hub (tools/dev/synth_hub.ts) equals pack of synth
     });
     const ckpt = await synthCheckpoint({
       arch: "deepseek_v4",
-      out: join(dir, "ckpt"),
+      out: join(dir, "synth-hub-ckpt"),
       size: 1e6,
       overrides,
       maxShardBytes,
       progress: "off",
       log: () => {},
     });
-    const packed = await packCheckpoint(ckpt.dir, join(dir, "packed.sluice"), {
+    const packed = await packCheckpoint(ckpt.dir, join(dir, "synth-hub-packed.sluice"), {
       ...quiet,
       log: () => {},
     });
