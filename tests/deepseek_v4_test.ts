@@ -499,4 +499,19 @@ Deno.test("synth deepseek_v4 at the release's width: DeepSeek-V4-Flash's config 
   );
   const bytes = expert.reduce((n, t) => n + t.shape.reduce((a, b) => a * b, 1), 0);
   assert.equal(bytes, 3 * (2048 * 4096 / 2 + 2048 * 4096 / 32));
+  // Sizes the solver chooses: within 10% of the target, a CSA and an HCA layer at least.
+  for (const target of [64e6, 2 ** 31]) {
+    const small = synthShape("deepseek_v4", target);
+    const c = normalizeConfig(small.config);
+    assert.ok(Math.abs(small.dataBytes / target - 1) <= 0.1, `${target}: ${small.dataBytes}`);
+    assert.deepEqual(c.csa!.layers.slice(0, 4).map((l) => l.ratio), [0, 0, 4, 128]);
+    const sum = synthTensors("deepseek_v4", small.dims, "bf16").reduce(
+      (n, t) =>
+        n +
+        t.shape.reduce((a, b) => a * b, 1) *
+          (t.dtype === "I64" ? 8 : t.dtype === "F32" ? 4 : t.dtype === "BF16" ? 2 : 1),
+      0,
+    );
+    assert.equal(sum, small.dataBytes, `${target}: the solver's byte count`);
+  }
 });
