@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { storedBytes, type StoredDtype } from "../io/format.ts";
+import { FORMAT_LAYOUTS, scaleSpecOf, storedBytes, type StoredDtype } from "../io/format.ts";
 import type { Job } from "./pool.ts";
 import type { InputForm } from "./quant/format.ts";
 import { findFormat } from "./quant/mod.ts";
@@ -29,6 +29,30 @@ export interface TensorRef {
    * with the format's exact kernel instead of its prepared-input one.
    */
   exact?: boolean;
+}
+
+/**
+ * Rows `first .. first + rows − 1` of `w` as a weight of their own (the same bytes and scales, so
+ * each row's product keeps its bits), or null where the format cannot be cut at `first`: a scale
+ * block (FP8's 128 rows) or a row group that the cut would split, or codebook formats.
+ */
+export function rowBlock(w: TensorRef, first: number, rows: number): TensorRef | null {
+  const dtype = w.dtype as StoredDtype;
+  if (!Object.hasOwn(FORMAT_LAYOUTS, dtype) || w.codebook !== undefined) return null;
+  if (!(first >= 0 && rows >= 1 && first + rows <= w.rows)) return null;
+  const data = (r: number) => r && storedBytes(dtype, [r, w.cols]);
+  const scale = (r: number) => {
+    const s = r ? scaleSpecOf(dtype, [r, w.cols]) : null;
+    return s ? storedBytes(s.dtype, s.shape) : 0;
+  };
+  // A clean cut: the rows before it take whole bytes and whole scale rows of their own.
+  for (const f of [data, scale]) if (first && f(first) + f(1) !== f(first + 1)) return null;
+  return {
+    ...w,
+    ptr: w.ptr + data(first),
+    rows,
+    ...(w.scale === undefined ? {} : { scale: w.scale + scale(first) }),
+  };
 }
 
 /** The input form the kernel of `w`'s format reads (f32 for a dtype no format has). */

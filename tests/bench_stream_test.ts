@@ -15,6 +15,8 @@ const RUN = {
   bytes_per_token: 1 << 20,
   expert_bytes_per_token: 1 << 20,
   expert_hit_rate: 0.25,
+  trunk_bytes_per_token: 0,
+  trunk_hit_rate: 1,
   io_wait_ms_per_token: 40,
   io_share: 0.5,
   speculative_reads: 3,
@@ -78,6 +80,12 @@ Deno.test({
     assert.deepEqual(child.map((r) => r.ids), here.map((r) => r.ids));
     assert.equal(child[0].ids.length, 6);
     assert.ok(child[0].bytes_per_token > 0, "the budget streams");
+    // What was read is the experts' records and the trunk ring's layers.
+    for (const r of child) {
+      assert.equal(r.bytes_per_token, r.expert_bytes_per_token + r.trunk_bytes_per_token);
+      assert.ok(r.trunk_hit_rate >= 0 && r.trunk_hit_rate <= 1, `${r.trunk_hit_rate}`);
+      if (r.trunk_pinned === 0) assert.equal(r.trunk_hit_rate, 0);
+    }
     assert.equal(child[0].cgroup_peak_bytes, null);
     assert.ok(child[0].peak_rss_bytes > 0);
   },

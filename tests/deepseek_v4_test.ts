@@ -3,7 +3,9 @@
  * release's keys and refuses what it cannot run by name; the float64 reference and the engine
  * give the README's known continuation; the engine stays within 1e-4 of the reference past the
  * first HCA entry (position 127); chunked prefill, the prompt cache and saved sessions equal
- * token-by-token runs; placements give bit-identical logits.
+ * token-by-token runs; placements give bit-identical logits. The synthesiser's deepseek_v4 recipe
+ * writes the fixture's layout and, at another tiny width, a model the engine runs as the float64
+ * reference does.
  */
 import assert from "node:assert/strict";
 import { findMatrix } from "../engine/checkpoint_matrix.ts";
@@ -19,11 +21,13 @@ import { hfExpertName } from "../engine/tensor_names.ts";
 import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
+import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
   packedFixture,
+  synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
@@ -379,4 +383,135 @@ Deno.test({
       real.close();
     }
   },
+});
+
+/** tiny-deepseek-v4-fp8's sizes, for the synthesiser (README "config.json"). */
+const FIXTURE_DIMS: SynthOverrides = {
+  hidden: 64,
+  layers: 6,
+  experts: 16,
+  topK: 4,
+  expertInter: 32,
+  vocab: 512,
+  heads: 4,
+  headDim: 32,
+  ropeDim: 8,
+  qLoraRank: 32,
+  oGroups: 2,
+  oLoraRank: 16,
+  window: 16,
+  indexHeads: 32,
+  indexHeadDim: 16,
+  indexTopK: 4,
+  hashLayers: 3,
+  hcMult: 4,
+  maxPositions: 1048576,
+};
+
+Deno.test({
+  name: "synth deepseek_v4 at the fixture's sizes: tiny-deepseek-v4-fp8's names, dtypes, shapes",
+  ignore: !hasFixture(V4_FP8),
+  async fn() {
+    const out = `${tempDir()}/synth-v4-layout`;
+    const res = await synthCheckpoint({
+      arch: "deepseek_v4",
+      out,
+      size: 1e6,
+      overrides: FIXTURE_DIMS,
+      progress: "off",
+      log: () => {},
+    });
+    const got = openCheckpoint(res.dir), want = openCheckpoint(fixtureDir(V4_FP8));
+    try {
+      const layout = (c: Checkpoint) =>
+        [...c.tensors.values()].map((t) => `${t.name} ${t.dtype} [${t.shape}]`).sort();
+      assert.deepEqual(layout(got), layout(want));
+      // The hash tables hold top-k distinct experts per token id.
+      const table = new BigInt64Array(got.read("layers.0.ffn.gate.tid2eid").slice().buffer);
+      for (let row = 0; row < 512; row++) {
+        const ids = [...table.subarray(4 * row, 4 * row + 4)].map(Number);
+        assert.equal(new Set(ids).size, 4, `tid2eid row ${row}: ${ids}`);
+        assert.ok(ids.every((e) => e >= 0 && e < 16), `tid2eid row ${row}: ${ids}`);
+      }
+    } finally {
+      got.close();
+      want.close();
+    }
+    // Config: the release's keys (the fixture's but the MTP layer, which synth does not write).
+    const cfg = JSON.parse(Deno.readTextFileSync(`${res.dir}/config.json`));
+    const fixture = configOf(V4_FP8);
+    assert.deepEqual(Object.keys(cfg).sort(), Object.keys(fixture).sort());
+    assert.deepEqual(cfg.compress_ratios, (fixture.compress_ratios as number[]).slice(0, 6));
+    assert.deepEqual(cfg.quantization_config, fixture.quantization_config);
+  },
+});
+
+Deno.test("synth deepseek_v4 at an awkward tiny width: packs, and the engine equals the float64 reference", () =>
+  // Window 4 and index top-2 so that compressed entries and the indexer's choice matter within
+  // the 12 tokens; 128-wide FP8 blocks narrower than a tensor in wq_b and the indexer's wq_b.
+  synthVsReference("deepseek_v4", "synth-v4-run", 5, {
+    hidden: 192,
+    layers: 5,
+    experts: 24,
+    topK: 3,
+    expertInter: 96,
+    vocab: 320,
+    heads: 6,
+    headDim: 48,
+    ropeDim: 6,
+    qLoraRank: 40,
+    oGroups: 3,
+    oLoraRank: 20,
+    window: 4,
+    indexHeads: 5,
+    indexHeadDim: 12,
+    indexTopK: 2,
+    hashLayers: 2,
+    hcMult: 3,
+    maxPositions: 256,
+  }));
+
+Deno.test("synth deepseek_v4 at the release's width: DeepSeek-V4-Flash's config and expert bytes", () => {
+  const s = synthShape("deepseek_v4", 150e9, {
+    hidden: 4096,
+    layers: 43,
+    experts: 256,
+    vocab: 129280,
+  });
+  const cfg = normalizeConfig(s.config);
+  assert.equal(cfg.hiddenSize, 4096);
+  assert.deepEqual([cfg.numHeads, cfg.headDim, cfg.rope.dim], [64, 512, 64]);
+  const csa = cfg.csa!;
+  assert.deepEqual([csa.qLoraRank, csa.oGroups, csa.oLoraRank, csa.window], [1024, 8, 1024, 128]);
+  assert.deepEqual(csa.indexer, { heads: 64, headDim: 128, topK: 512 });
+  assert.deepEqual(csa.layers.slice(0, 6).map((l) => l.ratio), [0, 0, 4, 128, 4, 128]);
+  assert.equal(csa.layers.filter((l) => l.ratio === 4).length, 21);
+  assert.equal(csa.layers.filter((l) => l.ratio === 128).length, 20);
+  assert.deepEqual([cfg.moe!.numExperts, cfg.moe!.topK, cfg.moe!.expertIntermediate], [
+    256,
+    6,
+    2048,
+  ]);
+  assert.equal(cfg.moe!.hashLayers, 3);
+  // One expert: three 2048 × 4096 FP4 matrices, two codes a byte, one scale byte per 32.
+  const expert = synthTensors("deepseek_v4", s.dims, "bf16").filter((t) =>
+    t.name.startsWith("layers.5.ffn.experts.7.")
+  );
+  const bytes = expert.reduce((n, t) => n + t.shape.reduce((a, b) => a * b, 1), 0);
+  assert.equal(bytes, 3 * (2048 * 4096 / 2 + 2048 * 4096 / 32));
+  // Sizes the solver chooses: within 10% of the target, a CSA and an HCA layer at least.
+  for (const target of [64e6, 2 ** 31]) {
+    const small = synthShape("deepseek_v4", target);
+    const c = normalizeConfig(small.config);
+    assert.ok(Math.abs(small.dataBytes / target - 1) <= 0.1, `${target}: ${small.dataBytes}`);
+    assert.deepEqual(c.csa!.layers.slice(0, 4).map((l) => l.ratio), [0, 0, 4, 128]);
+    const sum = synthTensors("deepseek_v4", small.dims, "bf16").reduce(
+      (n, t) =>
+        n +
+        t.shape.reduce((a, b) => a * b, 1) *
+          (t.dtype === "I64" ? 8 : t.dtype === "F32" ? 4 : t.dtype === "BF16" ? 2 : 1),
+      0,
+    );
+    assert.equal(sum, small.dataBytes, `${target}: the solver's byte count`);
+  }
 });

@@ -19,7 +19,8 @@ import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
 import { topK } from "../engine/routing.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
-import type { TensorRef } from "../engine/tensor.ts";
+import { rowBlock, type TensorRef } from "../engine/tensor.ts";
+import { quantizeFp8b128 } from "../engine/quant/fp8.ts";
 import type { LayerWeights } from "../engine/weights.ts";
 import {
   type GlobalTensor,
@@ -428,6 +429,56 @@ Deno.test("the indexer's scores, top-k and pool keys match their scalar referenc
       });
       assert.equal(pooled.length, Math.floor(n / size));
     }
+  } finally {
+    pool.close();
+  }
+});
+
+Deno.test("rowBlock: a clean cut of a weight multiplies to the same bits as its rows of the whole", async () => {
+  const arena = new Arena(8 * 2 ** 20);
+  const pool = await Pool.create(arena, await loadKernelModule(), 2);
+  try {
+    const ops = new Ops(arena, pool);
+    const put = (bytes: Uint8Array) => {
+      const ptr = arena.alloc("w", bytes.length, 64);
+      arena.u8(ptr, bytes.length).set(bytes);
+      return ptr;
+    };
+    const [rows, cols] = [300, 200];
+    const w = values(rows * cols, 3, 1), x = values(cols, 5, 1);
+    const fp8 = quantizeFp8b128(w, rows, cols);
+    const weights: TensorRef[] = [
+      { ptr: put(new Uint8Array(w.buffer)), dtype: "f32", rows, cols },
+      {
+        ptr: put(fp8.codes),
+        scale: put(new Uint8Array(fp8.scales.buffer)),
+        dtype: "f8_e4m3",
+        rows,
+        cols,
+      },
+    ];
+    const xPtr = put(new Uint8Array(x.buffer));
+    const y = arena.alloc("y", rows * 4), yb = arena.alloc("yb", rows * 4);
+    for (const whole of weights) {
+      ops.matmul({ w: whole, x: xPtr, y, nb: 1 });
+      const cuts = whole.dtype === "f32"
+        ? [[0, 1], [7, 5], [128, 172]]
+        : [[0, 128], [128, 128], [256, 44], [0, 300]];
+      for (const [first, n] of cuts) {
+        const part = rowBlock(whole, first, n);
+        assert.ok(part, `${whole.dtype}: rows ${first}+${n} cut cleanly`);
+        ops.matmul({ w: part, x: xPtr, y: yb, nb: 1 });
+        assert.deepEqual(
+          arena.f32(yb, n),
+          arena.f32(y + first * 4, n),
+          `${whole.dtype}: rows ${first}+${n}`,
+        );
+      }
+    }
+    // FP8's 128 × 128 scale blocks: a cut inside one cannot be taken, nor rows beyond the end.
+    assert.equal(rowBlock(weights[1], 100, 28), null);
+    assert.equal(rowBlock(weights[1], 16, 16), null);
+    assert.equal(rowBlock(weights[0], 290, 11), null);
   } finally {
     pool.close();
   }

@@ -4,7 +4,8 @@
  * fixture with injected failures: a 429 with Retry-After, a 500 then success, a connection
  * dropped mid-shard, a wrong checksum. The pulled container must be byte-identical to `pack` of
  * the same files, shard bytes on disk must stay within the printed bound, and an interrupted pull
- * must resume to the same container. Also: clear 401/404 errors, and `pack` of a Hub cache folder.
+ * must resume to the same container. Also: clear 401/404 errors, `pack` of a Hub cache folder, and
+ * the synth hub (tools/dev/synth_hub.ts) serving what `synth` writes.
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
@@ -21,6 +22,8 @@ import {
 import { join, relative } from "node:path";
 import { packCheckpoint } from "../tools/pack.ts";
 import { pullModel, type PullOptions } from "../tools/pull/pull.ts";
+import { serveSynthHub } from "../tools/dev/synth_hub.ts";
+import { synthCheckpoint } from "../tools/synth.ts";
 import { actionsBefore, prefetchAfter, simulate } from "../tools/pull/shards.ts";
 import { fixtureDir, tempDir } from "./fixtures.ts";
 import { writeInt4Checkpoint } from "./int4_checkpoint.ts";
@@ -451,4 +454,53 @@ Deno.test({
       await hub.close();
     }
   },
+});
+
+Deno.test("pull from the synth hub (tools/dev/synth_hub.ts) equals pack of synth's checkpoint", async () => {
+  const overrides = {
+    hidden: 128,
+    layers: 4,
+    experts: 8,
+    topK: 2,
+    vocab: 300,
+    heads: 2,
+    headDim: 32,
+    maxPositions: 256,
+  };
+  const dir = tempDir(), maxShardBytes = 96 * 1024;
+  const hub = serveSynthHub({
+    arch: "deepseek_v4",
+    overrides,
+    size: 1e6,
+    maxShardBytes,
+    work: join(dir, "synth-hub"),
+    log: () => {},
+  });
+  try {
+    assert.ok(hub.shards > 2, `${hub.shards} shards`);
+    const pulled = join(dir, "synth-hub-pulled.sluice");
+    const r = await pullModel(hub.repo, pulled, {
+      ...quiet,
+      keepShards: 2,
+      log: () => {},
+      hub: { endpoint: hub.endpoint, backoffMs: 5, log: () => {} },
+    });
+    const ckpt = await synthCheckpoint({
+      arch: "deepseek_v4",
+      out: join(dir, "synth-hub-ckpt"),
+      size: 1e6,
+      overrides,
+      maxShardBytes,
+      progress: "off",
+      log: () => {},
+    });
+    const packed = await packCheckpoint(ckpt.dir, join(dir, "synth-hub-packed.sluice"), {
+      ...quiet,
+      log: () => {},
+    });
+    assertSameContainer(pulled, packed.out);
+    assert.ok(r.peakShardBytes <= r.boundBytes, `${r.peakShardBytes} > ${r.boundBytes}`);
+  } finally {
+    await hub.close();
+  }
 });

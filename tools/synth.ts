@@ -1,5 +1,5 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe --size 2G --out DIR [options]`: writes a
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4 --size 2G --out DIR [options]`: writes a
  * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
@@ -55,7 +55,7 @@ export function parseSize(s: string): number {
 }
 
 const USAGE =
-  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe
+  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4
   --size 2G --out DIR
   [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
@@ -64,7 +64,9 @@ const USAGE =
   --nope-dim --v-dim --first-dense --n-group --topk-group --shared-experts
   kimi_k3: --latent --kda-heads --kda-head-dim --attn-res-block --mla-every --mxfp4-experts 0|1
   qwen3_5_moe: --gdn-key-heads --gdn-value-heads --gdn-key-dim --gdn-value-dim --full-every
-  --shared-inter`;
+  --shared-inter
+  deepseek_v4: --o-groups --o-lora-rank --window --index-heads --index-head-dim --index-topk
+  --hash-layers --hc-mult`;
 
 /** CLI flag → size field. */
 const FLAG_FIELDS: Record<string, keyof SynthDims> = {
@@ -100,6 +102,14 @@ const FLAG_FIELDS: Record<string, keyof SynthDims> = {
   "gdn-value-dim": "gdnValueDim",
   "full-every": "fullEvery",
   "shared-inter": "sharedInter",
+  "o-groups": "oGroups",
+  "o-lora-rank": "oLoraRank",
+  window: "window",
+  "index-heads": "indexHeads",
+  "index-head-dim": "indexHeadDim",
+  "index-topk": "indexTopK",
+  "hash-layers": "hashLayers",
+  "hc-mult": "hcMult",
 };
 
 async function main(args: string[]): Promise<number> {

@@ -7,10 +7,10 @@
  * entry, indexer scores) with the shared attention, RMSNorm and RoPE kernels. Its float64
  * reference is engine/reference/csa.ts.
  *
- * Per-sequence state: one position-indexed cache per layer whose row p holds position p's kv,
+ * Per-sequence state: one position-indexed cache per layer whose row p holds position p's kv and
  * the compressors' projections of position p (needed by the entries of its window and, on CSA
- * layers, the next one), and, when a window ends at p, the window's compressed entry and indexer
- * key. Every row depends only on positions ≤ p, so the planner, the prompt cache and saved
+ * layers, the next one); when a window ends at p, its compressed entry and indexer key replace
+ * the projections of p that only that window reads. Every row depends only on positions ≤ p, so the planner, the prompt cache and saved
  * sessions carry it as they carry a KV cache, and rewinding is free.
  *
  * @module
@@ -20,6 +20,7 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
+import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
 import { regionBytes, ropeTableBytes } from "./scratch.ts";
@@ -41,19 +42,23 @@ interface RowLayout {
   /** The indexer compressor's kv and gate projections (2·index_head_dim each). */
   ic: number;
   iz: number;
-  /** The entry of the window ending here (head_dim), and its indexer key (index_head_dim). */
+  /**
+   * The entry of the window ending here (head_dim), and its indexer key (index_head_dim). They
+   * overwrite the part of this row's projections that only this window reads (HCA: all of c; CSA:
+   * the second halves of c and ic, the next window reading the first), so no row holds room for
+   * an entry that 1 − 1/ratio of the rows never have.
+   */
   entry: number;
   key: number;
   floats: number;
 }
 
 function rowLayout(cfg: ModelConfig, layer: number): RowLayout {
-  const csa = csaOf(cfg), l = csa.layers[layer], hd = cfg.headDim;
+  const csa = csaOf(cfg), l = csa.layers[layer], hd = cfg.headDim, ixd = csa.indexer.headDim;
   const cw = l.ratio ? (l.indexed ? 2 * hd : hd) : 0;
-  const iw = l.indexed ? 2 * csa.indexer.headDim : 0;
-  const c = hd, z = c + cw, ic = z + cw, iz = ic + iw, entry = iz + iw;
-  const key = entry + (l.ratio ? hd : 0);
-  const floats = key + (l.indexed ? csa.indexer.headDim : 0);
+  const iw = l.indexed ? 2 * ixd : 0;
+  const c = hd, z = c + cw, ic = z + cw, iz = ic + iw, floats = iz + iw;
+  const entry = c + (l.indexed ? hd : 0), key = ic + ixd;
   return { kv: 0, c, z, cw, ic, iz, entry, key, floats };
 }
 
@@ -292,22 +297,32 @@ class CsaAttention implements Mixer {
       // The values carried RoPE at their positions: rotate the output back by the query's.
       this.#rope(o, H, hd, rope, p, true);
     }
-    // Grouped output: group g's heads through rows g·R .. g·R + R − 1 of wo_a, then wo_b.
-    const G = csa.oGroups, R = csa.oLoraRank;
-    ops.matmul({ w: lw.get("wo_a"), x: this.#att, y: this.#grouped, nb: nb * G });
-    for (let b = 0; b < nb; b++) {
-      for (let g = 0; g < G; g++) {
-        ops.copy(
-          this.#low + (b * G + g) * R * 4,
-          this.#grouped + ((b * G + g) * G * R + g * R) * 4,
-          R,
-        );
+    // Grouped output: group g's heads through rows g·R .. g·R + R − 1 of wo_a, then wo_b. Where
+    // the format can be cut at every g·R, each group multiplies its own rows only (1/G of wo_a);
+    // else all rows, keeping group g's.
+    const G = csa.oGroups, R = csa.oLoraRank, woA = lw.get("wo_a");
+    const blocks = Array.from({ length: G }, (_, g) => rowBlock(woA, g * R, R));
+    if (blocks.every((w) => w !== null)) {
+      ops.matmul(...Array.from({ length: nb * G }, (_, v) => ({
+        w: blocks[v % G]!,
+        x: this.#att + v * (H * hd / G) * 4,
+        y: this.#low + v * R * 4,
+        nb: 1,
+      })));
+    } else {
+      ops.matmul({ w: woA, x: this.#att, y: this.#grouped, nb: nb * G });
+      for (let v = 0; v < nb * G; v++) {
+        ops.copy(this.#low + v * R * 4, this.#grouped + (v * G * R + (v % G) * R) * 4, R);
       }
     }
     ops.matmul({ w: lw.get("wo_b"), x: this.#low, y: out, nb });
   }
 
-  /** Emits the entry (and on CSA layers the indexer key) of the window that ends at `p`. */
+  /**
+   * Emits the entry (and on CSA layers the indexer key) of the window that ends at `p`, into row
+   * p's own projections (see {@link RowLayout}): the kernel reads each element of that slot once,
+   * before it writes the same element.
+   */
   #compressAt(layer: number, lw: LayerWeights, p: number): void {
     const ops = this.#ops, cfg = this.#cfg, spec = this.#csa.layers[layer];
     const rows = this.#rows[layer], cache = this.#cache[layer], r = spec.ratio;

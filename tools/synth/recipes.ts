@@ -1,7 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
  * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168,
- * Qwen3.6-35B-A3B) as
+ * Qwen3.6-35B-A3B, DeepSeek-V4-Flash in its FP8/FP4 storage) as
  * functions of the hidden size, their config.json and their tensors.
  *
  * @module
@@ -16,6 +16,7 @@ import {
   type SynthDims,
   type SynthDtype,
   type SynthElemType,
+  type SynthInit,
   type SynthTensor,
 } from "./types.ts";
 
@@ -546,19 +547,34 @@ function f32(name: string, shape: number[], mean: number, std: number, l: number
  * 1/sqrt(cols) (random codes have an RMS of 2.93).
  */
 function mxfp4(name: string, rows: number, cols: number, l: number): SynthTensor[] {
+  return e2m1Matrix(`${name}_packed`, `${name}_scale`, ["U8", "U8"], rows, cols, l);
+}
+
+/**
+ * Random E2M1 codes [rows, cols/2] named `codes` and their E8M0 scales [rows, cols/32] named
+ * `scales` (of the two dtypes), the weights' RMS about 1/sqrt(cols).
+ */
+function e2m1Matrix(
+  codes: string,
+  scales: string,
+  dtypes: [SynthElemType, SynthElemType],
+  rows: number,
+  cols: number,
+  l: number,
+): SynthTensor[] {
   const exp = 127 + Math.round(Math.log2(1 / (2.93 * Math.sqrt(cols))));
   return [
     {
-      name: `${name}_packed`,
+      name: codes,
       shape: [rows, cols / 2],
-      dtype: "U8",
+      dtype: dtypes[0],
       init: { kind: "bytes", lo: 0, hi: 255 },
       layer: l,
     },
     {
-      name: `${name}_scale`,
+      name: scales,
       shape: [rows, cols / 32],
-      dtype: "U8",
+      dtype: dtypes[1],
       init: { kind: "fill", value: exp },
       layer: l,
     },
@@ -924,6 +940,247 @@ const QWEN3_5_MOE: Recipe = {
   attentionOf: (d, l) => q35IsFull(d, l) ? "full" : "gdn",
 };
 
+/**
+ * DeepSeek-V4's compress ratio of layer `l` as the release lays them out: two window-only layers,
+ * then CSA (4, indexed) on even and HCA (128) on odd layers.
+ */
+const v4Ratio = (l: number) => l < 2 ? 0 : l % 2 ? 128 : 4;
+
+/**
+ * An FP8 E4M3 linear `name.weight` [out, in] with its E8M0 128 × 128 block scales `name.scale`
+ * (a block may be narrower), as DeepSeek-V4 ships its linears: codes of std 16 times a power of
+ * two near 1/(16·sqrt(in)), so the weights' std is about 1/sqrt(in).
+ */
+function fp8Linear(name: string, out: number, inp: number, l: number): SynthTensor[] {
+  const exp = 127 + Math.round(Math.log2(1 / (16 * Math.sqrt(inp))));
+  return [
+    {
+      name: `${name}.weight`,
+      shape: [out, inp],
+      dtype: "F8_E4M3",
+      init: { kind: "e4m3", std: 16 },
+      layer: l,
+    },
+    {
+      name: `${name}.scale`,
+      shape: [Math.ceil(out / 128), Math.ceil(inp / 128)],
+      dtype: "F8_E8M0",
+      init: { kind: "fill", value: exp },
+      layer: l,
+    },
+  ];
+}
+
+/** A hyper-connection's mixing weights `<p>fn`, `<p>base`, `<p>scale` for `n` streams (F32). */
+function hyperTensors(p: string, rows: number, n: number, h: number, l: number): SynthTensor[] {
+  return [
+    f32(`${p}fn`, [rows, n * h], 0, 1 / Math.sqrt(n * h), l),
+    f32(`${p}base`, [rows], 0, 0.5, l),
+    f32(`${p}scale`, [rows === n ? 1 : 3], 1.1, 0.1, l),
+  ];
+}
+
+/**
+ * DeepSeek-V4-Flash (`DeepseekV4ForCausalLM`, hidden 4096, 43 layers, 64 heads × 512 sharing one
+ * KV head with RoPE on the last 64 dims, q_lora 1024, 8 output groups of rank 1024, window 128,
+ * CSA/HCA compressors, a 64 × 128 Lightning indexer keeping 512 entries, 256 experts top-6 of width
+ * 2048, a shared expert, 3 hash-routed layers, 4 hyper-connection streams) in the release's
+ * storage and original names: FP8 E4M3 linears with E8M0 128 × 128 `.scale` blocks, routed experts
+ * in FP4 (e2m1 in I8) with an E8M0 scale per 32 inputs, BF16 norms, compressors, indexer weights,
+ * router, embedding and head, F32 hyper-connections, sinks, position biases and selection bias,
+ * I64 `tid2eid`. No MTP layer is written (num_nextn_predict_layers 0).
+ */
+const DEEPSEEK_V4: Recipe = {
+  baseHidden: 4096,
+  baseLayers: 43,
+  baseExperts: 256,
+  baseTopK: 6,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 1048576,
+  // FP4 experts need 32 | hidden and 32 | expert inter (hidden / 2).
+  hiddenMultiple: 64,
+  width: (h) => {
+    const headDim = 16 * Math.round(clamp(h / 8, 16, 512) / 16);
+    const heads = Math.max(1, Math.round((64 * h) / 4096));
+    let oGroups = 8;
+    while (heads % oGroups) oGroups /= 2;
+    return {
+      heads,
+      headDim,
+      ropeDim: headDim / 8,
+      qLoraRank: h / 4,
+      oGroups,
+      oLoraRank: h / 4,
+      window: 128,
+      indexHeads: heads,
+      indexHeadDim: Math.max(2, headDim / 4),
+      indexTopK: 512,
+      expertInter: h / 2,
+      sharedExperts: 1,
+      hcMult: 4,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 6), hashLayers: Math.min(3, d.layers) }),
+  config: (d, dtype) => ({
+    architectures: ["DeepseekV4ForCausalLM"],
+    model_type: "deepseek_v4",
+    attention_bias: false,
+    attention_dropout: 0,
+    bos_token_id: SYNTH_BOS_ID,
+    eos_token_id: SYNTH_EOS_ID,
+    hc_eps: 1e-6,
+    hc_mult: d.hcMult,
+    hc_sinkhorn_iters: 20,
+    head_dim: d.headDim,
+    hidden_act: "silu",
+    hidden_size: d.hidden,
+    index_head_dim: d.indexHeadDim,
+    index_n_heads: d.indexHeads,
+    index_topk: d.indexTopK,
+    initializer_range: 0.02,
+    max_position_embeddings: d.maxPositions,
+    moe_intermediate_size: d.expertInter,
+    n_routed_experts: d.experts,
+    n_shared_experts: d.sharedExperts,
+    norm_topk_prob: true,
+    num_attention_heads: d.heads,
+    num_experts_per_tok: d.topK,
+    num_hidden_layers: d.layers,
+    num_hash_layers: d.hashLayers,
+    num_key_value_heads: 1,
+    num_nextn_predict_layers: 0,
+    o_groups: d.oGroups,
+    o_lora_rank: d.oLoraRank,
+    q_lora_rank: d.qLoraRank,
+    qk_rope_head_dim: d.ropeDim,
+    rms_norm_eps: 1e-6,
+    rope_scaling: {
+      beta_fast: 32,
+      beta_slow: 1,
+      factor: 16,
+      original_max_position_embeddings: 65536,
+      type: "yarn",
+    },
+    rope_theta: 10000,
+    routed_scaling_factor: 1.5,
+    scoring_func: "sqrtsoftplus",
+    sliding_window: d.window,
+    swiglu_limit: 10.0,
+    tie_word_embeddings: false,
+    topk_method: "noaux_tc",
+    torch_dtype: dtype === "bf16" ? "bfloat16" : "float32",
+    use_cache: true,
+    vocab_size: d.vocab,
+    compress_rope_theta: 160000,
+    compress_ratios: Array.from({ length: d.layers }, (_, l) => v4Ratio(l)),
+    expert_dtype: "fp4",
+    quantization_config: {
+      activation_scheme: "dynamic",
+      fmt: "e4m3",
+      quant_method: "fp8",
+      scale_fmt: "ue8m0",
+      weight_block_size: [128, 128],
+    },
+  }),
+  layer: (d, l, dt) => {
+    const p = `layers.${l}.`, a = p + "attn.", hd = d.headDim, n = d.hcMult;
+    const ratio = v4Ratio(l), G = d.oGroups, R = d.oLoraRank;
+    const out: SynthTensor[] = [
+      norm(p + "attn_norm.weight", d.hidden, dt, l),
+      norm(p + "ffn_norm.weight", d.hidden, dt, l),
+      ...hyperTensors(p + "hc_attn_", (2 + n) * n, n, d.hidden, l),
+      ...hyperTensors(p + "hc_ffn_", (2 + n) * n, n, d.hidden, l),
+      ...fp8Linear(a + "wq_a", d.qLoraRank, d.hidden, l),
+      norm(a + "q_norm.weight", d.qLoraRank, dt, l),
+      ...fp8Linear(a + "wq_b", d.heads * hd, d.qLoraRank, l),
+      ...fp8Linear(a + "wkv", hd, d.hidden, l),
+      norm(a + "kv_norm.weight", hd, dt, l),
+      ...fp8Linear(a + "wo_a", G * R, (d.heads * hd) / G, l),
+      ...fp8Linear(a + "wo_b", d.hidden, G * R, l),
+      f32(a + "attn_sink", [d.heads], 0, 1, l),
+    ];
+    // A compressor: kv and gate projections (the gate's std twice the kv's), position biases.
+    const compressor = (c: string, width: number, normDim: number) => [
+      linear(c + "wkv.weight", width, d.hidden, dt, l),
+      { ...linear(c + "wgate.weight", width, d.hidden, dt, l), init: gateInit(d.hidden) },
+      f32(c + "ape", [ratio, width], 0, 1, l),
+      norm(c + "norm.weight", normDim, dt, l),
+    ];
+    if (ratio) out.push(...compressor(a + "compressor.", ratio === 4 ? 2 * hd : hd, hd));
+    if (ratio === 4) {
+      const ix = a + "indexer.";
+      out.push(
+        ...fp8Linear(ix + "wq_b", d.indexHeads * d.indexHeadDim, d.qLoraRank, l),
+        linear(ix + "weights_proj.weight", d.indexHeads, d.hidden, dt, l),
+        ...compressor(ix + "compressor.", 2 * d.indexHeadDim, d.indexHeadDim),
+      );
+    }
+    const f = p + "ffn.", shared = d.expertInter * d.sharedExperts;
+    out.push(router(f + "gate.weight", d.experts, d.hidden, dt, l));
+    if (l < d.hashLayers) {
+      out.push({
+        name: f + "gate.tid2eid",
+        shape: [d.vocab, d.topK],
+        dtype: "I64",
+        init: { kind: "hash", experts: d.experts },
+        layer: l,
+      });
+    } else {
+      out.push({
+        name: f + "gate.bias",
+        shape: [d.experts],
+        dtype: "F32",
+        init: { kind: "zeros" },
+        layer: l,
+      });
+    }
+    if (shared) {
+      out.push(
+        ...fp8Linear(f + "shared_experts.w1", shared, d.hidden, l),
+        ...fp8Linear(f + "shared_experts.w2", d.hidden, shared, l),
+        ...fp8Linear(f + "shared_experts.w3", shared, d.hidden, l),
+      );
+    }
+    return out;
+  },
+  expert: (d, l, e) => {
+    const p = `layers.${l}.ffn.experts.${e}.`, I = d.expertInter;
+    if (d.hidden % 32 || I % 32) {
+      throw new Error(
+        `deepseek_v4: FP4 experts need hidden ${d.hidden} and expertInter ${I} to be multiples ` +
+          `of 32`,
+      );
+    }
+    const fp4 = (w: string, rows: number, cols: number) =>
+      e2m1Matrix(`${p}${w}.weight`, `${p}${w}.scale`, ["I8", "F8_E8M0"], rows, cols, l);
+    return [...fp4("w1", I, d.hidden), ...fp4("w2", d.hidden, I), ...fp4("w3", I, d.hidden)];
+  },
+  isMoe: () => true,
+  minLayers: () => 4,
+  globals: (d, dt) => ({
+    head: [{
+      name: "embed.weight",
+      shape: [d.vocab, d.hidden],
+      dtype: dt,
+      init: { kind: "normal", mean: 0, std: 1 },
+      layer: -1,
+    }],
+    tail: [
+      norm("norm.weight", d.hidden, dt, -1),
+      ...hyperTensors("hc_head_", d.hcMult, d.hcMult, d.hidden, -1),
+      linear("head.weight", d.vocab, d.hidden, dt, -1),
+    ],
+  }),
+  // Hash layers hold a tid2eid table where the others hold a bias: another kind for the sizes.
+  attentionOf: (d, l) => `${v4Ratio(l)} ${l < d.hashLayers ? "hash" : "scored"}`,
+};
+
+/** A compressor gate's init: twice a linear's std, so its softmax over positions is not flat. */
+function gateInit(fanIn: number): SynthInit {
+  return { kind: "normal", mean: 0, std: 2 / Math.sqrt(fanIn) };
+}
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
@@ -932,6 +1189,7 @@ const RECIPES: Record<SynthArch, Recipe> = {
   gpt_oss: GPT_OSS,
   kimi_k3: KIMI_K3,
   qwen3_5_moe: QWEN3_5_MOE,
+  deepseek_v4: DEEPSEEK_V4,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import type { Progress } from "../progress.ts";
 import type { RouterPlan } from "./routing.ts";
 import { sumBytes, type SynthTensor, tensorBytes } from "./types.ts";
-import { fillFrom, streamSeed, valueTable } from "./values.ts";
+import { e4m3Table, fillFrom, streamSeed, valueTable } from "./values.ts";
 
 /** Values generated and written at a time: memory use is one such chunk, whatever the model. */
 const CHUNK_ELEMS = 1 << 22;
@@ -31,8 +31,23 @@ export function planShards(tensors: SynthTensor[], max: number): SynthTensor[][]
   return shards;
 }
 
+/** The file names of `n` shards: `model.safetensors`, or `model-0000i-of-0000n.safetensors`. */
+export function shardNames(n: number): string[] {
+  if (n === 1) return ["model.safetensors"];
+  const of = String(n).padStart(5, "0");
+  return Array.from(
+    { length: n },
+    (_, i) => `model-${String(i + 1).padStart(5, "0")}-of-${of}.safetensors`,
+  );
+}
+
+/** `tensors` sorted by name, the order of a shard's header and data. */
+export function byName(tensors: SynthTensor[]): SynthTensor[] {
+  return [...tensors].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+}
+
 /** The safetensors header of `tensors` (sorted by name), padded with spaces to 8 bytes. */
-function headerBytes(tensors: SynthTensor[]): Uint8Array {
+export function headerBytes(tensors: SynthTensor[]): Uint8Array {
   const h: Record<string, unknown> = { __metadata__: { format: "pt" } };
   let off = 0;
   for (const t of tensors) {
@@ -64,7 +79,8 @@ function writeTensor(
   progress: Progress,
 ): void {
   const elems = t.shape.reduce((a, b) => a * b, 1);
-  if (t.dtype === "U8") return writeBytes(fd, t, elems, seed, progress);
+  if (t.dtype === "I64") return writeHashTable(fd, t, seed, progress);
+  if (ONE_BYTE.has(t.dtype)) return writeBytes(fd, t, elems, seed, progress);
   const bf16 = t.dtype === "BF16";
   const view = (n: number) => bf16 ? buf.u16.subarray(0, n) : buf.f32.subarray(0, n);
   const emit = (arr: Uint16Array | Float32Array) => {
@@ -92,10 +108,16 @@ function writeTensor(
       x = fillFrom(v, table, x);
       emit(v);
     }
-  } else throw new Error(`${t.name}: ${t.init.kind} values need a U8 tensor`);
+  } else throw new Error(`${t.name}: ${t.init.kind} values need a one-byte tensor`);
 }
 
-/** Streams a U8 tensor: seeded random bytes in lo..hi, or one value throughout. */
+/** The dtypes of one byte an element, written by {@link writeBytes}. */
+const ONE_BYTE = new Set(["U8", "I8", "F8_E4M3", "F8_E8M0"]);
+
+/**
+ * Streams a one-byte tensor: seeded random bytes in lo..hi, one value throughout, or E4M3 codes
+ * of a normal variate.
+ */
 function writeBytes(
   fd: number,
   t: SynthTensor,
@@ -107,9 +129,11 @@ function writeBytes(
   const words = new Uint32Array(buf.buffer, 0, buf.length >> 2);
   let x = streamSeed(seed, t.name);
   const init = t.init;
+  const codes = init.kind === "e4m3" ? e4m3Table(init.std) : null;
   for (let i = 0; i < elems; i += buf.length) {
     const n = Math.min(buf.length, elems - i);
     if (init.kind === "fill") buf.fill(init.value);
+    else if (codes) x = fillFrom(buf.subarray(0, n), codes, x);
     else if (init.kind === "bytes") {
       for (let w = 0; w < words.length; w++) {
         x ^= x << 13;
@@ -121,9 +145,35 @@ function writeBytes(
       // A narrower range (gpt-oss's E8M0 scales) folds the uniform bytes into lo..hi.
       const span = init.hi - init.lo + 1;
       if (span < 256) { for (let j = 0; j < n; j++) buf[j] = init.lo + buf[j] % span; }
-    } else throw new Error(`${t.name}: U8 tensors are random bytes or a fill value`);
+    } else throw new Error(`${t.name}: one-byte tensors are random bytes, a fill or E4M3 codes`);
     writeAll(fd, buf.subarray(0, n));
     progress.add(n);
+  }
+}
+
+/** Streams an I64 [rows, k] table of k distinct seeded expert ids per row (`tid2eid`). */
+function writeHashTable(fd: number, t: SynthTensor, seed: number, progress: Progress): void {
+  const init = t.init, [rows, k] = t.shape;
+  if (init.kind !== "hash" || init.experts < k) {
+    throw new Error(`${t.name}: I64 tensors are hash tables of at least ${k} experts`);
+  }
+  let x = streamSeed(seed, t.name);
+  const ROWS = 4096, out = new BigInt64Array(Math.min(rows, ROWS) * k);
+  for (let r0 = 0; r0 < rows; r0 += ROWS) {
+    const n = Math.min(ROWS, rows - r0);
+    for (let r = 0; r < n; r++) {
+      const row = out.subarray(r * k, (r + 1) * k);
+      for (let j = 0; j < k;) {
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        const e = BigInt((Math.imul(x, 0x9e3779b1) >>> 0) % init.experts);
+        if (!row.subarray(0, j).includes(e)) row[j++] = e;
+      }
+    }
+    const bytes = new Uint8Array(out.buffer, 0, n * k * 8);
+    writeAll(fd, bytes);
+    progress.add(bytes.length);
   }
 }
 
@@ -147,17 +197,11 @@ export function writeShards(
   progress: Progress,
 ): WrittenShards {
   const buf = { u16: new Uint16Array(CHUNK_ELEMS), f32: new Float32Array(CHUNK_ELEMS) };
-  const names = shards.length === 1
-    ? ["model.safetensors"]
-    : shards.map((_, i) =>
-      `model-${String(i + 1).padStart(5, "0")}-of-${
-        String(shards.length).padStart(5, "0")
-      }.safetensors`
-    );
+  const names = shardNames(shards.length);
   const weightMap: Record<string, string> = {};
   let totalBytes = 0;
   shards.forEach((shard, i) => {
-    const sorted = [...shard].sort((a, b) => a.name < b.name ? -1 : a.name > b.name ? 1 : 0);
+    const sorted = byName(shard);
     const header = headerBytes(sorted);
     const fd = openSync(join(dir, names[i]), "w");
     try {

@@ -67,6 +67,14 @@ const OVERRIDE_KEYS: readonly (keyof SynthDims)[] = [
   "gdnValueDim",
   "fullEvery",
   "sharedInter",
+  "oGroups",
+  "oLoraRank",
+  "window",
+  "indexHeads",
+  "indexHeadDim",
+  "indexTopK",
+  "hashLayers",
+  "hcMult",
 ];
 
 /** Throws on an unknown size field or a value that is not a whole number in range. */
@@ -76,7 +84,7 @@ function checkOverrides(o: SynthOverrides): void {
     if (!OVERRIDE_KEYS.includes(k as keyof SynthDims)) {
       throw new Error(`unknown size override ${k}`);
     }
-    const min = k === "firstDense" || k === "sharedExperts" || k === "mxfp4Experts" ? 0 : 1;
+    const min = ["firstDense", "sharedExperts", "mxfp4Experts", "hashLayers"].includes(k) ? 0 : 1;
     if (!Number.isSafeInteger(v) || v < min) {
       throw new Error(`size override ${k} must be an integer >= ${min}, got ${v}`);
     }

@@ -14,6 +14,7 @@ export const SYNTH_ARCHS = [
   "gpt_oss",
   "kimi_k3",
   "qwen3_5_moe",
+  "deepseek_v4",
 ] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
@@ -22,8 +23,11 @@ export type SynthArch = typeof SYNTH_ARCHS[number];
 /** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
 export type SynthDtype = "bf16" | "f32";
 
-/** A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3). */
-export type SynthElemType = "BF16" | "F32" | "U8";
+/**
+ * A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3; F8_E4M3,
+ * F8_E8M0, I8 and I64: DeepSeek-V4's FP8 linears, power-of-two scales, FP4 experts and hash tables).
+ */
+export type SynthElemType = "BF16" | "F32" | "U8" | "F8_E4M3" | "F8_E8M0" | "I8" | "I64";
 
 /** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
 export interface SynthDims {
@@ -70,6 +74,19 @@ export interface SynthDims {
   fullEvery: number;
   /** Qwen3.5: rows of the shared expert's gate/up. */
   sharedInter: number;
+  /** DeepSeek-V4: output-projection groups and their low rank. */
+  oGroups: number;
+  oLoraRank: number;
+  /** DeepSeek-V4: the sliding window every layer attends over. */
+  window: number;
+  /** DeepSeek-V4: the Lightning indexer's heads, head dim and kept compressed entries. */
+  indexHeads: number;
+  indexHeadDim: number;
+  indexTopK: number;
+  /** DeepSeek-V4: leading layers routed by the token id's table (`tid2eid`). */
+  hashLayers: number;
+  /** DeepSeek-V4: hyper-connection residual streams. */
+  hcMult: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */
@@ -84,7 +101,11 @@ export type SynthInit =
   /** U8: uniformly random bytes in [lo, hi] (MXFP4 codes 0..255: every nibble is a valid E2M1 value; gpt-oss's scales a narrow range). */
   | { kind: "bytes"; lo: number; hi: number }
   /** U8: every byte `value` (Kimi K3's E8M0 block scales). */
-  | { kind: "fill"; value: number };
+  | { kind: "fill"; value: number }
+  /** F8_E4M3: codes of a normal variate of std `std` (the `.scale` tensor scales them). */
+  | { kind: "e4m3"; std: number }
+  /** I64 [vocab, k]: per row k distinct expert ids below `experts` (DeepSeek-V4's `tid2eid`). */
+  | { kind: "hash"; experts: number };
 
 /** One tensor of the checkpoint. */
 export interface SynthTensor {
@@ -114,9 +135,20 @@ export function dtypeName(dtype: SynthDtype): SynthElemType {
   return dtype === "bf16" ? "BF16" : "F32";
 }
 
+/** Bytes of one element of each dtype. */
+const ELEM_BYTES: Record<SynthElemType, number> = {
+  BF16: 2,
+  F32: 4,
+  U8: 1,
+  F8_E4M3: 1,
+  F8_E8M0: 1,
+  I8: 1,
+  I64: 8,
+};
+
 /** Bytes of one tensor's data. */
 export function tensorBytes(t: SynthTensor): number {
-  return t.shape.reduce((a, b) => a * b, 1) * { BF16: 2, F32: 4, U8: 1 }[t.dtype];
+  return t.shape.reduce((a, b) => a * b, 1) * ELEM_BYTES[t.dtype];
 }
 
 /** Bytes of the data of all of `ts`. */

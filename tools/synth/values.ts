@@ -48,10 +48,34 @@ export function valueTable(
   return t;
 }
 
+/** The value of an E4M3 (OCP e4m3fn) code without its sign: 0 ..= 448 (0x7F is NaN). */
+function e4m3Magnitude(code: number): number {
+  const e = code >> 3, m = code & 7;
+  return e === 0 ? (m / 8) * 2 ** -6 : (1 + m / 8) * 2 ** (e - 7);
+}
+
+/** The E4M3 code nearest to `v` (clamped to ±448; ties to the even code). */
+export function e4m3Code(v: number): number {
+  const a = Math.abs(v);
+  let best = 0;
+  for (let c = 1; c < 0x7f; c++) {
+    const d = Math.abs(e4m3Magnitude(c) - a), b = Math.abs(e4m3Magnitude(best) - a);
+    if (d < b || (d === b && c % 2 === 0)) best = c;
+  }
+  return v < 0 && best ? best | 0x80 : best;
+}
+
+/** The 1021 E4M3 codes of `std · n(s)` for byte sums s = 0..1020 (see {@link valueTable}). */
+export function e4m3Table(std: number): Uint8Array {
+  const t = new Uint8Array(1021);
+  for (let s = 0; s <= 1020; s++) t[s] = e4m3Code((std * (s - 510)) / IRWIN_HALL_STD);
+  return t;
+}
+
 /** Fills `dst` from the stream in state `x` through `table`; returns the new state. */
-export function fillFrom(
-  dst: Uint16Array | Float32Array,
-  table: Uint16Array | Float32Array,
+export function fillFrom<T extends Uint8Array | Uint16Array | Float32Array>(
+  dst: T,
+  table: T,
   x: number,
 ): number {
   const n = dst.length;

@@ -15,7 +15,7 @@ import { type RouterPlan, routerPlans } from "./routing.ts";
 import { planShards, writeShards } from "./safetensors.ts";
 import { synthShape } from "./shape.ts";
 import { synthTensors } from "./tensors.ts";
-import type { SynthArch, SynthDims, SynthDtype, SynthOverrides } from "./types.ts";
+import type { SynthArch, SynthDims, SynthDtype, SynthOverrides, SynthShape } from "./types.ts";
 
 /** Options of {@link synthCheckpoint}. */
 export interface SynthOptions {
@@ -62,6 +62,25 @@ function writeJson(path: string, v: unknown): void {
   Deno.writeTextFileSync(path, JSON.stringify(v, null, 2) + "\n");
 }
 
+/** Writes the files of a checkpoint beside its shards: config, generation config, tokenizer. */
+export function writeSideFiles(dir: string, shape: SynthShape): void {
+  writeJson(join(dir, "config.json"), shape.config);
+  writeJson(join(dir, "generation_config.json"), {
+    bos_token_id: SYNTH_BOS_ID,
+    eos_token_id: SYNTH_EOS_ID,
+    do_sample: false,
+  });
+  writeSynthTokenizer(dir, shape.dims.vocab, shape.dims.maxPositions);
+}
+
+/** The `model.safetensors.index.json` of a sharded checkpoint (`weightMap`: tensor → file). */
+export function shardIndex(shape: SynthShape, weightMap: Record<string, string>): unknown {
+  return {
+    metadata: { total_size: shape.dataBytes },
+    weight_map: Object.fromEntries(Object.entries(weightMap).sort()),
+  };
+}
+
 /**
  * Writes a synthetic checkpoint into `opts.out`: everything goes to `<out>.tmp-<pid>` first and is
  * renamed into place at the end. Memory use is one chunk of 4 Mi values, whatever the model size.
@@ -92,13 +111,7 @@ function writeCheckpoint(opts: SynthOptions): SynthResult {
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
   try {
-    writeJson(join(tmp, "config.json"), shape.config);
-    writeJson(join(tmp, "generation_config.json"), {
-      bos_token_id: SYNTH_BOS_ID,
-      eos_token_id: SYNTH_EOS_ID,
-      do_sample: false,
-    });
-    writeSynthTokenizer(tmp, d.vocab, d.maxPositions);
+    writeSideFiles(tmp, shape);
     const progress = new Progress({
       label: `synth ${basename(opts.out)}`,
       total: shape.dataBytes,
@@ -107,10 +120,7 @@ function writeCheckpoint(opts: SynthOptions): SynthResult {
     const { totalBytes, weightMap } = writeShards(tmp, shards, seed, plans, progress);
     progress.finish();
     if (shards.length > 1) {
-      writeJson(join(tmp, "model.safetensors.index.json"), {
-        metadata: { total_size: shape.dataBytes },
-        weight_map: Object.fromEntries(Object.entries(weightMap).sort()),
-      });
+      writeJson(join(tmp, "model.safetensors.index.json"), shardIndex(shape, weightMap));
     }
     replaceDir(tmp, opts.out);
     const seconds = (performance.now() - t0) / 1000;

@@ -502,14 +502,15 @@ export function formatStreamReport(r: StreamBenchResult): string {
       r.load_average.toFixed(2)
     }`,
     "",
-    "| run | tok/s (all repeats) | ms/token | read/token | expert hit rate | io wait/token | io share | " +
-    "spec reads (used, withdrawn, not read) | recall | peak RSS (cgroup) |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| run | tok/s (all repeats) | ms/token | read/token (trunk) | expert hit rate | trunk hit rate | " +
+    "io wait/token | io share | spec reads (used, withdrawn, not read) | recall | peak RSS (cgroup) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
     ...r.runs.map((x) =>
       `| ${x.label} | ${x.tok_s.toFixed(2)} (${
         (r.repeats[x.label] ?? []).map((t) => t.toFixed(2)).join(", ")
       }) | ${x.ms_per_token.toFixed(1)} | ` +
-      `${mib(x.bytes_per_token)} | ${pct(x.expert_hit_rate)} | ` +
+      `${mib(x.bytes_per_token)} (${mib(x.trunk_bytes_per_token)}) | ${pct(x.expert_hit_rate)} | ` +
+      `${pct(x.trunk_hit_rate)} | ` +
       `${x.io_wait_ms_per_token.toFixed(1)} ms | ${pct(x.io_share)} | ` +
       `${x.speculative_reads} (${x.speculative_used}, ${x.speculative_cancelled}, ` +
       `${x.speculative_skipped}) | ` +

@@ -24,6 +24,10 @@ export interface StreamRun {
   bytes_per_token: number;
   expert_bytes_per_token: number;
   expert_hit_rate: number;
+  /** Bytes of trunk layers read per decode token (the ring's reads and read-ahead). */
+  trunk_bytes_per_token: number;
+  /** Trunk layer visits served by a pinned layer, of all visits (the rest went through the ring). */
+  trunk_hit_rate: number;
   /** Milliseconds per token spent waiting for reads (experts and trunk). */
   io_wait_ms_per_token: number;
   /** io wait ÷ decode time. */
@@ -65,6 +69,8 @@ export interface StreamJob {
 interface Counters {
   expertBytes: number;
   trunkBytes: number;
+  trunkHits: number;
+  trunkReads: number;
   waitMs: number;
   hits: number;
   misses: number;
@@ -78,6 +84,8 @@ function counters(m: Model): Counters {
   return {
     expertBytes: s?.bytesRead ?? 0,
     trunkBytes: m.trunk.stats.bytes,
+    trunkHits: m.trunk.stats.hits,
+    trunkReads: m.trunk.stats.reads,
     waitMs: (s?.waitMs ?? 0) + m.trunk.stats.waitMs,
     hits: c?.hits ?? 0,
     misses: c?.misses ?? 0,
@@ -106,6 +114,7 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
   const bytes = b.expertBytes - a.expertBytes + b.trunkBytes - a.trunkBytes;
   const hits = b.hits - a.hits, misses = b.misses - a.misses;
   const wait = b.waitMs - a.waitMs;
+  const trunkHits = b.trunkHits - a.trunkHits, trunkReads = b.trunkReads - a.trunkReads;
   return {
     label,
     tok_s: (tokens * 1000) / ms,
@@ -113,6 +122,8 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     bytes_per_token: bytes / tokens,
     expert_bytes_per_token: (b.expertBytes - a.expertBytes) / tokens,
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
+    trunk_bytes_per_token: (b.trunkBytes - a.trunkBytes) / tokens,
+    trunk_hit_rate: trunkHits + trunkReads > 0 ? trunkHits / (trunkHits + trunkReads) : 1,
     io_wait_ms_per_token: wait / tokens,
     io_share: wait / ms,
     speculative_reads: b.spec - a.spec,
