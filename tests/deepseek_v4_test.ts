@@ -13,18 +13,16 @@ import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
-import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import {
+  checkPromptCache,
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
   packedFixture,
-  tempDir,
 } from "./fixtures.ts";
 
 const V4 = "tiny-deepseek-v4";
@@ -250,48 +248,15 @@ Deno.test({
   name: "DeepSeek-V4 prompt cache and saved sessions: the same tokens as cold runs",
   ignore: !hasFixture(V4),
   async fn() {
-    const path = await packedFixture(V4);
-    const opts = { quiet: true, ctx: 256, threads: 1 };
-    const warm = await Session.open(path, opts);
-    const cold = await Session.open(path, opts);
-    const run = async (s: Session, p: number[], n: number) => {
-      const out: number[] = [];
-      for await (const t of s.generate(p, { maxTokens: n, ignoreEos: true })) out.push(t.id);
-      return out;
-    };
-    const coldRun = (p: number[], n: number) => {
-      cold.resetCache();
-      return run(cold, p, n);
-    };
-    try {
-      const g1 = await run(warm, PROMPT, 8);
-      assert.deepEqual(g1, KNOWN.slice(0, 8));
-      // Extending what the cache holds, across CSA entries (every 4 positions).
-      const p2 = [...PROMPT, ...g1, 40, 77, 9];
-      const g2 = await run(warm, p2, 8);
-      assert.equal(warm.timings.cachedTokens, PROMPT.length + g1.length - 1);
-      assert.deepEqual(g2, await coldRun(p2, 8));
-      // Sharing a prefix only: the cache rewinds to it.
-      const p3 = [...PROMPT.slice(0, 3), 250, 9, 31];
-      const g3 = await run(warm, p3, 8);
-      assert.equal(warm.timings.cachedTokens, 3);
-      assert.deepEqual(g3, await coldRun(p3, 8));
-      const file = `${tempDir()}/deepseek-v4.session`;
-      saveSession(warm, file);
-      const p4 = [...p3, ...g3, 120];
-      const continued = await run(warm, p4, 8);
-      const resumed = await Session.open(path, opts);
-      try {
-        loadSession(resumed, file);
-        assert.deepEqual(await run(resumed, p4, 8), continued);
-        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
-      } finally {
-        resumed.close();
-      }
-    } finally {
-      warm.close();
-      cold.close();
-    }
+    // Extending what the cache holds crosses CSA entries (every 4 positions); a prompt sharing a
+    // prefix only rewinds the cache to it.
+    const g1 = await checkPromptCache(await packedFixture(V4), PROMPT, {
+      extend: [40, 77, 9],
+      diverge: [250, 9, 31],
+      resume: [120],
+      ctx: 256,
+    });
+    assert.deepEqual(g1, KNOWN.slice(0, 8));
   },
 });
 

@@ -261,28 +261,37 @@ export function decodeAgainstReference(
   return worst;
 }
 
-/** Ids a recurrent-state check appends to its prompt (see {@link checkRecurrentCache}). */
-export interface RecurrentCacheIds {
+/** What a prompt-cache check appends to its prompt, and how (see {@link checkPromptCache}). */
+export interface PromptCacheCheck {
   /** Appended after the first generation: the prompt then extends all the cache holds. */
   extend: number[];
-  /** Appended to the prompt's first 3 ids: a prompt sharing only a prefix. */
+  /** Appended to the first {@link shared} ids of the extended prompt: a prompt sharing a prefix. */
   diverge: number[];
   /** Appended after the diverging generation, to continue a saved session. */
   resume: number[];
+  /** Ids the diverging prompt keeps (default 3). */
+  shared?: number;
+  /** Tokens of the first generation (default 8). */
+  first?: number;
+  /** The sessions' context (default 128). */
+  ctx?: number;
+  /** A recurrent state (KDA, DeltaNet) cannot rewind: a diverging prompt runs from position 0. */
+  recurrent?: boolean;
 }
 
 /**
- * Checks a recurrent-state (KDA) model's prompt cache and saved sessions against cold runs: a
- * prompt that extends all the cache holds reuses it, one sharing only a prefix runs from
- * position 0 (the state cannot rewind), and a saved session continues as the original does.
- * Returns the first 8 greedy ids of `prompt`.
+ * Checks a model's prompt cache and saved sessions against cold runs: a prompt that extends all
+ * the cache holds reuses it, one sharing only a prefix reuses that prefix (none of it when the
+ * state is recurrent and cannot rewind), and a saved session continues as the original does.
+ * Returns the first generation's greedy ids of `prompt`.
  */
-export async function checkRecurrentCache(
+export async function checkPromptCache(
   path: string,
-  prompt: number[],
-  ids: RecurrentCacheIds,
+  prompt: readonly number[],
+  check: PromptCacheCheck,
 ): Promise<number[]> {
-  const opts = { quiet: true, ctx: 128, threads: 1 };
+  const { shared = 3, first = 8, ctx = 128, recurrent = false } = check;
+  const opts = { quiet: true, ctx, threads: 1 };
   const warm = await Session.open(path, opts);
   const cold = await Session.open(path, opts);
   const run = async (s: Session, p: number[], n: number) => {
@@ -295,19 +304,19 @@ export async function checkRecurrentCache(
     return run(cold, p, n);
   };
   try {
-    const g1 = await run(warm, prompt, 8);
+    const g1 = await run(warm, [...prompt], first);
     // The last sampled token was never run, so it is prefilled with the new ones.
-    const p2 = [...prompt, ...g1, ...ids.extend];
+    const p2 = [...prompt, ...g1, ...check.extend];
     const g2 = await run(warm, p2, 8);
     assert.equal(warm.timings.cachedTokens, prompt.length + g1.length - 1);
     assert.deepEqual(g2, await coldRun(p2, 8));
-    const p3 = [...prompt.slice(0, 3), ...ids.diverge];
+    const p3 = [...p2.slice(0, shared), ...check.diverge];
     const g3 = await run(warm, p3, 8);
-    assert.equal(warm.timings.cachedTokens, 0);
+    assert.equal(warm.timings.cachedTokens, recurrent ? 0 : shared);
     assert.deepEqual(g3, await coldRun(p3, 8));
-    const file = `${tempDir()}/recurrent-${Math.random().toString(36).slice(2)}.session`;
+    const file = `${tempDir()}/cache-${Math.random().toString(36).slice(2)}.session`;
     saveSession(warm, file);
-    const p4 = [...p3, ...g3, ...ids.resume];
+    const p4 = [...p3, ...g3, ...check.resume];
     const continued = await run(warm, p4, 8);
     const resumed = await Session.open(path, opts);
     try {

@@ -20,7 +20,7 @@ import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
-  checkRecurrentCache,
+  checkPromptCache,
   decodeAgainstReference,
   fixtureDir,
   hasFixture,
@@ -368,7 +368,8 @@ Deno.test({
   name: "K3 prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore: !hasFixture(K3),
   async fn() {
-    const g1 = await checkRecurrentCache(await packedFixture(K3), ORACLE_PROMPT, {
+    const g1 = await checkPromptCache(await packedFixture(K3), ORACLE_PROMPT, {
+      recurrent: true,
       extend: [40, 77],
       diverge: [9, 250],
       resume: [120],

@@ -25,7 +25,7 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import {
-  checkRecurrentCache,
+  checkPromptCache,
   decodeAgainstReference,
   fixtureDir,
   KIMI_LINEAR_KNOWN,
@@ -425,7 +425,8 @@ Deno.test({
   name: "prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore,
   async fn() {
-    await checkRecurrentCache(await packedFixture(NAME), KNOWN_PROMPT, {
+    await checkPromptCache(await packedFixture(NAME), KNOWN_PROMPT, {
+      recurrent: true,
       extend: [403, 407],
       diverge: [261, 378],
       resume: [403],

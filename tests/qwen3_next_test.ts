@@ -26,7 +26,7 @@ import { Session } from "../engine/session.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
-  checkRecurrentCache,
+  checkPromptCache,
   decodeAgainstReference,
   fixtureDir,
   ONCE_UPON_A_TIME,
@@ -233,7 +233,8 @@ for (const name of NAMES) {
     name: `${name}: prompt cache and saved sessions keep the DeltaNet state: same tokens as cold`,
     ignore,
     async fn() {
-      await checkRecurrentCache(await packedFixture(name), KNOWN_PROMPT, {
+      await checkPromptCache(await packedFixture(name), KNOWN_PROMPT, {
+        recurrent: true,
         extend: [403, 407],
         diverge: [261, 378],
         resume: [403],
