@@ -20,8 +20,11 @@ import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import {
   checkPromptCache,
   decodeAgainstReference,
+  engineGreedy,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
+  logitsOfRun,
   packedFixture,
 } from "./fixtures.ts";
 
@@ -76,15 +79,11 @@ const KNOWN_FP8 = [
   325,
 ];
 
-function configOf(name: string): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
-}
-
 Deno.test({
   name: "DeepSeek-V4 config: the release's keys, refusals naming the key or architecture",
   ignore: !hasFixture(V4),
   fn() {
-    const base = configOf(V4);
+    const base = fixtureConfig(V4);
     const cfg = normalizeConfig(base);
     assert.equal(cfg.family, "deepseek_v4");
     assert.deepEqual(cfg.csa!.layers.map((l) => l.ratio), [0, 0, 4, 128, 4, 128]);
@@ -148,33 +147,13 @@ Deno.test({
   },
 });
 
-/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
-async function engineGreedy(dir: string, prompt: number[], n: number, opts: RunOptions) {
-  const model = await Model.open(dir, { quiet: true, ctx: 256, ...opts });
-  try {
-    const chunk = model.prefillChunk;
-    let logits: Float32Array = new Float32Array(0);
-    for (let p = 0; p < prompt.length; p += chunk) {
-      logits = model.forward(prompt.slice(p, p + chunk), p);
-    }
-    const out: number[] = [];
-    for (let i = 0; i < n; i++) {
-      out.push(argmax(logits));
-      logits = model.forward([out[i]], prompt.length + i);
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 Deno.test({
   name: "DeepSeek-V4 engine: the known continuation, in any prefill chunking",
   ignore: !hasFixture(V4),
   async fn() {
     const dir = await packedFixture(V4);
     for (const prefillChunk of [64, 1, 3]) {
-      const got = await engineGreedy(dir, PROMPT, KNOWN.length, { prefillChunk });
+      const got = await engineGreedy(dir, PROMPT, KNOWN.length, { prefillChunk }, 256);
       assert.deepEqual(got, KNOWN, `prefill chunk ${prefillChunk}`);
     }
   },
@@ -195,24 +174,6 @@ Deno.test({
   },
 });
 
-/** Every position's logits: a prompt of `prompt` tokens in the run's chunks, then one at a time. */
-async function logitsOf(path: string, opts: RunOptions, tokens: number[], prompt: number) {
-  const model = await Model.open(path, { quiet: true, ctx: 256, ...opts });
-  try {
-    const V = model.container.config.vocabSize;
-    const out = new Float32Array(tokens.length * V);
-    const chunk = model.prefillChunk;
-    for (let p = 0; p < prompt; p += chunk) {
-      const n = Math.min(chunk, prompt - p);
-      out.set(model.forward(tokens.slice(p, p + n), p, true), p * V);
-    }
-    for (let p = prompt; p < tokens.length; p++) out.set(model.forward([tokens[p]], p), p * V);
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 for (const name of [V4, V4_FP8]) {
   Deno.test({
     name:
@@ -220,8 +181,14 @@ for (const name of [V4, V4_FP8]) {
     ignore: !hasFixture(name),
     async fn() {
       const path = await packedFixture(name);
-      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {})];
-      const base = await logitsOf(path, { prefillChunk: 1, threads: 2 }, tokens, tokens.length);
+      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {}, 256)];
+      const base = await logitsOfRun(
+        path,
+        { prefillChunk: 1, threads: 2 },
+        tokens,
+        tokens.length,
+        256,
+      );
       const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
       const floor = probe.plan.floor;
       probe.close();
@@ -235,7 +202,7 @@ for (const name of [V4, V4_FP8]) {
       ];
       for (const [what, opts, prompt] of settings) {
         assert.deepEqual(
-          await logitsOf(path, opts, tokens, prompt),
+          await logitsOfRun(path, opts, tokens, prompt, 256),
           base,
           `${what} changed the logits`,
         );
@@ -266,7 +233,7 @@ Deno.test({
   async fn() {
     const dir = await packedFixture(V4_FP8);
     assert.deepEqual(
-      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }),
+      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }, 256),
       KNOWN_FP8,
     );
     const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4_FP8));

@@ -18,6 +18,7 @@ import {
   budgetAboveFloor,
   checkPromptCache,
   decodeAgainstReference,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
   packedFixture,
@@ -44,7 +45,7 @@ Deno.test({
   name: "glm_moe_dsa: the config's indexer, latent eps and MoE are read, and checked",
   ignore,
   fn() {
-    const raw = JSON.parse(Deno.readTextFileSync(`${fixtureDir(NAME)}/config.json`));
+    const raw = fixtureConfig(NAME);
     const cfg = normalizeConfig(raw);
     assert.deepEqual(cfg.mla?.indexer, { numHeads: 16, headDim: 16, topK: 16 });
     assert.equal(cfg.mla?.latentNormEps, 1e-6);

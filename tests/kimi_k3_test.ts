@@ -22,6 +22,8 @@ import { type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts
 import {
   checkPromptCache,
   decodeAgainstReference,
+  engineGreedy,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
   packedFixture,
@@ -56,15 +58,11 @@ const ORACLE_CONTINUATION = [
   121,
 ];
 
-function configOf(name: string): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
-}
-
 Deno.test({
   name: "K3 config: every field the forward pass needs is required, by name",
   ignore: !hasFixture(K3),
   fn() {
-    const base = configOf(K3);
+    const base = fixtureConfig(K3);
     const cfg = normalizeConfig(base);
     assert.equal(cfg.family, "kimi_k3");
     assert.deepEqual(
@@ -191,32 +189,15 @@ Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward si
   await awkwardVsReference("k3-mla-awkward", 5, { mlaEvery: 1 });
 });
 
-/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
-async function engineGreedy(dir: string, prompt: number[], n: number, chunk: number) {
-  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
-  try {
-    let logits: Float32Array = new Float32Array(0);
-    for (let p = 0; p < prompt.length; p += chunk) {
-      logits = model.forward(prompt.slice(p, p + chunk), p);
-    }
-    const out: number[] = [];
-    for (let i = 0; i < n; i++) {
-      out.push(argmax(logits));
-      logits = model.forward([out[i]], prompt.length + i);
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 Deno.test({
   name: "K3 engine: tiny-kimi-k3 continues the oracle prompt exactly, in any prefill chunking",
   ignore: !hasFixture(K3),
   async fn() {
     const dir = await packedFixture(K3);
     for (const chunk of [64, 1, 5]) {
-      const got = await engineGreedy(dir, ORACLE_PROMPT, ORACLE_CONTINUATION.length, chunk);
+      const got = await engineGreedy(dir, ORACLE_PROMPT, ORACLE_CONTINUATION.length, {
+        prefillChunk: chunk,
+      });
       assert.deepEqual(got, ORACLE_CONTINUATION, `prefill chunk ${chunk}`);
     }
   },
