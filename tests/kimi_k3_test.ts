@@ -26,6 +26,7 @@ import {
   fixtureConfig,
   fixtureDir,
   hasFixture,
+  logitsOfRun,
   packedFixture,
   synthVsReference,
   tempDir,
@@ -284,31 +285,12 @@ Deno.test({
   async fn() {
     const dir = await packedFixture(K3);
     const tokens = [...ORACLE_PROMPT, ...ORACLE_CONTINUATION];
-    const run = async (chunk: number) => {
-      const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
-      try {
-        const parts: Float32Array[] = [];
-        for (let p = 0; p < tokens.length; p += chunk) {
-          parts.push(model.forward(tokens.slice(p, p + chunk), p, true));
-        }
-        return parts;
-      } finally {
-        model.close();
-      }
-    };
-    const V = 256;
-    const flat = (parts: Float32Array[]) => {
-      const out = new Float32Array(tokens.length * V);
-      let o = 0;
-      for (const x of parts) {
-        out.set(x, o);
-        o += x.length;
-      }
-      return out;
-    };
-    const one = flat(await run(1));
+    // Every position's logits, all of them prefilled in chunks of `chunk`.
+    const run = (chunk: number) =>
+      logitsOfRun(dir, { prefillChunk: chunk }, tokens, tokens.length, 64);
+    const one = await run(1);
     for (const chunk of [32, 7]) {
-      const got = flat(await run(chunk));
+      const got = await run(chunk);
       assert.deepEqual(got, one, `prefill chunk ${chunk}: logits differ from chunk 1`);
     }
   },
