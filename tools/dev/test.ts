@@ -7,9 +7,9 @@
  * after the other (the llama.cpp comparisons: two modules installing node-llama-cpp into one
  * folder at once break npm's install).
  *
- * Checked inside `deno test`, every test process type-checks each worker module it starts
- * (engine/pool_worker.ts and others) again: about 200 checks of 1 to 2 s of CPU each over the
- * suite. One check up front covers the same code.
+ * Checked inside `deno test`, each worker a test starts (a model's compute pool, pack's block
+ * writer, ...) type-checks its module again: 576 checks of 1 to 2 s of CPU each in one run of the
+ * suite (docs/PERFORMANCE.md). One check up front covers the same code.
  *
  * @module
  */
