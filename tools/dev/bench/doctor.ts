@@ -65,6 +65,9 @@ async function measure(
     ]);
     tokS.push(gen.stats.generate_tok_s);
   }
+  if (!doctor.model?.estimate) {
+    throw new Error(`doctor gave no estimate for ${model} (no DRAM or disk figure, or no fit)`);
+  }
   const estimate = doctor.model.estimate.tokPerSecond;
   const measured = median(tokS);
   const ratio = estimate / measured;
