@@ -20,7 +20,7 @@ import {
 import type { TokenLogprob } from "./logprobs.ts";
 
 export type { TokenConstraint };
-import { collectStats, type RunStats, type Timings } from "./stats.ts";
+import { collectStats, ioWaitMs, type RunStats, type Timings } from "./stats.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
 
 /** Options of one generation. */
@@ -97,6 +97,7 @@ export class Session {
       generateMs: 0,
       decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
       stopReason: null,
+      ioWaitAtStart: 0,
     };
   }
 
@@ -290,6 +291,7 @@ export class Session {
     t.generatedTokens = 0;
     t.generateMs = 0;
     t.stopReason = "aborted";
+    t.ioWaitAtStart = ioWaitMs(this.model);
     let logits: Float32Array = new Float32Array(0);
     const chunk = this.model.prefillChunk;
     for (let p = reuse; p < ids.length; p += chunk) {

@@ -27,6 +27,8 @@ export interface Timings {
   decode: DecodeCounters;
   /** Why the last generation stopped (null before the first). */
   stopReason: StopReason | null;
+  /** The model's I/O wait ({@link ioWaitMs}) when the last generation began. */
+  ioWaitAtStart: number;
 }
 
 /**
@@ -83,9 +85,10 @@ export interface RunStats {
   load_bytes: number;
   /** bytes_read per prompt or generated token. */
   bytes_read_per_token: number;
-  /** Time the forward pass waited for trunk layers and expert records. */
+  /** Time the forward pass waited for trunk layers and expert records since the model was opened
+   * (a running count, as the byte counters are). */
   io_wait_ms: number;
-  /** prompt_ms + generate_ms − io_wait_ms. */
+  /** prompt_ms + generate_ms − the part of io_wait_ms the last generate call waited. */
   compute_ms: number;
   /** Fraction of layer visits served by pinned trunk layers. */
   trunk_hit_rate: number;
@@ -118,13 +121,18 @@ export function peakRss(): number {
   return Deno.memoryUsage().rss;
 }
 
+/** Time `model`'s forward passes have waited for trunk layers and expert records, in ms. */
+export function ioWaitMs(model: Model): number {
+  return (model.experts?.stats.waitMs ?? 0) + model.trunk.stats.waitMs;
+}
+
 /** Collects a snapshot of `model`'s counters with the loop's timings. */
 export function collectStats(model: Model, t: Timings, lookaheadRecall: number | null): RunStats {
   const cache = model.experts?.cache.stats;
   const store = model.experts?.stats;
   const hits = cache?.hits ?? 0, misses = cache?.misses ?? 0;
   const bytes = (store?.bytesRead ?? 0) + model.trunk.stats.bytes;
-  const ioWait = (store?.waitMs ?? 0) + model.trunk.stats.waitMs;
+  const ioWait = ioWaitMs(model);
   const tokens = t.promptTokens + t.generatedTokens;
   return {
     load_ms: t.loadMs,
@@ -152,7 +160,8 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     load_bytes: model.loadBytes,
     bytes_read_per_token: tokens > 0 ? bytes / tokens : 0,
     io_wait_ms: ioWait,
-    compute_ms: Math.max(0, t.promptMs + t.generateMs - ioWait),
+    // Only this generation's wait: the load's and earlier turns' are in the running count too.
+    compute_ms: Math.max(0, t.promptMs + t.generateMs - (ioWait - t.ioWaitAtStart)),
     trunk_hit_rate: model.plan.trunkHitRate,
     trunk_pinned: model.plan.pinned,
     trunk_layers: model.cfg.numLayers,

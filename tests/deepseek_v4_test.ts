@@ -15,17 +15,19 @@ import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model, type RunOptions } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
-import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
 import { hfExpertName } from "../engine/tensor_names.ts";
 import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
+  checkPromptCache,
   decodeAgainstReference,
+  engineGreedy,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
+  logitsOfRun,
   packedFixture,
   synthVsReference,
   tempDir,
@@ -82,15 +84,11 @@ const KNOWN_FP8 = [
   325,
 ];
 
-function configOf(name: string): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
-}
-
 Deno.test({
   name: "DeepSeek-V4 config: the release's keys, refusals naming the key or architecture",
   ignore: !hasFixture(V4),
   fn() {
-    const base = configOf(V4);
+    const base = fixtureConfig(V4);
     const cfg = normalizeConfig(base);
     assert.equal(cfg.family, "deepseek_v4");
     assert.deepEqual(cfg.csa!.layers.map((l) => l.ratio), [0, 0, 4, 128, 4, 128]);
@@ -154,33 +152,13 @@ Deno.test({
   },
 });
 
-/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
-async function engineGreedy(dir: string, prompt: number[], n: number, opts: RunOptions) {
-  const model = await Model.open(dir, { quiet: true, ctx: 256, ...opts });
-  try {
-    const chunk = model.prefillChunk;
-    let logits: Float32Array = new Float32Array(0);
-    for (let p = 0; p < prompt.length; p += chunk) {
-      logits = model.forward(prompt.slice(p, p + chunk), p);
-    }
-    const out: number[] = [];
-    for (let i = 0; i < n; i++) {
-      out.push(argmax(logits));
-      logits = model.forward([out[i]], prompt.length + i);
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 Deno.test({
   name: "DeepSeek-V4 engine: the known continuation, in any prefill chunking",
   ignore: !hasFixture(V4),
   async fn() {
     const dir = await packedFixture(V4);
     for (const prefillChunk of [64, 1, 3]) {
-      const got = await engineGreedy(dir, PROMPT, KNOWN.length, { prefillChunk });
+      const got = await engineGreedy(dir, PROMPT, KNOWN.length, { prefillChunk }, 256);
       assert.deepEqual(got, KNOWN, `prefill chunk ${prefillChunk}`);
     }
   },
@@ -201,24 +179,6 @@ Deno.test({
   },
 });
 
-/** Every position's logits: a prompt of `prompt` tokens in the run's chunks, then one at a time. */
-async function logitsOf(path: string, opts: RunOptions, tokens: number[], prompt: number) {
-  const model = await Model.open(path, { quiet: true, ctx: 256, ...opts });
-  try {
-    const V = model.container.config.vocabSize;
-    const out = new Float32Array(tokens.length * V);
-    const chunk = model.prefillChunk;
-    for (let p = 0; p < prompt; p += chunk) {
-      const n = Math.min(chunk, prompt - p);
-      out.set(model.forward(tokens.slice(p, p + n), p, true), p * V);
-    }
-    for (let p = prompt; p < tokens.length; p++) out.set(model.forward([tokens[p]], p), p * V);
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 for (const name of [V4, V4_FP8]) {
   Deno.test({
     name:
@@ -226,8 +186,14 @@ for (const name of [V4, V4_FP8]) {
     ignore: !hasFixture(name),
     async fn() {
       const path = await packedFixture(name);
-      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {})];
-      const base = await logitsOf(path, { prefillChunk: 1, threads: 2 }, tokens, tokens.length);
+      const tokens = [...PROMPT, ...await engineGreedy(path, PROMPT, 135, {}, 256)];
+      const base = await logitsOfRun(
+        path,
+        { prefillChunk: 1, threads: 2 },
+        tokens,
+        tokens.length,
+        256,
+      );
       const probe = await Model.open(path, { quiet: true, ctx: 256, prefillChunk: 1 });
       const floor = probe.plan.floor;
       probe.close();
@@ -241,7 +207,7 @@ for (const name of [V4, V4_FP8]) {
       ];
       for (const [what, opts, prompt] of settings) {
         assert.deepEqual(
-          await logitsOf(path, opts, tokens, prompt),
+          await logitsOfRun(path, opts, tokens, prompt, 256),
           base,
           `${what} changed the logits`,
         );
@@ -254,48 +220,15 @@ Deno.test({
   name: "DeepSeek-V4 prompt cache and saved sessions: the same tokens as cold runs",
   ignore: !hasFixture(V4),
   async fn() {
-    const path = await packedFixture(V4);
-    const opts = { quiet: true, ctx: 256, threads: 1 };
-    const warm = await Session.open(path, opts);
-    const cold = await Session.open(path, opts);
-    const run = async (s: Session, p: number[], n: number) => {
-      const out: number[] = [];
-      for await (const t of s.generate(p, { maxTokens: n, ignoreEos: true })) out.push(t.id);
-      return out;
-    };
-    const coldRun = (p: number[], n: number) => {
-      cold.resetCache();
-      return run(cold, p, n);
-    };
-    try {
-      const g1 = await run(warm, PROMPT, 8);
-      assert.deepEqual(g1, KNOWN.slice(0, 8));
-      // Extending what the cache holds, across CSA entries (every 4 positions).
-      const p2 = [...PROMPT, ...g1, 40, 77, 9];
-      const g2 = await run(warm, p2, 8);
-      assert.equal(warm.timings.cachedTokens, PROMPT.length + g1.length - 1);
-      assert.deepEqual(g2, await coldRun(p2, 8));
-      // Sharing a prefix only: the cache rewinds to it.
-      const p3 = [...PROMPT.slice(0, 3), 250, 9, 31];
-      const g3 = await run(warm, p3, 8);
-      assert.equal(warm.timings.cachedTokens, 3);
-      assert.deepEqual(g3, await coldRun(p3, 8));
-      const file = `${tempDir()}/deepseek-v4.session`;
-      saveSession(warm, file);
-      const p4 = [...p3, ...g3, 120];
-      const continued = await run(warm, p4, 8);
-      const resumed = await Session.open(path, opts);
-      try {
-        loadSession(resumed, file);
-        assert.deepEqual(await run(resumed, p4, 8), continued);
-        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
-      } finally {
-        resumed.close();
-      }
-    } finally {
-      warm.close();
-      cold.close();
-    }
+    // Extending what the cache holds crosses CSA entries (every 4 positions); a prompt sharing a
+    // prefix only rewinds the cache to it.
+    const g1 = await checkPromptCache(await packedFixture(V4), PROMPT, {
+      extend: [40, 77, 9],
+      diverge: [250, 9, 31],
+      resume: [120],
+      ctx: 256,
+    });
+    assert.deepEqual(g1, KNOWN.slice(0, 8));
   },
 });
 
@@ -305,7 +238,7 @@ Deno.test({
   async fn() {
     const dir = await packedFixture(V4_FP8);
     assert.deepEqual(
-      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }),
+      await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }, 256),
       KNOWN_FP8,
     );
     const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4_FP8));
@@ -439,7 +372,7 @@ Deno.test({
     }
     // Config: the release's keys (the fixture's but the MTP layer, which synth does not write).
     const cfg = JSON.parse(Deno.readTextFileSync(`${res.dir}/config.json`));
-    const fixture = configOf(V4_FP8);
+    const fixture = fixtureConfig(V4_FP8);
     assert.deepEqual(Object.keys(cfg).sort(), Object.keys(fixture).sort());
     assert.deepEqual(cfg.compress_ratios, (fixture.compress_ratios as number[]).slice(0, 6));
     assert.deepEqual(cfg.quantization_config, fixture.quantization_config);

@@ -15,6 +15,7 @@ import { loadSession, saveSession } from "../engine/session_state.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { synthCheckpoint, type SynthOverrides } from "../tools/synth.ts";
 import type { SynthArch } from "../tools/synth/types.ts";
+import type { ModelConfig } from "../io/model_config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import "./shared_guard.ts";
 
@@ -171,6 +172,11 @@ export const KIMI_LINEAR_KNOWN: { prompt: readonly number[]; ids: readonly numbe
 /** "Once upon a time" as the fixtures' tokenizer gives it, BOS first: the known answers' prompt. */
 export const ONCE_UPON_A_TIME: readonly number[] = [1, 403, 407, 261, 378];
 
+/** The raw config.json of ../shared/models/`name`, as the checkpoint has it. */
+export function fixtureConfig(name: string): Record<string, unknown> {
+  return JSON.parse(Deno.readTextFileSync(fixtureDir(`${name}/config.json`)));
+}
+
 /** Whether fixture `name` is present (tests that need it are skipped when it is not). */
 export function hasFixture(name: string): boolean {
   return existsSync(fixtureDir(name));
@@ -261,28 +267,37 @@ export function decodeAgainstReference(
   return worst;
 }
 
-/** Ids a recurrent-state check appends to its prompt (see {@link checkRecurrentCache}). */
-export interface RecurrentCacheIds {
+/** What a prompt-cache check appends to its prompt, and how (see {@link checkPromptCache}). */
+export interface PromptCacheCheck {
   /** Appended after the first generation: the prompt then extends all the cache holds. */
   extend: number[];
-  /** Appended to the prompt's first 3 ids: a prompt sharing only a prefix. */
+  /** Appended to the first {@link shared} ids of the extended prompt: a prompt sharing a prefix. */
   diverge: number[];
   /** Appended after the diverging generation, to continue a saved session. */
   resume: number[];
+  /** Ids the diverging prompt keeps (default 3). */
+  shared?: number;
+  /** Tokens of the first generation (default 8). */
+  first?: number;
+  /** The sessions' context (default 128). */
+  ctx?: number;
+  /** A recurrent state (KDA, DeltaNet) cannot rewind: a diverging prompt runs from position 0. */
+  recurrent?: boolean;
 }
 
 /**
- * Checks a recurrent-state (KDA) model's prompt cache and saved sessions against cold runs: a
- * prompt that extends all the cache holds reuses it, one sharing only a prefix runs from
- * position 0 (the state cannot rewind), and a saved session continues as the original does.
- * Returns the first 8 greedy ids of `prompt`.
+ * Checks a model's prompt cache and saved sessions against cold runs: a prompt that extends all
+ * the cache holds reuses it, one sharing only a prefix reuses that prefix (none of it when the
+ * state is recurrent and cannot rewind), and a saved session continues as the original does.
+ * Returns the first generation's greedy ids of `prompt`.
  */
-export async function checkRecurrentCache(
+export async function checkPromptCache(
   path: string,
-  prompt: number[],
-  ids: RecurrentCacheIds,
+  prompt: readonly number[],
+  check: PromptCacheCheck,
 ): Promise<number[]> {
-  const opts = { quiet: true, ctx: 128, threads: 1 };
+  const { shared = 3, first = 8, ctx = 128, recurrent = false } = check;
+  const opts = { quiet: true, ctx, threads: 1 };
   const warm = await Session.open(path, opts);
   const cold = await Session.open(path, opts);
   const run = async (s: Session, p: number[], n: number) => {
@@ -295,19 +310,19 @@ export async function checkRecurrentCache(
     return run(cold, p, n);
   };
   try {
-    const g1 = await run(warm, prompt, 8);
+    const g1 = await run(warm, [...prompt], first);
     // The last sampled token was never run, so it is prefilled with the new ones.
-    const p2 = [...prompt, ...g1, ...ids.extend];
+    const p2 = [...prompt, ...g1, ...check.extend];
     const g2 = await run(warm, p2, 8);
     assert.equal(warm.timings.cachedTokens, prompt.length + g1.length - 1);
     assert.deepEqual(g2, await coldRun(p2, 8));
-    const p3 = [...prompt.slice(0, 3), ...ids.diverge];
+    const p3 = [...p2.slice(0, shared), ...check.diverge];
     const g3 = await run(warm, p3, 8);
-    assert.equal(warm.timings.cachedTokens, 0);
+    assert.equal(warm.timings.cachedTokens, recurrent ? 0 : shared);
     assert.deepEqual(g3, await coldRun(p3, 8));
-    const file = `${tempDir()}/recurrent-${Math.random().toString(36).slice(2)}.session`;
+    const file = `${tempDir()}/cache-${Math.random().toString(36).slice(2)}.session`;
     saveSession(warm, file);
-    const p4 = [...p3, ...g3, ...ids.resume];
+    const p4 = [...p3, ...g3, ...check.resume];
     const continued = await run(warm, p4, 8);
     const resumed = await Session.open(path, opts);
     try {
@@ -378,6 +393,86 @@ export async function assertKnownContinuation(
   }
 }
 
+/** Story openings the family tests tokenize: ASCII, punctuation, an emoji and an accent. */
+export const STORY_PROMPTS: readonly string[] = [
+  "Once upon a time",
+  "One day, Timmy went to the park.",
+  'The little dog said, "Hello!"',
+  "Lily saw a 🐶 and a café.",
+  "The sun was hot",
+  "Tom and Sue played",
+  "Hi",
+];
+
+/** The float64 reference of ../shared/models/`name`, its config first passed through `change`. */
+export function referenceOf(
+  name: string,
+  change: (c: ModelConfig) => ModelConfig = (c) => c,
+): ReferenceModel {
+  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+  return new ReferenceModel(change(cfg), weight);
+}
+
+/**
+ * The first `n` greedy ids after `prompt` of a reference pass (one position at a time), and the
+ * logits that chose the first of them.
+ */
+export function referenceGreedy(
+  ref: ReferenceModel,
+  prompt: readonly number[],
+  n: number,
+): { ids: number[]; first: Float64Array } {
+  const tokens = [...prompt];
+  let first: Float64Array = new Float64Array();
+  for (let pos = 0; tokens.length < prompt.length + n; pos++) {
+    const logits = ref.forward64(tokens[pos], pos);
+    if (pos === prompt.length - 1) first = logits;
+    if (pos >= prompt.length - 1) tokens.push(argmax(logits));
+  }
+  return { ids: tokens.slice(prompt.length), first };
+}
+
+/**
+ * The engine's first `n` greedy ids after `prompt` from the container at `path` opened with
+ * `opts` (and `ctx` positions): the prompt in the run's prefill chunks, then one token at a time.
+ */
+export async function engineGreedy(
+  path: string,
+  prompt: readonly number[],
+  n: number,
+  opts: RunOptions = {},
+  ctx = 64,
+): Promise<number[]> {
+  const model = await Model.open(path, { quiet: true, ctx, ...opts });
+  try {
+    const chunk = model.prefillChunk;
+    let logits: Float32Array = new Float32Array(0);
+    for (let p = 0; p < prompt.length; p += chunk) {
+      logits = model.forward(prompt.slice(p, p + chunk), p);
+    }
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      out.push(argmax(logits));
+      logits = model.forward([out[i]], prompt.length + i);
+    }
+    return out;
+  } finally {
+    model.close();
+  }
+}
+
+/**
+ * A long sequence for the chunking and placement tests: the first 40 ids of four
+ * {@link STORY_PROMPTS} and the engine's 12 greedy ids after them, decoded token by token.
+ */
+export async function longSequence(path: string): Promise<{ tokens: number[]; prompt: number }> {
+  const session = await Session.open(path, { quiet: true });
+  const prompt = session.tokenize(STORY_PROMPTS.slice(0, 4).join(" ")).slice(0, 40);
+  session.close();
+  const tokens = [...prompt, ...await engineGreedy(path, prompt, 12, { prefillChunk: 1 })];
+  return { tokens, prompt: prompt.length };
+}
+
 /**
  * The logits of every position of `tokens` from the container at `path` opened with `opts` (and
  * `ctx` positions): the first `prefilled` tokens in chunks of the run's prefill chunk, the rest
@@ -409,6 +504,27 @@ export async function logitsOfRun(
 }
 
 /**
+ * Asserts that the engine stays within 1e-4 of the float64 reference on each of the
+ * {@link STORY_PROMPTS} of ../shared/models/`name` and 32 greedy tokens after it.
+ */
+export async function assertStoryPromptsMatchReference(name: string): Promise<void> {
+  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+  const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 96 });
+  const session = await Session.open(await packedFixture(name), { quiet: true });
+  try {
+    for (const prompt of STORY_PROMPTS) {
+      const ids = session.tokenize(prompt);
+      const ref = new ReferenceModel(cfg, weight);
+      const worst = decodeAgainstReference(model, ref, ids, ids.length + 32, prompt);
+      assert.ok(worst <= 1e-4, `${prompt}: logits differ by ${worst} relative`);
+    }
+  } finally {
+    model.close();
+    session.close();
+  }
+}
+
+/**
  * Asserts that the usual placements give the logits of the defaults bit for bit on `tokens`
  * (the first `prefilled` as a prompt, `ctx` positions): the budget at the plan's floor with one
  * thread and one-token prefill, two threads, prefill chunks of 7, a small LRU expert cache with
@@ -434,6 +550,44 @@ export async function assertPlacementsAgree(
   for (const [what, opts] of settings) {
     assert.deepEqual(
       await logitsOfRun(path, opts, tokens, prefilled, ctx),
+      base,
+      `${what} changed the logits`,
+    );
+  }
+}
+
+/**
+ * Asserts that budgets from the floor (one trunk ring slot) to half the model, no read-ahead, the
+ * lookahead, an LRU cache, 1 and 2 threads and the node:fs fallback reader give the defaults'
+ * logits bit for bit on `tokens` (the first `prefilled` as a prompt, 64 positions); the expert
+ * cache holds `slots` records where a setting names it (one fewer for the fallback reader).
+ */
+export async function assertRingPlacementsAgree(
+  path: string,
+  tokens: number[],
+  prefilled: number,
+  slots: number,
+): Promise<void> {
+  const base = await logitsOfRun(path, {}, tokens, prefilled, 64);
+  const probe = await Model.open(path, { quiet: true, ctx: 64 });
+  const { floor, wholeModelBytes } = probe.plan;
+  const ring = Math.max(...probe.container.manifest.trunk.layers.map((l) => l.bytes));
+  probe.close();
+  const settings: [string, RunOptions][] = [
+    ["budget = floor, 1 thread", { budget: floor, threads: 1 }],
+    ["budget = floor (1 ring slot)", { budget: floor }],
+    ["floor + one more ring slot", { budget: floor + ring }],
+    ["half the model", { budget: Math.floor((floor + wholeModelBytes) / 2) }],
+    ["no read-ahead", { budget: floor + ring, readaheadDepth: 0, trunkReadahead: false }],
+    ["lookahead 4", { expertSlots: slots, lookahead: 4 }],
+    ["LRU cache", { cache: "lru", expertSlots: slots }],
+    ["1 thread", { threads: 1 }],
+    ["2 threads", { threads: 2 }],
+    ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: slots - 1 }],
+  ];
+  for (const [what, opts] of settings) {
+    assert.deepEqual(
+      await logitsOfRun(path, opts, tokens, prefilled, 64),
       base,
       `${what} changed the logits`,
     );

@@ -62,12 +62,12 @@ Deno.test({
       const json = JSON.parse(Deno.readTextFileSync(fixtureDir("stories260k/tokenizer.json")));
       json.model.vocab["<0x1E>"] = 2147483648;
       Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
-      const t0 = performance.now();
+      // The id is named, so it was refused before a table that long was built (that would
+      // throw a RangeError or run out of memory instead).
       await assert.rejects(
         loadTokenizer(dir),
         /tokenizer\.json: vocabulary token "<0x1E>" has id 2147483648/,
       );
-      assert.ok(performance.now() - t0 < 2000);
       json.model.vocab["<0x1E>"] = 33;
       json.added_tokens = [{ id: -4, content: "<x>" }];
       Deno.writeTextFileSync(`${dir}/tokenizer.json`, JSON.stringify(json));
@@ -115,15 +115,15 @@ Deno.test({
   ignore: !HAVE_FIXTURES,
   fn: () => {
     const base = JSON.parse(Deno.readTextFileSync(fixtureDir("tiny-deepseek-v3/config.json")));
+    // A plain Error naming the field: an array of 2^32 layers built first would have thrown a
+    // RangeError instead.
     for (const n of [2 ** 32, 2 ** 31, 65537]) {
-      const t0 = performance.now();
       assert.throws(
         () => normalizeConfig({ ...base, num_hidden_layers: n }),
         (e: Error) =>
           e.constructor === Error &&
           /num_hidden_layers must be an integer in 1\.\.65536/.test(e.message),
       );
-      assert.ok(performance.now() - t0 < 100, `${n} layers took ${performance.now() - t0} ms`);
     }
     assert.throws(() => normalizeConfig({ architectures: [] }), /model_type \(none\)/);
   },

@@ -17,10 +17,8 @@ import {
 } from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { ropeInvFreq } from "../engine/reference/rope.ts";
-import { argmax } from "../engine/sampler.ts";
 import { hfGlobalName, hfLayerName, layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
-import type { ModelConfig } from "../io/model_config.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
@@ -36,6 +34,8 @@ import {
   maxRelDiff,
   ONCE_UPON_A_TIME,
   packedFixture,
+  referenceGreedy,
+  referenceOf,
   runSluice,
   tempDir,
 } from "./fixtures.ts";
@@ -48,26 +48,6 @@ const KNOWN = [
   ...[346, 448, 452, 452, 404, 348, 1, 333, 452, 452],
   ...[386, 386, 310, 310, 403, 310, 452, 386, 386, 338],
 ];
-
-/**
- * The first `n` greedy ids after PROMPT of a reference pass, and the logits that chose the first
- * of them (the README's "first-position logits").
- */
-function greedy(ref: ReferenceModel, n: number): { ids: number[]; first: Float64Array } {
-  const tokens = [...PROMPT];
-  let first: Float64Array = new Float64Array();
-  for (let pos = 0; tokens.length < PROMPT.length + n; pos++) {
-    const logits = ref.forward64(tokens[pos], pos);
-    if (pos === PROMPT.length - 1) first = logits;
-    if (pos >= PROMPT.length - 1) tokens.push(argmax(logits));
-  }
-  return { ids: tokens.slice(PROMPT.length), first };
-}
-
-function reference(change: (c: ModelConfig) => ModelConfig = (c) => c): ReferenceModel {
-  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
-  return new ReferenceModel(change(cfg), weight);
-}
 
 Deno.test({
   name: "gemma4: the config normalises as the README describes it",
@@ -172,7 +152,7 @@ Deno.test({
   name: "gemma4: the reference gives the README's known answer, from checkpoint and container",
   ignore,
   fn: async () => {
-    assert.deepEqual(greedy(reference(), 20).ids, KNOWN);
+    assert.deepEqual(referenceGreedy(referenceOf(NAME), PROMPT, 20).ids, KNOWN);
     const lines: string[] = [];
     const out = `${tempDir()}/gemma4.sluice`;
     const res = await packCheckpoint(fixtureDir(NAME), out, {
@@ -188,7 +168,7 @@ Deno.test({
     // README: 828,838 parameters in the text model.
     assert.equal(inspectContainer(out).params.total, 828838);
     const { cfg, weight } = referenceWeightsFromContainer(out);
-    assert.deepEqual(greedy(new ReferenceModel(cfg, weight), 20).ids, KNOWN);
+    assert.deepEqual(referenceGreedy(new ReferenceModel(cfg, weight), PROMPT, 20).ids, KNOWN);
   },
 });
 
@@ -196,9 +176,10 @@ Deno.test({
   name: "gemma4: the final softcap shows in the logits, not in the ids",
   ignore,
   fn: () => {
-    const capped = greedy(reference(), 6);
-    const raw = greedy(
-      reference((c) => ({ ...c, logitSoftcap: undefined })),
+    const capped = referenceGreedy(referenceOf(NAME), PROMPT, 6);
+    const raw = referenceGreedy(
+      referenceOf(NAME, (c) => ({ ...c, logitSoftcap: undefined })),
+      PROMPT,
       6,
     );
     assert.deepEqual(raw.ids, capped.ids, "a monotonic cap keeps the argmax");
@@ -244,7 +225,7 @@ Deno.test({
     const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 128 });
     try {
       // Past the 32-position window: the sliding layers' rings wrap.
-      const worst = decodeAgainstReference(model, reference(), PROMPT, 100, NAME);
+      const worst = decodeAgainstReference(model, referenceOf(NAME), PROMPT, 100, NAME);
       assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
       // The same teacher-forced prompt through references that differ only in the GELU or the cap.
       const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
@@ -253,8 +234,8 @@ Deno.test({
         weight,
         (g, u) => 0.5 * g * (1 + erf(g / Math.SQRT2)) * u,
       );
-      const uncapped = reference((c) => ({ ...c, logitSoftcap: undefined }));
-      const exact = reference();
+      const uncapped = referenceOf(NAME, (c) => ({ ...c, logitSoftcap: undefined }));
+      const exact = referenceOf(NAME);
       let gelu = 0, cap = 0;
       PROMPT.forEach((t, pos) => {
         const want = exact.forward64(t, pos);
@@ -275,7 +256,7 @@ Deno.test({
   fn: async () => {
     const path = await packedFixture(NAME);
     // The reference's own greedy path, ignoring the BOS stop, 75 positions.
-    const tokens = [...PROMPT, ...greedy(reference(), 70).ids];
+    const tokens = [...PROMPT, ...referenceGreedy(referenceOf(NAME), PROMPT, 70).ids];
     await assertPlacementsAgree(path, tokens, 40, 96);
   },
 });

@@ -12,12 +12,13 @@ import { Model } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
 import { openContainer } from "../engine/container.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
   budgetAboveFloor,
+  checkPromptCache,
   decodeAgainstReference,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
   packedFixture,
@@ -44,7 +45,7 @@ Deno.test({
   name: "glm_moe_dsa: the config's indexer, latent eps and MoE are read, and checked",
   ignore,
   fn() {
-    const raw = JSON.parse(Deno.readTextFileSync(`${fixtureDir(NAME)}/config.json`));
+    const raw = fixtureConfig(NAME);
     const cfg = normalizeConfig(raw);
     assert.deepEqual(cfg.mla?.indexer, { numHeads: 16, headDim: 16, topK: 16 });
     assert.equal(cfg.mla?.latentNormEps, 1e-6);
@@ -150,42 +151,15 @@ Deno.test({
   name: "glm_moe_dsa: the prompt cache and a saved session give a cold run's tokens",
   ignore,
   fn: async () => {
-    const path = await packedFixture(NAME);
-    const opts = { quiet: true, ctx: 128, threads: 1 };
-    const warm = await Session.open(path, opts);
-    const cold = await Session.open(path, opts);
-    const coldRun = (p: number[], n: number) => {
-      cold.resetCache();
-      return greedy(cold, p, n);
-    };
-    try {
-      // Past 16 keys, so the cached indexer keys choose what every later query attends to.
-      const g1 = await greedy(warm, PROMPT, 24);
-      const p2 = [...PROMPT, ...g1, 300, 301];
-      const g2 = await greedy(warm, p2, 8);
-      assert.equal(warm.timings.cachedTokens, PROMPT.length + g1.length - 1);
-      assert.deepEqual(g2, await coldRun(p2, 8));
-      // A prompt sharing the first 20 ids rewinds the caches to there.
-      const p3 = [...p2.slice(0, 20), 410, 411, 412];
-      const g3 = await greedy(warm, p3, 8);
-      assert.equal(warm.timings.cachedTokens, 20);
-      assert.deepEqual(g3, await coldRun(p3, 8));
-      const file = `${tempDir()}/glm5-${Math.random().toString(36).slice(2)}.session`;
-      saveSession(warm, file);
-      const p4 = [...p3, ...g3, 420];
-      const continued = await greedy(warm, p4, 8);
-      const resumed = await Session.open(path, opts);
-      try {
-        loadSession(resumed, file);
-        assert.deepEqual(await greedy(resumed, p4, 8), continued);
-        assert.equal(resumed.timings.cachedTokens, p3.length + g3.length - 1);
-      } finally {
-        resumed.close();
-      }
-    } finally {
-      warm.close();
-      cold.close();
-    }
+    // 24 tokens first, past 16 keys, so the cached indexer keys choose what every later query
+    // attends to; then a prompt sharing the first 20 ids rewinds the caches to there.
+    await checkPromptCache(await packedFixture(NAME), PROMPT, {
+      first: 24,
+      extend: [300, 301],
+      shared: 20,
+      diverge: [410, 411, 412],
+      resume: [420],
+    });
   },
 });
 

@@ -10,14 +10,8 @@ import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
 import { Model } from "../engine/model.ts";
 import type { ModelConfig } from "../io/model_config.ts";
-import {
-  containerExpertBias,
-  containerExpertF32,
-  referenceWeightsFromCheckpoint,
-} from "../engine/float_weights.ts";
-import { ReferenceModel } from "../engine/reference/forward.ts";
+import { containerExpertBias, containerExpertF32 } from "../engine/float_weights.ts";
 import { ropeInvFreq } from "../engine/reference/rope.ts";
-import { argmax } from "../engine/sampler.ts";
 import { openContainer } from "../engine/container.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
@@ -31,6 +25,8 @@ import {
   maxRelDiff,
   ONCE_UPON_A_TIME,
   packedFixture,
+  referenceGreedy,
+  referenceOf,
 } from "./fixtures.ts";
 
 const NAME = "tiny-gpt-oss";
@@ -43,21 +39,6 @@ const KNOWN = [
 ];
 /** Positions run by the long tests: past the 128-position window. */
 const LONG = 200;
-
-function reference(change: (cfg: ModelConfig) => ModelConfig = (c) => c): ReferenceModel {
-  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
-  return new ReferenceModel(change(cfg), weight);
-}
-
-/** Greedy ids after PROMPT for `steps` positions of a reference pass. */
-function greedy(ref: ReferenceModel, steps: number): number[] {
-  const tokens = [...PROMPT];
-  for (let pos = 0; pos < steps; pos++) {
-    const logits = ref.forward64(tokens[pos], pos);
-    if (pos >= PROMPT.length - 1) tokens.push(argmax(logits));
-  }
-  return tokens.slice(PROMPT.length);
-}
 
 Deno.test({
   name: "gpt_oss: config (YaRN truncate false, windows, routing) as the README states",
@@ -90,12 +71,13 @@ Deno.test({
   name: "gpt_oss: the sinks change the known answer (a pass without them fails it)",
   ignore,
   fn: () => {
-    assert.deepEqual(greedy(reference(), 24).slice(0, 20), KNOWN);
-    const noSinks = greedy(
-      reference((c) => ({ ...c, attention: { ...c.attention!, sinks: false } })),
-      24,
+    assert.deepEqual(referenceGreedy(referenceOf(NAME), PROMPT, 20).ids, KNOWN);
+    const noSinks = referenceGreedy(
+      referenceOf(NAME, (c) => ({ ...c, attention: { ...c.attention!, sinks: false } })),
+      PROMPT,
+      20,
     );
-    assert.notDeepEqual(noSinks.slice(0, 20), KNOWN, "dropping the sinks left the answer as is");
+    assert.notDeepEqual(noSinks.ids, KNOWN, "dropping the sinks left the answer as is");
   },
 });
 
@@ -105,7 +87,7 @@ Deno.test({
   fn: async () => {
     const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 256 });
     try {
-      const worst = decodeAgainstReference(model, reference(), PROMPT, LONG, NAME);
+      const worst = decodeAgainstReference(model, referenceOf(NAME), PROMPT, LONG, NAME);
       assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
     } finally {
       model.close();
@@ -118,9 +100,12 @@ Deno.test({
   ignore,
   fn: async () => {
     // Teacher-forced on the windowed reference's own greedy path.
-    const path = [...PROMPT, ...greedy(reference(), LONG)].slice(0, LONG);
-    const windowed = reference();
-    const full = reference((c) => ({
+    const path = [
+      ...PROMPT,
+      ...referenceGreedy(referenceOf(NAME), PROMPT, LONG - PROMPT.length).ids,
+    ];
+    const windowed = referenceOf(NAME);
+    const full = referenceOf(NAME, (c) => ({
       ...c,
       attention: { ...c.attention!, windows: [0, 0, 0, 0] },
     }));
@@ -221,7 +206,10 @@ Deno.test({
   ignore,
   fn: async () => {
     const path = await packedFixture(NAME);
-    const tokens = [...PROMPT, ...greedy(reference(), 170)].slice(0, 170);
+    const tokens = [
+      ...PROMPT,
+      ...referenceGreedy(referenceOf(NAME), PROMPT, 170 - PROMPT.length).ids,
+    ];
     await assertPlacementsAgree(path, tokens, 40, 256);
   },
 });

@@ -20,10 +20,13 @@ import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
-  checkRecurrentCache,
+  checkPromptCache,
   decodeAgainstReference,
+  engineGreedy,
+  fixtureConfig,
   fixtureDir,
   hasFixture,
+  logitsOfRun,
   packedFixture,
   synthVsReference,
   tempDir,
@@ -56,15 +59,11 @@ const ORACLE_CONTINUATION = [
   121,
 ];
 
-function configOf(name: string): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(`${fixtureDir(name)}/config.json`));
-}
-
 Deno.test({
   name: "K3 config: every field the forward pass needs is required, by name",
   ignore: !hasFixture(K3),
   fn() {
-    const base = configOf(K3);
+    const base = fixtureConfig(K3);
     const cfg = normalizeConfig(base);
     assert.equal(cfg.family, "kimi_k3");
     assert.deepEqual(
@@ -191,32 +190,15 @@ Deno.test("K3 engine: gated NoPE MLA, latent MoE, SiTU and AttnRes at awkward si
   await awkwardVsReference("k3-mla-awkward", 5, { mlaEvery: 1 });
 });
 
-/** Greedy continuation by the engine: the prompt in chunks of `chunk`, then one token a time. */
-async function engineGreedy(dir: string, prompt: number[], n: number, chunk: number) {
-  const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
-  try {
-    let logits: Float32Array = new Float32Array(0);
-    for (let p = 0; p < prompt.length; p += chunk) {
-      logits = model.forward(prompt.slice(p, p + chunk), p);
-    }
-    const out: number[] = [];
-    for (let i = 0; i < n; i++) {
-      out.push(argmax(logits));
-      logits = model.forward([out[i]], prompt.length + i);
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
 Deno.test({
   name: "K3 engine: tiny-kimi-k3 continues the oracle prompt exactly, in any prefill chunking",
   ignore: !hasFixture(K3),
   async fn() {
     const dir = await packedFixture(K3);
     for (const chunk of [64, 1, 5]) {
-      const got = await engineGreedy(dir, ORACLE_PROMPT, ORACLE_CONTINUATION.length, chunk);
+      const got = await engineGreedy(dir, ORACLE_PROMPT, ORACLE_CONTINUATION.length, {
+        prefillChunk: chunk,
+      });
       assert.deepEqual(got, ORACLE_CONTINUATION, `prefill chunk ${chunk}`);
     }
   },
@@ -303,31 +285,12 @@ Deno.test({
   async fn() {
     const dir = await packedFixture(K3);
     const tokens = [...ORACLE_PROMPT, ...ORACLE_CONTINUATION];
-    const run = async (chunk: number) => {
-      const model = await Model.open(dir, { quiet: true, ctx: 64, prefillChunk: chunk });
-      try {
-        const parts: Float32Array[] = [];
-        for (let p = 0; p < tokens.length; p += chunk) {
-          parts.push(model.forward(tokens.slice(p, p + chunk), p, true));
-        }
-        return parts;
-      } finally {
-        model.close();
-      }
-    };
-    const V = 256;
-    const flat = (parts: Float32Array[]) => {
-      const out = new Float32Array(tokens.length * V);
-      let o = 0;
-      for (const x of parts) {
-        out.set(x, o);
-        o += x.length;
-      }
-      return out;
-    };
-    const one = flat(await run(1));
+    // Every position's logits, all of them prefilled in chunks of `chunk`.
+    const run = (chunk: number) =>
+      logitsOfRun(dir, { prefillChunk: chunk }, tokens, tokens.length, 64);
+    const one = await run(1);
     for (const chunk of [32, 7]) {
-      const got = flat(await run(chunk));
+      const got = await run(chunk);
       assert.deepEqual(got, one, `prefill chunk ${chunk}: logits differ from chunk 1`);
     }
   },
@@ -368,7 +331,8 @@ Deno.test({
   name: "K3 prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore: !hasFixture(K3),
   async fn() {
-    const g1 = await checkRecurrentCache(await packedFixture(K3), ORACLE_PROMPT, {
+    const g1 = await checkPromptCache(await packedFixture(K3), ORACLE_PROMPT, {
+      recurrent: true,
       extend: [40, 77],
       diverge: [9, 250],
       resume: [120],

@@ -25,10 +25,15 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import {
-  checkRecurrentCache,
+  assertRingPlacementsAgree,
+  assertStoryPromptsMatchReference,
+  checkPromptCache,
   decodeAgainstReference,
+  fixtureConfig,
   fixtureDir,
   KIMI_LINEAR_KNOWN,
+  logitsOfRun,
+  longSequence,
   packedFixture,
   tempDir,
 } from "./fixtures.ts";
@@ -41,25 +46,11 @@ const KNOWN_PROMPT = [...KIMI_LINEAR_KNOWN.prompt];
 /** The first 17 ids of the known answer (BOS comes at generated position 10). */
 const KNOWN_IDS = KIMI_LINEAR_KNOWN.ids.slice(0, 17);
 
-const PROMPTS = [
-  "Once upon a time",
-  "One day, Timmy went to the park.",
-  'The little dog said, "Hello!"',
-  "Lily saw a 🐶 and a café.",
-  "The sun was hot",
-  "Tom and Sue played",
-  "Hi",
-];
-
-function hfConfig(): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(fixtureDir(`${NAME}/config.json`)));
-}
-
 Deno.test({
   name: "kimi_linear config normalises as the fixture README states",
   ignore,
   fn() {
-    const c = normalizeConfig(hfConfig());
+    const c = normalizeConfig(fixtureConfig(NAME));
     assert.equal(c.family, "kimi_linear");
     // 1-based full_attn_layers [3, 6] and kda_layers [1, 2, 4, 5].
     assert.deepEqual(c.kda?.layers, [true, true, false, true, true, false]);
@@ -88,7 +79,7 @@ Deno.test({
   fn() {
     // The fixture's config at the real KDA/MLA widths (README: 32 KDA heads of 128, convs on
     // 3 × 4096 channels, 20 KDA layers; latent 512 + 64 per position).
-    const hf = hfConfig();
+    const hf = fixtureConfig(NAME);
     const kdaLayers: number[] = [], fullLayers: number[] = [];
     for (let n = 1; n <= 27; n++) (n % 4 === 0 || n === 27 ? fullLayers : kdaLayers).push(n);
     Object.assign(hf, {
@@ -153,7 +144,7 @@ Deno.test({
   ignore,
   fn() {
     const bad = (edit: (c: Record<string, unknown>) => void, ...words: string[]) => {
-      const c = hfConfig();
+      const c = fixtureConfig(NAME);
       edit(c);
       assert.throws(
         () => normalizeConfig(c),
@@ -232,79 +223,19 @@ Deno.test({
   name: "engine matches the float64 reference within 1e-4 on every prompt",
   ignore,
   async fn() {
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
-    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 96 });
-    const session = await Session.open(await packedFixture(NAME), { quiet: true });
-    try {
-      for (const prompt of PROMPTS) {
-        const ids = session.tokenize(prompt);
-        const ref = new ReferenceModel(cfg, weight);
-        const worst = decodeAgainstReference(model, ref, ids, ids.length + 32, prompt);
-        assert.ok(worst <= 1e-4, `${prompt}: logits differ by ${worst} relative`);
-      }
-    } finally {
-      model.close();
-      session.close();
-    }
+    await assertStoryPromptsMatchReference(NAME);
   },
 });
-
-/** Logits of every position of `tokens` (of the fixture, or the container at `path`). */
-async function allLogits(
-  tokens: number[],
-  prompt: number,
-  opts: RunOptions,
-  path?: string,
-): Promise<Float32Array> {
-  const dir = path ?? await packedFixture(NAME);
-  const model = await Model.open(dir, { quiet: true, ctx: 64, ...opts });
-  try {
-    const parts: Float32Array[] = [];
-    const chunk = model.prefillChunk;
-    for (let p = 0; p < prompt; p += chunk) {
-      parts.push(model.forward(tokens.slice(p, Math.min(p + chunk, prompt)), p, true));
-    }
-    for (let p = prompt; p < tokens.length; p++) parts.push(model.forward([tokens[p]], p));
-    const out = new Float32Array(parts.reduce((a, b) => a + b.length, 0));
-    let o = 0;
-    for (const x of parts) {
-      out.set(x, o);
-      o += x.length;
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
-/** A prompt of 40 tokens and the engine's greedy continuation, decoded token by token. */
-async function longSequence(): Promise<{ tokens: number[]; prompt: number }> {
-  const session = await Session.open(await packedFixture(NAME), { quiet: true });
-  try {
-    const ids = session.tokenize(PROMPTS.slice(0, 4).join(" "));
-    const prompt = ids.slice(0, 40);
-    const tokens = [...prompt];
-    const model = session.model;
-    let logits: Float32Array = new Float32Array();
-    for (let p = 0; p < prompt.length; p++) logits = model.forward([prompt[p]], p);
-    for (let i = 0; i < 12; i++) {
-      tokens.push(argmax(logits));
-      logits = model.forward([tokens[tokens.length - 1]], tokens.length - 1);
-    }
-    return { tokens, prompt: prompt.length };
-  } finally {
-    session.close();
-  }
-}
 
 Deno.test({
   name: "prefill in chunks of 64 and 7 gives the same bits as token-by-token prefill",
   ignore,
   async fn() {
-    const { tokens, prompt } = await longSequence();
-    const one = await allLogits(tokens, prompt, { prefillChunk: 1 });
+    const path = await packedFixture(NAME);
+    const { tokens, prompt } = await longSequence(path);
+    const one = await logitsOfRun(path, { prefillChunk: 1 }, tokens, prompt, 64);
     for (const chunk of [64, 7]) {
-      const got = await allLogits(tokens, prompt, { prefillChunk: chunk });
+      const got = await logitsOfRun(path, { prefillChunk: chunk }, tokens, prompt, 64);
       assert.deepEqual(got, one, `prefill chunk ${chunk}: logits differ from chunk 1`);
     }
   },
@@ -314,27 +245,9 @@ Deno.test({
   name: "kimi_linear logits are bit-identical across placements and thread counts",
   ignore,
   async fn() {
-    const { tokens, prompt } = await longSequence();
     const path = await packedFixture(NAME);
-    const base = await allLogits(tokens, prompt, {});
-    const probe = await Model.open(path, { quiet: true, ctx: 64 });
-    const { floor, wholeModelBytes } = probe.plan;
-    const ring = Math.max(...probe.container.manifest.trunk.layers.map((l) => l.bytes));
-    probe.close();
-    const settings: [string, RunOptions][] = [
-      ["budget = floor (1 ring slot)", { budget: floor }],
-      ["floor + one more ring slot", { budget: floor + ring }],
-      ["half the model", { budget: Math.floor((floor + wholeModelBytes) / 2) }],
-      ["no read-ahead", { budget: floor + ring, readaheadDepth: 0, trunkReadahead: false }],
-      ["lookahead 4", { expertSlots: 12, lookahead: 4 }],
-      ["LRU cache", { cache: "lru", expertSlots: 12 }],
-      ["1 thread", { threads: 1 }],
-      ["2 threads", { threads: 2 }],
-      ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 10 }],
-    ];
-    for (const [what, opts] of settings) {
-      assert.deepEqual(await allLogits(tokens, prompt, opts), base, `${what} changed the logits`);
-    }
+    const { tokens, prompt } = await longSequence(path);
+    await assertRingPlacementsAgree(path, tokens, prompt, 12);
   },
 });
 
@@ -342,21 +255,22 @@ Deno.test({
   name: "kimi_linear: bank shards and a learned hot list change no bit",
   ignore,
   async fn() {
-    const { tokens, prompt } = await longSequence();
     const path = join(tempDir(), "kimi-linear-hot.sluice");
     cpSync(await packedFixture(NAME), path, { recursive: true });
-    const base = await allLogits(tokens, prompt, { expertSlots: 12 }, path);
+    const { tokens, prompt } = await longSequence(path);
+    const run = (opts: RunOptions) => logitsOfRun(path, opts, tokens, prompt, 64);
+    const base = await run({ expertSlots: 12 });
     const dirs = [0, 1, 2].map((i) => join(tempDir(), `kimi-linear-shard${i}`));
     splitBanks(path, dirs, { progress: "off", log: () => {} });
     assert.deepEqual(
-      await allLogits(tokens, prompt, { expertSlots: 12, shards: dirs }, path),
+      await run({ expertSlots: 12, shards: dirs }),
       base,
       "shards changed the logits",
     );
-    await allLogits(tokens, prompt, { expertSlots: 12, learn: true }, path);
+    await run({ expertSlots: 12, learn: true });
     assert.ok(existsSync(`${path}.hot.json`), "--learn wrote no hot list");
     assert.deepEqual(
-      await allLogits(tokens, prompt, { expertSlots: 12 }, path),
+      await run({ expertSlots: 12 }),
       base,
       "the hot list changed the logits",
     );
@@ -425,7 +339,8 @@ Deno.test({
   name: "prompt cache and saved sessions keep the KDA state: same tokens as cold runs",
   ignore,
   async fn() {
-    await checkRecurrentCache(await packedFixture(NAME), KNOWN_PROMPT, {
+    await checkPromptCache(await packedFixture(NAME), KNOWN_PROMPT, {
+      recurrent: true,
       extend: [403, 407],
       diverge: [261, 378],
       resume: [403],

@@ -17,6 +17,9 @@ import { sharedMemory64 } from "../wasm/mod.ts";
 import { shimUnavailable } from "../io/shim.ts";
 import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 
+/** The store's starting costs: a whole record blocked per guess, all of it hidden, no regret. */
+const START: SpeculationCosts = { recordMs: 9, hidden: 1, blockedMs: 9, regret: 0 };
+
 /** The gate's precision recomputed from scratch: decayed hits over decayed guesses from 1/2. */
 function referencePrecision(records: [number, number][]): number {
   const keep = 1 - 1 / GATE_WINDOW;
@@ -101,16 +104,14 @@ Deno.test("gate: each rank has its own precision; the leading ranks that pay are
 });
 
 Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2", () => {
-  // The store's starting costs: a whole record blocked, all of it hidden, no regret.
-  const start = { recordMs: 9, hidden: 1, blockedMs: 9, regret: 0 };
-  assert.equal(new SpeculationGate().decide(start, 1), 1, "a fresh gate reads its first guess");
+  assert.equal(new SpeculationGate().decide(START, 1), 1, "a fresh gate reads its first guess");
   const gateOf = (routed: (i: number) => boolean) => {
     const gate = new SpeculationGate();
     for (let i = 0; i < 600; i++) gate.record([routed(i)]);
     return gate;
   };
-  assert.equal(gateOf((i) => i % 10 < 7).decide(start, 1), 1, "precision 0.7");
-  assert.equal(gateOf((i) => i % 10 < 3).decide(start, 1), 0, "precision 0.3");
+  assert.equal(gateOf((i) => i % 10 < 7).decide(START, 1), 1, "precision 0.7");
+  assert.equal(gateOf((i) => i % 10 < 3).decide(START, 1), 0, "precision 0.3");
 });
 
 Deno.test("gate: a closed gate still reads one guess every GATE_PROBE_EVERY predictions", () => {
@@ -127,18 +128,28 @@ Deno.test("gate: a closed gate still reads one guess every GATE_PROBE_EVERY pred
   assert.equal(gate.decide({ ...costs, blockedMs: 0 }, 4), 0);
 });
 
-/** Decodes the fixture's tokens with the gate in `mode`; returns the logits and the counts. */
-async function decodeWith(lookahead: number, mode: SpeculationGate["mode"]) {
+/**
+ * Decodes the fixture's tokens with the gate in `mode`; returns the logits and the counts. With
+ * `costs` the gate decides from those instead of the store's measurements (which follow the
+ * machine's load), so what it reads is the same on every run.
+ */
+async function decodeWith(
+  lookahead: number,
+  mode: SpeculationGate["mode"],
+  costs?: SpeculationCosts,
+) {
   const path = await packedFixture("stories260k-moe64");
   const model = await Model.open(path, { quiet: true, ctx: 64, expertSlots: 80, lookahead });
   try {
-    if (model.observers.lookahead) model.observers.lookahead.gate.mode = mode;
+    const la = model.observers.lookahead;
+    if (la) la.gate.mode = mode;
+    if (la && costs) la.costs = () => costs;
     const logits: number[][] = [Array.from(model.forward([1, 403, 407], 0))];
     const tokens = [261, 378, 432, 383, 286, 261, 376, 298];
     tokens.forEach((t, i) => logits.push(Array.from(model.forward([t], 3 + i))));
     return {
       logits,
-      la: model.observers.lookahead,
+      la,
       spec: model.experts!.stats.speculative,
       predictions: tokens.length * 4, // 5 MoE layers: layers 1..4 are predicted from 0..3
     };
@@ -148,7 +159,7 @@ async function decodeWith(lookahead: number, mode: SpeculationGate["mode"]) {
 }
 
 Deno.test("guessing every expert (precision 4/64) reads only the leading ranks", async () => {
-  const r = await decodeWith(64, "measured");
+  const r = await decodeWith(64, "measured", START);
   const la = r.la!;
   assert.ok(la.gate.precision < 0.1);
   assert.equal(la.recall, 1, "a guess of every expert contains every routed one");
@@ -156,6 +167,14 @@ Deno.test("guessing every expert (precision 4/64) reads only the leading ranks",
   // prediction (every rank at its starting precision of 1/2) may read all 64.
   assert.ok(la.gate.precisionAt(0) > 0.5 && la.gate.precisionAt(63) < 0.05);
   assert.ok(r.spec < 64 + 8 * r.predictions, `${r.spec} reads in ${r.predictions} predictions`);
+});
+
+Deno.test("costs that never pay leave only the probes: one guess every GATE_PROBE_EVERY", async () => {
+  // A guess blocks demand reads for far longer than it could save, at any precision below 1.
+  const r = await decodeWith(4, "measured", { ...START, blockedMs: 1e6 });
+  const probes = Math.floor(r.predictions / GATE_PROBE_EVERY);
+  assert.equal(r.la!.stats.skipped, r.predictions - probes);
+  assert.ok(r.spec <= probes, `${r.spec} reads in ${probes} probes`);
 });
 
 Deno.test("logits are bit-identical with the gate forced open, forced shut and measured", async () => {

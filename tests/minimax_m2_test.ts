@@ -10,10 +10,7 @@ import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
 import { openContainer } from "../engine/container.ts";
 import { containerExpertF32, containerTrunkF32 } from "../engine/float_weights.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
-import { ReferenceModel } from "../engine/reference/forward.ts";
-import { argmax } from "../engine/sampler.ts";
 import { hfLayerName } from "../engine/tensor_names.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { inspectContainer } from "../tools/inspect.ts";
@@ -25,6 +22,8 @@ import {
   hasFixture,
   ONCE_UPON_A_TIME,
   packedFixture,
+  referenceGreedy,
+  referenceOf,
 } from "./fixtures.ts";
 
 const NAME = "tiny-minimax-m2";
@@ -36,21 +35,6 @@ const KNOWN = [
   ...[264, 264, 341, 412, 448, 444, 264, 264, 264, 264],
   ...[264, 441, 448, 356, 295, 428, 434, 448, 356, 356],
 ];
-
-function reference(name: string): ReferenceModel {
-  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
-  return new ReferenceModel(cfg, weight);
-}
-
-/** The first `n` greedy ids after PROMPT of a reference pass. */
-function greedy(ref: ReferenceModel, n: number): number[] {
-  const tokens = [...PROMPT];
-  for (let pos = 0; tokens.length < PROMPT.length + n; pos++) {
-    const logits = ref.forward64(tokens[pos], pos);
-    if (pos >= PROMPT.length - 1) tokens.push(argmax(logits));
-  }
-  return tokens.slice(PROMPT.length);
-}
 
 Deno.test({
   name: "minimax_m2: the config normalises as the README describes it",
@@ -108,7 +92,11 @@ Deno.test({
   name: "minimax_m2: the known greedy continuation of the fixture's README",
   ignore,
   fn: async () => {
-    assert.deepEqual(greedy(reference(NAME), 20), KNOWN, "the float64 reference");
+    assert.deepEqual(
+      referenceGreedy(referenceOf(NAME), PROMPT, 20).ids,
+      KNOWN,
+      "the float64 reference",
+    );
     await assertKnownContinuation(await packedFixture(NAME), "Once upon a time", PROMPT, KNOWN);
   },
 });
@@ -120,7 +108,7 @@ for (const name of [NAME, FP8]) {
     fn: async () => {
       const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 192 });
       try {
-        const worst = decodeAgainstReference(model, reference(name), PROMPT, 160, name);
+        const worst = decodeAgainstReference(model, referenceOf(name), PROMPT, 160, name);
         assert.ok(worst <= 1e-4, `${name}: logits differ by ${worst} relative`);
       } finally {
         model.close();
@@ -176,7 +164,7 @@ for (const name of [NAME, FP8]) {
     ignore,
     fn: async () => {
       const path = await packedFixture(name);
-      const tokens = [...PROMPT, ...greedy(reference(name), 75)];
+      const tokens = [...PROMPT, ...referenceGreedy(referenceOf(name), PROMPT, 75).ids];
       await assertPlacementsAgree(path, tokens, 40, 96);
     },
   });

@@ -18,20 +18,25 @@ import {
   referenceWeightsFromCheckpoint,
   referenceWeightsFromContainer,
 } from "../engine/float_weights.ts";
-import { Model, type RunOptions } from "../engine/model.ts";
+import { Model } from "../engine/model.ts";
 import { planMemory } from "../engine/planner.ts";
 import { ReferenceModel, type WeightGetter } from "../engine/reference/forward.ts";
-import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
-  checkRecurrentCache,
+  assertRingPlacementsAgree,
+  assertStoryPromptsMatchReference,
+  checkPromptCache,
   decodeAgainstReference,
+  fixtureConfig,
   fixtureDir,
+  logitsOfRun,
+  longSequence,
   ONCE_UPON_A_TIME,
   packedFixture,
   QWEN_HYBRID_KNOWN,
+  referenceGreedy,
   synthVsReference,
   tempDir,
 } from "./fixtures.ts";
@@ -41,31 +46,7 @@ const KNOWN_PROMPT = [...ONCE_UPON_A_TIME];
 type Name = keyof typeof FIXTURES;
 const NAMES = Object.keys(FIXTURES) as Name[];
 
-const PROMPTS = [
-  "Once upon a time",
-  "One day, Timmy went to the park.",
-  'The little dog said, "Hello!"',
-  "Lily saw a 🐶 and a café.",
-  "The sun was hot",
-  "Tom and Sue played",
-  "Hi",
-];
-
 const ignoreOf = (name: Name) => !existsSync(fixtureDir(name));
-
-function hfConfig(name: Name): Record<string, unknown> {
-  return JSON.parse(Deno.readTextFileSync(fixtureDir(`${name}/config.json`)));
-}
-
-/** The reference's greedy continuation of `prompt` for `n` tokens. */
-function referenceGreedy(ref: ReferenceModel, prompt: number[], n: number): number[] {
-  const tokens = [...prompt];
-  for (let pos = 0; pos < prompt.length + n - 1; pos++) {
-    const logits = ref.forward64(tokens[pos], pos);
-    if (pos >= prompt.length - 1) tokens.push(argmax(logits));
-  }
-  return tokens.slice(prompt.length);
-}
 
 for (const name of NAMES) {
   const ignore = ignoreOf(name);
@@ -75,7 +56,7 @@ for (const name of NAMES) {
     name: `${name}: the config normalises as the fixture README states`,
     ignore,
     fn() {
-      const c = normalizeConfig(hfConfig(name));
+      const c = normalizeConfig(fixtureConfig(name));
       assert.equal(c.family, "qwen3_next");
       assert.equal(c.modelType, name === "tiny-qwen3-next" ? "qwen3_next" : "qwen3_5_moe");
       // Full attention at layers 3 and 7 (a list in Qwen3.5, the interval in Qwen3-Next).
@@ -119,7 +100,7 @@ for (const name of NAMES) {
     fn() {
       const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
       assert.deepEqual(
-        referenceGreedy(new ReferenceModel(cfg, weight), KNOWN_PROMPT, 20),
+        referenceGreedy(new ReferenceModel(cfg, weight), KNOWN_PROMPT, 20).ids,
         known,
       );
     },
@@ -147,20 +128,7 @@ for (const name of NAMES) {
     name: `${name}: engine matches the float64 reference within 1e-4 on every prompt`,
     ignore,
     async fn() {
-      const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
-      const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 96 });
-      const session = await Session.open(await packedFixture(name), { quiet: true });
-      try {
-        for (const prompt of PROMPTS) {
-          const ids = session.tokenize(prompt);
-          const ref = new ReferenceModel(cfg, weight);
-          const worst = decodeAgainstReference(model, ref, ids, ids.length + 32, prompt);
-          assert.ok(worst <= 1e-4, `${prompt}: logits differ by ${worst} relative`);
-        }
-      } finally {
-        model.close();
-        session.close();
-      }
+      await assertStoryPromptsMatchReference(name);
     },
   });
 
@@ -187,10 +155,11 @@ for (const name of NAMES) {
     name: `${name}: prefill in chunks of 64 and 7 gives the same bits as token-by-token`,
     ignore,
     async fn() {
-      const { tokens, prompt } = await longSequence(name);
-      const one = await allLogits(name, tokens, prompt, { prefillChunk: 1 });
+      const path = await packedFixture(name);
+      const { tokens, prompt } = await longSequence(path);
+      const one = await logitsOfRun(path, { prefillChunk: 1 }, tokens, prompt, 64);
       for (const chunk of [64, 7]) {
-        const got = await allLogits(name, tokens, prompt, { prefillChunk: chunk });
+        const got = await logitsOfRun(path, { prefillChunk: chunk }, tokens, prompt, 64);
         assert.deepEqual(got, one, `prefill chunk ${chunk}: logits differ from chunk 1`);
       }
     },
@@ -200,32 +169,9 @@ for (const name of NAMES) {
     name: `${name}: logits are bit-identical across placements and thread counts`,
     ignore,
     async fn() {
-      const { tokens, prompt } = await longSequence(name);
       const path = await packedFixture(name);
-      const base = await allLogits(name, tokens, prompt, {});
-      const probe = await Model.open(path, { quiet: true, ctx: 64 });
-      const { floor, wholeModelBytes } = probe.plan;
-      const ring = Math.max(...probe.container.manifest.trunk.layers.map((l) => l.bytes));
-      probe.close();
-      const settings: [string, RunOptions][] = [
-        ["budget = floor, 1 thread", { budget: floor, threads: 1 }],
-        ["budget = floor", { budget: floor }],
-        ["floor + one more ring slot", { budget: floor + ring }],
-        ["half the model", { budget: Math.floor((floor + wholeModelBytes) / 2) }],
-        ["no read-ahead", { budget: floor + ring, readaheadDepth: 0, trunkReadahead: false }],
-        ["lookahead 4", { expertSlots: 6, lookahead: 4 }],
-        ["LRU cache", { cache: "lru", expertSlots: 6 }],
-        ["1 thread", { threads: 1 }],
-        ["2 threads", { threads: 2 }],
-        ["node:fs fallback reader, verify", { io: "fallback", verify: true, expertSlots: 5 }],
-      ];
-      for (const [what, opts] of settings) {
-        assert.deepEqual(
-          await allLogits(name, tokens, prompt, opts),
-          base,
-          `${what} changed the logits`,
-        );
-      }
+      const { tokens, prompt } = await longSequence(path);
+      await assertRingPlacementsAgree(path, tokens, prompt, 6);
     },
   });
 
@@ -233,60 +179,14 @@ for (const name of NAMES) {
     name: `${name}: prompt cache and saved sessions keep the DeltaNet state: same tokens as cold`,
     ignore,
     async fn() {
-      await checkRecurrentCache(await packedFixture(name), KNOWN_PROMPT, {
+      await checkPromptCache(await packedFixture(name), KNOWN_PROMPT, {
+        recurrent: true,
         extend: [403, 407],
         diverge: [261, 378],
         resume: [403],
       });
     },
   });
-}
-
-/** Logits of every position of `tokens`, the first `prompt` prefilled in the model's chunks. */
-async function allLogits(
-  name: Name,
-  tokens: number[],
-  prompt: number,
-  opts: RunOptions,
-): Promise<Float32Array> {
-  const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 64, ...opts });
-  try {
-    const parts: Float32Array[] = [];
-    const chunk = model.prefillChunk;
-    for (let p = 0; p < prompt; p += chunk) {
-      parts.push(model.forward(tokens.slice(p, Math.min(p + chunk, prompt)), p, true));
-    }
-    for (let p = prompt; p < tokens.length; p++) parts.push(model.forward([tokens[p]], p));
-    const out = new Float32Array(parts.reduce((a, b) => a + b.length, 0));
-    let o = 0;
-    for (const x of parts) {
-      out.set(x, o);
-      o += x.length;
-    }
-    return out;
-  } finally {
-    model.close();
-  }
-}
-
-/** A prompt of 40 tokens and the engine's greedy continuation, decoded token by token. */
-async function longSequence(name: Name): Promise<{ tokens: number[]; prompt: number }> {
-  const session = await Session.open(await packedFixture(name), { quiet: true });
-  try {
-    const ids = session.tokenize(PROMPTS.slice(0, 4).join(" "));
-    const prompt = ids.slice(0, 40);
-    const tokens = [...prompt];
-    const model = session.model;
-    let logits: Float32Array = new Float32Array();
-    for (let p = 0; p < prompt.length; p++) logits = model.forward([prompt[p]], p);
-    for (let i = 0; i < 12; i++) {
-      tokens.push(argmax(logits));
-      logits = model.forward([tokens[tokens.length - 1]], tokens.length - 1);
-    }
-    return { tokens, prompt: prompt.length };
-  } finally {
-    session.close();
-  }
 }
 
 /**
@@ -302,7 +202,7 @@ function firstTokenWith(
   const edited = structuredClone(cfg);
   edit(edited);
   const ref = new ReferenceModel(edited, (n) => swap(n, weight) ?? weight(n));
-  return referenceGreedy(ref, KNOWN_PROMPT, 2);
+  return referenceGreedy(ref, KNOWN_PROMPT, 2).ids;
 }
 
 Deno.test({
@@ -376,7 +276,7 @@ Deno.test({
   ignore: NAMES.some(ignoreOf),
   fn() {
     const bad = (name: Name, edit: (c: Record<string, unknown>) => void, ...words: string[]) => {
-      const c = hfConfig(name);
+      const c = fixtureConfig(name);
       edit(c);
       assert.throws(
         () => normalizeConfig(c),
@@ -450,7 +350,7 @@ Deno.test({
   fn() {
     // README: 40 layers (30 DeltaNet + 10 full), DeltaNet heads 16 key / 32 value × 128,
     // attention 16/2 × 256.
-    const hf = hfConfig("tiny-qwen3.5-moe");
+    const hf = fixtureConfig("tiny-qwen3.5-moe");
     const t = hf.text_config as Record<string, unknown>;
     Object.assign(t, {
       hidden_size: 2048,

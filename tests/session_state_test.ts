@@ -74,6 +74,28 @@ Deno.test("under a budget that streams experts, warm turns give the resident mod
   }
 });
 
+Deno.test("each turn's compute_ms is its own time less its own I/O wait", async () => {
+  const s = await Session.open(await demoModelPath(true), { ...OPTS, budget: 8 * 2 ** 20 });
+  try {
+    let prompt = s.tokenize("a conversation whose experts are read from disk");
+    let waited = s.stats().io_wait_ms;
+    for (let turn = 0; turn < 3; turn++) {
+      const got = await ids(s, prompt, 10);
+      const st = s.stats();
+      // io_wait_ms is a running count since the load; compute_ms is this turn's alone.
+      const wait = st.io_wait_ms - waited;
+      assert.ok(wait >= 0, `turn ${turn}: io_wait_ms went down`);
+      const want = st.prompt_ms + st.generate_ms - wait;
+      assert.ok(Math.abs(st.compute_ms - want) < 1e-6, `turn ${turn}: ${st.compute_ms} ≠ ${want}`);
+      waited = st.io_wait_ms;
+      prompt = [...prompt, ...got, 17, 18, 19];
+    }
+    assert.ok(waited > 0, "the turns waited for reads, so an earlier turn's wait would show");
+  } finally {
+    s.close();
+  }
+});
+
 Deno.test("a saved session reloads into a fresh process state and continues identically", async () => {
   const model = await demoModelPath(true);
   const path = `${tempDir()}/turn1.session`;

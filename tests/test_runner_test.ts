@@ -1,9 +1,10 @@
 /**
  * `deno task test`'s last line (tools/dev/test.ts): skipped tests counted by the reasons the
- * modules recorded, the rest named as other reasons, and the counts read from a JUnit report.
+ * modules recorded, the rest named as other reasons, and the counts and slowest files read from
+ * a JUnit report.
  */
 import assert from "node:assert/strict";
-import { junitCounts, skipSummary } from "../tools/dev/test.ts";
+import { junitCounts, skipSummary, slowestFiles } from "../tools/dev/test.ts";
 
 Deno.test("skip summary: reasons by count, unrecorded skips as other reasons, none at all", () => {
   const reasons = [
@@ -31,4 +32,24 @@ Deno.test("JUnit report: tests and skipped counted", () => {
     </testsuite>
 </testsuites>`;
   assert.deepEqual(junitCounts(xml), { total: 3, skipped: 2 });
+});
+
+Deno.test("JUnit report: the slowest files by their tests' summed times", () => {
+  const xml = `<testsuites name="deno test" tests="4">
+    <testsuite name="./tests/a_test.ts" tests="2">
+        <testcase name="a1" classname="./tests/a_test.ts" time="1.500"></testcase>
+        <testcase name="a2" classname="./tests/a_test.ts" time="2.000"><skipped/></testcase>
+    </testsuite>
+    <testsuite name="./tests/b_test.ts" tests="1">
+        <testcase name="b" classname="./tests/b_test.ts" time="4.250"></testcase>
+    </testsuite>
+    <testsuite name="./tests/c_test.ts" tests="1">
+        <testcase name="c" classname="./tests/c_test.ts" time="0.100"></testcase>
+    </testsuite>
+</testsuites>`;
+  assert.deepEqual(slowestFiles(xml, 2), [
+    { file: "tests/b_test.ts", seconds: 4.25 },
+    { file: "tests/a_test.ts", seconds: 3.5 },
+  ]);
+  assert.deepEqual(slowestFiles("<testsuites/>", 5), []);
 });

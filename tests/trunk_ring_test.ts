@@ -2,7 +2,7 @@
  * The trunk ring on its own: over several passes through the layers in the forward pass's cyclic
  * order, every acquired layer holds its run's bytes from trunk.bin, whatever the pinned prefix,
  * the number of slots and the read-ahead; pinned layers are hits and the rest are reads, so the
- * hit rate is pinned / layers by construction.
+ * hit rate is pinned / layers by construction; the read-ahead count is of visits it served.
  */
 import assert from "node:assert/strict";
 import { Arena } from "../engine/arena.ts";
@@ -38,6 +38,7 @@ const PLANS = [
   { pinned: 0, slots: 2, readahead: true },
   { pinned: 2, slots: 2, readahead: true },
   { pinned: 2, slots: 3, readahead: false },
+  { pinned: 2, slots: 3, readahead: true },
   { pinned: 4, slots: 1, readahead: true },
   { pinned: 5, slots: 0, readahead: true },
 ];
@@ -67,6 +68,15 @@ for (const plan of PLANS) {
       // The read-ahead after the last layer has already started the next pass's first.
       const ahead = plan.readahead && plan.slots >= 2 && again > 0 ? SIZES[plan.pinned] : 0;
       assert.equal(ring.stats.bytes, pinned + unpinned + again + ahead);
+      // Visits served by the read-ahead: all but the first, unless the slots hold every unpinned
+      // layer, when only the first pass reads (later visits find their layer still there).
+      const n = runs.length - plan.pinned;
+      const readahead = !plan.readahead || plan.slots < 2
+        ? 0
+        : plan.slots >= n
+        ? n - 1
+        : passes * n - 1;
+      assert.equal(ring.stats.readahead, readahead);
       ring.abandon();
     } finally {
       reader.close();

@@ -157,13 +157,17 @@ export class Lookahead {
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
   /** Decides whether predictions are read. */
   readonly gate = new SpeculationGate();
+  /**
+   * Where the gate's costs come from: the store's measurements. Tests pin them here, so what the
+   * gate decides does not hang on how busy the machine was while the store measured.
+   */
+  costs: () => SpeculationCosts;
   #ops: Ops;
   #cfg: ModelConfig;
   #routers: (ResidentRouter | null)[];
   #target: Speculator;
   #n: number;
   #logits: number;
-  /** Each predicted layer's guesses, best first. */
   /** Per MoE layer: each token's predicted experts, scored when that layer routes. */
   #pending = new Map<number, number[][]>();
   /**
@@ -185,6 +189,7 @@ export class Lookahead {
     this.#routers = routers;
     this.#target = target;
     this.#n = n;
+    this.costs = () => target.speculationCosts;
     this.#logits = arena.alloc("lookahead logits", (cfg.moe?.numExperts ?? 1) * 4);
   }
 
@@ -229,7 +234,7 @@ export class Lookahead {
       guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, this.#n).ids);
     }
     this.#pending.set(next, guesses);
-    const read = this.gate.decide(this.#target.speculationCosts, guesses[0].length);
+    const read = this.gate.decide(this.costs(), guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
       return;

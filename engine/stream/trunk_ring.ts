@@ -35,9 +35,9 @@ const REQUEST_BYTES = 4 << 20;
 export interface TrunkStats {
   /** Layer visits served from a pinned layer. */
   hits: number;
-  /** Layer visits that needed a read (issued ahead or on demand). */
+  /** Layer visits to unpinned layers (read ahead, on demand, or still in their slot). */
   reads: number;
-  /** Of those, reads issued ahead by the read-ahead. */
+  /** Of those, visits whose layer the read-ahead had read into its slot. */
   readahead: number;
   /** Bytes read from trunk.bin. */
   bytes: number;
@@ -51,6 +51,8 @@ interface Slot {
   tickets: ReadTicket[];
   inUse: boolean;
   lastUse: number;
+  /** Holds a layer the read-ahead read that no visit has used yet. */
+  ahead: boolean;
 }
 
 /** Pinned prefix + ring slots over trunk.bin. */
@@ -82,7 +84,7 @@ export class TrunkRing implements TrunkSource {
     const slotBytes = Math.max(0, ...runs.slice(plan.pinned).map((r) => r.bytes));
     for (let s = 0; s < (plan.pinned < runs.length ? plan.slots : 0); s++) {
       const offset = arena.alloc(`trunk ring slot ${s}`, slotBytes);
-      this.#slots.push({ offset, layer: -1, tickets: [], inUse: false, lastUse: -1 });
+      this.#slots.push({ offset, layer: -1, tickets: [], inUse: false, lastUse: -1, ahead: false });
     }
   }
 
@@ -113,6 +115,7 @@ export class TrunkRing implements TrunkSource {
   #load(slot: Slot, layer: number, priority: ReadPriority): void {
     slot.layer = layer;
     slot.tickets = this.#readRun(layer, slot.offset, priority);
+    slot.ahead = priority === ReadPriority.AHEAD;
   }
 
   acquire(layer: number): LayerWeights {
@@ -123,7 +126,9 @@ export class TrunkRing implements TrunkSource {
     this.stats.reads++;
     const slot = this.#slotFor(layer);
     if (slot.layer !== layer) this.#load(slot, layer, ReadPriority.DEMAND);
-    else this.stats.readahead++;
+    // A layer still in its slot from an earlier visit was not read ahead for this one.
+    else if (slot.ahead) this.stats.readahead++;
+    slot.ahead = false;
     const t0 = performance.now();
     const landed = slot.tickets.length > 0;
     waitAll(this.#reader, slot.tickets, `trunk layer ${layer}`);

@@ -118,10 +118,26 @@ export interface RunProbe {
   ioWaitMs: number;
 }
 
+/** One generation of the probe: its forward passes and their compute and I/O wait in ms. */
+export interface ProbeSample {
+  passes: number;
+  computeMs: number;
+  ioWaitMs: number;
+}
+
 /**
- * Runs the model at `budget` on this machine: three short greedy runs from BOS give the compute
- * time per pass (all three: a shared machine's load is part of what a run gets) and the first,
- * from a cold cache, the I/O wait of this model's real routing on this disk.
+ * The probe from its generations: compute per pass over all of them (a shared machine's load is
+ * part of what a run gets), I/O wait per pass of the first, the one from a cold cache.
+ */
+export function probeOf(runs: readonly ProbeSample[]): RunProbe {
+  const passes = runs.reduce((n, r) => n + r.passes, 0);
+  const compute = runs.reduce((n, r) => n + r.computeMs, 0);
+  return { computeMs: compute / passes, ioWaitMs: runs[0].ioWaitMs / runs[0].passes };
+}
+
+/**
+ * Runs the model at `budget` on this machine: three short greedy generations from BOS, measured
+ * as {@link probeOf} combines them, this model's real routing on this disk.
  */
 export async function probeRun(
   path: string,
@@ -132,25 +148,24 @@ export async function probeRun(
   try {
     const start = [session.tokenizer.bosId ?? session.model.cfg.bosId ?? 0];
     const opts = { maxTokens: PROBE_TOKENS, ignoreEos: true, temperature: 0 };
-    let computeMs = 0;
-    let passesRun = 0;
-    let ioWaitMs: number | undefined;
-    // The I/O wait counts from the load; the times, per generation.
+    const runs: ProbeSample[] = [];
+    // io_wait_ms counts from the load; the rest, per generation.
     let waited = session.stats().io_wait_ms;
     for (let run = 0; run < 3; run++) {
       for await (const _ of session.generate(start, opts)) {
         // Only the timings count.
       }
       const s = session.stats();
-      // The last sampled token is not run: prompt + generated − 1 forward passes.
-      const passes = Math.max(1, s.prompt_tokens + s.generated_tokens - 1);
-      const wait = s.io_wait_ms - waited;
+      const ioWaitMs = s.io_wait_ms - waited;
       waited = s.io_wait_ms;
-      computeMs += s.prompt_ms + s.generate_ms - wait;
-      passesRun += passes;
-      ioWaitMs ??= wait / passes;
+      runs.push({
+        // The last sampled token is not run: prompt + generated − 1 forward passes.
+        passes: Math.max(1, s.prompt_tokens + s.generated_tokens - 1),
+        computeMs: s.compute_ms,
+        ioWaitMs,
+      });
     }
-    return { computeMs: computeMs / passesRun, ioWaitMs: ioWaitMs! };
+    return probeOf(runs);
   } finally {
     session.close();
   }
@@ -249,6 +264,7 @@ export async function doctorCommand(args: string[]): Promise<number> {
       layers: cfg.numLayers,
       expertSlots: plan.expertSlots,
       totalExperts: plan.totalExperts,
+      probe: probe ?? null,
       estimate,
     };
   }

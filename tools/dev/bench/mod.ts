@@ -103,6 +103,16 @@ export const BENCHES: Record<string, BenchEntry> = {
     ],
     load: () => import("./grammar.ts"),
   },
+  doctor: {
+    summary: "doctor's tok/s estimate against generate's measured decode tok/s at the same " +
+      "budget (demo model, and the stories260k-moe fixture), with the 1.5× target",
+    options: [
+      "--repeat N   generate runs per case; the median is kept (default 3)",
+      "--tokens N   decode tokens per generate run (default 100)",
+      "--json       print the report as JSON",
+    ],
+    load: () => import("./doctor.ts"),
+  },
   serve: {
     summary: "the HTTP server's decode (JSON and SSE) against Session.generate, and what the " +
       "prompt cache saves over a conversation, with targets",

@@ -28,7 +28,8 @@ import { parseSize } from "../../synth.ts";
 import { cgroupCommand, createCgroup, type MemoryCgroup, removeCgroup } from "./cgroup.ts";
 
 const MOD = fileURLToPath(new URL("../../../mod.ts", import.meta.url));
-const SHARED = fileURLToPath(new URL("../../../../shared/models/", import.meta.url));
+/** The shared fixtures folder (../shared/models beside the repo). */
+export const SHARED = fileURLToPath(new URL("../../../../shared/models/", import.meta.url));
 
 /** One configuration's median run. */
 export interface SpecRun {
@@ -50,11 +51,15 @@ interface ChildStats {
   stats: Record<string, number>;
 }
 
-/** A fixture packed once under the bench cache. */
-async function packed(cacheDir: string, name: string, log: (s: string) => void): Promise<string> {
+/** A fixture of {@link SHARED} packed once under the bench cache `cacheDir`. */
+export async function packed(
+  cacheDir: string,
+  name: string,
+  log: (s: string) => void,
+): Promise<string> {
   const out = `${cacheDir}/${name}.sluice`;
   if (!existsSync(`${out}/manifest.json`)) {
-    log(`bench spec: packing ${name}`);
+    log(`bench: packing ${name}`);
     mkdirSync(cacheDir, { recursive: true });
     await packCheckpoint(`${SHARED}${name}`, out, { progress: "off", log: () => {} });
   }
