@@ -28,8 +28,10 @@
 #include "math.h"
 
 /*
- * out[d] = out[d]·alpha + Σ_t p[t]·v_t[d], summed in t order for every d (vector and scalar
- * alike); alpha = 1 continues a sum exactly, so two calls over consecutive segments equal one.
+ * out[d] = out[d]·alpha, then out[d] = p[t]·v_t[d] + out[d] (relaxed madd, as the dots) for t in
+ * order, for every d; alpha = 1 continues a sum exactly, so two calls over consecutive segments
+ * equal one. weighted_value_sum2 does the same for two heads of one kv head, sharing each load of
+ * v; a head's lanes see the same operations in either, so pairing never changes a result.
  */
 static inline void weighted_value_sum(const float *p, const float *v, size_t v_stride, int T,
                                       int dim, float *out, float alpha) {
@@ -43,10 +45,10 @@ static inline void weighted_value_sum(const float *p, const float *v, size_t v_s
     for (int t = 0; t < T; t++) {
       const float *vt = v + (size_t)t * v_stride + d;
       v128_t pt = wasm_f32x4_splat(p[t]);
-      o0 = wasm_f32x4_add(o0, wasm_f32x4_mul(pt, wasm_v128_load(vt)));
-      o1 = wasm_f32x4_add(o1, wasm_f32x4_mul(pt, wasm_v128_load(vt + 4)));
-      o2 = wasm_f32x4_add(o2, wasm_f32x4_mul(pt, wasm_v128_load(vt + 8)));
-      o3 = wasm_f32x4_add(o3, wasm_f32x4_mul(pt, wasm_v128_load(vt + 12)));
+      o0 = MADD(pt, wasm_v128_load(vt), o0);
+      o1 = MADD(pt, wasm_v128_load(vt + 4), o1);
+      o2 = MADD(pt, wasm_v128_load(vt + 8), o2);
+      o3 = MADD(pt, wasm_v128_load(vt + 12), o3);
     }
     wasm_v128_store(out + d, o0);
     wasm_v128_store(out + d + 4, o1);
@@ -56,14 +58,59 @@ static inline void weighted_value_sum(const float *p, const float *v, size_t v_s
   for (; d + 4 <= dim; d += 4) {
     v128_t o = wasm_f32x4_mul(wasm_v128_load(out + d), a4);
     for (int t = 0; t < T; t++)
-      o = wasm_f32x4_add(o, wasm_f32x4_mul(wasm_f32x4_splat(p[t]),
-                                           wasm_v128_load(v + (size_t)t * v_stride + d)));
+      o = MADD(wasm_f32x4_splat(p[t]), wasm_v128_load(v + (size_t)t * v_stride + d), o);
     wasm_v128_store(out + d, o);
   }
+  /* The last 1-3 dims run as lane 0 of a vector, so they see the same madd as the rest. */
   for (; d < dim; d++) {
-    float o = out[d] * alpha;
-    for (int t = 0; t < T; t++) o = o + p[t] * v[(size_t)t * v_stride + d];
-    out[d] = o;
+    v128_t o = wasm_f32x4_mul(wasm_f32x4_splat(out[d]), a4);
+    for (int t = 0; t < T; t++)
+      o = MADD(wasm_f32x4_splat(p[t]), wasm_f32x4_splat(v[(size_t)t * v_stride + d]), o);
+    out[d] = lane0(o);
+  }
+}
+
+static inline void weighted_value_sum2(const float *pa, const float *pb, const float *v,
+                                       size_t v_stride, int T, int dim, float *oa, float *ob,
+                                       float alpha_a, float alpha_b) {
+  v128_t aa = wasm_f32x4_splat(alpha_a), ab = wasm_f32x4_splat(alpha_b);
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    v128_t a0 = wasm_f32x4_mul(wasm_v128_load(oa + d), aa);
+    v128_t a1 = wasm_f32x4_mul(wasm_v128_load(oa + d + 4), aa);
+    v128_t a2 = wasm_f32x4_mul(wasm_v128_load(oa + d + 8), aa);
+    v128_t a3 = wasm_f32x4_mul(wasm_v128_load(oa + d + 12), aa);
+    v128_t b0 = wasm_f32x4_mul(wasm_v128_load(ob + d), ab);
+    v128_t b1 = wasm_f32x4_mul(wasm_v128_load(ob + d + 4), ab);
+    v128_t b2 = wasm_f32x4_mul(wasm_v128_load(ob + d + 8), ab);
+    v128_t b3 = wasm_f32x4_mul(wasm_v128_load(ob + d + 12), ab);
+    for (int t = 0; t < T; t++) {
+      const float *vt = v + (size_t)t * v_stride + d;
+      v128_t x = wasm_f32x4_splat(pa[t]), y = wasm_f32x4_splat(pb[t]);
+      v128_t v0 = wasm_v128_load(vt), v1 = wasm_v128_load(vt + 4);
+      a0 = MADD(x, v0, a0);
+      b0 = MADD(y, v0, b0);
+      a1 = MADD(x, v1, a1);
+      b1 = MADD(y, v1, b1);
+      v128_t v2 = wasm_v128_load(vt + 8), v3 = wasm_v128_load(vt + 12);
+      a2 = MADD(x, v2, a2);
+      b2 = MADD(y, v2, b2);
+      a3 = MADD(x, v3, a3);
+      b3 = MADD(y, v3, b3);
+    }
+    wasm_v128_store(oa + d, a0);
+    wasm_v128_store(oa + d + 4, a1);
+    wasm_v128_store(oa + d + 8, a2);
+    wasm_v128_store(oa + d + 12, a3);
+    wasm_v128_store(ob + d, b0);
+    wasm_v128_store(ob + d + 4, b1);
+    wasm_v128_store(ob + d + 8, b2);
+    wasm_v128_store(ob + d + 12, b3);
+  }
+  /* The rest of the dims (fewer than 16) one head at a time, as weighted_value_sum does them. */
+  if (d < dim) {
+    weighted_value_sum(pa, v + d, v_stride, T, dim - d, oa + d, alpha_a);
+    weighted_value_sum(pb, v + d, v_stride, T, dim - d, ob + d, alpha_b);
   }
 }
 
@@ -76,17 +123,14 @@ static inline void key_scores(const float *k, size_t k_stride, const float *q, i
 }
 
 /*
- * One query head over positions x0 .. x1 (one tile's share): scores into s (padded to a multiple
- * of 4 with −∞), then the online update of the running max *m, sum *l and output o.
+ * One query head over positions x0 .. x0 + n − 1 (one tile's share), whose keys start at slot a
+ * and run `first` slots before the ring wraps to slot 0: the weights e^(s − m') into s (padded to
+ * a multiple of 4), the running max *m and sum *l updated; returns e^(m − m'), the factor the
+ * output is rescaled by.
  */
-static inline void attend_tile(const float *qh, const float *k, const float *v, int x0, int x1,
-                               int slots, size_t k_stride, size_t v_stride, int head_dim,
-                               int v_head_dim, float scale, float *s, float *m, float *l,
-                               float *o) {
-  int n = x1 - x0 + 1;
-  /* A ring wraps at most once inside a tile: slots [a, slots) then [0, ...). */
-  int a = slots > 0 ? x0 % slots : x0;
-  int first = slots > 0 && a + n > slots ? slots - a : n;
+static inline float tile_weights(const float *qh, const float *k, int n, int a, int first,
+                                 size_t k_stride, int head_dim, float scale, float *s, float *m,
+                                 float *l) {
   key_scores(k + (size_t)a * k_stride, k_stride, qh, head_dim, first, s);
   key_scores(k, k_stride, qh, head_dim, n - first, s + first);
   int n4 = (n + 3) & ~3;
@@ -109,8 +153,7 @@ static inline void attend_tile(const float *qh, const float *k, const float *v, 
   }
   *l = *l * alpha + hsum_f32x4(sum);
   *m = mnew;
-  weighted_value_sum(s, v + (size_t)a * v_stride, v_stride, first, v_head_dim, o, alpha);
-  if (n > first) weighted_value_sum(s + first, v, v_stride, n - first, v_head_dim, o, 1.0f);
+  return alpha;
 }
 
 KEXPORT("attention_f32")
@@ -145,13 +188,35 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
       int s = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
       int x0 = x > s ? x : s, x1 = x + tile - 1 < p ? x + tile - 1 : p;
       if (x0 > x1) continue;
+      int n = x1 - x0 + 1;
+      /* A ring wraps at most once inside a tile: slots [a, slots) then [0, ...). */
+      int a = slots > 0 ? x0 % slots : x0;
+      int first = slots > 0 && a + n > slots ? slots - a : n;
+      const float *qi = q + (size_t)i * q_stride;
+      float *oi = out + (size_t)i * out_stride;
       for (int h = h0; h < h1; h++) {
         int g = h / group;
+        const float *kg = kcache + (size_t)g * head_dim, *vg = vcache + (size_t)g * v_head_dim;
         float *sh = scratch + (size_t)h * per_head;
-        attend_tile(q + (size_t)i * q_stride + (size_t)h * head_dim, kcache + (size_t)g * head_dim,
-                    vcache + (size_t)g * v_head_dim, x0, x1, slots, k_stride, v_stride, head_dim,
-                    v_head_dim, scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i,
-                    out + (size_t)i * out_stride + (size_t)h * v_head_dim);
+        float alpha = tile_weights(qi + (size_t)h * head_dim, kg, n, a, first, k_stride, head_dim,
+                                   scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
+        float *oh = oi + (size_t)h * v_head_dim;
+        if (h + 1 < h1 && (h + 1) / group == g) {
+          /* The next head reads the same kv head: both share each load of the values. */
+          float *sh2 = sh + per_head, *oh2 = oh + v_head_dim;
+          float alpha2 =
+              tile_weights(qi + (size_t)(h + 1) * head_dim, kg, n, a, first, k_stride, head_dim,
+                           scale, sh2, sh2 + tile4 + i, sh2 + tile4 + n_tok + i);
+          weighted_value_sum2(sh, sh2, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh,
+                              oh2, alpha, alpha2);
+          if (n > first)
+            weighted_value_sum2(sh + first, sh2 + first, vg, v_stride, n - first, v_head_dim, oh,
+                                oh2, 1.0f, 1.0f);
+          h++;
+          continue;
+        }
+        weighted_value_sum(sh, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh, alpha);
+        if (n > first) weighted_value_sum(sh + first, vg, v_stride, n - first, v_head_dim, oh, 1.0f);
       }
     }
   }
