@@ -38,7 +38,7 @@ export interface AttentionShape {
   scale: number;
 }
 
-/** One attention call over consecutive tokens (see {@link Ops.attention}). */
+/** One attention call over consecutive tokens of one sequence (see {@link Ops.attention}). */
 export interface AttentionCall {
   shape: AttentionShape;
   q: number;
@@ -47,18 +47,34 @@ export interface AttentionCall {
   v: number;
   out: number;
   outStride: number;
-  scores: number;
-  scoresPerToken: number;
-  scoreTokens: number;
-  /** Keys token i attends to (its own included). */
-  lengths: number[];
-  /**
-   * A ring cache of `slots` positions (a sliding-window layer): token i's oldest key is in slot
-   * first[i]. Absent: a linear cache whose slot t is position t.
-   */
-  ring?: { slots: number; first: number[] };
+  /** Arena offset of `attentionScratchBytes(shape.nHeads, tokens)` bytes (parts/scratch.ts). */
+  scratch: number;
+  /** Position of the first token; token i, at pos + i, attends to its own key and earlier ones. */
+  pos: number;
+  tokens: number;
+  /** A sliding window: position p sees p − window + 1 .. p. Absent or 0: every earlier position. */
+  window?: number;
+  /** A ring cache of `slots` positions: position x's key is in slot x mod slots. Absent: slot x. */
+  slots?: number;
   /** Arena offset of one sink logit per query head (gpt-oss), or absent. */
   sinks?: number;
+}
+
+/**
+ * Key positions per attention tile: tiles start at multiples of this, and a query's result
+ * depends on it (kernels/attention.c), so every call uses the same.
+ */
+export const ATTENTION_TILE = 64;
+
+/** Query tokens one attention job takes. */
+export const ATTENTION_TOKENS = 16;
+
+/** Attention jobs one dispatch runs at once, each on its own slice of the scratch. */
+export const ATTENTION_JOBS = 8;
+
+/** Floats of one attention job's scratch: per query head a tile of scores, a max and a sum per token. */
+export function attentionJobFloats(nHeads: number): number {
+  return nHeads * (Math.ceil(ATTENTION_TILE / 4) * 4 + 2 * ATTENTION_TOKENS);
 }
 
 /**
@@ -396,44 +412,54 @@ export class Ops {
   }
 
   /**
-   * Causal attention for consecutive tokens: token i's query at `q + i·qStride` floats attends to
-   * `lengths[i]` cached positions (the first ones, or in a ring from slot `ring.first[i]`) and
-   * writes its heads to `out + i·outStride`. `scores`
-   * holds `scoreTokens` buffers of `scoresPerToken` floats, so that many tokens run per dispatch.
+   * Causal attention for consecutive tokens in key tiles (kernels/attention.c): token i's query at
+   * `q + i·qStride` floats attends to the cached positions it sees and writes its heads to
+   * `out + i·outStride`. Jobs of {@link ATTENTION_TOKENS} tokens, each split by heads over the
+   * pool, run {@link ATTENTION_JOBS} to a dispatch, each on its own slice of `scratch`.
    */
   attention(a: AttentionCall): void {
-    const { shape: s, lengths } = a;
-    const perDispatch = Math.max(1, Math.min(MAX_JOBS, a.scoreTokens));
-    for (let i0 = 0; i0 < lengths.length; i0 += perDispatch) {
-      const jobs: Job[] = [];
-      let work = 0;
-      for (let i = i0; i < Math.min(lengths.length, i0 + perDispatch); i++) {
-        const T = lengths[i];
-        jobs.push({
-          kernel: "attention_f32",
-          args: [
-            BigInt(a.q + i * a.qStride * 4),
-            BigInt(a.k),
-            BigInt(a.v),
-            BigInt(a.out + i * a.outStride * 4),
-            BigInt(a.scores + (i - i0) * a.scoresPerToken * 4),
-            s.nHeads,
-            s.nKvHeads,
-            s.headDim,
-            s.vHeadDim,
-            T,
-            s.kStride,
-            s.vStride,
-            s.scale,
-            BigInt(a.sinks ?? 0),
-            a.ring ? a.ring.first[i] : 0,
-            a.ring ? a.ring.slots : T,
-          ],
-          rows: s.nHeads,
-        });
-        work += s.nHeads * T * (s.headDim + s.vHeadDim);
+    const s = a.shape, window = a.window ?? 0, slots = a.slots ?? 0;
+    const seen = (p: number) => window > 0 ? Math.min(p + 1, window) : p + 1;
+    if (slots > 0 && seen(a.pos + a.tokens - 1) > slots) {
+      throw new Error(`attention: a ring of ${slots} slots cannot hold a query's keys`);
+    }
+    const jobBytes = attentionJobFloats(s.nHeads) * 4;
+    let jobs: Job[] = [];
+    let work = 0;
+    for (let i = 0; i < a.tokens; i += ATTENTION_TOKENS) {
+      const n = Math.min(ATTENTION_TOKENS, a.tokens - i);
+      jobs.push({
+        kernel: "attention_f32",
+        args: [
+          BigInt(a.q + i * a.qStride * 4),
+          a.qStride,
+          BigInt(a.k),
+          BigInt(a.v),
+          BigInt(a.out + i * a.outStride * 4),
+          a.outStride,
+          n,
+          a.pos + i,
+          window,
+          slots,
+          s.nHeads,
+          s.nKvHeads,
+          s.headDim,
+          s.vHeadDim,
+          s.kStride,
+          s.vStride,
+          s.scale,
+          BigInt(a.sinks ?? 0),
+          ATTENTION_TILE,
+          BigInt(a.scratch + jobs.length * jobBytes),
+        ],
+        rows: s.nHeads,
+      });
+      work += s.nHeads * n * seen(a.pos + i + n - 1) * (s.headDim + s.vHeadDim);
+      if (jobs.length === ATTENTION_JOBS || i + n >= a.tokens) {
+        this.pool.run(jobs, work);
+        jobs = [];
+        work = 0;
       }
-      this.pool.run(jobs, work);
     }
   }
 

@@ -12,6 +12,7 @@ import {
 import {
   addRef,
   argmaxRef,
+  type AttentionKeys,
   attentionRef,
   type AttentionShape,
   attnResRef,
@@ -497,110 +498,216 @@ Deno.test("topk_f32: descending order, ties to the lower index, NaN first, -1 be
   assert.deepEqual(Array.from(runTopk(Float32Array.of(3, 4), 4)), [1, 0, -1, -1]);
 });
 
+/** One attention case: shape, tile, the call's tokens and where their keys are. */
+interface AttentionCase {
+  s: AttentionShape;
+  tile: number;
+  pos0: number;
+  tokens: number;
+  keys: AttentionKeys;
+  /** Values are the keys' leading vHeadDim floats (MLA's latent cache). */
+  kIsV?: boolean;
+}
+
+/** Query and output rows are padded so strides differ from the head sizes. */
+const Q_PAD = 3, OUT_PAD = 5;
+
+/** Cache slots a case reads: its ring, or every position up to its last token. */
+function cacheSlots(c: AttentionCase): number {
+  return c.keys.slots || c.pos0 + c.tokens;
+}
+
+/**
+ * attention_f32 over tokens [t0, t1) of case c (all its queries in qs, rows of nHeads·headDim +
+ * Q_PAD), heads split at `splits`; returns (t1 − t0) rows of nHeads·vHeadDim floats. The scratch
+ * starts as NaN: nothing may be read before it is written.
+ */
 function runAttention(
-  s: AttentionShape,
+  c: AttentionCase,
   qs: Float32Array,
   ks: Float32Array,
   vs: Float32Array,
+  t0: number,
+  t1: number,
   splits: number[],
-  extra: { sinks?: Float32Array; ring?: { first: number; slots: number } } = {},
 ): Float32Array {
   reset();
-  const q = putF32(qs), kc = putF32(ks), vc = putF32(vs);
-  const sinks = extra.sinks ? putF32(extra.sinks) : 0n;
-  const out = alloc(s.nHeads * s.vHeadDim * 4), scores = alloc(s.nHeads * s.T * 4);
+  const s = c.s, n = t1 - t0, qStride = s.nHeads * s.headDim + Q_PAD;
+  const oStride = s.nHeads * s.vHeadDim + OUT_PAD;
+  const q = putF32(qs.subarray(t0 * qStride)), kc = putF32(ks);
+  const vc = c.kIsV ? kc : putF32(vs);
+  const sinks = c.keys.sinks ? putF32(c.keys.sinks) : 0n;
+  const out = alloc(n * oStride * 4);
+  const scratch = putF32(
+    new Float32Array(s.nHeads * (Math.ceil(c.tile / 4) * 4 + 2 * n)).fill(NaN),
+  );
   for (let i = 0; i + 1 < splits.length; i++) {
     k.attention_f32(
       q,
+      qStride,
       kc,
       vc,
       out,
-      scores,
+      oStride,
+      n,
+      c.pos0 + t0,
+      c.keys.window ?? 0,
+      c.keys.slots ?? 0,
       s.nHeads,
       s.nKvHeads,
       s.headDim,
       s.vHeadDim,
-      s.T,
       s.kStride,
       s.vStride,
       s.scale,
       sinks,
-      extra.ring?.first ?? 0,
-      extra.ring?.slots ?? s.T,
+      c.tile,
+      scratch,
       splits[i],
       splits[i + 1],
     );
   }
-  return Float32Array.from(f32At(out, s.nHeads * s.vHeadDim));
+  const rows = f32At(out, n * oStride);
+  const w = s.nHeads * s.vHeadDim;
+  return Float32Array.from({ length: n * w }, (_, i) => rows[Math.floor(i / w) * oStride + i % w]);
 }
 
-Deno.test("attention_f32 (GQA and MLA-like shapes) matches the reference for any head split", () => {
-  const shapes: AttentionShape[] = [
-    // GQA: 4 query heads over 2 kv heads, padded cache rows.
-    { nHeads: 4, nKvHeads: 2, headDim: 17, vHeadDim: 17, T: 5, kStride: 40, vStride: 36, scale: 0 },
+/** Cases at awkward sizes: tiles of 1, 3, 5 and 64 positions cut mid-call, GQA ratios, rings. */
+function attentionCases(): AttentionCase[] {
+  const shape = (nHeads: number, nKvHeads: number, headDim: number, vHeadDim = headDim) => ({
+    nHeads,
+    nKvHeads,
+    headDim,
+    vHeadDim,
+    kStride: nKvHeads * headDim,
+    vStride: nKvHeads * vHeadDim,
+    scale: 1 / Math.sqrt(headDim),
+  });
+  return [
+    // GQA 2:1 over padded cache rows, a tile of 5 cut by 13 tokens from position 0.
     {
-      nHeads: 6,
-      nKvHeads: 1,
-      headDim: 64,
-      vHeadDim: 64,
-      T: 33,
-      kStride: 64,
-      vStride: 64,
-      scale: 0,
+      s: { ...shape(4, 2, 17), kStride: 40, vStride: 36 },
+      tile: 5,
+      pos0: 0,
+      tokens: 13,
+      keys: {},
     },
-    { nHeads: 2, nKvHeads: 2, headDim: 8, vHeadDim: 8, T: 1, kStride: 16, vStride: 16, scale: 0 },
-    // MLA-like: value head smaller than the key head, one shared latent head.
-    { nHeads: 3, nKvHeads: 1, headDim: 24, vHeadDim: 19, T: 9, kStride: 24, vStride: 19, scale: 0 },
+    // 6:1 across the 64-position tile boundary the engine uses.
+    { s: shape(6, 1, 64), tile: 64, pos0: 60, tokens: 9, keys: {} },
+    // 2:1 over three tiles of 64.
+    { s: shape(8, 4, 32), tile: 64, pos0: 130, tokens: 3, keys: {} },
+    // A window of 4 in a ring of 4 + 6 − 1 slots that wraps, tiles of 3, 6:3.
+    { s: shape(6, 3, 8), tile: 3, pos0: 5, tokens: 6, keys: { window: 4, slots: 9 } },
+    // One-position tiles, 1:1, with sinks.
+    {
+      s: shape(4, 4, 12),
+      tile: 1,
+      pos0: 2,
+      tokens: 5,
+      keys: { sinks: Float32Array.of(0.5, -1, 2, 0) },
+    },
+    // Sinks, a window wider than a tile, a ring, 2:1.
+    {
+      s: shape(4, 2, 16),
+      tile: 4,
+      pos0: 9,
+      tokens: 7,
+      keys: { window: 6, slots: 12, sinks: Float32Array.of(1, -2, 0.25, 3) },
+    },
+    // MLA-like: one latent head shared by 3, values the keys' leading 19 floats.
+    {
+      s: { ...shape(3, 1, 24, 19), vStride: 24 },
+      tile: 5,
+      pos0: 3,
+      tokens: 8,
+      keys: {},
+      kIsV: true,
+    },
   ];
-  for (const s of shapes) {
-    s.scale = 1 / Math.sqrt(s.headDim);
-    const qs = randomF32(s.nHeads * s.headDim, s.T, -2, 2);
-    const ks = randomF32(s.T * s.kStride, s.T + 1, -2, 2);
-    const vs = randomF32(s.T * s.vStride, s.T + 2);
-    const got = runAttention(s, qs, ks, vs, [0, s.nHeads]);
-    const want = attentionRef(qs, ks, vs, s);
-    assertClose(got, want, 1e-5, new Array(want.length).fill(1), `attention ${JSON.stringify(s)}`);
-    const perHead = Array.from({ length: s.nHeads + 1 }, (_, i) => i);
-    assert.deepEqual(bitsOf(runAttention(s, qs, ks, vs, perHead)), bitsOf(got), "head split");
-  }
+}
+
+/** A case's queries, keys and values (deterministic). */
+function attentionData(c: AttentionCase, seed: number) {
+  const s = c.s, slots = cacheSlots(c);
+  const qs = randomF32(c.tokens * (s.nHeads * s.headDim + Q_PAD), seed, -2, 2);
+  const ks = randomF32(slots * s.kStride, seed + 1, -2, 2);
+  const vs = c.kIsV ? ks : randomF32(slots * s.vStride, seed + 2);
+  return { qs, ks, vs };
+}
+
+Deno.test("attention_f32 in tiles matches the float64 softmax at tile boundaries, GQA, windows, rings and sinks", () => {
+  attentionCases().forEach((c, n) => {
+    const { qs, ks, vs } = attentionData(c, 10 * n + 1);
+    const s = c.s, w = s.nHeads * s.vHeadDim, qStride = s.nHeads * s.headDim + Q_PAD;
+    const got = runAttention(c, qs, ks, vs, 0, c.tokens, [0, s.nHeads]);
+    for (let i = 0; i < c.tokens; i++) {
+      const q = qs.subarray(i * qStride, i * qStride + s.nHeads * s.headDim);
+      const want = attentionRef(q, ks, vs, s, c.pos0 + i, c.keys);
+      assertClose(
+        got.subarray(i * w, (i + 1) * w),
+        want,
+        2e-6,
+        new Array(w).fill(1),
+        `case ${n} token ${i}`,
+      );
+    }
+  });
 });
 
-Deno.test("attention_f32 with sinks and a wrapping ring cache matches the reference", () => {
-  const s: AttentionShape = {
-    nHeads: 4,
-    nKvHeads: 2,
-    headDim: 16,
-    vHeadDim: 16,
-    T: 7,
-    kStride: 32,
-    vStride: 32,
-    scale: 0.25,
-  };
-  const slots = 10;
-  const qs = randomF32(s.nHeads * s.headDim, 3, -2, 2);
-  const ks = randomF32(slots * s.kStride, 4, -2, 2);
-  const vs = randomF32(slots * s.vStride, 5);
-  const sinks = Float32Array.of(0.5, -1, 2, 0);
-  const ones = new Array(s.nHeads * s.vHeadDim).fill(1);
-  for (const first of [0, 3, 6, 9]) {
-    const ring = { first, slots };
-    const got = runAttention(s, qs, ks, vs, [0, s.nHeads], { sinks, ring });
-    const want = attentionRef(qs, ks, vs, s, { sinks, ring });
-    assertClose(got, want, 1e-5, ones, `ring first ${first}`);
-    const split = runAttention(s, qs, ks, vs, [0, 1, 3, 4], { sinks, ring });
-    assert.deepEqual(bitsOf(split), bitsOf(got), `ring first ${first}: head split`);
-    // A sink takes probability mass away from every key: dropping it changes the output.
-    const noSink = runAttention(s, qs, ks, vs, [0, s.nHeads], { ring });
-    const moved = Math.max(...noSink.map((v, i) => Math.abs(v - got[i])));
-    assert.ok(moved > 1e-3, `ring first ${first}: the sinks had no effect`);
-  }
-  // A ring that does not wrap is the linear cache bit for bit.
-  const linear = runAttention(s, qs, ks.subarray(2 * s.kStride), vs.subarray(2 * s.vStride), [
+Deno.test("attention_f32: a query's bits do not depend on the tokens or heads that share its call", () => {
+  attentionCases().forEach((c, n) => {
+    const { qs, ks, vs } = attentionData(c, 10 * n + 1);
+    const s = c.s, w = s.nHeads * s.vHeadDim, all = [0, s.nHeads];
+    const whole = runAttention(c, qs, ks, vs, 0, c.tokens, all);
+    // Token by token, as decode runs them.
+    for (let i = 0; i < c.tokens; i++) {
+      const one = runAttention(c, qs, ks, vs, i, i + 1, all);
+      assert.deepEqual(
+        bitsOf(one),
+        bitsOf(whole.subarray(i * w, (i + 1) * w)),
+        `case ${n} token ${i}`,
+      );
+    }
+    // Two calls cut mid-tile, and heads split unevenly between workers.
+    const cut = Math.floor(c.tokens / 2);
+    const halves = new Float32Array(whole.length);
+    halves.set(runAttention(c, qs, ks, vs, 0, cut, all));
+    halves.set(runAttention(c, qs, ks, vs, cut, c.tokens, all), cut * w);
+    assert.deepEqual(bitsOf(halves), bitsOf(whole), `case ${n}: two calls`);
+    const split = [0, 1, ...(s.nHeads > 3 ? [3] : []), s.nHeads];
+    const heads = runAttention(c, qs, ks, vs, 0, c.tokens, split);
+    assert.deepEqual(bitsOf(heads), bitsOf(whole), `case ${n}: head split`);
+  });
+});
+
+Deno.test("attention_f32: a ring holds the linear cache's results bit for bit; sinks move mass", () => {
+  const c = attentionCases()[5];
+  const { qs, ks, vs } = attentionData(c, 7);
+  const s = c.s, slots = c.keys.slots!, last = c.pos0 + c.tokens - 1;
+  const got = runAttention(c, qs, ks, vs, 0, c.tokens, [0, s.nHeads]);
+  // The same keys at slot = position in a linear cache.
+  const lin = (a: Float32Array, stride: number) =>
+    Float32Array.from(
+      { length: (last + 1) * stride },
+      (_, i) => a[(Math.floor(i / stride) % slots) * stride + i % stride],
+    );
+  const linear = { ...c, keys: { ...c.keys, slots: 0 } };
+  const flat = runAttention(linear, qs, lin(ks, s.kStride), lin(vs, s.vStride), 0, c.tokens, [
     0,
     s.nHeads,
   ]);
-  const ring = runAttention(s, qs, ks, vs, [0, s.nHeads], { ring: { first: 2, slots } });
-  assert.deepEqual(bitsOf(ring), bitsOf(linear));
+  assert.deepEqual(bitsOf(flat), bitsOf(got), "ring against linear");
+  const noSinks = runAttention(
+    { ...c, keys: { ...c.keys, sinks: undefined } },
+    qs,
+    ks,
+    vs,
+    0,
+    c.tokens,
+    [0, s.nHeads],
+  );
+  const moved = Math.max(...noSinks.map((v, i) => Math.abs(v - got[i])));
+  assert.ok(moved > 1e-3, "the sinks had no effect");
 });
 
 Deno.test("swiglu_clamped_f32 matches the reference and clamps at the limit", () => {

@@ -187,55 +187,61 @@ export function topkRef(x: Float32Array, k: number): Int32Array {
   return out;
 }
 
-/** Shapes and strides of one attention call (attention_f32), strides in floats. */
+/** Shapes and strides of attention calls (attention_f32), strides in floats. */
 export interface AttentionShape {
   nHeads: number;
   nKvHeads: number;
   headDim: number;
   vHeadDim: number;
-  T: number;
   kStride: number;
   vStride: number;
   scale: number;
 }
 
+/** Where a query's keys are: a sliding window, a ring of slots, sink logits (attention_f32). */
+export interface AttentionKeys {
+  /** Position p sees p − window + 1 .. p; 0 or absent: every earlier position. */
+  window?: number;
+  /** Position x's key is in slot x mod slots; 0 or absent: slot x. */
+  slots?: number;
+  /** One logit per query head that joins the softmax denominator only. */
+  sinks?: Float32Array;
+}
+
 /**
- * Decode attention for all heads; returns out (nHeads·vHeadDim floats). `ring`: the cache is a
- * ring of `slots` positions whose oldest key is in slot `first`; `sinks`: one extra softmax
- * denominator logit per query head.
+ * Causal attention of one query token at position `pos` for all heads, in float64 with a plain
+ * softmax over all its keys at once; returns nHeads·vHeadDim values.
  */
 export function attentionRef(
   q: Float32Array,
   kcache: Float32Array,
   vcache: Float32Array,
   s: AttentionShape,
-  extra: { sinks?: Float32Array; ring?: { first: number; slots: number } } = {},
-): Float32Array {
-  const out = new Float32Array(s.nHeads * s.vHeadDim);
+  pos: number,
+  keys: AttentionKeys = {},
+): Float64Array {
+  const out = new Float64Array(s.nHeads * s.vHeadDim);
   const group = s.nHeads / s.nKvHeads;
-  const slot = (t: number) => extra.ring ? (extra.ring.first + t) % extra.ring.slots : t;
+  const start = keys.window ? Math.max(0, pos - keys.window + 1) : 0;
+  const slot = (x: number) => keys.slots ? x % keys.slots : x;
   for (let h = 0; h < s.nHeads; h++) {
     const g = Math.floor(h / group);
-    const scores = new Float32Array(s.T);
-    for (let t = 0; t < s.T; t++) {
+    const scores: number[] = [];
+    for (let x = start; x <= pos; x++) {
       let d = 0;
       for (let i = 0; i < s.headDim; i++) {
-        d += q[h * s.headDim + i] * kcache[slot(t) * s.kStride + g * s.headDim + i];
+        d += q[h * s.headDim + i] * kcache[slot(x) * s.kStride + g * s.headDim + i];
       }
-      scores[t] = f32(s.scale) * d;
+      scores.push(f32(s.scale) * d);
     }
-    let p = softmaxRef(scores);
-    if (extra.sinks) {
-      // p_t = e^{s_t} / (Σ e^{s} + e^{sink}): the softmax rescaled by Σ / (Σ + e^{sink}).
-      const m = Math.max(...scores, extra.sinks[h]);
-      const sum = scores.reduce((a, v) => a + Math.exp(v - m), 0);
-      const keep = sum / (sum + Math.exp(extra.sinks[h] - m));
-      p = p.map((v) => v * keep);
-    }
+    const sink = keys.sinks ? keys.sinks[h] : -Infinity;
+    const m = Math.max(...scores, sink);
+    const e = scores.map((v) => Math.exp(v - m));
+    const sum = e.reduce((a, v) => a + v, 0) + Math.exp(sink - m);
     for (let i = 0; i < s.vHeadDim; i++) {
       let o = 0;
-      for (let t = 0; t < s.T; t++) o += p[t] * vcache[slot(t) * s.vStride + g * s.vHeadDim + i];
-      out[h * s.vHeadDim + i] = o;
+      e.forEach((w, t) => o += w * vcache[slot(start + t) * s.vStride + g * s.vHeadDim + i]);
+      out[h * s.vHeadDim + i] = o / sum;
     }
   }
   return out;

@@ -212,31 +212,37 @@ export interface Kernels {
    */
   topk_f32(x: Ptr, n: number, k: number, idxOut: Ptr): void;
   /**
-   * Decode attention for heads [h0, h1): s[t] = scale·q_h·k_t over t < T, softmax, out_h =
-   * Σ_t p[t]·v_t. Key t of kv head g at kcache + (t·kStride + g·headDim) floats, value at
-   * vcache + (t·vStride + g·vHeadDim) floats, g = h / (nHeads / nKvHeads); q_h at q + h·headDim,
-   * out_h at out + h·vHeadDim; scores + h·T floats is head h's scratch (nHeads·T floats in all).
-   * The cache is a ring of `ring` ≥ T slots: key t (oldest first) is in slot (t0 + t) mod ring
-   * (a linear cache passes t0 = 0). `sinks` (0 for none) holds one logit per query head that
-   * joins the softmax denominator only (gpt-oss).
+   * Causal attention in key tiles with an online softmax, for heads [h0, h1) of `nTok` tokens:
+   * token i at position pos0 + i (query at q + i·qStride floats, heads headDim apart; output at
+   * out + i·outStride, heads vHeadDim apart) attends to positions max(0, p − window + 1) .. p
+   * (window 0: from 0). Position x's key is in slot x, or x mod slots (slots > 0, a ring); key of
+   * kv head g at kcache + (slot·kStride + g·headDim) floats, value at vcache + (slot·vStride +
+   * g·vHeadDim), g = h / (nHeads / nKvHeads). Tiles start at multiples of `tile` positions; a
+   * query's result depends only on its position, window and the tile. `sinks` (0 for none) holds
+   * one logit per query head that joins the denominator only (gpt-oss). `scratch` holds
+   * nHeads·(⌈tile/4⌉·4 + 2·nTok) floats.
    */
   attention_f32(
     q: Ptr,
+    qStride: number,
     kcache: Ptr,
     vcache: Ptr,
     out: Ptr,
-    scores: Ptr,
+    outStride: number,
+    nTok: number,
+    pos0: number,
+    window: number,
+    slots: number,
     nHeads: number,
     nKvHeads: number,
     headDim: number,
     vHeadDim: number,
-    T: number,
     kStride: number,
     vStride: number,
     scale: number,
     sinks: Ptr,
-    t0: number,
-    ring: number,
+    tile: number,
+    scratch: Ptr,
     h0: number,
     h1: number,
   ): void;

@@ -23,7 +23,7 @@ import { topK } from "../routing.ts";
 import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
-import { regionBytes, ropeTableBytes } from "./scratch.ts";
+import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /** The config's `csa` section; an error when it has none. */
 function csaOf(cfg: ModelConfig): CsaConfig {
@@ -72,7 +72,7 @@ function keptEntries(cfg: ModelConfig, layer: number, ctx: number): number {
 
 /**
  * Bytes of each scratch region, in allocation order: q_a, q, attention output, projection
- * staging, indexer q, indexer weights, indexer scores, gathered keys, attention scores, grouped
+ * staging, indexer q, indexer weights, indexer scores, gathered keys, attention tiles, grouped
  * projection, low-rank output, unit norm weights, negated sin row, then the two RoPE tables.
  */
 function regions(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: number): number[] {
@@ -92,7 +92,7 @@ function regions(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: numb
     f * ix.heads,
     4 * (minRatio ? Math.floor(ctx / minRatio) : 1),
     4 * keys * hd,
-    4 * H * keys,
+    attentionScratchBytes(H, 1),
     f * G * G * R,
     f * G * R,
     4 * hd,
@@ -124,7 +124,7 @@ class CsaAttention implements Mixer {
   #iw: number;
   #scores: number;
   #keys: number;
-  #attScores: number;
+  #attScratch: number;
   #keyCap: number;
   #grouped: number;
   #low: number;
@@ -160,7 +160,7 @@ class CsaAttention implements Mixer {
     this.#scores = arena.alloc("csa indexer scores", r[6]);
     this.#keys = arena.alloc("csa gathered keys", r[7]);
     this.#keyCap = r[7] / (4 * cfg.headDim);
-    this.#attScores = arena.alloc("csa attention scores", r[8]);
+    this.#attScratch = arena.alloc("csa attention tiles", r[8]);
     this.#grouped = arena.alloc("csa grouped output", r[9]);
     this.#low = arena.alloc("csa low-rank output", r[10]);
     this.#ones = arena.alloc("csa unit weights", r[11]);
@@ -288,10 +288,10 @@ class CsaAttention implements Mixer {
         v: this.#keys,
         out: o,
         outStride: H * hd,
-        scores: this.#attScores,
-        scoresPerToken: H * this.#keyCap,
-        scoreTokens: 1,
-        lengths: [n],
+        scratch: this.#attScratch,
+        // The gathered keys stand at positions 0 .. n − 1, the query at the last.
+        pos: n - 1,
+        tokens: 1,
         sinks,
       });
       // The values carried RoPE at their positions: rotate the output back by the query's.

@@ -23,7 +23,7 @@ import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
-import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
+import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /**
  * Positions the KV cache of `layer` holds: a sliding-window layer needs its window W plus the
@@ -81,8 +81,7 @@ export class GqaAttention implements Mixer {
   #kNew: number;
   #vNew: number;
   #att: number;
-  #scores: number;
-  #scoreTokens: number;
+  #attScratch: number;
   #maxCtx: number;
   #slots: number[] = [];
   #layers: number[];
@@ -129,8 +128,10 @@ export class GqaAttention implements Mixer {
     this.#kNew = arena.alloc("attn k", s.kv);
     this.#vNew = arena.alloc("attn v", s.kv);
     this.#att = arena.alloc("attn out", s.q);
-    this.#scoreTokens = scoreTokens(maxBatch);
-    this.#scores = arena.alloc("attn scores", scoreBytes(cfg, maxCtx, maxBatch));
+    this.#attScratch = arena.alloc(
+      "attn tiles",
+      attentionScratchBytes(cfg.numHeads, maxBatch),
+    );
     if (s.ones) {
       this.#ones = arena.alloc("attn value-norm ones", s.ones);
       ops.f32(this.#ones, s.headDim).fill(1);
@@ -202,17 +203,12 @@ export class GqaAttention implements Mixer {
     const interleaved = rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
     const slots = this.#slots[layer];
-    const lengths: number[] = [];
-    const first: number[] = [];
     for (let b = 0; b < nb; b++) {
       const p = pos + b;
       const [cos, sin] = ropeAt(table, p);
       ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
       ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
       // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
-      const start = window > 0 ? Math.max(0, p - window + 1) : 0;
-      lengths.push(p - start + 1);
-      first.push(start % slots);
       ops.copy(this.#k[layer] + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
       ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
     }
@@ -224,11 +220,11 @@ export class GqaAttention implements Mixer {
       v: this.#v[layer],
       out: this.#att,
       outStride: qDim,
-      scores: this.#scores,
-      scoresPerToken: cfg.numHeads * this.#maxCtx,
-      scoreTokens: this.#scoreTokens,
-      lengths,
-      ring: { slots, first },
+      scratch: this.#attScratch,
+      pos,
+      tokens: nb,
+      window,
+      slots,
       sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
     });
     if (gated) {
@@ -289,7 +285,7 @@ export const GQA: MixerPart = {
         s.kv,
         s.kv,
         s.q,
-        scoreBytes(cfg, ctx, maxBatch),
+        attentionScratchBytes(cfg.numHeads, maxBatch),
       ) +
       (s.ones ? regionBytes(s.ones) : 0);
   },

@@ -31,7 +31,7 @@ import { topK } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
-import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
+import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /**
  * Floats the indexer caches per position: its key; with pools also the key's pool gate and, at the
@@ -73,8 +73,7 @@ export class MlaAttention implements Mixer {
   #att: number;
   /** Output-gate pre-activations (0 when the model has no output gate). */
   #gate = 0;
-  #scores: number;
-  #scoreTokens: number;
+  #attScratch: number;
   #maxCtx: number;
   #row: number;
   #qkDim: number;
@@ -133,8 +132,7 @@ export class MlaAttention implements Mixer {
     this.#qFull = arena.alloc("mla latent queries", maxBatch * H * this.#row * 4);
     this.#latOut = arena.alloc("mla latent outputs", maxBatch * H * mla.kvLoraRank * 4);
     this.#att = arena.alloc("mla values", maxBatch * H * mla.vHeadDim * 4);
-    this.#scoreTokens = scoreTokens(maxBatch);
-    this.#scores = arena.alloc("mla scores", scoreBytes(cfg, maxCtx, maxBatch));
+    this.#attScratch = arena.alloc("mla tiles", attentionScratchBytes(H, maxBatch));
     this.#shape = {
       nHeads: H,
       nKvHeads: 1,
@@ -350,7 +348,7 @@ export class MlaAttention implements Mixer {
     // order of position; the others attend to the whole cache, all in one call.
     const sparse = ix ? lengths.findIndex((n) => indexerThins(ix, n)) : -1;
     const dense = sparse < 0 ? nb : sparse;
-    const attend = (b: number, k: number, n: number[]) =>
+    const attend = (b: number, k: number, p: number, tokens: number) =>
       ops.attention({
         shape: this.#shape,
         q: this.#qFull + b * H * row * 4,
@@ -359,18 +357,18 @@ export class MlaAttention implements Mixer {
         v: k,
         out: this.#latOut + b * H * r * 4,
         outStride: H * r,
-        scores: this.#scores,
-        scoresPerToken: H * this.#maxCtx,
-        scoreTokens: this.#scoreTokens,
-        lengths: n,
+        scratch: this.#attScratch,
+        pos: p,
+        tokens,
       });
-    if (dense > 0) attend(0, this.#cache[layer], lengths.slice(0, dense));
+    if (dense > 0) attend(0, this.#cache[layer], pos, dense);
     for (let b = dense; b < nb; b++) {
       const picked = this.#select(b, layer, pos + b);
       picked.forEach((t, i) =>
         ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
       );
-      attend(b, this.#picked, [picked.length]);
+      // The picked rows stand at positions 0 .. n − 1, the query at the last.
+      attend(b, this.#picked, picked.length - 1, 1);
     }
 
     // Latent outputs → per-head values → o_proj.
@@ -462,7 +460,7 @@ export const MLA: MixerPart = {
         f * H * row,
         f * H * m.kvLoraRank,
         f * H * m.vHeadDim,
-        scoreBytes(cfg, ctx, maxBatch),
+        attentionScratchBytes(H, maxBatch),
         ...(m.indexer
           ? [
             f * m.indexer.numHeads * m.indexer.headDim,

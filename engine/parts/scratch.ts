@@ -5,8 +5,9 @@
  * @module
  */
 import { alignUp } from "../../io/format.ts";
-import type { ModelConfig, RopeConfig } from "../../io/model_config.ts";
+import type { RopeConfig } from "../../io/model_config.ts";
 import { PAGE } from "../arena.ts";
+import { ATTENTION_JOBS, ATTENTION_TOKENS, attentionJobFloats } from "../ops.ts";
 
 /** Arena bytes of regions of these sizes (each rounded up to a page, as Arena.alloc does). */
 export function regionBytes(...bytes: number[]): number {
@@ -19,12 +20,12 @@ export function ropeTableBytes(rope: RopeConfig, ctx: number): number {
   return regionBytes(ctx * row, ctx * row);
 }
 
-/** Tokens of a call whose attention scores are held at once (the kernels loop over the rest). */
-export function scoreTokens(maxBatch: number): number {
-  return Math.min(maxBatch, 8);
-}
-
-/** Bytes of the attention score scratch: {@link scoreTokens} rows of heads × ctx floats. */
-export function scoreBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  return scoreTokens(maxBatch) * cfg.numHeads * ctx * 4;
+/**
+ * Bytes of the attention scratch (engine/ops.ts `Ops.attention`) of calls of up to `maxBatch`
+ * tokens of `nHeads` query heads: one slice per job of a dispatch, whatever the context, since
+ * the kernel reads keys in tiles.
+ */
+export function attentionScratchBytes(nHeads: number, maxBatch: number): number {
+  const jobs = Math.min(ATTENTION_JOBS, Math.ceil(maxBatch / ATTENTION_TOKENS));
+  return jobs * attentionJobFloats(nHeads) * 4;
 }

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { existsSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath as fromFileUrl } from "node:url";
@@ -385,6 +385,8 @@ export async function main(args: string[]): Promise<void> {
     },
   });
   const svg = v.svg ?? join(cache, "compare.svg");
+  // With --container nothing was synthesised, so the cache may not exist yet.
+  mkdirSync(dirname(svg), { recursive: true });
   writeFileSync(svg, chart(report));
   if (v.json) console.log(JSON.stringify(report, null, 2));
   else {

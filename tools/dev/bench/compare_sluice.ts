@@ -15,6 +15,8 @@ export async function runSluice(job: EngineJob): Promise<EngineRun> {
   const session = await Session.open(job.model, {
     threads: job.threads,
     budget: job.budget ?? undefined,
+    // The context llama.cpp's side is given: long prompts need more than the default.
+    ctx: job.promptIds.length + job.decodeTokens + 16,
     quiet: true,
   });
   const loadMs = performance.now() - t0;
