@@ -12,7 +12,7 @@ import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
-import { type BlockReader, openReader } from "../io/reader.ts";
+import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../io/reader.ts";
 import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
@@ -173,8 +173,7 @@ export class Model {
       const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
       const warm = warmList(container, plan, opts);
       const landed = loadMeter(container, plan, warm, opts.onLoad);
-      const globals = readGlobals(arena, reader, trunkFile, container, checkRegion);
-      landed(container.manifest.trunk.globals.region.bytes);
+      const globals = readGlobals(arena, reader, trunkFile, container, landed, checkRegion);
       const trunk = new TrunkRing(arena, reader, trunkFile, container.manifest.trunk.layers, {
         pinned: plan.pinned,
         slots: plan.ringSlots,
@@ -302,21 +301,41 @@ export function planRun(
   return { plan, lookahead, ctx, prefillChunk };
 }
 
+/** Bytes per read of the globals region, and most such reads in flight. */
+const GLOBALS_PIECE_BYTES = 4 << 20;
+const GLOBALS_WINDOW = 32;
+
 /**
  * Reads the globals region (embedding, final norm, LM head, a residual stream's own) into the
- * arena, where it stays; `check` (--verify) CRC-checks it.
+ * arena, where it stays, telling `landed` as pieces land; `check` (--verify) CRC-checks it.
  */
 function readGlobals(
   arena: Arena,
   reader: BlockReader,
   trunkFile: number,
   container: Container,
+  landed: (bytes: number) => void,
   check?: (layer: "globals", at: number) => void,
 ): GlobalWeights {
   const region = container.manifest.trunk.globals.region;
   const gOff = arena.alloc("globals (embedding, final norm, LM head)", region.bytes);
+  // In pieces, a window of them in flight: every reader thread works (one read of the whole
+  // region is one thread's), and the load's progress moves as they land (an embedding and LM
+  // head can be gigabytes).
+  const inflight: [ReadTicket, number][] = [];
+  const land = () => {
+    const [ticket, bytes] = inflight.shift()!;
+    reader.wait(ticket);
+    landed(bytes);
+  };
   try {
-    reader.read(trunkFile, gOff, region.bytes, region.offset);
+    for (let o = 0; o < region.bytes; o += GLOBALS_PIECE_BYTES) {
+      const len = Math.min(GLOBALS_PIECE_BYTES, region.bytes - o);
+      const t = reader.submit(trunkFile, gOff + o, len, region.offset + o, ReadPriority.DEMAND);
+      inflight.push([t, len]);
+      if (inflight.length >= GLOBALS_WINDOW) land();
+    }
+    while (inflight.length > 0) land();
   } catch (e) {
     throw new Error(`globals region: ${(e as Error).message}`);
   }
