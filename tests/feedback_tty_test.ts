@@ -25,10 +25,10 @@ const HAVE_SCRIPT = (() => {
 const ESC = "\x1b";
 
 /** A load of `steps` landings of 10 MB, 60 ms apart, reported to a string. */
-function load(tty: boolean, steps: number, fail = false): string {
+function load(tty: boolean, steps: number, fail = false, color = false): string {
   let clock = 0;
   let out = "";
-  const p = loadProgress({ tty, write: (s) => (out += s), now: () => clock });
+  const p = loadProgress({ tty, color, write: (s) => (out += s), now: () => clock });
   const total = 10e6 * steps;
   p.onLoad(0, total);
   for (let i = 1; i <= (fail ? steps - 1 : steps); i++) {
@@ -49,6 +49,8 @@ Deno.test("load progress: redrawn with MB/s on a terminal at most every 100 ms, 
   ]);
   // A load that fails leaves no half line before the error.
   assert.ok(load(true, 4, true).endsWith(`\r${ESC}[K`));
+  // Dim when colour is on (--color, or a terminal without NO_COLOR).
+  assert.ok(load(true, 4, false, true).startsWith(`\r${ESC}[2mloading 0 B / 38.1 MiB`));
   assert.equal(load(false, 4), "");
   assert.equal(load(false, 4, true), "");
 });
@@ -129,6 +131,8 @@ Deno.test({
     const model = await demoModelPath(true);
     const raw = await inPty(["generate", "-m", model, "-n", "3", "-p", LONG_PROMPT]);
     assertTtyLoad(raw);
+    // NO_COLOR holds on a terminal too: redraws and erases, no colour.
+    assert.doesNotMatch(raw, /⎋\[\d+m/);
     const secs = prefillSeconds(raw);
     const drawn = raw.match(/\rprompt \d+\/\d+ tokens, [\d.]+ tok\/s, [\d.]+ s⎋\[K/g) ?? [];
     // The line appears once the prefill has run a second; margins either side of that.
