@@ -12,7 +12,7 @@ import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
-import { type BlockReader, openReader } from "../io/reader.ts";
+import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../io/reader.ts";
 import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
@@ -76,6 +76,12 @@ export interface RunOptions {
   learn?: boolean;
   /** Write one JSON line per (token, MoE layer) with the routed experts to this file. */
   trace?: string;
+  /**
+   * Load progress: called with the bytes read so far and the bytes the load reads in all (the
+   * globals, the pinned trunk layers and the experts warmed), once before the first read and as
+   * reads land.
+   */
+  onLoad?: (done: number, total: number) => void;
   /** Log every read (file, offset, length, priority, forward position) here; off by default. */
   readLog?: ReadLog;
   /** No notices on stderr. */
@@ -165,12 +171,15 @@ export class Model {
     try {
       const trunkFile = reader.open(container.trunkPath);
       const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
-      const globals = readGlobals(arena, reader, trunkFile, container, checkRegion);
+      const warm = warmList(container, plan, opts);
+      const landed = loadMeter(container, plan, warm, opts.onLoad);
+      const globals = readGlobals(arena, reader, trunkFile, container, landed, checkRegion);
       const trunk = new TrunkRing(arena, reader, trunkFile, container.manifest.trunk.layers, {
         pinned: plan.pinned,
         slots: plan.ringSlots,
         readahead: opts.trunkReadahead ?? true,
         check: checkRegion,
+        landed,
       });
       const experts = plan.totalExperts > 0
         ? openExpertStore(arena, reader, container, plan.expertSlots, opts, sample)
@@ -178,7 +187,7 @@ export class Model {
       const ops = new Ops(arena, pool);
       const observers = new RunObservers(container, opts);
       if (experts) {
-        warmExperts(experts, container, plan, opts);
+        experts.warm(warm, landed);
         if (lookahead > 0) {
           const routers = residentRouters(arena, container);
           observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
@@ -292,21 +301,41 @@ export function planRun(
   return { plan, lookahead, ctx, prefillChunk };
 }
 
+/** Bytes per read of the globals region, and most such reads in flight. */
+const GLOBALS_PIECE_BYTES = 4 << 20;
+const GLOBALS_WINDOW = 32;
+
 /**
  * Reads the globals region (embedding, final norm, LM head, a residual stream's own) into the
- * arena, where it stays; `check` (--verify) CRC-checks it.
+ * arena, where it stays, telling `landed` as pieces land; `check` (--verify) CRC-checks it.
  */
 function readGlobals(
   arena: Arena,
   reader: BlockReader,
   trunkFile: number,
   container: Container,
+  landed: (bytes: number) => void,
   check?: (layer: "globals", at: number) => void,
 ): GlobalWeights {
   const region = container.manifest.trunk.globals.region;
   const gOff = arena.alloc("globals (embedding, final norm, LM head)", region.bytes);
+  // In pieces, a window of them in flight: every reader thread works (one read of the whole
+  // region is one thread's), and the load's progress moves as they land (an embedding and LM
+  // head can be gigabytes).
+  const inflight: [ReadTicket, number][] = [];
+  const land = () => {
+    const [ticket, bytes] = inflight.shift()!;
+    reader.wait(ticket);
+    landed(bytes);
+  };
   try {
-    reader.read(trunkFile, gOff, region.bytes, region.offset);
+    for (let o = 0; o < region.bytes; o += GLOBALS_PIECE_BYTES) {
+      const len = Math.min(GLOBALS_PIECE_BYTES, region.bytes - o);
+      const t = reader.submit(trunkFile, gOff + o, len, region.offset + o, ReadPriority.DEMAND);
+      inflight.push([t, len]);
+      if (inflight.length >= GLOBALS_WINDOW) land();
+    }
+    while (inflight.length > 0) land();
   } catch (e) {
     throw new Error(`globals region: ${(e as Error).message}`);
   }
@@ -366,19 +395,45 @@ function openExpertStore(
 }
 
 /**
- * Fills the expert cache before the first token: hot-list experts first, then, when every record
- * fits, all of them in file order, as an in-RAM engine loads its model, so decode never waits for
- * a first use.
+ * The experts warmed before the first token, in order: hot-list experts first, then, when every
+ * record fits, all of them in file order, as an in-RAM engine loads its model, so decode never
+ * waits for a first use. Entries naming no record are dropped; at most the cache's slots.
  */
-function warmExperts(
-  experts: ExpertStore,
+function warmList(container: Container, plan: MemoryPlan, opts: RunOptions): [number, number][] {
+  if (plan.totalExperts === 0) return [];
+  const banks = container.manifest.experts;
+  const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
+  const all = plan.expertSlots >= plan.totalExperts ? allExperts(banks) : [];
+  const seen = new Set<string>();
+  const list: [number, number][] = [];
+  for (const [layer, expert] of [...(hot ? hottest(hot) : []), ...all]) {
+    if (list.length >= plan.expertSlots) break;
+    const key = `${layer}:${expert}`;
+    if (!banks[layer] || expert >= banks[layer]!.count || seen.has(key)) continue;
+    seen.add(key);
+    list.push([layer, expert]);
+  }
+  return list;
+}
+
+/**
+ * A counter of the load's landed bytes reporting to `onLoad` against the load's whole reads (the
+ * globals, the pinned trunk layers and the `warm` records); reports the start at once.
+ */
+function loadMeter(
   container: Container,
   plan: MemoryPlan,
-  opts: RunOptions,
-): void {
-  const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
-  if (hot) experts.warm(hottest(hot));
-  if (plan.expertSlots >= plan.totalExperts) experts.warm(allExperts(container.manifest.experts));
+  warm: [number, number][],
+  onLoad: RunOptions["onLoad"],
+): (bytes: number) => void {
+  if (!onLoad) return () => {};
+  const m = container.manifest;
+  let total = m.trunk.globals.region.bytes;
+  for (const run of m.trunk.layers.slice(0, plan.pinned)) total += run.bytes;
+  for (const [layer] of warm) total += m.experts[layer]!.stride;
+  let done = 0;
+  onLoad(0, total);
+  return (bytes) => onLoad(done += bytes, total);
 }
 
 /**

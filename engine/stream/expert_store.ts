@@ -391,12 +391,21 @@ export class ExpertStore implements ExpertSource {
     return started;
   }
 
-  /** Fills free slots with the given experts, hottest first (the learned hot list). */
-  warm(experts: [number, number][]): void {
+  /**
+   * Fills free slots with the given experts, hottest first (the learned hot list); `landed` gets
+   * the bytes of each batch as it lands (load progress).
+   */
+  warm(experts: [number, number][], landed?: (bytes: number) => void): void {
     const fresh = experts.filter(([l, e]) =>
       this.#banks[l] && e < this.#banks[l]!.bank.count && !this.cache.has(this.#key(l, e))
     );
     this.cache.warm(fresh.map(([l, e]) => this.#key(l, e)));
+    let batch = 0;
+    const drain = () => {
+      this.drain();
+      landed?.(batch);
+      batch = 0;
+    };
     for (const [layer, expert] of fresh) {
       const key = this.#key(layer, expert);
       const slot = this.cache.slotOf(key);
@@ -410,12 +419,13 @@ export class ExpertStore implements ExpertSource {
         ReadPriority.DEMAND,
       );
       this.stats.bytesRead += bank.stride;
+      batch += bank.stride;
       this.#inflight.set(key, { tickets, layer, expert, speculative: true });
       this.cache.pin(key);
       // Bounded batches: the shim's queue holds a fixed number of reads.
-      if (this.#inflight.size >= WARM_BATCH) this.drain();
+      if (this.#inflight.size >= WARM_BATCH) drain();
     }
-    this.drain();
+    drain();
   }
 
   /** Zeroes the store's counters (after loading, so they count the run only). */

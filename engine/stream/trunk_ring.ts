@@ -26,6 +26,8 @@ export interface TrunkPlan {
    * `--verify` checks the region CRC here.
    */
   check?: (layer: number, arenaOffset: number) => void;
+  /** Called with each pinned layer's bytes as it lands (load progress). */
+  landed?: (bytes: number) => void;
 }
 
 /** Largest single read request: several requests keep both reader threads busy. */
@@ -79,6 +81,7 @@ export class TrunkRing implements TrunkSource {
       const off = arena.alloc(`trunk layer ${l} (pinned)`, runs[l].bytes);
       waitAll(reader, this.#readRun(l, off, ReadPriority.DEMAND), `trunk layer ${l}`);
       plan.check?.(l, off);
+      plan.landed?.(runs[l].bytes);
       this.#pinned.push(bindLayer(l, runs[l], off));
     }
     const slotBytes = Math.max(0, ...runs.slice(plan.pinned).map((r) => r.bytes));

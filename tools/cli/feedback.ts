@@ -1,7 +1,8 @@
 /**
- * What `generate` and `chat` say while they work: colour (NO_COLOR and --color), one line for
- * the model load, a progress line with tok/s during a long prefill (redrawn on a terminal, one
- * final line otherwise), and the notice when the context is full.
+ * What `generate` and `chat` say while they work: colour (NO_COLOR and --color), a progress
+ * line with MB/s during the model load (redrawn on a terminal) and one line when it is done, a
+ * progress line with tok/s during a long prefill (redrawn on a terminal, one final line
+ * otherwise), and the notice when the context is full.
  *
  * @module
  */
@@ -76,6 +77,45 @@ export function prefillProgress(
     }
     await then?.();
   };
+}
+
+/** Least time between two redraws of the load line (a load reports every landed batch). */
+const LOAD_REDRAW_MS = 100;
+
+/**
+ * Load progress on stderr: on a terminal `onLoad` (engine/model.ts) redraws a line as reads land,
+ * with bytes, share, MB/s and time, and erases it when the load is done so the lines after it
+ * ({@link loadLine}) take its place; `end` erases it too (a load that failed). Nothing otherwise,
+ * where the load line is the one final line.
+ */
+export function loadProgress(
+  opts: { tty?: boolean; color?: boolean; write?: (s: string) => void; now?: () => number } = {},
+): { onLoad: (done: number, total: number) => void; end: () => void } {
+  const tty = opts.tty ?? Deno.stderr.isTerminal();
+  const enc = new TextEncoder();
+  const write = opts.write ?? ((s: string) => Deno.stderr.writeSync(enc.encode(s)));
+  const now = opts.now ?? (() => performance.now());
+  const t0 = now();
+  let last = -Infinity;
+  let drawn = false;
+  const end = () => {
+    if (drawn) write("\r\x1b[K");
+    drawn = false;
+  };
+  const onLoad = (done: number, total: number) => {
+    if (!tty) return;
+    const ms = now() - t0;
+    if (done >= total) return end();
+    if (ms - last < LOAD_REDRAW_MS) return;
+    last = ms;
+    const pct = total > 0 ? (100 * done) / total : 100;
+    const rate = ms > 0 ? (1000 * done) / ms / 1e6 : 0;
+    const text = `loading ${formatBytes(done)} / ${formatBytes(total)} (${pct.toFixed(0)}%), ` +
+      `${rate.toFixed(0)} MB/s, ${(ms / 1000).toFixed(1)} s`;
+    write(`\r${paint(opts.color ?? false, "dim", text)}\x1b[K`);
+    drawn = true;
+  };
+  return { onLoad, end };
 }
 
 /** The one line after a model load: time, bytes read and the read rate. */

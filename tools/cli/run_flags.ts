@@ -15,6 +15,7 @@ import { checkTracePath } from "../../io/trace.ts";
 import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags, GPU_HABIT_FLAGS } from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
 import { resolveModel } from "./models.ts";
+import { colorOn, loadProgress } from "./feedback.ts";
 
 /** The --help lines of {@link RUN_FLAGS}. */
 export const RUN_HELP = `${BUDGET_HELP}
@@ -153,14 +154,23 @@ export async function sessionSpec(
   return { path, options: run };
 }
 
-/** Opens the session of {@link sessionSpec}. */
+/**
+ * Opens the session of {@link sessionSpec}, with a live load line on a terminal unless `quiet`
+ * (tools/cli/feedback.ts).
+ */
 export async function openSession(
   a: Args,
   run: SessionOptions,
   quiet: boolean,
 ): Promise<Session> {
   const { path, options } = await sessionSpec(a, run, quiet);
-  return await Session.open(path, options);
+  if (quiet) return await Session.open(path, options);
+  const progress = loadProgress({ color: colorOn(a, Deno.stderr) });
+  try {
+    return await Session.open(path, { ...options, onLoad: progress.onLoad });
+  } finally {
+    progress.end();
+  }
 }
 
 /**

@@ -1,16 +1,21 @@
 /**
  * `deno task bench serve [--model X.sluice] [--tokens 512] [--turns 4] [--repeat 3]
  * [--threads N] [--json]`:
- * what the HTTP server costs and what the prompt cache saves, measured side by side in one
- * process on one open model (default: the demo model).
+ * what the HTTP server costs and what the prompt cache saves, measured side by side in one run on
+ * one model (default: the demo model). The server is what `mod.ts serve` runs: the front, and the
+ * engine in its worker (tools/serve/front.ts), with a control channel that empties the engine's
+ * prompt cache between runs (tools/dev/serve_control.ts); the direct runs use a second copy of
+ * the model opened in this process, with the same options. `bench serve-front` compares the worker
+ * server with the in-process one.
  *
  * - Decode through the server against `Session.generate` itself: the same greedy prompt and token
  *   count, run directly, as one JSON completion, and as an SSE stream (wall time, prefill
  *   included, from an empty prompt cache each time). Target: server ÷ direct ≥ 0.90.
  * - The prompt cache: a conversation of `--turns` text completions, each prompt the previous one
  *   plus its answer plus a few words, run warm (the server's cache kept) and each turn again cold
- *   (cache emptied first). Reported: prompt tokens run and wall time, warm ÷ cold, and that the
- *   texts are identical (they must be).
+ *   (cache emptied first). Reported: prompt tokens run (as the server counts them) and wall time,
+ *   warm ÷ cold, and that the texts are identical (they must be). Saved prefixes are off
+ *   (`cacheBytes` 0), so a cold turn finds nothing to restore.
  *
  * `--repeat N` interleaves the configurations N times (after one warm-up round) and keeps each
  * one's fastest run.
@@ -18,9 +23,9 @@
  * @module
  */
 import { parseArgs } from "node:util";
-import { Session } from "../../../engine/session.ts";
+import { Session, type SessionOptions } from "../../../engine/session.ts";
 import { modelId } from "../../serve/live.ts";
-import { startServer } from "../../serve/server.ts";
+import { startControlledServer } from "../serve_control.ts";
 
 /** One measured configuration. */
 export interface ServeRun {
@@ -57,13 +62,25 @@ async function post(url: string, body: unknown): Promise<Response> {
   return r;
 }
 
-/** Runs the measurements on an open session. */
+/**
+ * Runs the measurements on the model at `path`: directly on a session opened here, and through a
+ * worker server of its own, both with `options`.
+ */
 export async function benchServe(
-  session: Session,
+  path: string,
+  options: SessionOptions,
   opts: { tokens: number; turns: number; repeat: number },
 ): Promise<ServeBenchResult> {
-  const server = startServer(session, { port: 0, log: () => {} });
-  const url = `${server.url}/v1/completions`;
+  const session = await Session.open(path, options);
+  const controlled = await startControlledServer({ path, options }, {
+    port: 0,
+    log: () => {},
+    cacheBytes: 0,
+  }).catch((e) => {
+    session.close();
+    throw e;
+  });
+  const url = `${controlled.server.url}/v1/completions`;
   const prompt = "Once upon a time, in a small village by the sea,";
   const ids = session.tokenize(prompt);
   const body = { prompt: ids, max_tokens: opts.tokens, temperature: 0, ignore_eos: true };
@@ -79,11 +96,11 @@ export async function benchServe(
       const greedy = { maxTokens: opts.tokens, temperature: 0, ignoreEos: true };
       for await (const _ of session.generate(ids, greedy));
       keep("direct Session.generate", performance.now() - t0);
-      session.resetCache();
+      await controlled.resetCache();
       t0 = performance.now();
       await (await post(url, body)).json();
       keep("server, JSON completion", performance.now() - t0);
-      session.resetCache();
+      await controlled.resetCache();
       t0 = performance.now();
       await (await post(url, { ...body, stream: true })).text();
       keep("server, SSE stream", performance.now() - t0);
@@ -94,7 +111,7 @@ export async function benchServe(
     let text = prompt;
     let warmPrefilled = 0, warmMs = 0;
     const warmAnswers: string[] = [];
-    session.resetCache();
+    await controlled.resetCache();
     for (let k = 0; k < opts.turns; k++) {
       turns.push(text);
       const t0 = performance.now();
@@ -107,11 +124,11 @@ export async function benchServe(
     let coldPrefilled = 0, coldMs = 0;
     let identical = true;
     for (let k = 0; k < turns.length; k++) {
-      session.resetCache();
+      await controlled.resetCache();
       const t0 = performance.now();
       const out = await (await post(url, { ...body, prompt: turns[k], max_tokens: 32 })).json();
       coldMs += performance.now() - t0;
-      coldPrefilled += out.usage.prompt_tokens;
+      coldPrefilled += out.usage.prompt_tokens - out.usage.prompt_tokens_details.cached_tokens;
       identical &&= out.choices[0].text === warmAnswers[k];
     }
     const direct = runs[0].tok_s;
@@ -131,7 +148,8 @@ export async function benchServe(
       },
     };
   } finally {
-    await server.close();
+    await controlled.close();
+    session.close();
   }
 }
 
@@ -175,16 +193,11 @@ export async function main(args: string[]): Promise<void> {
   };
   const model = v.model ?? await (await import("../../demo_model.ts")).demoModelPath(true);
   const threads = v.threads === undefined ? undefined : n("threads");
-  const session = await Session.open(model, { quiet: true, ctx: 2048, threads });
-  try {
-    const result = await benchServe(session, {
-      tokens: n("tokens"),
-      turns: n("turns"),
-      repeat: n("repeat"),
-    });
-    console.log(v.json ? JSON.stringify(result) : formatServe(result));
-    if (!result.conversation.identical) throw new Error("warm and cold answers differ");
-  } finally {
-    session.close();
-  }
+  const result = await benchServe(model, { quiet: true, ctx: 2048, threads }, {
+    tokens: n("tokens"),
+    turns: n("turns"),
+    repeat: n("repeat"),
+  });
+  console.log(v.json ? JSON.stringify(result) : formatServe(result));
+  if (!result.conversation.identical) throw new Error("warm and cold answers differ");
 }

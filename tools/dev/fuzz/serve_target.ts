@@ -1,6 +1,7 @@
 /**
  * The fuzz target of the server's request bodies (OpenAI and Anthropic endpoints): the demo model served
- * in-process on 127.0.0.1, and each input posted to one of its POST endpoints. An input is
+ * on 127.0.0.1 as `mod.ts serve` serves it (the front, and the engine in its worker:
+ * tools/serve/front.ts), and each input posted to one of its POST endpoints. An input is
  * `<path>\n<body>`; the structure-aware mutation keeps the path and rewrites the body as JSON
  * (wrong types, extreme numbers, missing or unknown fields, deep nesting) or as bytes (malformed
  * JSON). A 2xx answer is an accepted input and a 4xx one with an OpenAI error message a clean
@@ -22,9 +23,7 @@ import { crc32 } from "../../../io/crc32.ts";
 import { loadSession, saveSession } from "../../../engine/session_state.ts";
 import { Session } from "../../../engine/session.ts";
 import { demoModelPath } from "../../demo_model.ts";
-import { modelId } from "../../serve/live.ts";
-import { compileGrammar } from "../../serve/grammar.ts";
-import { startServer } from "../../serve/server.ts";
+import { startControlledServer } from "../serve_control.ts";
 import { HOSTILE_NUMBERS, mutate, type Rng } from "./mutate.ts";
 import type { FuzzTarget } from "./targets.ts";
 
@@ -290,21 +289,33 @@ async function outcome(r: Response, path: string): Promise<void> {
   throw new Error(`HTTP ${r.status}: ${message}`);
 }
 
-/** The server target: starts the demo model's server (closed by `close`). */
-export async function serveTarget(): Promise<FuzzTarget> {
-  const session = await Session.open(await demoModelPath(true), {
-    quiet: true,
-    ctx: 64,
-    threads: 1,
+/** Posts `body` to `url` and reads the answer, failing on an HTTP error. */
+async function warmUp(url: string, body: unknown): Promise<void> {
+  const r = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
   });
-  const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
-  // The first render starts the template worker (type-checked first under `deno test`): not a
-  // cost of any one input.
-  session.chatIds([{ role: "user", content: "warm up" }]);
-  const id = modelId(session);
-  // The first structured-output request loads the grammar engine and indexes the vocabulary, a
-  // one-off cost that is not a hang.
-  await compileGrammar(session, { kind: "json" });
+  if (!r.ok) throw new Error(`fuzz serve: warming up ${url}: HTTP ${r.status} ${await r.text()}`);
+  await r.body?.cancel();
+}
+
+/** The server target: starts the demo model's worker server (closed by `close`). */
+export async function serveTarget(): Promise<FuzzTarget> {
+  const controlled = await startControlledServer(
+    { path: await demoModelPath(true), options: { quiet: true, ctx: 64, threads: 1 } },
+    { port: 0, log: () => {}, maxBodyBytes: 1 << 20 },
+  );
+  const { server } = controlled;
+  // The first render starts the template worker (type-checked first under `deno test`), and the
+  // first structured-output request loads the grammar engine and indexes the vocabulary: one-off
+  // costs of no one input, not hangs.
+  await warmUp(`${server.url}/v1/chat/completions`, {
+    messages: [{ role: "user", content: "warm up" }],
+    max_tokens: 1,
+    response_format: { type: "json_object" },
+  });
+  const id = (await (await fetch(`${server.url}/v1/models`)).json()).data[0].id as string;
   const seeds = SEEDS.map(([path, body]) =>
     enc.encode(`${path}\n${JSON.stringify(body).replace('"MODEL"', JSON.stringify(id))}`)
   );
@@ -339,10 +350,7 @@ export async function serveTarget(): Promise<FuzzTarget> {
       joined.set(out, head.length);
       return joined;
     },
-    async close() {
-      await server.close();
-      session.close();
-    },
+    close: () => controlled.close(),
   };
 }
 
@@ -361,16 +369,19 @@ const TEMPLATE_SEEDS = [
 ];
 
 /**
- * The chat template target: the demo container copied to `work`, served, and each input written
- * as a chat_template.jinja that the session takes (as `--chat-template FILE` does) before a chat
- * request renders it.
+ * The chat template target: the demo container copied to `work` and served as `mod.ts serve`
+ * serves it, each input written as a chat_template.jinja that the engine takes (as
+ * `--chat-template FILE` does) before a chat request renders it.
  */
 export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
   const dir = join(work, "template.sluice");
   cpSync(await demoModelPath(true), dir, { recursive: true });
   const file = join(dir, "chat_template.jinja");
-  const session = await Session.open(dir, { quiet: true, ctx: 256, threads: 1 });
-  const server = startServer(session, { port: 0, log: () => {}, maxBodyBytes: 1 << 20 });
+  const controlled = await startControlledServer(
+    { path: dir, options: { quiet: true, ctx: 256, threads: 1 } },
+    { port: 0, log: () => {}, maxBodyBytes: 1 << 20 },
+  );
+  const { server } = controlled;
   const body = JSON.stringify({
     messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }],
     max_tokens: 1,
@@ -383,9 +394,9 @@ export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
     async run(input) {
       Deno.writeFileSync(file, input);
       try {
-        session.useChatTemplate(file);
+        await controlled.useChatTemplate(file);
       } catch (e) {
-        // A template the session refuses to take must name it too.
+        // A template the engine refuses to take must name it too.
         const m = (e as Error).message;
         if (!m.includes("chat_template.jinja")) {
           throw new ServerFault(`a template error that does not name the template: ${m}`);
@@ -412,10 +423,7 @@ export async function serveTemplateTarget(work: string): Promise<FuzzTarget> {
         throw e;
       }
     },
-    async close() {
-      await server.close();
-      session.close();
-    },
+    close: () => controlled.close(),
   };
 }
 
