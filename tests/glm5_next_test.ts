@@ -16,6 +16,14 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { Session } from "../engine/session.ts";
 import type { Checkpoint } from "../io/safetensors.ts";
 import { packCheckpoint } from "../tools/pack.ts";
+import {
+  synthCheckpoint,
+  type SynthOverrides,
+  synthShape,
+  type SynthTensor,
+  synthTensors,
+} from "../tools/synth.ts";
+import { tensorBytes } from "../tools/synth/types.ts";
 import { reportSkippedLayers } from "../tools/pack/layout.ts";
 import {
   assertDenseAttentionFails,
@@ -23,10 +31,12 @@ import {
   assertPlacementsAgree,
   checkRecurrentCache,
   decodeAgainstReference,
+  engineVsReference,
   fixtureDir,
   hasFixture,
   ONCE_UPON_A_TIME,
   packedFixture,
+  synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
@@ -261,4 +271,82 @@ Deno.test({
     Deno.writeTextFileSync(path, original);
     openContainer(out);
   },
+});
+
+/** Awkward sizes for the synthetic GLM-5.3-Flash shape: nothing a power of two or 128-aligned. */
+const AWKWARD: SynthOverrides = {
+  hidden: 72,
+  layers: 5,
+  experts: 12,
+  topK: 3,
+  vocab: 320,
+  heads: 3,
+  kdaHeads: 3,
+  kdaHeadDim: 12,
+  nopeDim: 20,
+  vDim: 14,
+  qLoraRank: 28,
+  kvLoraRank: 18,
+  expertInter: 40,
+  denseInter: 136,
+  mlaEvery: 2,
+};
+
+Deno.test("glm5_next synth at awkward sizes, f32: the engine within 1e-4 of the reference", async () => {
+  await synthVsReference("glm5_next", "glm5-next-awkward", 3, AWKWARD);
+});
+
+Deno.test("glm5_next synth in the release's FP8 storage packs as shipped and meets the reference", async () => {
+  const out = `${tempDir()}/glm5-next-fp8-synth`;
+  const ckpt = await synthCheckpoint({
+    arch: "glm5_next",
+    out,
+    size: 2e6,
+    seed: 4,
+    dtype: "bf16",
+    overrides: { ...AWKWARD, hidden: 136, expertInter: 136 },
+    progress: "off",
+    log: () => {},
+  });
+  await packCheckpoint(ckpt.dir, `${out}.sluice`, { progress: "off", log: () => {} });
+  const layers = JSON.parse(Deno.readTextFileSync(`${out}.sluice/manifest.json`)).trunk.layers;
+  // Layer 1 is MLA (mlaEvery 2) and dense; layer 0 KDA.
+  assert.deepEqual(
+    ["wq_a", "wkv_b", "ffn_gate", "idx_wq"].map((t) => layers[1].tensors[t].dtype),
+    ["f8_e4m3", "bf16", "f8_e4m3", "bf16"],
+  );
+  assert.deepEqual(["wq", "a_log"].map((t) => layers[0].tensors[t].dtype), ["bf16", "f32"]);
+  const tokens = [1, 17, 250, 33, 101, 7, 9, 44, 8, 120, 3, 299];
+  for (const chunk of [1, 5]) {
+    const worst = await engineVsReference(`${out}.sluice`, ckpt.dir, tokens, chunk);
+    assert.ok(worst < 1e-4, `prefill chunk ${chunk}: logits differ by ${worst} relative`);
+  }
+});
+
+Deno.test("glm5_next synth at the release's width: the README's parameter and per-token byte counts", () => {
+  const s = synthShape("glm5_next", 320e9, {
+    hidden: 4096,
+    layers: 45,
+    experts: 288,
+    vocab: 154880,
+  });
+  const ts = synthTensors("glm5_next", s.dims, "bf16");
+  const elems = (t: SynthTensor) => t.shape.reduce((a, b) => a * b, 1);
+  const params = ts.filter((t) => !t.name.endsWith("_scale_inv")).reduce((a, t) => a + elems(t), 0);
+  // ../shared/models/README.md "The real model": 313.33 B text parameters, 304.4 B of them routed
+  // experts; per token 8 experts × 42 layers × 25.2 MB and ≈ 14.0 GB of everything else.
+  assert.equal(Math.round(params / 1e7) / 100, 313.33);
+  const expert = ts.filter((t) => t.name.includes(".layers.3.mlp.experts.0."));
+  assert.equal(expert.reduce((a, t) => a + tensorBytes(t), 0), 3 * (2048 * 4096 + 16 * 32 * 4));
+  const routed = ts.filter((t) => t.name.includes(".experts.")).reduce((a, t) => a + elems(t), 0);
+  assert.equal(Math.round(routed / 1e8) / 10, 304.4);
+  const rest = ts.filter((t) =>
+    !t.name.includes(".experts.") && t.name !== "model.language_model.embed_tokens.weight"
+  )
+    .reduce((a, t) => a + tensorBytes(t), 0);
+  assert.equal(Math.round(rest / 1e8) / 10, 14.0);
+  assert.deepEqual(
+    normalizeConfig(s.config).kda?.layers.map((k, l) => k ? -1 : l).filter((l) => l >= 0),
+    [3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43],
+  );
 });
