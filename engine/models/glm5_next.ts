@@ -84,7 +84,8 @@ export const normaliseGlm5Next: Normaliser = (top, mt) => {
   const numLayers = f.int("num_hidden_layers", { min: 1, max: MAX_LAYERS });
   const numHeads = f.int("num_attention_heads", { min: 1 });
   if (f.has("num_key_value_heads")) f.exactly("num_key_value_heads", numHeads);
-  f.exactly("qk_rope_head_dim", 0);
+  // transformers refuses rope dims here: the DSA layers are NoPE.
+  if (f.has("qk_rope_head_dim")) f.exactly("qk_rope_head_dim", 0);
   if (f.has("attention_bias")) f.exactly("attention_bias", false);
   if (f.has("scoring_func")) f.exactly("scoring_func", "sigmoid");
   if (f.has("index_kpool_always_select_tail")) f.exactly("index_kpool_always_select_tail", true);
