@@ -41,7 +41,9 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
     case "hc_head_fn":
     case "hc_head_base":
     case "hc_head_scale":
-      return cfg.residual?.kind === "hyper" ? `${prefix}${t}` : null;
+      return cfg.residual?.kind === "hyper" && cfg.residual.collapse !== "mean"
+        ? `${prefix}${t}`
+        : null;
   }
 }
 

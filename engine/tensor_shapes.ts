@@ -140,7 +140,9 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
   }
   const rope = cfg.rope;
   if (!(rope.theta > 0)) fail(`rope_theta ${rope.theta} must be > 0`);
-  if (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim) {
+  // NoPE MLA rotates nothing, so its rotary part may be empty (GLM-5.3-Flash).
+  const unrotated = cfg.mla?.nope === true && rope.dim === 0;
+  if (!unrotated && (rope.dim < 2 || rope.dim % 2 || rope.dim > cfg.headDim)) {
     fail(`the rotary dimension ${rope.dim} must be even and in 2..head_dim ${cfg.headDim}`);
   }
   // Proportional RoPE rotates its leading `angles` pairs of the dim / 2.
@@ -150,7 +152,7 @@ export function checkConfigBounds(cfg: ModelConfig, where: string): void {
       fail(`proportional RoPE rotates ${a} pairs; expected 1..${r.dim / 2}`);
     }
   };
-  proportional(rope);
+  if (!unrotated) proportional(rope);
   // Every float the engine reads has a range real models sit far inside: outside it the
   // softmaxes and rotations overflow into NaN or collapse, and the output is silently wrong.
   const within = (what: string, v: number, lo: number, hi: number) => {

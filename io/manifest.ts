@@ -253,6 +253,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
       int(r.streams, w("residual.streams"), 1, 64);
       int(r.sinkhornIters, w("residual.sinkhornIters"), 1, 1000);
       num(r.eps, w("residual.eps"));
+      if (r.collapse !== undefined) oneOf(r.collapse, ["mean"], w("residual.collapse"));
     }
   }
   if (c.glu !== undefined) {

@@ -191,12 +191,22 @@ export interface GatedDeltaNetConfig {
  * `hyper`: hyper-connections (manifold-constrained, DeepSeek-V4): `streams` copies of the
  * residual, collapsed before each sublayer, its output spread back and the old streams mixed by
  * a doubly stochastic matrix (`sinkhornIters` Sinkhorn iterations, `eps` added where the
- * reference adds hc_eps); the hyper head collapses them before the final norm (layer tensors
- * `hc_attn_*`, `hc_ffn_*`; globals `hc_head_*`).
+ * reference adds hc_eps); the hyper head (or their mean) collapses them before the final norm
+ * (layer tensors `hc_attn_*`, `hc_ffn_*`; globals `hc_head_*`).
  */
 export type ResidualConfig =
   | { kind: "attn_res"; blockSize: number }
-  | { kind: "hyper"; streams: number; sinkhornIters: number; eps: number }
+  | {
+    kind: "hyper";
+    streams: number;
+    sinkhornIters: number;
+    eps: number;
+    /**
+     * How the streams become one before the final norm. Absent: the hyper head (DeepSeek-V4);
+     * `mean`: their unweighted mean, no tensors (GLM-5.3-Flash).
+     */
+    collapse?: "mean";
+  }
   | {
     /**
      * Sandwich norms (Gemma 4): the embedding rows × `embedScale`; each sublayer's output is
@@ -538,7 +548,7 @@ export function globalTensorsOf(cfg: ModelConfig): GlobalTensor[] {
     ...(cfg.residual?.kind === "attn_res"
       ? ["out_res_norm" as const, "out_res_proj" as const]
       : []),
-    ...(cfg.residual?.kind === "hyper"
+    ...(cfg.residual?.kind === "hyper" && cfg.residual.collapse !== "mean"
       ? ["hc_head_fn" as const, "hc_head_base" as const, "hc_head_scale" as const]
       : []),
   ];

@@ -59,6 +59,9 @@ function expectedShape(cfg: ModelConfig, layer: number, t: LayerTensor): number[
       idx_k_bias: [d],
       idx_w: [n, h],
     });
+    // GLM-5.3-Flash's k-pool (tiny-glm5-next tensors).
+    const pool = mla.indexer.pool;
+    if (pool) Object.assign(table, { idx_pool_ape: [pool, d], idx_pool_gate: [d, h] });
   }
   if (kda) {
     // Kimi-Linear's checkpoint layout (../shared/models/README.md, tiny-kimi-linear tensors).
@@ -74,12 +77,24 @@ function expectedShape(cfg: ModelConfig, layer: number, t: LayerTensor): number[
       f_a: [dk, h],
       f_b: [p, dk],
       dt_bias: [p],
-      a_log: [1, 1, H, 1],
+      // GLM-5.3-Flash stores one vector (tiny-glm5-next tensors).
+      a_log: cfg.family === "glm5_next" ? [H] : [1, 1, H, 1],
       beta_proj: [H, h],
       g_a: [dk, h],
       g_b: [p, dk],
       o_norm: [dk],
     });
+  }
+  if (cfg.residual?.kind === "hyper") {
+    // Hyper-connections (tiny-glm5-next tensors: [(2 + n)·n, n·hidden], [(2 + n)·n], [3]).
+    const n = cfg.residual.streams, mixes = (2 + n) * n;
+    for (const site of ["attn", "ffn"]) {
+      Object.assign(table, {
+        [`hc_${site}_fn`]: [mixes, n * h],
+        [`hc_${site}_base`]: [mixes],
+        [`hc_${site}_scale`]: [3],
+      });
+    }
   }
   if (moe) {
     const s = moe.sharedIntermediate;
@@ -214,7 +229,8 @@ Deno.test("every canonical tensor name resolves to a checkpoint tensor of the ex
     }
     // Nothing in the checkpoint is left unnamed (a tied model may keep an explicit lm_head copy)
     // but the layers at index >= num_hidden_layers (GLM's MTP layer), which are not the model's.
-    const beyond = (n: string) => Number(/^model\.layers\.(\d+)\./.exec(n)?.[1]) >= cfg.numLayers;
+    const beyond = (n: string) =>
+      Number(/^model\.(?:language_model\.)?layers\.(\d+)\./.exec(n)?.[1]) >= cfg.numLayers;
     const rest = [...ck.tensors.keys()].filter((n) => !used.has(n) && !beyond(n));
     assert.deepEqual(
       rest,

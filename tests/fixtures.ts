@@ -29,6 +29,8 @@ export const CHECKPOINT_FIXTURES: readonly string[] = [
   "tiny-deepseek-v3-fp8",
   "tiny-glm4-moe",
   "tiny-glm5",
+  "tiny-glm5-next",
+  "tiny-glm5-next-fp8",
   "tiny-kimi-linear",
   "tiny-minimax-m2",
   "tiny-minimax-m2-fp8",
@@ -265,6 +267,36 @@ export function decodeAgainstReference(
     }
   }
   return worst;
+}
+
+/**
+ * Asserts that fixture `name`'s float64 reference gives `known` after `prompt` with its
+ * sparse-attention indexer, and that attending densely (the indexer keeping every key) does not,
+ * while it agrees on the first `sparseFrom` ids (those made before any query was thinned).
+ */
+export function assertDenseAttentionFails(
+  name: string,
+  prompt: readonly number[],
+  known: readonly number[],
+  sparseFrom: number,
+): void {
+  const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+  const run = (topK: number) => {
+    const ref = new ReferenceModel(
+      { ...cfg, mla: { ...cfg.mla!, indexer: { ...cfg.mla!.indexer!, topK } } },
+      weight,
+    );
+    const tokens = [...prompt];
+    for (let pos = 0; tokens.length < prompt.length + known.length; pos++) {
+      const logits = ref.forward64(tokens[pos], pos);
+      if (pos >= prompt.length - 1) tokens.push(argmax(logits));
+    }
+    return tokens.slice(prompt.length);
+  };
+  assert.deepEqual(run(cfg.mla!.indexer!.topK), known, "the reference gives the known answer");
+  const dense = run(1 << 20);
+  assert.notDeepEqual(dense, known);
+  assert.deepEqual(dense.slice(0, sparseFrom), known.slice(0, sparseFrom));
 }
 
 /** What a prompt-cache check appends to its prompt, and how (see {@link checkPromptCache}). */

@@ -197,6 +197,7 @@ Deno.test(
     assert.equal(inspectContainer(`${tmp}/stories260k.sluice`).params.total, 260032);
     assert.equal(inspectContainer(`${tmp}/tiny-deepseek-v3-fp8.sluice`).params.total, 479344);
     assert.equal(inspectContainer(`${tmp}/tiny-kimi-linear.sluice`).params.total, 738592);
+    assert.equal(inspectContainer(`${tmp}/tiny-glm5-next.sluice`).params.total, 802924);
     const moe64 = inspectContainer(`${tmp}/stories260k-moe64.sluice`);
     assert.equal(moe64.banks[0].recordBytes, 128 + 132096);
     assert.equal(moe64.banks[0].stride, 135168);

@@ -11,7 +11,7 @@ import { Arena } from "../engine/arena.ts";
 import { Ops } from "../engine/ops.ts";
 import { MIXERS } from "../engine/parts/mod.ts";
 import { residualPartOf } from "../engine/parts/residual.ts";
-import { hyperHead, hyperPost, hyperWeights } from "../engine/reference/math.ts";
+import { hyperHead, hyperMean, hyperPost, hyperWeights } from "../engine/reference/math.ts";
 import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { indexScoresReference, poolKeysReference, topKReference } from "../engine/reference/mla.ts";
@@ -277,85 +277,101 @@ for (const [what, cfg] of CASES) {
   });
 }
 
-Deno.test("the hyper-connection stream matches its float64 reference over layers and a chunk", async () => {
-  const cfg = config({
-    hiddenSize: 37,
-    numLayers: 2,
-    layerKinds: ["dense", "dense"],
-    residual: { kind: "hyper", streams: 3, sinkhornIters: 6, eps: 1e-6 },
-  });
-  const part = residualPartOf(cfg);
-  const d = cfg.hiddenSize, n = 3, nb = 3;
-  const arena = new Arena(16 * 2 ** 20);
-  const pool = await Pool.create(arena, await loadKernelModule(), 1);
-  try {
-    const ops = new Ops(arena, pool);
-    const put = (name: string, shape: number[], seed: number): [TensorRef, Float32Array] => {
-      const v = values(shape.reduce((a, b) => a * b, 1), seed, name.endsWith("scale") ? 0.5 : 0.4);
-      if (name.endsWith("scale")) v.forEach((x, i) => v[i] = 1 + x);
-      const ptr = arena.alloc(name, v.length * 4, 64);
-      arena.f32(ptr, v.length).set(v);
-      return [{ ptr, dtype: "f32", rows: shape[0], cols: shape.at(-1)! }, v];
-    };
-    const globals = new Map(
-      part.globalTensors.map((t, i) => [t, put(t, part.shape(cfg, t), 50 + i)]),
-    );
-    const layers = [0, 1].map((l) =>
-      new Map(
-        part.layerTensors.map((t, i) => [t, put(`${l}${t}`, part.shape(cfg, t), 60 + 10 * l + i)]),
-      )
-    );
-    const stream = part.create(ops, arena, cfg, (t) => globals.get(t)![0], nb);
-    const embedded = values(nb * d, 7, 1);
-    arena.f32(stream.x, nb * d).set(embedded);
-    stream.start(nb);
-    // A stand-in sublayer: out = 0.5·input + 0.1 (any function of the input would do).
-    const sub = (v: ArrayLike<number>) => Float64Array.from(v, (u) => 0.5 * u + 0.1);
-    const out = arena.alloc("out", nb * d * 4);
-    const want: Float64Array[][] = Array.from({ length: nb }, (_, b) => {
-      const e = Float64Array.from(embedded.subarray(b * d, (b + 1) * d));
-      return Array.from({ length: n }, () => e.slice());
-    });
-    for (let l = 0; l < 2; l++) {
-      const lw: LayerWeights = {
-        get: (t) => layers[l].get(t)?.[0] ?? assert.fail(`no ${t}`),
-        has: (t) => layers[l].has(t),
-      };
-      for (const [which, site] of [["mixer", "attn"], ["ffn", "ffn"]] as const) {
-        const input = stream.input(which, l, lw, nb);
-        const got = arena.f32(input, nb * d);
-        for (let b = 0; b < nb; b++) {
-          const w = hyperWeights(
-            want[b],
-            layers[l].get(`hc_${site}_fn`)![1],
-            layers[l].get(`hc_${site}_base`)![1],
-            layers[l].get(`hc_${site}_scale`)![1],
-            6,
-            cfg.rmsNormEps,
-            1e-6,
-            site,
+for (const collapse of [undefined, "mean" as const]) {
+  Deno.test(
+    `the hyper-connection stream matches its float64 reference over layers and a chunk, collapsed by ${
+      collapse ?? "the hyper head"
+    }`,
+    async () => {
+      const cfg = config({
+        hiddenSize: 37,
+        numLayers: 2,
+        layerKinds: ["dense", "dense"],
+        residual: { kind: "hyper", streams: 3, sinkhornIters: 6, eps: 1e-6, collapse },
+      });
+      const part = residualPartOf(cfg);
+      const d = cfg.hiddenSize, n = 3, nb = 3;
+      const arena = new Arena(16 * 2 ** 20);
+      const pool = await Pool.create(arena, await loadKernelModule(), 1);
+      try {
+        const ops = new Ops(arena, pool);
+        const put = (name: string, shape: number[], seed: number): [TensorRef, Float32Array] => {
+          const v = values(
+            shape.reduce((a, b) => a * b, 1),
+            seed,
+            name.endsWith("scale") ? 0.5 : 0.4,
           );
-          const diff = maxRelDiff(got.subarray(b * d, (b + 1) * d), w.input);
-          assert.ok(diff <= 1e-5, `layer ${l} ${which} token ${b}: input off by ${diff}`);
-          want[b] = hyperPost(want[b], sub(w.input), w);
+          if (name.endsWith("scale")) v.forEach((x, i) => v[i] = 1 + x);
+          const ptr = arena.alloc(name, v.length * 4, 64);
+          arena.f32(ptr, v.length).set(v);
+          return [{ ptr, dtype: "f32", rows: shape[0], cols: shape.at(-1)! }, v];
+        };
+        const globals = new Map(
+          part.globalTensors.map((t, i) => [t, put(t, part.shape(cfg, t), 50 + i)]),
+        );
+        const layers = [0, 1].map((l) =>
+          new Map(
+            part.layerTensors.map((
+              t,
+              i,
+            ) => [t, put(`${l}${t}`, part.shape(cfg, t), 60 + 10 * l + i)]),
+          )
+        );
+        const stream = part.create(ops, arena, cfg, (t) => globals.get(t)![0], nb);
+        const embedded = values(nb * d, 7, 1);
+        arena.f32(stream.x, nb * d).set(embedded);
+        stream.start(nb);
+        // A stand-in sublayer: out = 0.5·input + 0.1 (any function of the input would do).
+        const sub = (v: ArrayLike<number>) => Float64Array.from(v, (u) => 0.5 * u + 0.1);
+        const out = arena.alloc("out", nb * d * 4);
+        const want: Float64Array[][] = Array.from({ length: nb }, (_, b) => {
+          const e = Float64Array.from(embedded.subarray(b * d, (b + 1) * d));
+          return Array.from({ length: n }, () => e.slice());
+        });
+        for (let l = 0; l < 2; l++) {
+          const lw: LayerWeights = {
+            get: (t) => layers[l].get(t)?.[0] ?? assert.fail(`no ${t}`),
+            has: (t) => layers[l].has(t),
+          };
+          for (const [which, site] of [["mixer", "attn"], ["ffn", "ffn"]] as const) {
+            const input = stream.input(which, l, lw, nb);
+            const got = arena.f32(input, nb * d);
+            for (let b = 0; b < nb; b++) {
+              const w = hyperWeights(
+                want[b],
+                layers[l].get(`hc_${site}_fn`)![1],
+                layers[l].get(`hc_${site}_base`)![1],
+                layers[l].get(`hc_${site}_scale`)![1],
+                6,
+                cfg.rmsNormEps,
+                1e-6,
+                site,
+              );
+              const diff = maxRelDiff(got.subarray(b * d, (b + 1) * d), w.input);
+              assert.ok(diff <= 1e-5, `layer ${l} ${which} token ${b}: input off by ${diff}`);
+              want[b] = hyperPost(want[b], sub(w.input), w);
+            }
+            arena.f32(out, nb * d).set(Float32Array.from(sub(got)));
+            stream.add(which, l, out, nb);
+          }
         }
-        arena.f32(out, nb * d).set(Float32Array.from(sub(got)));
-        stream.add(which, l, out, nb);
+        const final = arena.f32(stream.output(1, nb), (nb - 1) * d);
+        for (let b = 1; b < nb; b++) {
+          const [fn, base, scale] = ["hc_head_fn", "hc_head_base", "hc_head_scale"].map((t) =>
+            globals.get(t as GlobalTensor)![1]
+          );
+          const w = collapse === "mean"
+            ? hyperMean(want[b])
+            : hyperHead(want[b], fn, base, scale, cfg.rmsNormEps, 1e-6);
+          const diff = maxRelDiff(final.subarray((b - 1) * d, b * d), w);
+          assert.ok(diff <= 1e-5, `token ${b}: ${collapse ?? "hyper head"} off by ${diff}`);
+        }
+      } finally {
+        pool.close();
       }
-    }
-    const final = arena.f32(stream.output(1, nb), (nb - 1) * d);
-    for (let b = 1; b < nb; b++) {
-      const [fn, base, scale] = ["hc_head_fn", "hc_head_base", "hc_head_scale"].map((t) =>
-        globals.get(t as GlobalTensor)![1]
-      );
-      const w = hyperHead(want[b], fn, base, scale, cfg.rmsNormEps, 1e-6);
-      const diff = maxRelDiff(final.subarray((b - 1) * d, b * d), w);
-      assert.ok(diff <= 1e-5, `token ${b}: hyper head off by ${diff}`);
-    }
-  } finally {
-    pool.close();
-  }
-});
+    },
+  );
+}
 
 Deno.test("the indexer's scores, top-k and pool keys match their scalar reference at awkward sizes", async () => {
   const arena = new Arena(4 * 2 ** 20);

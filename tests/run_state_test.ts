@@ -12,13 +12,15 @@ import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 /**
  * One fixture of each set of parts: GQA, MLA, KDA + MLA, sinks and windows, K3's parts, Gated
  * DeltaNet + gated GQA (flat and fused per key head), Gemma 4's (two attention geometries,
- * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8, MLA with a sparse-attention indexer.
+ * sandwich norms, a dense MLP beside the MoE), MiniMax-M2's FP8, MLA with a sparse-attention indexer,
+ * and KDA + NoPE MLA with the k-pool indexer under hyper-connections.
  */
 const FIXTURES = [
   "stories260k",
   "stories260k-moe",
   "tiny-deepseek-v3",
   "tiny-glm5",
+  "tiny-glm5-next",
   "tiny-kimi-linear",
   "tiny-gpt-oss",
   "tiny-kimi-k3",

@@ -1,5 +1,5 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4 --size 2G --out DIR [options]`: writes a
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4|glm5_next --size 2G --out DIR [options]`: writes a
  * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
@@ -55,7 +55,8 @@ export function parseSize(s: string): number {
 }
 
 const USAGE =
-  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4
+  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4|
+  glm5_next
   --size 2G --out DIR
   [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
@@ -66,7 +67,8 @@ const USAGE =
   qwen3_5_moe: --gdn-key-heads --gdn-value-heads --gdn-key-dim --gdn-value-dim --full-every
   --shared-inter
   deepseek_v4: --o-groups --o-lora-rank --window --index-heads --index-head-dim --index-topk
-  --hash-layers --hc-mult`;
+  --hash-layers --hc-mult
+  glm5_next: --kda-heads --kda-head-dim --mla-every (bf16: FP8 as the release ships it)`;
 
 /** CLI flag → size field. */
 const FLAG_FIELDS: Record<string, keyof SynthDims> = {

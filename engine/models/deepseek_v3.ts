@@ -155,7 +155,9 @@ export const DEEPSEEK_V3: Family = {
     const m = manifestField.obj(c.mla, `${where}.mla`);
     if (m.qLoraRank !== null) manifestField.int(m.qLoraRank, `${where}.mla.qLoraRank`, 1, MAX_DIM);
     for (const k of ["kvLoraRank", "qkNopeHeadDim", "qkRopeHeadDim", "vHeadDim"]) {
-      manifestField.int(m[k], `${where}.mla.${k}`, 1, MAX_DIM);
+      // NoPE MLA may have no rope dims at all (GLM-5.3-Flash).
+      const min = k === "qkRopeHeadDim" && m.nope === true ? 0 : 1;
+      manifestField.int(m[k], `${where}.mla.${k}`, min, MAX_DIM);
     }
     // Derived fields must say what the MLA section says (normaliseDeepseekV3 sets them so).
     const qk = (m.qkNopeHeadDim as number) + (m.qkRopeHeadDim as number);

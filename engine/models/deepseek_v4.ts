@@ -200,8 +200,11 @@ const FFN_NAMES: Partial<Record<LayerTensor, string>> = {
   shared_down: "ffn.shared_experts.w2.weight",
 };
 
-/** The hyper-connections' weights before each sublayer. */
-const HYPER_NAMES: Partial<Record<LayerTensor, string>> = {
+/**
+ * The hyper-connections' weights before each sublayer, stored under their canonical names without
+ * a `.weight` suffix (DeepSeek-V4 and GLM-5.3-Flash alike).
+ */
+export const HYPER_NAMES: Partial<Record<LayerTensor, string>> = {
   hc_attn_fn: "hc_attn_fn",
   hc_attn_base: "hc_attn_base",
   hc_attn_scale: "hc_attn_scale",

@@ -10,6 +10,7 @@ import type { ModelConfig } from "../../io/model_config.ts";
 import { DEEPSEEK_V3, normaliseDeepseekV3, normaliseGlmMoeDsa } from "./deepseek_v3.ts";
 import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
 import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
+import { GLM5_NEXT, normaliseGlm5Next } from "./glm5_next.ts";
 import type { Family, ModelType } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
@@ -41,6 +42,7 @@ export const FAMILIES: Readonly<Record<string, Family>> = {
   kimi_linear: KIMI_LINEAR,
   kimi_k3: KIMI_K3,
   gemma4: GEMMA4,
+  glm5_next: GLM5_NEXT,
   qwen3_next: QWEN3_NEXT,
 };
 
@@ -89,6 +91,16 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseGlmMoeDsa,
     naming: MLP_NAMING,
     architectures: ["GlmMoeDsaForCausalLM"],
+  },
+  // GLM-5.3-Flash: the text model under text_config and model.language_model.; the MTP layer
+  // (index num_hidden_layers) and the vision tower are not packed.
+  glm5_next: {
+    family: GLM5_NEXT,
+    normalise: normaliseGlm5Next,
+    naming: MLP_NAMING,
+    architectures: ["Glm5NextForConditionalGeneration"],
+    prefix: "model.language_model.",
+    skipped: { "model.visual.": "the vision tower; sluice runs the text model" },
   },
   glm4_moe: {
     family: LLAMA,

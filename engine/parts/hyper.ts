@@ -4,12 +4,13 @@
  * hidden vector. Before each sublayer, weights computed from the flattened streams collapse them
  * into the sublayer's input (pre); after it, the output is spread back (post) and the old streams
  * are mixed by a Sinkhorn-normalised doubly stochastic matrix (comb); the hyper head collapses
- * the streams once more before the final norm. Kernels: kernels/hyper.c; float64 reference:
- * engine/reference/math.ts `hyperWeights`, `hyperPost`, `hyperHead`.
+ * the streams once more before the final norm, or (`collapse: "mean"`, GLM-5.3-Flash) their
+ * unweighted mean does. Kernels: kernels/hyper.c; float64 reference: engine/reference/math.ts
+ * `hyperWeights`, `hyperPost`, `hyperHead`, `hyperMean`.
  *
  * Tensors (canonical names; any family maps its own onto them): per layer `hc_attn_fn`
  * [(2+n)·n, n·d], `hc_attn_base` [(2+n)·n], `hc_attn_scale` [3] and the same three `hc_ffn_*`;
- * globals `hc_head_fn` [n, n·d], `hc_head_base` [n], `hc_head_scale` [1].
+ * globals `hc_head_fn` [n, n·d], `hc_head_base` [n], `hc_head_scale` [1] (none with the mean).
  *
  * @module
  */
@@ -22,7 +23,9 @@ import type { ResidualPart, ResidualStream } from "./residual.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** The hyper-connection settings of a config. */
-function hyperOf(cfg: ModelConfig): { streams: number; sinkhornIters: number; eps: number } {
+function hyperOf(
+  cfg: ModelConfig,
+): { streams: number; sinkhornIters: number; eps: number; collapse?: "mean" } {
   if (cfg.residual?.kind !== "hyper") throw new Error("the config has no hyper-connections");
   return cfg.residual;
 }
@@ -50,7 +53,8 @@ class HyperStream implements ResidualStream {
   #post: number;
   #comb: number;
   #mix: number;
-  #head: { fn: TensorRef; base: TensorRef; scale: TensorRef };
+  /** null: the streams' mean collapses them. */
+  #head: { fn: TensorRef; base: TensorRef; scale: TensorRef } | null;
 
   constructor(
     ops: Ops,
@@ -73,7 +77,7 @@ class HyperStream implements ResidualStream {
     this.#post = arena.alloc("hyper post", post);
     this.#comb = arena.alloc("hyper comb", comb);
     this.#mix = arena.alloc("hyper mixes", mix);
-    this.#head = {
+    this.#head = h.collapse === "mean" ? null : {
       fn: global("hc_head_fn"),
       base: global("hc_head_base"),
       scale: global("hc_head_scale"),
@@ -119,11 +123,25 @@ class HyperStream implements ResidualStream {
   }
 
   output(first: number, nb: number): number {
-    const d = this.#cfg.hiddenSize;
+    const d = this.#cfg.hiddenSize, n = this.#n;
+    const out = this.#collapsed + first * d * 4;
+    if (!this.#head) {
+      // The mean, summed in stream order then divided, the same for every batch.
+      const x = this.#ops.f32(this.#streams + first * n * d * 4, (nb - first) * n * d);
+      const y = this.#ops.f32(out, (nb - first) * d);
+      for (let b = 0; b < nb - first; b++) {
+        for (let i = 0; i < d; i++) {
+          let s = 0;
+          for (let j = 0; j < n; j++) s = Math.fround(s + x[(b * n + j) * d + i]);
+          y[b * d + i] = s / n;
+        }
+      }
+      return out;
+    }
     this.#ops.hcHead({
-      x: this.#streams + first * this.#n * d * 4,
+      x: this.#streams + first * n * d * 4,
       tokens: nb - first,
-      n: this.#n,
+      n,
       d,
       fn: this.#head.fn.ptr,
       base: this.#head.base.ptr,
@@ -131,9 +149,9 @@ class HyperStream implements ResidualStream {
       normEps: this.#cfg.rmsNormEps,
       hcEps: this.#eps,
       mix: this.#mix,
-      out: this.#collapsed + first * d * 4,
+      out,
     });
-    return this.#collapsed + first * d * 4;
+    return out;
   }
 }
 

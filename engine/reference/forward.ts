@@ -33,6 +33,7 @@ import {
   GELU_TANH_GLU,
   type GluActivation,
   hyperHead,
+  hyperMean,
   hyperPost,
   hyperWeights,
   limitedSwiglu,
@@ -297,6 +298,8 @@ export class ReferenceModel implements ReferenceContext {
         eps,
         "out_res",
       );
+    } else if (hyper?.collapse === "mean") {
+      final = hyperMean(streams);
     } else if (hyper) {
       final = hyperHead(
         streams,

@@ -319,3 +319,8 @@ export function hyperHead(
   const m = hyperMixes(streams, fn, n, normEps, "hc_head_fn");
   return hyperCollapse(streams, m.map((v, j) => sigmoid(v * scale[0] + base[j]) + eps));
 }
+
+/** The streams' unweighted mean (GLM-5.3-Flash's final collapse). */
+export function hyperMean(streams: Float64Array[]): Float64Array {
+  return hyperCollapse(streams, streams.map(() => 1 / streams.length));
+}

@@ -348,8 +348,9 @@ export function reportSkippedLayers(
   log: (line: string) => void,
 ): void {
   const counts = new Map<number, number>();
+  const layers = `${modelTypeOf(cfg).prefix ?? "model."}layers.`;
   for (const name of ckpt.tensors.keys()) {
-    const m = /^model\.layers\.(\d+)\./.exec(name);
+    const m = name.startsWith(layers) ? /^(\d+)\./.exec(name.slice(layers.length)) : null;
     const l = m ? Number(m[1]) : -1;
     if (l >= cfg.numLayers) counts.set(l, (counts.get(l) ?? 0) + 1);
   }

@@ -1,7 +1,8 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
  * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168,
- * Qwen3.6-35B-A3B, DeepSeek-V4-Flash in its FP8/FP4 storage) as
+ * Qwen3.6-35B-A3B, DeepSeek-V4-Flash in its FP8/FP4 storage, GLM-5.3-Flash at its real hidden 4096
+ * in its FP8 storage) as
  * functions of the hidden size, their config.json and their tensors.
  *
  * @module
@@ -946,21 +947,24 @@ const QWEN3_5_MOE: Recipe = {
  */
 const v4Ratio = (l: number) => l < 2 ? 0 : l % 2 ? 128 : 4;
 
+/** Std of the synthetic FP8 linears' E4M3 codes; their block scales bring it to 1/sqrt(in). */
+const E4M3_CODE_STD = 16;
+
+/** The E4M3 codes [out, in] of an FP8 linear named `name`. */
+function e4m3Codes(name: string, out: number, inp: number, l: number): SynthTensor {
+  const init: SynthInit = { kind: "e4m3", std: E4M3_CODE_STD };
+  return { name, shape: [out, inp], dtype: "F8_E4M3", init, layer: l };
+}
+
 /**
  * An FP8 E4M3 linear `name.weight` [out, in] with its E8M0 128 × 128 block scales `name.scale`
  * (a block may be narrower), as DeepSeek-V4 ships its linears: codes of std 16 times a power of
  * two near 1/(16·sqrt(in)), so the weights' std is about 1/sqrt(in).
  */
 function fp8Linear(name: string, out: number, inp: number, l: number): SynthTensor[] {
-  const exp = 127 + Math.round(Math.log2(1 / (16 * Math.sqrt(inp))));
+  const exp = 127 + Math.round(Math.log2(1 / (E4M3_CODE_STD * Math.sqrt(inp))));
   return [
-    {
-      name: `${name}.weight`,
-      shape: [out, inp],
-      dtype: "F8_E4M3",
-      init: { kind: "e4m3", std: 16 },
-      layer: l,
-    },
+    e4m3Codes(`${name}.weight`, out, inp, l),
     {
       name: `${name}.scale`,
       shape: [Math.ceil(out / 128), Math.ceil(inp / 128)],
@@ -1181,6 +1185,256 @@ function gateInit(fanIn: number): SynthInit {
   return { kind: "normal", mean: 0, std: 2 / Math.sqrt(fanIn) };
 }
 
+/** GLM-5.3-Flash's tensor prefix. */
+const G5N = "model.language_model.";
+
+/** Whether layer `l` of a GLM-5.3-Flash-shaped model is MLA (1-based every mlaEvery-th: 3, 7, …). */
+const g5nIsMla = (d: SynthDims, l: number) => (l + 1) % d.mlaEvery === 0;
+
+/** GLM-5.3-Flash's indexer: half the MLA heads (32 at 64), each of the KDA head width. */
+const g5nIndexer = (d: SynthDims) => ({
+  heads: Math.max(1, Math.round(d.heads / 2)),
+  dim: d.kdaHeadDim,
+});
+
+/**
+ * A matrix [out, in] in GLM-5.3-Flash's FP8 storage when the checkpoint is bf16 (E4M3 codes and
+ * an F32 `weight_scale_inv` per 128 × 128 block giving an RMS of about 1/sqrt(in)), else a plain
+ * `dt` matrix.
+ */
+function g5nLinear(name: string, out: number, inp: number, dt: SynthElemType, l: number) {
+  if (dt !== "BF16") return [linear(name, out, inp, dt, l)];
+  const scale = 1 / (E4M3_CODE_STD * Math.sqrt(inp));
+  return [
+    e4m3Codes(name, out, inp, l),
+    f32(`${name}_scale_inv`, [Math.ceil(out / 128), Math.ceil(inp / 128)], scale, 0, l),
+  ];
+}
+
+/** F32 when the checkpoint is f32, else the trunk's BF16: what the release keeps in BF16. */
+const g5nFloat = (dt: SynthElemType): SynthElemType => dt === "F32" ? "F32" : "BF16";
+
+const GLM5_NEXT: Recipe = {
+  baseHidden: 4096,
+  baseLayers: 45,
+  baseExperts: 288,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 288,
+  maxPositions: 1048576,
+  width: (h) => {
+    // The release at 4096: KDA 64 heads of 128, MLA 64 heads with q_lora 1536, kv_lora 512,
+    // qk_nope = v = 256 and no rope, experts of 2048, dense layers of 12288.
+    const heads = Math.max(1, h / 64);
+    return {
+      heads,
+      kvHeads: heads,
+      kdaHeads: heads,
+      kdaHeadDim: Math.round(clamp(h / 32, 16, 128)),
+      headDim: Math.round(clamp(h / 16, 16, 256)),
+      nopeDim: Math.round(clamp(h / 16, 16, 256)),
+      vDim: Math.round(clamp(h / 16, 16, 256)),
+      qLoraRank: (3 * h) / 8,
+      kvLoraRank: h / 8,
+      expertInter: h / 2,
+      denseInter: 3 * h,
+      sharedExperts: 1,
+      mlaEvery: 4,
+    };
+  },
+  counts: (d) => ({
+    topK: defaultTopK(d.experts, 8),
+    firstDense: Math.min(3, d.layers - 1),
+    nGroup: 1,
+    topkGroup: 1,
+  }),
+  config: (d, dtype) => {
+    const types = Array.from({ length: d.layers }, (_, l) => l);
+    const ix = g5nIndexer(d);
+    const text = {
+      model_type: "glm5_next_text",
+      vocab_size: d.vocab,
+      hidden_size: d.hidden,
+      intermediate_size: d.denseInter,
+      num_hidden_layers: d.layers,
+      num_attention_heads: d.heads,
+      num_key_value_heads: d.heads,
+      first_k_dense_replace: d.firstDense,
+      moe_intermediate_size: d.expertInter,
+      n_routed_experts: d.experts,
+      n_shared_experts: d.sharedExperts,
+      num_experts_per_tok: d.topK,
+      routed_scaling_factor: 2.5,
+      scoring_func: "sigmoid",
+      topk_method: "noaux_tc",
+      norm_topk_prob: true,
+      n_group: 1,
+      topk_group: 1,
+      swiglu_limit: 10.0,
+      hidden_act: "silu",
+      mhc: true,
+      hc_mult: 4,
+      hc_eps: 1e-6,
+      hc_sinkhorn_iters: 20,
+      mla_use_nope: true,
+      q_lora_rank: d.qLoraRank,
+      kv_lora_rank: d.kvLoraRank,
+      qk_head_dim: d.nopeDim,
+      qk_nope_head_dim: d.nopeDim,
+      qk_rope_head_dim: 0,
+      v_head_dim: d.vDim,
+      head_dim: 0,
+      attention_bias: false,
+      index_n_heads: ix.heads,
+      index_head_dim: ix.dim,
+      index_topk: 2048,
+      index_kpool: 4,
+      index_kpool_always_select_tail: true,
+      indexer_types: types.map(() => "full"),
+      layer_types: types.map((l) =>
+        g5nIsMla(d, l) ? "deepseek_sparse_attention" : "linear_attention"
+      ),
+      mlp_layer_types: types.map((l) => l < d.firstDense ? "dense" : "sparse"),
+      linear_attn_config: {
+        num_heads: d.kdaHeads,
+        head_dim: d.kdaHeadDim,
+        short_conv_kernel_size: 4,
+        gate_lower_bound: -5.0,
+        kda_layers: types.filter((l) => !g5nIsMla(d, l)),
+        full_attn_layers: types.filter((l) => g5nIsMla(d, l)),
+      },
+      num_nextn_predict_layers: 0,
+      max_position_embeddings: d.maxPositions,
+      rms_norm_eps: 1e-5,
+      tie_word_embeddings: false,
+      bos_token_id: SYNTH_BOS_ID,
+      eos_token_id: SYNTH_EOS_ID,
+      dtype: dtype === "bf16" ? "bfloat16" : "float32",
+    };
+    return {
+      architectures: ["Glm5NextForConditionalGeneration"],
+      model_type: "glm5_next",
+      text_config: text,
+      tie_word_embeddings: false,
+      dtype: text.dtype,
+      ...(dtype === "bf16"
+        ? {
+          quantization_config: {
+            quant_method: "fp8",
+            fmt: "e4m3",
+            activation_scheme: "dynamic",
+            weight_block_size: [128, 128],
+          },
+        }
+        : {}),
+    };
+  },
+  layer: (d, l, dt) => {
+    const p = `${G5N}layers.${l}.`, a = p + "self_attn.", b = g5nFloat(dt);
+    // Four mHC streams: (2 + 4)·4 mixes before each sublayer.
+    const out: SynthTensor[] = [
+      ...hyperTensors(`${p}hc_attn_`, 24, 4, d.hidden, l),
+      ...hyperTensors(`${p}hc_ffn_`, 24, 4, d.hidden, l),
+    ];
+    out.push(
+      norm(p + "input_layernorm.weight", d.hidden, b, l),
+      norm(p + "post_attention_layernorm.weight", d.hidden, b, l),
+    );
+    if (g5nIsMla(d, l)) {
+      const ix = g5nIndexer(d);
+      out.push(
+        ...g5nLinear(a + "q_a_proj.weight", d.qLoraRank, d.hidden, dt, l),
+        norm(a + "q_a_layernorm.weight", d.qLoraRank, b, l),
+        ...g5nLinear(a + "q_b_proj.weight", d.heads * d.nopeDim, d.qLoraRank, dt, l),
+        ...g5nLinear(a + "kv_a_proj_with_mqa.weight", d.kvLoraRank, d.hidden, dt, l),
+        norm(a + "kv_a_layernorm.weight", d.kvLoraRank, b, l),
+        linear(a + "kv_b_proj.weight", d.heads * (d.nopeDim + d.vDim), d.kvLoraRank, b, l),
+        ...g5nLinear(a + "o_proj.weight", d.hidden, d.heads * d.vDim, dt, l),
+        linear(a + "indexer.wq_b.weight", ix.heads * ix.dim, d.qLoraRank, b, l),
+        linear(a + "indexer.wk.weight", ix.dim, d.hidden, b, l),
+        norm(a + "indexer.k_norm.weight", ix.dim, b, l),
+        {
+          name: a + "indexer.k_norm.bias",
+          shape: [ix.dim],
+          dtype: b,
+          init: { kind: "normal", mean: 0, std: 0.05 },
+          layer: l,
+        },
+        linear(a + "indexer.weights_proj.weight", ix.heads, d.hidden, b, l),
+        f32(a + "indexer.index_kpool_compress_ape", [4, ix.dim], 0, 0.5, l),
+        linear(a + "indexer.index_kpool_compress_gate", ix.dim, d.hidden, b, l),
+      );
+    } else {
+      const P = d.kdaHeads * d.kdaHeadDim, D = d.kdaHeadDim;
+      for (const x of ["q", "k", "v"]) {
+        out.push(
+          linear(`${a}${x}_proj.weight`, P, d.hidden, b, l),
+          f32(`${a}${x}_conv1d.weight`, [P, 1, 4], 0, 0.5, l),
+        );
+      }
+      out.push(
+        linear(a + "f_a_proj.weight", D, d.hidden, b, l),
+        linear(a + "f_b_proj.weight", P, D, b, l),
+        f32(a + "A_log", [d.kdaHeads], 0, 0.5, l),
+        f32(a + "dt_bias", [P], -2, 1.5, l),
+        linear(a + "b_proj.weight", d.kdaHeads, d.hidden, b, l),
+        linear(a + "g_a_proj.weight", D, d.hidden, b, l),
+        linear(a + "g_b_proj.weight", P, D, b, l),
+        norm(a + "o_norm.weight", D, b, l),
+        linear(a + "o_proj.weight", d.hidden, P, b, l),
+      );
+    }
+    const m = p + "mlp.";
+    if (l < d.firstDense) {
+      return [
+        ...out,
+        ...PROJ.flatMap((n, i) =>
+          g5nLinear(
+            `${m}${n}.weight`,
+            i < 2 ? d.denseInter : d.hidden,
+            i < 2 ? d.hidden : d.denseInter,
+            dt,
+            l,
+          )
+        ),
+      ];
+    }
+    const s = d.expertInter * d.sharedExperts;
+    return [
+      ...out,
+      router(m + "gate.weight", d.experts, d.hidden, b, l),
+      f32(m + "gate.e_score_correction_bias", [d.experts], 0, 0, l),
+      ...g5nLinear(m + "shared_experts.gate_proj.weight", s, d.hidden, dt, l),
+      ...g5nLinear(m + "shared_experts.up_proj.weight", s, d.hidden, dt, l),
+      ...g5nLinear(m + "shared_experts.down_proj.weight", d.hidden, s, dt, l),
+    ];
+  },
+  expert: (d, l, e, dt) => {
+    const p = `${G5N}layers.${l}.mlp.experts.${e}.`, i = d.expertInter;
+    return [
+      ...g5nLinear(p + "gate_proj.weight", i, d.hidden, dt, l),
+      ...g5nLinear(p + "up_proj.weight", i, d.hidden, dt, l),
+      ...g5nLinear(p + "down_proj.weight", d.hidden, i, dt, l),
+    ];
+  },
+  isMoe: (d, l) => l >= d.firstDense,
+  minLayers: () => 2,
+  globals: (d, dt) => ({
+    head: [{
+      name: `${G5N}embed_tokens.weight`,
+      shape: [d.vocab, d.hidden],
+      dtype: g5nFloat(dt),
+      init: { kind: "normal", mean: 0, std: 1 },
+      layer: -1,
+    }],
+    tail: [
+      norm(`${G5N}norm.weight`, d.hidden, g5nFloat(dt), -1),
+      linear("lm_head.weight", d.vocab, d.hidden, g5nFloat(dt), -1),
+    ],
+  }),
+  attentionOf: (d, l) => g5nIsMla(d, l) ? "mla" : "kda",
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
@@ -1190,6 +1444,7 @@ const RECIPES: Record<SynthArch, Recipe> = {
   kimi_k3: KIMI_K3,
   qwen3_5_moe: QWEN3_5_MOE,
   deepseek_v4: DEEPSEEK_V4,
+  glm5_next: GLM5_NEXT,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

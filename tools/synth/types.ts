@@ -15,6 +15,7 @@ export const SYNTH_ARCHS = [
   "kimi_k3",
   "qwen3_5_moe",
   "deepseek_v4",
+  "glm5_next",
 ] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
@@ -25,7 +26,8 @@ export type SynthDtype = "bf16" | "f32";
 
 /**
  * A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3; F8_E4M3,
- * F8_E8M0, I8 and I64: DeepSeek-V4's FP8 linears, power-of-two scales, FP4 experts and hash tables).
+ * F8_E8M0, I8 and I64: DeepSeek-V4's FP8 linears, power-of-two scales, FP4 experts and hash tables;
+ * F8_E4M3 also GLM-5.3-Flash's FP8 linears, with F32 scales).
  */
 export type SynthElemType = "BF16" | "F32" | "U8" | "F8_E4M3" | "F8_E8M0" | "I8" | "I64";
 
