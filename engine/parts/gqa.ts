@@ -22,7 +22,7 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
+import { type CacheRegion, type Mixer, type MixerPart, PerSequence, stateName } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
 /**
@@ -72,8 +72,8 @@ export class GqaAttention implements Mixer {
   #shape: AttentionShape[] = [];
   /** Ones of the widest head: the weight of the weightless value norm (0 without one). */
   #ones = 0;
-  #k: number[] = [];
-  #v: number[] = [];
+  /** Per sequence, per layer: where its keys and its values start. */
+  #kv: PerSequence<{ k: number[]; v: number[] }>;
   #q: number;
   /** Gated attention: q_proj's output ([query | gate] per head) and the gates (else 0). */
   #qg = 0;
@@ -94,12 +94,14 @@ export class GqaAttention implements Mixer {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ) {
     this.#ops = ops;
     this.#cfg = cfg;
     this.#maxCtx = maxCtx;
     this.#layers = layers;
     const s = gqaScratch(cfg, layers, maxBatch);
+    this.#kv = new PerSequence(sequences, () => ({ k: [], v: [] }));
     layers.forEach((l, i) => {
       const g = s.geometry[i], kvDim = g.numKvHeads * g.headDim;
       this.#geometry[l] = g;
@@ -112,13 +114,19 @@ export class GqaAttention implements Mixer {
         vStride: kvDim,
         scale: cfg.attnScale,
       };
-      // One region per layer, sized by the function the planner sums: keys, then values.
+      // One region per layer and sequence, sized by the function the planner sums: keys, then
+      // values.
       const slots = kvSlots(cfg, l, maxCtx, maxBatch);
       this.#slots[l] = slots;
-      const kv = arena.alloc(`kv cache L${l}`, gqaStateBytes(cfg, l, maxCtx, maxBatch));
-      this.#k[l] = kv;
-      this.#v[l] = kv + slots * kvDim * 4;
+      for (let seq = 0; seq < sequences; seq++) {
+        this.#kv.select(seq);
+        const bytes = gqaStateBytes(cfg, l, maxCtx, maxBatch);
+        const kv = arena.alloc(stateName(`kv cache L${l}`, seq), bytes);
+        this.#kv.current.k[l] = kv;
+        this.#kv.current.v[l] = kv + slots * kvDim * 4;
+      }
     });
+    this.#kv.select(0);
     const tables = new Map(s.ropes.map((r) => [r, buildRopeTable(arena, r, maxCtx)]));
     for (const l of layers) this.#rope[l] = tables.get(this.#geometry[l].rope)!;
     this.#q = arena.alloc("attn q", s.q);
@@ -137,13 +145,18 @@ export class GqaAttention implements Mixer {
     }
   }
 
-  /** The K and V caches of its layers. */
+  /** The K and V caches of its layers (the selected sequence's). */
   cacheRegions(): CacheRegion[] {
+    const { k, v } = this.#kv.current;
     return this.#layers.flatMap((l) => {
       const g = this.#geometry[l];
       const rowBytes = g.numKvHeads * g.headDim * 4;
-      return [{ offset: this.#k[l], rowBytes }, { offset: this.#v[l], rowBytes }];
+      return [{ offset: k[l], rowBytes }, { offset: v[l], rowBytes }];
     });
+  }
+
+  select(seq: number): void {
+    this.#kv.select(seq);
   }
 
   /**
@@ -202,6 +215,7 @@ export class GqaAttention implements Mixer {
     const interleaved = rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
     const slots = this.#slots[layer];
+    const k = this.#kv.current.k[layer], v = this.#kv.current.v[layer];
     const lengths: number[] = [];
     const first: number[] = [];
     for (let b = 0; b < nb; b++) {
@@ -213,15 +227,15 @@ export class GqaAttention implements Mixer {
       const start = window > 0 ? Math.max(0, p - window + 1) : 0;
       lengths.push(p - start + 1);
       first.push(start % slots);
-      ops.copy(this.#k[layer] + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
-      ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
+      ops.copy(k + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
+      ops.copy(v + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
     }
     ops.attention({
       shape: this.#shape[layer],
       q: this.#q,
       qStride: qDim,
-      k: this.#k[layer],
-      v: this.#v[layer],
+      k,
+      v,
       out: this.#att,
       outStride: qDim,
       scores: this.#scores,
@@ -293,6 +307,6 @@ export const GQA: MixerPart = {
       ) +
       (s.ones ? regionBytes(s.ones) : 0);
   },
-  create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
-    new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),
+  create: (ops, arena, cfg, layers, maxBatch, maxCtx, sequences) =>
+    new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx, sequences),
 };

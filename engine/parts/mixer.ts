@@ -44,6 +44,44 @@ export interface Mixer {
   stateRegions?(): StateRegion[];
   /** Declares the recurrent states written back into the arena to be at position `pos`. */
   resumeAt?(pos: number): void;
+  /**
+   * Selects whose state the calls after it use: sequence `seq` of the `sequences` the part was
+   * created for (a batched pass runs each sequence's rows on its own state, engine/batch.ts).
+   */
+  select(seq: number): void;
+}
+
+/**
+ * What a mixer keeps per sequence (its state regions' offsets, a recurrent state's position):
+ * one copy per sequence a batch may hold, made by `make`, of which one is selected.
+ */
+export class PerSequence<T> {
+  readonly #all: T[];
+  #current: T;
+
+  constructor(sequences: number, make: (seq: number) => T) {
+    this.#all = Array.from({ length: sequences }, (_, s) => make(s));
+    this.#current = this.#all[0];
+  }
+
+  /** The selected sequence's copy. */
+  get current(): T {
+    return this.#current;
+  }
+
+  /** Selects sequence `seq`'s copy. */
+  select(seq: number): void {
+    const c = this.#all[seq];
+    if (c === undefined) {
+      throw new Error(`sequence ${seq}: the run holds state for ${this.#all.length} sequence(s)`);
+    }
+    this.#current = c;
+  }
+}
+
+/** The arena name of sequence `seq`'s copy of a state region named `what` (the first keeps it). */
+export function stateName(what: string, seq: number): string {
+  return seq === 0 ? what : `${what} (sequence ${seq})`;
 }
 
 /** One kind of mixer: what the schema, the planner and the forward pass need of it. */
@@ -67,7 +105,10 @@ export interface MixerPart {
    * arena's page as the arena rounds it.
    */
   scratchBytes(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: number): number;
-  /** The mixer of `layers`, its state and scratch allocated in `arena`. */
+  /**
+   * The mixer of `layers`, its scratch and `sequences` copies of its per-sequence state
+   * allocated in `arena`.
+   */
   create(
     ops: Ops,
     arena: Arena,
@@ -75,5 +116,6 @@ export interface MixerPart {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ): Mixer;
 }

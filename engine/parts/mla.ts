@@ -30,7 +30,7 @@ import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
+import { type CacheRegion, type Mixer, type MixerPart, PerSequence, stateName } from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
 /**
@@ -63,7 +63,9 @@ export class MlaAttention implements Mixer {
   #cfg: ModelConfig;
   /** null under NoPE (Kimi-Linear). */
   #rope: RopeTable | null;
-  #cache: number[] = [];
+  /** The selected sequence's latent cache of each layer (of #caches). */
+  #cache: number[];
+  #caches: PerSequence<number[]>;
   #absorbed: (Absorbed | null)[];
   #qa: number;
   #q: number;
@@ -98,6 +100,7 @@ export class MlaAttention implements Mixer {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ) {
     const mla = cfg.mla;
     if (!mla) throw new Error(`${cfg.modelType}: MLA attention needs the mla config`);
@@ -109,10 +112,16 @@ export class MlaAttention implements Mixer {
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
     this.#layers = layers;
-    // Sized by the function the planner sums.
-    for (const l of layers) {
-      this.#cache[l] = arena.alloc(`latent kv cache L${l}`, mlaStateBytes(cfg, l, maxCtx));
-    }
+    // Sized by the function the planner sums, one per layer and sequence.
+    this.#caches = new PerSequence(sequences, (seq) => {
+      const cache: number[] = [];
+      for (const l of layers) {
+        const what = stateName(`latent kv cache L${l}`, seq);
+        cache[l] = arena.alloc(what, mlaStateBytes(cfg, l, maxCtx));
+      }
+      return cache;
+    });
+    this.#cache = this.#caches.current;
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
     const ix = mla.indexer;
@@ -184,6 +193,11 @@ export class MlaAttention implements Mixer {
       { offset: this.#cache[l], rowBytes: this.#row * 4 },
       ...(ix ? [{ offset: this.#indexRows(l), rowBytes: indexerRow(this.#cfg) * 4 }] : []),
     ]);
+  }
+
+  select(seq: number): void {
+    this.#caches.select(seq);
+    this.#cache = this.#caches.current;
   }
 
   /** Where layer `layer`'s indexer rows start: after its latent rows. */
@@ -475,6 +489,6 @@ export const MLA: MixerPart = {
           : []),
       ) + absorbed;
   },
-  create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
-    new MlaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),
+  create: (ops, arena, cfg, layers, maxBatch, maxCtx, sequences) =>
+    new MlaAttention(ops, arena, cfg, layers, maxBatch, maxCtx, sequences),
 };

@@ -64,14 +64,24 @@ export function mixerScratchBytes(cfg: ModelConfig, ctx: number, maxBatch: numbe
   );
 }
 
-/** The mixers of every layer of one model: each layer runs its own kind's. */
+/**
+ * The mixers of every layer of one model: each layer runs its own kind's, on the state of the
+ * selected one of `sequences` sequences.
+ */
 export class LayerMixers implements Mixer {
   #byLayer: Mixer[] = [];
   #all: Mixer[] = [];
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    maxBatch: number,
+    maxCtx: number,
+    sequences: number,
+  ) {
     for (const [part, layers] of mixerGroups(cfg)) {
-      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx);
+      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx, sequences);
       this.#all.push(mixer);
       for (const l of layers) this.#byLayer[l] = mixer;
     }
@@ -80,6 +90,11 @@ export class LayerMixers implements Mixer {
   /** Runs layer `layer`'s own mixer. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     this.#byLayer[layer].forward(layer, lw, h, out, nb, pos);
+  }
+
+  /** Selects sequence `seq`'s state in every mixer. */
+  select(seq: number): void {
+    for (const m of this.#all) m.select(seq);
   }
 
   /** Lets every mixer refuse a position before any layer runs. */
