@@ -171,6 +171,7 @@ export class Transformer {
     this.#calls++;
     for (const s of seqs) this.#writes[s]++;
     const positions = batch.flatMap((r) => r.tokens.map((_, i) => r.pos + i));
+    const spans = batch.map((r) => ({ seq: r.seq, n: r.tokens.length, pos: r.pos }));
     const stream = this.#stream, h = this.#h, tmp = this.#tmp;
     embedRows(arena, globals.embed, tokens, stream.x);
     stream.start(nb);
@@ -186,13 +187,7 @@ export class Transformer {
         unit,
       );
       // Attention is per sequence: each one's rows on its own state.
-      let r0 = 0;
-      for (const r of batch) {
-        this.#mixers.select(r.seq);
-        const at = r0 * d * 4;
-        this.#mixers.forward(layer, lw, h + at, tmp + at, r.tokens.length, r.pos);
-        r0 += r.tokens.length;
-      }
+      this.#mixers.forwardSpans(layer, lw, h, tmp, spans);
       stream.add("mixer", layer, tmp, nb);
       const x = stream.input("ffn", layer, lw, nb);
       ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps, unit);

@@ -22,7 +22,14 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";
-import { type CacheRegion, type Mixer, type MixerPart, PerSequence, stateName } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  type SequenceSpan,
+  stateName,
+} from "./mixer.ts";
 import { regionBytes, ropeTableBytes, scoreBytes, scoreTokens } from "./scratch.ts";
 
 /**
@@ -175,11 +182,40 @@ export class GqaAttention implements Mixer {
 
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(layer, lw, h, out, [{ kv: this.#kv.current, n: nb, pos }]);
+  }
+
+  /** out = o_proj(attention(h)) for the rows of several sequences, each on its own cache. */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    const runs = spans.map((s) => ({ kv: this.#kv.of(s.seq), n: s.n, pos: s.pos }));
+    this.#forward(layer, lw, h, out, runs);
+  }
+
+  /**
+   * The projections, norms, gate and o_proj over all rows; RoPE, the cache writes and attention
+   * per run of rows, on that run's keys and values.
+   */
+  #forward(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    runs: { kv: { k: number[]; v: number[] }; n: number; pos: number }[],
+  ): void {
     const ops = this.#ops;
     const cfg = this.#cfg;
-    if (pos + nb > this.#maxCtx) {
-      throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    for (const { n, pos } of runs) {
+      if (pos + n > this.#maxCtx) {
+        throw new Error(`context full: ${pos + n} > ${this.#maxCtx} positions`);
+      }
     }
+    const nb = runs.reduce((s, r) => s + r.n, 0);
     const g = this.#geometry[layer];
     const hd = g.headDim, kvHeads = g.numKvHeads;
     const qDim = cfg.numHeads * hd;
@@ -215,36 +251,40 @@ export class GqaAttention implements Mixer {
     const interleaved = rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
     const slots = this.#slots[layer];
-    const k = this.#kv.current.k[layer], v = this.#kv.current.v[layer];
-    const lengths: number[] = [];
-    const first: number[] = [];
-    for (let b = 0; b < nb; b++) {
-      const p = pos + b;
-      const [cos, sin] = ropeAt(table, p);
-      ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
-      ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
-      // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
-      const start = window > 0 ? Math.max(0, p - window + 1) : 0;
-      lengths.push(p - start + 1);
-      first.push(start % slots);
-      ops.copy(k + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
-      ops.copy(v + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
+    let b0 = 0;
+    for (const { kv, n, pos } of runs) {
+      const k = kv.k[layer], v = kv.v[layer];
+      const lengths: number[] = [];
+      const first: number[] = [];
+      for (let b = b0; b < b0 + n; b++) {
+        const p = pos + b - b0;
+        const [cos, sin] = ropeAt(table, p);
+        ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
+        ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
+        // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
+        const start = window > 0 ? Math.max(0, p - window + 1) : 0;
+        lengths.push(p - start + 1);
+        first.push(start % slots);
+        ops.copy(k + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
+        ops.copy(v + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
+      }
+      ops.attention({
+        shape: this.#shape[layer],
+        q: this.#q + b0 * qDim * 4,
+        qStride: qDim,
+        k,
+        v,
+        out: this.#att + b0 * qDim * 4,
+        outStride: qDim,
+        scores: this.#scores,
+        scoresPerToken: cfg.numHeads * this.#maxCtx,
+        scoreTokens: this.#scoreTokens,
+        lengths,
+        ring: { slots, first },
+        sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
+      });
+      b0 += n;
     }
-    ops.attention({
-      shape: this.#shape[layer],
-      q: this.#q,
-      qStride: qDim,
-      k,
-      v,
-      out: this.#att,
-      outStride: qDim,
-      scores: this.#scores,
-      scoresPerToken: cfg.numHeads * this.#maxCtx,
-      scoreTokens: this.#scoreTokens,
-      lengths,
-      ring: { slots, first },
-      sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
-    });
     if (gated) {
       ops.sigmoid(this.#gate, nb * qDim);
       ops.mul(this.#att, this.#gate, nb * qDim);

@@ -25,10 +25,30 @@ export interface CacheRegion {
   rowBytes: number;
 }
 
+/** One sequence's rows of a batched mixer call: `n` rows at positions pos.. of sequence `seq`. */
+export interface SequenceSpan {
+  seq: number;
+  n: number;
+  pos: number;
+}
+
 /** The mixer of the layers that run one kind, with its per-sequence state and scratch. */
 export interface Mixer {
   /** out = mixer(h) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * out = mixer(h) for the rows of several sequences, `spans` one after another in h and out,
+   * each on its own sequence's state: the projections run over all rows at once (each weight read
+   * once for the batch), attention per sequence. Each row comes out as from {@link forward} of its
+   * sequence alone. Optional: without it each sequence's rows run through forward in turn.
+   */
+  forwardSpans?(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void;
   /**
    * Called once per forward pass before any layer runs: a recurrent state refuses a position it
    * cannot continue from here, before any cache or state changes.
@@ -69,13 +89,18 @@ export class PerSequence<T> {
     return this.#current;
   }
 
-  /** Selects sequence `seq`'s copy. */
-  select(seq: number): void {
+  /** Sequence `seq`'s copy. */
+  of(seq: number): T {
     const c = this.#all[seq];
     if (c === undefined) {
       throw new Error(`sequence ${seq}: the run holds state for ${this.#all.length} sequence(s)`);
     }
-    this.#current = c;
+    return c;
+  }
+
+  /** Selects sequence `seq`'s copy. */
+  select(seq: number): void {
+    this.#current = this.of(seq);
   }
 }
 
