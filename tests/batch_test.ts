@@ -148,3 +148,46 @@ Deno.test({
     assert.match(bad.stderr, /--parallel must be a positive integer/);
   },
 });
+
+Deno.test({
+  name: "batch: a cancelled or refused generation leaves the others running to their own tokens",
+  ignore: !hasFixture("stories260k-moe"),
+  fn: async () => {
+    const session = await Session.open(await packedFixture("stories260k-moe"), {
+      quiet: true,
+      ctx: 64,
+      prefillChunk: 6,
+      parallel: 3,
+      hotList: false,
+    });
+    try {
+      const { prompt, opts } = REQUESTS[1];
+      const alone = await ids(session.generate(prompt, { ...opts, ignoreEos: true }));
+      const batch = new Batch(session);
+      const [a, b, c] = [batch.reserve()!, batch.reserve()!, batch.reserve()!];
+      assert.equal(batch.reserve(), null, "three sequences, all taken");
+      const stop = new AbortController();
+      const cancelled: number[] = [];
+      const kept = ids(batch.generate(a, prompt, { ...opts, ignoreEos: true }));
+      const gone = (async () => {
+        for await (const t of batch.generate(b, [1, 403], { maxTokens: 20, signal: stop.signal })) {
+          cancelled.push(t.id);
+          if (cancelled.length === 2) stop.abort();
+        }
+      })();
+      const refused = ids(batch.generate(c, new Array(64).fill(403))).then(
+        () => assert.fail("a prompt filling the context must be refused"),
+        (e) => assert.match(String(e), /context holds 64/),
+      );
+      assert.deepEqual(await kept, alone);
+      await gone;
+      await refused;
+      assert.equal(cancelled.length, 2);
+      assert.equal(batch.active, 0);
+      [a, b, c].forEach((seq) => batch.release(seq));
+      assert.deepEqual(batch.free, [0, 1, 2]);
+    } finally {
+      session.close();
+    }
+  },
+});
