@@ -111,7 +111,8 @@ export class Batch {
 
   /**
    * Generates from `prompt` on reserved sequence `seq` as Session.generate does, its passes
-   * shared with the batch's other generations.
+   * shared with the batch's other generations. When it ends, its timings become the session's
+   * (what Session.stats reports).
    */
   async *generate(
     seq: number,
@@ -125,6 +126,9 @@ export class Batch {
     try {
       yield* this.session.generateOn(lane, prompt, opts);
     } finally {
+      // The session's own timings (Session.stats) are those of the last generation to end.
+      const t = lane.timings;
+      Object.assign(this.session.timings, { ...t, decode: { ...t.decode } });
       this.#live--;
       this.#run();
     }
