@@ -24,6 +24,8 @@ export { Model } from "./engine/model.ts";
 export type { MemoryPlan } from "./engine/planner.ts";
 export type { ModelConfig } from "./io/model_config.ts";
 export { Session } from "./engine/session.ts";
+export { Batch } from "./engine/batch.ts";
+export type { BatchTotals } from "./engine/batch.ts";
 export type { GeneratedToken, GenerateOptions, SessionOptions } from "./engine/session.ts";
 export type { SpecOptions } from "./engine/speculate.ts";
 export { loadSession, saveSession } from "./engine/session_state.ts";

@@ -31,6 +31,7 @@ export function checkLogits(
   pos: number,
   allLogits: boolean,
   logits: Float32Array,
+  seq = 0,
 ): void {
   if (!hasNonFinite(logits)) return;
   const t = model.transformer;
@@ -45,7 +46,7 @@ export function checkLogits(
     if (first < 0 && find(BigInt(x), n, 4, F32_EXPONENT) < n) first = layer;
   };
   try {
-    t.forward(tokens, pos, allLogits);
+    t.forwardBatch([{ seq, tokens, pos, allLogits }]);
   } catch {
     // The diagnosis is best effort: the error below says what is known.
   } finally {

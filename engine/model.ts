@@ -23,12 +23,12 @@ import { Lookahead } from "./stream/lookahead.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
 import { checkLogits } from "./finite_check.ts";
-import { type MemoryPlan, planInput, planMemory } from "./planner.ts";
+import { defaultParallel, type MemoryPlan, planInput, planMemory } from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { checkContext, crcSampleOf, prefillChunkOf, threadsOf } from "./run_limits.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
-import { type GlobalWeights, Transformer } from "./transformer.ts";
+import { type GlobalWeights, type SequenceRows, Transformer } from "./transformer.ts";
 
 export { DEFAULT_CRC_SAMPLE } from "./run_limits.ts";
 
@@ -42,6 +42,12 @@ export interface RunOptions {
   threads?: number;
   /** Most prompt tokens per forward call (chunked prefill; default 128, at most 512). */
   prefillChunk?: number;
+  /**
+   * Sequences that can run together, each with its own KV cache or recurrent state in the arena
+   * (default 1; engine/batch.ts runs them, `serve --parallel`); "auto": as many as the planner
+   * gives the budget room for (engine/planner.ts `defaultParallel`).
+   */
+  parallel?: number | "auto";
   /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;
   /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
@@ -202,6 +208,7 @@ export class Model {
         globals,
         maxBatch: prefillChunk,
         maxCtx: ctx,
+        sequences: plan.sequences,
       });
       transformer.moeObservers.push(observers.observe);
       if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
@@ -233,9 +240,19 @@ export class Model {
 
   /** Logits of the last of `tokens` run at positions pos.., or of all of them. */
   forward(tokens: number[], pos: number, allLogits = false): Float32Array {
-    if (this.#readLog) this.#readLog.position = pos;
-    const logits = this.transformer.forward(tokens, pos, allLogits);
-    checkLogits(this, tokens, pos, allLogits, logits);
+    return this.forwardBatch([{ seq: 0, tokens, pos, allLogits }])[0];
+  }
+
+  /**
+   * One pass over the rows of several sequences (see Transformer.forwardBatch): per sequence,
+   * the logits of its last token, or of all of them.
+   */
+  forwardBatch(batch: readonly SequenceRows[]): Float32Array[] {
+    if (this.#readLog) this.#readLog.position = batch[0]?.pos ?? 0;
+    const logits = this.transformer.forwardBatch(batch);
+    batch.forEach((r, i) =>
+      checkLogits(this, r.tokens, r.pos, r.allLogits ?? false, logits[i], r.seq)
+    );
     return logits;
   }
 
@@ -279,11 +296,15 @@ export function planRun(
   const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
   const prefillChunk = prefillChunkOf(opts.prefillChunk);
   const input = planInput(container);
+  const sequences = opts.parallel === "auto"
+    ? defaultParallel(input, { budget: opts.budget, ctx, maxBatch: prefillChunk })
+    : opts.parallel;
   const planFor = (lookahead: number) =>
     planMemory(input, {
       budget: opts.budget,
       ctx,
       maxBatch: prefillChunk,
+      sequences,
       ringSlots: opts.ringSlots,
       expertSlots: opts.expertSlots,
       lookahead: lookahead > 0,

@@ -25,10 +25,10 @@ export class RunObservers {
     this.#counts = opts.learn ? new Map() : null;
   }
 
-  /** The MoE observer: records the routes of tokens at positions pos.., then runs the lookahead. */
-  readonly observe: MoeObserver = (layer, routes, h, nb, pos) => {
+  /** The MoE observer: records the routes of tokens at `positions`, then runs the lookahead. */
+  readonly observe: MoeObserver = (layer, routes, h, nb, positions) => {
     routes.forEach((r, b) => {
-      this.#trace?.write(pos + b, layer, r.ids);
+      this.#trace?.write(positions[b], layer, r.ids);
       if (this.#counts) {
         for (const e of r.ids) {
           const k = `${layer}:${e}`;

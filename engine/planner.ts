@@ -70,6 +70,8 @@ export interface PlanOptions {
   expertSlots?: number;
   /** The router lookahead is on: routers stay resident. */
   lookahead?: boolean;
+  /** Sequences run together, each with its own mixer state (default 1; engine/batch.ts). */
+  sequences?: number;
 }
 
 /** The outcome: every size the engine allocates. */
@@ -77,9 +79,12 @@ export interface MemoryPlan {
   budget: number;
   /** Bytes that do not depend on the budget: globals, KV cache, scratch, reserved. */
   fixedBytes: number;
+  /** Bytes of the mixer state of all `sequences` (each sequence has every layer's). */
   kvBytes: number;
-  /** Per layer: its KV cache at `ctx`, or its recurrent state (KDA), before page rounding. */
+  /** Per layer: one sequence's KV cache at `ctx`, or its recurrent state (KDA), before page rounding. */
   layerStateBytes: number[];
+  /** Sequences whose state the arena holds. */
+  sequences: number;
   scratchBytes: number;
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
@@ -126,7 +131,14 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
-  const kvBytes = kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
+  const sequences = opts.sequences ?? 1;
+  if (!(Number.isInteger(sequences) && sequences >= 1 && sequences <= opts.maxBatch)) {
+    throw new Error(
+      `${sequences} parallel sequences: expected 1 to ${opts.maxBatch} (the prefill chunk, which ` +
+        `bounds the rows of one pass)`,
+    );
+  }
+  const kvBytes = sequences * kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
   const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch).layerStateBytes;
   const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
@@ -185,6 +197,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     fixedBytes,
     kvBytes,
     layerStateBytes,
+    sequences,
     scratchBytes: scratch,
     floor,
     pinned,
@@ -199,4 +212,29 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     wholeModelBytes,
     trunkHitRate: layerBytes.length ? pinned / layerBytes.length : 1,
   };
+}
+
+/** The most sequences a server runs together when none is asked for. */
+export const MAX_DEFAULT_PARALLEL = 4;
+
+/**
+ * The sequences a server runs together when none is asked for: the most, up to
+ * {@link MAX_DEFAULT_PARALLEL}, whose extra state (every sequence past the first holds its own
+ * KV cache or recurrent state) takes at most an eighth of the budget (of the whole model when
+ * resident) and still plans. Beyond RAM, what a batch saves is reads, and the expert cache it
+ * would shrink is what saves reads too.
+ */
+export function defaultParallel(input: PlanInput, opts: PlanOptions): number {
+  const one = kvCacheBytes(input.cfg, opts.ctx, opts.maxBatch);
+  const budget = opts.budget ?? planMemory(input, { ...opts, sequences: 1 }).wholeModelBytes;
+  for (let n = Math.min(MAX_DEFAULT_PARALLEL, opts.maxBatch); n > 1; n--) {
+    if ((n - 1) * one > budget / 8) continue;
+    try {
+      planMemory(input, { ...opts, sequences: n });
+      return n;
+    } catch {
+      // Below the floor with n sequences' state: try fewer.
+    }
+  }
+  return 1;
 }

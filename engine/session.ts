@@ -49,6 +49,35 @@ export interface SessionOptions extends RunOptions {
   spec?: SpecOptions;
 }
 
+/**
+ * The sequence a generation runs on: whose state (of the model's `parallel` sequences) its
+ * caches are, where its timings go, and how its forward passes run (at once, or as rows of a
+ * batched pass, engine/batch.ts).
+ */
+export interface Lane {
+  readonly seq: number;
+  readonly timings: Timings;
+  /** Logits of the last of `tokens` run at positions pos.. on this sequence (or of all). */
+  forward(tokens: number[], pos: number, allLogits?: boolean): Promise<Float32Array>;
+  /** Whether the session's speculative decoding may run (its drafter keeps one cache). */
+  speculate: boolean;
+}
+
+/** Fresh timings with nothing run yet. */
+export function emptyTimings(loadMs = 0): Timings {
+  return {
+    loadMs,
+    promptTokens: 0,
+    cachedTokens: 0,
+    promptMs: 0,
+    generatedTokens: 0,
+    generateMs: 0,
+    decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
+    stopReason: null,
+    ioWaitAtStart: 0,
+  };
+}
+
 /** One generated token. */
 export interface GeneratedToken {
   id: number;
@@ -73,10 +102,13 @@ export class Session {
   readonly decodeTotals = { tokens: 0, passes: 0, drafted: 0, accepted: 0, gated: 0 };
   /** The drafter of speculative decoding, or null when it is off. */
   readonly speculation: Speculation | null;
-  #cached: number[] = [];
+  /** Per sequence: the ids its caches hold (the prompt cache). */
+  #cached: number[][] = [];
   #template: ResolvedChatTemplate | null = null;
-  /** The transformer's call count when #cached was last true: other calls invalidate it. */
-  #cachedAt = 0;
+  /** Per sequence: its write count when #cached was last true; other writes invalidate it. */
+  #cachedAt: number[] = [];
+  /** How {@link generate} runs: on sequence 0, one pass at a time. */
+  #solo: Lane;
 
   private constructor(
     model: Model,
@@ -88,16 +120,12 @@ export class Session {
     this.tokenizer = tokenizer;
     this.speculation = speculation;
     this.samplingDefaults = samplingDefaults(model.container.dir);
-    this.timings = {
-      loadMs,
-      promptTokens: 0,
-      cachedTokens: 0,
-      promptMs: 0,
-      generatedTokens: 0,
-      generateMs: 0,
-      decode: { passes: 0, drafted: 0, accepted: 0, gated: 0 },
-      stopReason: null,
-      ioWaitAtStart: 0,
+    this.timings = emptyTimings(loadMs);
+    this.#solo = {
+      seq: 0,
+      timings: this.timings,
+      forward: (tokens, pos, all) => Promise.resolve(model.forward(tokens, pos, all)),
+      speculate: true,
     };
   }
 
@@ -212,26 +240,31 @@ export class Session {
 
   /** Token ids whose state the KV cache holds at positions 0..n−1: the prompt cache. */
   get cachedTokens(): readonly number[] {
-    // Forward calls made outside this session (model.forward) overwrote the KV cache.
-    if (this.model.transformer.calls !== this.#cachedAt) this.#cached = [];
-    return this.#cached;
+    return this.cachedTokensOf(0);
   }
 
-  /** Forgets the prompt cache: the next generation runs its whole prompt. */
-  resetCache(): void {
-    this.#cached = [];
+  /** Token ids whose state sequence `seq`'s caches hold at positions 0..n−1. */
+  cachedTokensOf(seq: number): readonly number[] {
+    // Forward calls made outside this session (model.forward) overwrote the KV cache.
+    if (this.model.transformer.writes(seq) !== (this.#cachedAt[seq] ?? 0)) this.#cached[seq] = [];
+    return this.#cached[seq] ??= [];
+  }
+
+  /** Forgets sequence `seq`'s prompt cache: its next generation runs its whole prompt. */
+  resetCache(seq = 0): void {
+    this.#cached[seq] = [];
   }
 
   /**
-   * Declares that the KV cache now holds the state of `ids` (a saved session was written back
-   * into it; see engine/session_state.ts).
+   * Declares that sequence `seq`'s KV cache now holds the state of `ids` (a saved session was
+   * written back into it; see engine/session_state.ts).
    */
-  adoptCache(ids: readonly number[]): void {
+  adoptCache(ids: readonly number[], seq = 0): void {
     if (ids.length > this.model.maxContext) {
       throw new Error(`${ids.length} cached tokens; the context holds ${this.model.maxContext}`);
     }
-    this.#cached = [...ids];
-    this.#cachedAt = this.model.transformer.calls;
+    this.#cached[seq] = [...ids];
+    this.#cachedAt[seq] = this.model.transformer.writes(seq);
   }
 
   /**
@@ -243,10 +276,20 @@ export class Session {
    * tokens add up to the decode of all generated ids: a token whose text the stream decoder still
    * holds back (part of a UTF-8 sequence) is yielded once its text is out, at the latest at the end.
    */
-  async *generate(
+  generate(prompt: string | number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
+    return this.generateOn(this.#solo, prompt, opts);
+  }
+
+  /**
+   * {@link generate} on `lane`: its sequence's caches, its timings, its way of running passes
+   * (engine/batch.ts runs several lanes' passes together).
+   */
+  async *generateOn(
+    lane: Lane,
     prompt: string | number[],
     opts: GenerateOptions = {},
   ): AsyncGenerator<GeneratedToken> {
+    const seq = lane.seq;
     const ids = typeof prompt === "string" ? this.tokenize(prompt) : [...prompt];
     const bos = this.tokenizer.bosId ?? this.model.cfg.bosId;
     if (ids.length === 0 && bos !== null) ids.push(bos);
@@ -278,14 +321,16 @@ export class Session {
     const stop = opts.ignoreEos
       ? new Set(opts.stopIds ?? [])
       : new Set([...this.stopIds(), ...(opts.stopIds ?? [])]);
-    const t = this.timings;
+    const t = lane.timings;
     const t0 = performance.now();
     // The last prompt token always runs: its logits pick the first new token. A recurrent state
     // (KDA) cannot rewind, so it is reused only when the prompt extends all it holds.
-    let reuse = commonPrefix(this.cachedTokens, ids, ids.length - 1);
-    const recurrent = this.model.transformer.stateRegions().length > 0;
-    if (recurrent && reuse !== this.#cached.length) reuse = 0;
-    this.#cached = this.#cached.slice(0, reuse);
+    const had = this.cachedTokensOf(seq);
+    let reuse = commonPrefix(had, ids, ids.length - 1);
+    const recurrent = this.model.transformer.stateRegions(seq).length > 0;
+    if (recurrent && reuse !== had.length) reuse = 0;
+    const cached = this.#cached[seq] = had.slice(0, reuse);
+    const mark = () => this.#cachedAt[seq] = this.model.transformer.writes(seq);
     t.promptTokens = ids.length;
     t.cachedTokens = reuse;
     t.generatedTokens = 0;
@@ -297,9 +342,9 @@ export class Session {
     for (let p = reuse; p < ids.length; p += chunk) {
       if (signal?.aborted) return;
       const part = ids.slice(p, p + chunk);
-      logits = this.model.forward(part, p);
-      this.#cached.push(...part);
-      this.#cachedAt = this.model.transformer.calls;
+      logits = await lane.forward(part, p);
+      cached.push(...part);
+      mark();
       t.promptMs = performance.now() - t0;
       await onPrefill?.(p + part.length, ids.length);
     }
@@ -310,18 +355,20 @@ export class Session {
       sampler,
       sampling: resolved,
       history: [...ids],
-      cached: this.#cached,
+      cached,
       logits,
+      seq,
+      forward: lane.forward,
       maxTokens,
       stop,
       // A grammar restricts every step: drafts sampled without it would only be rejected.
-      spec: constraint ? null : this.speculation,
+      spec: constraint || !lane.speculate ? null : this.speculation,
       constraint,
       logprobs,
       counters: t.decode,
     });
     try {
-      const end = yield* this.#stream(steps, ids, keepSpecial ?? false, signal);
+      const end = yield* this.#stream(steps, ids, keepSpecial ?? false, t, mark, signal);
       if (end === "stop") t.stopReason = "eos";
       else if (end === "length") {
         t.stopReason = t.generatedTokens === room ? "context" : "max_tokens";
@@ -338,14 +385,18 @@ export class Session {
     }
   }
 
-  /** Yields the ids of `steps` with their text, timing each step into the timings. */
+  /**
+   * Yields the ids of `steps` with their text, timing each step into `t` and marking the cache
+   * true after each.
+   */
   async *#stream(
     steps: AsyncGenerator<DecodedToken, DecodeEnd>,
     context: readonly number[],
     keepSpecial: boolean,
+    t: Timings,
+    mark: () => void,
     signal?: AbortSignal,
   ): AsyncGenerator<GeneratedToken, DecodeEnd | null> {
-    const t = this.timings;
     // Decoded after the prompt, so the first token keeps its leading space ("The dog" + " was").
     const stream = this.tokenizer.decodeStream({ context, skipSpecial: !keepSpecial });
     // Tokens whose text the decoder holds back wait here, so the last one can carry the flush.
@@ -354,7 +405,7 @@ export class Session {
     while (!signal?.aborted) {
       const t1 = performance.now();
       const next = await steps.next();
-      this.#cachedAt = this.model.transformer.calls;
+      mark();
       t.generateMs += performance.now() - t1;
       if (next.done) {
         end = next.value;
@@ -375,9 +426,9 @@ export class Session {
     return end;
   }
 
-  /** Counters and timings of the last generation. */
-  stats(): RunStats {
-    return collectStats(this.model, this.timings, this.model.observers.lookahead?.recall ?? null);
+  /** Counters and timings of the last generation (of the one `timings` are of). */
+  stats(timings: Timings = this.timings): RunStats {
+    return collectStats(this.model, timings, this.model.observers.lookahead?.recall ?? null);
   }
 
   /** Releases the workers, reader threads and files (the draft model's too). */

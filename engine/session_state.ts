@@ -50,19 +50,19 @@ export function manifestSha256(session: Session): string {
 }
 
 /**
- * The cache contents of positions 0..n−1: each region's rows, then each recurrent state whole
- * (views into the arena, in the order a session file stores them).
+ * The cache contents of positions 0..n−1 of sequence `seq`: each region's rows, then each
+ * recurrent state whole (views into the arena, in the order a session file stores them).
  */
-export function cacheParts(session: Session, n: number): Uint8Array[] {
+export function cacheParts(session: Session, n: number, seq = 0): Uint8Array[] {
   const { arena, transformer } = session.model;
   return [
-    ...transformer.cacheRegions().map((r) => arena.u8(r.offset, n * r.rowBytes)),
-    ...transformer.stateRegions().map((s) => arena.u8(s.offset, s.bytes)),
+    ...transformer.cacheRegions(seq).map((r) => arena.u8(r.offset, n * r.rowBytes)),
+    ...transformer.stateRegions(seq).map((s) => arena.u8(s.offset, s.bytes)),
   ];
 }
 
 /**
- * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into the arena,
+ * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into sequence `seq`,
  * keeping the first `n` ≤ `stored` positions of each region, and declares the recurrent states
  * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model).
  */
@@ -71,18 +71,19 @@ export function writeCacheParts(
   bytes: Uint8Array,
   stored: number,
   n: number,
+  seq = 0,
 ): void {
   const { arena, transformer } = session.model;
   let at = 0;
-  for (const r of transformer.cacheRegions()) {
+  for (const r of transformer.cacheRegions(seq)) {
     arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
     at += stored * r.rowBytes;
   }
-  for (const s of transformer.stateRegions()) {
+  for (const s of transformer.stateRegions(seq)) {
     arena.u8(s.offset, s.bytes).set(bytes.subarray(at, at + s.bytes));
     at += s.bytes;
   }
-  transformer.resumeAt(n);
+  transformer.resumeAt(n, seq);
 }
 
 /** What kind of thing `info` is, for messages about a path that is not a regular file. */

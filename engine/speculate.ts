@@ -378,6 +378,10 @@ export interface DecodeSetup {
   cached: number[];
   /** Logits after the last prompt token. */
   logits: Float32Array;
+  /** The sequence whose state the passes run on. */
+  seq: number;
+  /** Runs a pass on that sequence (see Session's Lane). */
+  forward(tokens: number[], pos: number, allLogits?: boolean): Promise<Float32Array>;
   /** Most ids to generate. */
   maxTokens: number;
   /** Ids that end the generation (not yielded). */
@@ -423,7 +427,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   const drafter = s.spec?.drafter(s.sampling, sampler.seed) ?? null;
   const gate = new SpecGate(s.spec?.adaptive ?? true);
   // A copy of each recurrent state (outside the arena) only when drafts will be verified.
-  const states = drafter ? model.transformer.stateRegions() : [];
+  const states = drafter ? model.transformer.stateRegions(s.seq) : [];
   const saved = states.map((r) => new Uint8Array(r.bytes));
   const sampled = (s.sampling.temperature ?? 0) > 0;
   const uniform = seededUniform((sampler.seed ^ 0xbb67ae85) >>> 0);
@@ -454,7 +458,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
       const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
       const nd = draft.tokens.length;
       if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));
-      const rows = model.forward([history[pos], ...draft.tokens], pos, nd > 0);
+      const rows = await s.forward([history[pos], ...draft.tokens], pos, nd > 0);
       counters.passes++;
       counters.drafted += nd;
       cached.push(history[pos]);
@@ -493,8 +497,8 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
       if (states.length > 0 && accepted < nd) {
         // The recurrent state ran rejected drafts: restore it and run the kept tokens again.
         states.forEach((r, i) => model.arena.u8(r.offset, r.bytes).set(saved[i]));
-        model.transformer.resumeAt(pos);
-        model.forward(history.slice(pos, pos + 1 + accepted), pos);
+        model.transformer.resumeAt(pos, s.seq);
+        await s.forward(history.slice(pos, pos + 1 + accepted), pos);
         counters.passes++;
       }
       gate.record(nd > 0, performance.now() - t0, emitted.length);

@@ -249,7 +249,7 @@ for (const [what, cfg] of CASES) {
         has: (t) => refs.has(t),
       };
       const maxBatch = 4;
-      const mixer = part.create(ops, arena, cfg, [0], maxBatch, 32);
+      const mixer = part.create(ops, arena, cfg, [0], maxBatch, 32, 1);
       const h = arena.alloc("h", maxBatch * d * 4);
       const out = arena.alloc("out", maxBatch * d * 4);
       const inputs = Array.from({ length: POSITIONS }, (_, p) => values(d, 100 + p, 1));

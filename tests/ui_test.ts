@@ -85,6 +85,7 @@ Deno.test({
       assert.match(page.status, /^live · up \d+ s$/);
       assert.match(page.current, /req-\d+ \(completions\)phasedecodeprompt\d+ tokens/);
       assert.match(page.totals, /requests\d+ \(\d+ cancelled, 0 errors\)/);
+      assert.match(page.totals, /batch\d of 1 running; \d+\.\d\d sequences per pass/);
       const plan = session.model.plan;
       assert.ok(plan.pinned > 0 && plan.pinned < 4 && plan.expertSlots < 64, "a mixed plan");
       assert.ok(

@@ -22,7 +22,7 @@ import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
 import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
+import { type CacheRegion, type Mixer, type MixerPart, PerSequence, stateName } from "./mixer.ts";
 import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /** The config's `csa` section; an error when it has none. */
@@ -114,7 +114,9 @@ class CsaAttention implements Mixer {
   #csa: CsaConfig;
   #maxCtx: number;
   #layers: number[];
-  #cache: number[] = [];
+  /** The selected sequence's cache of each layer (of #caches). */
+  #cache: number[];
+  #caches: PerSequence<number[]>;
   #rows: RowLayout[] = [];
   #qa: number;
   #q: number;
@@ -140,16 +142,22 @@ class CsaAttention implements Mixer {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ) {
     this.#ops = ops;
     this.#cfg = cfg;
     this.#csa = csaOf(cfg);
     this.#maxCtx = maxCtx;
     this.#layers = layers;
-    for (const l of layers) {
-      this.#rows[l] = rowLayout(cfg, l);
-      this.#cache[l] = arena.alloc(`csa cache L${l}`, stateBytes(cfg, l, maxCtx));
-    }
+    for (const l of layers) this.#rows[l] = rowLayout(cfg, l);
+    this.#caches = new PerSequence(sequences, (seq) => {
+      const cache: number[] = [];
+      for (const l of layers) {
+        cache[l] = arena.alloc(stateName(`csa cache L${l}`, seq), stateBytes(cfg, l, maxCtx));
+      }
+      return cache;
+    });
+    this.#cache = this.#caches.current;
     const r = regions(cfg, layers, maxCtx, maxBatch);
     this.#qa = arena.alloc("csa q_a", r[0]);
     this.#q = arena.alloc("csa q", r[1]);
@@ -176,6 +184,11 @@ class CsaAttention implements Mixer {
         `positions ${pos}..${pos + nb - 1} are beyond the context of ${this.#maxCtx}`,
       );
     }
+  }
+
+  select(seq: number): void {
+    this.#caches.select(seq);
+    this.#cache = this.#caches.current;
   }
 
   cacheRegions(): CacheRegion[] {
@@ -403,6 +416,6 @@ export const CSA: MixerPart = {
   },
   stateBytes: (cfg, layer, ctx) => stateBytes(cfg, layer, ctx),
   scratchBytes: (cfg, layers, ctx, maxBatch) => regionBytes(...regions(cfg, layers, ctx, maxBatch)),
-  create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
-    new CsaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),
+  create: (ops, arena, cfg, layers, maxBatch, maxCtx, sequences) =>
+    new CsaAttention(ops, arena, cfg, layers, maxBatch, maxCtx, sequences),
 };

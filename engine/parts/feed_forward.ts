@@ -26,8 +26,8 @@ import { regionBytes } from "./scratch.ts";
 
 /**
  * Watches the MoE layers: called once per MoE layer and forward call when the layer's experts are
- * chosen (their reads queued, none computed yet), with the routes of the batch (tokens at
- * positions pos..) and `h`, the layer's normalised MoE input. The one hook of a run: the trace,
+ * chosen (their reads queued, none computed yet), with the routes of the batch (the tokens at
+ * `positions`, a batch's sequences each at their own) and `h`, the layer's normalised MoE input. The one hook of a run: the trace,
  * the hot-list counts and the lookahead all watch through it (engine/observers.ts).
  */
 export type MoeObserver = (
@@ -35,7 +35,7 @@ export type MoeObserver = (
   routes: Route[],
   h: number,
   nb: number,
-  pos: number,
+  positions: readonly number[],
 ) => void;
 
 /** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
@@ -243,7 +243,7 @@ export class FeedForward {
   }
 
   /**
-   * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at positions pos..; `h` is the
+   * out = FFN(h) of layer `layer`, by its kind, for `nb` tokens at `positions`; `h` is the
    * normed input, `x` the stream's rows it was normed from (which a dense MLP beside the MoE
    * routes from and norms its own way), `tokens` their ids (hash-routed layers choose experts by
    * them).
@@ -255,11 +255,11 @@ export class FeedForward {
     x: number,
     out: number,
     nb: number,
-    pos: number,
+    positions: readonly number[],
     tokens: readonly number[],
   ): void {
     if (this.#cfg.layerKinds[layer] !== "moe") return this.dense(lw, h, out, nb);
-    if (!this.#beside) return this.moe(layer, lw, h, out, nb, pos, tokens);
+    if (!this.#beside) return this.moe(layer, lw, h, out, nb, positions, tokens);
     // The dense MLP beside the MoE (`moe.denseBeside`): out = dense_post_norm(MLP(h)) +
     // moe_post_norm(MoE(moe_norm(x))), the experts routed from x.
     const ops = this.#ops, d = this.#cfg.hiddenSize, eps = this.#cfg.rmsNormEps;
@@ -267,7 +267,7 @@ export class FeedForward {
     this.#mlp(lw, h, dense, nb, "ffn");
     ops.rmsnorm(dense, lw.get("dense_post_norm").ptr, dense, d, nb, eps);
     ops.rmsnorm(x, lw.get("moe_norm").ptr, input, d, nb, eps);
-    this.moe(layer, lw, input, out, nb, pos, tokens, x);
+    this.moe(layer, lw, input, out, nb, positions, tokens, x);
     ops.rmsnorm(out, lw.get("moe_post_norm").ptr, out, d, nb, eps);
     ops.add(out, dense, nb * d);
   }
@@ -278,8 +278,8 @@ export class FeedForward {
   }
 
   /**
-   * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at positions
-   * pos..; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h). With
+   * MoE FFN of `layer`: out = Σ_k w_k · expert_k(h) + shared(h) for `nb` tokens at
+   * `positions`; with a latent MoE, out = up(RMSNorm(Σ_k w_k · expert_k(down(h)))) + shared(h). With
    * `moe.scaledRouterInput` the router reads unit RMSNorm(`residual`) × router_scale ×
    * hidden^−½ instead of h; with `moe.expertScale` each weight is × its expert's expert_scale.
    */
@@ -289,7 +289,7 @@ export class FeedForward {
     h: number,
     out: number,
     nb: number,
-    pos: number,
+    positions: readonly number[],
     tokens: readonly number[],
     residual = h,
   ): void {
@@ -347,7 +347,9 @@ export class FeedForward {
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
       this.#experts.hint(layer, ids);
-      if (g0 === 0) { for (const observe of this.observers) observe(layer, routes, h, nb, pos); }
+      if (g0 === 0) {
+        for (const observe of this.observers) observe(layer, routes, h, nb, positions);
+      }
       for (const e of ids) {
         const slots = users.get(e)!;
         const ew = this.#experts.acquire(layer, e);

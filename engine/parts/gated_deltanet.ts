@@ -20,7 +20,14 @@ import type { GatedDeltaNetConfig, LayerTensor, ModelConfig } from "../../io/mod
 import { kdaForgetGate, RecurrentPositions } from "./kda.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  stateName,
+  type StateRegion,
+} from "./mixer.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** Channels of the conv: q and k of every key head, v of every value head. */
@@ -90,8 +97,10 @@ export class GatedDeltaNet implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
   #g: GatedDeltaNetConfig;
+  /** The selected sequence's states and their positions (of #seqs). */
   #layers: (LayerState | null)[];
   #positions: RecurrentPositions;
+  #seqs: PerSequence<{ layers: (LayerState | null)[]; positions: RecurrentPositions }>;
   #rawQkvz: number;
   #rawBa: number;
   #pre: number;
@@ -101,21 +110,42 @@ export class GatedDeltaNet implements Mixer {
   #decay: number;
   #o: number;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, layers: number[], maxBatch: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    layers: number[],
+    maxBatch: number,
+    sequences: number,
+  ) {
     const g = cfg.gdn;
     if (!g) throw new Error(`${cfg.modelType}: Gated DeltaNet needs the gdn config`);
     this.#ops = ops;
     this.#cfg = cfg;
     this.#g = g;
     const sizes = gdnLayerStateBytes(g);
-    this.#layers = new Array(cfg.numLayers).fill(null);
-    for (const l of layers) {
-      const state = arena.alloc(`gdn state + conv window L${l}`, sizes.state + sizes.conv);
-      this.#layers[l] = { state, conv: state + sizes.state };
-    }
-    this.#positions = new RecurrentPositions("Gated DeltaNet", cfg.numLayers, layers);
+    this.#seqs = new PerSequence(sequences, (seq) => {
+      const states: (LayerState | null)[] = new Array(cfg.numLayers).fill(null);
+      for (const l of layers) {
+        const what = stateName(`gdn state + conv window L${l}`, seq);
+        const state = arena.alloc(what, sizes.state + sizes.conv);
+        states[l] = { state, conv: state + sizes.state };
+      }
+      return {
+        layers: states,
+        positions: new RecurrentPositions("Gated DeltaNet", cfg.numLayers, layers),
+      };
+    });
+    this.#layers = this.#seqs.current.layers;
+    this.#positions = this.#seqs.current.positions;
     [this.#rawQkvz, this.#rawBa, this.#pre, this.#post, this.#z, this.#beta, this.#decay, this.#o] =
       gdnScratchFloats(g).map(([what, floats]) => arena.alloc(what, maxBatch * floats * 4));
+  }
+
+  select(seq: number): void {
+    this.#seqs.select(seq);
+    this.#layers = this.#seqs.current.layers;
+    this.#positions = this.#seqs.current.positions;
   }
 
   /** None: the state does not grow with the positions. */
@@ -255,6 +285,6 @@ export const GDN: MixerPart = {
   },
   scratchBytes: (cfg, _layers, _ctx, maxBatch) =>
     regionBytes(...gdnScratchFloats(cfg.gdn!).map(([, floats]) => maxBatch * floats * 4)),
-  create: (ops, arena, cfg, layers, maxBatch) =>
-    new GatedDeltaNet(ops, arena, cfg, layers, maxBatch),
+  create: (ops, arena, cfg, layers, maxBatch, _maxCtx, sequences) =>
+    new GatedDeltaNet(ops, arena, cfg, layers, maxBatch, sequences),
 };

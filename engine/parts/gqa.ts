@@ -22,7 +22,14 @@ import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  type SequenceSpan,
+  stateName,
+} from "./mixer.ts";
 import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /**
@@ -72,8 +79,8 @@ export class GqaAttention implements Mixer {
   #shape: AttentionShape[] = [];
   /** Ones of the widest head: the weight of the weightless value norm (0 without one). */
   #ones = 0;
-  #k: number[] = [];
-  #v: number[] = [];
+  /** Per sequence, per layer: where its keys and its values start. */
+  #kv: PerSequence<{ k: number[]; v: number[] }>;
   #q: number;
   /** Gated attention: q_proj's output ([query | gate] per head) and the gates (else 0). */
   #qg = 0;
@@ -93,12 +100,14 @@ export class GqaAttention implements Mixer {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ) {
     this.#ops = ops;
     this.#cfg = cfg;
     this.#maxCtx = maxCtx;
     this.#layers = layers;
     const s = gqaScratch(cfg, layers, maxBatch);
+    this.#kv = new PerSequence(sequences, () => ({ k: [], v: [] }));
     layers.forEach((l, i) => {
       const g = s.geometry[i], kvDim = g.numKvHeads * g.headDim;
       this.#geometry[l] = g;
@@ -111,13 +120,19 @@ export class GqaAttention implements Mixer {
         vStride: kvDim,
         scale: cfg.attnScale,
       };
-      // One region per layer, sized by the function the planner sums: keys, then values.
+      // One region per layer and sequence, sized by the function the planner sums: keys, then
+      // values.
       const slots = kvSlots(cfg, l, maxCtx, maxBatch);
       this.#slots[l] = slots;
-      const kv = arena.alloc(`kv cache L${l}`, gqaStateBytes(cfg, l, maxCtx, maxBatch));
-      this.#k[l] = kv;
-      this.#v[l] = kv + slots * kvDim * 4;
+      for (let seq = 0; seq < sequences; seq++) {
+        this.#kv.select(seq);
+        const bytes = gqaStateBytes(cfg, l, maxCtx, maxBatch);
+        const kv = arena.alloc(stateName(`kv cache L${l}`, seq), bytes);
+        this.#kv.current.k[l] = kv;
+        this.#kv.current.v[l] = kv + slots * kvDim * 4;
+      }
     });
+    this.#kv.select(0);
     const tables = new Map(s.ropes.map((r) => [r, buildRopeTable(arena, r, maxCtx)]));
     for (const l of layers) this.#rope[l] = tables.get(this.#geometry[l].rope)!;
     this.#q = arena.alloc("attn q", s.q);
@@ -138,13 +153,18 @@ export class GqaAttention implements Mixer {
     }
   }
 
-  /** The K and V caches of its layers. */
+  /** The K and V caches of its layers (the selected sequence's). */
   cacheRegions(): CacheRegion[] {
+    const { k, v } = this.#kv.current;
     return this.#layers.flatMap((l) => {
       const g = this.#geometry[l];
       const rowBytes = g.numKvHeads * g.headDim * 4;
-      return [{ offset: this.#k[l], rowBytes }, { offset: this.#v[l], rowBytes }];
+      return [{ offset: k[l], rowBytes }, { offset: v[l], rowBytes }];
     });
+  }
+
+  select(seq: number): void {
+    this.#kv.select(seq);
   }
 
   /**
@@ -163,11 +183,40 @@ export class GqaAttention implements Mixer {
 
   /** out = o_proj(attention(h)) for `nb` tokens at positions pos.. pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(layer, lw, h, out, [{ kv: this.#kv.current, n: nb, pos }]);
+  }
+
+  /** out = o_proj(attention(h)) for the rows of several sequences, each on its own cache. */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    const runs = spans.map((s) => ({ kv: this.#kv.of(s.seq), n: s.n, pos: s.pos }));
+    this.#forward(layer, lw, h, out, runs);
+  }
+
+  /**
+   * The projections, norms, gate and o_proj over all rows; RoPE, the cache writes and attention
+   * per run of rows, on that run's keys and values.
+   */
+  #forward(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    runs: { kv: { k: number[]; v: number[] }; n: number; pos: number }[],
+  ): void {
     const ops = this.#ops;
     const cfg = this.#cfg;
-    if (pos + nb > this.#maxCtx) {
-      throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    for (const { n, pos } of runs) {
+      if (pos + n > this.#maxCtx) {
+        throw new Error(`context full: ${pos + n} > ${this.#maxCtx} positions`);
+      }
     }
+    const nb = runs.reduce((s, r) => s + r.n, 0);
     const g = this.#geometry[layer];
     const hd = g.headDim, kvHeads = g.numKvHeads;
     const qDim = cfg.numHeads * hd;
@@ -203,30 +252,35 @@ export class GqaAttention implements Mixer {
     const interleaved = rope.layout === "interleaved";
     const window = cfg.attention?.windows[layer] ?? 0;
     const slots = this.#slots[layer];
-    for (let b = 0; b < nb; b++) {
-      const p = pos + b;
-      const [cos, sin] = ropeAt(table, p);
-      ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
-      ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
-      // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
-      ops.copy(this.#k[layer] + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
-      ops.copy(this.#v[layer] + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
+    let b0 = 0;
+    for (const { kv, n, pos } of runs) {
+      const k = kv.k[layer], v = kv.v[layer];
+      for (let b = b0; b < b0 + n; b++) {
+        const p = pos + b - b0;
+        const [cos, sin] = ropeAt(table, p);
+        ops.rope(this.#q + b * qDim * 4, cfg.numHeads, hd, rope.dim, cos, sin, interleaved);
+        ops.rope(this.#kNew + b * kvDim * 4, kvHeads, hd, rope.dim, cos, sin, interleaved);
+        // Slot of position p is p mod slots; a window shows p − W + 1 .. p.
+        ops.copy(k + (p % slots) * kvDim * 4, this.#kNew + b * kvDim * 4, kvDim);
+        ops.copy(v + (p % slots) * kvDim * 4, this.#vNew + b * kvDim * 4, kvDim);
+      }
+      ops.attention({
+        shape: this.#shape[layer],
+        q: this.#q + b0 * qDim * 4,
+        qStride: qDim,
+        k,
+        v,
+        out: this.#att + b0 * qDim * 4,
+        outStride: qDim,
+        scratch: this.#attScratch,
+        pos,
+        tokens: n,
+        window,
+        slots,
+        sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
+      });
+      b0 += n;
     }
-    ops.attention({
-      shape: this.#shape[layer],
-      q: this.#q,
-      qStride: qDim,
-      k: this.#k[layer],
-      v: this.#v[layer],
-      out: this.#att,
-      outStride: qDim,
-      scratch: this.#attScratch,
-      pos,
-      tokens: nb,
-      window,
-      slots,
-      sinks: cfg.attention?.sinks ? lw.get("sinks").ptr : undefined,
-    });
     if (gated) {
       ops.sigmoid(this.#gate, nb * qDim);
       ops.mul(this.#att, this.#gate, nb * qDim);
@@ -289,6 +343,6 @@ export const GQA: MixerPart = {
       ) +
       (s.ones ? regionBytes(s.ones) : 0);
   },
-  create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
-    new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),
+  create: (ops, arena, cfg, layers, maxBatch, maxCtx, sequences) =>
+    new GqaAttention(ops, arena, cfg, layers, maxBatch, maxCtx, sequences),
 };

@@ -17,7 +17,14 @@ import type { TensorSpec } from "../../io/manifest.ts";
 import type { KdaConfig, LayerTensor, ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  stateName,
+  type StateRegion,
+} from "./mixer.ts";
 import { regionBytes } from "./scratch.ts";
 
 /**
@@ -156,8 +163,10 @@ export class KdaAttention implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
   #k: KdaConfig;
+  /** The selected sequence's states and their positions (of #seqs). */
   #layers: (LayerState | null)[];
   #positions: RecurrentPositions;
+  #seqs: PerSequence<{ layers: (LayerState | null)[]; positions: RecurrentPositions }>;
   #pre: [number, number, number];
   #post: [number, number, number];
   #g: number;
@@ -167,21 +176,33 @@ export class KdaAttention implements Mixer {
   #gate: number;
   #o: number;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, layers: number[], maxBatch: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    layers: number[],
+    maxBatch: number,
+    sequences: number,
+  ) {
     const k = cfg.kda;
     if (!k) throw new Error(`${cfg.modelType}: KDA attention needs the kda config`);
     this.#ops = ops;
     this.#cfg = cfg;
     this.#k = k;
     const sizes = kdaLayerStateBytes(k);
-    this.#layers = new Array(cfg.numLayers).fill(null);
-    for (const l of layers) {
-      const state = arena.alloc(`kda state + conv windows L${l}`, sizes.state + sizes.conv);
-      const w = sizes.conv / 3;
-      const at = state + sizes.state;
-      this.#layers[l] = { state, conv: [at, at + w, at + 2 * w] };
-    }
-    this.#positions = new RecurrentPositions("KDA", cfg.numLayers, layers);
+    this.#seqs = new PerSequence(sequences, (seq) => {
+      const states: (LayerState | null)[] = new Array(cfg.numLayers).fill(null);
+      for (const l of layers) {
+        const what = stateName(`kda state + conv windows L${l}`, seq);
+        const state = arena.alloc(what, sizes.state + sizes.conv);
+        const w = sizes.conv / 3;
+        const at = state + sizes.state;
+        states[l] = { state, conv: [at, at + w, at + 2 * w] };
+      }
+      return { layers: states, positions: new RecurrentPositions("KDA", cfg.numLayers, layers) };
+    });
+    this.#layers = this.#seqs.current.layers;
+    this.#positions = this.#seqs.current.positions;
     const [preQ, preK, preV, q, kk, v, g, beta, lowA, lowG, gate, o] = kdaScratchFloats(k).map((
       [what, floats],
     ) => arena.alloc(what, maxBatch * floats * 4));
@@ -193,6 +214,12 @@ export class KdaAttention implements Mixer {
     this.#lowG = lowG;
     this.#gate = gate;
     this.#o = o;
+  }
+
+  select(seq: number): void {
+    this.#seqs.select(seq);
+    this.#layers = this.#seqs.current.layers;
+    this.#positions = this.#seqs.current.positions;
   }
 
   /** None: the state does not grow with the positions. */
@@ -316,6 +343,6 @@ export const KDA: MixerPart = {
   },
   scratchBytes: (cfg, _layers, _ctx, maxBatch) =>
     regionBytes(...kdaScratchFloats(cfg.kda!).map(([, floats]) => maxBatch * floats * 4)),
-  create: (ops, arena, cfg, layers, maxBatch) =>
-    new KdaAttention(ops, arena, cfg, layers, maxBatch),
+  create: (ops, arena, cfg, layers, maxBatch, _maxCtx, sequences) =>
+    new KdaAttention(ops, arena, cfg, layers, maxBatch, sequences),
 };

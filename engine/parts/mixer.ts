@@ -25,10 +25,30 @@ export interface CacheRegion {
   rowBytes: number;
 }
 
+/** One sequence's rows of a batched mixer call: `n` rows at positions pos.. of sequence `seq`. */
+export interface SequenceSpan {
+  seq: number;
+  n: number;
+  pos: number;
+}
+
 /** The mixer of the layers that run one kind, with its per-sequence state and scratch. */
 export interface Mixer {
   /** out = mixer(h) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void;
+  /**
+   * out = mixer(h) for the rows of several sequences, `spans` one after another in h and out,
+   * each on its own sequence's state: the projections run over all rows at once (each weight read
+   * once for the batch), attention per sequence. Each row comes out as from {@link forward} of its
+   * sequence alone. Optional: without it each sequence's rows run through forward in turn.
+   */
+  forwardSpans?(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void;
   /**
    * Called once per forward pass before any layer runs: a recurrent state refuses a position it
    * cannot continue from here, before any cache or state changes.
@@ -44,6 +64,49 @@ export interface Mixer {
   stateRegions?(): StateRegion[];
   /** Declares the recurrent states written back into the arena to be at position `pos`. */
   resumeAt?(pos: number): void;
+  /**
+   * Selects whose state the calls after it use: sequence `seq` of the `sequences` the part was
+   * created for (a batched pass runs each sequence's rows on its own state, engine/batch.ts).
+   */
+  select(seq: number): void;
+}
+
+/**
+ * What a mixer keeps per sequence (its state regions' offsets, a recurrent state's position):
+ * one copy per sequence a batch may hold, made by `make`, of which one is selected.
+ */
+export class PerSequence<T> {
+  readonly #all: T[];
+  #current: T;
+
+  constructor(sequences: number, make: (seq: number) => T) {
+    this.#all = Array.from({ length: sequences }, (_, s) => make(s));
+    this.#current = this.#all[0];
+  }
+
+  /** The selected sequence's copy. */
+  get current(): T {
+    return this.#current;
+  }
+
+  /** Sequence `seq`'s copy. */
+  of(seq: number): T {
+    const c = this.#all[seq];
+    if (c === undefined) {
+      throw new Error(`sequence ${seq}: the run holds state for ${this.#all.length} sequence(s)`);
+    }
+    return c;
+  }
+
+  /** Selects sequence `seq`'s copy. */
+  select(seq: number): void {
+    this.#current = this.of(seq);
+  }
+}
+
+/** The arena name of sequence `seq`'s copy of a state region named `what` (the first keeps it). */
+export function stateName(what: string, seq: number): string {
+  return seq === 0 ? what : `${what} (sequence ${seq})`;
 }
 
 /** One kind of mixer: what the schema, the planner and the forward pass need of it. */
@@ -67,7 +130,10 @@ export interface MixerPart {
    * arena's page as the arena rounds it.
    */
   scratchBytes(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: number): number;
-  /** The mixer of `layers`, its state and scratch allocated in `arena`. */
+  /**
+   * The mixer of `layers`, its scratch and `sequences` copies of its per-sequence state
+   * allocated in `arena`.
+   */
   create(
     ops: Ops,
     arena: Arena,
@@ -75,5 +141,6 @@ export interface MixerPart {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ): Mixer;
 }

@@ -30,7 +30,14 @@ import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
-import type { CacheRegion, Mixer, MixerPart } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  type SequenceSpan,
+  stateName,
+} from "./mixer.ts";
 import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /**
@@ -63,7 +70,9 @@ export class MlaAttention implements Mixer {
   #cfg: ModelConfig;
   /** null under NoPE (Kimi-Linear). */
   #rope: RopeTable | null;
-  #cache: number[] = [];
+  /** The selected sequence's latent cache of each layer (of #caches). */
+  #cache: number[];
+  #caches: PerSequence<number[]>;
   #absorbed: (Absorbed | null)[];
   #qa: number;
   #q: number;
@@ -97,6 +106,7 @@ export class MlaAttention implements Mixer {
     layers: number[],
     maxBatch: number,
     maxCtx: number,
+    sequences: number,
   ) {
     const mla = cfg.mla;
     if (!mla) throw new Error(`${cfg.modelType}: MLA attention needs the mla config`);
@@ -108,10 +118,16 @@ export class MlaAttention implements Mixer {
     this.#row = mla.kvLoraRank + mla.qkRopeHeadDim;
     this.#qkDim = mla.qkNopeHeadDim + mla.qkRopeHeadDim;
     this.#layers = layers;
-    // Sized by the function the planner sums.
-    for (const l of layers) {
-      this.#cache[l] = arena.alloc(`latent kv cache L${l}`, mlaStateBytes(cfg, l, maxCtx));
-    }
+    // Sized by the function the planner sums, one per layer and sequence.
+    this.#caches = new PerSequence(sequences, (seq) => {
+      const cache: number[] = [];
+      for (const l of layers) {
+        const what = stateName(`latent kv cache L${l}`, seq);
+        cache[l] = arena.alloc(what, mlaStateBytes(cfg, l, maxCtx));
+      }
+      return cache;
+    });
+    this.#cache = this.#caches.current;
     this.#absorbed = new Array(cfg.numLayers).fill(null);
     this.#rope = mla.nope ? null : buildRopeTable(arena, cfg.rope, maxCtx);
     const ix = mla.indexer;
@@ -184,24 +200,29 @@ export class MlaAttention implements Mixer {
     ]);
   }
 
+  select(seq: number): void {
+    this.#caches.select(seq);
+    this.#cache = this.#caches.current;
+  }
+
   /** Where layer `layer`'s indexer rows start: after its latent rows. */
   #indexRows(layer: number): number {
     return this.#cache[layer] + this.#maxCtx * this.#row * 4;
   }
 
   /**
-   * The indexer rows of tokens pos..pos+nb−1 into the cache: the key (LayerNorm with bias, eps
-   * 1e-6, then RoPE on the leading qk_rope_head_dim dims, as on the queries), with pools its gate,
-   * and the key of each pool these tokens complete.
+   * The indexer rows of tokens pos..pos+nb−1 (the call's rows b0..b0+nb−1) into the cache: the
+   * key (LayerNorm with bias, eps 1e-6, then RoPE on the leading qk_rope_head_dim dims, as on the
+   * queries), with pools its gate, and the key of each pool these tokens complete.
    */
-  #indexerKeys(layer: number, lw: LayerWeights, nb: number, pos: number): void {
+  #indexerKeys(layer: number, lw: LayerWeights, nb: number, pos: number, b0: number): void {
     const ix = this.#cfg.mla!.indexer!;
     const D = ix.headDim, R = indexerRow(this.#cfg), rows = this.#indexRows(layer);
     const w = this.#arena.f32(lw.get("idx_k_norm").ptr, D);
     const bias = this.#arena.f32(lw.get("idx_k_bias").ptr, D);
     const interleaved = this.#cfg.rope.layout === "interleaved";
     const ropeDim = this.#cfg.mla!.qkRopeHeadDim;
-    for (let b = 0; b < nb; b++) {
+    for (let b = b0; b < b0 + nb; b++) {
       const k = this.#arena.f32(this.#ik + b * D * 4, D);
       let mean = 0;
       for (let i = 0; i < D; i++) mean += k[i];
@@ -211,7 +232,7 @@ export class MlaAttention implements Mixer {
       const inv = 1 / Math.sqrt(v / D + 1e-6);
       for (let i = 0; i < D; i++) k[i] = (k[i] - mean) * inv * w[i] + bias[i];
       if (this.#rope) {
-        const [cos, sin] = ropeAt(this.#rope, pos + b);
+        const [cos, sin] = ropeAt(this.#rope, pos + b - b0);
         this.#ops.rope(this.#ik + b * D * 4, 1, D, ropeDim, cos, sin, interleaved);
         this.#ops.rope(
           this.#iq + b * ix.numHeads * D * 4,
@@ -223,7 +244,7 @@ export class MlaAttention implements Mixer {
           interleaved,
         );
       }
-      const row = rows + (pos + b) * R * 4;
+      const row = rows + (pos + b - b0) * R * 4;
       this.#ops.copy(row, this.#ik + b * D * 4, D);
       if (ix.pool) this.#ops.copy(row + D * 4, this.#ig + b * D * 4, D);
     }
@@ -276,6 +297,42 @@ export class MlaAttention implements Mixer {
 
   /** out = o_proj(MLA(h)) for `nb` tokens at positions pos..pos+nb−1. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(layer, lw, h, out, [{ cache: this.#cache, n: nb, pos }]);
+  }
+
+  /** out = o_proj(MLA(h)) for the rows of several sequences, each on its own latent cache. */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    const selected = this.#cache;
+    try {
+      this.#forward(
+        layer,
+        lw,
+        h,
+        out,
+        spans.map((s) => ({ cache: this.#caches.of(s.seq), n: s.n, pos: s.pos })),
+      );
+    } finally {
+      this.#cache = selected;
+    }
+  }
+
+  /**
+   * The projections, the absorbed queries, the value projections and o_proj over all rows; the
+   * latent rows, the indexer and attention per run of rows, on that run's cache.
+   */
+  #forward(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    runs: { cache: number[]; n: number; pos: number }[],
+  ): void {
     const ops = this.#ops;
     const cfg = this.#cfg;
     const mla = cfg.mla!;
@@ -284,9 +341,12 @@ export class MlaAttention implements Mixer {
     const ix = mla.indexer;
     const nope = mla.qkNopeHeadDim, ropeDim = mla.qkRopeHeadDim, r = mla.kvLoraRank;
     const row = this.#row, qk = this.#qkDim;
-    if (pos + nb > this.#maxCtx) {
-      throw new Error(`context full: ${pos + nb} > ${this.#maxCtx} positions`);
+    for (const { n, pos } of runs) {
+      if (pos + n > this.#maxCtx) {
+        throw new Error(`context full: ${pos + n} > ${this.#maxCtx} positions`);
+      }
     }
+    const nb = runs.reduce((s, x) => s + x.n, 0);
     const ab = this.#absorb(layer, lw);
 
     // Queries and the new latent rows.
@@ -318,19 +378,22 @@ export class MlaAttention implements Mixer {
       });
     }
     const interleaved = cfg.rope.layout === "interleaved";
-    const lengths: number[] = [];
-    for (let b = 0; b < nb; b++) {
-      const kv = this.#kva + b * row * 4;
-      ops.rmsnorm(kv, lw.get("kv_a_norm").ptr, kv, r, 1, eps);
-      if (this.#rope) {
-        const [cos, sin] = ropeAt(this.#rope, pos + b);
-        ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
-        ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+    let b0 = 0;
+    for (const { cache, n, pos } of runs) {
+      this.#cache = cache;
+      for (let b = b0; b < b0 + n; b++) {
+        const kv = this.#kva + b * row * 4;
+        ops.rmsnorm(kv, lw.get("kv_a_norm").ptr, kv, r, 1, eps);
+        if (this.#rope) {
+          const [cos, sin] = ropeAt(this.#rope, pos + b - b0);
+          ops.rope(kv + r * 4, 1, row, ropeDim, cos, sin, interleaved);
+          ops.rope(this.#q + (b * H * qk + nope) * 4, H, qk, ropeDim, cos, sin, interleaved);
+        }
       }
-      lengths.push(pos + b + 1);
+      ops.copy(cache[layer] + pos * row * 4, this.#kva + b0 * row * 4, n * row);
+      if (ix) this.#indexerKeys(layer, lw, n, pos, b0);
+      b0 += n;
     }
-    ops.copy(this.#cache[layer] + pos * row * 4, this.#kva, nb * row);
-    if (ix) this.#indexerKeys(layer, lw, nb, pos);
 
     // Absorbed queries: [W_kbᵀ · q_nope | q_pe] per (token, head).
     const absorb: Matmul[] = [];
@@ -345,9 +408,7 @@ export class MlaAttention implements Mixer {
     ops.matmul(...absorb);
 
     // A query with more keys than the indexer keeps attends to its picked rows, gathered in
-    // order of position; the others attend to the whole cache, all in one call.
-    const sparse = ix ? lengths.findIndex((n) => indexerThins(ix, n)) : -1;
-    const dense = sparse < 0 ? nb : sparse;
+    // order of position; the others attend to the whole cache, all in one call per run.
     const attend = (b: number, k: number, p: number, tokens: number) =>
       ops.attention({
         shape: this.#shape,
@@ -361,14 +422,22 @@ export class MlaAttention implements Mixer {
         pos: p,
         tokens,
       });
-    if (dense > 0) attend(0, this.#cache[layer], pos, dense);
-    for (let b = dense; b < nb; b++) {
-      const picked = this.#select(b, layer, pos + b);
-      picked.forEach((t, i) =>
-        ops.copy(this.#picked + i * row * 4, this.#cache[layer] + t * row * 4, row)
-      );
-      // The picked rows stand at positions 0 .. n − 1, the query at the last.
-      attend(b, this.#picked, picked.length - 1, 1);
+    b0 = 0;
+    for (const { cache, n, pos } of runs) {
+      this.#cache = cache;
+      const thins = (i: number) => ix !== undefined && indexerThins(ix, pos + i + 1);
+      const sparse = Array.from({ length: n }, (_, i) => i).findIndex(thins);
+      const dense = sparse < 0 ? n : sparse;
+      if (dense > 0) attend(b0, cache[layer], pos, dense);
+      for (let i = dense; i < n; i++) {
+        const picked = this.#select(b0 + i, layer, pos + i);
+        picked.forEach((t, j) =>
+          ops.copy(this.#picked + j * row * 4, cache[layer] + t * row * 4, row)
+        );
+        // The picked rows stand at positions 0 .. n − 1, the query at the last.
+        attend(b0 + i, this.#picked, picked.length - 1, 1);
+      }
+      b0 += n;
     }
 
     // Latent outputs → per-head values → o_proj.
@@ -473,6 +542,6 @@ export const MLA: MixerPart = {
           : []),
       ) + absorbed;
   },
-  create: (ops, arena, cfg, layers, maxBatch, maxCtx) =>
-    new MlaAttention(ops, arena, cfg, layers, maxBatch, maxCtx),
+  create: (ops, arena, cfg, layers, maxBatch, maxCtx, sequences) =>
+    new MlaAttention(ops, arena, cfg, layers, maxBatch, maxCtx, sequences),
 };

@@ -19,7 +19,7 @@ import { CSA } from "./csa.ts";
 import { GDN } from "./gated_deltanet.ts";
 import { GQA } from "./gqa.ts";
 import { KDA } from "./kda.ts";
-import type { CacheRegion, Mixer, MixerPart, StateRegion } from "./mixer.ts";
+import type { CacheRegion, Mixer, MixerPart, SequenceSpan, StateRegion } from "./mixer.ts";
 import { MLA } from "./mla.ts";
 
 /** Every mixer kind, by name. */
@@ -64,14 +64,26 @@ export function mixerScratchBytes(cfg: ModelConfig, ctx: number, maxBatch: numbe
   );
 }
 
-/** The mixers of every layer of one model: each layer runs its own kind's. */
+/**
+ * The mixers of every layer of one model: each layer runs its own kind's, on the state of the
+ * selected one of `sequences` sequences.
+ */
 export class LayerMixers implements Mixer {
   #byLayer: Mixer[] = [];
   #all: Mixer[] = [];
+  #hidden: number;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, maxBatch: number, maxCtx: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    maxBatch: number,
+    maxCtx: number,
+    sequences: number,
+  ) {
+    this.#hidden = cfg.hiddenSize;
     for (const [part, layers] of mixerGroups(cfg)) {
-      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx);
+      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx, sequences);
       this.#all.push(mixer);
       for (const l of layers) this.#byLayer[l] = mixer;
     }
@@ -80,6 +92,37 @@ export class LayerMixers implements Mixer {
   /** Runs layer `layer`'s own mixer. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     this.#byLayer[layer].forward(layer, lw, h, out, nb, pos);
+  }
+
+  /**
+   * Runs layer `layer`'s mixer on the rows of several sequences (`spans` one after another in h
+   * and out): at once where the mixer can (each projection weight read once), else each
+   * sequence's rows in turn on its own state.
+   */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    const mixer = this.#byLayer[layer];
+    if (mixer.forwardSpans && spans.length > 1) {
+      mixer.forwardSpans(layer, lw, h, out, spans);
+      return;
+    }
+    const d = this.#hidden;
+    let r0 = 0;
+    for (const s of spans) {
+      mixer.select(s.seq);
+      mixer.forward(layer, lw, h + r0 * d * 4, out + r0 * d * 4, s.n, s.pos);
+      r0 += s.n;
+    }
+  }
+
+  /** Selects sequence `seq`'s state in every mixer. */
+  select(seq: number): void {
+    for (const m of this.#all) m.select(seq);
   }
 
   /** Lets every mixer refuse a position before any layer runs. */

@@ -56,6 +56,14 @@ export const GPU_HABIT_FLAGS: Flags = {
   },
 };
 
+/** `--parallel N|auto` (llama.cpp: `-np`): sequences that decode together. */
+export const PARALLEL_FLAG: Flags = { parallel: { type: "string", dashed: ["np"] } };
+
+/** The value of `--parallel`: a positive whole number or "auto"; undefined when not given. */
+export function parallelFromArgs(a: Args): number | "auto" | undefined {
+  return a.str("parallel") === "auto" ? "auto" : a.int("parallel", 1);
+}
+
 /** `--budget SIZE` and `--preset NAME` (tools/cli/budget.ts). */
 export const BUDGET_FLAGS: Flags = { budget: { type: "string" }, preset: { type: "string" } };
 

@@ -9,18 +9,28 @@ import { planRun, runFloor } from "../../engine/model.ts";
 import { mixerPartOf } from "../../engine/parts/mod.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { mixerOf } from "../../io/model_config.ts";
-import { BUDGET_FLAGS, CTX_FLAG, HELP_FLAG, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import {
+  BUDGET_FLAGS,
+  CTX_FLAG,
+  HELP_FLAG,
+  MODEL_FLAG,
+  PARALLEL_FLAG,
+  parallelFromArgs,
+  parseCommandArgs,
+} from "./args.ts";
 import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
 import { resolveModel } from "./models.ts";
 
 const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
 
-Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [--json]
+Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [-np N] [--json]
 
 ${BUDGET_HELP}
   -m, --model PATH      the container
   -c, --ctx N           context length for the KV cache (default min(model, 4096); also --ctx-size)
   --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)
+  --parallel N|auto     sequences decoding together, each with its own KV cache, as serve
+                        --parallel (default 1; auto: what serve picks for the budget; also -np)
   --json                print the plan as JSON
 `;
 
@@ -31,6 +41,7 @@ export async function planCommand(args: string[]): Promise<number> {
     ...BUDGET_FLAGS,
     ...CTX_FLAG,
     "prefill-chunk": { type: "string", aliases: ["batch-size"] },
+    ...PARALLEL_FLAG,
     json: { type: "boolean" },
     ...HELP_FLAG,
   });
@@ -41,7 +52,11 @@ export async function planCommand(args: string[]): Promise<number> {
   }
   const c = openContainer(await resolveModel(model));
   const cfg = c.config;
-  const opts = { ctx: a.int("ctx"), prefillChunk: a.int("prefill-chunk") };
+  const opts = {
+    ctx: a.int("ctx"),
+    prefillChunk: a.int("prefill-chunk"),
+    parallel: parallelFromArgs(a),
+  };
   const floor = runFloor(c, opts);
   const { plan, lookahead, ctx } = planRun(c, {
     ...opts,
@@ -58,9 +73,9 @@ export async function planCommand(args: string[]): Promise<number> {
   console.log(`model          ${c.dir} (${cfg.modelType}, ${L} layers)
 floor          ${formatBytes(floor)}  (resident ${formatBytes(plan.fixedBytes)}: KV ${
     formatBytes(plan.kvBytes)
-  } at ctx ${ctx}, scratch ${formatBytes(plan.scratchBytes)}; + one ring slot + ${
-    Math.min(2 * (cfg.moe?.topK ?? 0), plan.totalExperts)
-  } expert records)
+  } at ctx ${ctx}${plan.sequences > 1 ? ` for ${plan.sequences} sequences` : ""}, scratch ${
+    formatBytes(plan.scratchBytes)
+  }; + one ring slot + ${Math.min(2 * (cfg.moe?.topK ?? 0), plan.totalExperts)} expert records)
 working set    ${formatBytes(plan.workingSetBytes)} per token
 whole model    ${formatBytes(plan.wholeModelBytes)}
 recommended    ${formatBytes(recommended)}

@@ -6,7 +6,14 @@
  */
 import { parseBytes } from "../../engine/units.ts";
 import { startWorkerServer } from "../serve/front.ts";
-import { HELP_FLAG, helpShown, MODEL_FLAG, parseCommandArgs } from "./args.ts";
+import {
+  HELP_FLAG,
+  helpShown,
+  MODEL_FLAG,
+  PARALLEL_FLAG,
+  parallelFromArgs,
+  parseCommandArgs,
+} from "./args.ts";
 import {
   CHAT_TEMPLATE_FLAG,
   CHAT_TEMPLATE_HELP,
@@ -50,7 +57,11 @@ Server:
   --allow-host NAME[,NAME]  accept these names in the Host header besides the --host name, IP
                         addresses and localhost; others get 421, which stops DNS
                         rebinding ("*": any)
-  --queue N             requests that may wait behind the running one (default 8); more get 429
+  -np, --parallel N     requests that generate at once, their passes batched so each expert
+                        is read once per pass for all of them; each holds its own KV cache
+                        (default auto: up to 4, as the budget has room, see plan --parallel;
+                        1 with --spec or --draft, whose drafts run only for a lone sequence)
+  --queue N             requests that may wait behind the running ones (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M); a body must
                         arrive within 60 s
   --keep-alive S        seconds of silence before a stream gets an SSE comment (default 10)
@@ -60,9 +71,10 @@ The model runs in a worker thread, so /health, /metrics, the pages, new connecti
 cancellations are answered at once while it computes; if that worker fails, the requests in
 flight get 500 and the server exits with status 1.
 
-Requests run one at a time. The KV cache of a request is kept: a request that extends a cached
-prefix of the same user (the next turn of a chat) only runs its new tokens
-(usage.prompt_tokens_details). Up to 4 prefixes per user (several conversations) are kept as
+Up to --parallel requests run at once: each pass holds a token of every decoding request and
+prompt chunks of new ones, and each request's output is what it would be alone. The KV cache of
+a request is kept: a request that extends a cached prefix of the same user (the next turn of a
+chat) only runs its new tokens (usage.prompt_tokens_details). Up to 4 prefixes per user (several conversations) are kept as
 copies within --cache-ram and matched by longest common prefix; the least recently used goes first.
 
 Speculative decoding (drafted, accepted and tokens per pass in /metrics):
@@ -85,6 +97,7 @@ export async function serveCommand(args: string[]): Promise<number> {
     cors: { type: "string" },
     "allow-host": { type: "string" },
     queue: { type: "string" },
+    ...PARALLEL_FLAG,
     "max-body": { type: "string" },
     "keep-alive": { type: "string" },
     ...CHAT_TEMPLATE_FLAG,
@@ -116,7 +129,12 @@ export async function serveCommand(args: string[]): Promise<number> {
   if (options.cors?.includes("*") && !options.apiKey) {
     throw new Error(`--cors "*" lets every web page use the server: give --api-key too`);
   }
-  const run = { ...runOptionsFromArgs(a), spec: specFromArgs(a) };
+  const specOptions = specFromArgs(a);
+  const run = {
+    ...runOptionsFromArgs(a),
+    parallel: parallelFromArgs(a) ?? (specOptions ? 1 : "auto" as const),
+    spec: specOptions,
+  };
   const spec = { ...await sessionSpec(a, run, quiet), chatTemplate: a.str("chat-template") };
   const server = await startWorkerServer(spec, options);
   if (server.notice && !quiet) console.error(`sluice serve: ${server.notice}`);

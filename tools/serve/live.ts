@@ -1,16 +1,18 @@
 /**
  * What the server knows about itself, for `/metrics` (Prometheus text) and the live view
  * (`/ui/state`): counters over all requests, a once-a-second history of token and read rates,
- * per-expert use counts and residency, the trunk ring's layout, and the request running now.
+ * per-expert use counts and residency, the trunk ring's layout, the requests running now and the
+ * batch they share passes in.
  *
  * @module
  */
+import type { Batch, BatchTotals } from "../../engine/batch.ts";
 import type { PrefixCache } from "../../engine/prefix_cache.ts";
 import type { Session } from "../../engine/session.ts";
 import { formatBytes } from "../../engine/units.ts";
 import type { MoeObserver } from "../../engine/transformer.ts";
 
-/** The request being served, as the live view shows it. */
+/** A request being served, as the live view shows it. */
 export interface CurrentRequest {
   id: string;
   endpoint: string;
@@ -52,20 +54,28 @@ export class LiveStats {
   lastTokPerS = 0;
   /** Grammar masks of structured output: steps masked and the time spent. */
   readonly maskStats = { steps: 0, ms: 0 };
-  current: CurrentRequest | null = null;
+  /** The requests generating now, in the order they started. */
+  readonly running: Set<CurrentRequest> = new Set();
   readonly history: RateSample[] = [];
   /** Per MoE layer (null for dense layers): how often each expert was routed to. */
   readonly expertUse: (Float64Array | null)[];
   #queueDepth: () => number;
   #prefixes: PrefixCache | null;
+  #batch: Batch | null;
   #timer: ReturnType<typeof setInterval>;
   #observer: MoeObserver;
   #last = { ms: performance.now(), tokens: 0, bytes: 0, waitMs: 0 };
 
-  constructor(session: Session, queueDepth: () => number, prefixes: PrefixCache | null = null) {
+  constructor(
+    session: Session,
+    queueDepth: () => number,
+    prefixes: PrefixCache | null = null,
+    batch: Batch | null = null,
+  ) {
     this.session = session;
     this.#queueDepth = queueDepth;
     this.#prefixes = prefixes;
+    this.#batch = batch;
     const cfg = session.model.cfg;
     const n = cfg.moe?.numExperts ?? 0;
     this.expertUse = cfg.layerKinds.map((k) => (k === "moe" && n > 0 ? new Float64Array(n) : null));
@@ -77,9 +87,21 @@ export class LiveStats {
     this.#timer = setInterval(() => this.sample(), 1000);
   }
 
-  /** The generated-token count including the request in flight. */
+  /** The batch's pass counters so far (zeros without a batch). */
+  batchTotals(): BatchTotals {
+    return { ...(this.#batch?.totals ?? { passes: 0, rows: 0, sequences: 0, lastSequences: 0 }) };
+  }
+
+  /** The request that started first of those running, or null. */
+  get current(): CurrentRequest | null {
+    return this.running.values().next().value ?? null;
+  }
+
+  /** The generated-token count including the requests in flight. */
   #tokensNow(): number {
-    return this.totals.generatedTokens + (this.current?.generated ?? 0);
+    let n = this.totals.generatedTokens;
+    for (const r of this.running) n += r.generated;
+    return n;
   }
 
   /** Adds one point to the rate history (called every second). */
@@ -116,6 +138,10 @@ export class LiveStats {
       lastTokPerS: this.lastTokPerS,
       queueDepth: this.#queueDepth(),
       current: this.current,
+      running: [...this.running],
+      batch: this.#batch
+        ? { parallel: this.#batch.capacity, active: this.#batch.active, ...this.#batch.totals }
+        : null,
       history: this.history,
       experts: {
         perLayer: numExperts,
@@ -216,7 +242,26 @@ export class LiveStats {
       s.io_wait_ms / 1000,
     );
     metric("queue_depth", "gauge", "Requests waiting for the model.", this.#queueDepth());
-    metric("busy", "gauge", "1 while a request is running.", this.current ? 1 : 0);
+    metric("busy", "gauge", "1 while a request is running.", this.running.size > 0 ? 1 : 0);
+    metric("requests_running", "gauge", "Requests generating now.", this.running.size);
+    const b = this.#batch;
+    if (b) {
+      metric("parallel", "gauge", "Sequences that can generate at once (--parallel).", b.capacity);
+      metric("batch_passes_total", "counter", "Forward passes of the batch.", b.totals.passes);
+      metric(
+        "batch_size",
+        "gauge",
+        "Sequences in the last forward pass.",
+        b.totals.lastSequences,
+      );
+      metric(
+        "batch_size_mean",
+        "gauge",
+        "Sequences per forward pass, all passes.",
+        b.totals.passes > 0 ? b.totals.sequences / b.totals.passes : 0,
+      );
+      metric("batch_rows_total", "counter", "Tokens run by the batch's passes.", b.totals.rows);
+    }
     metric("resident_memory_bytes", "gauge", "Resident set size.", Deno.memoryUsage().rss);
     metric("arena_bytes", "gauge", "Bytes of the arena.", this.session.model.arena.capacity);
     metric(

@@ -211,6 +211,14 @@
         `${s.totals.promptTokens} prompt (${s.totals.cachedTokens} cached), ${s.totals.generatedTokens} generated`,
       ],
       ["last tok/s", s.lastTokPerS.toFixed(2)],
+      ...(s.batch
+        ? [[
+          "batch",
+          `${s.running.length} of ${s.batch.parallel} running; ${
+            s.batch.passes > 0 ? (s.batch.sequences / s.batch.passes).toFixed(2) : "0"
+          } sequences per pass`,
+        ]]
+        : []),
       ["read", `${s.text.bytesRead}, io wait ${(s.ioWaitMs / 1000).toFixed(2)} s`],
       ["context", `${s.contextTokens} / ${s.maxContext} tokens cached`],
       ["memory", `budget ${s.text.budget}, arena ${s.text.arena}, RSS ${s.text.rss}`],

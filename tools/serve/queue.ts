@@ -1,7 +1,8 @@
 /**
- * The request queue: one model, so one generation at a time, in arrival order, with a bounded
- * number waiting. A full queue refuses at once (the caller answers 429 with Retry-After) instead
- * of letting latency grow without bound.
+ * The request queue: up to `parallel` requests run at once (each generation on its own sequence
+ * of the model's batch, engine/batch.ts, their passes shared), the rest wait in arrival order,
+ * a bounded number of them. A full queue refuses at once (the caller answers 429 with
+ * Retry-After) instead of letting latency grow without bound.
  *
  * @module
  */
@@ -20,29 +21,36 @@ export class Abandoned extends Error {
   }
 }
 
-/** Runs jobs one at a time; at most `capacity` wait behind the running one. */
+/** Runs up to `parallel` jobs at once; at most `capacity` wait behind the running ones. */
 export class RequestQueue {
   readonly capacity: number;
-  #running = false;
+  readonly parallel: number;
+  #running = 0;
   #waiting: { start: () => void; fail: (e: Error) => void }[] = [];
 
-  constructor(capacity: number) {
+  constructor(capacity: number, parallel = 1) {
     this.capacity = capacity;
+    this.parallel = parallel;
   }
 
-  /** Jobs waiting (not counting the running one). */
+  /** Jobs waiting (not counting the running ones). */
   get waiting(): number {
     return this.#waiting.length;
   }
 
-  /** Whether a job is running. */
-  get busy(): boolean {
+  /** Jobs running. */
+  get running(): number {
     return this.#running;
+  }
+
+  /** Whether every job slot is taken (a new job would wait). */
+  get busy(): boolean {
+    return this.#running >= this.parallel;
   }
 
   /** Runs `job` when its turn comes; rejects at once when full, or when `signal` aborts first. */
   async run<T>(job: () => Promise<T>, signal?: AbortSignal): Promise<T> {
-    if (this.#running) {
+    if (this.busy || this.#waiting.length > 0) {
       if (this.#waiting.length >= this.capacity) throw new QueueFull(this.#waiting.length);
       await new Promise<void>((start, fail) => {
         const entry = { start, fail };
@@ -55,14 +63,16 @@ export class RequestQueue {
           }
         }, { once: true });
       });
+      // Started by a finishing job, which handed its slot over.
+    } else {
+      this.#running++;
     }
-    this.#running = true;
     try {
       return await job();
     } finally {
       const next = this.#waiting.shift();
       if (next) next.start();
-      else this.#running = false;
+      else this.#running--;
     }
   }
 }

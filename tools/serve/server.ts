@@ -1,7 +1,8 @@
 /**
  * The OpenAI-compatible HTTP server on Deno's own `Deno.serve`: chat and text completions (JSON
- * or SSE), models, tokenize/detokenize, health, Prometheus metrics and the live view. One model,
- * so requests queue (bounded) and run one at a time. Each API key is one user with its own cached
+ * or SSE), models, tokenize/detokenize, health, Prometheus metrics and the live view. One model:
+ * up to its `parallel` requests generate at once, their forward passes batched
+ * (tools/serve/batcher.ts), the rest queue (bounded). Each API key is one user with its own cached
  * prompt prefixes (engine/prefix_cache.ts), so a conversation only runs its new tokens and no
  * user's request reuses (or times, or counts) what another user sent. A client that goes away
  * cancels its generation at the next token.
@@ -17,7 +18,8 @@ import { ApiError, type CompletionRequest, parseCompletion, StopMatcher } from "
 import type { EngineExtras, GenerationEnd } from "./chat_run.ts";
 import { completionResponse } from "./completions.ts";
 import { anthropicError, countTokens, messagesResponse, parseMessages } from "./anthropic.ts";
-import { Abandoned, QueueFull, RequestQueue } from "./queue.ts";
+import { Abandoned, QueueFull } from "./queue.ts";
+import { Batcher } from "./batcher.ts";
 import { Gate, methodNotAllowed } from "./gate.ts";
 import { DEFAULT_MAX_BODY_BYTES, json, listen, readBody } from "./listen.ts";
 
@@ -49,7 +51,10 @@ export interface ServeOptions {
    * stops DNS rebinding, where a hostile name resolves to this server's address.
    */
   allowHosts?: string[];
-  /** Requests that may wait behind the running one (default 8). */
+  /**
+   * Requests that may wait behind the running ones (default 8); up to the session's `parallel`
+   * run at once, their passes batched (tools/serve/batcher.ts).
+   */
   queueSize?: number;
   /** Largest request body in bytes (default 4 MiB). */
   maxBodyBytes?: number;
@@ -158,14 +163,15 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
   const log = opts.log ?? ((line: string) => console.error(line));
   const maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   const keepAliveMs = opts.keepAliveMs ?? 10_000;
-  const queue = new RequestQueue(opts.queueSize ?? 8);
   const gate = new Gate(opts);
   const prefixes = new PrefixCache(session, {
     ownerBytes: Math.floor((opts.cacheBytes ?? DEFAULT_CACHE_BYTES) / Math.max(1, gate.users)),
     // The next user's request must not spend the time of copying another user's cache.
     saveEagerly: gate.users > 1,
   });
-  const live = new LiveStats(session, () => queue.waiting, prefixes);
+  const batcher = new Batcher(session, prefixes, opts.queueSize ?? 8);
+  const queue = batcher.queue;
+  const live = new LiveStats(session, () => queue.waiting, prefixes, batcher.batch);
   const id = modelId(session);
   const created = Math.floor(Date.now() / 1000);
   const ctx = session.model.maxContext;
@@ -251,33 +257,32 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
       maxTokens,
       startedMs: Date.now(),
     };
-    live.current = cur;
+    live.running.add(cur);
     let n = 0;
+    const generation = batcher.generate(user, ids, {
+      maxTokens,
+      temperature: r.temperature,
+      topP: r.topP,
+      topK: r.topK,
+      minP: r.minP,
+      // The choices of n > 1 differ; each is still reproducible from the request's seed.
+      seed: r.seed === undefined ? undefined : (r.seed + seedOffset) >>> 0,
+      frequencyPenalty: r.frequencyPenalty,
+      presencePenalty: r.presencePenalty,
+      repetitionPenalty: r.repetitionPenalty,
+      ignoreEos: r.ignoreEos,
+      keepSpecial: extras.keepSpecial,
+      constraint: extras.constraint,
+      logprobs: extras.logprobs,
+      signal,
+      onPrefill: async (done) => {
+        cur.cachedTokens = generation.timings.cachedTokens;
+        cur.prefilled = done - cur.cachedTokens;
+        await tick();
+      },
+    });
     try {
-      prefixes.prepare(user, ids);
-      const tokens = session.generate(ids, {
-        maxTokens,
-        temperature: r.temperature,
-        topP: r.topP,
-        topK: r.topK,
-        minP: r.minP,
-        // The choices of n > 1 differ; each is still reproducible from the request's seed.
-        seed: r.seed === undefined ? undefined : (r.seed + seedOffset) >>> 0,
-        frequencyPenalty: r.frequencyPenalty,
-        presencePenalty: r.presencePenalty,
-        repetitionPenalty: r.repetitionPenalty,
-        ignoreEos: r.ignoreEos,
-        keepSpecial: extras.keepSpecial,
-        constraint: extras.constraint,
-        logprobs: extras.logprobs,
-        signal,
-        onPrefill: async (done) => {
-          cur.cachedTokens = session.timings.cachedTokens;
-          cur.prefilled = done - cur.cachedTokens;
-          await tick();
-        },
-      });
-      for await (const tok of tokens) {
+      for await (const tok of generation.tokens) {
         n++;
         cur.phase = "decode";
         cur.generated = n;
@@ -292,9 +297,8 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
         if (rest) send(rest);
       }
     } finally {
-      prefixes.finish();
-      live.current = null;
-      const t = session.timings;
+      live.running.delete(cur);
+      const t = generation.timings;
       live.totals.requests++;
       live.totals.promptTokens += ids.length;
       live.totals.cachedTokens += t.cachedTokens;
@@ -302,7 +306,7 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
       live.lastTokPerS = t.generateMs > 0 ? (t.generatedTokens * 1000) / t.generateMs : 0;
       if (signal.aborted) live.totals.cancelled++;
     }
-    const t = session.timings;
+    const t = generation.timings;
     const finish: GenerationEnd["finish"] = !stop.stopped && n >= maxTokens ? "length" : "stop";
     log(
       `sluice serve: ${cur.id} ${endpoint} ${signal.aborted ? "cancelled" : finish}: prompt ` +
@@ -325,7 +329,7 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
   const whole = async <T>(abort: AbortController, run: () => Promise<T>): Promise<Response> => {
     active.add(abort);
     try {
-      const answer = await queue.run(run, abort.signal);
+      const answer = await batcher.run(run, abort.signal);
       // A stopped answer is never passed off as complete.
       if (closing && abort.signal.aborted) throw shutdownError();
       return json(answer);
@@ -366,7 +370,7 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
         write(": queued\n\n");
         // Stopped by a shutdown: an error event, never the end of a complete answer.
         const stopped = () => closing && abort.signal.aborted;
-        queue.run(() => produce((s) => stopped() || write(s)), abort.signal)
+        batcher.run(() => produce((s) => stopped() || write(s)), abort.signal)
           .then(() => {
             if (stopped()) write(errorEvent(shutdownError()));
           })

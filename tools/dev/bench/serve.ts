@@ -8,6 +8,16 @@
  * the model opened in this process, with the same options. `bench serve-front` compares the worker
  * server with the in-process one.
  *
+ * `deno task bench serve --clients 1,4,8 [--model X.sluice | --size 512M] [--budget-fraction 0.25]
+ * [--tokens 32] [--requests 2] [--repeat 2] [--json]`: continuous batching instead. The model
+ * (default: bench stream's synthetic Qwen3-MoE-shaped model of `--size`) is served twice, over the
+ * cap (budget = fraction × the whole model) and in RAM, with `--parallel` the most clients; each
+ * client count runs that many clients at once, each sending `--requests` greedy streamed
+ * completions one after another (distinct prompts). Reported per placement and count: aggregate
+ * tok/s (completion tokens ÷ wall time, best of the repeats) and its ratio to one client
+ * (targets: ≥ 2.5× at 4 clients over the cap, ≥ 1.5× in RAM), mean sequences per pass, and p50/p95
+ * time to first token (all repeats) at the largest count.
+ *
  * - Decode through the server against `Session.generate` itself: the same greedy prompt and token
  *   count, run directly, as one JSON completion, and as an SSE stream (wall time, prefill
  *   included, from an empty prompt cache each time). Target: server ÷ direct ≥ 0.90.
@@ -24,8 +34,11 @@
  */
 import { parseArgs } from "node:util";
 import { Session, type SessionOptions } from "../../../engine/session.ts";
+import { parseBytes } from "../../../engine/units.ts";
 import { modelId } from "../../serve/live.ts";
+import { startServer } from "../../serve/server.ts";
 import { startControlledServer } from "../serve_control.ts";
+import { ensureStreamModel, fixedPrompt } from "./stream.ts";
 
 /** One measured configuration. */
 export interface ServeRun {
@@ -173,30 +186,244 @@ export function formatServe(r: ServeBenchResult): string {
   ].join("\n");
 }
 
+/** One client count's measurement of {@link benchClients}. */
+export interface ClientsRun {
+  clients: number;
+  /** Completion tokens of all clients ÷ wall time, best of the repeats. */
+  tok_s: number;
+  /** tok_s ÷ the one-client tok_s of the same placement. */
+  ratio: number;
+  /** Sequences per forward pass over the best repeat. */
+  batch_mean: number;
+  /** Time to first token of every request of every repeat, ms. */
+  ttft_ms: number[];
+}
+
+/** The measurements of one placement (over the cap, or in RAM). */
+export interface ClientsPlacement {
+  label: string;
+  budget: number | null;
+  runs: ClientsRun[];
+}
+
+/** Everything `bench serve --clients` measures. */
+export interface ClientsBenchResult {
+  model: string;
+  whole_bytes: number;
+  parallel: number;
+  tokens: number;
+  requests: number;
+  placements: ClientsPlacement[];
+}
+
+/** Options of {@link benchClients}. */
+export interface ClientsBenchOptions {
+  model: string;
+  clients: number[];
+  budgetFraction: number;
+  tokens: number;
+  requests: number;
+  repeat: number;
+  threads?: number;
+}
+
+/**
+ * A streamed greedy completion of `prompt`: its completion tokens and the ms to its first
+ * token (the first SSE event that carries a choice).
+ */
+async function streamed(
+  url: string,
+  prompt: number[],
+  tokens: number,
+): Promise<{ tokens: number; ttft: number }> {
+  const t0 = performance.now();
+  const r = await post(url, {
+    prompt,
+    max_tokens: tokens,
+    temperature: 0,
+    ignore_eos: true,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  const reader = r.body!.pipeThrough(new TextDecoderStream()).getReader();
+  let ttft = NaN, used = 0, text = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    text += value;
+    let cut;
+    while ((cut = text.indexOf("\n\n")) >= 0) {
+      const event = text.slice(0, cut);
+      text = text.slice(cut + 2);
+      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
+      const data = JSON.parse(event.slice(6));
+      if (data.choices?.length > 0 && Number.isNaN(ttft)) ttft = performance.now() - t0;
+      if (data.usage) used = data.usage.completion_tokens;
+    }
+  }
+  return { tokens: used, ttft };
+}
+
+/** The `q` quantile (0..1) of `xs`, nearest rank (NaN when empty). */
+export function quantile(xs: number[], q: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)];
+}
+
+/** Serves the model over the cap and in RAM and runs each client count against it. */
+export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBenchResult> {
+  const parallel = Math.max(...opts.clients);
+  const base = { quiet: true, ctx: 512, parallel, threads: opts.threads, hotList: false };
+  const probe = await Session.open(opts.model, base);
+  const whole = probe.model.plan.wholeModelBytes;
+  const vocab = probe.model.cfg.vocabSize;
+  const model = modelId(probe);
+  probe.close();
+  const placements: ClientsPlacement[] = [];
+  const budgets: [string, number | undefined][] = [
+    [`over the cap (budget ${opts.budgetFraction} × the model)`, whole * opts.budgetFraction],
+    ["in RAM", undefined],
+  ];
+  let prompts = 0;
+  // Each request its own prompt: the prompt cache reuses nothing across them.
+  const nextPrompt = () => [(prompts++ * 7919) % vocab, ...fixedPrompt(vocab)];
+  for (const [label, budget] of budgets) {
+    const session = await Session.open(opts.model, { ...base, budget });
+    const server = startServer(session, { port: 0, log: () => {}, queueSize: parallel });
+    const url = `${server.url}/v1/completions`;
+    const best = new Map<number, { tok_s: number; batch_mean: number }>();
+    const ttft = new Map<number, number[]>(opts.clients.map((c) => [c, []]));
+    try {
+      // Round 0 warms the JIT and the expert cache and is not kept.
+      for (let round = 0; round <= opts.repeat; round++) {
+        for (const clients of opts.clients) {
+          const before = { ...server.live.batchTotals() };
+          const t0 = performance.now();
+          const done = await Promise.all(
+            Array.from({ length: clients }, async () => {
+              const got = [];
+              for (let k = 0; k < opts.requests; k++) {
+                got.push(await streamed(url, nextPrompt(), opts.tokens));
+              }
+              return got;
+            }),
+          );
+          const ms = performance.now() - t0;
+          if (round === 0) continue;
+          const all = done.flat();
+          ttft.get(clients)!.push(...all.map((x) => x.ttft));
+          const tok_s = (1000 * all.reduce((n, x) => n + x.tokens, 0)) / ms;
+          const after = server.live.batchTotals();
+          const batch_mean = (after.sequences - before.sequences) /
+            Math.max(1, after.passes - before.passes);
+          if (tok_s > (best.get(clients)?.tok_s ?? 0)) best.set(clients, { tok_s, batch_mean });
+        }
+      }
+    } finally {
+      await server.close();
+      session.close();
+    }
+    const one = best.get(Math.min(...opts.clients))!.tok_s;
+    placements.push({
+      label,
+      budget: budget ?? null,
+      runs: opts.clients.map((clients) => ({
+        clients,
+        ...best.get(clients)!,
+        ratio: best.get(clients)!.tok_s / one,
+        ttft_ms: ttft.get(clients)!,
+      })),
+    });
+  }
+  return {
+    model,
+    whole_bytes: whole,
+    parallel,
+    tokens: opts.tokens,
+    requests: opts.requests,
+    placements,
+  };
+}
+
+/** The report of {@link benchClients}. */
+export function formatClients(r: ClientsBenchResult): string {
+  const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
+  const lines = [
+    `bench serve --clients: ${r.model} (${mib(r.whole_bytes)}), --parallel ${r.parallel}, ` +
+    `${r.requests} streamed greedy completion(s) of ${r.tokens} tokens per client`,
+  ];
+  for (const p of r.placements) {
+    lines.push(`${p.label}${p.budget ? `: ${mib(p.budget)}` : ""}`);
+    const target = p.budget ? 2.5 : 1.5;
+    for (const x of p.runs) {
+      const check = x.clients === 4
+        ? ` (target ≥ ${target}: ${x.ratio >= target ? "ok" : "BELOW"})`
+        : "";
+      lines.push(
+        `  ${String(x.clients).padStart(2)} client(s) ${x.tok_s.toFixed(1).padStart(8)} tok/s ` +
+          `${x.ratio.toFixed(2)}× one client${check}; ${x.batch_mean.toFixed(2)} sequences/pass; ` +
+          `TTFT p50 ${quantile(x.ttft_ms, 0.5).toFixed(0)} ms, p95 ${
+            quantile(x.ttft_ms, 0.95).toFixed(0)
+          } ms`,
+      );
+    }
+  }
+  return lines.join("\n");
+}
+
 /** `deno task bench serve` entry point. */
 export async function main(args: string[]): Promise<void> {
   const { values: v } = parseArgs({
     args,
     options: {
       model: { type: "string" },
-      tokens: { type: "string", default: "512" },
+      tokens: { type: "string" },
       turns: { type: "string", default: "4" },
-      repeat: { type: "string", default: "3" },
+      repeat: { type: "string" },
       threads: { type: "string" },
+      clients: { type: "string" },
+      size: { type: "string", default: "512M" },
+      "budget-fraction": { type: "string", default: "0.25" },
+      requests: { type: "string", default: "2" },
       json: { type: "boolean", default: false },
     },
   });
-  const n = (k: "tokens" | "turns" | "repeat" | "threads") => {
-    const x = Number(v[k]);
+  const n = (k: "tokens" | "turns" | "repeat" | "threads" | "requests", dflt?: string) => {
+    const x = Number(v[k] ?? dflt);
     if (!Number.isInteger(x) || x < 1) throw new Error(`--${k} must be a positive integer`);
     return x;
   };
+  if (v.clients !== undefined) {
+    const clients = v.clients.split(",").map(Number);
+    if (!clients.every((c) => Number.isInteger(c) && c >= 1 && c <= 64)) {
+      throw new Error(`--clients: expected counts 1..64 separated by commas, got "${v.clients}"`);
+    }
+    const fraction = Number(v["budget-fraction"]);
+    if (!(fraction > 0 && fraction < 1)) throw new Error("--budget-fraction must be in (0, 1)");
+    const model = v.model ??
+      await ensureStreamModel(
+        Deno.env.get("SLUICE_CACHE") ?? "/tmp/sluice-bench",
+        parseBytes(v.size!),
+        (l) => console.error(l),
+      );
+    const result = await benchClients({
+      model,
+      clients,
+      budgetFraction: fraction,
+      tokens: n("tokens", "32"),
+      requests: n("requests"),
+      repeat: n("repeat", "2"),
+      threads: v.threads === undefined ? undefined : n("threads"),
+    });
+    console.log(v.json ? JSON.stringify(result) : formatClients(result));
+    return;
+  }
   const model = v.model ?? await (await import("../../demo_model.ts")).demoModelPath(true);
   const threads = v.threads === undefined ? undefined : n("threads");
   const result = await benchServe(model, { quiet: true, ctx: 2048, threads }, {
-    tokens: n("tokens"),
+    tokens: n("tokens", "512"),
     turns: n("turns"),
-    repeat: n("repeat"),
+    repeat: n("repeat", "3"),
   });
   console.log(v.json ? JSON.stringify(result) : formatServe(result));
   if (!result.conversation.identical) throw new Error("warm and cold answers differ");
