@@ -14,8 +14,8 @@
  * madds, columns c..c+3 first), the block's last 1..15 columns one by one into a scalar added to
  * lane 0, then acc += p * scale (relaxed madd); the result is hsum(acc). Rows and batch columns
  * never mix, so a row's bits do not depend on the row range, the grouping or the batch.
- * A NaN code is not decoded as NaN: a row holding one gets NaN as its result (rare, checked once
- * per call).
+ * A NaN code is not decoded as NaN in the vector loops: a row holding one gets the quiet NaN
+ * 0x7fc00000 as its result, in both kernels (rare: the loops only flag it).
  */
 #include "quant.h"
 
@@ -81,10 +81,15 @@ static int fp8_row_has_nan(const uint8_t *w, int cols) {
 /*
  * The block's last 1..15 columns [c, c1) of row w, one by one, added to lane 0 of p: the scalar
  * twin with x as given (these products are rounded separately, so 2^120 stays on the weight).
+ * Sets *nan when one of the codes is NaN, as the vector part does.
  */
-static inline v128_t fp8_tail(v128_t p, const uint8_t *w, const float *x, int c, int c1) {
+static inline v128_t fp8_tail(v128_t p, const uint8_t *w, const float *x, int c, int c1,
+                              int *nan) {
   float t = 0.0f;
-  for (; c < c1; c++) t += fp8_to_f32(w[c]) * x[c];
+  for (; c < c1; c++) {
+    t += fp8_to_f32(w[c]) * x[c];
+    if ((w[c] & 0x7f) == 0x7f) *nan = 1;
+  }
   return wasm_f32x4_add(p, wasm_f32x4_make(t, 0.0f, 0.0f, 0.0f));
 }
 
@@ -138,10 +143,10 @@ fp8_dot4(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, const uint8_t 
 #undef HALF
     }
     if (c < c1) {
-      p0 = fp8_tail(p0, w0, x, c, c1);
-      p1 = fp8_tail(p1, w1, x, c, c1);
-      p2 = fp8_tail(p2, w2, x, c, c1);
-      p3 = fp8_tail(p3, w3, x, c, c1);
+      p0 = fp8_tail(p0, w0, x, c, c1, nan);
+      p1 = fp8_tail(p1, w1, x, c, c1, nan);
+      p2 = fp8_tail(p2, w2, x, c, c1, nan);
+      p3 = fp8_tail(p3, w3, x, c, c1, nan);
     }
     acc0 = wasm_f32x4_relaxed_madd(p0, wasm_f32x4_splat(s0[cb]), acc0);
     acc1 = wasm_f32x4_relaxed_madd(p1, wasm_f32x4_splat(s1[cb]), acc1);
@@ -198,4 +203,71 @@ void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, 
     y[k] = wasm_f32x4_extract_lane(fp8_dot4_any(w, w, w, w, s, s, s, s, x, cols, fold), 0);
   }
 #undef SROW
+}
+
+/*
+ * Row w against the C batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
+ * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all C columns;
+ * 8 columns at a time keep 2 weight vectors and C sums live (C <= 4).
+ * Returns whether the row holds a NaN code.
+ */
+static inline __attribute__((always_inline)) int fp8_row_tile(const uint8_t *w, const float *s,
+                                                              const float *X, int cols,
+                                                              float *Y, size_t rows, int C) {
+  fp8_consts k = fp8_consts_make(X);
+  v128_t z = k.zero, top = z, acc[4], p[4];
+  int nan = 0;
+  for (int j = 0; j < C; j++) acc[j] = z;
+  for (int c0 = 0, cb = 0; c0 < cols; c0 += 128, cb++) {
+    int c1 = cols - c0 < 128 ? cols : c0 + 128, cv = c0 + ((c1 - c0) & ~15);
+    for (int j = 0; j < C; j++) p[j] = z;
+    for (int c = c0; c < cv; c += 8) {
+      v128_t v = wasm_v128_load64_zero(w + c), f0, f1;
+      top = wasm_u8x16_max(top, wasm_v128_or(v, k.top));
+      FP8_HALF(k, v, 0, f0, f1);
+      f0 = wasm_f32x4_mul(f0, k.rebias);
+      f1 = wasm_f32x4_mul(f1, k.rebias);
+      for (int j = 0; j < C; j++) {
+        const float *x = X + (size_t)j * cols + c;
+        p[j] = wasm_f32x4_relaxed_madd(f0, wasm_v128_load(x), p[j]);
+        p[j] = wasm_f32x4_relaxed_madd(f1, wasm_v128_load(x + 4), p[j]);
+      }
+    }
+    v128_t sc = wasm_f32x4_splat(s[cb]);
+    for (int j = 0; j < C; j++) {
+      if (cv < c1) p[j] = fp8_tail(p[j], w, X + (size_t)j * cols, cv, c1, &nan);
+      acc[j] = wasm_f32x4_relaxed_madd(p[j], sc, acc[j]);
+    }
+  }
+  for (int j = 0; j < C; j++) Y[j * rows] = hsum_f32x4(acc[j]);
+  return nan || wasm_v128_any_true(wasm_i8x16_eq(top, wasm_i8x16_splat(-1)));
+}
+
+/*
+ * Y[b*rows + r] = sum_c w[r, c] * X[b*cols + c] for the nb columns of X and r in [r0, r1): every
+ * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output), with
+ * each row's codes decoded once per 4 columns instead of once per column.
+ */
+KEXPORT("gemm_fp8b128")
+void gemm_fp8b128(const uint8_t *W, const float *S, const float *X, float *Y, int rows, int cols,
+                  int nb, int r0, int r1) {
+  if (r1 > rows) r1 = rows;
+  size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
+  for (int r = r0 < 0 ? 0 : r0; r < r1; r++) {
+    const uint8_t *w = W + (size_t)r * n;
+    const float *s = S + (size_t)(r / 128) * nsb;
+    int nan = 0;
+    for (int b = 0; b < nb; b += 4) {
+      const float *x = X + (size_t)b * n;
+      float *y = Y + (size_t)b * rows + r;
+      switch (nb - b < 4 ? nb - b : 4) {
+        case 1: nan = fp8_row_tile(w, s, x, cols, y, rows, 1); break;
+        case 2: nan = fp8_row_tile(w, s, x, cols, y, rows, 2); break;
+        case 3: nan = fp8_row_tile(w, s, x, cols, y, rows, 3); break;
+        default: nan = fp8_row_tile(w, s, x, cols, y, rows, 4); break;
+      }
+    }
+    if (nan)
+      for (int b = 0; b < nb; b++) Y[(size_t)b * rows + r] = __builtin_nanf("");
+  }
 }
