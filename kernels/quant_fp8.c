@@ -206,14 +206,14 @@ void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, 
 }
 
 /*
- * Row w against the C batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
- * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all C columns;
- * 8 columns at a time keep 2 weight vectors and C sums live (C <= 4).
- * Returns whether the row holds a NaN code.
+ * Row w against the 4 batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
+ * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all 4 columns;
+ * 8 columns at a time keep 2 weight vectors and 4 sums live. Returns whether the row holds a NaN
+ * code.
  */
-static inline __attribute__((always_inline)) int fp8_row_tile(const uint8_t *w, const float *s,
-                                                              const float *X, int cols,
-                                                              float *Y, size_t rows, int C) {
+static int fp8_row_tile(const uint8_t *w, const float *s, const float *X, int cols, float *Y,
+                        size_t rows) {
+  enum { C = 4 };
   fp8_consts k = fp8_consts_make(X);
   v128_t z = k.zero, top = z, acc[4], p[4];
   int nan = 0;
@@ -245,29 +245,25 @@ static inline __attribute__((always_inline)) int fp8_row_tile(const uint8_t *w, 
 
 /*
  * Y[b*rows + r] = sum_c w[r, c] * X[b*cols + c] for the nb columns of X and r in [r0, r1): every
- * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output), with
- * each row's codes decoded once per 4 columns instead of once per column.
+ * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output). Groups of
+ * 4 columns decode each row once for the 4; the last nb % 4 columns go through the matvec, which
+ * is faster per column than a tile of 1-3 (its four rows share each load of x).
  */
 KEXPORT("gemm_fp8b128")
 void gemm_fp8b128(const uint8_t *W, const float *S, const float *X, float *Y, int rows, int cols,
                   int nb, int r0, int r1) {
   if (r1 > rows) r1 = rows;
   size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
-  for (int r = r0 < 0 ? 0 : r0; r < r1; r++) {
+  int full = nb - nb % 4;
+  for (int r = r0 < 0 ? 0 : r0; r < r1 && full; r++) {
     const uint8_t *w = W + (size_t)r * n;
     const float *s = S + (size_t)(r / 128) * nsb;
     int nan = 0;
-    for (int b = 0; b < nb; b += 4) {
-      const float *x = X + (size_t)b * n;
-      float *y = Y + (size_t)b * rows + r;
-      switch (nb - b < 4 ? nb - b : 4) {
-        case 1: nan = fp8_row_tile(w, s, x, cols, y, rows, 1); break;
-        case 2: nan = fp8_row_tile(w, s, x, cols, y, rows, 2); break;
-        case 3: nan = fp8_row_tile(w, s, x, cols, y, rows, 3); break;
-        default: nan = fp8_row_tile(w, s, x, cols, y, rows, 4); break;
-      }
-    }
+    for (int b = 0; b < full; b += 4)
+      nan |= fp8_row_tile(w, s, X + (size_t)b * n, cols, Y + (size_t)b * rows + r, rows);
     if (nan)
-      for (int b = 0; b < nb; b++) Y[(size_t)b * rows + r] = __builtin_nanf("");
+      for (int b = 0; b < full; b++) Y[(size_t)b * rows + r] = __builtin_nanf("");
   }
+  for (int b = full; b < nb; b++)
+    matvec_fp8b128(W, S, X + (size_t)b * n, Y + (size_t)b * rows, rows, cols, r0, r1);
 }
