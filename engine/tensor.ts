@@ -121,13 +121,13 @@ export function matmulJobs(
   if (gemm && nb > 1) {
     return [{
       kernel: gemm,
-      args: [BigInt(w.ptr), BigInt(x), BigInt(y), w.rows, w.cols, nb],
+      args: [...weightArgs(w, f.gemv.scaled), BigInt(x), BigInt(y), w.rows, w.cols, nb],
       rows: w.rows,
     }];
   }
   if (!f) throw new Error(`no matmul kernel for weights stored as ${w.dtype}`);
   const g = w.exact && f.exactGemv ? f.exactGemv : f.gemv;
-  if (g.scaled && w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
+  const ws = weightArgs(w, g.scaled);
   const form = inputFormOf(w);
   if (form !== "f32" && prep?.length !== nb) {
     throw new Error(
@@ -143,10 +143,14 @@ export function matmulJobs(
   for (let b = 0; b < nb; b++) {
     const xb = BigInt(form === "f32" ? x + b * w.cols * 4 : prep![b]);
     const yb = BigInt(y + b * w.rows * 4);
-    const args = g.scaled
-      ? [BigInt(w.ptr), BigInt(w.scale!), xb, yb, w.rows, cols]
-      : [BigInt(w.ptr), xb, yb, w.rows, cols];
-    jobs.push({ kernel: g.kernel, args, rows: w.rows });
+    jobs.push({ kernel: g.kernel, args: [...ws, xb, yb, w.rows, cols], rows: w.rows });
   }
   return jobs;
+}
+
+/** A kernel's leading weight arguments: the data pointer, then the scales' when `scaled`. */
+function weightArgs(w: TensorRef, scaled: boolean): bigint[] {
+  if (!scaled) return [BigInt(w.ptr)];
+  if (w.scale === undefined) throw new Error(`${w.dtype} weights need a scale tensor`);
+  return [BigInt(w.ptr), BigInt(w.scale)];
 }

@@ -82,9 +82,9 @@ Deno.test("bench kernels --quick --json reports every key with sane figures", as
     for (const p of k.by_threads) assert.ok(p.gbps > 0 && Number.isFinite(p.gbps));
   }
   const ratios = r.ratios as { name: string; pass: boolean | null }[];
-  assert.equal(ratios.length, 9);
+  assert.equal(ratios.length, 10);
   const paired = r.vs_bf16 as { format: string; threads: number; ratio: number }[];
-  for (const name of ["vq4p", "mxfp4_exact", "int4_exact"]) {
+  for (const name of ["vq4p", "mxfp4_exact", "int4_exact", "fp8"]) {
     assert.ok(ratios.some((c) => c.name.startsWith(`${name} / bf16 weights/s`)), name);
     const points = paired.filter((p) => p.format === name);
     assert.deepEqual(points.map((p) => p.threads), r.threads);

@@ -599,6 +599,49 @@ Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () 
   assert.ok(Number.isFinite(got[0]) && Number.isNaN(got[1]) && Number.isNaN(got[2]), `${got}`);
 });
 
+Deno.test("gemm_fp8b128 gives matvec_fp8b128's bits per column; x past 2^8 changes no bits", () => {
+  const rand = rng(14);
+  const bits = (p: bigint, n: number) => new Uint32Array(memory.buffer, Number(p), n).slice();
+  for (const [rows, cols] of [[1, 7], [5, 300], [9, 4096 + 32], [130, 172]]) {
+    reset();
+    const codes = Uint8Array.from({ length: rows * cols }, () => Math.floor(rand() * 256));
+    for (let r = 0; r < rows; r++) codes[r * cols + 5 % cols] = 0; // column 5: +0 weights
+    codes[(rows - 1) * cols + 3 % cols] = 0xff; // the last row holds a NaN code
+    const scales = Float32Array.from(
+      { length: Math.ceil(rows / 128) * Math.ceil(cols / 128) },
+      () => 2 ** Math.floor(rand() * 8 - 12) * (1 + rand()),
+    );
+    const [W, S] = [put(codes), put(scales)];
+    for (const nb of [1, 2, 3, 4, 5, 7, 9]) {
+      const x = gaussian(nb * cols, rand);
+      const X = put(x), Y = alloc(nb * rows * 4);
+      const cut = Math.min(rows, 3);
+      qk.gemm_fp8b128(W, S, X, Y, rows, cols, nb, 0, cut);
+      qk.gemm_fp8b128(W, S, X, Y, rows, cols, nb, cut, rows);
+      const got = bits(Y, nb * rows);
+      for (let b = 0; b < nb; b++) {
+        const y = alloc(rows * 4);
+        qk.matvec_fp8b128(W, S, X + BigInt(b * cols * 4), y, rows, cols, 0, rows);
+        const want = bits(y, rows);
+        // x[5] = 300 takes the path that scales weights instead of x; its weights are +0.
+        const xb = x.slice(b * cols, (b + 1) * cols);
+        if (cols > 5) xb[5] = 300;
+        const y2 = alloc(rows * 4);
+        qk.matvec_fp8b128(W, S, put(xb), y2, rows, cols, 0, rows);
+        const big = bits(y2, rows);
+        const nan = new Float32Array(want.buffer);
+        assert.ok(Number.isNaN(nan[rows - 1]), `fp8 ${rows}×${cols}: NaN code, ${nan[rows - 1]}`);
+        for (let r = 0; r < rows - 1; r++) {
+          const at = `fp8 ${rows}×${cols} batch ${nb} column ${b} row ${r}`;
+          assert.equal(got[b * rows + r], want[r], `${at}: gemm vs matvec`);
+          assert.equal(big[r], want[r], `${at}: |x| ≥ 2^8 vs < 2^8`);
+        }
+        assert.ok(Number.isNaN(new Float32Array(got.buffer)[b * rows + rows - 1]));
+      }
+    }
+  }
+});
+
 Deno.test("matvec_int8row matches the reference", () => {
   const rand = rng(5);
   for (const rows of ROWS) {

@@ -120,6 +120,18 @@ export interface QuantKernels {
     r0: number,
     r1: number,
   ): void;
+  /** Y[b·rows + r] = Σ_c W[r,c]·X[b·cols + c] for nb vectors; each column matvec_fp8b128's bits. */
+  gemm_fp8b128(
+    W: Ptr,
+    S: Ptr,
+    X: Ptr,
+    Y: Ptr,
+    rows: number,
+    cols: number,
+    nb: number,
+    r0: number,
+    r1: number,
+  ): void;
   /** y[r] = S[r]·Σ_c W[r,c]·x[c]: W int8 [rows, cols], S f32 [rows], x f32. */
   matvec_int8row(
     W: Ptr,
@@ -171,6 +183,7 @@ export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "gemm_int4g32_exact",
   "dequant_int4g32_f32",
   "matvec_fp8b128",
+  "gemm_fp8b128",
   "matvec_int8row",
   "vq3r_lut",
   "matvec_vq3r",

@@ -48,7 +48,10 @@ export interface WeightFormat {
   readonly input: InputForm;
   /** The single-vector kernel, and whether it takes the scale pointer after the weights. */
   readonly gemv: { kernel: string; scaled: boolean };
-  /** The batched kernel that reads each weight once for a whole batch, when there is one. */
+  /**
+   * The batched kernel that reads each weight once for a whole batch, when there is one: (W, X, Y,
+   * rows, cols, nb), with the scale pointer after W when `gemv.scaled`.
+   */
   readonly gemm?: string;
   /**
    * "lut" formats: the kernel that builds the table from the codebooks and an input vector

@@ -3,7 +3,8 @@
  * (`weight` F8_E4M3 plus `weight_scale_inv` F32 [ceil(rows/128), ceil(cols/128)]):
  * w[r, c] = e4m3(code[r, c]) · scale[r / 128, c / 128]. e4m3fn: sign, 4 exponent bits (bias 7),
  * 3 mantissa bits; exponent 0 is subnormal (m/8 · 2^−6); 0x7F and 0xFF are NaN; no infinities;
- * largest finite 448. Kernel: matvec_fp8b128.
+ * largest finite 448. Kernels: matvec_fp8b128, and gemm_fp8b128 for batches (each column the
+ * matvec's bits).
  *
  * @module
  */
@@ -108,6 +109,7 @@ const decodeFp8Bytes: Decode = (data, scale, rows, cols, what) => {
 /** The f8_e4m3 weight format: FP8 E4M3 with one f32 scale per 128×128 block (`--experts fp8`). */
 export const F8_E4M3: WeightFormat = {
   ...compactFormat("f8_e4m3", "fp8", "f32", "matvec_fp8b128"),
+  gemm: "gemm_fp8b128",
   encode: (w, rows, cols) => stored(quantizeFp8b128(w, rows, cols), "codes"),
   decode: decodeFp8Bytes,
 };

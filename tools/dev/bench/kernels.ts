@@ -5,7 +5,8 @@
  * disk reads (disk.ts), with the ratios checked against the design targets.
  *
  * Options: `--json` (one JSON object on stdout), `--quick` (small sizes, a smoke run),
- * `--threads N` (largest thread count, default all cores), `--skip-disk`.
+ * `--threads N` (largest thread count, default all cores), `--skip-disk`, `--baseline <kernels.wasm>`
+ * (bf16 and the paired formats also timed with another build's kernels, in alternation).
  *
  * @module
  */
@@ -35,6 +36,11 @@ export interface KernelBenchOptions {
   threads?: number;
   /** Skip the disk measurement. */
   skipDisk: boolean;
+  /**
+   * Path of another build's kernels.wasm: bf16 and the {@link PAIRED_FORMATS} are also timed with
+   * its kernels, in alternation with this build's (old against new in one run).
+   */
+  baseline?: string;
   /** Progress lines (default: stderr). */
   log?: (line: string) => void;
 }
@@ -58,6 +64,16 @@ export interface PairedPoint {
   bf16_gweights_per_s: number;
   gweights_per_s: number;
   /** The format's ÷ bf16's weights per second. */
+  ratio: number;
+}
+
+/** A format timed with this build's kernels and with a baseline build's, in alternation. */
+export interface BaselinePoint {
+  format: string;
+  threads: number;
+  gweights_per_s: number;
+  baseline_gweights_per_s: number;
+  /** This build's ÷ the baseline's weights per second. */
   ratio: number;
 }
 
@@ -116,6 +132,8 @@ export interface KernelBenchReport {
    * survives load which comes and goes between formats.
    */
   vs_bf16: PairedPoint[];
+  /** With `--baseline`: bf16 and the paired formats against the baseline build's kernels. */
+  vs_baseline: BaselinePoint[];
   int8_gweights_per_s: number | null;
   int4_gweights_per_s: number | null;
   fp8_gweights_per_s: number | null;
@@ -208,6 +226,8 @@ export const TARGETS = {
   vq4p_over_bf16_weights: 1.0,
   /** Issue 29: shipped 4-bit experts (exact kernels) at least as fast as bf16 in weights/s. */
   exact4_over_bf16_weights: 1.0,
+  /** A pinned FP8 trunk layer computes no slower than the same layer converted to bf16. */
+  fp8_over_bf16_weights: 1.0,
 };
 
 /** The formats timed in alternation with bf16, each with its weights/s target against bf16. */
@@ -215,6 +235,7 @@ export const PAIRED_FORMATS: readonly { name: string; target: number }[] = [
   { name: "vq4p", target: TARGETS.vq4p_over_bf16_weights },
   { name: "mxfp4_exact", target: TARGETS.exact4_over_bf16_weights },
   { name: "int4_exact", target: TARGETS.exact4_over_bf16_weights },
+  { name: "fp8", target: TARGETS.fp8_over_bf16_weights },
 ];
 
 interface Sizes {
@@ -384,6 +405,32 @@ function timePaired(
   };
 }
 
+/** Format `name` with the kernels of `pool` and of `base`, timed in alternation; best of each. */
+function timeBaseline(
+  pool: Pool,
+  base: Pool,
+  name: string,
+  rows: number,
+  cols: number,
+  region: { off: number; bytes: number },
+  scratch: Scratch,
+  passes: number,
+): BaselinePoint {
+  const f = BENCH_FORMATS.find((f) => f.name === name)!;
+  let v = 0, b = 0;
+  for (let i = 0; i < PAIRED_ROUNDS; i++) {
+    b = Math.max(b, timeFormat(base, f, rows, cols, region, scratch, passes).point.gweights_per_s);
+    v = Math.max(v, timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s);
+  }
+  return {
+    format: name,
+    threads: pool.threads,
+    gweights_per_s: v,
+    baseline_gweights_per_s: b,
+    ratio: v / b,
+  };
+}
+
 /** CPU time counters (jiffies) of the whole machine and of this process, from /proc. */
 interface CpuSample {
   total: number;
@@ -538,6 +585,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   const kda: KdaRow[] = [];
 
   const module = await loadKernelModule();
+  const baseModule = opts.baseline === undefined ? null : await compileBaseline(opts.baseline);
   const gemv: GemvRow[] = [];
   for (const f of BENCH_FORMATS) {
     for (const [rows, cols] of sizes.shapes) {
@@ -560,6 +608,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     direct: NaN,
   };
   const paired: PairedPoint[] = [];
+  const vsBaseline: BaselinePoint[] = [];
   for (const t of threads) {
     const pool = await Pool.create(arena, module, t);
     try {
@@ -598,6 +647,19 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
         );
         paired.push(pair);
         log(`${name} / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
+      }
+      if (baseModule) {
+        const base = await Pool.create(arena, baseModule, t);
+        try {
+          for (const name of ["bf16", ...PAIRED_FORMATS.map((p) => p.name)]) {
+            const region = { off: regionOff, bytes: sizes.region };
+            const p = timeBaseline(pool, base, name, pr, pc, region, scratch, 2);
+            vsBaseline.push(p);
+            log(`${name} this build / baseline ${t} thread(s): ${p.ratio.toFixed(2)}`);
+          }
+        } finally {
+          base.close();
+        }
       }
       const k = timeKdaKernels(
         arena,
@@ -714,6 +776,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     vq3r_gweights_per_s: bestAtMax(gemv, "vq3r", "gweights_per_s"),
     vq4p_gweights_per_s: vq4pW,
     vs_bf16: paired,
+    vs_baseline: vsBaseline,
     int8_gweights_per_s: bestAtMax(gemv, "int8", "gweights_per_s"),
     int4_gweights_per_s: bestAtMax(gemv, "int4", "gweights_per_s"),
     fp8_gweights_per_s: bestAtMax(gemv, "fp8", "gweights_per_s"),
@@ -779,6 +842,19 @@ export function formatKernelReport(r: KernelBenchReport): string {
         ).join(", ") + ".",
     );
   }
+  if (r.vs_baseline.length) {
+    out.push(
+      "",
+      "| format, this build ÷ baseline (alternating) | threads | Gw/s | baseline Gw/s | ratio |",
+    );
+    out.push("|---|---:|---:|---:|---:|");
+    for (const p of r.vs_baseline) {
+      out.push(
+        `| ${p.format} | ${p.threads} | ${fmt2(p.gweights_per_s)} | ` +
+          `${fmt2(p.baseline_gweights_per_s)} | ${fmt2(p.ratio)} |`,
+      );
+    }
+  }
   out.push("");
   out.push(
     `| KDA kernel | one call | cold set | ${th.map((t) => `${t} thr state GB/s`).join(" | ")} |`,
@@ -817,7 +893,16 @@ export function formatKernelReport(r: KernelBenchReport): string {
   return out.join("\n");
 }
 
-/** CLI entry: `bench kernels [--json] [--quick] [--threads N] [--skip-disk]`. */
+/** Another build's kernels.wasm, compiled; an error naming the file when it is not one. */
+async function compileBaseline(path: string): Promise<WebAssembly.Module> {
+  try {
+    return await WebAssembly.compile(await Deno.readFile(path));
+  } catch (e) {
+    throw new Error(`bench kernels: --baseline ${path}: not a readable kernels.wasm (${e})`);
+  }
+}
+
+/** CLI entry: `bench kernels [--json] [--quick] [--threads N] [--skip-disk] [--baseline W]`. */
 export async function main(args: string[]): Promise<void> {
   const { values } = parseArgs({
     args,
@@ -826,6 +911,7 @@ export async function main(args: string[]): Promise<void> {
       quick: { type: "boolean", default: false },
       threads: { type: "string" },
       "skip-disk": { type: "boolean", default: false },
+      baseline: { type: "string" },
     },
   });
   let threads: number | undefined;
@@ -839,6 +925,7 @@ export async function main(args: string[]): Promise<void> {
     quick: values.quick,
     threads,
     skipDisk: values["skip-disk"],
+    baseline: values.baseline,
   });
   console.log(values.json ? JSON.stringify(report, null, 2) : formatKernelReport(report));
 }

@@ -30,6 +30,8 @@ export const BENCHES: Record<string, BenchEntry> = {
       "--threads N   largest thread count measured (default: all cores)",
       "--quick       smaller shapes and fewer passes",
       "--skip-disk   no O_DIRECT / buffered / dd disk rows",
+      "--baseline W  also time bf16 and the paired formats with another build's kernels.wasm W,",
+      "              in alternation (old against new in one run)",
       "--json        print the report as JSON",
     ],
     load: () => import("./kernels.ts"),
