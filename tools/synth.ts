@@ -1,5 +1,5 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe --size 2G --out DIR [options]`: writes a
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|gemma4|minimax_m2 --size 2G --out DIR [options]`: writes a
  * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
@@ -56,15 +56,17 @@ export function parseSize(s: string): number {
 
 const USAGE =
   `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe
-  --size 2G --out DIR
-  [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
+  |gemma4|minimax_m2 --size 2G --out DIR
+  [--dtype bf16|f32|fp8] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
   size overrides: --layers --experts --top-k --hidden --expert-inter --dense-inter --heads
   --kv-heads --head-dim --vocab --max-positions --q-lora-rank --kv-lora-rank --rope-dim
   --nope-dim --v-dim --first-dense --n-group --topk-group --shared-experts
   kimi_k3: --latent --kda-heads --kda-head-dim --attn-res-block --mla-every --mxfp4-experts 0|1
   qwen3_5_moe: --gdn-key-heads --gdn-value-heads --gdn-key-dim --gdn-value-dim --full-every
-  --shared-inter`;
+  --shared-inter
+  gemma4: --global-head-dim --global-kv-heads --full-every (every Nth layer full, default 6)
+  minimax_m2: --rope-dim (rotary_dim); --dtype fp8 (FP8 E4M3 matrices with 128×128 scales)`;
 
 /** CLI flag → size field. */
 const FLAG_FIELDS: Record<string, keyof SynthDims> = {
@@ -100,6 +102,8 @@ const FLAG_FIELDS: Record<string, keyof SynthDims> = {
   "gdn-value-dim": "gdnValueDim",
   "full-every": "fullEvery",
   "shared-inter": "sharedInter",
+  "global-head-dim": "globalHeadDim",
+  "global-kv-heads": "globalKvHeads",
 };
 
 async function main(args: string[]): Promise<number> {

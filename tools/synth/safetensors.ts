@@ -10,7 +10,7 @@ import { join } from "node:path";
 import type { Progress } from "../progress.ts";
 import type { RouterPlan } from "./routing.ts";
 import { sumBytes, type SynthTensor, tensorBytes } from "./types.ts";
-import { fillFrom, streamSeed, valueTable } from "./values.ts";
+import { fillFrom, streamSeed, type ValueTable, valueTable } from "./values.ts";
 
 /** Values generated and written at a time: memory use is one such chunk, whatever the model. */
 const CHUNK_ELEMS = 1 << 22;
@@ -65,9 +65,13 @@ function writeTensor(
 ): void {
   const elems = t.shape.reduce((a, b) => a * b, 1);
   if (t.dtype === "U8") return writeBytes(fd, t, elems, seed, progress);
-  const bf16 = t.dtype === "BF16";
-  const view = (n: number) => bf16 ? buf.u16.subarray(0, n) : buf.f32.subarray(0, n);
-  const emit = (arr: Uint16Array | Float32Array) => {
+  const view = (n: number): ValueTable =>
+    t.dtype === "BF16"
+      ? buf.u16.subarray(0, n)
+      : t.dtype === "F8_E4M3"
+      ? new Uint8Array(buf.u16.buffer, 0, n)
+      : buf.f32.subarray(0, n);
+  const emit = (arr: ValueTable) => {
     writeAll(fd, new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength));
     progress.add(arr.byteLength);
   };

@@ -14,16 +14,25 @@ export const SYNTH_ARCHS = [
   "gpt_oss",
   "kimi_k3",
   "qwen3_5_moe",
+  "gemma4",
+  "minimax_m2",
 ] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];
 
-/** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
-export type SynthDtype = "bf16" | "f32";
+/**
+ * Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one).
+ * fp8: the weight matrices in FP8 E4M3 with 128×128 `weight_scale_inv` blocks and the rest in
+ * BF16, as DeepSeek and MiniMax release them (only recipes with `fp8` take it).
+ */
+export type SynthDtype = "bf16" | "f32" | "fp8";
 
-/** A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3). */
-export type SynthElemType = "BF16" | "F32" | "U8";
+/**
+ * A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3;
+ * F8_E4M3: FP8 weight matrices).
+ */
+export type SynthElemType = "BF16" | "F32" | "U8" | "F8_E4M3";
 
 /** Every size of a synthetic model. Fields an architecture has no use for are ignored. */
 export interface SynthDims {
@@ -70,6 +79,9 @@ export interface SynthDims {
   fullEvery: number;
   /** Qwen3.5: rows of the shared expert's gate/up. */
   sharedInter: number;
+  /** Gemma 4: the full-attention layers' head dim and KV heads (sliding layers: headDim, kvHeads). */
+  globalHeadDim: number;
+  globalKvHeads: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */
@@ -108,15 +120,15 @@ export interface SynthShape {
 
 /** The safetensors dtype of a {@link SynthDtype}; throws on anything else. */
 export function dtypeName(dtype: SynthDtype): SynthElemType {
-  if (dtype !== "bf16" && dtype !== "f32") {
-    throw new Error(`--dtype must be bf16 or f32, got ${dtype}`);
+  if (dtype !== "bf16" && dtype !== "f32" && dtype !== "fp8") {
+    throw new Error(`--dtype must be bf16, f32 or fp8, got ${dtype}`);
   }
-  return dtype === "bf16" ? "BF16" : "F32";
+  return ({ bf16: "BF16", f32: "F32", fp8: "F8_E4M3" } as const)[dtype];
 }
 
 /** Bytes of one tensor's data. */
 export function tensorBytes(t: SynthTensor): number {
-  return t.shape.reduce((a, b) => a * b, 1) * { BF16: 2, F32: 4, U8: 1 }[t.dtype];
+  return t.shape.reduce((a, b) => a * b, 1) * { BF16: 2, F32: 4, U8: 1, F8_E4M3: 1 }[t.dtype];
 }
 
 /** Bytes of the data of all of `ts`. */

@@ -34,26 +34,42 @@ function bf16Bits(x: number): number {
   return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff;
 }
 
+/** The value of FP8 E4M3 (fn: no infinities, 0x7f/0xff NaN) code `c`. */
+export function e4m3Value(c: number): number {
+  const e = (c >> 3) & 15, m = c & 7;
+  const a = e === 0 ? m / 512 : (1 + m / 8) * 2 ** (e - 7);
+  return c & 0x80 ? -a : a;
+}
+
+/** The finite E4M3 code nearest to x (ties to the smaller magnitude; beyond ±448 clamps). */
+function e4m3Bits(x: number): number {
+  const a = Math.abs(x);
+  let best = 0;
+  for (let c = 1; c <= 0x7e; c++) {
+    if (Math.abs(e4m3Value(c) - a) < Math.abs(e4m3Value(best) - a)) best = c;
+  }
+  return x < 0 && best ? best | 0x80 : best;
+}
+
+/** A table of encoded values: bf16 bits, E4M3 codes or float32. */
+export type ValueTable = Uint16Array | Uint8Array | Float32Array;
+
 /** The 1021 encoded values `mean + std · n(s)` for byte sums s = 0..1020. */
-export function valueTable(
-  mean: number,
-  std: number,
-  dt: SynthElemType,
-): Uint16Array | Float32Array {
-  const t = dt === "BF16" ? new Uint16Array(1021) : new Float32Array(1021);
+export function valueTable(mean: number, std: number, dt: SynthElemType): ValueTable {
+  const t = dt === "BF16"
+    ? new Uint16Array(1021)
+    : dt === "F8_E4M3"
+    ? new Uint8Array(1021)
+    : new Float32Array(1021);
   for (let s = 0; s <= 1020; s++) {
     const v = mean + (std * (s - 510)) / IRWIN_HALL_STD;
-    t[s] = dt === "BF16" ? bf16Bits(v) : v;
+    t[s] = dt === "BF16" ? bf16Bits(v) : dt === "F8_E4M3" ? e4m3Bits(v) : v;
   }
   return t;
 }
 
 /** Fills `dst` from the stream in state `x` through `table`; returns the new state. */
-export function fillFrom(
-  dst: Uint16Array | Float32Array,
-  table: Uint16Array | Float32Array,
-  x: number,
-): number {
+export function fillFrom(dst: ValueTable, table: ValueTable, x: number): number {
   const n = dst.length;
   for (let i = 0; i < n; i++) {
     x ^= x << 13;
