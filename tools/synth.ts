@@ -1,7 +1,8 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|gemma4|minimax_m2 --size 2G --out DIR [options]`: writes a
- * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
- * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|
+ * gemma4|minimax_m2 --size 2G --out DIR [options]`: writes a synthetic Hugging Face checkpoint
+ * with random weights, laid out like the real ones (config.json, generation_config.json, a
+ * byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
  * downloading one: the text such a model writes is gibberish.
  *

@@ -1,7 +1,7 @@
 /**
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
  * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168,
- * Qwen3.6-35B-A3B) as
+ * Qwen3.6-35B-A3B, Gemma-4-26B-A4B, MiniMax-M2, the last also in its FP8 release storage) as
  * functions of the hidden size, their config.json and their tensors.
  *
  * @module
