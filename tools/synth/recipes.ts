@@ -775,8 +775,42 @@ const KIMI_K3: Recipe = {
 /** Qwen3.5's tensor prefix. */
 const Q35 = "model.language_model.";
 
-/** Whether layer `l` of a Qwen3.5 model is full attention (every fullEvery-th, 1-based). */
+/** Whether layer `l` of a Qwen3.5 or Gemma 4 model is full attention (every fullEvery-th, 1-based). */
 const q35IsFull = (d: SynthDims, l: number) => (l + 1) % d.fullEvery === 0;
+
+/** `layer_types`: full attention where {@link q35IsFull}, `other` elsewhere. */
+const hybridLayerTypes = (d: SynthDims, other: string) =>
+  Array.from({ length: d.layers }, (_, l) => q35IsFull(d, l) ? "full_attention" : other);
+
+/**
+ * Layer `l`'s routed experts stacked as Qwen3.5 and Gemma 4 release them, under `prefix`:
+ * `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I], without a `.weight` suffix.
+ */
+function stackedExperts(prefix: string, d: SynthDims, dt: SynthElemType, l: number): SynthTensor[] {
+  const I = d.expertInter;
+  const one = (name: string, shape: number[], fanIn: number): SynthTensor => ({
+    name: prefix + name,
+    shape,
+    dtype: dt,
+    init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
+    layer: l,
+  });
+  return [
+    one("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
+    one("experts.down_proj", [d.experts, d.hidden, I], I),
+  ];
+}
+
+/** The `model.language_model.` embedding with values of std `std`. */
+function q35Embedding(d: SynthDims, dt: SynthElemType, std: number): SynthTensor {
+  return {
+    name: `${Q35}embed_tokens.weight`,
+    shape: [d.vocab, d.hidden],
+    dtype: dt,
+    init: { kind: "normal", mean: 0, std },
+    layer: -1,
+  };
+}
 
 /** A (1 + w) RMSNorm weight: 0.05·n, so the scale is about 1. */
 function unitNorm(name: string, n: number, dt: SynthElemType, l: number): SynthTensor {
@@ -821,10 +855,7 @@ const QWEN3_5_MOE: Recipe = {
       vocab_size: d.vocab,
       hidden_size: d.hidden,
       num_hidden_layers: d.layers,
-      layer_types: Array.from(
-        { length: d.layers },
-        (_, l) => q35IsFull(d, l) ? "full_attention" : "linear_attention",
-      ),
+      layer_types: hybridLayerTypes(d, "linear_attention"),
       full_attention_interval: d.fullEvery,
       num_attention_heads: d.heads,
       num_key_value_heads: d.kvHeads,
@@ -889,19 +920,11 @@ const QWEN3_5_MOE: Recipe = {
         linear(a + "out_proj.weight", d.hidden, vDim, dt, l),
       );
     }
-    const m = p + "mlp.", I = d.expertInter;
-    const stacked = (name: string, shape: number[], fanIn: number): SynthTensor => ({
-      name: m + name,
-      shape,
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
-      layer: l,
-    });
+    const m = p + "mlp.";
     return [
       ...out,
       router(m + "gate.weight", d.experts, d.hidden, dt, l),
-      stacked("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
-      stacked("experts.down_proj", [d.experts, d.hidden, I], I),
+      ...stackedExperts(m, d, dt, l),
       ...glu(m + "shared_expert.", PROJ, d.sharedInter, d.hidden, dt, l),
       linear(m + "shared_expert_gate.weight", 1, d.hidden, dt, l),
     ];
@@ -911,13 +934,7 @@ const QWEN3_5_MOE: Recipe = {
   isMoe: () => true,
   minLayers: (d) => d.fullEvery,
   globals: (d, dt) => ({
-    head: [{
-      name: `${Q35}embed_tokens.weight`,
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [q35Embedding(d, dt, 1)],
     tail: [
       unitNorm(`${Q35}norm.weight`, d.hidden, dt, -1),
       linear("lm_head.weight", d.vocab, d.hidden, dt, -1),
@@ -925,9 +942,6 @@ const QWEN3_5_MOE: Recipe = {
   }),
   attentionOf: (d, l) => q35IsFull(d, l) ? "full" : "gdn",
 };
-
-/** Whether layer `l` of a Gemma 4 model is full attention (every fullEvery-th, 1-based). */
-const g4IsFull = (d: SynthDims, l: number) => (l + 1) % d.fullEvery === 0;
 
 /**
  * Gemma 4 MoE (`Gemma4ForConditionalGeneration`, text model only) at Gemma-4-26B-A4B's ratios
@@ -968,10 +982,7 @@ const GEMMA4: Recipe = {
       intermediate_size: d.denseInter,
       moe_intermediate_size: d.expertInter,
       num_hidden_layers: d.layers,
-      layer_types: Array.from(
-        { length: d.layers },
-        (_, l) => g4IsFull(d, l) ? "full_attention" : "sliding_attention",
-      ),
+      layer_types: hybridLayerTypes(d, "sliding_attention"),
       num_attention_heads: d.heads,
       num_key_value_heads: d.kvHeads,
       head_dim: d.headDim,
@@ -1008,16 +1019,8 @@ const GEMMA4: Recipe = {
   },
   layer: (d, l, dt) => {
     const p = `${Q35}layers.${l}.`, a = p + "self_attn.";
-    const full = g4IsFull(d, l);
+    const full = q35IsFull(d, l);
     const hd = full ? d.globalHeadDim : d.headDim, kv = (full ? d.globalKvHeads : d.kvHeads) * hd;
-    const I = d.expertInter;
-    const stacked = (name: string, shape: number[], fanIn: number): SynthTensor => ({
-      name: p + name,
-      shape,
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
-      layer: l,
-    });
     return [
       norm(p + "input_layernorm.weight", d.hidden, dt, l),
       linear(a + "q_proj.weight", d.heads * hd, d.hidden, dt, l),
@@ -1035,8 +1038,7 @@ const GEMMA4: Recipe = {
       router(p + "router.proj.weight", d.experts, d.hidden, dt, l),
       norm(p + "router.scale", d.hidden, dt, l),
       norm(p + "router.per_expert_scale", d.experts, dt, l),
-      stacked("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
-      stacked("experts.down_proj", [d.experts, d.hidden, I], I),
+      ...stackedExperts(p, d, dt, l),
       norm(p + "post_feedforward_layernorm_2.weight", d.hidden, dt, l),
       norm(p + "post_feedforward_layernorm.weight", d.hidden, dt, l),
       {
@@ -1054,16 +1056,10 @@ const GEMMA4: Recipe = {
   minLayers: (d) => d.fullEvery,
   globals: (d, dt) => ({
     // The embedding is multiplied by √hidden: std 1/√hidden gives unit-scale rows.
-    head: [{
-      name: `${Q35}embed_tokens.weight`,
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(d.hidden) },
-      layer: -1,
-    }],
+    head: [q35Embedding(d, dt, 1 / Math.sqrt(d.hidden))],
     tail: [norm(`${Q35}norm.weight`, d.hidden, dt, -1)],
   }),
-  attentionOf: (d, l) => g4IsFull(d, l) ? "full" : "sliding",
+  attentionOf: (d, l) => q35IsFull(d, l) ? "full" : "sliding",
 };
 
 /** The RMS, in E4M3 units, of the synthetic FP8 weights (well inside the ±448 range). */
