@@ -14,7 +14,7 @@ import { Session } from "../engine/session.ts";
 import { loadSession, saveSession } from "../engine/session_state.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { synthCheckpoint, type SynthOverrides } from "../tools/synth.ts";
-import type { SynthArch } from "../tools/synth/types.ts";
+import type { SynthArch, SynthDtype } from "../tools/synth/types.ts";
 import type { ModelConfig } from "../io/model_config.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import "./shared_guard.ts";
@@ -658,14 +658,16 @@ export async function engineVsReference(
 }
 
 /**
- * Synthesises an `arch` checkpoint of the sizes `overrides` give (f32, seed `seed`), packs it, and
- * checks the engine against the float64 reference within 1e-4 at prefill chunks 1 and 5.
+ * Synthesises an `arch` checkpoint of the sizes `overrides` give (`dtype`, f32 unless given; seed
+ * `seed`), packs it, and checks the engine against the float64 reference within 1e-4 at prefill
+ * chunks 1 and 5.
  */
 export async function synthVsReference(
   arch: SynthArch,
   name: string,
   seed: number,
   overrides: SynthOverrides,
+  dtype: SynthDtype = "f32",
 ): Promise<void> {
   const out = `${tempDir()}/${name}`;
   const ckpt = await synthCheckpoint({
@@ -673,7 +675,7 @@ export async function synthVsReference(
     out,
     size: 2e6,
     seed,
-    dtype: "f32",
+    dtype,
     overrides,
     progress: "off",
     log: () => {},

@@ -37,6 +37,7 @@ import {
   referenceGreedy,
   referenceOf,
   runSluice,
+  synthVsReference,
   tempDir,
 } from "./fixtures.ts";
 
@@ -317,4 +318,26 @@ Deno.test({
     broken((f) => (f.rope as { layout: string }).layout = "spiral", /fullLayers\.rope\.layout/);
     broken((f) => f.numKvHeads = 3, /KV heads divide/);
   },
+});
+
+Deno.test("a synthetic gemma4 at awkward sizes matches the float64 reference", async () => {
+  // The real-width bench's recipe (tools/synth/recipes.ts) at small sizes: full attention at
+  // layers 2 and 5 with their own head dim (20) and one kv head, sliding layers 3 heads on 3 kv
+  // heads × 12, 7 experts top-3 of width 26 beside a dense MLP of 30.
+  await synthVsReference("gemma4", "gemma4-awkward", 5, {
+    hidden: 44,
+    layers: 6,
+    fullEvery: 3,
+    experts: 7,
+    topK: 3,
+    expertInter: 26,
+    denseInter: 30,
+    heads: 3,
+    kvHeads: 3,
+    headDim: 12,
+    globalHeadDim: 20,
+    globalKvHeads: 1,
+    vocab: 300,
+    maxPositions: 256,
+  });
 });

@@ -1,6 +1,6 @@
 /**
- * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe) and Qwen3-Next (qwen3next)
- * checked by llama.cpp itself: node-llama-cpp
+ * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe), Qwen3-Next (qwen3next)
+ * and MiniMax-M2 (minimax-m2) checked by llama.cpp itself: node-llama-cpp
  * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
  * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
  * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
@@ -24,7 +24,8 @@ const PROMPT = [1, 403, 407, 261, 378];
 /** Generated ids compared: prompt + 150 reaches position 155, past gpt-oss's 128 window. */
 const STEPS = 150;
 const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
-const haveQwen = hasFixture("tiny-qwen3.5-moe") || hasFixture("tiny-qwen3-next");
+const haveQwen = hasFixture("tiny-qwen3.5-moe") || hasFixture("tiny-qwen3-next") ||
+  hasFixture("tiny-minimax-m2");
 const llama = (have || haveQwen) && LLAMACPP_TESTS
   ? await setupLlamaCpp(undefined, () => {})
   : null;
@@ -159,3 +160,14 @@ for (const [name, arch, known] of QWEN_HYBRIDS) {
     },
   });
 }
+
+Deno.test({
+  name: "minimax-m2 GGUF export: llama.cpp's greedy ids equal sluice's",
+  ignore: ignore(hasFixture("tiny-minimax-m2")),
+  fn: async () => {
+    // Whole-projection q/k norms, a rotary slice of half the head and sigmoid routing whose bias
+    // only selects: a wrong norm shape, rope dimension or gating function changes the ids.
+    const dir = fixtureDir("tiny-minimax-m2");
+    assert.deepEqual(await llamaIds(dir, "minimax-m2"), await sluiceIds(dir, "minimax-m2"));
+  },
+});

@@ -682,3 +682,27 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "a bf16 qwen35moe export keeps the DeltaNet conv, routers and shared-expert gate f32",
+  ignore: !hasFixture("tiny-qwen3.5-moe"),
+  fn() {
+    // llama.cpp's ssm_conv asserts f32 conv weights (ggml-cpu ops.cpp): a bf16 conv aborts it.
+    const dir = tempDir();
+    try {
+      const out = join(dir, "q35-bf16.gguf");
+      exportGguf(fixtureDir("tiny-qwen3.5-moe"), out, { progress: "off", type: "bf16" });
+      const g = readGguf(out);
+      const types = new Map(g.tensors.map((t) => [t.name, t.type]));
+      g.close();
+      const kept = [...types].filter(([n]) =>
+        /\.(ssm_conv1d|ffn_gate_inp|ffn_gate_inp_shexp)\.weight$/.test(n)
+      );
+      assert.ok(kept.some(([n]) => n.endsWith("ssm_conv1d.weight")), "no conv tensor exported");
+      for (const [n, t] of kept) assert.equal(t, "F32", n);
+      assert.equal(types.get("blk.0.attn_qkv.weight"), "BF16");
+    } finally {
+      Deno.removeSync(dir, { recursive: true });
+    }
+  },
+});

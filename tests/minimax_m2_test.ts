@@ -24,6 +24,7 @@ import {
   packedFixture,
   referenceGreedy,
   referenceOf,
+  synthVsReference,
 } from "./fixtures.ts";
 
 const NAME = "tiny-minimax-m2";
@@ -167,5 +168,26 @@ for (const name of [NAME, FP8]) {
       const tokens = [...PROMPT, ...referenceGreedy(referenceOf(name), PROMPT, 75).ids];
       await assertPlacementsAgree(path, tokens, 40, 96);
     },
+  });
+}
+
+for (const dtype of ["f32", "fp8"] as const) {
+  Deno.test(`a synthetic ${dtype} minimax_m2 at awkward sizes matches the float64 reference`, async () => {
+    // The real-width bench's recipe (tools/synth/recipes.ts) at small sizes: 6 heads on 2 kv heads
+    // × 16 with a rotary slice of 6, 7 experts top-3 of width 136 (under fp8 a partial second
+    // 128-row scale block).
+    await synthVsReference("minimax_m2", `minimax-m2-awkward-${dtype}`, 9, {
+      hidden: 40,
+      layers: 3,
+      experts: 7,
+      topK: 3,
+      expertInter: 136,
+      heads: 6,
+      kvHeads: 2,
+      headDim: 16,
+      ropeDim: 6,
+      vocab: 300,
+      maxPositions: 256,
+    }, dtype);
   });
 }

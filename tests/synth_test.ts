@@ -50,12 +50,19 @@ const TINY: SynthOverrides = {
 
 /**
  * Architectures with the usual layout; Kimi K3's own synth test is in kimi_k3_test.ts, Qwen3.5's in
- * qwen3_next_test.ts, DeepSeek-V4's in deepseek_v4_test.ts,
- * GLM-5.3-Flash's in glm5_next_test.ts.
+ * qwen3_next_test.ts, DeepSeek-V4's in deepseek_v4_test.ts, GLM-5.3-Flash's in glm5_next_test.ts,
+ * Gemma 4's and MiniMax-M2's (per-layer geometry, whole-projection q/k norms) in gemma4_test.ts and
+ * minimax_m2_test.ts.
  */
-const USUAL_ARCHS = SYNTH_ARCHS.filter((a) =>
-  a !== "kimi_k3" && a !== "qwen3_5_moe" && a !== "deepseek_v4" && a !== "glm5_next"
-);
+const OWN_TESTS: readonly SynthArch[] = [
+  "kimi_k3",
+  "qwen3_5_moe",
+  "deepseek_v4",
+  "glm5_next",
+  "gemma4",
+  "minimax_m2",
+];
+const USUAL_ARCHS = SYNTH_ARCHS.filter((a) => !OWN_TESTS.includes(a));
 
 function withTemp(fn: (dir: string) => Promise<void>): () => Promise<void> {
   return async () => {

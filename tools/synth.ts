@@ -1,6 +1,7 @@
 /**
- * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4|glm5_next --size 2G --out DIR [options]`: writes a
- * synthetic Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
+ * `deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|
+ * deepseek_v4|glm5_next|gemma4|minimax_m2 --size 2G --out DIR [options]`: writes a synthetic
+ * Hugging Face checkpoint with random weights, laid out like the real ones (config.json,
  * generation_config.json, a byte-level BPE tokenizer, `model.safetensors` or ≤ 4 GiB shards plus
  * `model.safetensors.index.json`). It is for exercising sluice on models of any size without
  * downloading one: the text such a model writes is gibberish.
@@ -55,10 +56,9 @@ export function parseSize(s: string): number {
 }
 
 const USAGE =
-  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe|deepseek_v4|
-  glm5_next
-  --size 2G --out DIR
-  [--dtype bf16|f32] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
+  `usage: deno task synth --arch qwen3_moe|deepseek_v3|mixtral|glm4_moe|gpt_oss|kimi_k3|qwen3_5_moe
+  |deepseek_v4|glm5_next|gemma4|minimax_m2 --size 2G --out DIR
+  [--dtype bf16|f32|fp8] [--routing uniform|skewed --trace DIR] [--seed N] [--force] [--quiet]
   [--max-shard SIZE]
   size overrides: --layers --experts --top-k --hidden --expert-inter --dense-inter --heads
   --kv-heads --head-dim --vocab --max-positions --q-lora-rank --kv-lora-rank --rope-dim
@@ -68,7 +68,9 @@ const USAGE =
   --shared-inter
   deepseek_v4: --o-groups --o-lora-rank --window --index-heads --index-head-dim --index-topk
   --hash-layers --hc-mult
-  glm5_next: --kda-heads --kda-head-dim --mla-every (bf16: FP8 as the release ships it)`;
+  glm5_next: --kda-heads --kda-head-dim --mla-every (bf16: FP8 as the release ships it)
+  gemma4: --global-head-dim --global-kv-heads --full-every (every Nth layer full, default 6)
+  minimax_m2: --rope-dim (rotary_dim); --dtype fp8 (FP8 E4M3 matrices with 128×128 scales)`;
 
 /** CLI flag → size field. */
 const FLAG_FIELDS: Record<string, keyof SynthDims> = {
@@ -112,6 +114,8 @@ const FLAG_FIELDS: Record<string, keyof SynthDims> = {
   "index-topk": "indexTopK",
   "hash-layers": "hashLayers",
   "hc-mult": "hcMult",
+  "global-head-dim": "globalHeadDim",
+  "global-kv-heads": "globalKvHeads",
 };
 
 async function main(args: string[]): Promise<number> {

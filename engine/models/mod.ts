@@ -132,6 +132,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
   minimax_m2: {
     family: LLAMA,
     normalise: normaliseMinimaxM2,
+    llamaCppArch: "minimax-m2",
     naming: MINIMAX_M2_NAMING,
     architectures: ["MiniMaxM2ForCausalLM"],
   },

@@ -12,7 +12,9 @@
  * (Qwen3.5/3.6-MoE: Gated DeltaNet layers whose value heads llama.cpp orders key head fastest,
  * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
  * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
- * their MTP blocks are not exported. Tensor names, dims
+ * their MTP blocks are not exported; `minimax-m2` (one q/k norm over each whole projection,
+ * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`).
+ * Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
  * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
@@ -55,7 +57,14 @@ import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
-export type GgufArch = "llama" | "qwen3moe" | "glm4moe" | "gpt-oss" | "qwen35moe" | "qwen3next";
+export type GgufArch =
+  | "llama"
+  | "qwen3moe"
+  | "glm4moe"
+  | "gpt-oss"
+  | "qwen35moe"
+  | "qwen3next"
+  | "minimax-m2";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -310,7 +319,7 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next"];
+  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next", "minimax-m2"];
   if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
@@ -343,8 +352,24 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   if (cfg.rope.scaling.type !== "none" && cfg.rope.scaling.type !== "linear" && !yarn) {
     fail(`rope scaling ${cfg.rope.scaling.type} is not supported`);
   }
-  if (cfg.rope.layout !== "half" || (cfg.rope.dim !== cfg.headDim && arch !== "glm4moe")) {
+  const partial = arch === "glm4moe" || arch === "minimax-m2";
+  if (cfg.rope.layout !== "half" || (cfg.rope.dim !== cfg.headDim && !partial)) {
     fail("RoPE must be rotate_half over the whole head");
+  }
+  if (arch === "minimax-m2") {
+    // llama.cpp's minimax-m2: one q/k RMSNorm over each whole projection, sigmoid routing whose
+    // bias only selects, renormalised weights, no shared expert, every layer MoE.
+    const m = cfg.moe;
+    if (!cfg.qkNorm || !cfg.qkNormWhole || cfg.attentionBias || cfg.layerKinds.includes("dense")) {
+      fail("minimax-m2 needs whole-projection q/k norms, no attention biases and every layer MoE");
+    }
+    if (
+      !m || m.scoring !== "sigmoid" || !m.selectionBias || !m.normTopK || m.routedScaling !== 1 ||
+      m.sharedIntermediate !== 0
+    ) {
+      fail("minimax-m2 routing must be sigmoid with a selection bias, renormalised, unshared");
+    }
+    return arch;
   }
   if (arch === "llama" && cfg.qkNorm) fail("llama has no q/k norms");
   if (arch === "qwen3moe" && (!cfg.qkNorm || cfg.attentionBias)) {
@@ -394,9 +419,15 @@ interface Planned {
   chunks: () => Iterable<Float32Array>;
 }
 
-/** The ggml type of a tensor: vectors and routers f32; Q8_0 falls back to F16 for odd rows. */
-function typeFor(dims: number[], router: boolean, want: EncodableType): EncodableType {
-  if (dims.length === 1 || router) return "F32";
+/**
+ * Tensors kept f32 whatever the type: routers (llama.cpp's converter does so), and the Gated
+ * DeltaNet conv (llama.cpp's ssm_conv asserts f32 weights) and shared-expert gate beside them.
+ */
+const F32_ONLY = /(ffn_gate_inp|ffn_gate_inp_shexp|ssm_conv1d)\.weight$/;
+
+/** The ggml type of a tensor: vectors and {@link F32_ONLY} f32; Q8_0 → F16 for odd rows. */
+function typeFor(dims: number[], f32Only: boolean, want: EncodableType): EncodableType {
+  if (dims.length === 1 || f32Only) return "F32";
   if (want === "Q8_0" && dims[0] % 32 !== 0) return "F16";
   return want;
 }
@@ -411,7 +442,7 @@ function planTensors(
   const out: Planned[] = [];
   const add = (name: string, shape: number[], key: string, read: () => Float32Array) => {
     const dims = [...shape].reverse();
-    const type = typeFor(dims, name.endsWith("ffn_gate_inp.weight"), want);
+    const type = typeFor(dims, F32_ONLY.test(name), want);
     out.push({ spec: { name, dims, type }, key, chunks: () => [read()] });
   };
   const permute = (t: LayerTensor, v: Float32Array) => {
@@ -445,8 +476,8 @@ function planTensors(
       bq: [q],
       bk: [kv],
       bv: [kv],
-      q_norm: [cfg.headDim],
-      k_norm: [cfg.headDim],
+      q_norm: [cfg.qkNormWhole ? q : cfg.headDim],
+      k_norm: [cfg.qkNormWhole ? kv : cfg.headDim],
       ffn_gate: [cfg.intermediateSize, H],
       ffn_up: [cfg.intermediateSize, H],
       ffn_down: [H, cfg.intermediateSize],
@@ -573,7 +604,8 @@ function metadataFor(
   u32(`${arch}.context_length`, cfg.maxPositions);
   u32(`${arch}.embedding_length`, cfg.hiddenSize);
   // gpt-oss's and GLM's converters write intermediate_size here (GLM: the dense layers').
-  const ff = arch === "gpt-oss" || arch === "qwen35moe" || arch === "qwen3next"
+  const ff = arch === "gpt-oss" || arch === "qwen35moe" || arch === "qwen3next" ||
+      arch === "minimax-m2"
     ? moe!.expertIntermediate
     : arch === "glm4moe" && firstMoe > 0
     ? cfg.intermediateSize
@@ -610,6 +642,11 @@ function metadataFor(
     f32(`${arch}.expert_weights_scale`, moe!.routedScaling);
     m.set(`${arch}.expert_weights_norm`, { type: "bool", value: moe!.normTopK });
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+    u32(`${arch}.expert_gating_func`, 2);
+  }
+  if (arch === "minimax-m2") {
+    u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (its converter writes it from scoring_func).
     u32(`${arch}.expert_gating_func`, 2);
   }
   if (arch === "qwen35moe" || arch === "qwen3next") {

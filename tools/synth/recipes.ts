@@ -2,14 +2,14 @@
  * Per-architecture recipes: the real models' ratios (Qwen3-30B-A3B, DeepSeek-V3 at hidden 2048,
  * Mixtral at hidden 1024, GLM-4.5-Air, gpt-oss-20b/120b, Kimi K3 at its real hidden 7168,
  * Qwen3.6-35B-A3B, DeepSeek-V4-Flash in its FP8/FP4 storage, GLM-5.3-Flash at its real hidden 4096
- * in its FP8 storage) as
+ * in its FP8 storage, Gemma-4-26B-A4B, MiniMax-M2, the last also in its FP8 release storage) as
  * functions of the hidden size, their config.json and their tensors.
  *
  * @module
  */
 
 import { SYNTH_BOS_ID, SYNTH_EOS_ID } from "./tokenizer.ts";
-import { glu, gqaAttention, linear, norm, PROJ, router } from "./builders.ts";
+import { globalTensors, glu, gqaAttention, linear, norm, PROJ, router } from "./builders.ts";
 import { clamp } from "./numbers.ts";
 import {
   SYNTH_ARCHS,
@@ -51,6 +51,8 @@ export interface Recipe {
   globals?(d: SynthDims, dt: SynthElemType): { head: SynthTensor[]; tail: SynthTensor[] };
   /** A name for the attention of layer `l`, when layers differ in it (hybrid models). */
   attentionOf?(d: SynthDims, l: number): string;
+  /** Whether `--dtype fp8` has a layout here (FP8 matrices with 128×128 block scales). */
+  fp8?: boolean;
 }
 
 /** About `q` query heads sharing each kv head among `ratio`, with kv heads dividing q heads. */
@@ -790,8 +792,42 @@ const KIMI_K3: Recipe = {
 /** Qwen3.5's tensor prefix. */
 const Q35 = "model.language_model.";
 
-/** Whether layer `l` of a Qwen3.5 model is full attention (every fullEvery-th, 1-based). */
+/** Whether layer `l` of a Qwen3.5 or Gemma 4 model is full attention (every fullEvery-th, 1-based). */
 const q35IsFull = (d: SynthDims, l: number) => (l + 1) % d.fullEvery === 0;
+
+/** `layer_types`: full attention where {@link q35IsFull}, `other` elsewhere. */
+const hybridLayerTypes = (d: SynthDims, other: string) =>
+  Array.from({ length: d.layers }, (_, l) => q35IsFull(d, l) ? "full_attention" : other);
+
+/**
+ * Layer `l`'s routed experts stacked as Qwen3.5 and Gemma 4 release them, under `prefix`:
+ * `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I], without a `.weight` suffix.
+ */
+function stackedExperts(prefix: string, d: SynthDims, dt: SynthElemType, l: number): SynthTensor[] {
+  const I = d.expertInter;
+  const one = (name: string, shape: number[], fanIn: number): SynthTensor => ({
+    name: prefix + name,
+    shape,
+    dtype: dt,
+    init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
+    layer: l,
+  });
+  return [
+    one("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
+    one("experts.down_proj", [d.experts, d.hidden, I], I),
+  ];
+}
+
+/** The `model.language_model.` embedding with values of std `std`. */
+function q35Embedding(d: SynthDims, dt: SynthElemType, std: number): SynthTensor {
+  return {
+    name: `${Q35}embed_tokens.weight`,
+    shape: [d.vocab, d.hidden],
+    dtype: dt,
+    init: { kind: "normal", mean: 0, std },
+    layer: -1,
+  };
+}
 
 /** A (1 + w) RMSNorm weight: 0.05·n, so the scale is about 1. */
 function unitNorm(name: string, n: number, dt: SynthElemType, l: number): SynthTensor {
@@ -836,10 +872,7 @@ const QWEN3_5_MOE: Recipe = {
       vocab_size: d.vocab,
       hidden_size: d.hidden,
       num_hidden_layers: d.layers,
-      layer_types: Array.from(
-        { length: d.layers },
-        (_, l) => q35IsFull(d, l) ? "full_attention" : "linear_attention",
-      ),
+      layer_types: hybridLayerTypes(d, "linear_attention"),
       full_attention_interval: d.fullEvery,
       num_attention_heads: d.heads,
       num_key_value_heads: d.kvHeads,
@@ -904,19 +937,11 @@ const QWEN3_5_MOE: Recipe = {
         linear(a + "out_proj.weight", d.hidden, vDim, dt, l),
       );
     }
-    const m = p + "mlp.", I = d.expertInter;
-    const stacked = (name: string, shape: number[], fanIn: number): SynthTensor => ({
-      name: m + name,
-      shape,
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 / Math.sqrt(fanIn) },
-      layer: l,
-    });
+    const m = p + "mlp.";
     return [
       ...out,
       router(m + "gate.weight", d.experts, d.hidden, dt, l),
-      stacked("experts.gate_up_proj", [d.experts, 2 * I, d.hidden], d.hidden),
-      stacked("experts.down_proj", [d.experts, d.hidden, I], I),
+      ...stackedExperts(m, d, dt, l),
       ...glu(m + "shared_expert.", PROJ, d.sharedInter, d.hidden, dt, l),
       linear(m + "shared_expert_gate.weight", 1, d.hidden, dt, l),
     ];
@@ -926,13 +951,7 @@ const QWEN3_5_MOE: Recipe = {
   isMoe: () => true,
   minLayers: (d) => d.fullEvery,
   globals: (d, dt) => ({
-    head: [{
-      name: `${Q35}embed_tokens.weight`,
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [q35Embedding(d, dt, 1)],
     tail: [
       unitNorm(`${Q35}norm.weight`, d.hidden, dt, -1),
       linear("lm_head.weight", d.vocab, d.hidden, dt, -1),
@@ -954,6 +973,19 @@ const E4M3_CODE_STD = 16;
 function e4m3Codes(name: string, out: number, inp: number, l: number): SynthTensor {
   const init: SynthInit = { kind: "e4m3", std: E4M3_CODE_STD };
   return { name, shape: [out, inp], dtype: "F8_E4M3", init, layer: l };
+}
+
+/**
+ * An FP8 E4M3 matrix `name` [out, in] with its F32 `name_scale_inv` per 128 × 128 block, as
+ * GLM-5.3-Flash and MiniMax-M2 ship them. The scale is a power of two, so every weight is exactly a
+ * bf16 value and a bf16 GGUF export holds the same function.
+ */
+function fp8ScaleInv(name: string, out: number, inp: number, l: number): SynthTensor[] {
+  const scale = 2 ** Math.round(Math.log2(1 / (Math.sqrt(inp) * E4M3_CODE_STD)));
+  return [
+    e4m3Codes(name, out, inp, l),
+    f32(`${name}_scale_inv`, [Math.ceil(out / 128), Math.ceil(inp / 128)], scale, 0, l),
+  ];
 }
 
 /**
@@ -1203,12 +1235,7 @@ const g5nIndexer = (d: SynthDims) => ({
  * `dt` matrix.
  */
 function g5nLinear(name: string, out: number, inp: number, dt: SynthElemType, l: number) {
-  if (dt !== "BF16") return [linear(name, out, inp, dt, l)];
-  const scale = 1 / (E4M3_CODE_STD * Math.sqrt(inp));
-  return [
-    e4m3Codes(name, out, inp, l),
-    f32(`${name}_scale_inv`, [Math.ceil(out / 128), Math.ceil(inp / 128)], scale, 0, l),
-  ];
+  return dt === "BF16" ? fp8ScaleInv(name, out, inp, l) : [linear(name, out, inp, dt, l)];
 }
 
 /** F32 when the checkpoint is f32, else the trunk's BF16: what the release keeps in BF16. */
@@ -1435,6 +1462,234 @@ const GLM5_NEXT: Recipe = {
   attentionOf: (d, l) => g5nIsMla(d, l) ? "mla" : "kda",
 };
 
+/**
+ * Gemma 4 MoE (`Gemma4ForConditionalGeneration`, text model only) at Gemma-4-26B-A4B's ratios
+ * (hidden 2816, 30 layers of which every 6th full attention, 128 experts top-8 of width 704 beside
+ * a dense GELU MLP of 2112, sliding layers 16/8 heads × 256 over a 1,024-token window, full layers
+ * 16/2 heads × 512 with V taken from K): the release's nested config and names, fused experts, the
+ * embedding tied to the head. Norms multiply by w as stored.
+ */
+const GEMMA4: Recipe = {
+  baseHidden: 2816,
+  baseLayers: 30,
+  baseExperts: 128,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 262144,
+  width: (h) => {
+    const headDim = 8 * Math.max(1, Math.round(clamp(h / 11, 16, 256) / 8));
+    const { heads, kvHeads } = gqaHeads(Math.max(2, Math.round(h / 176)), 2);
+    return {
+      headDim,
+      heads,
+      kvHeads,
+      globalHeadDim: 2 * headDim,
+      globalKvHeads: Math.max(1, Math.round(heads / 8)),
+      fullEvery: 6,
+      expertInter: h / 4,
+      denseInter: (3 * h) / 4,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8) }),
+  config: (d, dtype) => {
+    const dt = dtype === "f32" ? "float32" : "bfloat16";
+    const text = {
+      model_type: "gemma4_text",
+      vocab_size: d.vocab,
+      hidden_size: d.hidden,
+      intermediate_size: d.denseInter,
+      moe_intermediate_size: d.expertInter,
+      num_hidden_layers: d.layers,
+      layer_types: hybridLayerTypes(d, "sliding_attention"),
+      num_attention_heads: d.heads,
+      num_key_value_heads: d.kvHeads,
+      head_dim: d.headDim,
+      global_head_dim: d.globalHeadDim,
+      num_global_key_value_heads: d.globalKvHeads,
+      attention_k_eq_v: true,
+      attention_bias: false,
+      sliding_window: 1024,
+      rope_parameters: {
+        full_attention: { rope_type: "proportional", rope_theta: 1e6, partial_rotary_factor: 0.25 },
+        sliding_attention: { rope_type: "default", rope_theta: 1e4 },
+      },
+      num_experts: d.experts,
+      top_k_experts: d.topK,
+      enable_moe_block: true,
+      hidden_activation: "gelu_pytorch_tanh",
+      hidden_size_per_layer_input: 0,
+      num_kv_shared_layers: 0,
+      final_logit_softcapping: 30.0,
+      max_position_embeddings: d.maxPositions,
+      rms_norm_eps: 1e-6,
+      tie_word_embeddings: true,
+      bos_token_id: SYNTH_BOS_ID,
+      eos_token_id: SYNTH_EOS_ID,
+      dtype: dt,
+    };
+    return {
+      architectures: ["Gemma4ForConditionalGeneration"],
+      model_type: "gemma4",
+      text_config: text,
+      tie_word_embeddings: true,
+      dtype: dt,
+    };
+  },
+  layer: (d, l, dt) => {
+    const p = `${Q35}layers.${l}.`, a = p + "self_attn.";
+    const full = q35IsFull(d, l);
+    const hd = full ? d.globalHeadDim : d.headDim, kv = (full ? d.globalKvHeads : d.kvHeads) * hd;
+    return [
+      norm(p + "input_layernorm.weight", d.hidden, dt, l),
+      linear(a + "q_proj.weight", d.heads * hd, d.hidden, dt, l),
+      linear(a + "k_proj.weight", kv, d.hidden, dt, l),
+      // attention_k_eq_v: full layers take V from the k_proj output.
+      ...(full ? [] : [linear(a + "v_proj.weight", kv, d.hidden, dt, l)]),
+      linear(a + "o_proj.weight", d.hidden, d.heads * hd, dt, l),
+      norm(a + "q_norm.weight", hd, dt, l),
+      norm(a + "k_norm.weight", hd, dt, l),
+      norm(p + "post_attention_layernorm.weight", d.hidden, dt, l),
+      norm(p + "pre_feedforward_layernorm.weight", d.hidden, dt, l),
+      ...glu(p + "mlp.", PROJ, d.denseInter, d.hidden, dt, l),
+      norm(p + "post_feedforward_layernorm_1.weight", d.hidden, dt, l),
+      norm(p + "pre_feedforward_layernorm_2.weight", d.hidden, dt, l),
+      router(p + "router.proj.weight", d.experts, d.hidden, dt, l),
+      norm(p + "router.scale", d.hidden, dt, l),
+      norm(p + "router.per_expert_scale", d.experts, dt, l),
+      ...stackedExperts(p, d, dt, l),
+      norm(p + "post_feedforward_layernorm_2.weight", d.hidden, dt, l),
+      norm(p + "post_feedforward_layernorm.weight", d.hidden, dt, l),
+      {
+        name: p + "layer_scalar",
+        shape: [1],
+        dtype: dt,
+        init: { kind: "normal", mean: 1, std: 0 },
+        layer: l,
+      },
+    ];
+  },
+  // The experts are stacked per layer (in layer()), not one tensor set per expert.
+  expert: () => [],
+  isMoe: () => true,
+  minLayers: (d) => d.fullEvery,
+  globals: (d, dt) => ({
+    // The embedding is multiplied by √hidden: std 1/√hidden gives unit-scale rows.
+    head: [q35Embedding(d, dt, 1 / Math.sqrt(d.hidden))],
+    tail: [norm(`${Q35}norm.weight`, d.hidden, dt, -1)],
+  }),
+  attentionOf: (d, l) => q35IsFull(d, l) ? "full" : "sliding",
+};
+
+/**
+ * A weight matrix [out, in] with std about 1/sqrt(in): as `dt`, or under fp8 (dt F8_E4M3) as
+ * {@link fp8ScaleInv}.
+ */
+function maybeFp8(
+  name: string,
+  out: number,
+  inp: number,
+  dt: SynthElemType,
+  l: number,
+): SynthTensor[] {
+  return dt === "F8_E4M3" ? fp8ScaleInv(name, out, inp, l) : [linear(name, out, inp, dt, l)];
+}
+
+/** The dtype of norms and embeddings: BF16 when the matrices are FP8. */
+const plainOf = (dt: SynthElemType): SynthElemType => dt === "F8_E4M3" ? "BF16" : dt;
+
+/**
+ * MiniMax-M2 (`MiniMaxM2ForCausalLM`) at its real ratios (hidden 3072, 62 layers, 48/8 heads ×
+ * 128 with a 64-wide rotary slice and q/k RMSNorms over the whole projection, 256 experts top-8
+ * of width 1536, sigmoid routing with a selection bias, no shared expert, vocab 200,064). Under
+ * `--dtype fp8` the matrices are FP8 E4M3 with 128×128 `weight_scale_inv` as released; the
+ * router and its bias stay F32, embedding, head and norms BF16.
+ */
+const MINIMAX_M2: Recipe = {
+  baseHidden: 3072,
+  baseLayers: 62,
+  baseExperts: 256,
+  baseTopK: 8,
+  expertStep: 8,
+  maxExperts: 512,
+  maxPositions: 196608,
+  width: (h) => {
+    const headDim = 8 * Math.max(1, Math.round(clamp(h / 24, 16, 128) / 8));
+    return {
+      headDim,
+      ...gqaHeads(Math.max(2, Math.round(h / 64)), 6),
+      ropeDim: headDim / 2,
+      expertInter: h / 2,
+    };
+  },
+  counts: (d) => ({ topK: defaultTopK(d.experts, 8) }),
+  config: (d, dtype) => ({
+    architectures: ["MiniMaxM2ForCausalLM"],
+    model_type: "minimax_m2",
+    vocab_size: d.vocab,
+    hidden_size: d.hidden,
+    intermediate_size: d.expertInter,
+    num_hidden_layers: d.layers,
+    attn_type_list: Array(d.layers).fill(1),
+    num_attention_heads: d.heads,
+    num_key_value_heads: d.kvHeads,
+    head_dim: d.headDim,
+    rotary_dim: d.ropeDim,
+    rope_theta: 5e6,
+    use_qk_norm: true,
+    qk_norm_type: "per_layer",
+    hidden_act: "silu",
+    max_position_embeddings: d.maxPositions,
+    rms_norm_eps: 1e-6,
+    num_local_experts: d.experts,
+    num_experts_per_tok: d.topK,
+    scoring_func: "sigmoid",
+    use_routing_bias: true,
+    shared_intermediate_size: 0,
+    use_mtp: false,
+    ...(dtype === "fp8"
+      ? {
+        quantization_config: {
+          activation_scheme: "dynamic",
+          fmt: "float8_e4m3fn",
+          quant_method: "fp8",
+          weight_block_size: [128, 128],
+          modules_to_not_convert: ["gate", "e_score_correction_bias", "lm_head"],
+        },
+      }
+      : {}),
+    ...hfConfigTail(dtype === "f32" ? "f32" : "bf16"),
+  }),
+  layer: (d, l, dt) => {
+    const p = `model.layers.${l}.`, a = p + "self_attn.", b = plainOf(dt);
+    const q = d.heads * d.headDim, kv = d.kvHeads * d.headDim;
+    return [
+      norm(p + "input_layernorm.weight", d.hidden, b, l),
+      ...maybeFp8(a + "q_proj.weight", q, d.hidden, dt, l),
+      ...maybeFp8(a + "k_proj.weight", kv, d.hidden, dt, l),
+      ...maybeFp8(a + "v_proj.weight", kv, d.hidden, dt, l),
+      ...maybeFp8(a + "o_proj.weight", d.hidden, q, dt, l),
+      norm(a + "q_norm.weight", q, b, l),
+      norm(a + "k_norm.weight", kv, b, l),
+      norm(p + "post_attention_layernorm.weight", d.hidden, b, l),
+      router(p + "block_sparse_moe.gate.weight", d.experts, d.hidden, "F32", l),
+      f32(p + "block_sparse_moe.e_score_correction_bias", [d.experts], 0, 0.01, l),
+    ];
+  },
+  expert: (d, l, e, dt) => {
+    const p = `model.layers.${l}.block_sparse_moe.experts.${e}.`;
+    return [
+      ...maybeFp8(p + "w1.weight", d.expertInter, d.hidden, dt, l),
+      ...maybeFp8(p + "w2.weight", d.hidden, d.expertInter, dt, l),
+      ...maybeFp8(p + "w3.weight", d.expertInter, d.hidden, dt, l),
+    ];
+  },
+  isMoe: () => true,
+  minLayers: () => 2,
+  globals: (d, dt) => globalTensors(d, plainOf(dt)),
+  fp8: true,
+};
+
 const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_moe: QWEN3_MOE,
   deepseek_v3: DEEPSEEK_V3,
@@ -1445,6 +1700,8 @@ const RECIPES: Record<SynthArch, Recipe> = {
   qwen3_5_moe: QWEN3_5_MOE,
   deepseek_v4: DEEPSEEK_V4,
   glm5_next: GLM5_NEXT,
+  gemma4: GEMMA4,
+  minimax_m2: MINIMAX_M2,
 };
 
 /** The recipe of `arch`; throws naming the known architectures when there is none. */

@@ -75,6 +75,8 @@ const OVERRIDE_KEYS: readonly (keyof SynthDims)[] = [
   "indexTopK",
   "hashLayers",
   "hcMult",
+  "globalHeadDim",
+  "globalKvHeads",
 ];
 
 /** Throws on an unknown size field or a value that is not a whole number in range. */
@@ -122,6 +124,7 @@ export function synthShape(
   dtype: SynthDtype = "bf16",
 ): SynthShape {
   const r = recipeOf(arch), dt = dtypeName(dtype);
+  if (dtype === "fp8" && !r.fp8) throw new Error(`${arch} has no fp8 layout; use bf16 or f32`);
   if (!(bytes > 0)) throw new Error(`target size must be positive, got ${bytes}`);
   checkOverrides(overrides);
   const widths: number[] = [];
@@ -163,7 +166,7 @@ function searchCounts(
     layers: r.baseLayers,
     experts: r.baseExperts,
     topK: r.baseTopK,
-    vocab: defaultVocab(h, bytes, dt === "BF16" ? 2 : 4),
+    vocab: defaultVocab(h, bytes, dt === "F32" ? 4 : 2),
     maxPositions: r.maxPositions,
     // Widths that are not powers of two can give fractions; sizes are whole numbers.
     ...Object.fromEntries(

@@ -16,13 +16,19 @@ export const SYNTH_ARCHS = [
   "qwen3_5_moe",
   "deepseek_v4",
   "glm5_next",
+  "gemma4",
+  "minimax_m2",
 ] as const;
 
 /** One of {@link SYNTH_ARCHS}. */
 export type SynthArch = typeof SYNTH_ARCHS[number];
 
-/** Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one). */
-export type SynthDtype = "bf16" | "f32";
+/**
+ * Storage dtype of the weights (the DeepSeek selection bias is always F32, as in the real one).
+ * fp8: the weight matrices in FP8 E4M3 with 128×128 `weight_scale_inv` blocks and the rest in
+ * BF16, as DeepSeek and MiniMax release them (only recipes with `fp8` take it).
+ */
+export type SynthDtype = "bf16" | "f32" | "fp8";
 
 /**
  * A tensor's safetensors dtype (U8: the MXFP4 codes and scales of gpt-oss and Kimi K3; F8_E4M3,
@@ -89,6 +95,9 @@ export interface SynthDims {
   hashLayers: number;
   /** DeepSeek-V4: hyper-connection residual streams. */
   hcMult: number;
+  /** Gemma 4: the full-attention layers' head dim and KV heads (sliding layers: headDim, kvHeads). */
+  globalHeadDim: number;
+  globalKvHeads: number;
 }
 
 /** Sizes fixed by the caller; the solver chooses the rest. */
@@ -131,10 +140,10 @@ export interface SynthShape {
 
 /** The safetensors dtype of a {@link SynthDtype}; throws on anything else. */
 export function dtypeName(dtype: SynthDtype): SynthElemType {
-  if (dtype !== "bf16" && dtype !== "f32") {
-    throw new Error(`--dtype must be bf16 or f32, got ${dtype}`);
+  if (dtype !== "bf16" && dtype !== "f32" && dtype !== "fp8") {
+    throw new Error(`--dtype must be bf16, f32 or fp8, got ${dtype}`);
   }
-  return dtype === "bf16" ? "BF16" : "F32";
+  return ({ bf16: "BF16", f32: "F32", fp8: "F8_E4M3" } as const)[dtype];
 }
 
 /** Bytes of one element of each dtype. */

@@ -48,9 +48,11 @@ const HELP = `usage: deno task bench compare [options]
   --size SIZE        in-RAM model size (default 0.5G)
   --over-size SIZE   over-cap model size (default 1.5G; must be ≥ 3× --cap)
   --cap SIZE         memory cap (cgroup) of the over-cap regime (default 0.5G)
-  --budget SIZE      sluice arena budget under the cap (default: the cap less 160 MiB for the
-                     runtime's own memory, measured at about 90-120 MiB, and at least 60%)
+  --budget SIZE      sluice arena budget under the cap (default: the cap less 320 MiB for the
+                     runtime's own memory, measured at 90-120 MiB with small vocabularies and
+                     250 MiB with a 248,320-token one, and at least 60%)
   --arch A           qwen3_moe, mixtral, glm4_moe or gpt_oss (MXFP4 experts; default qwen3_moe)
+                     to synthesise; ignored with --container
   --threads N        threads of both engines (default: all cores)
   --prompt N         prompt tokens (default 128)
   --tokens N         decode tokens timed in RAM (default 32)
@@ -74,6 +76,7 @@ interface BenchModel {
   topK: number;
   /** The container's manifest.json, read once. */
   manifest: Omit<ManifestBytes, "experts"> & {
+    config: { modelType?: string; moe?: { topK: number } };
     experts: ((ManifestBytes["experts"][number] & { format: string }) | null)[];
     pack?: { trunk?: string | null };
   };
@@ -276,7 +279,7 @@ export async function main(args: string[]): Promise<void> {
   }
   const arch = v.arch as SynthArch;
   const archs: SynthArch[] = ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"];
-  if (!archs.includes(arch)) {
+  if (v.container === undefined && !archs.includes(arch)) {
     throw new Error(
       `--arch must be one of ${archs.join(", ")} (what GGUF export writes), got ${arch}`,
     );
@@ -285,7 +288,7 @@ export async function main(args: string[]): Promise<void> {
   const cap = parseSize(v.cap!), overSize = parseSize(v["over-size"]!);
   const budget = v.budget
     ? parseSize(v.budget)
-    : Math.floor(Math.max(cap * 0.6, cap - 160 * 2 ** 20));
+    : Math.floor(Math.max(cap * 0.6, cap - 320 * 2 ** 20));
   const maxSeconds = Number(v["max-seconds"]);
   const cache = join(dirname(benchDepsDir()), "bench-compare");
   const log = (s: string) => console.error(`bench compare: ${s}`);
@@ -366,7 +369,8 @@ export async function main(args: string[]): Promise<void> {
       ? "MXFP4 experts in both (sluice: as shipped, exact f32 activations; llama.cpp: Q8 " +
         "activations), bf16 trunk, norms/routers f32"
       : "bf16 weights in both (sluice container bf16, GGUF BF16; norms/routers f32)",
-    arch,
+    // A given container names its own architecture; --arch only picks what to synthesise.
+    arch: given?.manifest.config.modelType ?? arch,
     machine: {
       dram_gbps: dramGbps > 0 ? dramGbps : null,
       odirect_gbps: Number.isFinite(disk.odirect_gbps) ? disk.odirect_gbps : null,
