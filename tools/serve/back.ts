@@ -54,7 +54,7 @@ export type ToBack =
 
 /** Messages from the back to the front. */
 export type ToFront =
-  | { type: "ready"; notice: string | null; status: EngineStatus }
+  | { type: "ready"; notice: string | null; status: EngineStatus; parallel: number }
   | { type: "failed"; message: string }
   | { type: "status"; status: EngineStatus }
   /** From inside a forward pass: /health and the running request (the rest waits for a yield). */
@@ -115,7 +115,12 @@ export function runBack(opened?: OpenedHook): void {
         if (performance.now() - sentAt >= STATUS_MS) update(h);
       }, STATUS_MS);
       opened?.(session, m.data);
-      post({ type: "ready", notice: session.chatTemplate.notice ?? null, status: status(h) });
+      post({
+        type: "ready",
+        notice: session.chatTemplate.notice ?? null,
+        status: status(h),
+        parallel: session.model.transformer.sequences,
+      });
     } catch (e) {
       session?.close();
       post({ type: "failed", message: e instanceof Error ? e.message : String(e) });

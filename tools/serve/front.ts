@@ -25,8 +25,9 @@ export interface WorkerServeOptions extends ServeOptions {
   /** Most ms a request body may take to arrive (default 60 s); then 408. */
   bodyTimeoutMs?: number;
   /**
-   * Most requests passed to the engine and not yet answered (default `queueSize` + 16: the
-   * running and queued generations and quick calls such as /tokenize); more get 429 at once.
+   * Most requests passed to the engine and not yet answered (default the engine's `parallel`
+   * sequences + `queueSize` + 16: the running and queued generations and quick calls such as
+   * /tokenize); more get 429 at once.
    */
   maxForwards?: number;
   /**
@@ -89,7 +90,8 @@ export async function startWorkerServer(
   const log = opts.log ?? ((line: string) => console.error(line));
   const maxBody = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   const bodyTimeoutMs = opts.bodyTimeoutMs ?? 60_000;
-  const maxForwards = opts.maxForwards ?? (opts.queueSize ?? 8) + 16;
+  // Set when the engine is open and says how many sequences generate at once.
+  let maxForwards = opts.maxForwards ?? Infinity;
   const gate = new Gate(opts);
   // Named, so Deno's own report of an uncaught error there says where it came from.
   const worker = new Worker(opts.worker?.url ?? new URL("./back_worker.ts", import.meta.url), {
@@ -148,6 +150,7 @@ export async function startWorkerServer(
     switch (m.type) {
       case "ready":
         status = m.status;
+        maxForwards = opts.maxForwards ?? m.parallel + (opts.queueSize ?? 8) + 16;
         opened.resolve(m.notice);
         break;
       case "failed":
