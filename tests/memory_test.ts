@@ -82,7 +82,7 @@ Deno.test("peak RSS stays within budget + overhead on a model 5x the budget", as
   );
 });
 
-const cgroup = createCgroup(`sluice-memory-test-${Deno.pid}`, BUDGET + CHARGED_OVERHEAD);
+const cgroup = createCgroup("sluice-memory-test", BUDGET + CHARGED_OVERHEAD);
 
 Deno.test({
   name: "under a memory cgroup capped at budget + 64 MiB, the run completes with the same tokens",

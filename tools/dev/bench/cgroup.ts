@@ -50,10 +50,14 @@ export interface MemoryCgroup {
 }
 
 /**
- * Creates `name` under the memory hierarchy with a limit of `limitBytes`. Returns the reason as a
- * string when that is impossible (no memory controller, not root, not writable).
+ * Creates `prefix-PID` (this process's id) under the memory hierarchy with a limit of
+ * `limitBytes`. Returns the reason as a string when that is impossible (no memory controller, not
+ * root, not writable, or the cgroup already holds processes). Each run gets a cgroup of its own:
+ * two benches sharing one name put both engines under one limit (the later one also rewrote the
+ * earlier one's), which OOM-killed engines whose own charge fitted their cap (docs/LEARNED.md).
  */
-export function createCgroup(name: string, limitBytes: number): MemoryCgroup | string {
+export function createCgroup(prefix: string, limitBytes: number): MemoryCgroup | string {
+  const name = `${prefix}-${Deno.pid}`;
   if (Deno.uid() !== 0) return "not running as root, so no memory cgroup can be created";
   let mounts = "";
   try {
@@ -76,6 +80,10 @@ export function createCgroup(name: string, limitBytes: number): MemoryCgroup | s
       writeFileSync(join(root.dir, "cgroup.subtree_control"), "+memory");
     }
     if (!existsSync(dir)) mkdirSync(dir);
+    const procs = readFileSync(join(dir, "cgroup.procs"), "utf8").trim();
+    if (procs !== "") {
+      return `memory cgroup ${dir} already holds processes (${procs.split("\n").join(", ")})`;
+    }
     if (root.version === 1 && existsSync(join(dir, "memory.swappiness"))) {
       writeFileSync(join(dir, "memory.swappiness"), "0");
     }
@@ -117,6 +125,6 @@ export function removeCgroup(cg: MemoryCgroup): void {
   try {
     rmdirSync(cg.dir);
   } catch {
-    // A lingering process keeps it; it is harmless and reused by name next time.
+    // A lingering process keeps it; it is harmless (the next run has another pid).
   }
 }

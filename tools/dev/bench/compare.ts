@@ -338,7 +338,7 @@ export async function main(args: string[]): Promise<void> {
   else if (overBytes < 3 * cap * 0.999) {
     oc.notes.push(`the over-cap model must be ≥ 3 × --cap`);
   } else {
-    const cg = createCgroup(`sluice-bench-compare-${Deno.pid}`, cap);
+    const cg = createCgroup("sluice-bench-compare", cap);
     if (typeof cg === "string") oc.notes.push(`skipped: ${cg}`);
     else {
       try {
