@@ -17,17 +17,10 @@
 import type { Arena } from "../arena.ts";
 import type { TensorSpec } from "../../io/manifest.ts";
 import type { GatedDeltaNetConfig, LayerTensor, ModelConfig } from "../../io/model_config.ts";
-import { kdaForgetGate, RecurrentPositions } from "./kda.ts";
+import { kdaForgetGate, RecurrentStates } from "./kda.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
-import {
-  type CacheRegion,
-  type Mixer,
-  type MixerPart,
-  PerSequence,
-  stateName,
-  type StateRegion,
-} from "./mixer.ts";
+import { type CacheRegion, type Mixer, type MixerPart, type StateRegion } from "./mixer.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** Channels of the conv: q and k of every key head, v of every value head. */
@@ -97,10 +90,7 @@ export class GatedDeltaNet implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
   #g: GatedDeltaNetConfig;
-  /** The selected sequence's states and their positions (of #seqs). */
-  #layers: (LayerState | null)[];
-  #positions: RecurrentPositions;
-  #seqs: PerSequence<{ layers: (LayerState | null)[]; positions: RecurrentPositions }>;
+  #states: RecurrentStates<LayerState>;
   #rawQkvz: number;
   #rawBa: number;
   #pre: number;
@@ -124,28 +114,22 @@ export class GatedDeltaNet implements Mixer {
     this.#cfg = cfg;
     this.#g = g;
     const sizes = gdnLayerStateBytes(g);
-    this.#seqs = new PerSequence(sequences, (seq) => {
-      const states: (LayerState | null)[] = new Array(cfg.numLayers).fill(null);
-      for (const l of layers) {
-        const what = stateName(`gdn state + conv window L${l}`, seq);
-        const state = arena.alloc(what, sizes.state + sizes.conv);
-        states[l] = { state, conv: state + sizes.state };
-      }
-      return {
-        layers: states,
-        positions: new RecurrentPositions("Gated DeltaNet", cfg.numLayers, layers),
-      };
-    });
-    this.#layers = this.#seqs.current.layers;
-    this.#positions = this.#seqs.current.positions;
+    this.#states = new RecurrentStates(
+      "Gated DeltaNet",
+      "gdn state + conv window",
+      arena,
+      cfg.numLayers,
+      layers,
+      sequences,
+      sizes.state + sizes.conv,
+      (state) => ({ state, conv: state + sizes.state }),
+    );
     [this.#rawQkvz, this.#rawBa, this.#pre, this.#post, this.#z, this.#beta, this.#decay, this.#o] =
       gdnScratchFloats(g).map(([what, floats]) => arena.alloc(what, maxBatch * floats * 4));
   }
 
   select(seq: number): void {
-    this.#seqs.select(seq);
-    this.#layers = this.#seqs.current.layers;
-    this.#positions = this.#seqs.current.positions;
+    this.#states.select(seq);
   }
 
   /** None: the state does not grow with the positions. */
@@ -155,18 +139,17 @@ export class GatedDeltaNet implements Mixer {
 
   /** Each layer's state and conv window, in layer order. */
   stateRegions(): StateRegion[] {
-    const b = gdnLayerStateBytes(this.#g);
-    return this.#layers.flatMap((st) => st ? [{ offset: st.state, bytes: b.state + b.conv }] : []);
+    return this.#states.stateRegions();
   }
 
   /** Declares the states (written back by a saved session) to be at position `pos`. */
   resumeAt(pos: number): void {
-    this.#positions.resumeAt(pos);
+    this.#states.resumeAt(pos);
   }
 
   /** Refuses a position the states cannot continue from, before any layer runs. */
   begin(pos: number): void {
-    this.#positions.check(pos);
+    this.#states.check(pos);
   }
 
   /**
@@ -199,13 +182,10 @@ export class GatedDeltaNet implements Mixer {
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
     const g = this.#g;
-    const st = this.#layers[layer];
-    if (!st) throw new Error(`layer ${layer} is not a Gated DeltaNet layer`);
+    const st = this.#states.enter(layer, pos, nb);
     const Hk = g.numKeyHeads, Hv = g.numValueHeads, dk = g.keyHeadDim, dv = g.valueHeadDim;
     const C = convChannels(g), vDim = Hv * dv;
-    this.#positions.check(pos, layer);
     if (pos === 0) this.#zero(st);
-    this.#positions.advance(layer, pos + nb);
     if (g.projections === "grouped") {
       ops.matmul(
         { w: lw.get("gdn_qkvz"), x: h, y: this.#rawQkvz, nb },

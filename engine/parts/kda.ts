@@ -151,6 +151,73 @@ export class RecurrentPositions {
   }
 }
 
+/**
+ * A recurrent mixer's fixed-size states, one set per sequence: per layer one arena region of
+ * `bytes` (laid out by `place`), and the positions they stand at. `kind` names the mixer in
+ * errors, `what` the regions in the arena.
+ */
+export class RecurrentStates<S extends { state: number }> {
+  readonly #kind: string;
+  readonly #bytes: number;
+  readonly #seqs: PerSequence<{ layers: (S | null)[]; positions: RecurrentPositions }>;
+
+  constructor(
+    kind: string,
+    what: string,
+    arena: Arena,
+    numLayers: number,
+    layers: number[],
+    sequences: number,
+    bytes: number,
+    place: (region: number) => S,
+  ) {
+    this.#kind = kind;
+    this.#bytes = bytes;
+    this.#seqs = new PerSequence(sequences, (seq) => {
+      const states: (S | null)[] = new Array(numLayers).fill(null);
+      for (const l of layers) {
+        states[l] = place(arena.alloc(stateName(`${what} L${l}`, seq), bytes));
+      }
+      return { layers: states, positions: new RecurrentPositions(kind, numLayers, layers) };
+    });
+  }
+
+  /** Selects sequence `seq`'s states. */
+  select(seq: number): void {
+    this.#seqs.select(seq);
+  }
+
+  /** Each layer's region of the selected sequence, in layer order. */
+  stateRegions(): StateRegion[] {
+    return this.#seqs.current.layers.flatMap((st) =>
+      st ? [{ offset: st.state, bytes: this.#bytes }] : []
+    );
+  }
+
+  /** Declares the selected sequence's states (written back by a saved session) to be at `pos`. */
+  resumeAt(pos: number): void {
+    this.#seqs.current.positions.resumeAt(pos);
+  }
+
+  /** Throws unless the selected sequence's states can continue at `pos` (see RecurrentPositions). */
+  check(pos: number): void {
+    this.#seqs.current.positions.check(pos);
+  }
+
+  /**
+   * Layer `layer`'s state for a call of `nb` tokens from `pos`, recorded as run up to pos + nb;
+   * throws when the layer has none or cannot continue at `pos`. A caller zeroes it at pos 0.
+   */
+  enter(layer: number, pos: number, nb: number): S {
+    const { layers, positions } = this.#seqs.current;
+    const st = layers[layer];
+    if (!st) throw new Error(`layer ${layer} is not a ${this.#kind} layer`);
+    positions.check(pos, layer);
+    positions.advance(layer, pos + nb);
+    return st;
+  }
+}
+
 /** Per-layer state in the arena: one region, the delta-rule state then the three windows. */
 interface LayerState {
   state: number;
@@ -163,10 +230,7 @@ export class KdaAttention implements Mixer {
   #ops: Ops;
   #cfg: ModelConfig;
   #k: KdaConfig;
-  /** The selected sequence's states and their positions (of #seqs). */
-  #layers: (LayerState | null)[];
-  #positions: RecurrentPositions;
-  #seqs: PerSequence<{ layers: (LayerState | null)[]; positions: RecurrentPositions }>;
+  #states: RecurrentStates<LayerState>;
   #pre: [number, number, number];
   #post: [number, number, number];
   #g: number;
@@ -190,19 +254,20 @@ export class KdaAttention implements Mixer {
     this.#cfg = cfg;
     this.#k = k;
     const sizes = kdaLayerStateBytes(k);
-    this.#seqs = new PerSequence(sequences, (seq) => {
-      const states: (LayerState | null)[] = new Array(cfg.numLayers).fill(null);
-      for (const l of layers) {
-        const what = stateName(`kda state + conv windows L${l}`, seq);
-        const state = arena.alloc(what, sizes.state + sizes.conv);
-        const w = sizes.conv / 3;
+    const w = sizes.conv / 3;
+    this.#states = new RecurrentStates(
+      "KDA",
+      "kda state + conv windows",
+      arena,
+      cfg.numLayers,
+      layers,
+      sequences,
+      sizes.state + sizes.conv,
+      (state) => {
         const at = state + sizes.state;
-        states[l] = { state, conv: [at, at + w, at + 2 * w] };
-      }
-      return { layers: states, positions: new RecurrentPositions("KDA", cfg.numLayers, layers) };
-    });
-    this.#layers = this.#seqs.current.layers;
-    this.#positions = this.#seqs.current.positions;
+        return { state, conv: [at, at + w, at + 2 * w] };
+      },
+    );
     const [preQ, preK, preV, q, kk, v, g, beta, lowA, lowG, gate, o] = kdaScratchFloats(k).map((
       [what, floats],
     ) => arena.alloc(what, maxBatch * floats * 4));
@@ -217,9 +282,7 @@ export class KdaAttention implements Mixer {
   }
 
   select(seq: number): void {
-    this.#seqs.select(seq);
-    this.#layers = this.#seqs.current.layers;
-    this.#positions = this.#seqs.current.positions;
+    this.#states.select(seq);
   }
 
   /** None: the state does not grow with the positions. */
@@ -229,32 +292,26 @@ export class KdaAttention implements Mixer {
 
   /** Each KDA layer's state and conv windows, in layer order. */
   stateRegions(): StateRegion[] {
-    const bytes = kdaLayerStateBytes(this.#k);
-    return this.#layers.flatMap((st) =>
-      st ? [{ offset: st.state, bytes: bytes.state + bytes.conv }] : []
-    );
+    return this.#states.stateRegions();
   }
 
   /** Declares the states (written back by a saved session) to be at position `pos`. */
   resumeAt(pos: number): void {
-    this.#positions.resumeAt(pos);
+    this.#states.resumeAt(pos);
   }
 
   /** Refuses a position the states cannot continue from, before any layer runs. */
   begin(pos: number): void {
-    this.#positions.check(pos);
+    this.#states.check(pos);
   }
 
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
     const ops = this.#ops;
     const k = this.#k;
-    const st = this.#layers[layer];
-    if (!st) throw new Error(`layer ${layer} is not a KDA layer`);
+    const st = this.#states.enter(layer, pos, nb);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    this.#positions.check(pos, layer);
     if (pos === 0) this.#zero(st);
-    this.#positions.advance(layer, pos + nb);
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;
     const fullGate = k.fullRankOutputGate;
