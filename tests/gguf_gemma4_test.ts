@@ -67,5 +67,7 @@ Deno.test({
     assert.match(gemma4Unsupported(allSliding)!, /at least one full layer/);
     const twoWindows = { ...cfg, attention: { ...a, windows: [32, 16, 0, 32, 32, 0] } };
     assert.match(gemma4Unsupported(twoWindows)!, /one sliding window/);
+    const silu = { ...cfg, glu: undefined };
+    assert.match(gemma4Unsupported(silu)!, /GELU-tanh/);
   },
 });

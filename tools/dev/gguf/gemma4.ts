@@ -71,6 +71,13 @@ export function gemma4Unsupported(cfg: ModelConfig): string | null {
     return "gemma4 needs default RoPE on sliding layers and proportional RoPE on full layers";
   }
   if (cfg.layerKinds.some((k) => k !== "moe")) return "gemma4 needs the MoE block in every layer";
+  // What llama.cpp's graph hard-codes: V normed, GELU-tanh, the scaled softmax router.
+  if (
+    !a.valueNorm || cfg.glu?.kind !== "gelu_tanh" || moe.scoring !== "softmax" || !moe.normTopK ||
+    !moe.scaledRouterInput || !moe.expertScale
+  ) {
+    return "gemma4 needs the value norm, GELU-tanh and the scaled softmax router with expert scales";
+  }
   return null;
 }
 
