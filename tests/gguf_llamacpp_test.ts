@@ -1,6 +1,6 @@
 /**
- * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe), Qwen3-Next (qwen3next)
- * and MiniMax-M2 (minimax-m2) checked by llama.cpp itself: node-llama-cpp
+ * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe), Qwen3-Next (qwen3next),
+ * MiniMax-M2 (minimax-m2) and Gemma 4 (gemma4) checked by llama.cpp itself: node-llama-cpp
  * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
  * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
  * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
@@ -25,7 +25,7 @@ const PROMPT = [1, 403, 407, 261, 378];
 const STEPS = 150;
 const have = hasFixture("tiny-glm4-moe") && hasFixture("tiny-gpt-oss");
 const haveQwen = hasFixture("tiny-qwen3.5-moe") || hasFixture("tiny-qwen3-next") ||
-  hasFixture("tiny-minimax-m2");
+  hasFixture("tiny-minimax-m2") || hasFixture("tiny-gemma4-moe");
 const llama = (have || haveQwen) && LLAMACPP_TESTS
   ? await setupLlamaCpp(undefined, () => {})
   : null;
@@ -169,5 +169,23 @@ Deno.test({
     // only selects: a wrong norm shape, rope dimension or gating function changes the ids.
     const dir = fixtureDir("tiny-minimax-m2");
     assert.deepEqual(await llamaIds(dir, "minimax-m2"), await sluiceIds(dir, "minimax-m2"));
+  },
+});
+
+Deno.test({
+  name: "gemma4 GGUF export: llama.cpp's greedy ids equal sluice's and the README's",
+  ignore: ignore(hasFixture("tiny-gemma4-moe")),
+  fn: async () => {
+    // Two attention geometries, k = v, the proportional RoPE's factors, sandwich norms, layer
+    // scalars, the router's and experts' scales and the dense MLP beside the experts: each
+    // changes the ids (../shared/models/README.md); 151 ids reach position 155, past the window
+    // of 32. √64 is exact, so llama.cpp's f32 embedding scale is the fixture's.
+    const dir = fixtureDir("tiny-gemma4-moe");
+    const [want, got] = [await sluiceIds(dir, "gemma4"), await llamaIds(dir, "gemma4")];
+    assert.deepEqual(got.slice(0, 20), [
+      ...[346, 448, 452, 452, 404, 348, 1, 333, 452, 452],
+      ...[386, 386, 310, 310, 403, 310, 452, 386, 386, 338],
+    ]);
+    assert.deepEqual(got, want);
   },
 });

@@ -122,6 +122,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     family: GEMMA4,
     normalise: normaliseGemma4,
     naming: GEMMA4_NAMING,
+    llamaCppArch: "gemma4",
     architectures: ["Gemma4ForConditionalGeneration"],
     prefix: "model.language_model.",
     skipped: {

@@ -13,7 +13,8 @@
  * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
  * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
  * their MTP blocks are not exported; `minimax-m2` (one q/k norm over each whole projection,
- * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`).
+ * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`),
+ * `gemma4` (Gemma 4 with the MoE block; its mapping is tools/dev/gguf/gemma4.ts).
  * Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
@@ -52,6 +53,12 @@ import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { bpeVocabFromTokenizerJson, isByteLevelBpe } from "./gguf/bpe_vocab.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
+import {
+  gemma4LayerTensors,
+  gemma4Metadata,
+  gemma4RopeFreqs,
+  gemma4Unsupported,
+} from "./gguf/gemma4.ts";
 import { readJsonObject } from "../../io/json_file.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
@@ -64,7 +71,8 @@ export type GgufArch =
   | "gpt-oss"
   | "qwen35moe"
   | "qwen3next"
-  | "minimax-m2";
+  | "minimax-m2"
+  | "gemma4";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -319,12 +327,22 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next", "minimax-m2"];
+  const archs = [
+    "llama",
+    "qwen3moe",
+    "glm4moe",
+    "gpt-oss",
+    "qwen35moe",
+    "qwen3next",
+    "minimax-m2",
+    "gemma4",
+  ];
   if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
   }
   if (cfg.mla) fail("only GQA attention is supported");
+  if (arch === "gemma4") return gemma4Unsupported(cfg) ? fail(gemma4Unsupported(cfg)!) : arch;
   if (arch === "qwen35moe" || arch === "qwen3next") {
     // llama.cpp's Qwen hybrids: Gated DeltaNet layers (flat projections in qwen35moe, fused per
     // key head in qwen3next), gated attention, every layer MoE with a gated shared expert,
@@ -464,6 +482,10 @@ function planTensors(
   if (src.hasLmHead) {
     add(GLOBAL_GGUF.lm_head, [V, H], "lm_head.weight", () => src.global("lm_head"));
   }
+  if (arch === "gemma4") {
+    const r = gemma4RopeFreqs(cfg);
+    add(r.name, [r.values.length], r.name, () => r.values);
+  }
   const q = cfg.numHeads * cfg.headDim, kv = cfg.numKvHeads * cfg.headDim;
   for (let l = 0; l < cfg.numLayers; l++) {
     const shapes: Partial<Record<LayerTensor, number[]>> = {
@@ -491,7 +513,11 @@ function planTensors(
       shared_down: [H, cfg.moe?.sharedIntermediate ?? 0],
     };
     for (const t of layerTensorsOf(cfg, l)) {
-      const hybrid = cfg.gdn ? hybridTensors(cfg, arch, l, t) : null;
+      const hybrid = cfg.gdn
+        ? hybridTensors(cfg, arch, l, t)
+        : arch === "gemma4"
+        ? gemma4LayerTensors(cfg, l, t)
+        : null;
       if (hybrid) {
         for (const h of hybrid) {
           const key = `${hfLayerName(cfg, l, t)!}\u0000${h.rel}`;
@@ -649,6 +675,7 @@ function metadataFor(
     // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (its converter writes it from scoring_func).
     u32(`${arch}.expert_gating_func`, 2);
   }
+  if (arch === "gemma4") gemma4Metadata(cfg, m);
   if (arch === "qwen35moe" || arch === "qwen3next") {
     const g = cfg.gdn!;
     u32(`${arch}.expert_shared_feed_forward_length`, moe!.sharedIntermediate);
