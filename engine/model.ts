@@ -249,6 +249,7 @@ export class Model {
    */
   forwardBatch(batch: readonly SequenceRows[]): Float32Array[] {
     if (this.#readLog) this.#readLog.position = batch[0]?.pos ?? 0;
+    this.observers.lookahead?.beginPass(batch.map((r) => r.tokens.length));
     const logits = this.transformer.forwardBatch(batch);
     batch.forEach((r, i) =>
       checkLogits(this, r.tokens, r.pos, r.allLogits ?? false, logits[i], r.seq)
