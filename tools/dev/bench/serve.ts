@@ -10,7 +10,8 @@
  *
  * `deno task bench serve --clients 1,4,8 [--model X.sluice | --size 512M] [--budget-fraction 0.25]
  * [--tokens 32] [--requests 2] [--repeat 2] [--json]`: continuous batching instead. The model
- * (default: bench stream's synthetic Qwen3-MoE-shaped model of `--size`) is served twice, over the
+ * (default: bench stream's synthetic Qwen3-MoE-shaped model of `--size`) is served twice by the
+ * worker server (what `mod.ts serve` runs: the front, the engine in its worker), over the
  * cap (budget = fraction × the whole model) and in RAM, with `--parallel` the most clients; each
  * client count runs that many clients at once, each sending `--requests` greedy streamed
  * completions one after another (distinct prompts). Reported per placement and count: aggregate
@@ -36,7 +37,6 @@ import { parseArgs } from "node:util";
 import { Session, type SessionOptions } from "../../../engine/session.ts";
 import { parseBytes } from "../../../engine/units.ts";
 import { modelId } from "../../serve/live.ts";
-import { startServer } from "../../serve/server.ts";
 import { startControlledServer } from "../serve_control.ts";
 import { ensureStreamModel, fixedPrompt } from "./stream.ts";
 
@@ -270,6 +270,20 @@ export function quantile(xs: number[], q: number): number {
   return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)];
 }
 
+/**
+ * The batch's pass counters from the server's `/metrics` (current once every client has its
+ * answer: the engine posts its status before each response ends).
+ */
+async function batchTotals(base: string): Promise<{ passes: number; sequences: number }> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const value = (name: string) => {
+    const m = text.match(new RegExp(`^sluice_${name} (\\S+)$`, "m"));
+    if (!m) throw new Error(`bench serve: /metrics has no sluice_${name}`);
+    return Number(m[1]);
+  };
+  return { passes: value("batch_passes_total"), sequences: value("batch_sequences_total") };
+}
+
 /** Serves the model over the cap and in RAM and runs each client count against it. */
 export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBenchResult> {
   const parallel = Math.max(...opts.clients);
@@ -288,8 +302,12 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
   // Each request its own prompt: the prompt cache reuses nothing across them.
   const nextPrompt = () => [(prompts++ * 7919) % vocab, ...fixedPrompt(vocab)];
   for (const [label, budget] of budgets) {
-    const session = await Session.open(opts.model, { ...base, budget });
-    const server = startServer(session, { port: 0, log: () => {}, queueSize: parallel });
+    // What `mod.ts serve` runs: the front, and the engine in its worker.
+    const controlled = await startControlledServer(
+      { path: opts.model, options: { ...base, budget } },
+      { port: 0, log: () => {}, queueSize: parallel },
+    );
+    const server = controlled.server;
     const url = `${server.url}/v1/completions`;
     const best = new Map<number, { tok_s: number; batch_mean: number }>();
     const ttft = new Map<number, number[]>(opts.clients.map((c) => [c, []]));
@@ -297,7 +315,7 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
       // Round 0 warms the JIT and the expert cache and is not kept.
       for (let round = 0; round <= opts.repeat; round++) {
         for (const clients of opts.clients) {
-          const before = { ...server.live.batchTotals() };
+          const before = await batchTotals(server.url);
           const t0 = performance.now();
           const done = await Promise.all(
             Array.from({ length: clients }, async () => {
@@ -313,15 +331,14 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
           const all = done.flat();
           ttft.get(clients)!.push(...all.map((x) => x.ttft));
           const tok_s = (1000 * all.reduce((n, x) => n + x.tokens, 0)) / ms;
-          const after = server.live.batchTotals();
+          const after = await batchTotals(server.url);
           const batch_mean = (after.sequences - before.sequences) /
             Math.max(1, after.passes - before.passes);
           if (tok_s > (best.get(clients)?.tok_s ?? 0)) best.set(clients, { tok_s, batch_mean });
         }
       }
     } finally {
-      await server.close();
-      session.close();
+      await controlled.close();
     }
     const one = best.get(Math.min(...opts.clients))!.tok_s;
     placements.push({
