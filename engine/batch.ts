@@ -20,7 +20,7 @@
 import { emptyTimings, type GeneratedToken, type GenerateOptions, type Lane } from "./session.ts";
 import type { Session } from "./session.ts";
 import type { Timings } from "./stats.ts";
-import type { SequenceRows } from "./transformer.ts";
+import { PassInterrupted, type SequenceRows } from "./transformer.ts";
 
 /** A sequence's request for a pass; a long one runs over several passes, `done` rows so far. */
 interface Request {
@@ -28,6 +28,8 @@ interface Request {
   tokens: number[];
   pos: number;
   allLogits: boolean;
+  /** The generation's; once aborted, a pass holding these rows may end between layers. */
+  signal?: AbortSignal;
   done: number;
   /** With allLogits, the logits of the rows run so far. */
   parts: Float32Array[];
@@ -58,6 +60,8 @@ export class Batch {
   #reserved: boolean[];
   /** Generations running (between their first step and their end). */
   #live = 0;
+  /** No mixer keeps a recurrent state: a sequence's rows may run again (see #pass). */
+  #rewindable: boolean;
   /** Each running generation's request for its next pass, in arrival order. */
   #pending: Request[] = [];
 
@@ -65,11 +69,13 @@ export class Batch {
   constructor(session: Session) {
     this.session = session;
     this.capacity = session.model.transformer.sequences;
+    this.#rewindable = session.model.transformer.stateRegions(0).length === 0;
     this.#reserved = new Array(this.capacity).fill(false);
     this.#lanes = Array.from({ length: this.capacity }, (_, seq) => ({
       seq,
       timings: emptyTimings(),
-      forward: (tokens, pos, allLogits) => this.#request(seq, tokens, pos, allLogits ?? false),
+      forward: (tokens, pos, allLogits, signal) =>
+        this.#request(seq, tokens, pos, allLogits ?? false, signal),
       // The drafter keeps one cache of its own: drafts only while one sequence is all there is.
       speculate: this.capacity === 1,
     }));
@@ -141,9 +147,16 @@ export class Batch {
   }
 
   /** Queues sequence `seq`'s next pass; it runs once every running generation has asked. */
-  #request(seq: number, tokens: number[], pos: number, allLogits: boolean): Promise<Float32Array> {
+  #request(
+    seq: number,
+    tokens: number[],
+    pos: number,
+    allLogits: boolean,
+    signal?: AbortSignal,
+  ): Promise<Float32Array> {
     return new Promise((resolve, reject) => {
-      this.#pending.push({ seq, tokens, pos, allLogits, done: 0, parts: [], resolve, reject });
+      const parts: Float32Array[] = [];
+      this.#pending.push({ seq, tokens, pos, allLogits, signal, done: 0, parts, resolve, reject });
       this.#run();
     });
   }
@@ -177,11 +190,23 @@ export class Batch {
       pos: r.pos + r.done,
       allLogits: r.allLogits,
     }));
+    const cancelled = () => taken.filter(([r]) => r.signal?.aborted).length;
+    // A cancelled request's rows stop the pass between layers when every other sequence in it
+    // can run its rows again next pass: cache rows beyond what a sequence holds are rewritten
+    // before any query reads them, but a recurrent state cannot rewind.
+    const stop = () => {
+      const n = cancelled();
+      return n > 0 && (this.#rewindable || n === taken.length);
+    };
     let out: Float32Array[];
     try {
-      out = model.forwardBatch(rows);
+      out = model.forwardBatch(rows, stop);
     } catch (e) {
-      for (const [r] of taken) this.#settle(r, () => r.reject(e));
+      const interrupted = e instanceof PassInterrupted;
+      for (const [r] of taken) {
+        // The others keep their place and run their rows in the next pass.
+        if (!interrupted || r.signal?.aborted) this.#settle(r, () => r.reject(e));
+      }
       return;
     }
     this.totals.passes++;

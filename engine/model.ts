@@ -245,11 +245,13 @@ export class Model {
 
   /**
    * One pass over the rows of several sequences (see Transformer.forwardBatch): per sequence,
-   * the logits of its last token, or of all of them.
+   * the logits of its last token, or of all of them; `stop` may end it between layers
+   * (Transformer.forwardBatch).
    */
-  forwardBatch(batch: readonly SequenceRows[]): Float32Array[] {
+  forwardBatch(batch: readonly SequenceRows[], stop?: () => boolean): Float32Array[] {
     if (this.#readLog) this.#readLog.position = batch[0]?.pos ?? 0;
-    const logits = this.transformer.forwardBatch(batch);
+    this.observers.lookahead?.beginPass(batch.map((r) => r.tokens.length));
+    const logits = this.transformer.forwardBatch(batch, stop);
     batch.forEach((r, i) =>
       checkLogits(this, r.tokens, r.pos, r.allLogits ?? false, logits[i], r.seq)
     );

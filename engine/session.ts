@@ -22,6 +22,7 @@ import type { TokenLogprob } from "./logprobs.ts";
 export type { TokenConstraint };
 import { collectStats, ioWaitMs, type RunStats, type Timings } from "./stats.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
+import { PassInterrupted } from "./transformer.ts";
 
 /** Options of one generation. */
 export interface GenerateOptions extends SamplerOptions {
@@ -57,8 +58,17 @@ export interface SessionOptions extends RunOptions {
 export interface Lane {
   readonly seq: number;
   readonly timings: Timings;
-  /** Logits of the last of `tokens` run at positions pos.. on this sequence (or of all). */
-  forward(tokens: number[], pos: number, allLogits?: boolean): Promise<Float32Array>;
+  /**
+   * Logits of the last of `tokens` run at positions pos.. on this sequence (or of all). Once
+   * `signal` is aborted the pass may end between two layers with PassInterrupted
+   * (engine/transformer.ts).
+   */
+  forward(
+    tokens: number[],
+    pos: number,
+    allLogits?: boolean,
+    signal?: AbortSignal,
+  ): Promise<Float32Array>;
   /** Whether the session's speculative decoding may run (its drafter keeps one cache). */
   speculate: boolean;
 }
@@ -124,7 +134,13 @@ export class Session {
     this.#solo = {
       seq: 0,
       timings: this.timings,
-      forward: (tokens, pos, all) => Promise.resolve(model.forward(tokens, pos, all)),
+      forward: (tokens, pos, allLogits, signal) =>
+        Promise.resolve(
+          model.forwardBatch(
+            [{ seq: 0, tokens, pos, allLogits }],
+            signal && (() => signal.aborted),
+          )[0],
+        ),
       speculate: true,
     };
   }
@@ -342,7 +358,17 @@ export class Session {
     for (let p = reuse; p < ids.length; p += chunk) {
       if (signal?.aborted) return;
       const part = ids.slice(p, p + chunk);
-      logits = await lane.forward(part, p);
+      try {
+        logits = await lane.forward(part, p, false, signal);
+      } catch (e) {
+        if (!(e instanceof PassInterrupted)) throw e;
+        // Cancelled inside the chunk: the cache keeps the chunks before it (the chunk's
+        // half-written rows lie beyond them), but a recurrent state ran part of it in some
+        // layers and cannot rewind, so its sequence starts again from position 0.
+        if (recurrent) cached.length = 0;
+        mark();
+        return;
+      }
       cached.push(...part);
       mark();
       t.promptMs = performance.now() - t0;

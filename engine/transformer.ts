@@ -61,6 +61,18 @@ export interface SequenceRows {
   allLogits?: boolean;
 }
 
+/**
+ * A pass its `stop` poll ended between two layers (engine/batch.ts: a request cancelled inside a
+ * prompt chunk). Layers after `layer` did not run: its rows' cache rows beyond what their
+ * sequences hold are half-written, and a recurrent state advanced in some layers only.
+ */
+export class PassInterrupted extends Error {
+  constructor(readonly layer: number) {
+    super(`the forward pass was stopped after layer ${layer}`);
+    this.name = "PassInterrupted";
+  }
+}
+
 /** A model's forward pass over its arena. */
 export class Transformer {
   readonly cfg: ModelConfig;
@@ -149,9 +161,10 @@ export class Transformer {
   /**
    * Runs one pass over the rows of several sequences (each sequence at most once) and returns,
    * per sequence in order, the logits of its last token, or of every token when `allLogits`.
-   * A sequence's logits are those of running its rows alone.
+   * A sequence's logits are those of running its rows alone. `stop` is polled after each layer
+   * but the last: when it says so the pass ends there with {@link PassInterrupted}.
    */
-  forwardBatch(batch: readonly SequenceRows[]): Float32Array[] {
+  forwardBatch(batch: readonly SequenceRows[], stop?: () => boolean): Float32Array[] {
     const { cfg, arena, ops, trunk, globals } = this.#p;
     const tokens = batch.flatMap((r) => r.tokens);
     const nb = tokens.length;
@@ -195,6 +208,7 @@ export class Transformer {
       stream.add("ffn", layer, tmp, nb);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
+      if (layer < cfg.numLayers - 1 && stop?.()) throw new PassInterrupted(layer);
     }
     // The rows whose logits are asked for, gathered to the front of h after the final norm.
     const picked: number[] = [];

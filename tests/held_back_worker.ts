@@ -3,7 +3,8 @@
  * tests/serve_worker_test.ts, given as the worker's data:
  * - `hold`: an Int32Array's SharedArrayBuffer. While word 0 is 1, the next forward pass stops at
  *   its first MoE layer (word 1 becomes 1) until word 0 is set back to 0, so a test knows the
- *   worker's thread is inside a forward pass, as in a long prefill, while it asks the front.
+ *   worker's thread is inside a forward pass, as in a long prefill, while it asks the front. A
+ *   third word, if there is one, counts the MoE layers passes have run.
  * - `crash`: the worker dies of an uncaught error at its first yield after a forward pass starts.
  */
 import { runBack } from "../tools/serve/back.ts";
@@ -14,6 +15,7 @@ runBack((session, data) => {
   if (hold) {
     const words = new Int32Array(hold);
     observers.push(() => {
+      if (words.length > 2) Atomics.add(words, 2, 1);
       if (Atomics.load(words, 0) !== 1) return;
       Atomics.store(words, 1, 1);
       while (Atomics.load(words, 0) === 1) Atomics.wait(words, 0, 1, 1000);

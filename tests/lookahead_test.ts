@@ -237,3 +237,36 @@ Deno.test({
     assert.ok(slow.cancelled > 0, "some wrong guesses were withdrawn before they ran");
   },
 });
+
+Deno.test("a batched pass predicts for each decoding sequence, never for a prompt chunk's rows", async () => {
+  const path = await packedFixture("stories260k-moe64");
+  const model = await Model.open(path, {
+    quiet: true,
+    ctx: 64,
+    expertSlots: 80,
+    lookahead: 4,
+    parallel: 3,
+  });
+  try {
+    const la = model.observers.lookahead!;
+    la.gate.mode = "always";
+    // 5 MoE layers: layers 1..4 are predicted from 0..3, each guess scored against top-4.
+    const scored = (rows: number) => rows * 4 * 4;
+    model.forwardBatch([{ seq: 0, tokens: [1, 403, 407], pos: 0 }]);
+    model.forwardBatch([{ seq: 1, tokens: [1, 261, 378], pos: 0 }]);
+    assert.equal(la.stats.routed, 0, "prompt chunks predict nothing");
+    const spec = model.experts!.stats.speculative;
+    model.forwardBatch([{ seq: 0, tokens: [261], pos: 3 }, { seq: 1, tokens: [432], pos: 3 }]);
+    assert.equal(la.stats.routed, scored(2), "both decoding sequences are predicted");
+    assert.ok(model.experts!.stats.speculative > spec, "their guesses are read");
+    // A decode row beside a prompt chunk: only the decode row is predicted.
+    model.forwardBatch([
+      { seq: 0, tokens: [383], pos: 4 },
+      { seq: 2, tokens: [1, 286, 261, 376], pos: 0 },
+      { seq: 1, tokens: [298], pos: 4 },
+    ]);
+    assert.equal(la.stats.routed, scored(4), "the decode rows, not the chunk's");
+  } finally {
+    model.close();
+  }
+});

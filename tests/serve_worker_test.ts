@@ -382,3 +382,53 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "serve worker: a client that goes away inside a prompt chunk stops it at the next layer",
+  sanitizeResources: false,
+  fn: async () => {
+    const hold = new SharedArrayBuffer(12);
+    const words = new Int32Array(hold);
+    const server = await start({ apiKey: KEY, worker: { url: HELD, data: { hold } } });
+    try {
+      Atomics.store(words, 0, 1);
+      const client = new AbortController();
+      const prompt = "the fox ran over a hill and ".repeat(130);
+      const gone = fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: { ...JSON_TYPE, ...auth },
+        body: JSON.stringify({ prompt, max_tokens: 2, stream: true }),
+        signal: client.signal,
+      }).then((r) => r.text()).catch(() => "gone");
+      await until("the engine enters the prefill", () => Atomics.load(words, 1) === 1);
+      // Held at the first MoE layer of the first prompt chunk (of several: 1500+ tokens).
+      const before = Atomics.load(words, 2);
+      client.abort();
+      assert.equal(await gone, "gone");
+      await until("the front flags the cancel", async () => {
+        return (await getJson(`${server.url}/health`)).body.cancelled === 1;
+      });
+      Atomics.store(words, 0, 0);
+      Atomics.notify(words, 0);
+      await until("the engine lets the request go", async () => {
+        return (await getJson(`${server.url}/health`)).body.forwarded === 0;
+      });
+      // The engine saw the flag at the next MoE layer and stopped the pass after it: of the
+      // chunk's four MoE layers, one more ran, and no later chunk.
+      assert.equal(Atomics.load(words, 2) - before, 1);
+      // The engine serves on, from a consistent cache.
+      const after = await fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: { ...JSON_TYPE, ...auth },
+        body: JSON.stringify({ prompt: "a fox", max_tokens: 3 }),
+        signal: limit(),
+      });
+      assert.equal(after.status, 200);
+      await after.body?.cancel();
+    } finally {
+      Atomics.store(words, 0, 0);
+      Atomics.notify(words, 0);
+      await server.close();
+    }
+  },
+});

@@ -22,7 +22,14 @@ import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
 import { topK } from "../routing.ts";
 import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
-import { type CacheRegion, type Mixer, type MixerPart, PerSequence, stateName } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  PerSequence,
+  type SequenceSpan,
+  stateName,
+} from "./mixer.ts";
 import { attentionScratchBytes, regionBytes, ropeTableBytes } from "./scratch.ts";
 
 /** The config's `csa` section; an error when it has none. */
@@ -210,34 +217,76 @@ class CsaAttention implements Mixer {
     this.#ops.rope(x + (width - rd) * 4, heads, width, rd, cos, sin, true);
   }
 
-  /** Copies `n` floats of each of `nb` staged rows into the cache rows at float offset `off`. */
-  #store(l: number, off: number, n: number, nb: number, pos: number): void {
+  /**
+   * Copies `n` floats of each of the `nb` staged rows from row `r0` into the selected sequence's
+   * cache rows pos.. at float offset `off`.
+   */
+  #store(l: number, off: number, n: number, nb: number, pos: number, r0: number): void {
     const row = this.#rows[l].floats;
     for (let b = 0; b < nb; b++) {
-      this.#ops.copy(this.#cache[l] + ((pos + b) * row + off) * 4, this.#stage + b * n * 4, n);
+      const at = this.#cache[l] + ((pos + b) * row + off) * 4;
+      this.#ops.copy(at, this.#stage + (r0 + b) * n * 4, n);
     }
   }
 
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(layer, lw, h, out, [{ n: nb, pos }]);
+  }
+
+  /**
+   * out = CSA(h) for the rows of several sequences, each on its own cache: the projections,
+   * norms and output projections over all rows at once (each weight read once), RoPE, the cache
+   * writes, the compressor, the indexer and attention per row on its sequence's cache.
+   */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    this.#forward(layer, lw, h, out, spans);
+  }
+
+  /** The rows of `spans` (one without `seq` is the selected sequence's), one after another. */
+  #forward(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly { seq?: number; n: number; pos: number }[],
+  ): void {
     const ops = this.#ops, cfg = this.#cfg, csa = this.#csa;
-    const spec = csa.layers[layer], rows = this.#rows[layer], cache = this.#cache[layer];
+    const spec = csa.layers[layer], rows = this.#rows[layer];
     const { numHeads: H, headDim: hd } = cfg;
     const eps = cfg.rmsNormEps, rope = spec.ratio ? this.#compress : this.#main;
     const ix = csa.indexer;
+    const nb = spans.reduce((s, x) => s + x.n, 0);
+    /** Runs `f` on each span with its first row, its sequence's cache selected. */
+    const each = (f: (r0: number, n: number, pos: number) => void) => {
+      let r0 = 0;
+      for (const s of spans) {
+        if (s.seq !== undefined) this.select(s.seq);
+        f(r0, s.n, s.pos);
+        r0 += s.n;
+      }
+    };
     ops.matmul({ w: lw.get("wq_a"), x: h, y: this.#qa, nb });
     ops.rmsnorm(this.#qa, lw.get("q_a_norm").ptr, this.#qa, csa.qLoraRank, nb, eps);
     ops.matmul({ w: lw.get("wq_b"), x: this.#qa, y: this.#q, nb });
     ops.rmsnorm(this.#q, this.#ones, this.#q, hd, nb * H, eps);
     ops.matmul({ w: lw.get("wkv"), x: h, y: this.#stage, nb });
     ops.rmsnorm(this.#stage, lw.get("kv_norm").ptr, this.#stage, hd, nb, eps);
-    for (let b = 0; b < nb; b++) {
-      this.#rope(this.#q + b * H * hd * 4, H, hd, rope, pos + b);
-      this.#rope(this.#stage + b * hd * 4, 1, hd, rope, pos + b);
-    }
-    this.#store(layer, rows.kv, hd, nb, pos);
-    const project = (t: LayerTensor, off: number, n: number) => {
+    each((r0, n, pos) => {
+      for (let b = r0; b < r0 + n; b++) {
+        this.#rope(this.#q + b * H * hd * 4, H, hd, rope, pos + b - r0);
+        this.#rope(this.#stage + b * hd * 4, 1, hd, rope, pos + b - r0);
+      }
+      this.#store(layer, rows.kv, hd, n, pos, r0);
+    });
+    const project = (t: LayerTensor, off: number, width: number) => {
       ops.matmul({ w: lw.get(t), x: h, y: this.#stage, nb });
-      this.#store(layer, off, n, nb, pos);
+      each((r0, n, pos) => this.#store(layer, off, width, n, pos, r0));
     };
     if (spec.ratio) {
       project("cmp_wkv", rows.c, rows.cw);
@@ -251,8 +300,26 @@ class CsaAttention implements Mixer {
       ops.scale(this.#iw, 1 / Math.sqrt(ix.heads) / Math.sqrt(ix.headDim), nb * ix.heads);
     }
     const sinks = lw.get("sinks").ptr;
-    for (let b = 0; b < nb; b++) {
-      const p = pos + b;
+    each((r0, n, pos) => this.#attend(layer, lw, sinks, r0, n, pos));
+    this.#output(lw, out, nb);
+  }
+
+  /** Attention of rows r0.. (positions pos..) of the pass on the selected sequence's cache. */
+  #attend(
+    layer: number,
+    lw: LayerWeights,
+    sinks: number,
+    r0: number,
+    nb: number,
+    pos: number,
+  ): void {
+    const ops = this.#ops, cfg = this.#cfg, csa = this.#csa;
+    const spec = csa.layers[layer], rows = this.#rows[layer], cache = this.#cache[layer];
+    const { numHeads: H, headDim: hd } = cfg;
+    const rope = spec.ratio ? this.#compress : this.#main;
+    const ix = csa.indexer;
+    for (let b = r0; b < r0 + nb; b++) {
+      const p = pos + b - r0;
       if (spec.ratio && (p + 1) % spec.ratio === 0) this.#compressAt(layer, lw, p);
       // Keys: the window, then the kept entries (entry w lives in row w·r + r − 1).
       let n = 0;
@@ -310,6 +377,12 @@ class CsaAttention implements Mixer {
       // The values carried RoPE at their positions: rotate the output back by the query's.
       this.#rope(o, H, hd, rope, p, true);
     }
+  }
+
+  /** out = wo_b(grouped wo_a(heads)) over the pass's `nb` rows. */
+  #output(lw: LayerWeights, out: number, nb: number): void {
+    const ops = this.#ops, cfg = this.#cfg, csa = this.#csa;
+    const { numHeads: H, headDim: hd } = cfg;
     // Grouped output: group g's heads through rows g·R .. g·R + R − 1 of wo_a, then wo_b. Where
     // the format can be cut at every g·R, each group multiplies its own rows only (1/G of wo_a);
     // else all rows, keeping group g's.

@@ -17,10 +17,16 @@
 import type { Arena } from "../arena.ts";
 import type { TensorSpec } from "../../io/manifest.ts";
 import type { GatedDeltaNetConfig, LayerTensor, ModelConfig } from "../../io/model_config.ts";
-import { kdaForgetGate, RecurrentStates } from "./kda.ts";
+import { kdaForgetGate, type RecurrentRun, RecurrentStates } from "./kda.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
-import { type CacheRegion, type Mixer, type MixerPart, type StateRegion } from "./mixer.ts";
+import {
+  type CacheRegion,
+  type Mixer,
+  type MixerPart,
+  type SequenceSpan,
+  type StateRegion,
+} from "./mixer.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** Channels of the conv: q and k of every key head, v of every value head. */
@@ -180,12 +186,31 @@ export class GatedDeltaNet implements Mixer {
 
   /** out = out_proj(GatedDeltaNet(h)) for `nb` tokens at positions pos.. of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(lw, h, out, this.#states.runs(layer, [{ n: nb, pos }], (st) => this.#zero(st)));
+  }
+
+  /**
+   * out = out_proj(GatedDeltaNet(h)) for the rows of several sequences, each on its own state:
+   * the projections, gates, norm and out_proj over all rows at once, the short conv and the
+   * recurrence per sequence (the same bits as each sequence alone).
+   */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    this.#forward(lw, h, out, this.#states.runs(layer, spans, (st) => this.#zero(st)));
+  }
+
+  /** The rows of `runs`, one after another in h and out, each on its own state. */
+  #forward(lw: LayerWeights, h: number, out: number, runs: RecurrentRun<LayerState>[]): void {
     const ops = this.#ops;
     const g = this.#g;
-    const st = this.#states.enter(layer, pos, nb);
     const Hk = g.numKeyHeads, Hv = g.numValueHeads, dk = g.keyHeadDim, dv = g.valueHeadDim;
     const C = convChannels(g), vDim = Hv * dv;
-    if (pos === 0) this.#zero(st);
+    const nb = runs.reduce((s, r) => s + r.n, 0);
     if (g.projections === "grouped") {
       ops.matmul(
         { w: lw.get("gdn_qkvz"), x: h, y: this.#rawQkvz, nb },
@@ -200,18 +225,18 @@ export class GatedDeltaNet implements Mixer {
         { w: lw.get("gdn_a"), x: h, y: this.#decay, nb },
       );
     }
-    ops.shortConv({
-      x: this.#pre,
+    ops.shortConv(...runs.map(({ st, n, first }) => ({
+      x: this.#pre + first * C * 4,
       state: st.conv,
       w: lw.get("qkv_conv").ptr,
-      y: this.#post,
-      tokens: nb,
+      y: this.#post + first * C * 4,
+      tokens: n,
       channels: C,
       kernel: g.convKernel,
       xStride: C,
       yStride: C,
       group: dk,
-    });
+    })));
     // One decay per value head: KDA's gate with one channel a head.
     kdaForgetGate(
       ops.f32(this.#decay, nb * Hv),
@@ -223,26 +248,29 @@ export class GatedDeltaNet implements Mixer {
     );
     ops.sigmoid(this.#beta, nb * Hv);
     // Prefill runs the recurrence token after token too: any chunking gives the same bits.
-    ops.kda({
-      state: st.state,
-      q: this.#post,
-      k: this.#post + Hk * dk * 4,
-      v: this.#post + 2 * Hk * dk * 4,
-      g: this.#decay,
-      gChannels: 1,
-      beta: this.#beta,
-      out: this.#o,
-      tokens: nb,
-      heads: Hk,
-      ratio: Hv / Hk,
-      dk,
-      dv,
-      qkStride: C,
-      vStride: C,
-      gStride: Hv,
-      betaStride: Hv,
-      outStride: vDim,
-    });
+    for (const { st, n, first } of runs) {
+      const post = this.#post + first * C * 4;
+      ops.kda({
+        state: st.state,
+        q: post,
+        k: post + Hk * dk * 4,
+        v: post + 2 * Hk * dk * 4,
+        g: this.#decay + first * Hv * 4,
+        gChannels: 1,
+        beta: this.#beta + first * Hv * 4,
+        out: this.#o + first * vDim * 4,
+        tokens: n,
+        heads: Hk,
+        ratio: Hv / Hk,
+        dk,
+        dv,
+        qkStride: C,
+        vStride: C,
+        gStride: Hv,
+        betaStride: Hv,
+        outStride: vDim,
+      });
+    }
     ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dv, nb * Hv, this.#cfg.rmsNormEps);
     // z ← SiLU(z)·o: the norm's output times its gate.
     ops.siluMul(this.#z, this.#o, nb * vDim);

@@ -22,6 +22,7 @@ import {
   type Mixer,
   type MixerPart,
   PerSequence,
+  type SequenceSpan,
   stateName,
   type StateRegion,
 } from "./mixer.ts";
@@ -151,6 +152,13 @@ export class RecurrentPositions {
   }
 }
 
+/** One sequence's rows of a recurrent mixer's call: its layer state, `n` rows from row `first`. */
+export interface RecurrentRun<S> {
+  st: S;
+  n: number;
+  first: number;
+}
+
 /**
  * A recurrent mixer's fixed-size states, one set per sequence: per layer one arena region of
  * `bytes` (laid out by `place`), and the positions they stand at. `kind` names the mixer in
@@ -202,6 +210,27 @@ export class RecurrentStates<S extends { state: number }> {
   /** Throws unless the selected sequence's states can continue at `pos` (see RecurrentPositions). */
   check(pos: number): void {
     this.#seqs.current.positions.check(pos);
+  }
+
+  /**
+   * Layer `layer`'s states for the rows of a call, span after span (a span without `seq` is the
+   * selected sequence's), each entered as {@link enter} does and zeroed by `zero` at position 0,
+   * with the span's first row in the call.
+   */
+  runs(
+    layer: number,
+    spans: readonly { seq?: number; n: number; pos: number }[],
+    zero: (st: S) => void,
+  ): RecurrentRun<S>[] {
+    let first = 0;
+    return spans.map(({ seq, n, pos }) => {
+      if (seq !== undefined) this.select(seq);
+      const st = this.enter(layer, pos, n);
+      if (pos === 0) zero(st);
+      const run = { st, n, first };
+      first += n;
+      return run;
+    });
   }
 
   /**
@@ -307,11 +336,35 @@ export class KdaAttention implements Mixer {
 
   /** out = o_proj(KDA(h)) for `nb` tokens at positions pos..pos+nb−1 of layer `layer`. */
   forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
+    this.#forward(lw, h, out, this.#states.runs(layer, [{ n: nb, pos }], (st) => this.#zero(st)));
+  }
+
+  /**
+   * out = o_proj(KDA(h)) for the rows of several sequences, each on its own state: the
+   * projections, gates, norm and o_proj over all rows at once, the short convs and the
+   * recurrence per sequence (the same bits as each sequence alone).
+   */
+  forwardSpans(
+    layer: number,
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    spans: readonly SequenceSpan[],
+  ): void {
+    this.#forward(lw, h, out, this.#states.runs(layer, spans, (st) => this.#zero(st)));
+  }
+
+  /** The rows of `runs`, one after another in h and out, each on its own state. */
+  #forward(
+    lw: LayerWeights,
+    h: number,
+    out: number,
+    runs: RecurrentRun<LayerState>[],
+  ): void {
     const ops = this.#ops;
     const k = this.#k;
-    const st = this.#states.enter(layer, pos, nb);
     const H = k.numHeads, dk = k.headDim, p = H * dk, K = k.convKernel;
-    if (pos === 0) this.#zero(st);
+    const nb = runs.reduce((s, r) => s + r.n, 0);
     const [xq, xk, xv] = this.#pre;
     const [q, kk, v] = this.#post;
     const fullGate = k.fullRankOutputGate;
@@ -329,23 +382,25 @@ export class KdaAttention implements Mixer {
       { w: lw.get("f_b"), x: this.#lowA, y: this.#g, nb },
       ...(fullGate ? [] : [{ w: lw.get("g_b"), x: this.#lowG, y: this.#gate, nb }]),
     );
-    const conv = (x: number, state: number, t: "q_conv" | "k_conv" | "v_conv", y: number) => ({
-      x,
-      state,
-      w: lw.get(t).ptr,
-      y,
-      tokens: nb,
-      channels: p,
-      kernel: K,
-      xStride: p,
-      yStride: p,
-      group: dk,
-    });
-    ops.shortConv(
-      conv(xq, st.conv[0], "q_conv", q),
-      conv(xk, st.conv[1], "k_conv", kk),
-      conv(xv, st.conv[2], "v_conv", v),
-    );
+    ops.shortConv(...runs.flatMap(({ st, n, first }) => {
+      const conv = (x: number, state: number, t: "q_conv" | "k_conv" | "v_conv", y: number) => ({
+        x: x + first * p * 4,
+        state,
+        w: lw.get(t).ptr,
+        y: y + first * p * 4,
+        tokens: n,
+        channels: p,
+        kernel: K,
+        xStride: p,
+        yStride: p,
+        group: dk,
+      });
+      return [
+        conv(xq, st.conv[0], "q_conv", q),
+        conv(xk, st.conv[1], "k_conv", kk),
+        conv(xv, st.conv[2], "v_conv", v),
+      ];
+    }));
     kdaForgetGate(
       ops.f32(this.#g, nb * p),
       ops.f32(lw.get("a_log").ptr, H),
@@ -358,26 +413,29 @@ export class KdaAttention implements Mixer {
     ops.sigmoid(this.#gate, nb * p);
     // Prefill runs the recurrence too, token after token, so a prompt gives the same bits
     // however it is chunked (docs/LEARNED.md: the chunked WY form was also slower here).
-    ops.kda({
-      state: st.state,
-      q,
-      k: kk,
-      v,
-      g: this.#g,
-      gChannels: dk,
-      beta: this.#beta,
-      out: this.#o,
-      tokens: nb,
-      heads: H,
-      ratio: 1,
-      dk,
-      dv: dk,
-      qkStride: p,
-      vStride: p,
-      gStride: p,
-      betaStride: H,
-      outStride: p,
-    });
+    for (const { st, n, first } of runs) {
+      const at = first * p * 4;
+      ops.kda({
+        state: st.state,
+        q: q + at,
+        k: kk + at,
+        v: v + at,
+        g: this.#g + at,
+        gChannels: dk,
+        beta: this.#beta + first * H * 4,
+        out: this.#o + at,
+        tokens: n,
+        heads: H,
+        ratio: 1,
+        dk,
+        dv: dk,
+        qkStride: p,
+        vStride: p,
+        gStride: p,
+        betaStride: H,
+        outStride: p,
+      });
+    }
     ops.rmsnorm(this.#o, lw.get("o_norm").ptr, this.#o, dk, nb * H, this.#cfg.rmsNormEps);
     ops.mul(this.#o, this.#gate, nb * p);
     ops.matmul({ w: lw.get("wo"), x: this.#o, y: out, nb });

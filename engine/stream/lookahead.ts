@@ -168,13 +168,15 @@ export class Lookahead {
   #target: Speculator;
   #n: number;
   #logits: number;
-  /** Per MoE layer: each token's predicted experts, scored when that layer routes. */
+  /** Per MoE layer: each predicted row's guesses, scored when that layer routes. */
   #pending = new Map<number, number[][]>();
   /**
-   * Most tokens of a pass that get predictions: 1 (decode); a speculative decoder raises it to
-   * its verify batch while it decodes.
+   * Most tokens of one sequence in a pass that get predictions: 1 (decode); a speculative decoder
+   * raises it to its verify batch while it decodes.
    */
   predictBatch = 1;
+  /** Rows of the current pass that get predictions (see {@link beginPass}). */
+  #rows: number[] = [];
 
   constructor(
     ops: Ops,
@@ -199,19 +201,34 @@ export class Lookahead {
   }
 
   /**
-   * The MoE observer: scores the predictions for `layer`, then predicts the next MoE layer, each
-   * token of the pass on its own; a pass of more than {@link predictBatch} tokens (prefill)
-   * predicts nothing. The reads are the union of each token's leading guesses.
+   * Declares the next pass: its sequences' row counts, in order. The rows of a sequence that runs
+   * at most {@link predictBatch} tokens (decoding, or verifying drafts) get predictions; a prompt
+   * chunk's rows get none, so a batched pass of several decoding sequences predicts for each of
+   * them, beside any prompt chunk.
+   */
+  beginPass(counts: readonly number[]): void {
+    this.#pending.clear();
+    this.#rows = [];
+    let r0 = 0;
+    for (const n of counts) {
+      if (n <= this.predictBatch) { for (let i = 0; i < n; i++) this.#rows.push(r0 + i); }
+      r0 += n;
+    }
+  }
+
+  /**
+   * The MoE observer: scores the predictions for `layer`, then predicts the next MoE layer for
+   * each row {@link beginPass} picked, each on its own. The reads are the union of each row's
+   * leading guesses.
    */
   observe(layer: number, routes: Route[], h: number, nb: number): void {
-    if (nb > this.predictBatch) {
-      this.#pending.clear();
-      return;
-    }
+    const rows = this.#rows.filter((r) => r < nb);
+    if (rows.length === 0) return;
     const predicted = this.#pending.get(layer);
     if (predicted) {
       this.#pending.delete(layer);
-      predicted.forEach((guess, r) => {
+      predicted.forEach((guess, i) => {
+        const r = rows[i];
         const routed = new Set(routes[r].ids);
         const ranks = guess.map((e) => routed.has(e));
         this.stats.predictedHits += ranks.filter((hit) => hit).length;
@@ -225,7 +242,7 @@ export class Lookahead {
     const moe = this.#cfg.moe!;
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guesses: number[][] = [];
-    for (let r = 0; r < nb; r++) {
+    for (const r of rows) {
       const x = h + r * this.#cfg.hiddenSize * 4;
       this.#ops.matmul({ w: router.weight, x, y: this.#logits, nb: 1 });
       if (router.logitBias !== undefined) {

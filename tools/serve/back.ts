@@ -10,6 +10,7 @@
  * @module
  */
 import { Session, type SessionOptions } from "../../engine/session.ts";
+import { CancelFlags } from "./cancels.ts";
 import { type ServeOptions, type ServerHandler, serverHandler } from "./server.ts";
 
 /** How the back opens its model: plain data, as it crosses to the worker. */
@@ -41,7 +42,14 @@ export interface ForwardedRequest {
 
 /** Messages from the front to the back. */
 export type ToBack =
-  | { type: "open"; spec: EngineSpec; serve: Omit<ServeOptions, "log">; data?: unknown }
+  | {
+    type: "open";
+    spec: EngineSpec;
+    serve: Omit<ServeOptions, "log">;
+    data?: unknown;
+    /** The front's CancelFlags (./cancels.ts), shared. */
+    cancels: SharedArrayBuffer;
+  }
   | ForwardedRequest
   /** The client of request `id` went away. */
   | { type: "abort"; id: number }
@@ -105,7 +113,13 @@ export function runBack(opened?: OpenedHook): void {
       // From inside a forward pass too (between layers), which may run for seconds, so /health
       // and the running request show at once. Only those: the full status reads
       // Session.cachedTokens, which inside a forward pass drops the prompt cache's token list.
+      const cancels = new CancelFlags(m.cancels);
       session.model.transformer.moeObservers.push(() => {
+        // A client that went away aborts its request here, so the pass can stop at the end of
+        // this layer (engine/batch.ts) rather than of its prompt chunk.
+        for (const [id, abort] of inflight) {
+          if (!abort.signal.aborted && cancels.has(id)) abort.abort();
+        }
         if (h.live.current === sentFor && performance.now() - sentAt < STATUS_MS) return;
         sentAt = performance.now();
         sentFor = h.live.current;

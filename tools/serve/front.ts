@@ -15,6 +15,7 @@
  */
 import { type AnthropicError, anthropicError } from "./anthropic.ts";
 import type { EngineSpec, EngineStatus, ToBack, ToFront } from "./back.ts";
+import { CancelFlags } from "./cancels.ts";
 import { Gate, methodNotAllowed } from "./gate.ts";
 import { DEFAULT_MAX_BODY_BYTES, json, listen, readBody } from "./listen.ts";
 import { ApiError } from "./openai.ts";
@@ -100,6 +101,10 @@ export async function startWorkerServer(
   });
   const post = (m: ToBack, transfer: Transferable[] = []) => worker.postMessage(m, transfer);
   const forwards = new Map<number, Forward>();
+  // Read by the engine between a pass's layers, where the abort message cannot reach it.
+  const cancels = new CancelFlags();
+  /** Requests whose client went away while the engine had them. */
+  let cancelled = 0;
   let status: EngineStatus | null = null;
   let failure: Error | null = null;
   let closing = false;
@@ -214,7 +219,7 @@ export async function startWorkerServer(
 
   // A function and the worker's module stay here; the rest is plain data.
   const { log: _log, worker: _worker, ...serve } = opts;
-  post({ type: "open", spec, serve, data: opts.worker?.data });
+  post({ type: "open", spec, serve, data: opts.worker?.data, cancels: cancels.flags.buffer });
   const notice = await opened.promise;
 
   const engineDown = () =>
@@ -232,7 +237,10 @@ export async function startWorkerServer(
 
   /** Tells the back that the client of `id` went away (once, while it runs). */
   const abandon = (id: number) => {
-    if (forwards.has(id) && !failure) post({ type: "abort", id });
+    if (!forwards.has(id) || failure || cancels.has(id)) return;
+    cancels.set(id);
+    cancelled++;
+    post({ type: "abort", id });
   };
 
   /** Passes `req` to the back and answers with what it sends. */
@@ -301,7 +309,7 @@ export async function startWorkerServer(
       return json({ status: "error", error: engineDown().message }, 503);
     }
     // With the requests passed to the engine and not yet answered, counted here and now.
-    if (path === "/health") return json({ ...status.health, forwarded: forwards.size });
+    if (path === "/health") return json({ ...status.health, forwarded: forwards.size, cancelled });
     if (path === "/ui/state") return json(status.state);
     return new Response(status.metrics, {
       headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },

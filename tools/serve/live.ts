@@ -261,6 +261,12 @@ export class LiveStats {
         b.totals.passes > 0 ? b.totals.sequences / b.totals.passes : 0,
       );
       metric("batch_rows_total", "counter", "Tokens run by the batch's passes.", b.totals.rows);
+      metric(
+        "batch_sequences_total",
+        "counter",
+        "Sequences summed over the batch's passes.",
+        b.totals.sequences,
+      );
     }
     metric("resident_memory_bytes", "gauge", "Resident set size.", Deno.memoryUsage().rss);
     metric("arena_bytes", "gauge", "Bytes of the arena.", this.session.model.arena.capacity);

@@ -258,6 +258,10 @@ export function serverHandler(session: Session, opts: ServeOptions = {}): Server
       startedMs: Date.now(),
     };
     live.running.add(cur);
+    // A turn of the event loop before the first pass, so a stream's head goes out first: then a
+    // client that goes away during the prefill is seen (and flagged to the engine, in the worker
+    // server) while the pass runs.
+    await tick();
     let n = 0;
     const generation = batcher.generate(user, ids, {
       maxTokens,

@@ -10,13 +10,15 @@
  *
  * `deno task bench serve --clients 1,4,8 [--model X.sluice | --size 512M] [--budget-fraction 0.25]
  * [--tokens 32] [--requests 2] [--repeat 2] [--json]`: continuous batching instead. The model
- * (default: bench stream's synthetic Qwen3-MoE-shaped model of `--size`) is served twice, over the
+ * (default: bench stream's synthetic Qwen3-MoE-shaped model of `--size`) is served twice by the
+ * worker server (what `mod.ts serve` runs: the front, the engine in its worker), over the
  * cap (budget = fraction × the whole model) and in RAM, with `--parallel` the most clients; each
  * client count runs that many clients at once, each sending `--requests` greedy streamed
  * completions one after another (distinct prompts). Reported per placement and count: aggregate
  * tok/s (completion tokens ÷ wall time, best of the repeats) and its ratio to one client
- * (targets: ≥ 2.5× at 4 clients over the cap, ≥ 1.5× in RAM), mean sequences per pass, and p50/p95
- * time to first token (all repeats) at the largest count.
+ * (targets: ≥ 2.5× at 4 clients over the cap, ≥ 1.5× in RAM), mean sequences per pass, bytes read
+ * per completion token and the ratio they allow (one client's ÷ this count's: where a pass is
+ * bound by its reads, the most batching can give), and p50/p95 time to first token (all repeats).
  *
  * - Decode through the server against `Session.generate` itself: the same greedy prompt and token
  *   count, run directly, as one JSON completion, and as an SSE stream (wall time, prefill
@@ -36,7 +38,6 @@ import { parseArgs } from "node:util";
 import { Session, type SessionOptions } from "../../../engine/session.ts";
 import { parseBytes } from "../../../engine/units.ts";
 import { modelId } from "../../serve/live.ts";
-import { startServer } from "../../serve/server.ts";
 import { startControlledServer } from "../serve_control.ts";
 import { ensureStreamModel, fixedPrompt } from "./stream.ts";
 
@@ -195,6 +196,13 @@ export interface ClientsRun {
   ratio: number;
   /** Sequences per forward pass over the best repeat. */
   batch_mean: number;
+  /** Bytes read from the container per completion token (prompts included), all repeats. */
+  read_per_token: number;
+  /**
+   * The one-client read_per_token ÷ this one: the ratio the reads allow, where a pass is bound
+   * by them (over the cap).
+   */
+  read_ratio: number;
   /** Time to first token of every request of every repeat, ms. */
   ttft_ms: number[];
 }
@@ -270,6 +278,31 @@ export function quantile(xs: number[], q: number): number {
   return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)];
 }
 
+/** Counters of the server's `/metrics` that {@link benchClients} reads around each round. */
+interface ServerCounters {
+  passes: number;
+  sequences: number;
+  readBytes: number;
+}
+
+/**
+ * The batch's pass counters and the bytes read, from the server's `/metrics` (current once every
+ * client has its answer: the engine posts its status before each response ends).
+ */
+async function serverCounters(base: string): Promise<ServerCounters> {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const value = (name: string) => {
+    const m = text.match(new RegExp(`^sluice_${name} (\\S+)$`, "m"));
+    if (!m) throw new Error(`bench serve: /metrics has no sluice_${name}`);
+    return Number(m[1]);
+  };
+  return {
+    passes: value("batch_passes_total"),
+    sequences: value("batch_sequences_total"),
+    readBytes: value("read_bytes_total"),
+  };
+}
+
 /** Serves the model over the cap and in RAM and runs each client count against it. */
 export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBenchResult> {
   const parallel = Math.max(...opts.clients);
@@ -288,16 +321,24 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
   // Each request its own prompt: the prompt cache reuses nothing across them.
   const nextPrompt = () => [(prompts++ * 7919) % vocab, ...fixedPrompt(vocab)];
   for (const [label, budget] of budgets) {
-    const session = await Session.open(opts.model, { ...base, budget });
-    const server = startServer(session, { port: 0, log: () => {}, queueSize: parallel });
+    // What `mod.ts serve` runs: the front, and the engine in its worker.
+    const controlled = await startControlledServer(
+      { path: opts.model, options: { ...base, budget } },
+      { port: 0, log: () => {}, queueSize: parallel },
+    );
+    const server = controlled.server;
     const url = `${server.url}/v1/completions`;
     const best = new Map<number, { tok_s: number; batch_mean: number }>();
     const ttft = new Map<number, number[]>(opts.clients.map((c) => [c, []]));
+    // Bytes read and completion tokens per count, over the kept rounds.
+    const reads = new Map<number, { bytes: number; tokens: number }>(
+      opts.clients.map((c) => [c, { bytes: 0, tokens: 0 }]),
+    );
     try {
       // Round 0 warms the JIT and the expert cache and is not kept.
       for (let round = 0; round <= opts.repeat; round++) {
         for (const clients of opts.clients) {
-          const before = { ...server.live.batchTotals() };
+          const before = await serverCounters(server.url);
           const t0 = performance.now();
           const done = await Promise.all(
             Array.from({ length: clients }, async () => {
@@ -312,18 +353,23 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
           if (round === 0) continue;
           const all = done.flat();
           ttft.get(clients)!.push(...all.map((x) => x.ttft));
-          const tok_s = (1000 * all.reduce((n, x) => n + x.tokens, 0)) / ms;
-          const after = server.live.batchTotals();
+          const tokens = all.reduce((n, x) => n + x.tokens, 0);
+          const tok_s = (1000 * tokens) / ms;
+          const after = await serverCounters(server.url);
+          const read = reads.get(clients)!;
+          read.bytes += after.readBytes - before.readBytes;
+          read.tokens += tokens;
           const batch_mean = (after.sequences - before.sequences) /
             Math.max(1, after.passes - before.passes);
           if (tok_s > (best.get(clients)?.tok_s ?? 0)) best.set(clients, { tok_s, batch_mean });
         }
       }
     } finally {
-      await server.close();
-      session.close();
+      await controlled.close();
     }
-    const one = best.get(Math.min(...opts.clients))!.tok_s;
+    const least = Math.min(...opts.clients);
+    const one = best.get(least)!.tok_s;
+    const perToken = (c: number) => reads.get(c)!.bytes / Math.max(1, reads.get(c)!.tokens);
     placements.push({
       label,
       budget: budget ?? null,
@@ -331,6 +377,8 @@ export async function benchClients(opts: ClientsBenchOptions): Promise<ClientsBe
         clients,
         ...best.get(clients)!,
         ratio: best.get(clients)!.tok_s / one,
+        read_per_token: perToken(clients),
+        read_ratio: perToken(least) / perToken(clients),
         ttft_ms: ttft.get(clients)!,
       })),
     });
@@ -362,6 +410,10 @@ export function formatClients(r: ClientsBenchResult): string {
       lines.push(
         `  ${String(x.clients).padStart(2)} client(s) ${x.tok_s.toFixed(1).padStart(8)} tok/s ` +
           `${x.ratio.toFixed(2)}× one client${check}; ${x.batch_mean.toFixed(2)} sequences/pass; ` +
+          (x.read_per_token > 0
+            ? `${(x.read_per_token / 2 ** 20).toFixed(1)} MiB read/token ` +
+              `(the reads allow ${x.read_ratio.toFixed(2)}×); `
+            : "") +
           `TTFT p50 ${quantile(x.ttft_ms, 0.5).toFixed(0)} ms, p95 ${
             quantile(x.ttft_ms, 0.95).toFixed(0)
           } ms`,
