@@ -87,7 +87,9 @@ export function readContainer(path: string, rules: FamilyRules): Container {
     config: manifest.config,
     trunkPath: join(path, TRUNK_FILE),
     expertBankPath(layer: number): string {
-      const bank = manifest.experts[layer];
+      // MTP layers (numLayers..) have their banks in the manifest's mtp section.
+      const n = manifest.config.numLayers;
+      const bank = layer < n ? manifest.experts[layer] : manifest.mtp?.experts[layer - n];
       if (!bank) throw new Error(`${path}: layer ${layer} has no expert bank`);
       return join(path, bank.file);
     },

@@ -1,0 +1,101 @@
+/**
+ * Exact speculative decoding with the multi-token-prediction layers checkpoints ship (`--spec
+ * mtp`): pack keeps them apart from the main layers; the MTP step's logits against a float64
+ * reference of the recipe (DeepSeek-V3 tech report §2.2); greedy and seeded tokens equal plain
+ * decoding's on every fixture with MTP layers; the counters agree with the passes; a container
+ * without MTP layers refuses `--spec mtp` naming the model. The fixtures' MTP weights are random,
+ * so acceptance is low here: these tests show exactness, never speed.
+ */
+import "./shared_guard.ts";
+import assert from "node:assert/strict";
+import { Model } from "../engine/model.ts";
+import { Session } from "../engine/session.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import { fixtureDir, hasFixture, packedFixture, runSluice, tempDir } from "./fixtures.ts";
+
+const OPTS = { quiet: true, ctx: 256, threads: 1 };
+/** Fixtures whose checkpoint ships MTP layers sluice runs. */
+const MTP_FIXTURES = ["tiny-glm4-moe", "tiny-qwen3.5-moe", "tiny-glm5"];
+
+const PROMPT_TEXT = "Once upon a time, there was a little girl named Lily. She liked to play.";
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name: `--spec mtp gives the plain tokens, greedy and seeded, with consistent counters: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const plain = await Session.open(path, OPTS);
+      const fast = await Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+      let drafted = 0, accepted = 0;
+      try {
+        const prompt = plain.tokenize(PROMPT_TEXT);
+        for (
+          const o of [
+            { maxTokens: 48 },
+            ...[1, 2].map((seed) => ({ maxTokens: 48, temperature: 0.9, topK: 40, seed })),
+          ]
+        ) {
+          const want = [], got = [];
+          for await (const t of plain.generate(prompt, { ignoreEos: true, ...o })) want.push(t.id);
+          const before = { ...plain.timings.decode };
+          fast.resetCache();
+          for await (const t of fast.generate(prompt, { ignoreEos: true, ...o })) got.push(t.id);
+          const c = fast.timings.decode;
+          assert.deepEqual(got, want, `${name} ${JSON.stringify(o)}: tokens differ`);
+          // Every pass emits its accepted drafts plus one token of the target's own; the first
+          // token comes from the prefill's logits.
+          const recurrent = fast.model.transformer.stateRegions().length > 0;
+          if (recurrent) assert.ok(before.passes - c.passes <= c.accepted);
+          else assert.equal(before.passes - c.passes, c.accepted, `${name}: passes saved`);
+          assert.ok(c.accepted <= c.drafted && c.drafted > 0, `${c.accepted}/${c.drafted}`);
+          drafted += c.drafted;
+          accepted += c.accepted;
+        }
+      } finally {
+        plain.close();
+        fast.close();
+      }
+      // Random MTP weights: low acceptance, reported rather than asserted.
+      console.log(`${name}: MTP drafts accepted ${accepted}/${drafted}`);
+    },
+  });
+}
+
+Deno.test({
+  name: "pack keeps the MTP layer apart from the main layers, and --no-mtp leaves it out",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const model = await Model.open(path, OPTS);
+    try {
+      const m = model.container.manifest;
+      assert.equal(m.trunk.layers.length, 4);
+      assert.equal(m.mtp?.layers.length, 1);
+      assert.equal(m.mtp?.experts[0]?.layer, 4);
+      assert.ok(m.mtp?.layers[0].tensors.mtp_proj, "eh_proj kept");
+      assert.equal(model.transformer.mtp, false, "not run without --spec mtp");
+    } finally {
+      model.close();
+    }
+    const lines: string[] = [];
+    const out = `${tempDir()}/glm-no-mtp.sluice`;
+    const res = await packCheckpoint(fixtureDir("tiny-glm4-moe"), out, {
+      progress: "off",
+      mtp: false,
+      log: (l) => lines.push(l),
+    });
+    assert.equal(res.manifest.mtp, undefined);
+    assert.equal(res.manifest.config.mtp, undefined);
+    assert.ok(lines.some((l) => l.includes("skipping layer 4 (68 tensors)")), lines.join(" | "));
+    // Refused at open, naming the container and the model.
+    await assert.rejects(
+      () => Session.open(out, { ...OPTS, spec: { mtp: true } }),
+      /glm-no-mtp\.sluice: --spec mtp needs the model's multi-token-prediction layers, and this container of glm4_moe has none/,
+    );
+    const r = await runSluice(["generate", "-m", out, "--spec", "mtp", "-p", "x", "-n", "2"]);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /--spec mtp needs the model's multi-token-prediction layers/);
+    assert.ok(!r.stderr.includes("    at "), r.stderr);
+  },
+});
