@@ -8,10 +8,21 @@
  */
 import "./shared_guard.ts";
 import assert from "node:assert/strict";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
 import { packCheckpoint } from "../tools/pack.ts";
-import { fixtureDir, hasFixture, packedFixture, runSluice, tempDir } from "./fixtures.ts";
+import {
+  fixtureDir,
+  hasFixture,
+  maxRelDiff,
+  ONCE_UPON_A_TIME,
+  packedFixture,
+  runSluice,
+  tempDir,
+} from "./fixtures.ts";
 
 const OPTS = { quiet: true, ctx: 256, threads: 1 };
 /** Fixtures whose checkpoint ships MTP layers sluice runs. */
@@ -20,6 +31,47 @@ const MTP_FIXTURES = ["tiny-glm4-moe", "tiny-qwen3.5-moe", "tiny-glm5"];
 const PROMPT_TEXT = "Once upon a time, there was a little girl named Lily. She liked to play.";
 
 for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name: `MTP steps (and a chain of two) within 1e-4 of the float64 reference: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+      assert.equal(cfg.mtp?.layers, 1);
+      const ref = new ReferenceModel(cfg, weight);
+      const model = await Model.open(await packedFixture(name), { ...OPTS, mtp: true });
+      const t = model.transformer;
+      let worst = 0;
+      try {
+        // The prompt, then the reference's greedy tokens, one position at a time; after each
+        // pass the MTP cache holds every position before the last (the engine's catch-up, and
+        // the same steps in the reference), then a draft of two chained steps is compared.
+        const tokens = [...ONCE_UPON_A_TIME];
+        let before: Float64Array | null = null;
+        for (let pos = 0; pos < 40; pos++) {
+          const want = ref.forward64(tokens[pos], pos);
+          model.forward([tokens[pos]], pos);
+          const hidden = ref.lastHidden;
+          if (before) ref.mtp64(before, tokens[pos], pos - 1);
+          before = hidden;
+          if (pos + 1 >= tokens.length) tokens.push(argmax(want));
+          if (pos % 3 !== 0) continue;
+          const mine = t.mtpHidden(0, pos)!;
+          assert.ok(maxRelDiff(mine, hidden) < 1e-4, `${name} hidden at ${pos}`);
+          let r = ref.mtp64(hidden, tokens[pos + 1], pos);
+          let e = t.mtpStep(0, mine, tokens[pos + 1], pos);
+          worst = Math.max(worst, maxRelDiff(e.logits, r.logits));
+          const draft = argmax(r.logits);
+          r = ref.mtp64(r.hidden, draft, pos + 1);
+          e = t.mtpStep(0, e.hidden, draft, pos + 1);
+          worst = Math.max(worst, maxRelDiff(e.logits, r.logits));
+        }
+      } finally {
+        model.close();
+      }
+      assert.ok(worst <= 1e-4, `${name}: MTP logits differ by ${worst} relative`);
+    },
+  });
+
   Deno.test({
     name: `--spec mtp gives the plain tokens, greedy and seeded, with consistent counters: ${name}`,
     ignore: !hasFixture(name),
@@ -63,11 +115,13 @@ for (const name of MTP_FIXTURES) {
 }
 
 Deno.test({
-  name: "pack keeps the MTP layer apart from the main layers, and --no-mtp leaves it out",
+  name:
+    "pack keeps the MTP layer apart, the plan charges it only with --spec mtp, --no-mtp leaves it out",
   ignore: !hasFixture("tiny-glm4-moe"),
   fn: async () => {
     const path = await packedFixture("tiny-glm4-moe");
     const model = await Model.open(path, OPTS);
+    const withMtp = await Model.open(path, { ...OPTS, mtp: true });
     try {
       const m = model.container.manifest;
       assert.equal(m.trunk.layers.length, 4);
@@ -75,8 +129,13 @@ Deno.test({
       assert.equal(m.mtp?.experts[0]?.layer, 4);
       assert.ok(m.mtp?.layers[0].tensors.mtp_proj, "eh_proj kept");
       assert.equal(model.transformer.mtp, false, "not run without --spec mtp");
+      // The plan charges the MTP layer's run, experts and cache only when it runs.
+      const [off, on] = [model.plan, withMtp.plan];
+      assert.ok(on.wholeModelBytes - off.wholeModelBytes >= m.mtp!.layers[0].bytes);
+      assert.ok(on.kvBytes > off.kvBytes && on.totalExperts === off.totalExperts + 16);
     } finally {
       model.close();
+      withMtp.close();
     }
     const lines: string[] = [];
     const out = `${tempDir()}/glm-no-mtp.sluice`;
@@ -93,6 +152,19 @@ Deno.test({
       () => Session.open(out, { ...OPTS, spec: { mtp: true } }),
       /glm-no-mtp\.sluice: --spec mtp needs the model's multi-token-prediction layers, and this container of glm4_moe has none/,
     );
+    // A container without MTP layers (as every container packed before them) opens and gives
+    // the same tokens as one with them.
+    const greedy = async (dir: string) => {
+      const s = await Session.open(dir, OPTS);
+      try {
+        const ids = [];
+        for await (const t of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 12 })) ids.push(t.id);
+        return ids;
+      } finally {
+        s.close();
+      }
+    };
+    assert.deepEqual(await greedy(out), await greedy(path));
     const r = await runSluice(["generate", "-m", out, "--spec", "mtp", "-p", "x", "-n", "2"]);
     assert.equal(r.code, 1);
     assert.match(r.stderr, /--spec mtp needs the model's multi-token-prediction layers/);
