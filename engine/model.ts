@@ -220,7 +220,7 @@ export class Model {
         mtp: opts.mtp,
       });
       transformer.moeObservers.push(observers.observe);
-      if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
+      if (!opts.quiet) console.error(planLine(plan));
       const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);
       trunk.resetStats();
@@ -332,10 +332,10 @@ export function planRun(
 }
 
 /**
- * Refuses `--spec mtp` on a container without multi-token-prediction layers, or one whose
- * residual stream the MTP drafter does not run, naming the model.
+ * Refuses `--spec mtp` on the container at `path` when it has no multi-token-prediction layers,
+ * or a residual stream the MTP drafter does not run, naming the model.
  */
-function checkMtp(path: string, container: Container): void {
+export function checkMtp(path: string, container: Container): void {
   const cfg = container.config;
   if (!container.manifest.mtp) {
     throw new Error(
@@ -515,13 +515,13 @@ function allExperts(banks: (ExpertBank | null)[]): [number, number][] {
 }
 
 /** The start-up line: how the budget was split, and the trunk hit rate it implies. */
-function planLine(p: MemoryPlan, layers: number): string {
+function planLine(p: MemoryPlan): string {
   const ring = p.ringSlots > 0
     ? `, ${p.ringSlots} ring slot(s) × ${formatBytes(p.ringSlotBytes)}`
     : "";
   return `sluice: budget ${
     formatBytes(p.budget)
-  }; trunk ${p.pinned}/${layers} layers pinned${ring} ` +
+  }; trunk ${p.pinned}/${p.trunkLayers} layers pinned${ring} ` +
     `(trunk hit rate ${
       (100 * p.trunkHitRate).toFixed(1)
     }%); expert cache ${p.expertSlots} records ` +

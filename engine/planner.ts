@@ -96,6 +96,8 @@ export interface MemoryPlan {
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
   pinned: number;
+  /** Trunk runs planned: every layer's, the MTP layers' last when they run. */
+  trunkLayers: number;
   ringSlots: number;
   ringSlotBytes: number;
   trunkBytes: number;
@@ -215,6 +217,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     scratchBytes: scratch,
     floor,
     pinned,
+    trunkLayers: layerBytes.length,
     ringSlots,
     ringSlotBytes,
     trunkBytes,
