@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
+import { allBanks, type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
 import { openContainer } from "./container.ts";
 import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
@@ -168,8 +168,11 @@ export class Model {
     const cfg = container.config;
     if (opts.mtp) checkMtp(path, container);
     const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
-    const runs = [...container.manifest.trunk.layers, ...runMtp(container, opts).layers];
-    const banks = [...container.manifest.experts, ...runMtp(container, opts).experts];
+    const runs = [
+      ...container.manifest.trunk.layers,
+      ...(opts.mtp ? container.manifest.mtp?.layers ?? [] : []),
+    ];
+    const banks = opts.mtp ? allBanks(container.manifest) : container.manifest.experts;
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
     const pool = await Pool.create(arena, await loadKernelModule(), threads);
@@ -350,11 +353,6 @@ export function checkMtp(path: string, container: Container): void {
         `stream) are not supported; use --spec ngram or --draft`,
     );
   }
-}
-
-/** The MTP layers' runs and banks a run reads (none unless `opts.mtp`). */
-function runMtp(container: Container, opts: RunOptions): NonNullable<Container["manifest"]["mtp"]> {
-  return opts.mtp && container.manifest.mtp ? container.manifest.mtp : { layers: [], experts: [] };
 }
 
 /** Bytes per read of the globals region, and most such reads in flight. */

@@ -328,7 +328,7 @@ export class Transformer {
       const tokens = before ? r.tokens : r.tokens.slice(1);
       this.#mtpRun(r.seq, hidden, tokens, before ? r.pos - 1 : r.pos);
     }
-    m.last[r.seq] = { pos: r.pos, rows: rows.slice() };
+    m.last[r.seq] = { pos: r.pos, rows };
   }
 
   /**

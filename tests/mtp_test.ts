@@ -171,3 +171,31 @@ Deno.test({
     assert.ok(!r.stderr.includes("    at "), r.stderr);
   },
 });
+
+Deno.test({
+  name:
+    "--spec mtp on a VQ3R-quantised container (the MTP bank's codebooks loaded) gives the plain tokens",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const out = `${tempDir()}/glm-vq3r.sluice`;
+    await packCheckpoint(fixtureDir("tiny-glm4-moe"), out, {
+      progress: "off",
+      experts: "vq3r",
+      log: () => {},
+    });
+    const ids = async (spec?: { mtp: true }) => {
+      const s = await Session.open(out, { ...OPTS, spec });
+      try {
+        const got = [];
+        for await (const t of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 24 })) got.push(t.id);
+        return { got, drafted: s.timings.decode.drafted };
+      } finally {
+        s.close();
+      }
+    };
+    const plain = await ids();
+    const fast = await ids({ mtp: true });
+    assert.deepEqual(fast.got, plain.got);
+    assert.ok(fast.drafted > 0);
+  },
+});
