@@ -57,7 +57,7 @@ export interface TransformerParts {
 /** One step of the MTP layer: the draft logits and the hidden state the next step reads. */
 export interface MtpStep {
   logits: Float32Array;
-  /** The MTP layer's output before its head norm (hidden × 1). */
+  /** The MTP layer's output after its head norm, what the LM head reads (hidden × 1). */
   hidden: Float32Array;
 }
 
@@ -69,7 +69,7 @@ interface MtpState {
   hidden: number;
   /** Per row [normed embedding; normed hidden state] (maxBatch rows of 2 × hidden). */
   cat: number;
-  /** Per sequence: the main pass's hidden rows before the final norm, from position `pos`. */
+  /** Per sequence: the main pass's hidden rows after the final norm, from position `pos`. */
   last: ({ pos: number; rows: Float32Array } | null)[];
 }
 
@@ -221,8 +221,6 @@ export class Transformer {
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }
-    // The MTP layer reads each row's hidden state before the final norm.
-    const hidden = this.#mtp ? ops.f32(stream.output(0, nb), nb * d).slice() : null;
     // The rows whose logits are asked for, gathered to the front of h after the final norm.
     const picked: number[] = [];
     let end = 0;
@@ -230,8 +228,10 @@ export class Transformer {
       end += r.tokens.length;
       for (let i = r.allLogits ? end - r.tokens.length : end - 1; i < end; i++) picked.push(i);
     }
-    const first = batch.length === 1 ? picked[0] : 0;
+    // The MTP layer reads every row as the LM head would (after the final norm).
+    const first = batch.length === 1 && !this.#mtp ? picked[0] : 0;
     ops.rmsnorm(stream.output(first, nb), globals.finalNorm.ptr, h, d, nb - first, eps, unit);
+    const hidden = this.#mtp ? ops.f32(h, nb * d).slice() : null;
     // Each row moves to a lower or equal row no later row is read from.
     picked.forEach((r, i) =>
       r - first !== i && ops.copy(h + i * d * 4, h + (r - first) * d * 4, d)
@@ -300,8 +300,9 @@ export class Transformer {
   }
 
   /**
-   * The main pass's hidden state (before the final norm) at position `pos` of sequence `seq`,
-   * when its last pass ran that position; else null.
+   * The main pass's hidden state at position `pos` of sequence `seq` after the final norm (what
+   * the LM head reads, and what the MTP layer was trained on), when its last pass ran that
+   * position; else null.
    */
   mtpHidden(seq: number, pos: number): Float32Array | null {
     const last = this.#mtp?.last[seq];
@@ -333,8 +334,8 @@ export class Transformer {
 
   /**
    * One MTP step on sequence `seq`: `token` (the one after position `pos`) with `hidden`, the
-   * main pass's (or the previous step's) hidden state at `pos`; its logits predict the token two
-   * after `pos`. Chained steps each read the hidden state the step before returns.
+   * main pass's (or the previous step's) normed hidden state at `pos`; its logits predict the
+   * token two after `pos`. Chained steps each read the hidden state the step before returns.
    */
   mtpStep(seq: number, hidden: Float32Array, token: number, pos: number): MtpStep {
     if (!this.#mtp) throw new Error("mtpStep: the MTP layer is not running (--spec mtp)");
@@ -344,7 +345,8 @@ export class Transformer {
   /**
    * The MTP layer on rows at positions pos..: h' = M·[RMSNorm_e(Emb(token)); RMSNorm_h(hidden)]
    * (the embedding is zero at position 0, as vLLM and SGLang run it), then one decoder layer on
-   * its own cache, then with `logits` its head norm and the shared LM head on the last row.
+   * its own cache, then with `logits` its head norm and the shared LM head on the last row; the
+   * head norm's output is the hidden state a chained step reads.
    */
   #mtpRun(
     seq: number,
@@ -375,10 +377,8 @@ export class Transformer {
       const positions = tokens.map((_, i) => pos + i);
       this.#layer(m.layer, lw, m.mixers, [{ seq, n: nb, pos }], positions, tokens);
       if (!logits) return null;
-      const last = stream.output(nb - 1, nb);
-      const out = ops.f32(last, d).slice();
-      ops.rmsnorm(last, lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
-      return { logits: this.#head(1), hidden: out };
+      ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
+      return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
     } finally {
       trunk.release(m.layer);
     }

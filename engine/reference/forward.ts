@@ -123,7 +123,7 @@ interface StreamState {
   blocks: Float64Array[];
 }
 
-/** One MTP step: logits (float64) and the MTP layer's output before its head norm. */
+/** One MTP step: logits (float64) and the head-normed output a chained step reads. */
 export interface ReferenceMtpStep {
   logits: Float64Array;
   hidden: Float64Array;
@@ -133,7 +133,7 @@ export interface ReferenceMtpStep {
 export class ReferenceModel implements ReferenceContext {
   /** Per layer: the experts chosen for the last token, in routing order ([] for dense layers). */
   lastRouting: number[][] = [];
-  /** The last token's hidden state before the final norm (what an MTP layer reads). */
+  /** The last token's hidden state after the final norm (what the LM head and MTP read). */
   lastHidden: Float64Array = new Float64Array();
   /** The model description the pass follows. */
   readonly cfg: ModelConfig;
@@ -264,8 +264,8 @@ export class ReferenceModel implements ReferenceContext {
         hyper.eps,
       );
     }
-    this.lastHidden = final;
     const xn = this.norm(final, this.w("final_norm"), "final_norm");
+    this.lastHidden = xn;
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
     if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
@@ -274,8 +274,8 @@ export class ReferenceModel implements ReferenceContext {
 
   /**
    * One step of the first multi-token-prediction layer (DeepSeek-V3 tech report §2.2) at
-   * position `pos`, reading `hidden` (the main pass's hidden state before the final norm at
-   * `pos`, or the previous step's output) and `token` (the one after `pos`):
+   * position `pos`, reading `hidden` (the main pass's hidden state after the final norm at
+   * `pos`, or the previous step's head-normed output) and `token` (the one after `pos`):
    * x = M·[RMSNorm_e(Emb(token)); RMSNorm_h(hidden)] (the embedding zero at position 0), one
    * decoder layer on the MTP layer's own cache (dropped from `pos` on), then its head norm and
    * the shared LM head. The logits predict the token two after `pos`.
@@ -304,7 +304,7 @@ export class ReferenceModel implements ReferenceContext {
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
     if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
-    return { logits, hidden: state.x };
+    return { logits, hidden: xn };
   }
 
   /** The float32 values of a layer tensor. */
