@@ -8,6 +8,8 @@
  */
 import "./shared_guard.ts";
 import assert from "node:assert/strict";
+import { cpSync, readFileSync, writeFileSync } from "node:fs";
+import { openContainer } from "../engine/container.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
@@ -197,5 +199,34 @@ Deno.test({
     const fast = await ids({ mtp: true });
     assert.deepEqual(fast.got, plain.got);
     assert.ok(fast.drafted > 0);
+  },
+});
+
+Deno.test({
+  name:
+    "a manifest whose mtp section disagrees with its config, or overlaps a main run, is refused",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const src = await packedFixture("tiny-glm4-moe");
+    // deno-lint-ignore no-explicit-any
+    const cases: [string, (m: any) => void, RegExp][] = [
+      ["no config.mtp", (m) => delete m.config.mtp, /mtp: present exactly when config\.mtp is/],
+      ["no mtp section", (m) => delete m.mtp, /mtp: present exactly when config\.mtp is/],
+      ["two MTP layers", (m) => (m.config.mtp.layers = 2), /mtp\.layers: expected 2 runs/],
+      [
+        "an MTP run over layer 3's",
+        (m) => (m.mtp.layers[0].offset = m.trunk.layers[3].offset),
+        /trunk: layer \d overlaps layer \d/,
+      ],
+      ["a bank of another layer", (m) => (m.mtp.experts[0].layer = 3), /mtp\.experts\[0\]\.layer/],
+    ];
+    for (const [what, edit, want] of cases) {
+      const dir = `${tempDir()}/bad-mtp-${what.replaceAll(" ", "-")}.sluice`;
+      cpSync(src, dir, { recursive: true });
+      const m = JSON.parse(readFileSync(`${dir}/manifest.json`, "utf-8"));
+      edit(m);
+      writeFileSync(`${dir}/manifest.json`, JSON.stringify(m));
+      assert.throws(() => openContainer(dir), want, what);
+    }
   },
 });
