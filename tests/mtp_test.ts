@@ -15,6 +15,7 @@ import { Model } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
+import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
   fixtureDir,
@@ -131,6 +132,9 @@ Deno.test({
       assert.equal(m.mtp?.experts[0]?.layer, 4);
       assert.ok(m.mtp?.layers[0].tensors.mtp_proj, "eh_proj kept");
       assert.equal(model.transformer.mtp, false, "not run without --spec mtp");
+      // The fixture README's count: 126,448 parameters in the MTP layer, none of the model's.
+      assert.equal(inspectContainer(path).mtp?.params, 126448);
+      assert.equal(inspectContainer(path).params.total, 456944);
       // The plan charges the MTP layer's run, experts and cache only when it runs.
       const [off, on] = [model.plan, withMtp.plan];
       assert.ok(on.wholeModelBytes - off.wholeModelBytes >= m.mtp!.layers[0].bytes);
