@@ -9,6 +9,7 @@
 import "./shared_guard.ts";
 import assert from "node:assert/strict";
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
+import { PAGE } from "../engine/arena.ts";
 import { openContainer } from "../engine/container.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
@@ -234,3 +235,38 @@ Deno.test({
     }
   },
 });
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name:
+      `with the MTP layer running, the arena after passes and drafts is the plan less its slack: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const probe = await Model.open(path, { ...OPTS, hotList: false, lookahead: 0, mtp: true });
+      const floor = probe.plan.floor;
+      probe.close();
+      for (const budget of [undefined, floor]) {
+        const m = await Model.open(path, {
+          ...OPTS,
+          hotList: false,
+          lookahead: 0,
+          mtp: true,
+          budget,
+        });
+        try {
+          m.forward([1, 2, 3], 0);
+          m.forward([4], 3);
+          const step = m.transformer.mtpStep(0, m.transformer.mtpHidden(0, 3)!, 5, 3);
+          m.transformer.mtpStep(0, step.hidden, 6, 4);
+          const unused = m.plan.arenaBytes - m.arena.used;
+          assert.ok(unused >= 0, `${name}: the arena used ${-unused} bytes past its plan`);
+          // The planner's 32 pages for regions made on first use (engine/planner.ts).
+          assert.ok(unused <= 32 * PAGE, `${name}: ${unused} planned bytes never allocated`);
+        } finally {
+          m.close();
+        }
+      }
+    },
+  });
+}
