@@ -172,6 +172,16 @@ Deno.test({
       }
     };
     assert.deepEqual(await greedy(out), await greedy(path));
+    // generate --spec mtp: the plain ids, and the drafts in --json's stats.
+    const args = ["generate", "-m", path, "--prompt-ids", "1,403,407", "-n", "16", "--json"];
+    const [a, b] = await Promise.all([
+      runSluice(args),
+      runSluice([...args, "--spec", "mtp", "--spec-always"]),
+    ]);
+    assert.equal(b.code, 0, b.stderr);
+    const [pa, pb] = [JSON.parse(a.stdout), JSON.parse(b.stdout)];
+    assert.deepEqual(pb.generated_ids, pa.generated_ids);
+    assert.ok(pb.stats.draft_tokens > 0 && pa.stats.draft_tokens === 0, b.stdout);
     const r = await runSluice(["generate", "-m", out, "--spec", "mtp", "-p", "x", "-n", "2"]);
     assert.equal(r.code, 1);
     assert.match(r.stderr, /--spec mtp needs the model's multi-token-prediction layers/);
