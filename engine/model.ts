@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { allBanks, type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
+import { type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
 import { openContainer } from "./container.ts";
 import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
@@ -17,7 +17,7 @@ import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
-import type { GlobalTensor, ModelConfig } from "../io/model_config.ts";
+import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
@@ -168,11 +168,10 @@ export class Model {
     const cfg = container.config;
     if (opts.mtp) checkMtp(path, container);
     const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
-    const runs = [
-      ...container.manifest.trunk.layers,
-      ...(opts.mtp ? container.manifest.mtp?.layers ?? [] : []),
-    ];
-    const banks = opts.mtp ? allBanks(container.manifest) : container.manifest.experts;
+    // With MTP drafts, the drafting MTP layer's run and bank follow the main layers'.
+    const m = container.manifest, extra = opts.mtp ? MTP_DRAFT_LAYERS : 0;
+    const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+    const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []];
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
     const pool = await Pool.create(arena, await loadKernelModule(), threads);

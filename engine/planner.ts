@@ -12,7 +12,7 @@ import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
-import type { ModelConfig } from "../io/model_config.ts";
+import { type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { runStateSizes } from "./run_state.ts";
 import { formatBytes } from "./units.ts";
@@ -38,13 +38,14 @@ export interface PlanInput {
 }
 
 /**
- * The planner's view of an opened container; with `mtp`, its MTP layers' runs and banks too
- * (they follow the main layers' in the trunk ring and the expert store).
+ * The planner's view of an opened container; with `mtp`, the drafting MTP layer's run and bank
+ * too (they follow the main layers' in the trunk ring and the expert store).
  */
 export function planInput(c: Container, mtp = false): PlanInput {
   const m = c.manifest;
-  const runs = [...m.trunk.layers, ...(mtp ? m.mtp?.layers ?? [] : [])];
-  const banks = [...m.experts, ...(mtp ? m.mtp?.experts ?? [] : [])].filter((b) => b !== null);
+  const extra = mtp ? MTP_DRAFT_LAYERS : 0;
+  const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+  const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []].filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
     for (const t of ["router", "router_bias", "router_b"]) {

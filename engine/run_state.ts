@@ -8,7 +8,7 @@
  *
  * @module
  */
-import { type ModelConfig, mtpLayerIds } from "../io/model_config.ts";
+import { type ModelConfig, mtpDraftLayerIds } from "../io/model_config.ts";
 import { feedForwardScratchBytes } from "./parts/feed_forward.ts";
 import { mixerScratchBytes, mixerStateBytes } from "./parts/mod.ts";
 import { residualPartOf } from "./parts/residual.ts";
@@ -44,14 +44,14 @@ export interface RunStateSizes {
   scratch: { skeleton: number; residual: number; mixers: number; feedForward: number; mtp: number };
 }
 
-/** The run state every part declares; with `mtp`, the MTP layers' too (`--spec mtp`). */
+/** The run state every part declares; with `mtp`, the drafting MTP layer's too (`--spec mtp`). */
 export function runStateSizes(
   cfg: ModelConfig,
   ctx: number,
   maxBatch: number,
   mtp = false,
 ): RunStateSizes {
-  const extra = mtp ? mtpLayerIds(cfg) : [];
+  const extra = mtp ? mtpDraftLayerIds(cfg) : [];
   return {
     layerStateBytes: [
       ...mixerStateBytes(cfg, ctx, maxBatch),

@@ -14,7 +14,7 @@
  *
  * @module
  */
-import { type GlobalTensor, type ModelConfig, mtpLayerIds } from "../io/model_config.ts";
+import { type GlobalTensor, type ModelConfig, mtpDraftLayerIds } from "../io/model_config.ts";
 import type { Arena } from "./arena.ts";
 import { embedRows } from "./embedding.ts";
 import type { Ops } from "./ops.ts";
@@ -111,7 +111,7 @@ export class Transformer {
     this.#tmp = arena.alloc("hidden tmp", tmp);
     this.#logits = arena.alloc("logits", logits);
     if (p.mtp) {
-      const layer = mtpLayerIds(cfg)[0];
+      const [layer] = mtpDraftLayerIds(cfg);
       if (layer === undefined) throw new Error(`${cfg.modelType}: the model has no MTP layer`);
       if (cfg.residual) {
         throw new Error(`${cfg.modelType}: MTP drafts need a plain residual stream`);
@@ -119,9 +119,7 @@ export class Transformer {
       const [hidden, cat] = mtpRegions(cfg, maxBatch);
       this.#mtp = {
         layer,
-        mixers: new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length, [
-          ...mtpLayerIds(cfg),
-        ]),
+        mixers: new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length, [layer]),
         hidden: arena.alloc("mtp hidden", hidden),
         cat: arena.alloc("mtp embedding and hidden", cat),
         last: new Array(this.#writes.length).fill(null),

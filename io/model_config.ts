@@ -535,6 +535,17 @@ export function mtpLayerIds(cfg: ModelConfig): number[] {
   return Array.from({ length: cfg.mtp?.layers ?? 0 }, (_, j) => cfg.numLayers + j);
 }
 
+/**
+ * How many of a model's MTP layers a run with MTP drafts loads, plans and runs: the first; a
+ * chain of drafts reuses it, as vLLM runs one MTP layer for k drafts.
+ */
+export const MTP_DRAFT_LAYERS = 1;
+
+/** Indices of the MTP layers a run with MTP drafts loads ({@link MTP_DRAFT_LAYERS}). */
+export function mtpDraftLayerIds(cfg: ModelConfig): number[] {
+  return mtpLayerIds(cfg).slice(0, MTP_DRAFT_LAYERS);
+}
+
 /** "dense" or "moe" of any layer, MTP layers (MoE when the model has experts) included. */
 export function layerKindOf(cfg: ModelConfig, layer: number): "dense" | "moe" {
   if (layer < cfg.numLayers) return cfg.layerKinds[layer];
