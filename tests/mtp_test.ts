@@ -280,3 +280,25 @@ for (const name of MTP_FIXTURES) {
     },
   });
 }
+
+Deno.test({
+  name: "a --trace of a run with MTP drafts holds the main layers' routes only",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const trace = `${tempDir()}/mtp-trace.jsonl`;
+    const s = await Session.open(await packedFixture("tiny-glm4-moe"), {
+      ...OPTS,
+      trace,
+      spec: { mtp: true, adaptive: false },
+    });
+    try {
+      for await (const _ of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 8 })) { /* drain */ }
+      assert.ok(s.timings.decode.drafted > 0);
+    } finally {
+      s.close();
+    }
+    const layers = readFileSync(trace, "utf-8").trim().split("\n").slice(1)
+      .map((l) => JSON.parse(l).layer as number);
+    assert.ok(layers.length > 0 && layers.every((l) => l >= 1 && l < 4), `${new Set(layers)}`);
+  },
+});
