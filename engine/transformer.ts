@@ -12,6 +12,9 @@
  * batch. Every step but attention treats rows independently, so a sequence's logits do not depend
  * on what else is in the pass.
  *
+ * With `mtp` (`--spec mtp`) the model's first multi-token-prediction layer runs beside every
+ * pass on the positions it settled, and `mtpStep` chains it to draft (engine/speculate.ts).
+ *
  * @module
  */
 import { type GlobalTensor, type ModelConfig, mtpDraftLayerIds } from "../io/model_config.ts";
