@@ -7,7 +7,7 @@
  * @module
  */
 import { alignUp } from "../io/format.ts";
-import { type Container, readCodebooks } from "../io/container.ts";
+import { allBanks, type Container, readCodebooks } from "../io/container.ts";
 import type { ExpertBank } from "../io/container.ts";
 import { EXPERT_MATRICES, type ExpertMatrix } from "../io/model_config.ts";
 import type { Arena } from "./arena.ts";
@@ -31,7 +31,7 @@ export function loadCodebooks(c: Container, arena: Arena): void {
   const bytes = codebookArenaBytes(c);
   if (!bytes) return;
   const base = arena.alloc("expert codebooks", bytes);
-  c.manifest.experts.forEach((bank, layer) => {
+  allBanks(c.manifest).forEach((bank, layer) => {
     if (!bank?.codebooks) return;
     const where: Partial<Record<ExpertMatrix, number>> = {};
     for (const m of EXPERT_MATRICES) {

@@ -56,6 +56,24 @@ function dispatch(hf: Json, where: string): { cfg: Json; modelType: string; wher
   );
 }
 
+/**
+ * How many multi-token-prediction layers the config declares (`num_nextn_predict_layers`, or
+ * Qwen's `mtp_num_hidden_layers`); pack keeps them only where the checkpoint holds them.
+ */
+function mtpLayersOf(cfg: Json, text: Json, where: string): number {
+  for (const key of ["num_nextn_predict_layers", "mtp_num_hidden_layers"]) {
+    const v = cfg[key] ?? text[key];
+    if (v === undefined || v === null) continue;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0 || v > 64) {
+      throw new Error(
+        `${where}: field ${key} must be an integer in 0..64, got ${JSON.stringify(v)}`,
+      );
+    }
+    return v;
+  }
+  return 0;
+}
+
 function tokenId(v: unknown, field: string, where: string): number {
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) {
     throw new Error(`${where}: field ${field} must be a token id, got ${JSON.stringify(v)}`);
@@ -99,8 +117,10 @@ export function normalizeConfig(
     : Array.isArray(eos.v)
     ? eos.v
     : [eos.v];
+  const mtp = MODEL_TYPES[modelType].mtp ? mtpLayersOf(cfg, text, at) : 0;
   const cfgOut: ModelConfig = {
     ...base,
+    ...(mtp > 0 ? { mtp: { layers: mtp } } : {}),
     bosId: bos.v === undefined || bos.v === null ? null : tokenId(bos.v, "bos_token_id", bos.from),
     eosIds: eosList.map((v) => tokenId(v, "eos_token_id", eos.from)),
   };

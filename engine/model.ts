@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { type Container, type ExpertBank } from "../io/container.ts";
+import { type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
 import { openContainer } from "./container.ts";
 import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
 import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
@@ -17,7 +17,7 @@ import { logReads, type ReadLog } from "../io/read_log.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
-import type { GlobalTensor, ModelConfig } from "../io/model_config.ts";
+import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
@@ -92,6 +92,11 @@ export interface RunOptions {
   readLog?: ReadLog;
   /** No notices on stderr. */
   quiet?: boolean;
+  /**
+   * Run the container's multi-token-prediction layer beside every pass, so it can draft
+   * (`--spec mtp`): the plan charges its trunk run, experts, cache and scratch.
+   */
+  mtp?: boolean;
 }
 
 /** An open model: its plan, its forward pass and the counters behind the stats block. */
@@ -161,7 +166,12 @@ export class Model {
     const threads = threadsOf(opts.threads, defaultThreads(), notice);
     const container = openContainer(path);
     const cfg = container.config;
+    if (opts.mtp) checkMtp(path, container);
     const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
+    // With MTP drafts, the drafting MTP layer's run and bank follow the main layers'.
+    const m = container.manifest, extra = opts.mtp ? MTP_DRAFT_LAYERS : 0;
+    const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+    const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []];
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
     const pool = await Pool.create(arena, await loadKernelModule(), threads);
@@ -177,10 +187,10 @@ export class Model {
     try {
       const trunkFile = reader.open(container.trunkPath);
       const checkRegion = opts.verify ? regionChecker(arena, container) : undefined;
-      const warm = warmList(container, plan, opts);
-      const landed = loadMeter(container, plan, warm, opts.onLoad);
+      const warm = warmList(container, banks, plan, opts);
+      const landed = loadMeter(container, runs, banks, plan, warm, opts.onLoad);
       const globals = readGlobals(arena, reader, trunkFile, container, landed, checkRegion);
-      const trunk = new TrunkRing(arena, reader, trunkFile, container.manifest.trunk.layers, {
+      const trunk = new TrunkRing(arena, reader, trunkFile, runs, {
         pinned: plan.pinned,
         slots: plan.ringSlots,
         readahead: opts.trunkReadahead ?? true,
@@ -188,7 +198,7 @@ export class Model {
         landed,
       });
       const experts = plan.totalExperts > 0
-        ? openExpertStore(arena, reader, container, plan.expertSlots, opts, sample)
+        ? openExpertStore(arena, reader, container, banks, plan.expertSlots, opts, sample)
         : null;
       const ops = new Ops(arena, pool);
       const observers = new RunObservers(container, opts);
@@ -209,9 +219,10 @@ export class Model {
         maxBatch: prefillChunk,
         maxCtx: ctx,
         sequences: plan.sequences,
+        mtp: opts.mtp,
       });
       transformer.moeObservers.push(observers.observe);
-      if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
+      if (!opts.quiet) console.error(planLine(plan));
       const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);
       trunk.resetStats();
@@ -297,7 +308,7 @@ export function planRun(
 ): { plan: MemoryPlan; lookahead: number; ctx: number; prefillChunk: number } {
   const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
   const prefillChunk = prefillChunkOf(opts.prefillChunk);
-  const input = planInput(container);
+  const input = planInput(container, opts.mtp);
   const sequences = opts.parallel === "auto"
     ? defaultParallel(input, { budget: opts.budget, ctx, maxBatch: prefillChunk })
     : opts.parallel;
@@ -322,6 +333,27 @@ export function planRun(
     }
   }
   return { plan, lookahead, ctx, prefillChunk };
+}
+
+/**
+ * Refuses `--spec mtp` on the container at `path` when it has no multi-token-prediction layers,
+ * or a residual stream the MTP drafter does not run, naming the model.
+ */
+export function checkMtp(path: string, container: Container): void {
+  const cfg = container.config;
+  if (!container.manifest.mtp) {
+    throw new Error(
+      `${path}: --spec mtp needs the model's multi-token-prediction layers, and this container ` +
+        `of ${cfg.modelType} has none (its checkpoint ships none, or it was packed with ` +
+        `--no-mtp or by a sluice that skipped them: pack it again); use --spec ngram or --draft`,
+    );
+  }
+  if (cfg.residual) {
+    throw new Error(
+      `${path}: --spec mtp: the MTP layers of ${cfg.modelType} (${cfg.residual.kind} residual ` +
+        `stream) are not supported; use --spec ngram or --draft`,
+    );
+  }
 }
 
 /** Bytes per read of the globals region, and most such reads in flight. */
@@ -386,13 +418,13 @@ function openExpertStore(
   arena: Arena,
   reader: BlockReader,
   container: Container,
+  banks: (ExpertBank | null)[],
   slots: number,
   opts: RunOptions,
   crcSample: number,
 ): ExpertStore {
-  const m = container.manifest;
   const shards = opts.shards ?? [];
-  const files: (BankFiles | null)[] = m.experts.map((bank) => {
+  const files: (BankFiles | null)[] = banks.map((bank) => {
     if (!bank) return null;
     const paths = shards.length > 0
       ? shards.map((dir) => `${dir}/${bank.file}`)
@@ -403,7 +435,7 @@ function openExpertStore(
   return new ExpertStore(arena, reader, files, cache, {
     readaheadDepth: opts.readaheadDepth ?? 4,
     check: (layer, expert, slot, file, fileOffset) => {
-      const bank = m.experts[layer]!;
+      const bank = banks[layer]!;
       checkRecord(
         arena.u8(slot, bank.stride),
         bank,
@@ -422,9 +454,13 @@ function openExpertStore(
  * record fits, all of them in file order, as an in-RAM engine loads its model, so decode never
  * waits for a first use. Entries naming no record are dropped; at most the cache's slots.
  */
-function warmList(container: Container, plan: MemoryPlan, opts: RunOptions): [number, number][] {
+function warmList(
+  container: Container,
+  banks: (ExpertBank | null)[],
+  plan: MemoryPlan,
+  opts: RunOptions,
+): [number, number][] {
   if (plan.totalExperts === 0) return [];
-  const banks = container.manifest.experts;
   const hot = opts.hotList === false ? null : readHotList(hotListPath(container.dir));
   const all = plan.expertSlots >= plan.totalExperts ? allExperts(banks) : [];
   const seen = new Set<string>();
@@ -445,15 +481,16 @@ function warmList(container: Container, plan: MemoryPlan, opts: RunOptions): [nu
  */
 function loadMeter(
   container: Container,
+  runs: LayerRun[],
+  banks: (ExpertBank | null)[],
   plan: MemoryPlan,
   warm: [number, number][],
   onLoad: RunOptions["onLoad"],
 ): (bytes: number) => void {
   if (!onLoad) return () => {};
-  const m = container.manifest;
-  let total = m.trunk.globals.region.bytes;
-  for (const run of m.trunk.layers.slice(0, plan.pinned)) total += run.bytes;
-  for (const [layer] of warm) total += m.experts[layer]!.stride;
+  let total = container.manifest.trunk.globals.region.bytes;
+  for (const run of runs.slice(0, plan.pinned)) total += run.bytes;
+  for (const [layer] of warm) total += banks[layer]!.stride;
   let done = 0;
   onLoad(0, total);
   return (bytes) => onLoad(done += bytes, total);
@@ -477,13 +514,13 @@ function allExperts(banks: (ExpertBank | null)[]): [number, number][] {
 }
 
 /** The start-up line: how the budget was split, and the trunk hit rate it implies. */
-function planLine(p: MemoryPlan, layers: number): string {
+function planLine(p: MemoryPlan): string {
   const ring = p.ringSlots > 0
     ? `, ${p.ringSlots} ring slot(s) × ${formatBytes(p.ringSlotBytes)}`
     : "";
   return `sluice: budget ${
     formatBytes(p.budget)
-  }; trunk ${p.pinned}/${layers} layers pinned${ring} ` +
+  }; trunk ${p.pinned}/${p.trunkLayers} layers pinned${ring} ` +
     `(trunk hit rate ${
       (100 * p.trunkHitRate).toFixed(1)
     }%); expert cache ${p.expertSlots} records ` +

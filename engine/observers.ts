@@ -27,6 +27,9 @@ export class RunObservers {
 
   /** The MoE observer: records the routes of tokens at `positions`, then runs the lookahead. */
   readonly observe: MoeObserver = (layer, routes, h, nb, positions) => {
+    // The MTP layer's routes (layer numLayers.., --spec mtp) are not the model's: a trace, the
+    // hot list and the lookahead see the main layers only.
+    if (layer >= this.#container.config.numLayers) return;
     routes.forEach((r, b) => {
       this.#trace?.write(positions[b], layer, r.ids);
       if (this.#counts) {

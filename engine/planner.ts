@@ -12,7 +12,7 @@ import { alignUp } from "../io/format.ts";
 import type { Container } from "../io/container.ts";
 import { KERNEL_RESERVED_BYTES } from "../wasm/mod.ts";
 import { PAGE } from "./arena.ts";
-import type { ModelConfig } from "../io/model_config.ts";
+import { type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { runStateSizes } from "./run_state.ts";
 import { formatBytes } from "./units.ts";
@@ -33,12 +33,19 @@ export interface PlanInput {
   routerBytes: number;
   /** Bytes of VQ3R codebooks and prepared (quantised / table) inputs for a prefill chunk. */
   quantBytes?: (maxBatch: number) => number;
+  /** The MTP layers run (`--spec mtp`): their runs, banks, state and scratch are charged. */
+  mtp?: boolean;
 }
 
-/** The planner's view of an opened container. */
-export function planInput(c: Container): PlanInput {
+/**
+ * The planner's view of an opened container; with `mtp`, the drafting MTP layer's run and bank
+ * too (they follow the main layers' in the trunk ring and the expert store).
+ */
+export function planInput(c: Container, mtp = false): PlanInput {
   const m = c.manifest;
-  const banks = m.experts.filter((b) => b !== null);
+  const extra = mtp ? MTP_DRAFT_LAYERS : 0;
+  const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+  const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []].filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
     for (const t of ["router", "router_bias", "router_b"]) {
@@ -48,11 +55,12 @@ export function planInput(c: Container): PlanInput {
   return {
     cfg: c.config,
     globalsBytes: m.trunk.globals.region.bytes,
-    layerBytes: m.trunk.layers.map((l) => l.bytes),
+    layerBytes: runs.map((l) => l.bytes),
     expertStride: Math.max(0, ...banks.map((b) => b.stride)),
     totalExperts: banks.reduce((a, b) => a + b.count, 0),
     routerBytes,
     quantBytes: (maxBatch) => quantArenaBytes(c, maxBatch),
+    mtp,
   };
 }
 
@@ -89,6 +97,8 @@ export interface MemoryPlan {
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
   pinned: number;
+  /** Trunk runs planned: every layer's, the MTP layers' last when they run. */
+  trunkLayers: number;
   ringSlots: number;
   ringSlotBytes: number;
   trunkBytes: number;
@@ -106,9 +116,12 @@ export interface MemoryPlan {
   trunkHitRate: number;
 }
 
-/** Bytes of every layer's mixer state (KV cache, latent rows or recurrent state) at `ctx`. */
-export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  return runStateSizes(cfg, ctx, maxBatch).layerStateBytes.reduce(
+/**
+ * Bytes of every layer's mixer state (KV cache, latent rows or recurrent state) at `ctx`, the
+ * MTP layers' with `mtp`.
+ */
+export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mtp = false): number {
+  return runStateSizes(cfg, ctx, maxBatch, mtp).layerStateBytes.reduce(
     (s, b) => s + alignUp(b, PAGE),
     0,
   );
@@ -121,10 +134,13 @@ export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): n
  */
 const SLACK_PAGES = 32;
 
-/** Bytes of the run state's scratch (every part's), the kernels' reserved region and control. */
-export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  const s = runStateSizes(cfg, ctx, maxBatch).scratch;
-  return s.skeleton + s.residual + s.mixers + s.feedForward + SLACK_PAGES * PAGE +
+/**
+ * Bytes of the run state's scratch (every part's, the MTP layers' with `mtp`), the kernels'
+ * reserved region and control.
+ */
+export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mtp = false): number {
+  const s = runStateSizes(cfg, ctx, maxBatch, mtp).scratch;
+  return s.skeleton + s.residual + s.mixers + s.feedForward + s.mtp + SLACK_PAGES * PAGE +
     KERNEL_RESERVED_BYTES + CTL_BYTES;
 }
 
@@ -138,9 +154,10 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
         `bounds the rows of one pass)`,
     );
   }
-  const kvBytes = sequences * kvCacheBytes(cfg, opts.ctx, opts.maxBatch);
-  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch).layerStateBytes;
-  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch) +
+  const mtp = input.mtp ?? false;
+  const kvBytes = sequences * kvCacheBytes(cfg, opts.ctx, opts.maxBatch, mtp);
+  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch, mtp).layerStateBytes;
+  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch, mtp) +
     (input.quantBytes?.(opts.maxBatch) ?? 0);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
   const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
@@ -201,6 +218,7 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     scratchBytes: scratch,
     floor,
     pinned,
+    trunkLayers: layerBytes.length,
     ringSlots,
     ringSlotBytes,
     trunkBytes,
@@ -225,7 +243,7 @@ export const MAX_DEFAULT_PARALLEL = 4;
  * would shrink is what saves reads too.
  */
 export function defaultParallel(input: PlanInput, opts: PlanOptions): number {
-  const one = kvCacheBytes(input.cfg, opts.ctx, opts.maxBatch);
+  const one = kvCacheBytes(input.cfg, opts.ctx, opts.maxBatch, input.mtp);
   const budget = opts.budget ?? planMemory(input, { ...opts, sequences: 1 }).wholeModelBytes;
   for (let n = Math.min(MAX_DEFAULT_PARALLEL, opts.maxBatch); n > 1; n--) {
     if ((n - 1) * one > budget / 8) continue;

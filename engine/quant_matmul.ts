@@ -9,7 +9,7 @@
  * @module
  */
 import { alignUp, isCodebookDtype } from "../io/format.ts";
-import type { Container } from "../io/container.ts";
+import { allBanks, type Container } from "../io/container.ts";
 import { q8Bytes } from "../wasm/quant_kernels.ts";
 import { formatOf } from "./quant/mod.ts";
 import { type Arena, PAGE } from "./arena.ts";
@@ -93,7 +93,7 @@ export function expertPrepSizes(
  */
 export function quantArenaBytes(c: Container, maxBatch: number): number {
   let worst = 0;
-  for (const bank of c.manifest.experts) {
+  for (const bank of allBanks(c.manifest)) {
     if (!bank) continue;
     const [g, u, d] = EXPERT_MATRICES.map((m) => {
       const ref = tensorRef(bank.matrices[m], 0);

@@ -8,7 +8,7 @@
  *
  * @module
  */
-import type { ModelConfig } from "../io/model_config.ts";
+import { type ModelConfig, mtpDraftLayerIds } from "../io/model_config.ts";
 import { feedForwardScratchBytes } from "./parts/feed_forward.ts";
 import { mixerScratchBytes, mixerStateBytes } from "./parts/mod.ts";
 import { residualPartOf } from "./parts/residual.ts";
@@ -27,23 +27,44 @@ export function skeletonRegions(cfg: ModelConfig, maxBatch: number): [number, nu
   return [row, row, Math.min(maxBatch, LOGIT_ROWS) * cfg.vocabSize * 4];
 }
 
-/** The sizes of a model's run state for `ctx` positions and calls of up to `maxBatch` tokens. */
-export interface RunStateSizes {
-  /** Per layer: its mixer's per-sequence state (one arena region each). */
-  layerStateBytes: number[];
-  /** Arena bytes of each part's scratch. */
-  scratch: { skeleton: number; residual: number; mixers: number; feedForward: number };
+/**
+ * Bytes of the MTP drafter's own buffers (engine/transformer.ts), in allocation order: the
+ * hidden states it reads, and each row's [normed embedding; normed hidden state].
+ */
+export function mtpRegions(cfg: ModelConfig, maxBatch: number): [number, number] {
+  const row = maxBatch * cfg.hiddenSize * 4;
+  return [row, 2 * row];
 }
 
-/** The run state every part declares. */
-export function runStateSizes(cfg: ModelConfig, ctx: number, maxBatch: number): RunStateSizes {
+/** The sizes of a model's run state for `ctx` positions and calls of up to `maxBatch` tokens. */
+export interface RunStateSizes {
+  /** Per layer: its mixer's per-sequence state (one arena region each); MTP layers last. */
+  layerStateBytes: number[];
+  /** Arena bytes of each part's scratch (`mtp`: the MTP layers' mixers and buffers). */
+  scratch: { skeleton: number; residual: number; mixers: number; feedForward: number; mtp: number };
+}
+
+/** The run state every part declares; with `mtp`, the drafting MTP layer's too (`--spec mtp`). */
+export function runStateSizes(
+  cfg: ModelConfig,
+  ctx: number,
+  maxBatch: number,
+  mtp = false,
+): RunStateSizes {
+  const extra = mtp ? mtpDraftLayerIds(cfg) : [];
   return {
-    layerStateBytes: mixerStateBytes(cfg, ctx, maxBatch),
+    layerStateBytes: [
+      ...mixerStateBytes(cfg, ctx, maxBatch),
+      ...mixerStateBytes(cfg, ctx, maxBatch, extra),
+    ],
     scratch: {
       skeleton: regionBytes(...skeletonRegions(cfg, maxBatch)),
       residual: residualPartOf(cfg).scratchBytes(cfg, maxBatch),
       mixers: mixerScratchBytes(cfg, ctx, maxBatch),
       feedForward: feedForwardScratchBytes(cfg, maxBatch),
+      mtp: extra.length
+        ? mixerScratchBytes(cfg, ctx, maxBatch, extra) + regionBytes(...mtpRegions(cfg, maxBatch))
+        : 0,
     },
   };
 }

@@ -149,7 +149,8 @@ export class Session {
   static async open(path: string, opts: SessionOptions = {}): Promise<Session> {
     const t0 = performance.now();
     const { spec, ...run } = opts;
-    const model = await Model.open(path, run);
+    // MTP drafts need the MTP layer running beside every pass, planned from the start.
+    const model = await Model.open(path, spec?.mtp ? { ...run, mtp: true } : run);
     try {
       const tokenizer = await loadTokenizer(model.container.dir);
       const speculation = spec ? await Speculation.open(spec, model, tokenizer, run) : null;

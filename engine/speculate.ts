@@ -45,6 +45,8 @@ export interface SpecOptions {
   ngram?: number;
   /** A draft container with the same tokenizer (`--draft MODEL`). */
   draft?: string;
+  /** Draft with the container's multi-token-prediction layer (`--spec mtp`). */
+  mtp?: boolean;
   /** Most drafted tokens per pass (default {@link DEFAULT_DRAFT_MAX}). */
   draftMax?: number;
   /** Stop drafting while it does not pay (default true). */
@@ -57,14 +59,17 @@ export const DEFAULT_DRAFT_MAX = 5;
 export const DEFAULT_NGRAM = 3;
 const MAX_NGRAM = 64;
 
-/** The n of `--spec ngram[:N]`, or an error naming the flag. */
-export function parseSpec(value: string): number {
+/** What `--spec ngram[:N]` or `--spec mtp` asks for, or an error naming the flag. */
+export function parseSpec(value: string): Pick<SpecOptions, "ngram" | "mtp"> {
+  if (value === "mtp") return { mtp: true };
   const m = /^ngram(?::(\d+))?$/.exec(value);
   const n = m ? Number(m[1] ?? DEFAULT_NGRAM) : NaN;
   if (!(n >= 1 && n <= MAX_NGRAM)) {
-    throw new Error(`--spec: expected ngram or ngram:N with N in 1..${MAX_NGRAM}, got "${value}"`);
+    throw new Error(
+      `--spec: expected ngram or ngram:N with N in 1..${MAX_NGRAM}, or mtp, got "${value}"`,
+    );
   }
-  return n;
+  return { ngram: n };
 }
 
 /** Counters of the decode loop, for the stats block. */
@@ -143,14 +148,7 @@ class ModelDrafter implements Drafter {
     for (let i = 0; i < k; i++) {
       let d: number;
       if (greedy) {
-        const z = penalisedLogits(
-          logits,
-          hist,
-          o.repetitionPenalty,
-          o.frequencyPenalty,
-          o.presencePenalty,
-        );
-        d = argmax(z);
+        d = greedyDraft(logits, hist, o);
       } else {
         const dist = samplingDistribution(logits, hist, o);
         d = drawFrom(dist, this.#uniform());
@@ -164,6 +162,51 @@ class ModelDrafter implements Drafter {
       }
     }
     return { tokens, q: greedy ? null : q };
+  }
+}
+
+/** The token greedy decoding with `o`'s penalties picks from `logits` after `hist`. */
+function greedyDraft(logits: Float32Array, hist: readonly number[], o: SamplerOptions): number {
+  return argmax(
+    penalisedLogits(logits, hist, o.repetitionPenalty, o.frequencyPenalty, o.presencePenalty),
+  );
+}
+
+/**
+ * The model's multi-token-prediction layer as a drafter (engine/transformer.ts runs it beside
+ * every pass, so its cache holds every settled position): the first draft reads the main
+ * hidden state of the position before the pending token and the pending token, each next one
+ * the hidden state the step before returns and the draft before. Drafts are the (penalised)
+ * argmax, a one-hot q even when sampling, so the target's tokens are those of plain decoding at
+ * the same seed.
+ */
+class MtpDrafter implements Drafter {
+  #model: Model;
+  #seq: number;
+  #opts: SamplerOptions;
+
+  constructor(model: Model, seq: number, opts: SamplerOptions) {
+    this.#model = model;
+    this.#seq = seq;
+    this.#opts = opts;
+  }
+
+  draft(history: readonly number[], k: number): Draft {
+    const t = this.#model.transformer;
+    // The pending token is at n − 1; the last pass ran n − 2.
+    const pos = history.length - 2;
+    let hidden = pos >= 0 ? t.mtpHidden(this.#seq, pos) : null;
+    if (!hidden) return { tokens: [], q: null };
+    const hist = [...history];
+    const tokens: number[] = [];
+    for (let i = 0; i < k; i++) {
+      const step = t.mtpStep(this.#seq, hidden, hist[hist.length - 1], pos + i);
+      const d = greedyDraft(step.logits, hist, this.#opts);
+      tokens.push(d);
+      hist.push(d);
+      hidden = step.hidden;
+    }
+    return { tokens, q: null };
   }
 }
 
@@ -245,14 +288,18 @@ export class Speculation {
   readonly #ngram: number;
   readonly #draftModel: Model | null;
   readonly #draftCached: number[] = [];
+  /** The target whose MTP layer drafts, or null. */
+  readonly #mtp: Model | null;
 
   private constructor(
     ngram: number,
     draftModel: Model | null,
+    mtp: Model | null,
     draftMax: number,
     adaptive: boolean,
   ) {
     this.#ngram = ngram;
+    this.#mtp = mtp;
     this.#draftModel = draftModel;
     this.draftMax = draftMax;
     this.adaptive = adaptive;
@@ -260,7 +307,8 @@ export class Speculation {
 
   /**
    * Opens what `spec` asks for against the target `model` and its `tokenizer`: a draft container
-   * must share the tokenizer (every id decodes to the same text) and have no recurrent state.
+   * must share the tokenizer (every id decodes to the same text) and have no recurrent state;
+   * MTP drafts need the model opened with its MTP layer running (RunOptions `mtp`).
    */
   static async open(
     spec: SpecOptions,
@@ -268,9 +316,15 @@ export class Speculation {
     tokenizer: Tokenizer,
     run: RunOptions,
   ): Promise<Speculation | null> {
-    if (spec.ngram === undefined && spec.draft === undefined) return null;
-    if (spec.ngram !== undefined && spec.draft !== undefined) {
-      throw new Error("give --spec ngram or --draft MODEL, not both");
+    const kinds = [spec.ngram !== undefined, spec.draft !== undefined, spec.mtp === true];
+    if (!kinds.includes(true)) return null;
+    if (kinds.filter((k) => k).length > 1) {
+      throw new Error("give one of --spec ngram, --spec mtp or --draft MODEL");
+    }
+    if (spec.mtp && !model.transformer.mtp) {
+      throw new Error(
+        `${model.container.dir}: --spec mtp needs the model opened with its MTP layer running`,
+      );
     }
     const draftMax = spec.draftMax ?? DEFAULT_DRAFT_MAX;
     if (!Number.isInteger(draftMax) || draftMax < 1 || draftMax > model.prefillChunk - 1) {
@@ -297,11 +351,20 @@ export class Speculation {
         throw e;
       }
     }
-    return new Speculation(spec.ngram ?? 0, draft, draftMax, spec.adaptive ?? true);
+    return new Speculation(
+      spec.ngram ?? 0,
+      draft,
+      spec.mtp ? model : null,
+      draftMax,
+      spec.adaptive ?? true,
+    );
   }
 
-  /** A drafter for one generation with the target's sampling settings and seed. */
-  drafter(opts: SamplerOptions, seed: number): Drafter {
+  /**
+   * A drafter for one generation on sequence `seq` with the target's sampling settings and seed.
+   */
+  drafter(opts: SamplerOptions, seed: number, seq: number): Drafter {
+    if (this.#mtp) return new MtpDrafter(this.#mtp, seq, opts);
     return this.#draftModel
       ? new ModelDrafter(this.#draftModel, this.#draftCached, opts, seed)
       : new NgramDrafter(this.#ngram);
@@ -424,7 +487,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   if (constraint && !constraint.accept(first)) return "stop";
   let generated = 1;
   const vocab = model.cfg.vocabSize;
-  const drafter = s.spec?.drafter(s.sampling, sampler.seed) ?? null;
+  const drafter = s.spec?.drafter(s.sampling, sampler.seed, s.seq) ?? null;
   const gate = new SpecGate(s.spec?.adaptive ?? true);
   // A copy of each recurrent state (outside the arena) only when drafts will be verified.
   const states = drafter ? model.transformer.stateRegions(s.seq) : [];

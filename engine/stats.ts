@@ -164,7 +164,7 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     compute_ms: Math.max(0, t.promptMs + t.generateMs - (ioWait - t.ioWaitAtStart)),
     trunk_hit_rate: model.plan.trunkHitRate,
     trunk_pinned: model.plan.pinned,
-    trunk_layers: model.cfg.numLayers,
+    trunk_layers: model.plan.trunkLayers,
     budget_bytes: model.plan.budget,
     arena_bytes: model.arena.capacity,
     peak_rss_bytes: peakRss(),

@@ -10,15 +10,41 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   LAYER_TENSOR_ORDER,
+  layerKindOf,
   type LayerTensor,
   type ModelConfig,
 } from "../io/model_config.ts";
+import type { MtpNaming, MtpTensor } from "./models/family.ts";
 import { familyOf, modelTypeOf } from "./models/mod.ts";
 
+/** Layers 0..numLayers−1, then the MTP layers a config keeps. */
 function checkLayer(cfg: ModelConfig, layer: number): void {
-  if (!Number.isInteger(layer) || layer < 0 || layer >= cfg.numLayers) {
-    throw new Error(`layer ${layer} is outside 0..${cfg.numLayers - 1}`);
+  const n = cfg.numLayers + (cfg.mtp?.layers ?? 0);
+  if (!Number.isInteger(layer) || layer < 0 || layer >= n) {
+    throw new Error(`layer ${layer} is outside 0..${n - 1}`);
   }
+}
+
+const MTP_TENSORS: ReadonlySet<LayerTensor> = new Set<MtpTensor>([
+  "mtp_enorm",
+  "mtp_hnorm",
+  "mtp_proj",
+  "mtp_head_norm",
+]);
+
+/** The MTP naming of layer `layer`'s model_type when it is an MTP layer, else null. */
+function mtpNaming(cfg: ModelConfig, layer: number): MtpNaming | null {
+  if (layer < cfg.numLayers) return null;
+  const naming = modelTypeOf(cfg).mtp;
+  if (!naming) throw new Error(`${cfg.modelType}: no naming of multi-token-prediction layers`);
+  return naming;
+}
+
+/** Checkpoint name prefix of layer `layer`'s tensors (an MTP layer's own block). */
+function layerPrefix(cfg: ModelConfig, layer: number): string {
+  const mtp = mtpNaming(cfg, layer);
+  if (mtp) return mtp.block(cfg, layer - cfg.numLayers);
+  return `${modelTypeOf(cfg).prefix ?? "model."}layers.${layer}.`;
 }
 
 /** Hugging Face name of a global tensor; null for lm_head when it is tied to the embedding. */
@@ -49,11 +75,12 @@ export function hfGlobalName(cfg: ModelConfig, t: GlobalTensor): string | null {
 
 /** The path of a tensor relative to `model.layers.N.`, when the layer has it. */
 function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
+  if (MTP_TENSORS.has(t)) return null;
   // The family's names come first; a family that names every tensor leaves none to the skeleton.
   const family = familyOf(cfg);
   const own = family.attentionTensors(cfg, layer);
   if (Object.hasOwn(own, t) || family.namesEveryTensor) return own[t] ?? null;
-  const moeLayer = cfg.layerKinds[layer] === "moe";
+  const moeLayer = layerKindOf(cfg, layer) === "moe";
   const moe = cfg.moe;
   const naming = modelTypeOf(cfg).naming;
   switch (t) {
@@ -93,8 +120,10 @@ function relativeName(cfg: ModelConfig, layer: number, t: LayerTensor): string |
 /** Hugging Face name of a layer tensor, or null when that layer of this model has no such tensor. */
 export function hfLayerName(cfg: ModelConfig, layer: number, t: LayerTensor): string | null {
   checkLayer(cfg, layer);
+  const mtp = mtpNaming(cfg, layer);
+  if (MTP_TENSORS.has(t)) return mtp ? mtp.own(cfg, layer - cfg.numLayers, t as MtpTensor) : null;
   const rel = relativeName(cfg, layer, t);
-  return rel === null ? null : `${modelTypeOf(cfg).prefix ?? "model."}layers.${layer}.${rel}`;
+  return rel === null ? null : `${layerPrefix(cfg, layer)}${rel}`;
 }
 
 /** Hugging Face name of one matrix of one routed expert of a MoE layer. */
@@ -105,7 +134,7 @@ export function hfExpertName(
   m: ExpertMatrix,
 ): string {
   checkLayer(cfg, layer);
-  if (cfg.layerKinds[layer] !== "moe" || !cfg.moe) {
+  if (layerKindOf(cfg, layer) !== "moe" || !cfg.moe) {
     throw new Error(`layer ${layer} is not a MoE layer`);
   }
   if (!Number.isInteger(expert) || expert < 0 || expert >= cfg.moe.numExperts) {
@@ -113,10 +142,10 @@ export function hfExpertName(
   }
   const type = modelTypeOf(cfg);
   const { moe, expert: names, fused, stacked } = type.naming;
-  if (fused || stacked) {
+  if ((fused || stacked) && !mtpNaming(cfg, layer)?.perExpert) {
     throw new Error(`${cfg.modelType}: experts are fused per layer, not one tensor per expert`);
   }
-  return `${type.prefix ?? "model."}layers.${layer}.${moe}.experts.${expert}.${names[m]}.weight`;
+  return `${layerPrefix(cfg, layer)}${moe}.experts.${expert}.${names[m]}.weight`;
 }
 
 /**
@@ -135,11 +164,10 @@ export function hfFusedExpertSlice(
   checkLayer(cfg, layer);
   const type = modelTypeOf(cfg);
   const naming = type.naming;
-  if (!(naming.fused || naming.stacked) || cfg.layerKinds[layer] !== "moe") return null;
+  if (!(naming.fused || naming.stacked) || layerKindOf(cfg, layer) !== "moe") return null;
+  if (mtpNaming(cfg, layer)?.perExpert) return null;
   // Gemma 4's experts sit in the layer itself (an empty `moe`).
-  const p = `${type.prefix ?? "model."}layers.${layer}.${
-    naming.moe ? `${naming.moe}.` : ""
-  }experts`;
+  const p = `${layerPrefix(cfg, layer)}${naming.moe ? `${naming.moe}.` : ""}experts`;
   if (m === "down") return { base: `${p}.down_proj`, first: 0, step: 1 };
   if (naming.stacked) {
     return {
@@ -154,5 +182,5 @@ export function hfFusedExpertSlice(
 /** The canonical tensors present in a layer, in {@link LAYER_TENSOR_ORDER}. */
 export function layerTensorsOf(cfg: ModelConfig, layer: number): LayerTensor[] {
   checkLayer(cfg, layer);
-  return LAYER_TENSOR_ORDER.filter((t) => relativeName(cfg, layer, t) !== null);
+  return LAYER_TENSOR_ORDER.filter((t) => hfLayerName(cfg, layer, t) !== null);
 }

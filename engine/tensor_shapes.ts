@@ -44,7 +44,13 @@ export function layerTensorSpec(cfg: ModelConfig, t: LayerTensor, layer: number)
   switch (t) {
     case "attn_norm":
     case "ffn_norm":
+    case "mtp_enorm":
+    case "mtp_hnorm":
+    case "mtp_head_norm":
       return vector(H);
+    // An MTP layer's projection of [normed embedding; normed hidden state].
+    case "mtp_proj":
+      return weight(H, 2 * H);
     case "ffn_gate":
     case "ffn_up":
       return weight(cfg.intermediateSize, H);

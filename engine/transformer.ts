@@ -12,19 +12,23 @@
  * batch. Every step but attention treats rows independently, so a sequence's logits do not depend
  * on what else is in the pass.
  *
+ * With `mtp` (`--spec mtp`) the model's first multi-token-prediction layer runs beside every
+ * pass on the positions it settled, and `mtpStep` chains it to draft (engine/speculate.ts).
+ *
  * @module
  */
-import type { GlobalTensor, ModelConfig } from "../io/model_config.ts";
+import { type GlobalTensor, type ModelConfig, mtpDraftLayerIds } from "../io/model_config.ts";
 import type { Arena } from "./arena.ts";
 import { embedRows } from "./embedding.ts";
 import type { Ops } from "./ops.ts";
 import { FeedForward, type MoeObserver } from "./parts/feed_forward.ts";
 import type { CacheRegion, StateRegion } from "./parts/mixer.ts";
+import type { SequenceSpan } from "./parts/mixer.ts";
 import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
-import { LOGIT_ROWS, skeletonRegions } from "./run_state.ts";
+import { LOGIT_ROWS, mtpRegions, skeletonRegions } from "./run_state.ts";
 import type { TensorRef } from "./tensor.ts";
-import type { ExpertSource, TrunkSource } from "./weights.ts";
+import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 
 export type { CacheRegion, MoeObserver, StateRegion };
 
@@ -49,6 +53,27 @@ export interface TransformerParts {
   maxCtx: number;
   /** Sequences whose mixer state the arena holds (default 1). */
   sequences?: number;
+  /** Run the first MTP layer beside every pass, so it can draft (`--spec mtp`). */
+  mtp?: boolean;
+}
+
+/** One step of the MTP layer: the draft logits and the hidden state the next step reads. */
+export interface MtpStep {
+  logits: Float32Array;
+  /** The MTP layer's output after its head norm, what the LM head reads (hidden × 1). */
+  hidden: Float32Array;
+}
+
+/** The MTP layer's mixers and buffers, and per sequence the hidden rows of its last pass. */
+interface MtpState {
+  layer: number;
+  mixers: LayerMixers;
+  /** The hidden states the MTP layer reads (maxBatch rows). */
+  hidden: number;
+  /** Per row [normed embedding; normed hidden state] (maxBatch rows of 2 × hidden). */
+  cat: number;
+  /** Per sequence: the main pass's hidden rows after the final norm, from position `pos`. */
+  last: ({ pos: number; rows: Float32Array } | null)[];
 }
 
 /** One sequence's rows of a pass: `tokens` at positions pos.. on sequence `seq`'s state. */
@@ -86,6 +111,7 @@ export class Transformer {
   #calls = 0;
   /** Per sequence: passes that ran rows on its state. */
   #writes: number[];
+  #mtp: MtpState | null = null;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -99,6 +125,21 @@ export class Transformer {
     this.#h = arena.alloc("hidden h", h);
     this.#tmp = arena.alloc("hidden tmp", tmp);
     this.#logits = arena.alloc("logits", logits);
+    if (p.mtp) {
+      const [layer] = mtpDraftLayerIds(cfg);
+      if (layer === undefined) throw new Error(`${cfg.modelType}: the model has no MTP layer`);
+      if (cfg.residual) {
+        throw new Error(`${cfg.modelType}: MTP drafts need a plain residual stream`);
+      }
+      const [hidden, cat] = mtpRegions(cfg, maxBatch);
+      this.#mtp = {
+        layer,
+        mixers: new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length, [layer]),
+        hidden: arena.alloc("mtp hidden", hidden),
+        cat: arena.alloc("mtp embedding and hidden", cat),
+        last: new Array(this.#writes.length).fill(null),
+      };
+    }
   }
 
   /** Observers of MoE routing (may be empty). */
@@ -185,27 +226,12 @@ export class Transformer {
     for (const s of seqs) this.#writes[s]++;
     const positions = batch.flatMap((r) => r.tokens.map((_, i) => r.pos + i));
     const spans = batch.map((r) => ({ seq: r.seq, n: r.tokens.length, pos: r.pos }));
-    const stream = this.#stream, h = this.#h, tmp = this.#tmp;
+    const stream = this.#stream, h = this.#h;
     embedRows(arena, globals.embed, tokens, stream.x);
     stream.start(nb);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       const lw = trunk.acquire(layer);
-      ops.rmsnorm(
-        stream.input("mixer", layer, lw, nb),
-        lw.get("attn_norm").ptr,
-        h,
-        d,
-        nb,
-        eps,
-        unit,
-      );
-      // Attention is per sequence: each one's rows on its own state.
-      this.#mixers.forwardSpans(layer, lw, h, tmp, spans);
-      stream.add("mixer", layer, tmp, nb);
-      const x = stream.input("ffn", layer, lw, nb);
-      ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps, unit);
-      this.#ffn.forward(layer, lw, h, x, tmp, nb, positions, tokens);
-      stream.add("ffn", layer, tmp, nb);
+      this.#layer(layer, lw, this.#mixers, spans, positions, tokens);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
       if (layer < cfg.numLayers - 1 && stop?.()) throw new PassInterrupted(layer);
@@ -217,26 +243,159 @@ export class Transformer {
       end += r.tokens.length;
       for (let i = r.allLogits ? end - r.tokens.length : end - 1; i < end; i++) picked.push(i);
     }
-    const first = batch.length === 1 ? picked[0] : 0;
+    // The MTP layer reads every row as the LM head would (after the final norm).
+    const first = batch.length === 1 && !this.#mtp ? picked[0] : 0;
     ops.rmsnorm(stream.output(first, nb), globals.finalNorm.ptr, h, d, nb - first, eps, unit);
+    const hidden = this.#mtp ? ops.f32(h, nb * d).slice() : null;
     // Each row moves to a lower or equal row no later row is read from.
     picked.forEach((r, i) =>
       r - first !== i && ops.copy(h + i * d * 4, h + (r - first) * d * 4, d)
     );
-    const rows = picked.length;
-    const vocab = cfg.vocabSize;
-    const logits = new Float32Array(rows * vocab);
-    for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
-      const n = Math.min(LOGIT_ROWS, rows - r0);
-      ops.matmul({ w: globals.lmHead, x: h + r0 * d * 4, y: this.#logits, nb: n });
-      if (cfg.logitSoftcap) ops.softcap(this.#logits, n * vocab, cfg.logitSoftcap);
-      logits.set(ops.f32(this.#logits, n * vocab), r0 * vocab);
+    const logits = this.#head(picked.length);
+    if (hidden) {
+      let r0 = 0;
+      for (const r of batch) {
+        this.#mtpCatchUp(r, hidden.subarray(r0 * d, (r0 + r.tokens.length) * d));
+        r0 += r.tokens.length;
+      }
     }
+    const vocab = cfg.vocabSize;
     let at = 0;
     return batch.map((r) => {
       const n = r.allLogits ? r.tokens.length : 1;
       at += n;
       return logits.subarray((at - n) * vocab, at * vocab);
     });
+  }
+
+  /**
+   * One layer of the skeleton on the stream's `nb` rows: the normed mixer input through the
+   * layer's mixer (each sequence's span on its own state), then the normed feed-forward input
+   * through the feed-forward, each added back.
+   */
+  #layer(
+    layer: number,
+    lw: LayerWeights,
+    mixers: LayerMixers,
+    spans: readonly SequenceSpan[],
+    positions: readonly number[],
+    tokens: readonly number[],
+  ): void {
+    const { cfg, ops } = this.#p;
+    const stream = this.#stream, h = this.#h, tmp = this.#tmp;
+    const d = cfg.hiddenSize, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
+    const nb = tokens.length;
+    ops.rmsnorm(stream.input("mixer", layer, lw, nb), lw.get("attn_norm").ptr, h, d, nb, eps, unit);
+    // Attention is per sequence: each one's rows on its own state.
+    mixers.forwardSpans(layer, lw, h, tmp, spans);
+    stream.add("mixer", layer, tmp, nb);
+    const x = stream.input("ffn", layer, lw, nb);
+    ops.rmsnorm(x, lw.get("ffn_norm").ptr, h, d, nb, eps, unit);
+    this.#ffn.forward(layer, lw, h, x, tmp, nb, positions, tokens);
+    stream.add("ffn", layer, tmp, nb);
+  }
+
+  /** The LM head (and soft cap) over the first `rows` rows of h, in pieces of LOGIT_ROWS. */
+  #head(rows: number): Float32Array {
+    const { cfg, ops, globals } = this.#p;
+    const d = cfg.hiddenSize, vocab = cfg.vocabSize;
+    const logits = new Float32Array(rows * vocab);
+    for (let r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
+      const n = Math.min(LOGIT_ROWS, rows - r0);
+      ops.matmul({ w: globals.lmHead, x: this.#h + r0 * d * 4, y: this.#logits, nb: n });
+      if (cfg.logitSoftcap) ops.softcap(this.#logits, n * vocab, cfg.logitSoftcap);
+      logits.set(ops.f32(this.#logits, n * vocab), r0 * vocab);
+    }
+    return logits;
+  }
+
+  /** Whether the MTP layer runs beside every pass (it can draft). */
+  get mtp(): boolean {
+    return this.#mtp !== null;
+  }
+
+  /**
+   * The main pass's hidden state at position `pos` of sequence `seq` after the final norm (what
+   * the LM head reads, and what the MTP layer was trained on), when its last pass ran that
+   * position; else null.
+   */
+  mtpHidden(seq: number, pos: number): Float32Array | null {
+    const last = this.#mtp?.last[seq];
+    const d = this.cfg.hiddenSize;
+    if (!last || pos < last.pos || (pos - last.pos + 1) * d > last.rows.length) return null;
+    return last.rows.subarray((pos - last.pos) * d, (pos - last.pos + 1) * d);
+  }
+
+  /**
+   * Fills the MTP layer's cache for the positions a pass of sequence `r.seq` settled: position p
+   * reads the main hidden state at p and the token at p + 1 (DeepSeek-V3 tech report §2.2), so
+   * this pass's rows give every position before its last, and the previous pass's last row the
+   * one before this pass's first. What a draft wrote past them is overwritten here before any
+   * query reads it.
+   */
+  #mtpCatchUp(r: SequenceRows, rows: Float32Array): void {
+    const m = this.#mtp!, d = this.cfg.hiddenSize;
+    const before = this.mtpHidden(r.seq, r.pos - 1);
+    const n = r.tokens.length - 1 + (before ? 1 : 0);
+    if (n > 0) {
+      const hidden = new Float32Array(n * d);
+      if (before) hidden.set(before);
+      hidden.set(rows.subarray(0, (r.tokens.length - 1) * d), before ? d : 0);
+      const tokens = before ? r.tokens : r.tokens.slice(1);
+      this.#mtpRun(r.seq, hidden, tokens, before ? r.pos - 1 : r.pos);
+    }
+    m.last[r.seq] = { pos: r.pos, rows };
+  }
+
+  /**
+   * One MTP step on sequence `seq`: `token` (the one after position `pos`) with `hidden`, the
+   * main pass's (or the previous step's) normed hidden state at `pos`; its logits predict the
+   * token two after `pos`. Chained steps each read the hidden state the step before returns.
+   */
+  mtpStep(seq: number, hidden: Float32Array, token: number, pos: number): MtpStep {
+    if (!this.#mtp) throw new Error("mtpStep: the MTP layer is not running (--spec mtp)");
+    return this.#mtpRun(seq, hidden, [token], pos, true)!;
+  }
+
+  /**
+   * The MTP layer on rows at positions pos..: h' = M·[RMSNorm_e(Emb(token)); RMSNorm_h(hidden)]
+   * (the embedding is zero at position 0, as vLLM and SGLang run it), then one decoder layer on
+   * its own cache, then with `logits` its head norm and the shared LM head on the last row; the
+   * head norm's output is the hidden state a chained step reads.
+   */
+  #mtpRun(
+    seq: number,
+    hidden: Float32Array,
+    tokens: number[],
+    pos: number,
+    logits = false,
+  ): MtpStep | null {
+    const { cfg, arena, ops, trunk, globals } = this.#p;
+    const m = this.#mtp!, d = cfg.hiddenSize, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
+    const nb = tokens.length;
+    const stream = this.#stream, h = this.#h, tmp = this.#tmp;
+    m.mixers.select(seq);
+    m.mixers.begin(pos, nb);
+    const lw = trunk.acquire(m.layer);
+    try {
+      embedRows(arena, globals.embed, tokens, tmp);
+      if (pos === 0) ops.f32(tmp, d).fill(0);
+      ops.rmsnorm(tmp, lw.get("mtp_enorm").ptr, h, d, nb, eps, unit);
+      ops.f32(m.hidden, nb * d).set(hidden);
+      ops.rmsnorm(m.hidden, lw.get("mtp_hnorm").ptr, tmp, d, nb, eps, unit);
+      for (let r = 0; r < nb; r++) {
+        ops.copy(m.cat + 2 * r * d * 4, h + r * d * 4, d);
+        ops.copy(m.cat + (2 * r + 1) * d * 4, tmp + r * d * 4, d);
+      }
+      ops.matmul({ w: lw.get("mtp_proj"), x: m.cat, y: stream.x, nb });
+      stream.start(nb);
+      const positions = tokens.map((_, i) => pos + i);
+      this.#layer(m.layer, lw, m.mixers, [{ seq, n: nb, pos }], positions, tokens);
+      if (!logits) return null;
+      ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
+      return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
+    } finally {
+      trunk.release(m.layer);
+    }
   }
 }

@@ -20,6 +20,7 @@ import { type RecordHeader, verifyRecord } from "./format.ts";
 import { type FamilyRules, parseManifest } from "./manifest.ts";
 import {
   CODEBOOKS_FILE,
+  type ExpertBank,
   type Manifest,
   type Region,
   type TensorEntry,
@@ -87,7 +88,7 @@ export function readContainer(path: string, rules: FamilyRules): Container {
     config: manifest.config,
     trunkPath: join(path, TRUNK_FILE),
     expertBankPath(layer: number): string {
-      const bank = manifest.experts[layer];
+      const bank = allBanks(manifest)[layer];
       if (!bank) throw new Error(`${path}: layer ${layer} has no expert bank`);
       return join(path, bank.file);
     },
@@ -136,7 +137,7 @@ export function readExpertRecord(
   layer: number,
   expert: number,
 ): { record: Uint8Array; header: RecordHeader } {
-  const bank = c.manifest.experts[layer];
+  const bank = allBanks(c.manifest)[layer];
   if (!bank) throw new Error(`${c.dir}: layer ${layer} has no expert bank`);
   if (!Number.isInteger(expert) || expert < 0 || expert >= bank.count) {
     throw new Error(`${c.dir}: layer ${layer} has no expert ${expert}`);
@@ -166,8 +167,8 @@ export function verifyContainer(c: Container): void {
     }
   };
   check(t.globals.region, "globals region");
-  t.layers.forEach((r, l) => check(r, `layer ${l} run`));
-  c.manifest.experts.forEach((bank, l) => {
+  [...t.layers, ...c.manifest.mtp?.layers ?? []].forEach((r, l) => check(r, `layer ${l} run`));
+  allBanks(c.manifest).forEach((bank, l) => {
     if (!bank) return;
     for (let e = 0; e < bank.count; e++) readExpertRecord(c, l, e);
     for (const m of EXPERT_MATRICES) if (bank.codebooks?.[m]) readCodebooks(c, l, m);
@@ -179,7 +180,7 @@ export function verifyContainer(c: Container): void {
  * [3][8][256] or [4][8][64], the kernels' dimension-major layout.
  */
 export function readCodebooks(c: Container, layer: number, m: ExpertMatrix): Float32Array {
-  const ref = c.manifest.experts[layer]?.codebooks?.[m];
+  const ref = allBanks(c.manifest)[layer]?.codebooks?.[m];
   if (!ref) throw new Error(`${c.dir}: layer ${layer} ${m} has no codebooks`);
   const path = join(c.dir, CODEBOOKS_FILE);
   const bytes = readFileRange(path, ref.offset, ref.bytes);
@@ -187,4 +188,12 @@ export function readCodebooks(c: Container, layer: number, m: ExpertMatrix): Flo
     throw new Error(`${path}: layer ${layer} ${m} codebooks CRC mismatch at offset ${ref.offset}`);
   }
   return new Float32Array(bytes.buffer, 0, ref.bytes / 4);
+}
+
+/**
+ * Every expert bank of a manifest by layer: the main layers', then the MTP layers' (numLayers..,
+ * manifest `mtp`); null for dense layers.
+ */
+export function allBanks(m: Manifest): (ExpertBank | null)[] {
+  return [...m.experts, ...m.mtp?.experts ?? []];
 }

@@ -14,6 +14,7 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   globalTensorsOf,
+  layerKindOf,
   type ModelConfig,
 } from "./model_config.ts";
 import {
@@ -265,6 +266,7 @@ export function validateModelConfig(v: unknown, where: string, rules: FamilyRule
     }
   }
   if (c.logitSoftcap !== undefined) num(c.logitSoftcap, w("logitSoftcap"));
+  if (c.mtp !== undefined) int(obj(c.mtp, w("mtp")).layers, w("mtp.layers"), 1, 64);
   rules.validateFamily(c, where);
   if (c.bosId !== null) int(c.bosId, w("bosId"), 0, MAX_DIM);
   if (!Array.isArray(c.eosIds)) throw new Error(`${w("eosIds")}: expected a list`);
@@ -419,8 +421,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     throw new Error(`${where} trunk.layers: expected ${config.numLayers} runs`);
   }
   const regions: [number, number, string][] = [[gRegion.offset, gRegion.bytes, "globals"]];
-  const layers = trunk.layers.map((v, l): LayerRun => {
-    const at = `${where} trunk.layers[${l}]`;
+  const layerRun = (v: unknown, l: number, at: string): LayerRun => {
     const r = region(v, at, trunkBytes);
     const t = obj(obj(v, at).tensors, `${at}.tensors`);
     const want = rules.layerTensors(config, l);
@@ -436,7 +437,21 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     checkNoOverlap(Object.entries(tensors), at);
     regions.push([r.offset, r.bytes, `layer ${l}`]);
     return { ...r, tensors };
-  });
+  };
+  const layers = trunk.layers.map((v, l) => layerRun(v, l, `${where} trunk.layers[${l}]`));
+  // The MTP layers numLayers.. (docs/FORMAT.md), exactly when the config has them.
+  const n = config.numLayers;
+  const mtp = m.mtp === undefined ? undefined : obj(m.mtp, `${where} mtp`);
+  if ((mtp === undefined) !== (config.mtp === undefined)) {
+    throw new Error(`${where} mtp: present exactly when config.mtp is`);
+  }
+  const mtpCount = config.mtp?.layers ?? 0;
+  if (mtp && (!Array.isArray(mtp.layers) || mtp.layers.length !== mtpCount)) {
+    throw new Error(`${where} mtp.layers: expected ${mtpCount} runs`);
+  }
+  const mtpLayers = mtp
+    ? (mtp.layers as unknown[]).map((v, j) => layerRun(v, n + j, `${where} mtp.layers[${j}]`))
+    : [];
   regions.sort((a, b) => a[0] - b[0]);
   for (let i = 1; i < regions.length; i++) {
     if (regions[i][0] < regions[i - 1][0] + regions[i - 1][1]) {
@@ -463,9 +478,8 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
   if (!Array.isArray(m.experts) || m.experts.length !== config.numLayers) {
     throw new Error(`${where} experts: expected ${config.numLayers} entries`);
   }
-  const experts = m.experts.map((v, l): ExpertBank | null => {
-    const at = `${where} experts[${l}]`;
-    if (config.layerKinds[l] === "dense") {
+  const bankOf = (v: unknown, l: number, at: string): ExpertBank | null => {
+    if (layerKindOf(config, l) === "dense") {
       if (v !== null) throw new Error(`${at}: layer ${l} is dense, expected null`);
       return null;
     }
@@ -574,7 +588,14 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
     if (Object.keys(fellBack).length) bank.fallback = fellBack;
     if (Object.keys(refs).length) bank.codebooks = refs;
     return bank;
-  });
+  };
+  const experts = m.experts.map((v, l) => bankOf(v, l, `${where} experts[${l}]`));
+  if (mtp && (!Array.isArray(mtp.experts) || mtp.experts.length !== mtpCount)) {
+    throw new Error(`${where} mtp.experts: expected ${mtpCount} entries`);
+  }
+  const mtpExperts = mtp
+    ? (mtp.experts as unknown[]).map((v, j) => bankOf(v, n + j, `${where} mtp.experts[${j}]`))
+    : [];
   codebookSpans.sort((a, b) => a[0] - b[0]);
   for (let i = 1; i < codebookSpans.length; i++) {
     if (codebookSpans[i][0] < codebookSpans[i - 1][0] + codebookSpans[i - 1][1]) {
@@ -606,6 +627,7 @@ export function parseManifest(raw: unknown, dir: string, rules: FamilyRules): Ma
       layers,
     },
     experts,
+    ...(mtp ? { mtp: { layers: mtpLayers, experts: mtpExperts } } : {}),
     ...(codebooks ? { codebooks } : {}),
     ...(pack ? { pack } : {}),
     tokenizer: { files },

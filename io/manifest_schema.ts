@@ -111,6 +111,12 @@ export interface Manifest {
   };
   /** Index = layer; null for dense layers. */
   experts: (ExpertBank | null)[];
+  /**
+   * The multi-token-prediction layers numLayers.. (present exactly when `config.mtp` is): their
+   * trunk runs (in trunk.bin, after the main layers') and expert banks, index j = layer
+   * numLayers + j. The main pass never runs them; `--spec mtp` drafts with them.
+   */
+  mtp?: { layers: LayerRun[]; experts: (ExpertBank | null)[] };
   /** Present exactly when some expert matrix is vq3r or vq4p. */
   codebooks?: { file: typeof CODEBOOKS_FILE; bytes: number };
   /** Absent in containers packed before quantisation existed. */

@@ -382,6 +382,8 @@ export interface ModelConfig {
   logitSoftcap?: number;
   /** DeepSeek-V4's compressed sparse attention on every layer (absent for other families). */
   csa?: CsaConfig;
+  /** Multi-token-prediction layers the container keeps after the main ones (absent: none). */
+  mtp?: MtpConfig;
   bosId: number | null;
   eosIds: number[];
 }
@@ -495,6 +497,12 @@ export const LAYER_TENSOR_ORDER = [
   "hc_ffn_fn",
   "hc_ffn_base",
   "hc_ffn_scale",
+  // MTP layers: the norms of the token's embedding and of the hidden state, the projection of
+  // their concatenation, and the norm before the shared LM head.
+  "mtp_enorm",
+  "mtp_hnorm",
+  "mtp_proj",
+  "mtp_head_norm",
 ] as const;
 
 /** One of {@link LAYER_TENSOR_ORDER}. */
@@ -508,6 +516,40 @@ export function layerGeometry(cfg: ModelConfig, layer: number): FullLayerGeometr
   const full = cfg.attention?.fullLayers;
   if (full && (cfg.attention?.windows[layer] ?? 0) === 0) return full;
   return { headDim: cfg.headDim, numKvHeads: cfg.numKvHeads, rope: cfg.rope, kEqV: false };
+}
+
+/**
+ * The multi-token-prediction (MTP) layers a checkpoint ships (DeepSeek-V3 tech report §2.2):
+ * layer numLayers + j is a full decoder layer (the mixer `mixerOf` gives it, a MoE feed-forward
+ * when the model has one) with its own norms of the embedding and of the hidden state, the
+ * projection of their concatenation, and a norm before the shared LM head. The main pass never
+ * runs them; they draft (engine/speculate.ts).
+ */
+export interface MtpConfig {
+  /** How many; layer indices numLayers .. numLayers + layers − 1. */
+  layers: number;
+}
+
+/** Indices of a config's MTP layers (none without an `mtp` section). */
+export function mtpLayerIds(cfg: ModelConfig): number[] {
+  return Array.from({ length: cfg.mtp?.layers ?? 0 }, (_, j) => cfg.numLayers + j);
+}
+
+/**
+ * How many of a model's MTP layers a run with MTP drafts loads, plans and runs: the first; a
+ * chain of drafts reuses it, as vLLM runs one MTP layer for k drafts.
+ */
+export const MTP_DRAFT_LAYERS = 1;
+
+/** Indices of the MTP layers a run with MTP drafts loads ({@link MTP_DRAFT_LAYERS}). */
+export function mtpDraftLayerIds(cfg: ModelConfig): number[] {
+  return mtpLayerIds(cfg).slice(0, MTP_DRAFT_LAYERS);
+}
+
+/** "dense" or "moe" of any layer, MTP layers (MoE when the model has experts) included. */
+export function layerKindOf(cfg: ModelConfig, layer: number): "dense" | "moe" {
+  if (layer < cfg.numLayers) return cfg.layerKinds[layer];
+  return cfg.moe ? "moe" : "dense";
 }
 
 /** Whether `layer` is a KDA (linear-attention) layer. */

@@ -325,22 +325,32 @@ Deno.test({
 });
 
 Deno.test({
-  name: "pack says which Qwen3.5 tensors it skips: the MTP block and the vision tower",
+  name:
+    "pack says which Qwen3.5 tensors it skips: the vision tower, and the MTP block with --no-mtp",
   ignore: ignoreOf("tiny-qwen3.5-moe"),
   async fn() {
     const lines: string[] = [];
     const out = `${tempDir()}/qwen3.5-notice.sluice`;
+    const kept = await packCheckpoint(fixtureDir("tiny-qwen3.5-moe"), out, {
+      progress: "off",
+      log: (l) => lines.push(l),
+    });
+    assert.equal(kept.manifest.mtp?.layers.length, 1, "the MTP block is kept for --spec mtp");
+    assert.ok(!lines.some((l) => l.includes("under mtp.*")), lines.join("\n"));
+    assert.ok(lines.some((l) => l.startsWith("pack: skipping 21 tensors under model.visual.*")));
+    lines.length = 0;
     await packCheckpoint(fixtureDir("tiny-qwen3.5-moe"), out, {
       progress: "off",
+      force: true,
+      mtp: false,
       log: (l) => lines.push(l),
     });
     assert.ok(
       lines.includes(
-        "pack: skipping 41 tensors under mtp.* (the multi-token-prediction block, not used for generation)",
+        "pack: skipping 41 tensors under mtp.* (the multi-token-prediction block, left out by --no-mtp)",
       ),
       lines.join("\n"),
     );
-    assert.ok(lines.some((l) => l.startsWith("pack: skipping 21 tensors under model.visual.*")));
   },
 });
 

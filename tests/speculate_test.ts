@@ -31,8 +31,9 @@ Deno.test("prompt lookup drafts the continuation of the latest earlier match", (
   assert.deepEqual(ngramDraft([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3, 2), [7, 8]);
   assert.deepEqual(ngramDraft([5, 1, 2, 6, 4, 2], 3, 4), [6, 4, 2]);
   assert.deepEqual(ngramDraft([1, 2, 3], 2, 4), []);
-  assert.equal(parseSpec("ngram"), 3);
-  assert.equal(parseSpec("ngram:5"), 5);
+  assert.deepEqual(parseSpec("ngram"), { ngram: 3 });
+  assert.deepEqual(parseSpec("ngram:5"), { ngram: 5 });
+  assert.deepEqual(parseSpec("mtp"), { mtp: true });
   assert.throws(() => parseSpec("ngrams"), /--spec: expected ngram/);
   assert.throws(() => parseSpec("ngram:0"), /--spec/);
 });

@@ -48,6 +48,8 @@ export interface InspectReport {
    * tied) and one embedding row (trunk), plus top-k records per MoE layer (experts).
    */
   bytesPerToken: { trunk: number; experts: number; total: number };
+  /** The multi-token-prediction layers kept for `--spec mtp` (not in the counts above). */
+  mtp: { layers: number; params: number; bytes: number } | null;
   banks: BankReport[];
   files: { name: string; bytes: number }[];
 }
@@ -103,6 +105,20 @@ export function inspectContainer(path: string): InspectReport {
     bytes: statSync(join(path, name)).size,
   }));
   const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
+  let mtp: InspectReport["mtp"] = null;
+  if (m.mtp) {
+    let params = 0, bytes = 0;
+    for (const run of m.mtp.layers) {
+      for (const e of Object.values(run.tensors)) params += elems(e);
+      bytes += run.bytes;
+    }
+    for (const bank of m.mtp.experts) {
+      if (!bank) continue;
+      params += bank.count * EXPERT_MATRICES.reduce((n, k) => n + elems(bank.matrices[k]), 0);
+      bytes += bank.count * bank.stride;
+    }
+    mtp = { layers: m.mtp.layers.length, params, bytes };
+  }
   return {
     path,
     family: cfg.family,
@@ -117,6 +133,7 @@ export function inspectContainer(path: string): InspectReport {
       experts: expertBytesPerToken,
       total: trunkPerToken + expertBytesPerToken,
     },
+    mtp,
     banks,
     files,
   };
@@ -142,6 +159,12 @@ export function formatReport(r: InspectReport): string {
       formatBytes(r.bytesPerToken.trunk)
     }, experts ${formatBytes(r.bytesPerToken.experts)})`,
   );
+  if (r.mtp) {
+    lines.push(
+      `mtp           ${r.mtp.layers} multi-token-prediction layer(s) for --spec mtp, ` +
+        `${r.mtp.params.toLocaleString("en-US")} parameters, ${formatBytes(r.mtp.bytes)}`,
+    );
+  }
   for (const b of r.banks) {
     const parts = Object.entries(b.layout).map(([k, v]) =>
       `${k} ${v.offset}+${v.bytes}` + (v.scale ? ` (scale ${v.scale[0]}+${v.scale[1]})` : "")

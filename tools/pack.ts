@@ -45,6 +45,7 @@ Options:
   --experts FORMAT      store routed experts as ${Object.keys(EXPERT_OPTIONS).join(", ")}
                         (default: as shipped); matrices a format cannot hold keep their dtype
   --trunk int8          per-row int8 for the layers' attention/dense matrices
+  --no-mtp              leave out the multi-token-prediction layers (no --spec mtp)
   --convert f32|bf16    dequantise / convert every weight matrix
   --vq3r-sample N       vectors sampled to train each VQ3R / VQ4P codebook
   --vq3r-iterations N   k-means iterations per VQ3R / VQ4P stage

@@ -38,6 +38,26 @@ export interface MoeNaming {
   shared?: string;
 }
 
+/** The MTP layers' own tensors (io/model_config.ts `MtpConfig`). */
+export type MtpTensor = "mtp_enorm" | "mtp_hnorm" | "mtp_proj" | "mtp_head_norm";
+
+/**
+ * How a model_type's checkpoints name their multi-token-prediction layers: DeepSeek-V3 and GLM
+ * as layers numLayers + j (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm` beside a decoder
+ * layer's tensors), Qwen3-Next and Qwen3.5 under `mtp.` (`pre_fc_norm_embedding`,
+ * `pre_fc_norm_hidden`, `fc`, `norm`, and the decoder layer `mtp.layers.j.`).
+ */
+export interface MtpNaming {
+  /** Checkpoint name prefix (ending in a dot) of MTP layer j's decoder layer. */
+  block(cfg: ModelConfig, j: number): string;
+  /** Full checkpoint name of MTP layer j's own tensor `t`. */
+  own(cfg: ModelConfig, j: number, t: MtpTensor): string;
+  /** Its routed experts are one tensor per expert even where the main layers stack them. */
+  perExpert?: boolean;
+  /** A {@link ModelType.skipped} prefix that is the MTP block: packed, so not reported. */
+  skippedPrefix?: string;
+}
+
 /** One supported Hugging Face model_type. */
 export interface ModelType {
   /** The family whose math it runs. */
@@ -64,6 +84,8 @@ export interface ModelType {
    * `mtp.` and `model.visual.`): pack skips them with a notice.
    */
   skipped?: Readonly<Record<string, string>>;
+  /** How its MTP layers are named, when pack keeps them (absent: MTP layers are skipped). */
+  mtp?: MtpNaming;
 }
 
 /**

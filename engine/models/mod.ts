@@ -11,7 +11,7 @@ import { DEEPSEEK_V3, normaliseDeepseekV3, normaliseGlmMoeDsa } from "./deepseek
 import { DEEPSEEK_V4, DEEPSEEK_V4_NAMING, normaliseDeepseekV4 } from "./deepseek_v4.ts";
 import { GEMMA4, GEMMA4_NAMING, normaliseGemma4 } from "./gemma4.ts";
 import { GLM5_NEXT, normaliseGlm5Next } from "./glm5_next.ts";
-import type { Family, ModelType } from "./family.ts";
+import type { Family, ModelType, MtpNaming, MtpTensor } from "./family.ts";
 import { GPT_OSS, GPT_OSS_NAMING, normaliseGptOss } from "./gpt_oss.ts";
 import { KIMI_K3, normaliseKimiK3 } from "./kimi_k3.ts";
 import { KIMI_LINEAR, normaliseKimiLinear } from "./kimi_linear.ts";
@@ -32,6 +32,32 @@ import {
   normaliseMixtral,
   normaliseQwen3Moe,
 } from "./llama.ts";
+
+/** DeepSeek-V3 and GLM: MTP layer j is layer numLayers + j with its own tensors beside it. */
+const NEXTN_MTP: MtpNaming = {
+  block: (cfg, j) => `${modelTypeOf(cfg).prefix ?? "model."}layers.${cfg.numLayers + j}.`,
+  own: (cfg, j, t) => `${NEXTN_MTP.block(cfg, j)}${NEXTN_OWN[t]}`,
+};
+const NEXTN_OWN: Record<MtpTensor, string> = {
+  mtp_enorm: "enorm.weight",
+  mtp_hnorm: "hnorm.weight",
+  mtp_proj: "eh_proj.weight",
+  mtp_head_norm: "shared_head.norm.weight",
+};
+
+/** Qwen3-Next and Qwen3.5: one `mtp.` block, its experts stored one tensor per expert. */
+const QWEN_MTP: MtpNaming = {
+  block: (_cfg, j) => `mtp.layers.${j}.`,
+  own: (_cfg, _j, t) => `mtp.${QWEN_OWN[t]}`,
+  perExpert: true,
+  skippedPrefix: "mtp.",
+};
+const QWEN_OWN: Record<MtpTensor, string> = {
+  mtp_enorm: "pre_fc_norm_embedding.weight",
+  mtp_hnorm: "pre_fc_norm_hidden.weight",
+  mtp_proj: "fc.weight",
+  mtp_head_norm: "norm.weight",
+};
 
 /** Every attention family, by the name a stored config carries as `family`. */
 export const FAMILIES: Readonly<Record<string, Family>> = {
@@ -75,6 +101,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseDeepseekV3,
     naming: MLP_NAMING,
     architectures: ["DeepseekV3ForCausalLM"],
+    mtp: NEXTN_MTP,
   },
   // DeepSeek-V4 ships its original tensor names (no `model.` prefix, `embed`, `head`).
   deepseek_v4: {
@@ -91,6 +118,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseGlmMoeDsa,
     naming: MLP_NAMING,
     architectures: ["GlmMoeDsaForCausalLM"],
+    mtp: NEXTN_MTP,
   },
   // GLM-5.3-Flash: the text model under text_config and model.language_model.; the MTP layer
   // (index num_hidden_layers) and the vision tower are not packed.
@@ -107,6 +135,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseGlm4Moe,
     naming: MLP_NAMING,
     architectures: ["Glm4MoeForCausalLM"],
+    mtp: NEXTN_MTP,
     llamaCppArch: "glm4moe",
   },
   gpt_oss: {
@@ -166,8 +195,9 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseQwen3Next,
     naming: QWEN3_NEXT_NAMING,
     architectures: ["Qwen3NextForCausalLM"],
+    mtp: QWEN_MTP,
     llamaCppArch: "qwen3next",
-    skipped: { "mtp.": "the multi-token-prediction block, not used for generation" },
+    skipped: { "mtp.": "the multi-token-prediction block, left out by --no-mtp" },
   },
   // Qwen3.5/3.6-MoE: the text model nested under text_config and model.language_model.
   qwen3_5_moe: {
@@ -175,10 +205,11 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     normalise: normaliseQwen3_5Moe,
     naming: QWEN3_5_NAMING,
     architectures: ["Qwen3_5MoeForConditionalGeneration"],
+    mtp: QWEN_MTP,
     llamaCppArch: "qwen35moe",
     prefix: "model.language_model.",
     skipped: {
-      "mtp.": "the multi-token-prediction block, not used for generation",
+      "mtp.": "the multi-token-prediction block, left out by --no-mtp",
       "model.visual.": "the vision tower; sluice runs the text model",
     },
   },

@@ -16,7 +16,12 @@
  * @module
  */
 import type { Arena } from "../arena.ts";
-import { expertWidth, type LayerTensor, type ModelConfig } from "../../io/model_config.ts";
+import {
+  expertWidth,
+  layerKindOf,
+  type LayerTensor,
+  type ModelConfig,
+} from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "../quant_matmul.ts";
 import { inputFormOf } from "../tensor.ts";
@@ -258,7 +263,7 @@ export class FeedForward {
     positions: readonly number[],
     tokens: readonly number[],
   ): void {
-    if (this.#cfg.layerKinds[layer] !== "moe") return this.dense(lw, h, out, nb);
+    if (layerKindOf(this.#cfg, layer) !== "moe") return this.dense(lw, h, out, nb);
     if (!this.#beside) return this.moe(layer, lw, h, out, nb, positions, tokens);
     // The dense MLP beside the MoE (`moe.denseBeside`): out = dense_post_norm(MLP(h)) +
     // moe_post_norm(MoE(moe_norm(x))), the experts routed from x.

@@ -36,10 +36,18 @@ export function mixerPartOf(cfg: ModelConfig, layer: number): MixerPart {
   return MIXERS[mixerOf(cfg, layer)];
 }
 
-/** The mixer kinds a model runs, each with its layers in order, in order of first use. */
-export function mixerGroups(cfg: ModelConfig): [MixerPart, number[]][] {
+/** Every main layer's index (the MTP layers, io/model_config.ts `mtpLayerIds`, are apart). */
+function mainLayers(cfg: ModelConfig): number[] {
+  return Array.from({ length: cfg.numLayers }, (_, l) => l);
+}
+
+/**
+ * The mixer kinds `layers` (default: the main layers) run, each with its layers in order, in
+ * order of first use.
+ */
+export function mixerGroups(cfg: ModelConfig, layers = mainLayers(cfg)): [MixerPart, number[]][] {
   const groups = new Map<MixerPart, number[]>();
-  for (let l = 0; l < cfg.numLayers; l++) {
+  for (const l of layers) {
     const part = mixerPartOf(cfg, l);
     const layers = groups.get(part) ?? [];
     layers.push(l);
@@ -48,25 +56,35 @@ export function mixerGroups(cfg: ModelConfig): [MixerPart, number[]][] {
   return [...groups];
 }
 
-/** Bytes of every layer's per-sequence mixer state at `ctx` positions, layer by layer. */
-export function mixerStateBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number[] {
-  return Array.from(
-    { length: cfg.numLayers },
-    (_, l) => mixerPartOf(cfg, l).stateBytes(cfg, l, ctx, maxBatch),
-  );
+/**
+ * Bytes of the per-sequence mixer state of each of `layers` (default: the main layers) at `ctx`
+ * positions, layer by layer.
+ */
+export function mixerStateBytes(
+  cfg: ModelConfig,
+  ctx: number,
+  maxBatch: number,
+  layers = mainLayers(cfg),
+): number[] {
+  return layers.map((l) => mixerPartOf(cfg, l).stateBytes(cfg, l, ctx, maxBatch));
 }
 
-/** Bytes of the scratch of every mixer kind the model runs. */
-export function mixerScratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
-  return mixerGroups(cfg).reduce(
+/** Bytes of the scratch of every mixer kind `layers` (default: the main layers) run. */
+export function mixerScratchBytes(
+  cfg: ModelConfig,
+  ctx: number,
+  maxBatch: number,
+  layers = mainLayers(cfg),
+): number {
+  return mixerGroups(cfg, layers).reduce(
     (s, [part, layers]) => s + part.scratchBytes(cfg, layers, ctx, maxBatch),
     0,
   );
 }
 
 /**
- * The mixers of every layer of one model: each layer runs its own kind's, on the state of the
- * selected one of `sequences` sequences.
+ * The mixers of every layer of one model (or of `layers`, its MTP layers): each layer runs its
+ * own kind's, on the state of the selected one of `sequences` sequences.
  */
 export class LayerMixers implements Mixer {
   #byLayer: Mixer[] = [];
@@ -80,12 +98,13 @@ export class LayerMixers implements Mixer {
     maxBatch: number,
     maxCtx: number,
     sequences: number,
+    layers = mainLayers(cfg),
   ) {
     this.#hidden = cfg.hiddenSize;
-    for (const [part, layers] of mixerGroups(cfg)) {
-      const mixer = part.create(ops, arena, cfg, layers, maxBatch, maxCtx, sequences);
+    for (const [part, own] of mixerGroups(cfg, layers)) {
+      const mixer = part.create(ops, arena, cfg, own, maxBatch, maxCtx, sequences);
       this.#all.push(mixer);
-      for (const l of layers) this.#byLayer[l] = mixer;
+      for (const l of own) this.#byLayer[l] = mixer;
     }
   }
 

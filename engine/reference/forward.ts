@@ -19,10 +19,12 @@
  */
 
 import {
+  layerKindOf,
   type LayerTensor,
   layerTensorName,
   mixerOf,
   type ModelConfig,
+  mtpLayerIds,
   type RopeConfig,
 } from "../../io/model_config.ts";
 import {
@@ -114,10 +116,25 @@ export type ReferenceAttention = (
   pos: number,
 ) => Float64Array;
 
+/** The residual stream between layers: plain `x`, hyper-connection streams, or AttnRes blocks. */
+interface StreamState {
+  x: Float64Array;
+  streams: Float64Array[];
+  blocks: Float64Array[];
+}
+
+/** One MTP step: logits (float64) and the head-normed output a chained step reads. */
+export interface ReferenceMtpStep {
+  logits: Float64Array;
+  hidden: Float64Array;
+}
+
 /** A model evaluated token by token, with a KV cache per layer. */
 export class ReferenceModel implements ReferenceContext {
   /** Per layer: the experts chosen for the last token, in routing order ([] for dense layers). */
   lastRouting: number[][] = [];
+  /** The last token's hidden state after the final norm (what the LM head and MTP read). */
+  lastHidden: Float64Array = new Float64Array();
   /** The model description the pass follows. */
   readonly cfg: ModelConfig;
   /** Weights by canonical name, each fetched once. */
@@ -157,7 +174,10 @@ export class ReferenceModel implements ReferenceContext {
 
   /** Forgets every cached position. */
   reset(): void {
-    this.cache = Array.from({ length: this.cfg.numLayers }, () => ({ keys: [], values: [] }));
+    this.cache = Array.from(
+      { length: this.cfg.numLayers + (this.cfg.mtp?.layers ?? 0) },
+      () => ({ keys: [], values: [] }),
+    );
     this.states = [];
     this.positions = 0;
     this.lastRouting = [];
@@ -202,97 +222,31 @@ export class ReferenceModel implements ReferenceContext {
     }
     this.positions = pos + 1;
     const d = cfg.hiddenSize;
-    const eps = cfg.rmsNormEps;
     // x is the residual stream; with Attention Residuals the running sum of the current block,
     // `blocks` holding the snapshots taken at each block start; with hyper-connections `streams`
     // are the stream copies and x is unused after the embedding. Sandwich norms scale the
     // embedding, norm each sublayer's output before it joins x, and scale x after each layer.
     const sandwich = cfg.residual?.kind === "sandwich" ? cfg.residual : undefined;
-    let x: Float64Array = Float64Array.from(
+    const x: Float64Array = Float64Array.from(
       this.w("embed").subarray(token * d, (token + 1) * d),
       (v) => v * (sandwich?.embedScale ?? 1),
     );
-    const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
-    const joining = (out: Float64Array, l: number, norm: LayerTensor) =>
-      sandwich ? rmsNorm(out, this.lw(l, norm), eps, `layer ${l} ${norm}`) : out;
     const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
-    let streams: Float64Array[] = Array.from({ length: hyper?.streams ?? 0 }, () => x.slice());
-    const hyperAt = (l: number, site: "attn" | "ffn") =>
-      hyperWeights(
-        streams,
-        this.lw(l, `hc_${site}_fn`),
-        this.lw(l, `hc_${site}_base`),
-        this.lw(l, `hc_${site}_scale`),
-        hyper!.sinkhornIters,
-        eps,
-        hyper!.eps,
-        `layer ${l} hc_${site}`,
-      );
-    const blocks: Float64Array[] = [];
-    const mix = (l: number, norm: LayerTensor, proj: LayerTensor) =>
-      attnResMix([...blocks, x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
+    const state: StreamState = {
+      x,
+      streams: Array.from({ length: hyper?.streams ?? 0 }, () => x.slice()),
+      blocks: [],
+    };
     const routing: number[][] = [];
-    for (let l = 0; l < cfg.numLayers; l++) {
-      const hcAttn = hyper ? hyperAt(l, "attn") : undefined;
-      const a = hcAttn?.input ??
-        (attnRes && blocks.length ? mix(l, "attn_res_norm", "attn_res_proj") : x);
-      const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
-      if (restart) blocks.push(x);
-      const h = this.norm(a, this.lw(l, "attn_norm"), `layer ${l} attn_norm`);
-      const attn = joining(REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos), l, "attn_post_norm");
-      if (hcAttn) streams = hyperPost(streams, attn, hcAttn);
-      else if (restart) x = attn;
-      else addInto(x, attn);
-      const hcFfn = hyper ? hyperAt(l, "ffn") : undefined;
-      const m = hcFfn?.input ?? (attnRes ? mix(l, "mlp_res_norm", "mlp_res_proj") : x);
-      const h2 = this.norm(m, this.lw(l, "ffn_norm"), `layer ${l} ffn_norm`);
-      const dense = () =>
-        swiglu(
-          this.lw(l, "ffn_gate"),
-          this.lw(l, "ffn_up"),
-          this.lw(l, "ffn_down"),
-          h2,
-          cfg.intermediateSize,
-          `layer ${l} ffn`,
-          this.act,
-        );
-      let ffn: Float64Array;
-      if (cfg.layerKinds[l] !== "moe") {
-        ffn = dense();
-        routing.push([]);
-      } else if (cfg.moe?.denseBeside) {
-        // Gemma 4: the dense MLP and the experts side by side, each normed before and after,
-        // the experts routed from the stream itself.
-        const routed = this.moe(
-          l,
-          rmsNorm(m, this.lw(l, "moe_norm"), eps, `layer ${l} moe_norm`),
-          token,
-          m,
-        );
-        ffn = rmsNorm(dense(), this.lw(l, "dense_post_norm"), eps, `layer ${l} dense_post_norm`);
-        addInto(
-          ffn,
-          rmsNorm(routed.out, this.lw(l, "moe_post_norm"), eps, `layer ${l} moe_post_norm`),
-        );
-        routing.push(routed.experts);
-      } else {
-        const routed = this.moe(l, h2, token);
-        ffn = routed.out;
-        routing.push(routed.experts);
-      }
-      ffn = joining(ffn, l, "ffn_post_norm");
-      if (hcFfn) streams = hyperPost(streams, ffn, hcFfn);
-      else addInto(x, ffn);
-      if (sandwich) {
-        const scalar = this.lw(l, "layer_scalar")[0];
-        for (let i = 0; i < d; i++) x[i] *= scalar;
-      }
-    }
+    for (let l = 0; l < cfg.numLayers; l++) routing.push(this.layer(l, state, token, pos));
     this.lastRouting = routing;
-    let final = x;
+    const { blocks, streams } = state;
+    const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
+    const eps = cfg.rmsNormEps;
+    let final = state.x;
     if (attnRes) {
       final = attnResMix(
-        [...blocks, x],
+        [...blocks, state.x],
         this.w("out_res_norm"),
         this.w("out_res_proj"),
         eps,
@@ -311,10 +265,46 @@ export class ReferenceModel implements ReferenceContext {
       );
     }
     const xn = this.norm(final, this.w("final_norm"), "final_norm");
+    this.lastHidden = xn;
     const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
     const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
     if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
     return logits;
+  }
+
+  /**
+   * One step of the first multi-token-prediction layer (DeepSeek-V3 tech report §2.2) at
+   * position `pos`, reading `hidden` (the main pass's hidden state after the final norm at
+   * `pos`, or the previous step's head-normed output) and `token` (the one after `pos`):
+   * x = M·[RMSNorm_e(Emb(token)); RMSNorm_h(hidden)] (the embedding zero at position 0), one
+   * decoder layer on the MTP layer's own cache (dropped from `pos` on), then its head norm and
+   * the shared LM head. The logits predict the token two after `pos`.
+   */
+  mtp64(hidden: Float64Array, token: number, pos: number): ReferenceMtpStep {
+    const cfg = this.cfg;
+    const l = mtpLayerIds(cfg)[0];
+    if (l === undefined) throw new Error(`${cfg.modelType}: the config has no MTP layer`);
+    if (cfg.residual) throw new Error("mtp64: only the plain residual stream");
+    const d = cfg.hiddenSize;
+    const cache = this.cache[l];
+    if (pos > cache.keys.length) {
+      throw new Error(`mtp64: position ${pos}, the MTP cache holds ${cache.keys.length}`);
+    }
+    cache.keys.length = pos;
+    cache.values.length = pos;
+    const e = Float64Array.from(this.w("embed").subarray(token * d, (token + 1) * d));
+    if (pos === 0) e.fill(0);
+    const cat = new Float64Array(2 * d);
+    cat.set(this.norm(e, this.lw(l, "mtp_enorm"), "mtp enorm"));
+    cat.set(this.norm(hidden, this.lw(l, "mtp_hnorm"), "mtp hnorm"), d);
+    const x = matvec(this.lw(l, "mtp_proj"), cat, d, 2 * d, "mtp proj");
+    const state: StreamState = { x, streams: [], blocks: [] };
+    this.layer(l, state, token, pos);
+    const xn = this.norm(state.x, this.lw(l, "mtp_head_norm"), "mtp head norm");
+    const head = this.w(cfg.tieWordEmbeddings ? "embed" : "lm_head");
+    const logits = matvec(head, xn, cfg.vocabSize, d, "lm_head");
+    if (cfg.logitSoftcap) softcapInto(logits, cfg.logitSoftcap);
+    return { logits, hidden: xn };
   }
 
   /** The float32 values of a layer tensor. */
@@ -462,5 +452,88 @@ export class ReferenceModel implements ReferenceContext {
       addInto(out, shared);
     }
     return { out, experts: route.experts };
+  }
+
+  /**
+   * Layer `l` on the stream state `s` (the plain stream `x`, hyper-connection `streams`, or
+   * Attention Residuals' `blocks`) for `token` at `pos`; returns the experts it routed to.
+   */
+  private layer(l: number, s: StreamState, token: number, pos: number): number[] {
+    const cfg = this.cfg;
+    const d = cfg.hiddenSize;
+    const eps = cfg.rmsNormEps;
+    const sandwich = cfg.residual?.kind === "sandwich" ? cfg.residual : undefined;
+    const attnRes = cfg.residual?.kind === "attn_res" ? cfg.residual : undefined;
+    const hyper = cfg.residual?.kind === "hyper" ? cfg.residual : undefined;
+    const joining = (out: Float64Array, norm: LayerTensor) =>
+      sandwich ? rmsNorm(out, this.lw(l, norm), eps, `layer ${l} ${norm}`) : out;
+    const hyperAt = (site: "attn" | "ffn") =>
+      hyperWeights(
+        s.streams,
+        this.lw(l, `hc_${site}_fn`),
+        this.lw(l, `hc_${site}_base`),
+        this.lw(l, `hc_${site}_scale`),
+        hyper!.sinkhornIters,
+        eps,
+        hyper!.eps,
+        `layer ${l} hc_${site}`,
+      );
+    const mix = (norm: LayerTensor, proj: LayerTensor) =>
+      attnResMix([...s.blocks, s.x], this.lw(l, norm), this.lw(l, proj), eps, `layer ${l} ${norm}`);
+    const hcAttn = hyper ? hyperAt("attn") : undefined;
+    const a = hcAttn?.input ??
+      (attnRes && s.blocks.length ? mix("attn_res_norm", "attn_res_proj") : s.x);
+    const restart = attnRes !== undefined && l % attnRes.blockSize === 0;
+    if (restart) s.blocks.push(s.x);
+    const h = this.norm(a, this.lw(l, "attn_norm"), `layer ${l} attn_norm`);
+    const attn = joining(REFERENCE_MIXERS[mixerOf(cfg, l)](this, l, h, pos), "attn_post_norm");
+    if (hcAttn) s.streams = hyperPost(s.streams, attn, hcAttn);
+    else if (restart) s.x = attn;
+    else addInto(s.x, attn);
+    const hcFfn = hyper ? hyperAt("ffn") : undefined;
+    const m = hcFfn?.input ?? (attnRes ? mix("mlp_res_norm", "mlp_res_proj") : s.x);
+    const h2 = this.norm(m, this.lw(l, "ffn_norm"), `layer ${l} ffn_norm`);
+    const dense = () =>
+      swiglu(
+        this.lw(l, "ffn_gate"),
+        this.lw(l, "ffn_up"),
+        this.lw(l, "ffn_down"),
+        h2,
+        cfg.intermediateSize,
+        `layer ${l} ffn`,
+        this.act,
+      );
+    let ffn: Float64Array;
+    let experts: number[] = [];
+    if (layerKindOf(cfg, l) !== "moe") {
+      ffn = dense();
+    } else if (cfg.moe?.denseBeside) {
+      // Gemma 4: the dense MLP and the experts side by side, each normed before and after,
+      // the experts routed from the stream itself.
+      const routed = this.moe(
+        l,
+        rmsNorm(m, this.lw(l, "moe_norm"), eps, `layer ${l} moe_norm`),
+        token,
+        m,
+      );
+      ffn = rmsNorm(dense(), this.lw(l, "dense_post_norm"), eps, `layer ${l} dense_post_norm`);
+      addInto(
+        ffn,
+        rmsNorm(routed.out, this.lw(l, "moe_post_norm"), eps, `layer ${l} moe_post_norm`),
+      );
+      experts = routed.experts;
+    } else {
+      const routed = this.moe(l, h2, token);
+      ffn = routed.out;
+      experts = routed.experts;
+    }
+    ffn = joining(ffn, "ffn_post_norm");
+    if (hcFfn) s.streams = hyperPost(s.streams, ffn, hcFfn);
+    else addInto(s.x, ffn);
+    if (sandwich) {
+      const scalar = this.lw(l, "layer_scalar")[0];
+      for (let i = 0; i < d; i++) s.x[i] *= scalar;
+    }
+    return experts;
   }
 }

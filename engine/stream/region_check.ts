@@ -18,7 +18,10 @@ export function regionChecker(
 ): (layer: number | "globals", at: number) => void {
   const t = c.manifest.trunk;
   return (layer, at) => {
-    const r = layer === "globals" ? t.globals.region : t.layers[layer];
+    // MTP layers' runs follow the main layers' (manifest `mtp`).
+    const r = layer === "globals"
+      ? t.globals.region
+      : t.layers[layer] ?? c.manifest.mtp!.layers[layer - t.layers.length];
     const crc = crc32(arena.u8(at, r.bytes));
     if (crc !== r.crc32) {
       const what = layer === "globals" ? "globals region" : `layer ${layer} run`;

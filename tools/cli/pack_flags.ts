@@ -16,6 +16,7 @@ export const PACK_FLAGS: Flags = {
   "vq3r-iterations": { type: "string" },
   "vq3r-experts": { type: "string" },
   force: { type: "boolean" },
+  "no-mtp": { type: "boolean" },
 };
 
 /** The pack options of {@link PACK_FLAGS} (the packer checks their values). */
@@ -30,5 +31,6 @@ export function packOptionsFromArgs(a: Args): PackOptions {
       trainExperts: a.int("vq3r-experts", 1),
     },
     force: a.bool("force"),
+    ...(a.bool("no-mtp") ? { mtp: false } : {}),
   };
 }

@@ -5,7 +5,8 @@
  * @module
  */
 import { openContainer } from "../../engine/container.ts";
-import { planRun, runFloor } from "../../engine/model.ts";
+import { checkMtp, planRun, runFloor } from "../../engine/model.ts";
+import { parseSpec } from "../../engine/speculate.ts";
 import { mixerPartOf } from "../../engine/parts/mod.ts";
 import { formatBytes } from "../../engine/units.ts";
 import { mixerOf } from "../../io/model_config.ts";
@@ -23,7 +24,8 @@ import { resolveModel } from "./models.ts";
 
 const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
 
-Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [-np N] [--json]
+Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [-np N]
+       [--spec mtp] [--json]
 
 ${BUDGET_HELP}
   -m, --model PATH      the container
@@ -31,6 +33,8 @@ ${BUDGET_HELP}
   --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)
   --parallel N|auto     sequences decoding together, each with its own KV cache, as serve
                         --parallel (default 1; auto: what serve picks for the budget; also -np)
+  --spec mtp            plan the multi-token-prediction layer generate --spec mtp runs (its
+                        trunk run, experts, KV cache and scratch)
   --json                print the plan as JSON
 `;
 
@@ -42,6 +46,7 @@ export async function planCommand(args: string[]): Promise<number> {
     ...CTX_FLAG,
     "prefill-chunk": { type: "string", aliases: ["batch-size"] },
     ...PARALLEL_FLAG,
+    spec: { type: "string" },
     json: { type: "boolean" },
     ...HELP_FLAG,
   });
@@ -50,12 +55,17 @@ export async function planCommand(args: string[]): Promise<number> {
     console.log(HELP);
     return a.bool("help") ? 0 : 2;
   }
+  const spec = a.str("spec");
+  // Only the MTP drafter changes the plan (prompt lookup holds nothing; a draft model has its own).
+  if (spec !== undefined && spec !== "mtp") parseSpec(spec);
   const c = openContainer(await resolveModel(model));
   const cfg = c.config;
+  if (spec === "mtp") checkMtp(model, c);
   const opts = {
     ctx: a.int("ctx"),
     prefillChunk: a.int("prefill-chunk"),
     parallel: parallelFromArgs(a),
+    mtp: spec === "mtp",
   };
   const floor = runFloor(c, opts);
   const { plan, lookahead, ctx } = planRun(c, {
@@ -80,7 +90,7 @@ working set    ${formatBytes(plan.workingSetBytes)} per token
 whole model    ${formatBytes(plan.wholeModelBytes)}
 recommended    ${formatBytes(recommended)}
 budget         ${formatBytes(plan.budget)}
-trunk          ${plan.pinned}/${L} layers pinned, ${plan.ringSlots} ring slots × ${
+trunk          ${plan.pinned}/${plan.trunkLayers} layers pinned, ${plan.ringSlots} ring slots × ${
     formatBytes(plan.ringSlotBytes)
   }  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
 expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${

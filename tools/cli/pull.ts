@@ -32,6 +32,7 @@ Options:
                         the free space
   --experts FORMAT      store routed experts as ${Object.keys(EXPERT_OPTIONS).join(", ")}
   --trunk int8          per-row int8 for the layers' attention/dense matrices
+  --no-mtp              leave out the multi-token-prediction layers (no --spec mtp)
   --convert f32|bf16    dequantise / convert every weight matrix
   --vq3r-sample N  --vq3r-iterations N  --vq3r-experts N   VQ3R training, as for pack
   --force               replace an existing output

@@ -12,6 +12,9 @@ export const SPEC_HELP =
   `  --spec ngram[:N]      draft from the context itself: the tokens after the latest earlier
                         match of its last N tokens (default N 3); greedy or seeded output is
                         exactly that of plain decoding
+  --spec mtp            draft with the model's own multi-token-prediction layer (GLM-4.5,
+                        GLM-5, DeepSeek-V3, Qwen3.5, Qwen3-Next containers packed with it);
+                        greedy or seeded output is exactly that of plain decoding
   --draft MODEL         draft with a smaller container sharing the tokenizer; greedy output is
                         exactly that of plain decoding, sampled output has its distribution
   --draft-max K         most drafted tokens verified per pass (default ${DEFAULT_DRAFT_MAX})
@@ -31,15 +34,17 @@ export function specFromArgs(a: Args): SpecOptions | undefined {
   const draft = a.str("draft");
   if (spec === undefined && draft === undefined) {
     if (a.str("draft-max") !== undefined || a.bool("spec-always")) {
-      throw new Error("--draft-max and --spec-always need --spec ngram or --draft MODEL");
+      throw new Error(
+        "--draft-max and --spec-always need --spec ngram or --draft MODEL (or --spec mtp)",
+      );
     }
     return undefined;
   }
   if (spec !== undefined && draft !== undefined) {
-    throw new Error("give --spec ngram or --draft MODEL, not both");
+    throw new Error("give --spec or --draft MODEL, not both");
   }
   return {
-    ngram: spec === undefined ? undefined : parseSpec(spec),
+    ...(spec === undefined ? {} : parseSpec(spec)),
     draft,
     draftMax: a.int("draft-max", 1),
     adaptive: !a.bool("spec-always"),

@@ -12,8 +12,10 @@ import {
   type ExpertMatrix,
   type GlobalTensor,
   globalTensorsOf,
+  layerKindOf,
   type LayerTensor,
   type ModelConfig,
+  mtpLayerIds,
 } from "../../io/model_config.ts";
 import { specMismatch, type TensorSpec } from "../../io/manifest.ts";
 import { modelTypeOf } from "../../engine/models/mod.ts";
@@ -173,7 +175,8 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
   let cursor = alignUp(gEnd, BLOCK_ALIGN);
   const layers: PackLayout["layers"] = [];
   const banks: PackLayout["banks"] = [];
-  for (let l = 0; l < cfg.numLayers; l++) {
+  // The MTP layers (if kept) follow the main ones, each with its run and bank.
+  for (let l = 0; l < cfg.numLayers + (cfg.mtp?.layers ?? 0); l++) {
     const items = new Map<LayerTensor, Placed>();
     for (const t of layerTensorsOf(cfg, l)) {
       const src = lookup(ckpt, hfLayerName(cfg, l, t)!, `layer ${l} ${t}`);
@@ -189,7 +192,7 @@ export function computeLayout(cfg: ModelConfig, ckpt: Checkpoint, opts: PackOpti
     const bytes = alignUp(Math.max(place([...items.values()], 0), 1), BLOCK_ALIGN);
     layers.push({ items, offset: cursor, bytes });
     cursor += bytes;
-    banks.push(cfg.layerKinds[l] === "moe" ? layoutBank(cfg, ckpt, l, opts) : null);
+    banks.push(layerKindOf(cfg, l) === "moe" ? layoutBank(cfg, ckpt, l, opts) : null);
   }
   let codebooksBytes = 0;
   for (const b of banks) {
@@ -337,10 +340,39 @@ export function codebookSetBytes(bank: BankLayout, m: ExpertMatrix): number {
 }
 
 /**
- * Says which checkpoint layers lie at index ≥ num_hidden_layers (GLM-4.5's and DeepSeek-V3's
- * multi-token-prediction layers) and which tensors lie under a prefix the model_type skips
- * (Qwen3.5's MTP block and vision tower, Gemma 4's vision tower): they are not part of the
- * model, so they are never packed.
+ * `cfg` with the multi-token-prediction layers it declares when pack keeps them (the model_type
+ * names them, the checkpoint holds every tensor of them, and `opts.mtp` is not false), else
+ * without them, said in one line.
+ */
+export function mtpKept(
+  cfg: ModelConfig,
+  ckpt: Checkpoint,
+  opts: PackOptions,
+  log: (line: string) => void,
+): ModelConfig {
+  if (!cfg.mtp) return cfg;
+  const { mtp, ...without } = cfg;
+  const what = `${mtp.layers} multi-token-prediction layer(s)`;
+  if (opts.mtp === false) {
+    log(`pack: leaving out the ${what} (--no-mtp); --spec mtp will be refused`);
+    return without;
+  }
+  for (const l of mtpLayerIds(cfg)) {
+    const names = layerTensorsOf(cfg, l).map((t) => hfLayerName(cfg, l, t)!);
+    const missing = names.find((n) => !ckpt.tensors.has(n));
+    if (missing) {
+      log(`pack: not keeping the ${what}: the checkpoint lacks ${missing}`);
+      return without;
+    }
+  }
+  return cfg;
+}
+
+/**
+ * Says which checkpoint layers lie at index ≥ num_hidden_layers and are not kept (multi-token-
+ * prediction layers packed with --no-mtp or without a naming) and which tensors lie under a
+ * prefix the model_type skips (Qwen3.5's vision tower, and its MTP block when not kept, Gemma
+ * 4's vision tower): they are not part of the container.
  */
 export function reportSkippedLayers(
   cfg: ModelConfig,
@@ -349,18 +381,21 @@ export function reportSkippedLayers(
 ): void {
   const counts = new Map<number, number>();
   const layers = `${modelTypeOf(cfg).prefix ?? "model."}layers.`;
+  const kept = cfg.numLayers + (cfg.mtp?.layers ?? 0);
   for (const name of ckpt.tensors.keys()) {
     const m = name.startsWith(layers) ? /^(\d+)\./.exec(name.slice(layers.length)) : null;
     const l = m ? Number(m[1]) : -1;
-    if (l >= cfg.numLayers) counts.set(l, (counts.get(l) ?? 0) + 1);
+    if (l >= kept) counts.set(l, (counts.get(l) ?? 0) + 1);
   }
   for (const [l, n] of [...counts].sort((a, b) => a[0] - b[0])) {
     log(
       `pack: skipping layer ${l} (${n} tensors): index >= num_hidden_layers ${cfg.numLayers}, ` +
-        `a multi-token-prediction layer, not used for generation`,
+        `a multi-token-prediction layer, not kept`,
     );
   }
+  const mtpPrefix = cfg.mtp ? modelTypeOf(cfg).mtp?.skippedPrefix : undefined;
   for (const [prefix, what] of Object.entries(modelTypeOf(cfg).skipped ?? {})) {
+    if (prefix === mtpPrefix) continue;
     const n = [...ckpt.tensors.keys()].filter((name) => name.startsWith(prefix)).length;
     if (n) log(`pack: skipping ${n} tensors under ${prefix}* (${what})`);
   }

@@ -74,6 +74,9 @@ export function buildManifest(
     if (Object.keys(refs).length) bank.codebooks = refs;
     return bank;
   });
+  // The MTP layers' runs and banks follow the main ones in the layout; the manifest keeps them
+  // apart, so everything that walks the model's layers walks only those.
+  const n = cfg.numLayers;
   return {
     format: CONTAINER_FORMAT,
     version: CONTAINER_VERSION,
@@ -87,9 +90,10 @@ export function buildManifest(
       file: TRUNK_FILE,
       bytes: layout.trunkBytes,
       globals: { region: journal.globals!, tensors: globals },
-      layers,
+      layers: layers.slice(0, n),
     },
-    experts,
+    experts: experts.slice(0, n),
+    ...(cfg.mtp ? { mtp: { layers: layers.slice(n), experts: experts.slice(n) } } : {}),
     ...(layout.codebooksBytes > 0
       ? { codebooks: { file: CODEBOOKS_FILE, bytes: layout.codebooksBytes } }
       : {}),

@@ -34,6 +34,8 @@ export interface PackOptions {
   experts?: ExpertsOption;
   /** "int8": per-row int8 for the layers' 2-D matmul weights (not embeddings, norms, routers). */
   trunk?: "int8";
+  /** Keep the checkpoint's multi-token-prediction layers, for `--spec mtp` (default true). */
+  mtp?: boolean;
   /** Codebook training settings (with `experts: "vq3r"` or `"vq4p"`). */
   vq3r?: Vq3rPackOptions;
   /** Replace an existing output. */
@@ -89,5 +91,6 @@ export function packOptionKey(opts: PackOptions): string {
     experts: opts.experts ?? null,
     trunk: opts.trunk ?? null,
     vq3r: opts.experts === "vq3r" || opts.experts === "vq4p" ? opts.vq3r ?? {} : null,
+    ...(opts.mtp === false ? { mtp: false } : {}),
   });
 }

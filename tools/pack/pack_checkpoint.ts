@@ -52,7 +52,13 @@ import {
   lockPackOutput,
 } from "./output_guard.ts";
 import { EXPERT_OPTIONS, packOptionKey, type PackOptions, type PackResult } from "./options.ts";
-import { computeLayout, type PackLayout, reportFallbacks, reportSkippedLayers } from "./layout.ts";
+import {
+  computeLayout,
+  mtpKept,
+  type PackLayout,
+  reportFallbacks,
+  reportSkippedLayers,
+} from "./layout.ts";
 import { checkTokenizer, copySideFiles } from "./side_files.ts";
 import { checkpointDir } from "./hub_cache.ts";
 import { writeRegion } from "./trunk_writer.ts";
@@ -98,8 +104,8 @@ async function packLocked(
   const log = opts.log ?? ((s: string) => console.error(s));
   const chunk = opts.chunkBytes ?? 64 << 20;
   const convert = opts.convert;
-  const cfg = loadModelConfig(src);
   const ckpt = openCheckpoint(src);
+  const cfg = mtpKept(loadModelConfig(src), ckpt, opts, log);
   let writer: PackWriter | null = null;
   let kept: KeptReader | null = null;
   try {
@@ -191,7 +197,7 @@ async function packLocked(
           },
         });
       }
-      for (let l = 0; l < cfg.numLayers; l++) {
+      for (let l = 0; l < layout.layers.length; l++) {
         if (journal.layers[l]) {
           resumed.push(l);
           progress.skip(bytesOf(l));

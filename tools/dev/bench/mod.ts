@@ -83,7 +83,8 @@ export const BENCHES: Record<string, BenchEntry> = {
   },
   spec: {
     summary: "speculative decoding on ÷ off over a memory budget: a stories260k draft for " +
-      "stories260k-moe64 and prompt lookup on a repeating prompt, with targets",
+      "stories260k-moe64, prompt lookup on a repeating prompt and MTP drafts (tiny-glm4-moe's " +
+      "random MTP layer: its cost), with targets",
     options: [
       "--budget-fraction F   arena budget as a share of the whole model (default 0.25)",
       "--tokens N            decode tokens per run (default 200)",
@@ -91,6 +92,7 @@ export const BENCHES: Record<string, BenchEntry> = {
       "--cap SIZE            run every configuration in a memory cgroup of SIZE (root)",
       "--target X.sluice     target container (default: stories260k-moe64 from ../shared)",
       "--draft Y.sluice      draft container (default: stories260k from ../shared)",
+      "--mtp-target Z.sluice container with MTP layers (default: tiny-glm4-moe from ../shared)",
       "--json                print the report as JSON",
     ],
     load: () => import("./spec.ts"),

@@ -1,12 +1,16 @@
 /**
  * `deno task bench spec [--budget-fraction 0.25] [--tokens 200] [--repeat 3] [--cap SIZE]
- * [--target X.sluice --draft Y.sluice] [--json]`: speculative decoding on ÷ off over a memory
- * budget, both sides in one run.
+ * [--target X.sluice --draft Y.sluice] [--mtp-target Z.sluice] [--json]`: speculative decoding
+ * on ÷ off over a memory budget, both sides in one run.
  *
  * Two workloads on a trained MoE (default stories260k-moe64, packed from ../shared/models):
  * - a real draft model (default stories260k: same tokenizer) from a story opening;
  * - prompt lookup (`--spec ngram`) on a prompt that repeats its input: the target's own greedy
  *   story, then its first words again, so the continuation copies what the context holds.
+ * And the model's own MTP layer (`--spec mtp`) on `--mtp-target` (default tiny-glm4-moe, whose
+ * MTP weights are random: nearly nothing is accepted, so this row measures what MTP drafting
+ * costs and whether the gate keeps it at ≥ 0.95; its held-open row is reported, not judged),
+ * under a budget `--budget-fraction` of the way from its floor to the whole model.
  * Each workload runs plain, with speculation (its gate on: the product's default) and with the
  * gate held open (`--spec-always`). Every run is `mod.ts generate --json` in its own process
  * (inside a memory cgroup of `--cap` when given, as root), greedy with `--ignore-eos`, under a
@@ -20,6 +24,7 @@
 import { parseArgs } from "node:util";
 import { existsSync, mkdirSync } from "node:fs";
 import { fileURLToPath } from "node:url";
+import { loadModelConfig } from "../../../engine/config.ts";
 import { openContainer } from "../../../engine/container.ts";
 import { planRun } from "../../../engine/model.ts";
 import { dropPageCache } from "../../../io/disk_probe.ts";
@@ -58,10 +63,13 @@ export async function packed(
   log: (s: string) => void,
 ): Promise<string> {
   const out = `${cacheDir}/${name}.sluice`;
-  if (!existsSync(`${out}/manifest.json`)) {
+  // A cached container packed before MTP layers were kept is packed again.
+  const stale = existsSync(`${out}/manifest.json`) &&
+    loadModelConfig(`${SHARED}${name}`).mtp !== undefined && !openContainer(out).config.mtp;
+  if (!existsSync(`${out}/manifest.json`) || stale) {
     log(`bench: packing ${name}`);
     mkdirSync(cacheDir, { recursive: true });
-    await packCheckpoint(`${SHARED}${name}`, out, { progress: "off", log: () => {} });
+    await packCheckpoint(`${SHARED}${name}`, out, { progress: "off", force: true, log: () => {} });
   }
   return out;
 }
@@ -95,6 +103,7 @@ export async function main(args: string[]): Promise<void> {
     options: {
       target: { type: "string" },
       draft: { type: "string" },
+      "mtp-target": { type: "string" },
       "budget-fraction": { type: "string", default: "0.25" },
       tokens: { type: "string", default: "200" },
       repeat: { type: "string", default: "3" },
@@ -106,6 +115,7 @@ export async function main(args: string[]): Promise<void> {
   const cacheDir = Deno.env.get("SLUICE_CACHE") ?? "/tmp/sluice-bench";
   const target = v.target ?? await packed(cacheDir, "stories260k-moe64", log);
   const draft = v.draft ?? await packed(cacheDir, "stories260k", log);
+  const mtpTarget = v["mtp-target"] ?? await packed(cacheDir, "tiny-glm4-moe", log);
   const tokens = Number(v.tokens), repeat = Number(v.repeat);
   const fraction = Number(v["budget-fraction"]);
   if (!(tokens >= 8 && repeat >= 1 && fraction > 0)) {
@@ -114,13 +124,21 @@ export async function main(args: string[]): Promise<void> {
   const ctx = 1024;
   const whole = planRun(openContainer(target), { ctx }).plan.wholeModelBytes;
   const budget = Math.floor(fraction * whole);
+  // The tiny MTP model's floor is most of it: its budget is `fraction` of the way from the floor.
+  const mtpPlan = planRun(openContainer(mtpTarget), { ctx, mtp: true }).plan;
+  const mtpBudget = mtpPlan.floor + fraction * (mtpPlan.wholeModelBytes - mtpPlan.floor);
   let cap: MemoryCgroup | null = null;
   if (v.cap) {
     const cg = createCgroup("sluice-bench-spec", parseSize(v.cap));
     if (typeof cg === "string") throw new Error(`--cap: ${cg}`);
     cap = cg;
   }
-  const base = ["--model", target, "--ignore-eos", "--ctx", String(ctx), "--budget", `${budget}`];
+  const baseOf = (
+    model: string,
+    bytes: number,
+  ) => ["--model", model, "--ignore-eos", "--ctx", String(ctx), "--budget", `${bytes}`];
+  const base = baseOf(target, budget);
+  const mtpBase = baseOf(mtpTarget, Math.floor(mtpBudget));
   try {
     // The repeating prompt: the target's own greedy story, then its first words again.
     const story = await generate([...base, "-p", "Once upon a time", "-n", "120"], cap);
@@ -128,13 +146,21 @@ export async function main(args: string[]): Promise<void> {
     const workloads = [
       {
         name: "draft stories260k",
-        args: ["-p", "Once upon a time", "-n", String(tokens)],
+        args: [...base, "-p", "Once upon a time", "-n", String(tokens)],
         on: ["--draft", draft],
+        trained: true,
       },
       {
         name: "ngram, repeating prompt",
-        args: ["--prompt-ids", repeating.join(","), "-n", String(tokens)],
+        args: [...base, "--prompt-ids", repeating.join(","), "-n", String(tokens)],
         on: ["--spec", "ngram"],
+        trained: true,
+      },
+      {
+        name: "mtp, random MTP weights",
+        args: [...mtpBase, "-p", "Once upon a time", "-n", String(tokens)],
+        on: ["--spec", "mtp"],
+        trained: false,
       },
     ];
     const configs = workloads.flatMap((w) => [
@@ -148,7 +174,7 @@ export async function main(args: string[]): Promise<void> {
       const order = configs.map((_, i) => configs[(i + r) % configs.length]);
       for (const c of order) {
         log(`bench spec: ${c.w.name}, ${c.label} (${r + 1}/${repeat})`);
-        const run = await generate([...base, ...c.w.args, ...c.extra], cap);
+        const run = await generate([...c.w.args, ...c.extra], cap);
         const key = `${c.w.name}|${c.label}`;
         results.set(key, [...(results.get(key) ?? []), run]);
       }
@@ -173,7 +199,11 @@ export async function main(args: string[]): Promise<void> {
         bytes_per_token: median(s.map((x) => x.bytes_read_per_token)),
       };
     });
-    const targets = rows.filter((r) => r.label !== "off").map((r) => {
+    // Held open on an untrained MTP layer, drafting can only cost: reported, not judged.
+    const judged = (r: SpecRun) =>
+      r.label === "on" ||
+      (r.label !== "off" && workloads.find((w) => w.name === r.workload)!.trained);
+    const targets = rows.filter(judged).map((r) => {
       const off = rows.find((x) => x.workload === r.workload && x.label === "off")!;
       const ratio = r.tok_s / off.tok_s;
       const want = r.tokens_per_pass >= 2 ? 1.3 : 0.95;
@@ -182,6 +212,8 @@ export async function main(args: string[]): Promise<void> {
     const report = {
       target,
       draft,
+      mtp_target: mtpTarget,
+      mtp_budget_bytes: Math.floor(mtpBudget),
       budget_bytes: budget,
       whole_model_bytes: whole,
       cap_bytes: cap?.limitBytes ?? null,
@@ -199,9 +231,8 @@ export async function main(args: string[]): Promise<void> {
       `bench spec: ${target} under ${(budget / 2 ** 20).toFixed(1)} MiB ` +
         `(${(whole / 2 ** 20).toFixed(1)} MiB whole)${
           cap ? `, cap ${(cap.limitBytes / 2 ** 20).toFixed(0)} MiB` : ""
-        }; ${tokens} tokens, median of ${repeat}; load ${
-          Deno.loadavg().map((x) => x.toFixed(1)).join(" ")
-        }`,
+        }; MTP rows: ${mtpTarget} under ${(mtpBudget / 2 ** 20).toFixed(1)} MiB; ${tokens} ` +
+        `tokens, median of ${repeat}; load ${Deno.loadavg().map((x) => x.toFixed(1)).join(" ")}`,
     );
     for (const r of rows) {
       console.log(

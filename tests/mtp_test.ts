@@ -1,0 +1,304 @@
+/**
+ * Exact speculative decoding with the multi-token-prediction layers checkpoints ship (`--spec
+ * mtp`): pack keeps them apart from the main layers; the MTP step's logits against a float64
+ * reference of the recipe (DeepSeek-V3 tech report §2.2); greedy and seeded tokens equal plain
+ * decoding's on every fixture with MTP layers; the counters agree with the passes; a container
+ * without MTP layers refuses `--spec mtp` naming the model. The fixtures' MTP weights are random,
+ * so acceptance is low here: these tests show exactness, never speed.
+ */
+import "./shared_guard.ts";
+import assert from "node:assert/strict";
+import { cpSync, readFileSync, writeFileSync } from "node:fs";
+import { PAGE } from "../engine/arena.ts";
+import { openContainer } from "../engine/container.ts";
+import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
+import { Model } from "../engine/model.ts";
+import { ReferenceModel } from "../engine/reference/forward.ts";
+import { argmax } from "../engine/sampler.ts";
+import { Session } from "../engine/session.ts";
+import { inspectContainer } from "../tools/inspect.ts";
+import { packCheckpoint } from "../tools/pack.ts";
+import {
+  fixtureDir,
+  hasFixture,
+  maxRelDiff,
+  ONCE_UPON_A_TIME,
+  packedFixture,
+  runSluice,
+  tempDir,
+} from "./fixtures.ts";
+
+const OPTS = { quiet: true, ctx: 256, threads: 1 };
+/** Fixtures whose checkpoint ships MTP layers sluice runs. */
+const MTP_FIXTURES = ["tiny-glm4-moe", "tiny-qwen3.5-moe", "tiny-glm5"];
+
+const PROMPT_TEXT = "Once upon a time, there was a little girl named Lily. She liked to play.";
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name: `MTP steps (and a chain of two) within 1e-4 of the float64 reference: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
+      assert.equal(cfg.mtp?.layers, 1);
+      const ref = new ReferenceModel(cfg, weight);
+      const model = await Model.open(await packedFixture(name), { ...OPTS, mtp: true });
+      const t = model.transformer;
+      let worst = 0;
+      try {
+        // The prompt, then the reference's greedy tokens, one position at a time; after each
+        // pass the MTP cache holds every position before the last (the engine's catch-up, and
+        // the same steps in the reference), then a draft of two chained steps is compared.
+        const tokens = [...ONCE_UPON_A_TIME];
+        let before: Float64Array | null = null;
+        for (let pos = 0; pos < 40; pos++) {
+          const want = ref.forward64(tokens[pos], pos);
+          model.forward([tokens[pos]], pos);
+          const hidden = ref.lastHidden;
+          if (before) ref.mtp64(before, tokens[pos], pos - 1);
+          before = hidden;
+          if (pos + 1 >= tokens.length) tokens.push(argmax(want));
+          if (pos % 3 !== 0) continue;
+          const mine = t.mtpHidden(0, pos)!;
+          assert.ok(maxRelDiff(mine, hidden) < 1e-4, `${name} hidden at ${pos}`);
+          let r = ref.mtp64(hidden, tokens[pos + 1], pos);
+          let e = t.mtpStep(0, mine, tokens[pos + 1], pos);
+          worst = Math.max(worst, maxRelDiff(e.logits, r.logits));
+          const draft = argmax(r.logits);
+          r = ref.mtp64(r.hidden, draft, pos + 1);
+          e = t.mtpStep(0, e.hidden, draft, pos + 1);
+          worst = Math.max(worst, maxRelDiff(e.logits, r.logits));
+        }
+      } finally {
+        model.close();
+      }
+      assert.ok(worst <= 1e-4, `${name}: MTP logits differ by ${worst} relative`);
+    },
+  });
+
+  Deno.test({
+    name: `--spec mtp gives the plain tokens, greedy and seeded, with consistent counters: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const plain = await Session.open(path, OPTS);
+      const fast = await Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+      let drafted = 0, accepted = 0;
+      try {
+        const prompt = plain.tokenize(PROMPT_TEXT);
+        for (
+          const o of [
+            { maxTokens: 48 },
+            ...[1, 2].map((seed) => ({ maxTokens: 48, temperature: 0.9, topK: 40, seed })),
+          ]
+        ) {
+          const want = [], got = [];
+          for await (const t of plain.generate(prompt, { ignoreEos: true, ...o })) want.push(t.id);
+          const before = { ...plain.timings.decode };
+          fast.resetCache();
+          for await (const t of fast.generate(prompt, { ignoreEos: true, ...o })) got.push(t.id);
+          const c = fast.timings.decode;
+          assert.deepEqual(got, want, `${name} ${JSON.stringify(o)}: tokens differ`);
+          // Every pass emits its accepted drafts plus one token of the target's own; the first
+          // token comes from the prefill's logits.
+          const recurrent = fast.model.transformer.stateRegions().length > 0;
+          if (recurrent) assert.ok(before.passes - c.passes <= c.accepted);
+          else assert.equal(before.passes - c.passes, c.accepted, `${name}: passes saved`);
+          assert.ok(c.accepted <= c.drafted && c.drafted > 0, `${c.accepted}/${c.drafted}`);
+          drafted += c.drafted;
+          accepted += c.accepted;
+        }
+      } finally {
+        plain.close();
+        fast.close();
+      }
+      // Random MTP weights: low acceptance, reported rather than asserted.
+      console.log(`${name}: MTP drafts accepted ${accepted}/${drafted}`);
+    },
+  });
+}
+
+Deno.test({
+  name:
+    "pack keeps the MTP layer apart, the plan charges it only with --spec mtp, --no-mtp leaves it out",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const model = await Model.open(path, OPTS);
+    const withMtp = await Model.open(path, { ...OPTS, mtp: true });
+    try {
+      const m = model.container.manifest;
+      assert.equal(m.trunk.layers.length, 4);
+      assert.equal(m.mtp?.layers.length, 1);
+      assert.equal(m.mtp?.experts[0]?.layer, 4);
+      assert.ok(m.mtp?.layers[0].tensors.mtp_proj, "eh_proj kept");
+      assert.equal(model.transformer.mtp, false, "not run without --spec mtp");
+      // The fixture README's count: 126,448 parameters in the MTP layer, none of the model's.
+      assert.equal(inspectContainer(path).mtp?.params, 126448);
+      assert.equal(inspectContainer(path).params.total, 456944);
+      // The plan charges the MTP layer's run, experts and cache only when it runs.
+      const [off, on] = [model.plan, withMtp.plan];
+      assert.ok(on.wholeModelBytes - off.wholeModelBytes >= m.mtp!.layers[0].bytes);
+      assert.ok(on.kvBytes > off.kvBytes && on.totalExperts === off.totalExperts + 16);
+    } finally {
+      model.close();
+      withMtp.close();
+    }
+    const lines: string[] = [];
+    const out = `${tempDir()}/glm-no-mtp.sluice`;
+    const res = await packCheckpoint(fixtureDir("tiny-glm4-moe"), out, {
+      progress: "off",
+      mtp: false,
+      log: (l) => lines.push(l),
+    });
+    assert.equal(res.manifest.mtp, undefined);
+    assert.equal(res.manifest.config.mtp, undefined);
+    assert.ok(lines.some((l) => l.includes("skipping layer 4 (68 tensors)")), lines.join(" | "));
+    // Refused at open, naming the container and the model.
+    await assert.rejects(
+      () => Session.open(out, { ...OPTS, spec: { mtp: true } }),
+      /glm-no-mtp\.sluice: --spec mtp needs the model's multi-token-prediction layers, and this container of glm4_moe has none/,
+    );
+    // A container without MTP layers (as every container packed before them) opens and gives
+    // the same tokens as one with them.
+    const greedy = async (dir: string) => {
+      const s = await Session.open(dir, OPTS);
+      try {
+        const ids = [];
+        for await (const t of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 12 })) ids.push(t.id);
+        return ids;
+      } finally {
+        s.close();
+      }
+    };
+    assert.deepEqual(await greedy(out), await greedy(path));
+    // generate --spec mtp: the plain ids, and the drafts in --json's stats.
+    const args = ["generate", "-m", path, "--prompt-ids", "1,403,407", "-n", "16", "--json"];
+    const [a, b] = await Promise.all([
+      runSluice(args),
+      runSluice([...args, "--spec", "mtp", "--spec-always"]),
+    ]);
+    assert.equal(b.code, 0, b.stderr);
+    const [pa, pb] = [JSON.parse(a.stdout), JSON.parse(b.stdout)];
+    assert.deepEqual(pb.generated_ids, pa.generated_ids);
+    assert.ok(pb.stats.draft_tokens > 0 && pa.stats.draft_tokens === 0, b.stdout);
+    const r = await runSluice(["generate", "-m", out, "--spec", "mtp", "-p", "x", "-n", "2"]);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /--spec mtp needs the model's multi-token-prediction layers/);
+    assert.ok(!r.stderr.includes("    at "), r.stderr);
+  },
+});
+
+Deno.test({
+  name:
+    "--spec mtp on a VQ3R-quantised container (the MTP bank's codebooks loaded) gives the plain tokens",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const out = `${tempDir()}/glm-vq3r.sluice`;
+    await packCheckpoint(fixtureDir("tiny-glm4-moe"), out, {
+      progress: "off",
+      experts: "vq3r",
+      log: () => {},
+    });
+    const ids = async (spec?: { mtp: true }) => {
+      const s = await Session.open(out, { ...OPTS, spec });
+      try {
+        const got = [];
+        for await (const t of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 24 })) got.push(t.id);
+        return { got, drafted: s.timings.decode.drafted };
+      } finally {
+        s.close();
+      }
+    };
+    const plain = await ids();
+    const fast = await ids({ mtp: true });
+    assert.deepEqual(fast.got, plain.got);
+    assert.ok(fast.drafted > 0);
+  },
+});
+
+Deno.test({
+  name:
+    "a manifest whose mtp section disagrees with its config, or overlaps a main run, is refused",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const src = await packedFixture("tiny-glm4-moe");
+    // deno-lint-ignore no-explicit-any
+    const cases: [string, (m: any) => void, RegExp][] = [
+      ["no config.mtp", (m) => delete m.config.mtp, /mtp: present exactly when config\.mtp is/],
+      ["no mtp section", (m) => delete m.mtp, /mtp: present exactly when config\.mtp is/],
+      ["two MTP layers", (m) => (m.config.mtp.layers = 2), /mtp\.layers: expected 2 runs/],
+      [
+        "an MTP run over layer 3's",
+        (m) => (m.mtp.layers[0].offset = m.trunk.layers[3].offset),
+        /trunk: layer \d overlaps layer \d/,
+      ],
+      ["a bank of another layer", (m) => (m.mtp.experts[0].layer = 3), /mtp\.experts\[0\]\.layer/],
+    ];
+    for (const [what, edit, want] of cases) {
+      const dir = `${tempDir()}/bad-mtp-${what.replaceAll(" ", "-")}.sluice`;
+      cpSync(src, dir, { recursive: true });
+      const m = JSON.parse(readFileSync(`${dir}/manifest.json`, "utf-8"));
+      edit(m);
+      writeFileSync(`${dir}/manifest.json`, JSON.stringify(m));
+      assert.throws(() => openContainer(dir), want, what);
+    }
+  },
+});
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name:
+      `with the MTP layer running, the arena after passes and drafts is the plan less its slack: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const probe = await Model.open(path, { ...OPTS, hotList: false, lookahead: 0, mtp: true });
+      const floor = probe.plan.floor;
+      probe.close();
+      for (const budget of [undefined, floor]) {
+        const m = await Model.open(path, {
+          ...OPTS,
+          hotList: false,
+          lookahead: 0,
+          mtp: true,
+          budget,
+        });
+        try {
+          m.forward([1, 2, 3], 0);
+          m.forward([4], 3);
+          const step = m.transformer.mtpStep(0, m.transformer.mtpHidden(0, 3)!, 5, 3);
+          m.transformer.mtpStep(0, step.hidden, 6, 4);
+          const unused = m.plan.arenaBytes - m.arena.used;
+          assert.ok(unused >= 0, `${name}: the arena used ${-unused} bytes past its plan`);
+          // The planner's 32 pages for regions made on first use (engine/planner.ts).
+          assert.ok(unused <= 32 * PAGE, `${name}: ${unused} planned bytes never allocated`);
+        } finally {
+          m.close();
+        }
+      }
+    },
+  });
+}
+
+Deno.test({
+  name: "a --trace of a run with MTP drafts holds the main layers' routes only",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const trace = `${tempDir()}/mtp-trace.jsonl`;
+    const s = await Session.open(await packedFixture("tiny-glm4-moe"), {
+      ...OPTS,
+      trace,
+      spec: { mtp: true, adaptive: false },
+    });
+    try {
+      for await (const _ of s.generate([...ONCE_UPON_A_TIME], { maxTokens: 8 })) { /* drain */ }
+      assert.ok(s.timings.decode.drafted > 0);
+    } finally {
+      s.close();
+    }
+    const layers = readFileSync(trace, "utf-8").trim().split("\n").slice(1)
+      .map((l) => JSON.parse(l).layer as number);
+    assert.ok(layers.length > 0 && layers.every((l) => l >= 1 && l < 4), `${new Set(layers)}`);
+  },
+});
