@@ -31,8 +31,18 @@ export function topKTiled(
   let ids: number[] = [], vals: number[] = [];
   for (let from = 0; from < n; from += tile) {
     const count = Math.min(tile, n - from), s = score(from, count);
-    const ci = ids.concat(Array.from({ length: count }, (_, j) => from + j));
-    const cv = vals.concat(Array.from(s));
+    // Only the tile's own best k can enter (picked by topK when k is small against the tile),
+    // and once k are kept only scores above the worst of them (an equal one loses the tie: its
+    // index is higher), which leaves few to sort past the first tiles.
+    const worst = ids.length === k ? vals[k - 1] : -Infinity;
+    const ci = ids.slice(), cv = vals.slice();
+    const own = 16 * k < count ? topK(s, k) : Array.from({ length: count }, (_, j) => j);
+    for (const j of own) {
+      if (ids.length < k || s[j] > worst) {
+        ci.push(from + j);
+        cv.push(s[j]);
+      }
+    }
     // The best so far lead, larger score first, ties to the lower index, as topK picks them.
     const order = ci.map((_, j) => j)
       .sort((a, b) => (cv[b] > cv[a] ? 1 : cv[a] > cv[b] ? -1 : ci[a] - ci[b]))
