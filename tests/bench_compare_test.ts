@@ -167,7 +167,7 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
   const parted = buildReport({
     ...inputs,
     in_ram: { ...inputs.in_ram, llamacpp: late },
-    in_ram_logit_gap: 0.0125,
+    in_ram_logit_gaps: { sluice: 0.0125, llamacpp: 0.031 },
   });
   assert.equal(parted.in_ram.same_ids, false);
   assert.deepEqual(parted.in_ram.first_divergence, {
@@ -175,10 +175,11 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
     sluice_id: 9,
     llamacpp_id: 4,
     sluice_logit_gap: 0.0125,
+    llamacpp_logit_gap: 0.031,
   });
   assert.match(
     formatTable(parted),
-    /ids: first differ at generated position 4 of 5 \(sluice 9, llama\.cpp 4, sluice logit gap 0\.0125\)/,
+    /ids: first differ at generated position 4 of 5 \(sluice 9, llama\.cpp 4, sluice logit gap 0\.0125, llama\.cpp logit gap 0\.0310\)/,
   );
 });
 

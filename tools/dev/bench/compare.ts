@@ -4,8 +4,8 @@
  * memory cap applied to both by one cgroup, with the DRAM and O_DIRECT rooflines measured in the
  * same run. Each engine runs in its own child process. Prints a table; `--json` prints the report.
  * The in-RAM runs' greedy ids are compared at every position both generated; where they first
- * differ, an untimed sluice pass over the common prefix gives sluice's logit gap between the two
- * ids (a near-tie that summation order can flip, or a real difference).
+ * differ, an untimed pass of each engine over the common prefix gives its logit gap between the
+ * two ids (a near-tie that summation order can flip, or a real difference).
  *
  * @module
  */
@@ -40,7 +40,7 @@ import {
 import { measureDramNative } from "../../../io/dram_probe.ts";
 import { benchDisk } from "./disk.ts";
 import { dropPageCache } from "../../../io/disk_probe.ts";
-import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
+import { benchDepsDir, llamaLogitGap, setupLlamaCpp } from "./llamacpp.ts";
 import { logitGap } from "./compare_sluice.ts";
 
 const GiB = 2 ** 30;
@@ -328,14 +328,20 @@ export async function main(args: string[]): Promise<void> {
     llama,
     null,
   );
-  let gap: number | null = null;
+  let gaps = { sluice: null as number | null, llamacpp: null as number | null };
   const at = ir.sluice && ir.llamacpp
     ? compareIds(ir.sluice.ids, ir.llamacpp.ids).firstDivergence
     : null;
   if (at !== null) {
     const [s, l] = [ir.sluice!.ids[at], ir.llamacpp!.ids[at]];
-    log(`in RAM greedy ids differ at generated position ${at}: sluice's logit gap there`);
-    gap = await logitGap(inRam.container, [...ids, ...ir.sluice!.ids.slice(0, at)], s, l, threads);
+    log(`in RAM greedy ids differ at generated position ${at}: each engine's logit gap there`);
+    const prefix = [...ids, ...ir.sluice!.ids.slice(0, at)];
+    gaps = {
+      sluice: await logitGap(inRam.container, prefix, s, l, threads),
+      llamacpp: llama.ok
+        ? await llamaLogitGap(llama.script, inRam.gguf, prefix, l, s, threads)
+        : null,
+    };
   }
   // A second DRAM reading right after the in-RAM runs: on a shared host the figure moves by up to
   // 2× between minutes, and the roofline is the best the machine showed around the runs.
@@ -393,7 +399,7 @@ export async function main(args: string[]): Promise<void> {
       ram_bytes: totalmem(),
     },
     in_ram_active_bytes: activeBytesPerToken(inRam.manifest, inRam.topK),
-    in_ram_logit_gap: gap,
+    in_ram_logit_gaps: gaps,
     in_ram: { model_bytes: inRam.bytes, ...ir, skipped: ir.notes.join("; ") || null },
     over_cap: {
       model_bytes: overBytes,

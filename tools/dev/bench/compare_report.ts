@@ -136,10 +136,11 @@ export interface CompareInputs {
   in_ram: RegimeRuns;
   over_cap: RegimeRuns & { cap_bytes: number; budget_bytes: number };
   /**
-   * At the first generated position where the in-RAM runs' ids differ: sluice's logit of its own
-   * id less its logit of llama.cpp's, from a pass over the common prefix; null when not measured.
+   * At the first generated position where the in-RAM runs' ids differ, each engine's logit of its
+   * own id less its logit of the other's, from an untimed pass over the prompt and the common
+   * prefix; null when not measured.
    */
-  in_ram_logit_gap?: number | null;
+  in_ram_logit_gaps?: { sluice: number | null; llamacpp: number | null };
 }
 
 /** Where two runs' greedy ids first differ. */
@@ -150,6 +151,8 @@ export interface IdDivergence {
   llamacpp_id: number;
   /** sluice's logit of its own id less its logit of llama.cpp's there (how close the call was). */
   sluice_logit_gap: number | null;
+  /** llama.cpp's logit of its own id less its logit of sluice's there. */
+  llamacpp_logit_gap: number | null;
 }
 
 /** The `--json` report. */
@@ -232,7 +235,8 @@ export function buildReport(x: CompareInputs): CompareReport {
         position: at,
         sluice_id: ir.sluice!.ids[at],
         llamacpp_id: ir.llamacpp!.ids[at],
-        sluice_logit_gap: x.in_ram_logit_gap ?? null,
+        sluice_logit_gap: x.in_ram_logit_gaps?.sluice ?? null,
+        llamacpp_logit_gap: x.in_ram_logit_gaps?.llamacpp ?? null,
       },
       skipped: ir.skipped,
     },
@@ -346,12 +350,12 @@ export function formatTable(r: CompareReport): string {
   const notes: string[] = [];
   const d = r.in_ram.first_divergence;
   if (d) {
-    const gap = d.sluice_logit_gap === null
-      ? ""
-      : `, sluice logit gap ${d.sluice_logit_gap.toPrecision(3)}`;
+    const gap = (who: string, g: number | null) =>
+      g === null ? "" : `, ${who} logit gap ${g.toPrecision(3)}`;
     notes.push(
-      `in RAM greedy ids: first differ at generated position ${d.position} of ${r.in_ram.ids_compared} ` +
-        `(sluice ${d.sluice_id}, llama.cpp ${d.llamacpp_id}${gap})`,
+      `in RAM greedy ids: first differ at generated position ${d.position} of ` +
+        `${r.in_ram.ids_compared} (sluice ${d.sluice_id}, llama.cpp ${d.llamacpp_id}` +
+        `${gap("sluice", d.sluice_logit_gap)}${gap("llama.cpp", d.llamacpp_logit_gap)})`,
     );
   } else if (r.in_ram.same_ids) {
     notes.push(`in RAM greedy ids: all ${r.in_ram.ids_compared} the same`);
