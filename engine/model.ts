@@ -23,7 +23,14 @@ import { Lookahead } from "./stream/lookahead.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
 import { checkLogits } from "./finite_check.ts";
-import { defaultParallel, type MemoryPlan, planInput, planMemory } from "./planner.ts";
+import {
+  defaultParallel,
+  type LookaheadWeighing,
+  type MemoryPlan,
+  planInput,
+  planMemory,
+  weighLookahead,
+} from "./planner.ts";
 import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { checkContext, crcSampleOf, prefillChunkOf, threadsOf } from "./run_limits.ts";
@@ -305,7 +312,14 @@ export function runFloor(container: Container, opts: RunOptions = {}): number {
 export function planRun(
   container: Container,
   opts: RunOptions,
-): { plan: MemoryPlan; lookahead: number; ctx: number; prefillChunk: number } {
+): {
+  plan: MemoryPlan;
+  lookahead: number;
+  ctx: number;
+  prefillChunk: number;
+  /** Why the default lookahead is on or off, when it was weighed (none was asked for). */
+  lookaheadWeighing: LookaheadWeighing | null;
+} {
   const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
   const prefillChunk = prefillChunkOf(opts.prefillChunk);
   const input = planInput(container, opts.mtp);
@@ -324,15 +338,22 @@ export function planRun(
     });
   let lookahead = opts.lookahead ?? 0;
   let plan = planFor(lookahead);
+  let lookaheadWeighing: LookaheadWeighing | null = null;
   if (opts.lookahead === undefined && defaultLookahead(plan) > 0) {
     try {
-      plan = planFor(defaultLookahead(plan));
-      lookahead = defaultLookahead(plan);
+      const withIt = planFor(defaultLookahead(plan));
+      // Its routers take bytes from the trunk or the expert cache: on only where the reads the
+      // guesses hide outweigh the reads what they displaced adds.
+      lookaheadWeighing = weighLookahead(input, plan, withIt, defaultLookahead(withIt));
+      if (lookaheadWeighing.on) {
+        plan = withIt;
+        lookahead = lookaheadWeighing.guesses;
+      }
     } catch {
       // A budget at the floor has no room for the resident routers: no lookahead then.
     }
   }
-  return { plan, lookahead, ctx, prefillChunk };
+  return { plan, lookahead, ctx, prefillChunk, lookaheadWeighing };
 }
 
 /**

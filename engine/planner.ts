@@ -232,6 +232,73 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   };
 }
 
+/**
+ * The share of the lookahead's guesses that their layer used, measured by `bench stream` with
+ * trained routers (one guess per layer, docs/LEARNED.md): what the planner expects of a guess
+ * before anything ran. Random routers score far less; the gate (engine/stream/lookahead.ts) then
+ * stops reading guesses, but the routers stay resident.
+ */
+export const GUESS_PRECISION = 0.86;
+
+/** What keeping the routers resident for the lookahead gains and costs per token, in bytes. */
+export interface LookaheadWeighing {
+  /** Guesses per MoE layer and token. */
+  guesses: number;
+  /** Bytes the resident routers take from the trunk and the expert cache. */
+  routerBytes: number;
+  /**
+   * Expert reads per token the guesses may take off the wait path (read while attention runs):
+   * per MoE layer, the guesses that miss the cache and are right ({@link GUESS_PRECISION}).
+   */
+  hiddenBytes: number;
+  /** Reads per token the routers add by what they displace: pinned trunk layers, cached records. */
+  displacedBytes: number;
+  /** The lookahead is worth its routers: hiddenBytes > displacedBytes. */
+  on: boolean;
+}
+
+/**
+ * Bytes one token is expected to read under `plan`: every trunk layer not pinned, and per MoE
+ * layer its top_k records at the miss rate of a cache of expertSlots of totalExperts (routing taken
+ * as uniform, which both plans weighed share).
+ */
+export function readBytesPerToken(input: PlanInput, plan: MemoryPlan): number {
+  const trunk = input.layerBytes.slice(plan.pinned).reduce((a, b) => a + b, 0);
+  return trunk + expertMisses(input, plan) * (input.cfg.moe?.topK ?? 0) * input.expertStride;
+}
+
+/** Expected misses per MoE layer and routed expert under `plan`, summed over MoE layers. */
+function expertMisses(input: PlanInput, plan: MemoryPlan): number {
+  if (plan.totalExperts === 0) return 0;
+  const moeLayers = input.cfg.layerKinds.filter((k) => k === "moe").length;
+  return moeLayers * (1 - plan.expertSlots / plan.totalExperts);
+}
+
+/**
+ * Weighs a lookahead of `guesses` per MoE layer: `withIt` is the plan with its routers resident,
+ * `without` the same budget's plan without them. The guesses hide at most what they read in time;
+ * the routers' bytes cost what they displace, read again every token. Deterministic: sizes only.
+ */
+export function weighLookahead(
+  input: PlanInput,
+  without: MemoryPlan,
+  withIt: MemoryPlan,
+  guesses: number,
+): LookaheadWeighing {
+  const hiddenBytes = expertMisses(input, withIt) * guesses * GUESS_PRECISION * input.expertStride;
+  const displacedBytes = Math.max(
+    0,
+    readBytesPerToken(input, withIt) - readBytesPerToken(input, without),
+  );
+  return {
+    guesses,
+    routerBytes: withIt.fixedBytes - without.fixedBytes,
+    hiddenBytes,
+    displacedBytes,
+    on: hiddenBytes > displacedBytes,
+  };
+}
+
 /** The most sequences a server runs together when none is asked for. */
 export const MAX_DEFAULT_PARALLEL = 4;
 

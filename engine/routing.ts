@@ -13,6 +13,46 @@ export interface Route {
   weights: number[];
 }
 
+/** Scores an indexer computes per kernel call: its score buffer's length at any context. */
+export const SCORE_TILE = 4096;
+
+/**
+ * {@link topK} of `n` scores that arrive `tile` at a time: `score(from, count)` returns scores
+ * from..from+count−1 (a view it may overwrite on the next call). The same indices in the same
+ * order as topK over all n at once, for scores that are not NaN, holding at most k + tile of them
+ * at a time instead of all n (an indexer at a long context).
+ */
+export function topKTiled(
+  n: number,
+  k: number,
+  tile: number,
+  score: (from: number, count: number) => ArrayLike<number>,
+): number[] {
+  let ids: number[] = [], vals: number[] = [];
+  for (let from = 0; from < n; from += tile) {
+    const count = Math.min(tile, n - from), s = score(from, count);
+    // Only the tile's own best k can enter (picked by topK when k is small against the tile),
+    // and once k are kept only scores above the worst of them (an equal one loses the tie: its
+    // index is higher), which leaves few to sort past the first tiles.
+    const worst = ids.length === k ? vals[k - 1] : -Infinity;
+    const ci = ids.slice(), cv = vals.slice();
+    const own = 16 * k < count ? topK(s, k) : Array.from({ length: count }, (_, j) => j);
+    for (const j of own) {
+      if (ids.length < k || s[j] > worst) {
+        ci.push(from + j);
+        cv.push(s[j]);
+      }
+    }
+    // The best so far lead, larger score first, ties to the lower index, as topK picks them.
+    const order = ci.map((_, j) => j)
+      .sort((a, b) => (cv[b] > cv[a] ? 1 : cv[a] > cv[b] ? -1 : ci[a] - ci[b]))
+      .slice(0, k);
+    ids = order.map((j) => ci[j]);
+    vals = order.map((j) => cv[j]);
+  }
+  return ids;
+}
+
 /** Indices of the `k` largest `score` values, descending; ties go to the lower index. */
 export function topK(
   score: ArrayLike<number>,

@@ -41,6 +41,7 @@ typedef struct {
   int64_t off;
   int64_t result; /* bytes read (may be short at end of file) or -errno */
   int cls;        /* priority class while queued */
+  int held;       /* a speculative read of a held file, queued in no ring (see FAULT_HOLD) */
 } sio_slot;
 
 typedef struct sio_queue {
@@ -74,11 +75,13 @@ static sio_queue *live_queues = NULL;
 
 /* Fault injection for tests, off unless SLUICE_FAULTS is set when the first file is opened:
  * rules separated by ';', each KIND[=MS]@FILE[:OFFSET] — KIND eio, enospc (the read fails with
- * that errno), short (it returns half the bytes) or delay=MS (it sleeps first); FILE a substring
- * of the opened path; OFFSET a byte the request must cover (default: every request). */
+ * that errno), short (it returns half the bytes), delay=MS (it sleeps first) or hold (a speculative
+ * read starts only once it is waited for, moved to another class or the queue stops, so a test
+ * knows every guess is still unstarted when the engine settles it); FILE a substring of the opened
+ * path; OFFSET a byte the request must cover (default: every request). */
 #define SIO_MAX_FAULTS 16
 #define SIO_FAULT_FDS 4096
-enum { FAULT_EIO = 1, FAULT_ENOSPC, FAULT_SHORT, FAULT_DELAY };
+enum { FAULT_EIO = 1, FAULT_ENOSPC, FAULT_SHORT, FAULT_DELAY, FAULT_HOLD };
 typedef struct {
   int kind;
   int64_t ms;
@@ -113,6 +116,7 @@ static void parse_faults(void) {
     else if (strcmp(rule, "enospc") == 0) f.kind = FAULT_ENOSPC;
     else if (strcmp(rule, "short") == 0) f.kind = FAULT_SHORT;
     else if (strcmp(rule, "delay") == 0) f.kind = FAULT_DELAY;
+    else if (strcmp(rule, "hold") == 0) f.kind = FAULT_HOLD;
     else continue;
     char *colon = strrchr(atsign + 1, ':');
     if (colon) {
@@ -139,6 +143,17 @@ static int injected_fault(int fd, uint64_t len, int64_t off) {
     else if (f->kind == FAULT_SHORT && outcome == 0) outcome = 1;
   }
   return outcome;
+}
+
+/* 1 when a hold rule applies to a read of [off, off + len) on fd. */
+static int held_read(int fd, uint64_t len, int64_t off) {
+  if (fd < 0 || fd >= SIO_FAULT_FDS || fd_faults[fd] == 0) return 0;
+  for (int r = 0; r < nfaults; r++) {
+    const sio_fault *f = &faults[r];
+    if (!(fd_faults[fd] & (1u << r)) || f->kind != FAULT_HOLD) continue;
+    if (f->at < 0 || (f->at >= off && f->at < off + (int64_t)len)) return 1;
+  }
+  return 0;
 }
 
 /* Opens `path` read-only. direct != 0 bypasses the page cache: O_DIRECT on Linux (EINVAL when the
@@ -284,6 +299,16 @@ static void enqueue(sio_queue *q, int i, int c) {
   q->queued++;
 }
 
+/* Queues held slot `i` in its class, where reader threads find it. */
+static void release(sio_queue *q, int i) {
+  sio_slot *s = &q->slots[i];
+  if (s->state != SLOT_QUEUED || !s->held) return;
+  account(q);
+  s->held = 0;
+  enqueue(q, i, s->cls);
+  pthread_cond_broadcast(&q->work);
+}
+
 static void *reader_main(void *arg) {
   sio_queue *q = (sio_queue *)arg;
   pthread_mutex_lock(&q->mu);
@@ -333,6 +358,7 @@ static void *reader_main(void *arg) {
 static void stop_and_join(sio_queue *q) {
   pthread_mutex_lock(&q->mu);
   q->stop = 1;
+  for (int i = 0; i < q->capacity; i++) release(q, i);
   pthread_cond_broadcast(&q->work);
   pthread_mutex_unlock(&q->mu);
   for (int t = 0; t < q->nthreads; t++) pthread_join(q->threads[t], NULL);
@@ -425,7 +451,9 @@ int64_t sio_submit(sio_queue *q, int32_t fd, void *dst, uint64_t len, int64_t of
   s->result = 0;
   s->state = SLOT_QUEUED;
   account(q);
-  enqueue(q, i, c);
+  s->held = c == SIO_CLASSES - 1 && held_read(fd, len, off);
+  if (s->held) s->cls = c;
+  else enqueue(q, i, c);
   int64_t ticket = s->ticket;
   pthread_cond_signal(&q->work);
   pthread_mutex_unlock(&q->mu);
@@ -463,6 +491,7 @@ int64_t sio_wait(sio_queue *q, int64_t ticket) {
     pthread_mutex_unlock(&q->mu);
     return -ENOENT;
   }
+  release(q, (int)(s - q->slots));
   while (s->state != SLOT_DONE) pthread_cond_wait(&q->done, &q->mu);
   int64_t r = s->result;
   s->state = SLOT_FREE;
@@ -483,7 +512,8 @@ int32_t sio_reclass(sio_queue *q, int64_t ticket, int32_t prio) {
   else if (s->state == SLOT_QUEUED && s->cls != c) {
     account(q);
     int i = (int)(s - q->slots);
-    unqueue(q, i);
+    if (s->held) s->held = 0;
+    else unqueue(q, i);
     enqueue(q, i, c);
     pthread_cond_broadcast(&q->work);
     r = 1;
@@ -503,7 +533,7 @@ int32_t sio_cancel(sio_queue *q, int64_t ticket) {
   else if (s->state == SLOT_QUEUED) {
     account(q);
     int i = (int)(s - q->slots);
-    unqueue(q, i);
+    if (!s->held) unqueue(q, i);
     s->state = SLOT_FREE;
     q->free_list[q->nfree++] = i;
     r = 1;

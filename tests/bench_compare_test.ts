@@ -3,15 +3,19 @@ import { findCgroupRoot, limitFile } from "../tools/dev/bench/cgroup.ts";
 import {
   activeBytesPerToken,
   buildReport,
+  compareIds,
   type CompareInputs,
   type EngineRun,
   formatTable,
   type ManifestBytes,
   ratio,
   rooflineTokS,
-  sameGreedyIds,
 } from "../tools/dev/bench/compare_report.ts";
 import { benchDepsDir } from "../tools/dev/bench/llamacpp.ts";
+import { logitGap } from "../tools/dev/bench/compare_sluice.ts";
+import { Model } from "../engine/model.ts";
+import { argmax } from "../engine/sampler.ts";
+import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 import { renderBarChart } from "../tools/dev/bar_chart.ts";
 
 /** A manifest of 2 MoE layers (8 experts of 3 matrices) and a dense layer, by hand. */
@@ -52,10 +56,14 @@ Deno.test("roofline and ratio math", () => {
   assert.equal(ratio(1, Infinity), null);
 });
 
-Deno.test("greedy id agreement compares the common prefix only", () => {
-  assert.equal(sameGreedyIds([1, 2, 3, 4, 9], [1, 2, 3, 4, 7]), true);
-  assert.equal(sameGreedyIds([1, 2, 3], [1, 5, 3]), false);
-  assert.equal(sameGreedyIds([], [1]), false);
+Deno.test("greedy ids are compared at every position both runs generated", () => {
+  assert.deepEqual(compareIds([1, 2, 3, 4, 9], [1, 2, 3, 4, 7]), {
+    compared: 5,
+    firstDivergence: 4,
+  });
+  assert.deepEqual(compareIds([1, 2, 3], [1, 5, 3]), { compared: 3, firstDivergence: 1 });
+  assert.deepEqual(compareIds([1, 2, 3], [1, 2, 3, 4]), { compared: 3, firstDivergence: null });
+  assert.deepEqual(compareIds([], [1]), { compared: 0, firstDivergence: null });
 });
 
 Deno.test("cgroup root: v1 memory mount wins, v2 needs the memory controller", () => {
@@ -130,6 +138,8 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
   assert.equal(r.in_ram.dram_roofline_tok_s, 20);
   assert.equal(r.in_ram.dram_roofline_ratio, 0.8);
   assert.equal(r.in_ram.same_ids, true);
+  assert.equal(r.in_ram.ids_compared, 5);
+  assert.equal(r.in_ram.first_divergence, null);
   assert.equal(r.over_cap.sluice_tok_s, 4);
   assert.equal(r.over_cap.llamacpp_tok_s, 0.5);
   assert.equal(r.over_cap.ratio, 8);
@@ -151,6 +161,26 @@ Deno.test("report: JSON shape and figures from stubbed runs", () => {
   const table = formatTable(r);
   assert.match(table, /prefill .* missed \(25% of target\)/);
   assert.match(table, /in RAM decode tok\/s vs llama\.cpp .* met/);
+  assert.match(table, /in RAM greedy ids: all 5 the same/);
+  // The last of five ids differs: reported with its position, both ids and sluice's logit gap.
+  const late = { ...run("llama.cpp", 8, 400), ids: [5, 6, 7, 8, 4] };
+  const parted = buildReport({
+    ...inputs,
+    in_ram: { ...inputs.in_ram, llamacpp: late },
+    in_ram_logit_gaps: { sluice: 0.0125, llamacpp: 0.031 },
+  });
+  assert.equal(parted.in_ram.same_ids, false);
+  assert.deepEqual(parted.in_ram.first_divergence, {
+    position: 4,
+    sluice_id: 9,
+    llamacpp_id: 4,
+    sluice_logit_gap: 0.0125,
+    llamacpp_logit_gap: 0.031,
+  });
+  assert.match(
+    formatTable(parted),
+    /ids: first differ at generated position 4 of 5 \(sluice 9, llama\.cpp 4, sluice logit gap 0\.0125, llama\.cpp logit gap 0\.0310\)/,
+  );
 });
 
 Deno.test("report: a roofline ratio above 1 is not judged (the probe read less than the engine)", () => {
@@ -215,4 +245,26 @@ Deno.test("bar chart: one rect per non-null value plus legend swatches", () => {
   // 1 background + 3 bars + 2 legend swatches.
   assert.equal(svg.match(/<rect /g)?.length, 6);
   assert.ok(svg.startsWith("<svg"));
+});
+
+Deno.test({
+  name:
+    "bench compare: sluice's logit gap where ids part is its logits' difference after the prefix",
+  ignore: !HAVE_FIXTURES,
+  fn: async () => {
+    const path = await packedFixture("stories260k-moe");
+    // Longer than one prefill chunk, so the gap's pass runs in several.
+    const ids = Array.from({ length: 150 }, (_, i) => (i * 37 + 11) % 500);
+    const m = await Model.open(path, { quiet: true, ctx: 160, prefillChunk: 1 });
+    let logits: Float32Array = new Float32Array(0);
+    try {
+      ids.forEach((t, pos) => logits = m.forward([t], pos));
+    } finally {
+      m.close();
+    }
+    const best = argmax(logits), other = (best + 1) % logits.length;
+    const gap = await logitGap(path, ids, best, other, 1);
+    assert.equal(gap, logits[best] - logits[other]);
+    assert.ok(gap >= 0);
+  },
 });

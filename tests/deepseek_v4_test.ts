@@ -21,14 +21,15 @@ import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
 import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
+  assertNearReference,
   checkPromptCache,
-  decodeAgainstReference,
   engineGreedy,
   fixtureConfig,
   fixtureDir,
   hasFixture,
   logitsOfRun,
   packedFixture,
+  referenceOf,
   synthVsReference,
   tempDir,
 } from "./fixtures.ts";
@@ -168,14 +169,13 @@ Deno.test({
   name: "DeepSeek-V4 engine: within 1e-4 of the float64 reference past the first HCA entry",
   ignore: !hasFixture(V4),
   async fn() {
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4));
-    const model = await Model.open(await packedFixture(V4), { quiet: true, ctx: 256 });
-    try {
-      const worst = decodeAgainstReference(model, new ReferenceModel(cfg, weight), PROMPT, 150, V4);
-      assert.ok(worst < 1e-4, `logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    await assertNearReference(await packedFixture(V4), referenceOf(V4), {
+      ctx: 256,
+      prompt: PROMPT,
+      steps: 150,
+      bound: 1e-4,
+      name: V4,
+    });
   },
 });
 
@@ -241,20 +241,8 @@ Deno.test({
       await engineGreedy(dir, PROMPT, KNOWN_FP8.length, { prefillChunk: 3 }, 256),
       KNOWN_FP8,
     );
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(V4_FP8));
-    const model = await Model.open(dir, { quiet: true, ctx: 256 });
-    try {
-      const worst = decodeAgainstReference(
-        model,
-        new ReferenceModel(cfg, weight),
-        PROMPT,
-        40,
-        V4_FP8,
-      );
-      assert.ok(worst < 1e-4, `logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 256, prompt: PROMPT, steps: 40, bound: 1e-4, name: V4_FP8 };
+    await assertNearReference(dir, referenceOf(V4_FP8), run);
   },
 });
 

@@ -6,11 +6,15 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { Model } from "../engine/model.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
-import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Session } from "../engine/session.ts";
-import { decodeAgainstReference, fixtureDir, maxRelDiff, packedFixture } from "./fixtures.ts";
+import {
+  assertNearReference,
+  fixtureDir,
+  maxRelDiff,
+  packedFixture,
+  referenceOf,
+} from "./fixtures.ts";
 
 const FIXTURES = [
   "stories260k",
@@ -25,15 +29,8 @@ const STEPS = 48;
 
 for (const name of FIXTURES) {
   Deno.test(`engine matches the reference forward: ${name}`, async () => {
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
-    const ref = new ReferenceModel(cfg, weight);
-    const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 128 });
-    try {
-      const worst = decodeAgainstReference(model, ref, PROMPT, STEPS, name);
-      assert.ok(worst <= 1e-5, `${name}: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 128, prompt: PROMPT, steps: STEPS, bound: 1e-5, name };
+    await assertNearReference(await packedFixture(name), referenceOf(name), run);
   });
 }
 

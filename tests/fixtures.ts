@@ -242,12 +242,49 @@ export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return scale > 0 ? diff / scale : diff;
 }
 
+/** What {@link assertNearReference} decodes and how close it must stay. */
+export interface NearReference {
+  /** Positions the model is opened for. */
+  ctx: number;
+  prompt: number[];
+  /** Positions decoded, prompt included. */
+  steps: number;
+  /** Largest relative logit difference allowed at any position. */
+  bound: number;
+  /** Names the run in messages (default: the container's path). */
+  name?: string;
+}
+
+/**
+ * Opens the container at `path`, decodes it beside `ref` with {@link decodeAgainstReference}
+ * (the same greedy token at every generated position), closes it, and asserts the worst relative
+ * logit difference is within `run.bound`. Returns that difference.
+ */
+export async function assertNearReference(
+  path: string,
+  ref: Pick<ReferenceModel, "forward64">,
+  run: NearReference,
+): Promise<number> {
+  const name = run.name ?? path;
+  const model = await Model.open(path, { quiet: true, ctx: run.ctx });
+  try {
+    const worst = decodeAgainstReference(model, ref, run.prompt, run.steps, name);
+    assert.ok(
+      worst <= run.bound,
+      `${name}: logits differ by ${worst} relative (bound ${run.bound})`,
+    );
+    return worst;
+  } finally {
+    model.close();
+  }
+}
+
 /**
  * Decodes `steps` positions with the engine and the float64 reference side by side: `prompt`
  * first, then the reference's greedy tokens, asserting the engine picks the same token at every
  * generated position. Returns the worst relative logit difference seen.
  */
-export function decodeAgainstReference(
+function decodeAgainstReference(
   model: Model,
   ref: Pick<ReferenceModel, "forward64">,
   prompt: number[],

@@ -4,13 +4,12 @@
  * the correction bias, shared expert, one dense layer), and the MTP layer packed apart.
  */
 import assert from "node:assert/strict";
-import { Model } from "../engine/model.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
   assertKnownContinuation,
-  decodeAgainstReference,
+  assertNearReference,
   fixtureDir,
   hasFixture,
   ONCE_UPON_A_TIME,
@@ -45,14 +44,8 @@ Deno.test({
     assert.equal(cfg.moe?.routedScaling, 2.5);
     assert.equal(cfg.moe?.selectionBias, true);
     assert.equal(cfg.moe?.sharedIntermediate, 32);
-    const ref = new ReferenceModel(cfg, weight);
-    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 192 });
-    try {
-      const worst = decodeAgainstReference(model, ref, PROMPT, 160, NAME);
-      assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 192, prompt: PROMPT, steps: 160, bound: 1e-4, name: NAME };
+    await assertNearReference(await packedFixture(NAME), new ReferenceModel(cfg, weight), run);
   },
 });
 

@@ -10,9 +10,6 @@
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
 import { openContainer } from "../engine/container.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
-import { Model } from "../engine/model.ts";
-import { ReferenceModel } from "../engine/reference/forward.ts";
 import { Session } from "../engine/session.ts";
 import type { Checkpoint } from "../io/safetensors.ts";
 import { packCheckpoint } from "../tools/pack.ts";
@@ -28,14 +25,15 @@ import { reportSkippedLayers } from "../tools/pack/layout.ts";
 import {
   assertDenseAttentionFails,
   assertKnownContinuation,
+  assertNearReference,
   assertPlacementsAgree,
   checkPromptCache,
-  decodeAgainstReference,
   engineVsReference,
   fixtureDir,
   hasFixture,
   ONCE_UPON_A_TIME,
   packedFixture,
+  referenceOf,
   synthVsReference,
   tempDir,
 } from "./fixtures.ts";
@@ -170,20 +168,8 @@ Deno.test({
   name: "glm5_next: engine logits within 1e-4 of the float64 reference over 120 positions",
   ignore,
   fn: async () => {
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
-    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 128 });
-    try {
-      const worst = decodeAgainstReference(
-        model,
-        new ReferenceModel(cfg, weight),
-        PROMPT,
-        120,
-        NAME,
-      );
-      assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 128, prompt: PROMPT, steps: 120, bound: 1e-4, name: NAME };
+    await assertNearReference(await packedFixture(NAME), referenceOf(NAME), run);
   },
 });
 
@@ -198,14 +184,8 @@ Deno.test({
     } finally {
       session.close();
     }
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(FP8));
-    const model = await Model.open(dir, { quiet: true, ctx: 128 });
-    try {
-      const worst = decodeAgainstReference(model, new ReferenceModel(cfg, weight), PROMPT, 60, FP8);
-      assert.ok(worst <= 1e-4, `${FP8}: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 128, prompt: PROMPT, steps: 60, bound: 1e-4, name: FP8 };
+    await assertNearReference(dir, referenceOf(FP8), run);
     const layers = JSON.parse(Deno.readTextFileSync(`${dir}/manifest.json`)).trunk.layers;
     const dtype = (l: number, t: string) => layers[l].tensors[t].dtype;
     assert.deepEqual(

@@ -7,21 +7,20 @@
  */
 import assert from "node:assert/strict";
 import { normalizeConfig } from "../engine/config.ts";
-import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
-import { ReferenceModel } from "../engine/reference/forward.ts";
 import { Session } from "../engine/session.ts";
 import { openContainer } from "../engine/container.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
   assertDenseAttentionFails,
+  assertNearReference,
   budgetAboveFloor,
   checkPromptCache,
-  decodeAgainstReference,
   fixtureConfig,
   fixtureDir,
   hasFixture,
   packedFixture,
+  referenceOf,
   tempDir,
 } from "./fixtures.ts";
 
@@ -94,15 +93,8 @@ Deno.test({
   name: "glm_moe_dsa: engine logits within 1e-4 of the float64 reference over 120 positions",
   ignore,
   fn: async () => {
-    const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(NAME));
-    const ref = new ReferenceModel(cfg, weight);
-    const model = await Model.open(await packedFixture(NAME), { quiet: true, ctx: 128 });
-    try {
-      const worst = decodeAgainstReference(model, ref, PROMPT, 120, NAME);
-      assert.ok(worst <= 1e-4, `${NAME}: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 128, prompt: PROMPT, steps: 120, bound: 1e-4, name: NAME };
+    await assertNearReference(await packedFixture(NAME), referenceOf(NAME), run);
   },
 });
 

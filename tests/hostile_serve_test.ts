@@ -215,7 +215,11 @@ for (const [kind, start] of KINDS) {
     sanitizeResources: false,
     sanitizeOps: false,
     fn: async () => {
-      const server = await start({ port: 0, log: () => {}, drainMs: 5_000 });
+      // The drain's bound is only a backstop here (generous, so load cannot reach it): what is
+      // checked is that the connections ended by themselves, i.e. the server never logged that the
+      // bound cut them off.
+      const logs: string[] = [];
+      const server = await start({ port: 0, log: (l) => logs.push(l), drainMs: 60_000 });
       let closed = false;
       try {
         const body = (stream: boolean) =>
@@ -230,10 +234,9 @@ for (const [kind, start] of KINDS) {
         const waiting = fetch(url, { method: "POST", headers, body: body(false) });
         const depth = async () => (await (await fetch(`${server.url}/health`)).json()).queue_depth;
         while (await depth() === 0) await new Promise((r) => setTimeout(r, 5));
-        const t0 = performance.now();
         closed = true;
         await server.close();
-        assert.ok(performance.now() - t0 < 5_500, "the drain is bounded");
+        assert.deepEqual(logs.filter((l) => /still open/.test(l)), [], "the connections ended");
         for (let r = await reader.read(); !r.done; r = await reader.read()) sse += r.value;
         const events = sse.split("\n").filter((l) => l.startsWith("data: "));
         const last = events.at(-1)!;

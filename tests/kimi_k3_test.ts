@@ -20,14 +20,15 @@ import { argmax } from "../engine/sampler.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import { type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
 import {
+  assertNearReference,
   checkPromptCache,
-  decodeAgainstReference,
   engineGreedy,
   fixtureConfig,
   fixtureDir,
   hasFixture,
   logitsOfRun,
   packedFixture,
+  referenceOf,
   synthVsReference,
   tempDir,
 } from "./fixtures.ts";
@@ -212,20 +213,9 @@ Deno.test({
     // copy of the input, 6.3e-3), so both stay within float32's own 2.5e-5 of the reference.
     const bound = 3e-5;
     for (const name of [K3, K3_MXFP4]) {
-      const { cfg, weight } = referenceWeightsFromCheckpoint(fixtureDir(name));
-      const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 64 });
-      try {
-        const worst = decodeAgainstReference(
-          model,
-          new ReferenceModel(cfg, weight),
-          ORACLE_PROMPT,
-          ORACLE_PROMPT.length + 39,
-          name,
-        );
-        assert.ok(worst < bound, `${name}: logits differ by ${worst} relative (bound ${bound})`);
-      } finally {
-        model.close();
-      }
+      const steps = ORACLE_PROMPT.length + 39;
+      const run = { ctx: 64, prompt: ORACLE_PROMPT, steps, bound, name };
+      await assertNearReference(await packedFixture(name), referenceOf(name), run);
     }
   },
 });
@@ -255,23 +245,10 @@ Deno.test({
         log: () => {},
       });
       const { cfg, weight } = referenceWeightsFromContainer(out);
-      const model = await Model.open(out, { quiet: true, ctx: 64 });
-      try {
-        assert.equal(
-          model.container.manifest.experts[1]!.matrices.down.dtype,
-          EXPERT_DTYPE[experts],
-        );
-        const worst = decodeAgainstReference(
-          model,
-          new ReferenceModel(cfg, weight),
-          ORACLE_PROMPT,
-          30,
-          experts,
-        );
-        assert.ok(worst < bound, `${experts}: logits differ by ${worst} relative (bound ${bound})`);
-      } finally {
-        model.close();
-      }
+      const down = openContainer(out).manifest.experts[1]!.matrices.down;
+      assert.equal(down.dtype, EXPERT_DTYPE[experts]);
+      const run = { ctx: 64, prompt: ORACLE_PROMPT, steps: 30, bound, name: experts };
+      await assertNearReference(out, new ReferenceModel(cfg, weight), run);
     }
   },
 });

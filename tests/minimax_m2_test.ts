@@ -10,14 +10,13 @@ import assert from "node:assert/strict";
 import { loadModelConfig } from "../engine/config.ts";
 import { openContainer } from "../engine/container.ts";
 import { containerExpertF32, containerTrunkF32 } from "../engine/float_weights.ts";
-import { Model } from "../engine/model.ts";
 import { hfLayerName } from "../engine/tensor_names.ts";
 import { openCheckpoint } from "../io/safetensors.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import {
   assertKnownContinuation,
+  assertNearReference,
   assertPlacementsAgree,
-  decodeAgainstReference,
   fixtureDir,
   hasFixture,
   ONCE_UPON_A_TIME,
@@ -107,13 +106,8 @@ for (const name of [NAME, FP8]) {
     name: `minimax_m2: ${name}: engine logits within 1e-4 of the float64 reference, 160 positions`,
     ignore,
     fn: async () => {
-      const model = await Model.open(await packedFixture(name), { quiet: true, ctx: 192 });
-      try {
-        const worst = decodeAgainstReference(model, referenceOf(name), PROMPT, 160, name);
-        assert.ok(worst <= 1e-4, `${name}: logits differ by ${worst} relative`);
-      } finally {
-        model.close();
-      }
+      const run = { ctx: 192, prompt: PROMPT, steps: 160, bound: 1e-4, name };
+      await assertNearReference(await packedFixture(name), referenceOf(name), run);
     },
   });
 }

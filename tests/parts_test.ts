@@ -16,7 +16,7 @@ import { Pool } from "../engine/pool.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { indexScoresReference, poolKeysReference, topKReference } from "../engine/reference/mla.ts";
 import { REFERENCE_MIXERS } from "../engine/reference/mixers.ts";
-import { topK } from "../engine/routing.ts";
+import { topK, topKTiled } from "../engine/routing.ts";
 import { layerTensorsOf } from "../engine/tensor_names.ts";
 import { layerTensorSpec } from "../engine/tensor_shapes.ts";
 import { rowBlock, type TensorRef } from "../engine/tensor.ts";
@@ -447,6 +447,30 @@ Deno.test("the indexer's scores, top-k and pool keys match their scalar referenc
     }
   } finally {
     pool.close();
+  }
+});
+
+Deno.test("indexer top-k a tile at a time picks what top-k over every score picks, in its order", () => {
+  for (const [n, seed] of [[1, 1], [7, 2], [64, 3], [301, 4], [1000, 5]]) {
+    // Few distinct values, both zeros and both infinities: ties everywhere, across tile edges.
+    const pick = values(n, seed, 1);
+    const tied = Float32Array.from(
+      pick,
+      (v) => [0, -0, 0.25, -1, Infinity, -Infinity][((v + 1) * 3) | 0],
+    );
+    for (const all of [pick, tied]) {
+      for (const k of [1, 2, Math.ceil(n / 3), n - 1, n, n + 4].filter((k) => k > 0)) {
+        for (const tile of [1, 3, 7, 64, n, n + 5]) {
+          // One buffer, overwritten by every call, as the kernel's is.
+          const buf = new Float32Array(tile);
+          const got = topKTiled(n, k, tile, (from, count) => {
+            buf.fill(NaN).set(all.subarray(from, from + count));
+            return buf.subarray(0, count);
+          });
+          assert.deepEqual(got, topK(all, k), `n ${n}, k ${k}, tile ${tile}`);
+        }
+      }
+    }
   }
 });
 

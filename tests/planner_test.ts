@@ -4,7 +4,14 @@
  */
 import assert from "node:assert/strict";
 import type { ModelConfig } from "../io/model_config.ts";
-import { type PlanInput, planMemory } from "../engine/planner.ts";
+import {
+  GUESS_PRECISION,
+  type MemoryPlan,
+  type PlanInput,
+  planMemory,
+  readBytesPerToken,
+  weighLookahead,
+} from "../engine/planner.ts";
 import { parseBytes } from "../engine/units.ts";
 import { loadModelConfig } from "../engine/config.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
@@ -57,6 +64,65 @@ Deno.test("the lookahead's resident routers are part of the fixed bytes", () => 
   const off = planMemory(input, { ctx: 128, maxBatch: 8 });
   const on = planMemory(input, { ctx: 128, maxBatch: 8, lookahead: true });
   assert.ok(on.fixedBytes >= off.fixedBytes + input.routerBytes);
+});
+
+/**
+ * The DeepSeek-V4-shaped bench model of docs/PERFORMANCE.md (its lookahead cost 0.92× at a 0.077
+ * budget): trunk layers of 140 MiB, records of 13.37 MB, 256 per layer, 8.4 MB of routers, on the
+ * fixture's layers.
+ */
+const V4ISH: PlanInput = {
+  cfg,
+  globalsBytes: 64 * MiB,
+  layerBytes: [140, 140, 140, 140, 140].map((m) => m * MiB),
+  expertStride: 13.37e6,
+  totalExperts: 5 * 256,
+  routerBytes: 8.4e6,
+};
+
+/** The plans without and with the lookahead's routers at `budget`, and their weighing. */
+function weigh(
+  input: PlanInput,
+  budget: number,
+): [MemoryPlan, MemoryPlan, ReturnType<typeof weighLookahead>] {
+  const opts = { ctx: 128, maxBatch: 8, budget };
+  const off = planMemory(input, opts), on = planMemory(input, { ...opts, lookahead: true });
+  return [off, on, weighLookahead(input, off, on, 1)];
+}
+
+Deno.test("lookahead: off where its routers unpin a trunk layer, on where they take a few records", () => {
+  // From the floor with the routers resident (below it the engine plans no lookahead).
+  const whole = planMemory(V4ISH, { ctx: 128, maxBatch: 8, lookahead: true });
+  const moe = cfg.layerKinds.filter((k) => k === "moe").length;
+  let unpinned = 0, onSeen = 0;
+  for (let budget = whole.floor; budget < whole.wholeModelBytes; budget += 4 * MiB) {
+    const [off, on, w] = weigh(V4ISH, budget);
+    // What it weighs, from the two plans: reads per token (unpinned trunk, expected misses).
+    const read = (p: MemoryPlan) =>
+      V4ISH.layerBytes.slice(p.pinned).reduce((a, b) => a + b, 0) +
+      moe * cfg.moe!.topK * (1 - p.expertSlots / p.totalExperts) * V4ISH.expertStride;
+    assert.equal(readBytesPerToken(V4ISH, off), read(off));
+    assert.ok(Math.abs(w.displacedBytes - Math.max(0, read(on) - read(off))) < 1);
+    assert.ok(w.hiddenBytes <= moe * GUESS_PRECISION * V4ISH.expertStride);
+    assert.equal(w.routerBytes, on.fixedBytes - off.fixedBytes);
+    assert.equal(w.on, w.hiddenBytes > w.displacedBytes);
+    if (on.pinned < off.pinned) {
+      // A 140 MiB layer read every token against at most one record per MoE layer hidden.
+      unpinned++;
+      assert.equal(w.on, false, `budget ${budget}: ${JSON.stringify(w)}`);
+    } else if (on.pinned === off.pinned && on.ringSlots === off.ringSlots) {
+      // The routers' 8.4 MB take at most one record: less than a guess per layer hides while a
+      // tenth of the routed records miss (near the whole model too little misses to pay).
+      assert.ok(off.expertSlots - on.expertSlots <= 1);
+      if (on.expertSlots <= 0.9 * on.totalExperts) {
+        assert.equal(w.on, true, `budget ${budget}: ${JSON.stringify(w)}`);
+        onSeen++;
+      }
+    }
+    // Sizes only: the same inputs weigh the same.
+    assert.deepEqual(weigh(V4ISH, budget)[2], w);
+  }
+  assert.ok(unpinned > 0 && onSeen > 0, `${unpinned} budgets unpinned a layer, ${onSeen} kept it`);
 });
 
 Deno.test("sizes parse with binary units", () => {

@@ -15,7 +15,7 @@ import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { loadTokenizer } from "../engine/tokenizer.ts";
 import { type ExpertsOption, packCheckpoint, type PackOptions } from "../tools/pack.ts";
-import { decodeAgainstReference, fixtureDir, packedFixture, tempDir } from "./fixtures.ts";
+import { assertNearReference, fixtureDir, packedFixture, tempDir } from "./fixtures.ts";
 
 const PROMPT = [1, 403, 407, 261, 378];
 const STEPS = 30;
@@ -52,14 +52,8 @@ for (const { name, opts, tol } of CASES) {
   Deno.test(`engine on a ${name} container matches the reference on its weights`, async () => {
     const dir = await packed(name, opts);
     const { cfg, weight } = referenceWeightsFromContainer(dir);
-    const ref = new ReferenceModel(cfg, weight);
-    const model = await Model.open(dir, { quiet: true, ctx: 64 });
-    try {
-      const worst = decodeAgainstReference(model, ref, PROMPT, STEPS, name);
-      assert.ok(worst <= tol, `${name}: logits differ by ${worst} relative (bound ${tol})`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 64, prompt: PROMPT, steps: STEPS, bound: tol, name };
+    await assertNearReference(dir, new ReferenceModel(cfg, weight), run);
   });
 }
 

@@ -25,10 +25,10 @@ import { Session } from "../engine/session.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
+  assertNearReference,
   assertRingPlacementsAgree,
   assertStoryPromptsMatchReference,
   checkPromptCache,
-  decodeAgainstReference,
   fixtureConfig,
   fixtureDir,
   logitsOfRun,
@@ -410,14 +410,8 @@ Deno.test({
       log: () => {},
     });
     const { cfg, weight } = referenceWeightsFromContainer(dir);
-    const model = await Model.open(dir, { quiet: true, ctx: 64 });
-    try {
-      const ref = new ReferenceModel(cfg, weight);
-      const worst = decodeAgainstReference(model, ref, KNOWN_PROMPT, 30, "int8");
-      assert.ok(worst <= 1e-4, `int8: logits differ by ${worst} relative`);
-    } finally {
-      model.close();
-    }
+    const run = { ctx: 64, prompt: KNOWN_PROMPT, steps: 30, bound: 1e-4, name: "int8" };
+    await assertNearReference(dir, new ReferenceModel(cfg, weight), run);
   },
 });
 

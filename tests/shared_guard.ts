@@ -20,7 +20,7 @@ const SHARED_REASON = "need ../shared/models";
 
 /** What marks a test as reading ../shared: its helpers, its paths, its fixtures' names. */
 const NEEDS_SHARED =
-  /fixtureDir|packedFixture|CHECKPOINT_FIXTURES|FIXTURES\b|decodeAgainstReference|shared\/|\btraces?\b|TRACE|stories260k|tiny-|fixture|gguf_path|GGUF_DIR/;
+  /fixtureDir|packedFixture|CHECKPOINT_FIXTURES|FIXTURES\b|assertNearReference|shared\/|\btraces?\b|TRACE|stories260k|tiny-|fixture|gguf_path|GGUF_DIR/;
 
 type TestFn = (t: Deno.TestContext) => void | Promise<void>;
 

@@ -19,7 +19,7 @@ import type { CsaConfig, LayerTensor, ModelConfig } from "../../io/model_config.
 import type { Arena } from "../arena.ts";
 import type { AttentionShape, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
-import { topK } from "../routing.ts";
+import { SCORE_TILE, topKTiled } from "../routing.ts";
 import { rowBlock } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import {
@@ -97,7 +97,7 @@ function regions(cfg: ModelConfig, layers: number[], ctx: number, maxBatch: numb
     f * stage,
     f * ix.heads * ix.headDim,
     f * ix.heads,
-    4 * (minRatio ? Math.floor(ctx / minRatio) : 1),
+    4 * (minRatio ? Math.min(Math.floor(ctx / minRatio), SCORE_TILE) : 1),
     4 * keys * hd,
     attentionScratchBytes(H, 1),
     f * G * G * R,
@@ -336,17 +336,23 @@ class CsaAttention implements Mixer {
       if (spec.indexed && count > ix.topK) {
         const iq = this.#iq + b * ix.heads * ix.headDim * 4;
         this.#rope(iq, ix.heads, ix.headDim, this.#compress, p);
-        ops.csaIndexScores(
-          iq,
-          ix.heads,
-          ix.headDim,
-          this.#iw + b * ix.heads * 4,
-          cache + ((spec.ratio - 1) * rows.floats + rows.key) * 4,
-          spec.ratio * rows.floats,
-          count,
-          this.#scores,
-        );
-        kept = topK(ops.f32(this.#scores, count), ix.topK);
+        const stride = spec.ratio * rows.floats;
+        const keys = cache + ((spec.ratio - 1) * rows.floats + rows.key) * 4;
+        // A tile of entries at a time: the score buffer does not grow with the context.
+        kept = topKTiled(count, ix.topK, SCORE_TILE, (from, n) => {
+          const iw = this.#iw + b * ix.heads * 4;
+          ops.csaIndexScores(
+            iq,
+            ix.heads,
+            ix.headDim,
+            iw,
+            keys + from * stride * 4,
+            stride,
+            n,
+            this.#scores,
+          );
+          return ops.f32(this.#scores, n);
+        });
       }
       for (const w of kept) gather(entryAt(w));
       if (n > this.#keyCap) throw new Error(`csa: ${n} keys, room for ${this.#keyCap}`);

@@ -27,7 +27,7 @@ import type { Arena } from "../arena.ts";
 import { rowsToF32 } from "../dequant.ts";
 import type { AttentionShape, Matmul, Ops } from "../ops.ts";
 import { buildRopeTable, ropeAt, type RopeTable } from "../rope_table.ts";
-import { topK } from "../routing.ts";
+import { SCORE_TILE, topKTiled } from "../routing.ts";
 import type { TensorRef } from "../tensor.ts";
 import type { LayerWeights } from "../weights.ts";
 import {
@@ -137,7 +137,7 @@ export class MlaAttention implements Mixer {
       this.#iw = arena.alloc("indexer weights", maxBatch * ix.numHeads * 4);
       if (ix.pool) this.#ig = arena.alloc("indexer pool gates", maxBatch * ix.headDim * 4);
       this.#picked = arena.alloc("dsa picked rows", indexerKept(ix) * this.#row * 4);
-      this.#iscores = arena.alloc("indexer scores", maxCtx * 4);
+      this.#iscores = arena.alloc("indexer scores", Math.min(maxCtx, SCORE_TILE) * 4);
     }
     if (mla.outputGate) {
       this.#gate = arena.alloc("mla output gate", maxBatch * H * mla.vHeadDim * 4);
@@ -270,7 +270,8 @@ export class MlaAttention implements Mixer {
   /**
    * The positions token b of a call (at position p) attends to, when the indexer thins them, in
    * increasing order: the scoring kernel (csa.c) with the head weights scaled by
-   * 1/√(heads·head_dim), and top-k with ties to the lower position (routing.ts).
+   * 1/√(heads·head_dim), and top-k with ties to the lower position (routing.ts), scored a tile
+   * at a time so the score buffer does not grow with the context.
    */
   #select(b: number, layer: number, p: number): number[] {
     const ix = this.#cfg.mla!.indexer!;
@@ -280,16 +281,24 @@ export class MlaAttention implements Mixer {
     for (let h = 0; h < H; h++) w[h] /= Math.sqrt(H * D);
     const rows = this.#indexRows(layer);
     const q = this.#iq + b * H * D * 4;
-    if (!ix.pool) {
-      this.#ops.csaIndexScores(q, H, D, iw, rows, R, p + 1, this.#iscores);
-      return topK(this.#arena.f32(this.#iscores, p + 1), ix.topK).sort((x, y) => x - y);
-    }
+    const best = (keys: number, stride: number, n: number, k: number) =>
+      topKTiled(n, k, SCORE_TILE, (from, count) => {
+        this.#ops.csaIndexScores(
+          q,
+          H,
+          D,
+          iw,
+          keys + from * stride * 4,
+          stride,
+          count,
+          this.#iscores,
+        );
+        return this.#arena.f32(this.#iscores, count);
+      }).sort((x, y) => x - y);
+    if (!ix.pool) return best(rows, R, p + 1, ix.topK);
     // Complete pools are scored by their keys; the tail after them is always kept.
     const pool = ix.pool, P = Math.floor((p + 1) / pool);
-    const keys = rows + ((pool - 1) * R + 2 * D) * 4;
-    this.#ops.csaIndexScores(q, H, D, iw, keys, pool * R, P, this.#iscores);
-    const kept = topK(this.#arena.f32(this.#iscores, P), Math.floor(ix.topK / pool))
-      .sort((x, y) => x - y)
+    const kept = best(rows + ((pool - 1) * R + 2 * D) * 4, pool * R, P, Math.floor(ix.topK / pool))
       .flatMap((j) => Array.from({ length: pool }, (_, r) => j * pool + r));
     for (let t = P * pool; t <= p; t++) kept.push(t);
     return kept;
@@ -537,7 +546,7 @@ export const MLA: MixerPart = {
             f * m.indexer.numHeads,
             ...(m.indexer.pool ? [f * m.indexer.headDim] : []),
             indexerKept(m.indexer) * row * 4,
-            ctx * 4,
+            Math.min(ctx, SCORE_TILE) * 4,
           ]
           : []),
       ) + absorbed;

@@ -68,14 +68,21 @@ export async function planCommand(args: string[]): Promise<number> {
     mtp: spec === "mtp",
   };
   const floor = runFloor(c, opts);
-  const { plan, lookahead, ctx } = planRun(c, {
+  const { plan, lookahead, ctx, lookaheadWeighing } = planRun(c, {
     ...opts,
     budget: budgetFromArgs(a.str("budget"), a.str("preset")),
   });
   const recommended = recommendedBudget(plan.wholeModelBytes);
   if (a.bool("json")) {
     console.log(
-      JSON.stringify({ ...plan, floor, ctx, lookahead, recommendedBudget: recommended }),
+      JSON.stringify({
+        ...plan,
+        floor,
+        ctx,
+        lookahead,
+        lookaheadWeighing,
+        recommendedBudget: recommended,
+      }),
     );
     return 0;
   }
@@ -97,6 +104,17 @@ expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })${lookahead > 0 ? `; routers resident for the lookahead` : ""}
 arena          ${formatBytes(plan.arenaBytes)}`);
+  const w = lookaheadWeighing;
+  if (w) {
+    // The default lookahead's routers against what they displace, per token (engine/planner.ts).
+    console.log(
+      `lookahead      ${w.on ? "on" : "off"}: ${w.guesses} guess per MoE layer would hide ≈ ${
+        formatBytes(w.hiddenBytes)
+      } of expert reads per token; its routers (${formatBytes(w.routerBytes)}) displace ${
+        formatBytes(w.displacedBytes)
+      } of reads per token`,
+    );
+  }
   const kinds = new Set(Array.from({ length: L }, (_, l) => mixerOf(cfg, l)));
   const grows = Array.from({ length: L }, (_, l) => {
     const part = mixerPartOf(cfg, l);

@@ -3,6 +3,9 @@
  * the same synthetic MoE model, threads, greedy decoding and prompt token ids, in RAM and over a
  * memory cap applied to both by one cgroup, with the DRAM and O_DIRECT rooflines measured in the
  * same run. Each engine runs in its own child process. Prints a table; `--json` prints the report.
+ * The in-RAM runs' greedy ids are compared at every position both generated; where they first
+ * differ, an untimed pass of each engine over the common prefix gives its logit gap between the
+ * two ids (a near-tie that summation order can flip, or a real difference).
  *
  * @module
  */
@@ -27,6 +30,7 @@ import {
 import {
   activeBytesPerToken,
   buildReport,
+  compareIds,
   type CompareReport,
   type EngineJob,
   type EngineRun,
@@ -36,7 +40,8 @@ import {
 import { measureDramNative } from "../../../io/dram_probe.ts";
 import { benchDisk } from "./disk.ts";
 import { dropPageCache } from "../../../io/disk_probe.ts";
-import { benchDepsDir, setupLlamaCpp } from "./llamacpp.ts";
+import { benchDepsDir, llamaLogitGap, setupLlamaCpp } from "./llamacpp.ts";
+import { logitGap } from "./compare_sluice.ts";
 
 const GiB = 2 ** 30;
 const REPO = fromFileUrl(new URL("../../../", import.meta.url));
@@ -323,6 +328,21 @@ export async function main(args: string[]): Promise<void> {
     llama,
     null,
   );
+  let gaps = { sluice: null as number | null, llamacpp: null as number | null };
+  const at = ir.sluice && ir.llamacpp
+    ? compareIds(ir.sluice.ids, ir.llamacpp.ids).firstDivergence
+    : null;
+  if (at !== null) {
+    const [s, l] = [ir.sluice!.ids[at], ir.llamacpp!.ids[at]];
+    log(`in RAM greedy ids differ at generated position ${at}: each engine's logit gap there`);
+    const prefix = [...ids, ...ir.sluice!.ids.slice(0, at)];
+    gaps = {
+      sluice: await logitGap(inRam.container, prefix, s, l, threads),
+      llamacpp: llama.ok
+        ? await llamaLogitGap(llama.script, inRam.gguf, prefix, l, s, threads)
+        : null,
+    };
+  }
   // A second DRAM reading right after the in-RAM runs: on a shared host the figure moves by up to
   // 2× between minutes, and the roofline is the best the machine showed around the runs.
   const dramAfter = await measureDramNative(dramOpts);
@@ -379,6 +399,7 @@ export async function main(args: string[]): Promise<void> {
       ram_bytes: totalmem(),
     },
     in_ram_active_bytes: activeBytesPerToken(inRam.manifest, inRam.topK),
+    in_ram_logit_gaps: gaps,
     in_ram: { model_bytes: inRam.bytes, ...ir, skipped: ir.notes.join("; ") || null },
     over_cap: {
       model_bytes: overBytes,

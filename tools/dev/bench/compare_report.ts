@@ -135,6 +135,24 @@ export interface CompareInputs {
   in_ram_active_bytes: number;
   in_ram: RegimeRuns;
   over_cap: RegimeRuns & { cap_bytes: number; budget_bytes: number };
+  /**
+   * At the first generated position where the in-RAM runs' ids differ, each engine's logit of its
+   * own id less its logit of the other's, from an untimed pass over the prompt and the common
+   * prefix; null when not measured.
+   */
+  in_ram_logit_gaps?: { sluice: number | null; llamacpp: number | null };
+}
+
+/** Where two runs' greedy ids first differ. */
+export interface IdDivergence {
+  /** Index into the generated ids (0: the first token after the prompt). */
+  position: number;
+  sluice_id: number;
+  llamacpp_id: number;
+  /** sluice's logit of its own id less its logit of llama.cpp's there (how close the call was). */
+  sluice_logit_gap: number | null;
+  /** llama.cpp's logit of its own id less its logit of sluice's there. */
+  llamacpp_logit_gap: number | null;
 }
 
 /** The `--json` report. */
@@ -150,7 +168,11 @@ export interface CompareReport {
     active_bytes_per_token: number;
     dram_roofline_tok_s: number | null;
     dram_roofline_ratio: number | null;
+    /** Every id both runs generated is the same (null: a run is missing or generated none). */
     same_ids: boolean | null;
+    /** Ids compared: all that both runs generated. */
+    ids_compared: number;
+    first_divergence: IdDivergence | null;
     skipped: string | null;
   };
   over_cap: {
@@ -192,7 +214,8 @@ export function buildReport(x: CompareInputs): CompareReport {
   const waitShare = oc.sluice && oc.sluice.decode_io_wait_ms !== null && ocS && ocSteps > 0
     ? oc.sluice.decode_io_wait_ms / ((ocSteps * 1000) / ocS)
     : null;
-  const sameIds = ir.sluice && ir.llamacpp ? sameGreedyIds(ir.sluice.ids, ir.llamacpp.ids) : null;
+  const ids = ir.sluice && ir.llamacpp ? compareIds(ir.sluice.ids, ir.llamacpp.ids) : null;
+  const at = ids?.firstDivergence ?? null;
   const preS = ir.sluice?.prefill_tok_s ?? null, preL = ir.llamacpp?.prefill_tok_s ?? null;
   return {
     precision: x.precision,
@@ -206,7 +229,15 @@ export function buildReport(x: CompareInputs): CompareReport {
       active_bytes_per_token: x.in_ram_active_bytes,
       dram_roofline_tok_s: dramTokS,
       dram_roofline_ratio: ratio(irS, dramTokS),
-      same_ids: sameIds,
+      same_ids: ids && ids.compared > 0 ? at === null : null,
+      ids_compared: ids?.compared ?? 0,
+      first_divergence: at === null ? null : {
+        position: at,
+        sluice_id: ir.sluice!.ids[at],
+        llamacpp_id: ir.llamacpp!.ids[at],
+        sluice_logit_gap: x.in_ram_logit_gaps?.sluice ?? null,
+        llamacpp_logit_gap: x.in_ram_logit_gaps?.llamacpp ?? null,
+      },
       skipped: ir.skipped,
     },
     over_cap: {
@@ -233,13 +264,18 @@ export function buildReport(x: CompareInputs): CompareReport {
   };
 }
 
-/** Whether two greedy id lists agree on their common prefix (floating-point order may differ
- * later, so only the first few ids are compared). */
-export function sameGreedyIds(a: number[], b: number[], n = 4): boolean {
-  const k = Math.min(n, a.length, b.length);
-  if (k === 0) return false;
-  for (let i = 0; i < k; i++) if (a[i] !== b[i]) return false;
-  return true;
+/**
+ * Compares every id two greedy runs both generated: how many that is, and the first position
+ * where they differ (null when none). A difference is reported, not hidden: the summation order
+ * differs between the engines, so a near-tie may flip, and the logit gap there says how near.
+ */
+export function compareIds(
+  a: readonly number[],
+  b: readonly number[],
+): { compared: number; firstDivergence: number | null } {
+  const compared = Math.min(a.length, b.length);
+  for (let i = 0; i < compared; i++) if (a[i] !== b[i]) return { compared, firstDivergence: i };
+  return { compared, firstDivergence: null };
 }
 
 function fmt(v: number | null, digits = 2): string {
@@ -312,6 +348,18 @@ export function formatTable(r: CompareReport): string {
   const line = (row: string[]) => `| ${row.map((s, c) => s.padEnd(widths[c])).join(" | ")} |`;
   const sep = `|${widths.map((w) => "-".repeat(w + 2)).join("|")}|`;
   const notes: string[] = [];
+  const d = r.in_ram.first_divergence;
+  if (d) {
+    const gap = (who: string, g: number | null) =>
+      g === null ? "" : `, ${who} logit gap ${g.toPrecision(3)}`;
+    notes.push(
+      `in RAM greedy ids: first differ at generated position ${d.position} of ` +
+        `${r.in_ram.ids_compared} (sluice ${d.sluice_id}, llama.cpp ${d.llamacpp_id}` +
+        `${gap("sluice", d.sluice_logit_gap)}${gap("llama.cpp", d.llamacpp_logit_gap)})`,
+    );
+  } else if (r.in_ram.same_ids) {
+    notes.push(`in RAM greedy ids: all ${r.in_ram.ids_compared} the same`);
+  }
   if (r.in_ram.skipped) notes.push(`in RAM: ${r.in_ram.skipped}`);
   if (r.over_cap.skipped) notes.push(`over cap: ${r.over_cap.skipped}`);
   return [line(rows[0]), sep, ...rows.slice(1).map(line), ...notes].join("\n");

@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { Model } from "../../../engine/model.ts";
 import { Session } from "../../../engine/session.ts";
 import type { EngineJob, EngineRun } from "./compare_report.ts";
 
@@ -70,6 +71,30 @@ export async function runSluice(job: EngineJob): Promise<EngineRun> {
     };
   } finally {
     session.close();
+  }
+}
+
+/**
+ * sluice's logit of token `a` less its logit of token `b` after `ids` (the prompt and the
+ * generated ids both engines agreed on): how close the call was where the runs' ids part.
+ * Untimed; the same logits as the run's, since no placement or chunking changes them.
+ */
+export async function logitGap(
+  model: string,
+  ids: readonly number[],
+  a: number,
+  b: number,
+  threads: number,
+): Promise<number> {
+  const m = await Model.open(model, { quiet: true, threads, ctx: ids.length + 1 });
+  try {
+    let logits: Float32Array = new Float32Array(0);
+    for (let pos = 0; pos < ids.length; pos += m.prefillChunk) {
+      logits = m.forward(ids.slice(pos, pos + m.prefillChunk), pos);
+    }
+    return logits[a] - logits[b];
+  } finally {
+    m.close();
   }
 }
 

@@ -41,6 +41,23 @@ const context = await model.createContext({
     : {}),
 });
 const loadMs = performance.now() - t0;
+if (job.probe) {
+  // Untimed: after the prompt and the ids both engines agreed on, llama.cpp's logit of its own id
+  // less its logit of sluice's, from the full softmax (ln of the probabilities' ratio).
+  const seq = context.getSequence();
+  let gap = null;
+  for await (const r of seq.evaluateWithMetadata(job.promptIds, { probabilities: true })) {
+    const [own, other] = [r.probabilities.get(job.probe.own), r.probabilities.get(job.probe.other)];
+    if (own > 0 && other > 0) gap = Math.log(own / other);
+    break;
+  }
+  seq.dispose();
+  console.log(JSON.stringify({ gap }));
+  await context.dispose();
+  await model.dispose();
+  await llama.dispose();
+  process.exit(0);
+}
 async function pass(ids, steps, deadline) {
   const seq = context.getSequence();
   const out = [];
@@ -83,6 +100,31 @@ await context.dispose();
 await model.dispose();
 await llama.dispose();
 `;
+
+/**
+ * llama.cpp's logit of token \`own\` less its logit of token \`other\` after \`ids\` (the prompt and
+ * the generated ids both engines agreed on), from the full softmax it reports: an untimed run of
+ * the runner, or null where it failed or a probability was zero.
+ */
+export async function llamaLogitGap(
+  script: string,
+  gguf: string,
+  ids: readonly number[],
+  own: number,
+  other: number,
+  threads: number,
+): Promise<number | null> {
+  const job = {
+    model: gguf,
+    threads,
+    promptIds: ids,
+    decodeTokens: 0,
+    probe: { own, other },
+  };
+  const [ok, text] = await run("node", [script, JSON.stringify(job)], Deno.cwd());
+  const line = text.trim().split("\n").find((l) => l.startsWith("{"));
+  return ok && line ? JSON.parse(line).gap ?? null : null;
+}
 
 /** Where the runner lives, or why llama.cpp is unavailable. */
 export type LlamaCppSetup = { ok: true; dir: string; script: string } | { ok: false; why: string };
