@@ -13,7 +13,8 @@
  * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
  * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
  * their MTP blocks are not exported; `minimax-m2` (one q/k norm over each whole projection,
- * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`).
+ * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`);
+ * `deepseek4` (DeepSeek-V4: tools/dev/gguf/deepseek4.ts).
  * Tensor names, dims
  * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
  * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
@@ -54,6 +55,7 @@ import { bpeVocabFromTokenizerJson, isByteLevelBpe } from "./gguf/bpe_vocab.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
 import { readJsonObject } from "../../io/json_file.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
+import { checkDeepseek4, deepseek4Keys, deepseek4Tensors } from "./gguf/deepseek4.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
@@ -64,7 +66,8 @@ export type GgufArch =
   | "gpt-oss"
   | "qwen35moe"
   | "qwen3next"
-  | "minimax-m2";
+  | "minimax-m2"
+  | "deepseek4";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -319,10 +322,23 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
   };
   const known = Object.hasOwn(MODEL_TYPES, cfg.modelType) ? MODEL_TYPES[cfg.modelType] : null;
   const arch = known?.llamaCppArch as GgufArch | undefined;
-  const archs = ["llama", "qwen3moe", "glm4moe", "gpt-oss", "qwen35moe", "qwen3next", "minimax-m2"];
+  const archs = [
+    "llama",
+    "qwen3moe",
+    "glm4moe",
+    "gpt-oss",
+    "qwen35moe",
+    "qwen3next",
+    "minimax-m2",
+    "deepseek4",
+  ];
   if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
+  }
+  if (arch === "deepseek4") {
+    checkDeepseek4(cfg, fail);
+    return arch;
   }
   if (cfg.mla) fail("only GQA attention is supported");
   if (arch === "qwen35moe" || arch === "qwen3next") {
@@ -415,8 +431,8 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
 interface Planned {
   spec: GgufTensorSpec;
   key: string;
-  /** Float32 row-major chunks, each a whole number of rows of dims[0]. */
-  chunks: () => Iterable<Float32Array>;
+  /** Float32 row-major chunks, each a whole number of rows of dims[0], or bytes already in type. */
+  chunks: () => Iterable<Float32Array | Uint8Array>;
 }
 
 /**
@@ -671,6 +687,7 @@ function metadataFor(
       u32(`${arch}.rope.scaling.original_context_length`, s.originalMaxPositions);
     }
   }
+  if (arch === "deepseek4") { for (const [k, v] of deepseek4Keys(cfg)) m.set(k, v); }
   if (arch === "llama") {
     u32(`${arch}.vocab_size`, cfg.vocabSize);
     u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
@@ -742,11 +759,14 @@ export function exportGguf(
   try {
     const arch = archOf(source.cfg, src);
     const expertType = type === "mxfp4" ? "MXFP4" : EXPORT_TYPES[type];
-    const planned = planTensors(source, arch, EXPORT_TYPES[type], expertType);
+    const dsv4 = arch === "deepseek4"
+      ? deepseek4Tensors(source, EXPORT_TYPES[type], type === "mxfp4")
+      : null;
+    const planned = dsv4?.tensors ?? planTensors(source, arch, EXPORT_TYPES[type], expertType);
     const specs = planned.map((p) => p.spec);
     const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
-    const fallbacks: Record<string, GgmlTypeName> = {};
-    for (const s of specs) {
+    const fallbacks: Record<string, GgmlTypeName> = dsv4?.fallbacks ?? {};
+    for (const s of dsv4 ? [] : specs) {
       const wanted = s.name.includes("_exps.") ? expertType : EXPORT_TYPES[type];
       // Vectors, routers and the stacked expert biases ([rows, experts]) are f32 by design.
       const f32 = s.dims.length === 1 || s.name.endsWith("gate_inp.weight") ||
@@ -760,7 +780,9 @@ export function exportGguf(
     const bytes = writeGguf(out, meta, specs, function* (spec, i) {
       for (const x of planned[i].chunks()) {
         progress.add(x.byteLength);
-        yield encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`);
+        yield x instanceof Float32Array
+          ? encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`)
+          : x;
       }
     });
     progress.finish();
