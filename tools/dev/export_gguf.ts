@@ -49,7 +49,7 @@ import {
   hfLayerName,
   layerTensorsOf,
 } from "../../engine/tensor_names.ts";
-import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
+import { GGML_BLOCK, type GgmlTypeName, type GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { bpeVocabFromTokenizerJson, isByteLevelBpe } from "./gguf/bpe_vocab.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
@@ -779,7 +779,11 @@ export function exportGguf(
     const progress = new Progress({ label: "export-gguf", total, mode: opts.progress ?? "auto" });
     const bytes = writeGguf(out, meta, specs, function* (spec, i) {
       for (const x of planned[i].chunks()) {
-        progress.add(x.byteLength);
+        // The total counts f32 bytes; a chunk already encoded counts as the values it holds.
+        const b = GGML_BLOCK[spec.type];
+        progress.add(
+          x instanceof Float32Array ? x.byteLength : (x.byteLength / b.bytes) * b.elems * 4,
+        );
         yield x instanceof Float32Array
           ? encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`)
           : x;
