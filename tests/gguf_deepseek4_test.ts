@@ -134,6 +134,9 @@ Deno.test(
       // llama.cpp's converter's recipe for the rest: FP8 → Q8_0, BF16 stays BF16, F32 stays F32.
       assert.equal(ckpt.tensors.get("layers.0.attn.wq_a.weight")!.dtype, "F8_E4M3");
       assert.equal(tensor(f, "blk.0.attn_q_a.weight").type, "Q8_0");
+      // …but attn_output_a, which llama.cpp cannot multiply as Q8_0 here (deepseek4.ts).
+      assert.equal(ckpt.tensors.get("layers.0.attn.wo_a.weight")!.dtype, "F8_E4M3");
+      assert.equal(tensor(f, "blk.0.attn_output_a.weight").type, "BF16");
       assert.equal(ckpt.tensors.get("layers.2.attn.compressor.wkv.weight")!.dtype, "BF16");
       assert.equal(tensor(f, "blk.2.attn_compressor_kv.weight").type, "BF16");
       assert.equal(tensor(f, "blk.0.hc_ffn_fn.weight").type, "F32");
