@@ -29,7 +29,7 @@
  * of an `mxfp4` file is llama.cpp's converter's recipe: FP8 matrices Q8_0 (lossy, 34 bytes per
  * 32 weights against FP8's 32 plus scales, so llama.cpp reads about the bytes sluice reads), other
  * matrices BF16; but the grouped output projection's first half (`attn_output_a`) BF16 (exact),
- * because llama.cpp v0.4.0 cannot multiply it as a repacked Q8_0 weight on this machine. An exact export of the release storage is `bf16` (E4M3 × a power of two, BF16 and
+ * because llama.cpp v0.4.0 cannot multiply it as a Q8_0 weight on a CPU with AMX-INT8. An exact export of the release storage is `bf16` (E4M3 × a power of two, BF16 and
  * E2M1 × a power of two are all BF16 values) or `f32`. Routers, hyper-connection weights,
  * compressor position biases and all vectors stay F32, `tid2eid` is I32.
  *
@@ -231,9 +231,10 @@ export function deepseek4Tensors(
   const cfg = src.cfg, H = cfg.hiddenSize, V = cfg.vocabSize, n = hyperOf(cfg).streams;
   const moe = cfg.moe!;
   const storage = storageOf(src);
-  // llama.cpp's converter's types, except attn_output_a: llama.cpp reshapes it to 3-D (a slice per
-  // output group), and on CPUs where ggml repacks Q8_0 weights (AVX2) its repack buffer multiplies
-  // 2-D weights only, so the scheduler finds no backend (GGML_ASSERT(*cur_backend_id != -1)).
+  // llama.cpp's converter's types, except attn_output_a: on a CPU with AMX-INT8 ggml moves Q8_0
+  // weights into its AMX buffer, whose matmul wants contiguous activations, and llama.cpp
+  // multiplies this one, reshaped to 3-D, by permuted ones: no backend takes the node
+  // (GGML_ASSERT(*cur_backend_id != -1)). BF16 is exact and stays in the plain CPU buffer.
   const recipeType = (l: number, t: LayerTensor): EncodableType =>
     storage.fp8(l, t) && t !== "wo_a" ? "Q8_0" : "BF16";
   const tensors: Deepseek4Tensor[] = [];
