@@ -1,12 +1,12 @@
 /**
  * GGUF exports of GLM-4.5 (glm4moe), gpt-oss, Qwen3.5-MoE (qwen35moe), Qwen3-Next (qwen3next),
- * MiniMax-M2 (minimax-m2) and Gemma 4 (gemma4) checked by llama.cpp itself: node-llama-cpp
- * (installed on demand into the bench's cache, as `bench compare` does) loads the f32 export and
- * decodes greedily with an F32 KV cache and no flash attention (its F16 paths drift by ~1e-3),
- * and its ids must equal sluice's on the same checkpoint past position 128. llama.cpp always
- * floors/ceils YaRN's correction range, so gpt-oss is compared on a copy of the fixture whose
- * config says `truncate: true` (the real `truncate: false` differs from it; see the README).
- * Skipped when the fixtures or node-llama-cpp's prebuilt CPU binary are not available.
+ * MiniMax-M2 (minimax-m2), Gemma 4 (gemma4) and DeepSeek-V4 (deepseek4) checked by llama.cpp
+ * itself: node-llama-cpp (installed on demand into the bench's cache, as `bench compare` does)
+ * loads the f32 export and decodes greedily with an F32 KV cache and no flash attention (its F16
+ * paths drift by ~1e-3), and its ids must equal sluice's on the same checkpoint past position 128.
+ * llama.cpp always floors/ceils YaRN's correction range, so gpt-oss is compared on a copy of the
+ * fixture whose config says `truncate: true` (the real `truncate: false` differs from it; see the
+ * README). Skipped when the fixtures or node-llama-cpp's prebuilt CPU binary are not available.
  */
 import assert from "node:assert/strict";
 import { existsSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
@@ -17,6 +17,7 @@ import { setupLlamaCpp } from "../tools/dev/bench/llamacpp.ts";
 import type { EngineJob, EngineRun } from "../tools/dev/bench/compare_report.ts";
 import { exportGguf } from "../tools/dev/export_gguf.ts";
 import { packCheckpoint } from "../tools/pack.ts";
+import { deepseek4GgufCheckpoint } from "./deepseek4_synth.ts";
 import { fixtureDir, hasFixture, QWEN_HYBRID_KNOWN, tempDir } from "./fixtures.ts";
 import { LLAMACPP_REASON, LLAMACPP_TESTS, skipIf } from "./skips.ts";
 
@@ -186,6 +187,21 @@ Deno.test({
       ...[346, 448, 452, 452, 404, 348, 1, 333, 452, 452],
       ...[386, 386, 310, 310, 403, 310, 452, 386, 386, 338],
     ]);
+    assert.deepEqual(got, want);
+  },
+});
+
+Deno.test({
+  name: "deepseek4 GGUF export: llama.cpp's greedy ids equal sluice's (release storage, f32)",
+  ignore: ignore(true),
+  fn: async () => {
+    // tiny-deepseek-v4's sizes and layers with a 64-wide indexer head (llama.cpp stops on the
+    // fixture's 16): window-only, CSA (the indexer keeps 4 of up to 38 entries from position 20
+    // on) and HCA layers (one entry from position 127), hash and sqrt(softplus) routing,
+    // hyper-connections; the FP8 / FP4 / BF16 storage exported exactly as f32.
+    const dir = await deepseek4GgufCheckpoint();
+    const [want, got] = [await sluiceIds(dir, "deepseek4"), await llamaIds(dir, "deepseek4")];
+    assert.equal(want.length, STEPS + 1);
     assert.deepEqual(got, want);
   },
 });

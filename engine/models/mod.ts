@@ -112,6 +112,7 @@ export const MODEL_TYPES: Readonly<Record<string, ModelType>> = {
     prefix: "",
     lmHead: "head.weight",
     globalNames: { embed: "embed.weight", lm_head: "head.weight" },
+    llamaCppArch: "deepseek4",
   },
   glm_moe_dsa: {
     family: DEEPSEEK_V3,

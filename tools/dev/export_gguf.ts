@@ -1,25 +1,24 @@
 /**
- * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0|mxfp4]`: writes
- * a GGUF v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice
- * container.
+ * `deno task export-gguf <hf-dir|x.sluice> <out.gguf> [--type f32|f16|bf16|q8_0|mxfp4]`: writes a
+ * GGUF v3 file llama.cpp can load, from a Hugging Face checkpoint directory or a sluice container.
  *
  * Architectures: llama.cpp's `llama` (dense Llama, and Mixtral-style MoE with stacked experts
- * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py
- * writes Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5:
- * partial rotary, q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense
- * layers; the MTP layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN,
- * sliding window; the MXFP4 experts are written dequantised to `--type`), `qwen35moe`
- * (Qwen3.5/3.6-MoE: Gated DeltaNet layers whose value heads llama.cpp orders key head fastest,
- * −exp(A_log), (1 + w) norms stored as 1 + w, the sigmoid-gated shared expert) and `qwen3next`
- * (Qwen3-Next: the same in Hugging Face's head order, in_proj_qkvz taken apart into q/k/v and z);
- * their MTP blocks are not exported; `minimax-m2` (one q/k norm over each whole projection,
- * partial RoPE, sigmoid routing with `exp_probs_b`; FP8 weights written dequantised to `--type`),
- * `gemma4` (Gemma 4 with the MoE block; its mapping is tools/dev/gguf/gemma4.ts).
- * Tensor names, dims
- * order, q/k row permutation, metadata keys and their order follow llama.cpp's converter, so an
- * f32 export of a Llama or Mixtral Hugging Face directory reproduces its output. The vocabulary is written,
- * by the tokenizer's kind, as SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level
- * BPE metadata (tools/dev/gguf/bpe_vocab.ts).
+ * `blk.N.ffn_{gate,up,down}_exps` and router `ffn_gate_inp`, the way convert_hf_to_gguf.py writes
+ * Mixtral), `qwen3moe` (q/k norms, expert_feed_forward_length), `glm4moe` (GLM-4.5: partial rotary,
+ * q/k/v biases, sigmoid routing with `exp_probs_b`, shared experts, leading dense layers; the MTP
+ * layers are not exported) and `gpt-oss` (sinks, o and expert biases, YaRN, sliding window; the
+ * MXFP4 experts are written dequantised to `--type`), `qwen35moe` (Qwen3.5/3.6-MoE: Gated DeltaNet
+ * layers whose value heads llama.cpp orders key head fastest, −exp(A_log), (1 + w) norms stored as
+ * 1 + w, the sigmoid-gated shared expert) and `qwen3next` (Qwen3-Next: the same in Hugging Face's
+ * head order, in_proj_qkvz taken apart into q/k/v and z); their MTP blocks are not exported;
+ * `minimax-m2` (one q/k norm over each whole projection, partial RoPE, sigmoid routing with
+ * `exp_probs_b`; FP8 weights written dequantised to `--type`), `gemma4` (Gemma 4 with the MoE
+ * block; its mapping is tools/dev/gguf/gemma4.ts) and `deepseek4` (DeepSeek-V4:
+ * tools/dev/gguf/deepseek4.ts). Tensor names, dims order, q/k row permutation, metadata keys and
+ * their order follow llama.cpp's converter, so an f32 export of a Llama or Mixtral Hugging Face
+ * directory reproduces its output. The vocabulary is written, by the tokenizer's kind, as
+ * SentencePiece metadata (tools/dev/gguf/spm_vocab.ts) or byte-level BPE metadata
+ * (tools/dev/gguf/bpe_vocab.ts).
  *
  * @module
  */
@@ -49,7 +48,7 @@ import {
   hfLayerName,
   layerTensorsOf,
 } from "../../engine/tensor_names.ts";
-import type { GgmlTypeName, GgufValue } from "./gguf/format.ts";
+import { GGML_BLOCK, type GgmlTypeName, type GgufValue } from "./gguf/format.ts";
 import { type EncodableType, encodeTensor } from "./gguf/quant.ts";
 import { bpeVocabFromTokenizerJson, isByteLevelBpe } from "./gguf/bpe_vocab.ts";
 import { spmVocabFromTokenizerJson } from "./gguf/spm_vocab.ts";
@@ -61,6 +60,7 @@ import {
 } from "./gguf/gemma4.ts";
 import { readJsonObject } from "../../io/json_file.ts";
 import { type GgufTensorSpec, writeGguf } from "./gguf/write.ts";
+import { checkDeepseek4, deepseek4Keys, deepseek4Tensors } from "./gguf/deepseek4.ts";
 import { Progress, type ProgressMode } from "../progress.ts";
 
 /** The llama.cpp architectures the exporter writes. */
@@ -72,7 +72,8 @@ export type GgufArch =
   | "qwen35moe"
   | "qwen3next"
   | "minimax-m2"
-  | "gemma4";
+  | "gemma4"
+  | "deepseek4";
 
 /**
  * Output types of the weight matrices (vectors and routers always stay f32). `mxfp4`: routed
@@ -336,10 +337,15 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
     "qwen3next",
     "minimax-m2",
     "gemma4",
+    "deepseek4",
   ];
   if (!arch || !archs.includes(arch)) {
     const names = Object.entries(MODEL_TYPES).filter(([, t]) => t.llamaCppArch).map(([n]) => n);
     return fail(`supported model_types are ${names.join(", ")}`);
+  }
+  if (arch === "deepseek4") {
+    checkDeepseek4(cfg, fail);
+    return arch;
   }
   if (cfg.mla) fail("only GQA attention is supported");
   if (arch === "gemma4") return gemma4Unsupported(cfg) ? fail(gemma4Unsupported(cfg)!) : arch;
@@ -433,8 +439,8 @@ function archOf(cfg: ModelConfig, src: string): GgufArch {
 interface Planned {
   spec: GgufTensorSpec;
   key: string;
-  /** Float32 row-major chunks, each a whole number of rows of dims[0]. */
-  chunks: () => Iterable<Float32Array>;
+  /** Float32 row-major chunks, each a whole number of rows of dims[0], or bytes already in type. */
+  chunks: () => Iterable<Float32Array | Uint8Array>;
 }
 
 /**
@@ -698,6 +704,7 @@ function metadataFor(
       u32(`${arch}.rope.scaling.original_context_length`, s.originalMaxPositions);
     }
   }
+  if (arch === "deepseek4") { for (const [k, v] of deepseek4Keys(cfg)) m.set(k, v); }
   if (arch === "llama") {
     u32(`${arch}.vocab_size`, cfg.vocabSize);
     u32(`${arch}.rope.dimension_count`, cfg.rope.dim);
@@ -769,11 +776,14 @@ export function exportGguf(
   try {
     const arch = archOf(source.cfg, src);
     const expertType = type === "mxfp4" ? "MXFP4" : EXPORT_TYPES[type];
-    const planned = planTensors(source, arch, EXPORT_TYPES[type], expertType);
+    const dsv4 = arch === "deepseek4"
+      ? deepseek4Tensors(source, EXPORT_TYPES[type], type === "mxfp4")
+      : null;
+    const planned = dsv4?.tensors ?? planTensors(source, arch, EXPORT_TYPES[type], expertType);
     const specs = planned.map((p) => p.spec);
     const meta = metadataFor(source, arch, type, opts.name ?? source.defaultName, specs);
-    const fallbacks: Record<string, GgmlTypeName> = {};
-    for (const s of specs) {
+    const fallbacks: Record<string, GgmlTypeName> = dsv4?.fallbacks ?? {};
+    for (const s of dsv4 ? [] : specs) {
       const wanted = s.name.includes("_exps.") ? expertType : EXPORT_TYPES[type];
       // Vectors, routers and the stacked expert biases ([rows, experts]) are f32 by design.
       const f32 = s.dims.length === 1 || s.name.endsWith("gate_inp.weight") ||
@@ -786,8 +796,14 @@ export function exportGguf(
     const progress = new Progress({ label: "export-gguf", total, mode: opts.progress ?? "auto" });
     const bytes = writeGguf(out, meta, specs, function* (spec, i) {
       for (const x of planned[i].chunks()) {
-        progress.add(x.byteLength);
-        yield encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`);
+        // The total counts f32 bytes; a chunk already encoded counts as the values it holds.
+        const b = GGML_BLOCK[spec.type];
+        progress.add(
+          x instanceof Float32Array ? x.byteLength : (x.byteLength / b.bytes) * b.elems * 4,
+        );
+        yield x instanceof Float32Array
+          ? encodeTensor(x, spec.type as EncodableType, `${src}: ${spec.name}`)
+          : x;
       }
     });
     progress.finish();

@@ -63,6 +63,7 @@ export const GGML_TYPE = {
   Q4_K: 12,
   Q5_K: 13,
   Q6_K: 14,
+  I32: 26,
   BF16: 30,
   MXFP4: 39,
 } as const;
@@ -84,6 +85,7 @@ export const GGML_BLOCK: Record<GgmlTypeName, { elems: number; bytes: number }> 
   Q4_K: { elems: 256, bytes: 144 },
   Q5_K: { elems: 256, bytes: 176 },
   Q6_K: { elems: 256, bytes: 210 },
+  I32: { elems: 1, bytes: 4 },
   BF16: { elems: 1, bytes: 2 },
   // ggml's block_mxfp4: the E8M0 byte, then 16 bytes of E2M1 pairs.
   MXFP4: { elems: 32, bytes: 17 },
