@@ -14,6 +14,7 @@ import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
 import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../io/reader.ts";
 import { logReads, type ReadLog } from "../io/read_log.ts";
+import { Timeline } from "./stream/timeline.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
@@ -90,6 +91,8 @@ export interface RunOptions {
   onLoad?: (done: number, total: number) => void;
   /** Log every read (file, offset, length, priority, forward position) here; off by default. */
   readLog?: ReadLog;
+  /** Keep a timeline of where each pass's time goes (`transformer.timeline`); off by default. */
+  timeline?: boolean;
   /** No notices on stderr. */
   quiet?: boolean;
 }
@@ -209,6 +212,7 @@ export class Model {
         maxBatch: prefillChunk,
         maxCtx: ctx,
         sequences: plan.sequences,
+        timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
       if (!opts.quiet) console.error(planLine(plan, cfg.numLayers));
@@ -496,4 +500,5 @@ const noExperts: ExpertSource = {
     throw new Error(`dense model: no expert ${expert} in layer ${layer}`);
   },
   release() {},
+  ready: () => false,
 };

@@ -24,6 +24,7 @@ import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
 import { LOGIT_ROWS, skeletonRegions } from "./run_state.ts";
 import type { TensorRef } from "./tensor.ts";
+import type { Timeline } from "./stream/timeline.ts";
 import type { ExpertSource, TrunkSource } from "./weights.ts";
 
 export type { CacheRegion, MoeObserver, StateRegion };
@@ -49,6 +50,8 @@ export interface TransformerParts {
   maxCtx: number;
   /** Sequences whose mixer state the arena holds (default 1). */
   sequences?: number;
+  /** Marks where each pass's time goes (engine/stream/timeline.ts); off when absent. */
+  timeline?: Timeline;
 }
 
 /** One sequence's rows of a pass: `tokens` at positions pos.. on sequence `seq`'s state. */
@@ -82,11 +85,16 @@ export class Transformer {
     this.#stream = residualPartOf(cfg).create(ops, arena, cfg, (t) => p.globals.get(t), maxBatch);
     this.#writes = new Array(p.sequences ?? 1).fill(0);
     this.#mixers = new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length);
-    this.#ffn = new FeedForward(ops, arena, cfg, p.experts, maxBatch);
+    this.#ffn = new FeedForward(ops, arena, cfg, p.experts, maxBatch, p.timeline);
     const [h, tmp, logits] = skeletonRegions(cfg, maxBatch);
     this.#h = arena.alloc("hidden h", h);
     this.#tmp = arena.alloc("hidden tmp", tmp);
     this.#logits = arena.alloc("logits", logits);
+  }
+
+  /** The pass's timeline, when the run keeps one. */
+  get timeline(): Timeline | undefined {
+    return this.#p.timeline;
   }
 
   /** Observers of MoE routing (may be empty). */
@@ -175,8 +183,11 @@ export class Transformer {
     const stream = this.#stream, h = this.#h, tmp = this.#tmp;
     embedRows(arena, globals.embed, tokens, stream.x);
     stream.start(nb);
+    const timeline = this.#p.timeline;
     for (let layer = 0; layer < cfg.numLayers; layer++) {
+      timeline?.mark("wait", layer);
       const lw = trunk.acquire(layer);
+      timeline?.mark("mixer", layer);
       ops.rmsnorm(
         stream.input("mixer", layer, lw, nb),
         lw.get("attn_norm").ptr,
@@ -196,6 +207,7 @@ export class Transformer {
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
     }
+    timeline?.mark("tail", -1);
     // The rows whose logits are asked for, gathered to the front of h after the final norm.
     const picked: number[] = [];
     let end = 0;

@@ -21,6 +21,7 @@ import type { Ops } from "../ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "../quant_matmul.ts";
 import { inputFormOf } from "../tensor.ts";
 import { type Route, route } from "../routing.ts";
+import type { Timeline } from "../stream/timeline.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "../weights.ts";
 import { regionBytes } from "./scratch.ts";
 
@@ -99,8 +100,17 @@ export class FeedForward {
   #prep: { shared: InputPrep; local: InputPrep } | null = null;
   /** Decoded copies of exact expert weights for batches (two slots), made on first use. */
   #decoded: { offset: number; bytes: number } | null = null;
+  #timeline: Timeline | undefined;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, experts: ExpertSource, maxBatch: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    experts: ExpertSource,
+    maxBatch: number,
+    timeline?: Timeline,
+  ) {
+    this.#timeline = timeline;
     this.#ops = ops;
     this.#cfg = cfg;
     this.#experts = experts;
@@ -302,6 +312,8 @@ export class FeedForward {
     const sum = latent ? this.#latentSum : out;
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
+    const timeline = this.#timeline;
+    timeline?.mark("route", layer);
     let routerIn = h;
     if (moe.scaledRouterInput) {
       const hidden = this.#cfg.hiddenSize;
@@ -350,9 +362,15 @@ export class FeedForward {
       if (g0 === 0) {
         for (const observe of this.observers) observe(layer, routes, h, nb, positions);
       }
-      for (const e of ids) {
+      timeline?.mark("expert", layer);
+      for (const [i, e] of ids.entries()) {
         const slots = users.get(e)!;
+        if (timeline && !this.#experts.ready(layer, e)) {
+          timeline.countWait(ids.slice(i + 1).some((o) => this.#experts.ready(layer, o)));
+          timeline.mark("wait", layer);
+        }
         const ew = this.#experts.acquire(layer, e);
+        timeline?.mark("expert", layer);
         slots.forEach((s, i) =>
           ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
         );

@@ -347,6 +347,13 @@ export class ExpertStore implements ExpertSource {
     return bindExpert(bank, this.#slotOffset(this.cache.slotOf(key)!));
   }
 
+  ready(layer: number, expert: number): boolean {
+    const key = this.#key(layer, expert);
+    if (!this.#held.has(key) || this.#misses.has(key)) return false;
+    const f = this.#inflight.get(key);
+    return !f || f.tickets.every((t) => this.#reader.poll(t));
+  }
+
   release(layer: number, expert: number): void {
     const key = this.#key(layer, expert);
     if (!this.#held.delete(key)) {
