@@ -8,7 +8,7 @@
 import { type Container, type ExpertBank } from "../io/container.ts";
 import { openContainer } from "./container.ts";
 import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
-import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
+import { type BankFiles, DEFAULT_READAHEAD_DEPTH, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
@@ -51,7 +51,10 @@ export interface RunOptions {
   parallel?: number | "auto";
   /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;
-  /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
+  /**
+   * Expert reads kept in flight after the router picks (default {@link DEFAULT_READAHEAD_DEPTH};
+   * 0 = read on demand).
+   */
   readaheadDepth?: number;
   /** Ring slots for unpinned trunk layers (default 2, which enables trunk read-ahead). */
   ringSlots?: number;
@@ -403,7 +406,7 @@ function openExpertStore(
   });
   const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
   return new ExpertStore(arena, reader, files, cache, {
-    readaheadDepth: opts.readaheadDepth ?? 4,
+    readaheadDepth: opts.readaheadDepth ?? DEFAULT_READAHEAD_DEPTH,
     check: (layer, expert, slot, file, fileOffset) => {
       const bank = m.experts[layer]!;
       checkRecord(

@@ -352,24 +352,30 @@ export class FeedForward {
       });
     }
     const distinct = [...users.keys()];
-    const group = Math.max(1, this.#experts.groupSize);
+    const experts = this.#experts;
+    const group = Math.max(1, experts.groupSize);
     // Prepared gate/up inputs of this batch by preparedKey, shared by all of its experts.
     const shared = new Map<string, number[]>();
     this.#prep?.shared.reset();
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
-      this.#experts.hint(layer, ids);
+      experts.hint(layer, ids);
       if (g0 === 0) {
         for (const observe of this.observers) observe(layer, routes, h, nb, positions);
       }
       timeline?.mark("expert", layer);
-      for (const [i, e] of ids.entries()) {
+      // Experts compute as their records land: one already resident first, else the first left
+      // in routing order, whose read was queued first. Each writes only its own rows of
+      // #expertOut and the sum below runs in routing order, so the order changes no bit.
+      const left = [...ids];
+      while (left.length > 0) {
+        const [e] = left.splice(Math.max(0, left.findIndex((o) => experts.ready(layer, o))), 1);
         const slots = users.get(e)!;
-        if (timeline && !this.#experts.ready(layer, e)) {
-          timeline.countWait(ids.slice(i + 1).some((o) => this.#experts.ready(layer, o)));
+        if (timeline && !experts.ready(layer, e)) {
+          timeline.countWait(left.some((o) => experts.ready(layer, o)));
           timeline.mark("wait", layer);
         }
-        const ew = this.#experts.acquire(layer, e);
+        const ew = experts.acquire(layer, e);
         timeline?.mark("expert", layer);
         slots.forEach((s, i) =>
           ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
@@ -378,7 +384,7 @@ export class FeedForward {
         slots.forEach((s, i) =>
           ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
         );
-        this.#experts.release(layer, e);
+        experts.release(layer, e);
       }
     }
     // Sum in routing order, whatever order the experts arrived in.

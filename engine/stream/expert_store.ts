@@ -25,6 +25,12 @@ import { DecayedRatio, type SpeculationCosts } from "./lookahead.ts";
 /** Records read at once while warming the cache at open. */
 const WARM_BATCH = 16;
 
+/**
+ * Demand reads a hint keeps in flight by default: every miss of a decode token's layer (top-k up
+ * to 32), so the disk never waits for an expert to finish computing before the next read starts.
+ */
+export const DEFAULT_READAHEAD_DEPTH = 32;
+
 /** Largest single read request of a record (a multiple of 4 KiB). */
 export const REQUEST_BYTES = 2 << 20;
 
