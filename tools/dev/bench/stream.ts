@@ -194,6 +194,8 @@ export interface StreamBenchResult {
   compute_ms_per_token_by_subtraction: number;
   targets: StreamTarget[];
   identical_tokens: boolean;
+  /** Runs whose ids differ from the best defaults run's, with their ids. */
+  differing_runs: string[];
   notes: string[];
 }
 
@@ -483,7 +485,9 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     ...reported("read-ahead on ÷ off (tok/s), reported", DEFAULTS, NO_AHEAD),
     ...vsBaseline,
   ];
-  const identical = all.every((r) => r.ids.join() === base.ids.join());
+  const differing = all.filter((r) => r.ids.join() !== base.ids.join())
+    .map((r) => `${r.label}: ${r.ids.join(" ")}`);
+  const identical = differing.length === 0;
   return {
     model: {
       path,
@@ -517,6 +521,7 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     compute_ms_per_token_by_subtraction: computeSub,
     targets,
     identical_tokens: identical,
+    differing_runs: differing,
     notes: [
       "Random routers route near-uniformly: expert hit rates are about the cached share of " +
       "experts, the worst case for caching. Real routers are skewed and hit more.",
@@ -644,7 +649,14 @@ export function formatStreamReport(r: StreamBenchResult): string {
       } |`
     ),
     "",
-    `greedy tokens identical across runs: ${r.identical_tokens ? "yes" : "NO"}`,
+    `greedy tokens identical across runs: ${
+      r.identical_tokens
+        ? "yes"
+        : `NO; the defaults decoded ${
+          r.runs.find((x) => x.label === "budget, defaults")?.ids
+            .join(" ")
+        }, these differ: ${r.differing_runs.join("; ")}`
+    }`,
     ...r.notes.map((n) => `note: ${n}`),
   ];
   return lines.join("\n");
