@@ -549,7 +549,7 @@ const mib = (x: number) => `${(x / 2 ** 20).toFixed(1)} MiB`;
  * The defaults run's timeline: per phase and per layer, wall and disk-busy ms per token, and where
  * one side idled while the other worked.
  */
-function formatTimeline(run: StreamRun | undefined): string[] {
+function formatTimeline(run: StreamRun | undefined, replayTokS: number): string[] {
   const t = run?.timeline;
   if (!t) return [];
   const ms = (x: number) => x.toFixed(1);
@@ -557,12 +557,21 @@ function formatTimeline(run: StreamRun | undefined): string[] {
   const idle = compute.reduce((n, p) => n + t.phases[p].wallMs - t.phases[p].diskMs, 0);
   const both = compute.reduce((n, p) => n + t.phases[p].diskMs, 0);
   const cell = (x: PhaseTime) => `${ms(x.wallMs)} (${ms(x.diskMs)})`;
+  // Before a layer is routed its reads cannot start, only guesses: the disk idle then is lost
+  // whatever the schedule of the experts' reads and compute.
+  const serial = (["mixer", "route", "tail"] as const)
+    .reduce((n, p) => n + t.phases[p].wallMs - t.phases[p].diskMs, 0);
+  const disk = 1000 / replayTokS;
   return [
     "",
     `Timeline of "${run!.label}" (ms per token; in brackets the part of it the disk was busy): ` +
     `the CPU worked while the disk idled ${ms(idle)} ms, both worked ${ms(both)} ms, the CPU ` +
     `waited for reads ${ms(t.phases.wait.wallMs)} ms (${t.waits} waits, ${t.waitsWithReady} ` +
-    `while another of the layer's experts was ready).`,
+    `while another of the layer's experts was ready). The disk idled ${ms(serial)} ms in ` +
+    `mixers, routing and the tail, where a layer's reads cannot have started (guesses aside): ` +
+    `with all else overlapped, tok/s ÷ replay roofline could reach at most ${
+      (disk / (disk + serial)).toFixed(2)
+    } (the replay's ${ms(disk)} ms ÷ (that + ${ms(serial)} ms)).`,
     "",
     `| layer | ${PHASES.join(" | ")} |`,
     `|---|${PHASES.map(() => "---").join("|")}|`,
@@ -638,8 +647,10 @@ export function formatStreamReport(r: StreamBenchResult): string {
         }`,
       ]
       : []),
-    ...formatTimeline(r.runs.find((x) => x.label === "budget, defaults")),
-    ...formatTimeline(r.runs.find((x) => x.label === "baseline, defaults")),
+    ...formatTimeline(
+      r.runs.find((x) => x.label === "budget, defaults"),
+      r.replay_roofline_tok_s,
+    ),
     "",
     "| ratio | value | target | |",
     "|---|---|---|---|",
