@@ -69,6 +69,7 @@ async function run(
 }
 
 const FIXTURES: [string, number[]][] = [
+  ["tiny-qwen3.5-moe", TOKENS],
   ["stories260k-moe64", TOKENS],
   ["tiny-deepseek-v3", TOKENS],
   ["tiny-kimi-k3-mxfp4", K3_TOKENS],
