@@ -651,6 +651,11 @@ export function formatStreamReport(r: StreamBenchResult): string {
       r.runs.find((x) => x.label === "budget, defaults"),
       r.replay_roofline_tok_s,
     ),
+    // A baseline tree keeps a timeline only when its engine has one.
+    ...formatTimeline(
+      r.runs.find((x) => x.label === "baseline, defaults"),
+      Math.max(...r.baseline_replays.map((x) => x.tok_s)),
+    ),
     "",
     "| ratio | value | target | |",
     "|---|---|---|---|",
