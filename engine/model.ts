@@ -8,12 +8,13 @@
 import { type Container, type ExpertBank, type LayerRun } from "../io/container.ts";
 import { openContainer } from "./container.ts";
 import { CACHE_POLICIES, type CachePolicy, ExpertCache } from "./stream/expert_cache.ts";
-import { type BankFiles, ExpertStore } from "./stream/expert_store.ts";
+import { type BankFiles, DEFAULT_READAHEAD_DEPTH, ExpertStore } from "./stream/expert_store.ts";
 import { hotListPath, hottest, readHotList } from "./stream/hot_list.ts";
 import { checkRecord } from "../io/record_check.ts";
 import { regionChecker } from "./stream/region_check.ts";
 import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../io/reader.ts";
 import { logReads, type ReadLog } from "../io/read_log.ts";
+import { Timeline } from "./stream/timeline.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
@@ -57,7 +58,10 @@ export interface RunOptions {
   parallel?: number | "auto";
   /** Expert cache policy (default decay, engine/stream/expert_cache.ts). */
   cache?: CachePolicy;
-  /** Expert reads kept in flight after the router picks (default 4; 0 = read on demand). */
+  /**
+   * Expert reads kept in flight after the router picks (default {@link DEFAULT_READAHEAD_DEPTH};
+   * 0 = read on demand).
+   */
   readaheadDepth?: number;
   /** Ring slots for unpinned trunk layers (default 2, which enables trunk read-ahead). */
   ringSlots?: number;
@@ -97,6 +101,8 @@ export interface RunOptions {
   onLoad?: (done: number, total: number) => void;
   /** Log every read (file, offset, length, priority, forward position) here; off by default. */
   readLog?: ReadLog;
+  /** Keep a timeline of where each pass's time goes (`transformer.timeline`); off by default. */
+  timeline?: boolean;
   /** No notices on stderr. */
   quiet?: boolean;
   /**
@@ -227,6 +233,7 @@ export class Model {
         maxCtx: ctx,
         sequences: plan.sequences,
         mtp: opts.mtp,
+        timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
       if (!opts.quiet) console.error(planLine(plan));
@@ -454,7 +461,7 @@ function openExpertStore(
   });
   const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
   return new ExpertStore(arena, reader, files, cache, {
-    readaheadDepth: opts.readaheadDepth ?? 4,
+    readaheadDepth: opts.readaheadDepth ?? DEFAULT_READAHEAD_DEPTH,
     check: (layer, expert, slot, file, fileOffset) => {
       const bank = banks[layer]!;
       checkRecord(
@@ -556,4 +563,5 @@ const noExperts: ExpertSource = {
     throw new Error(`dense model: no expert ${expert} in layer ${layer}`);
   },
   release() {},
+  ready: () => false,
 };

@@ -28,6 +28,7 @@ import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
 import { LOGIT_ROWS, mtpRegions, skeletonRegions } from "./run_state.ts";
 import type { TensorRef } from "./tensor.ts";
+import type { Timeline } from "./stream/timeline.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 
 export type { CacheRegion, MoeObserver, StateRegion };
@@ -55,6 +56,8 @@ export interface TransformerParts {
   sequences?: number;
   /** Run the first MTP layer beside every pass, so it can draft (`--spec mtp`). */
   mtp?: boolean;
+  /** Marks where each pass's time goes (engine/stream/timeline.ts); off when absent. */
+  timeline?: Timeline;
 }
 
 /** One step of the MTP layer: the draft logits and the hidden state the next step reads. */
@@ -120,7 +123,7 @@ export class Transformer {
     this.#stream = residualPartOf(cfg).create(ops, arena, cfg, (t) => p.globals.get(t), maxBatch);
     this.#writes = new Array(p.sequences ?? 1).fill(0);
     this.#mixers = new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length);
-    this.#ffn = new FeedForward(ops, arena, cfg, p.experts, maxBatch);
+    this.#ffn = new FeedForward(ops, arena, cfg, p.experts, maxBatch, p.timeline);
     const [h, tmp, logits] = skeletonRegions(cfg, maxBatch);
     this.#h = arena.alloc("hidden h", h);
     this.#tmp = arena.alloc("hidden tmp", tmp);
@@ -140,6 +143,11 @@ export class Transformer {
         last: new Array(this.#writes.length).fill(null),
       };
     }
+  }
+
+  /** The pass's timeline, when the run keeps one. */
+  get timeline(): Timeline | undefined {
+    return this.#p.timeline;
   }
 
   /** Observers of MoE routing (may be empty). */
@@ -229,13 +237,17 @@ export class Transformer {
     const stream = this.#stream, h = this.#h;
     embedRows(arena, globals.embed, tokens, stream.x);
     stream.start(nb);
+    const timeline = this.#p.timeline;
     for (let layer = 0; layer < cfg.numLayers; layer++) {
+      timeline?.mark("wait", layer);
       const lw = trunk.acquire(layer);
+      timeline?.mark("mixer", layer);
       this.#layer(layer, lw, this.#mixers, spans, positions, tokens);
       this.layerProbe?.(layer, stream.x, nb * d);
       trunk.release(layer);
       if (layer < cfg.numLayers - 1 && stop?.()) throw new PassInterrupted(layer);
     }
+    timeline?.mark("tail", -1);
     // The rows whose logits are asked for, gathered to the front of h after the final norm.
     const picked: number[] = [];
     let end = 0;

@@ -44,6 +44,8 @@ export interface ExpertSource {
   /** Blocks until the expert is in the arena and keeps it there until release. */
   acquire(layer: number, expert: number): ExpertWeights;
   release(layer: number, expert: number): void;
+  /** Whether `acquire` of a hinted expert would return without waiting for a read. */
+  ready(layer: number, expert: number): boolean;
 }
 
 /** A {@link TensorRef} for a manifest tensor entry whose offsets are relative to `base`. */

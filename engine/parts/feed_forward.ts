@@ -1,7 +1,7 @@
 /**
  * The feed-forward part of a layer, by the layer's kind (`layerKinds`): a dense gated MLP, or a
- * mixture of experts (router → top-k → experts as they arrive → sum in routing order → plus
- * shared experts). Features set from the config: the gate (SwiGLU, SiTU-GLU, the tanh GELU's
+ * mixture of experts (router → top-k → experts as their records land → sum in routing order →
+ * plus shared experts, computed while the first reads run). Features set from the config: the gate (SwiGLU, SiTU-GLU, the tanh GELU's
  * GeGLU by `glu`, or DeepSeek-V4's limited SwiGLU by `moe.swigluLimit`), a sigmoid gate on the
  * shared expert (`moe.sharedExpertGate`, Qwen3-Next and Qwen3.5), a latent MoE (`moe.latentDim`:
  * the routed experts work in a latent width, the input projected down once, the weighted sum
@@ -26,6 +26,7 @@ import type { Ops } from "../ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "../quant_matmul.ts";
 import { inputFormOf } from "../tensor.ts";
 import { type Route, route } from "../routing.ts";
+import type { Timeline } from "../stream/timeline.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "../weights.ts";
 import { regionBytes } from "./scratch.ts";
 
@@ -55,7 +56,8 @@ function ffnRows(cfg: ModelConfig): number {
 /**
  * Bytes of each buffer for calls of up to `maxBatch` tokens, in allocation order: the gate and up
  * activations, one expert's gathered inputs, every routed expert's output of the batch, the
- * router's logits, and with a latent MoE its projected input and weighted sum.
+ * router's logits, with a latent MoE its projected input and weighted sum, with a dense MLP beside
+ * the MoE its three buffers, and with shared experts their output.
  */
 function ffnRegions(cfg: ModelConfig, maxBatch: number): number[] {
   const d = cfg.hiddenSize, f = maxBatch * 4;
@@ -69,6 +71,8 @@ function ffnRegions(cfg: ModelConfig, maxBatch: number): number[] {
     ...(latent ? [f * latent, f * latent] : []),
     // A dense MLP beside the MoE: the router's input, the experts' input, the dense output.
     ...(cfg.moe?.denseBeside ? [f * d, f * d, f * d] : []),
+    // The shared experts' output: made while the routed experts' reads run, added after them.
+    ...(cfg.moe?.sharedIntermediate ? [f * d] : []),
   ];
 }
 
@@ -98,14 +102,25 @@ export class FeedForward {
   #latentSum = 0;
   /** A dense MLP beside the MoE: the router's input, the experts' input, the dense output. */
   #beside: { routerIn: number; input: number; dense: number } | null = null;
+  /** The shared experts' output (0 without shared experts). */
+  #sharedOut = 0;
   #maxBatch: number;
   #arena: Arena;
   /** Prepared gate/up inputs of the batch, and the down inputs of one expert; made on first use. */
   #prep: { shared: InputPrep; local: InputPrep } | null = null;
   /** Decoded copies of exact expert weights for batches (two slots), made on first use. */
   #decoded: { offset: number; bytes: number } | null = null;
+  #timeline: Timeline | undefined;
 
-  constructor(ops: Ops, arena: Arena, cfg: ModelConfig, experts: ExpertSource, maxBatch: number) {
+  constructor(
+    ops: Ops,
+    arena: Arena,
+    cfg: ModelConfig,
+    experts: ExpertSource,
+    maxBatch: number,
+    timeline?: Timeline,
+  ) {
+    this.#timeline = timeline;
     this.#ops = ops;
     this.#cfg = cfg;
     this.#experts = experts;
@@ -123,12 +138,15 @@ export class FeedForward {
       this.#latentSum = arena.alloc("moe latent sum", regions[6]);
     }
     if (cfg.moe?.denseBeside) {
-      const [routerIn, input, dense] = regions.slice(-3);
+      const [routerIn, input, dense] = regions.slice(cfg.moe.latentDim ? 7 : 5);
       this.#beside = {
         routerIn: arena.alloc("moe router input", routerIn),
         input: arena.alloc("moe input", input),
         dense: arena.alloc("ffn dense branch", dense),
       };
+    }
+    if (cfg.moe?.sharedIntermediate) {
+      this.#sharedOut = arena.alloc("moe shared experts' output", regions[regions.length - 1]);
     }
   }
 
@@ -307,6 +325,8 @@ export class FeedForward {
     const sum = latent ? this.#latentSum : out;
     const E = moe.numExperts;
     if (nb > this.#maxBatch) throw new Error(`batch ${nb} > ${this.#maxBatch}`);
+    const timeline = this.#timeline;
+    timeline?.mark("route", layer);
     let routerIn = h;
     if (moe.scaledRouterInput) {
       const hidden = this.#cfg.hiddenSize;
@@ -333,7 +353,6 @@ export class FeedForward {
       const scale = ops.f32(lw.get("expert_scale").ptr, E);
       for (const r of routes) r.weights = r.weights.map((w, k) => w * scale[r.ids[k]]);
     }
-    if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
 
     // Distinct experts in first-use order; each is fetched once for the whole batch.
     const users = new Map<number, number[]>();
@@ -345,19 +364,41 @@ export class FeedForward {
       });
     }
     const distinct = [...users.keys()];
-    const group = Math.max(1, this.#experts.groupSize);
+    const experts = this.#experts;
+    const group = Math.max(1, experts.groupSize);
     // Prepared gate/up inputs of this batch by preparedKey, shared by all of its experts.
     const shared = new Map<string, number[]>();
     this.#prep?.shared.reset();
+    let sharedDone = this.#sharedOut === 0;
     for (let g0 = 0; g0 < distinct.length; g0 += group) {
       const ids = distinct.slice(g0, g0 + group);
-      this.#experts.hint(layer, ids);
+      experts.hint(layer, ids);
       if (g0 === 0) {
         for (const observe of this.observers) observe(layer, routes, h, nb, positions);
+        // The reads are queued: project the input down while they run.
+        if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
       }
-      for (const e of ids) {
+      timeline?.mark("expert", layer);
+      // Experts compute as their records land: one already resident first, else the first left
+      // in routing order, whose read was queued first. Each writes only its own rows of
+      // #expertOut and the sum below runs in routing order, so the order changes no bit.
+      const left = [...ids];
+      while (left.length > 0) {
+        const next = left.findIndex((o) => experts.ready(layer, o));
+        // Nothing landed yet: the shared experts need no read, so they fill the wait.
+        if (next < 0 && !sharedDone) {
+          sharedDone = true;
+          this.#mlp(lw, h, this.#sharedOut, nb, "shared");
+          continue;
+        }
+        const [e] = left.splice(Math.max(0, next), 1);
         const slots = users.get(e)!;
-        const ew = this.#experts.acquire(layer, e);
+        if (timeline && !experts.ready(layer, e)) {
+          timeline.countWait(left.some((o) => experts.ready(layer, o)));
+          timeline.mark("wait", layer);
+        }
+        const ew = experts.acquire(layer, e);
+        timeline?.mark("expert", layer);
         slots.forEach((s, i) =>
           ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
         );
@@ -365,7 +406,7 @@ export class FeedForward {
         slots.forEach((s, i) =>
           ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
         );
-        this.#experts.release(layer, e);
+        experts.release(layer, e);
       }
     }
     // Sum in routing order, whatever order the experts arrived in.
@@ -379,19 +420,19 @@ export class FeedForward {
       ops.rmsnorm(sum, lw.get("latent_norm").ptr, sum, d, nb, this.#cfg.rmsNormEps);
       ops.matmul({ w: lw.get("latent_up"), x: sum, y: out, nb });
     }
-    if (moe.sharedIntermediate > 0) {
-      const hidden = this.#cfg.hiddenSize;
-      this.#mlp(lw, h, this.#gathered, nb, "shared");
+    if (this.#sharedOut !== 0) {
+      const hidden = this.#cfg.hiddenSize, sharedOut = this.#sharedOut;
+      if (!sharedDone) this.#mlp(lw, h, sharedOut, nb, "shared");
       if (moe.sharedExpertGate) {
         // Qwen3-Next / Qwen3.5: out += σ(w·h) · shared(h); the router logits are spent.
         ops.matmul({ w: lw.get("shared_expert_gate"), x: h, y: this.#logits, nb });
         ops.sigmoid(this.#logits, nb);
         const scale = ops.f32(this.#logits, nb);
         for (let b = 0; b < nb; b++) {
-          ops.axpy(out + b * hidden * 4, this.#gathered + b * hidden * 4, scale[b], hidden);
+          ops.axpy(out + b * hidden * 4, sharedOut + b * hidden * 4, scale[b], hidden);
         }
       } else {
-        ops.add(out, this.#gathered, nb * hidden);
+        ops.add(out, sharedOut, nb * hidden);
       }
     }
   }

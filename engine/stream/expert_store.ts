@@ -25,6 +25,19 @@ import { DecayedRatio, type SpeculationCosts } from "./lookahead.ts";
 /** Records read at once while warming the cache at open. */
 const WARM_BATCH = 16;
 
+/**
+ * Demand reads a hint keeps in flight by default: every miss of a decode token's layer (top-k up
+ * to 32), so the disk never waits for an expert to finish computing before the next read starts.
+ */
+export const DEFAULT_READAHEAD_DEPTH = 32;
+
+/**
+ * Most requests hinted reads keep queued or running, whatever the depth: the shim's queue holds
+ * 1024 reads, shared with the trunk ring and the guesses, and records of the largest models are
+ * tens of requests each.
+ */
+const MAX_AHEAD_REQUESTS = 128;
+
 /** Largest single read request of a record (a multiple of 4 KiB). */
 export const REQUEST_BYTES = 2 << 20;
 
@@ -200,16 +213,26 @@ export class ExpertStore implements ExpertSource {
     });
   }
 
-  #demandInFlight(): number {
-    let n = 0;
-    for (const f of this.#inflight.values()) if (!f.speculative) n++;
-    return n;
+  /** Demand records in flight, and their requests not yet reaped. */
+  #demandInFlight(): { records: number; requests: number } {
+    let records = 0, requests = 0;
+    for (const f of this.#inflight.values()) {
+      if (f.speculative) continue;
+      records++;
+      requests += f.tickets.length;
+    }
+    return { records, requests };
   }
 
-  /** Starts hinted reads, in routing order, until `readaheadDepth` demand reads are in flight. */
+  /**
+   * Starts hinted reads, in routing order, until `readaheadDepth` demand records are in flight
+   * (or {@link MAX_AHEAD_REQUESTS} requests, once at least one record is).
+   */
   #pump(): void {
     for (const key of this.#misses.keys()) {
-      if (this.#demandInFlight() >= this.#opts.readaheadDepth) return;
+      const { records, requests } = this.#demandInFlight();
+      if (records >= this.#opts.readaheadDepth) return;
+      if (records > 0 && requests >= MAX_AHEAD_REQUESTS) return;
       this.#startRead(key, true);
     }
   }
@@ -345,6 +368,13 @@ export class ExpertStore implements ExpertSource {
     this.#land(key);
     const { bank } = this.#location(layer, expert);
     return bindExpert(bank, this.#slotOffset(this.cache.slotOf(key)!));
+  }
+
+  ready(layer: number, expert: number): boolean {
+    const key = this.#key(layer, expert);
+    if (!this.#held.has(key) || this.#misses.has(key)) return false;
+    const f = this.#inflight.get(key);
+    return !f || f.tickets.every((t) => this.#reader.poll(t));
   }
 
   release(layer: number, expert: number): void {

@@ -24,7 +24,7 @@ export const RUN_HELP = `${BUDGET_HELP}
   -t, --threads N       compute threads including the main thread (default and most: all cores)
   --cache POLICY        expert cache policy: decay (default), lfru or lru
   --no-readahead        read each expert only when it is needed
-  --readahead-depth N   expert reads kept in flight after routing (default 4)
+  --readahead-depth N   expert reads kept in flight after routing (default 32)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
   --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)

@@ -62,6 +62,8 @@ export const BENCHES: Record<string, BenchEntry> = {
       "--no-resident          skip the whole-model-resident run",
       "--cap SIZE             run each budget configuration in a memory cgroup of SIZE (root)",
       "--ab                   only the defaults and lookahead off (more repeats per minute)",
+      "--baseline TREE        also run the defaults with another source tree's engine",
+      "                       (e.g. main exported), alternating, and report the ratio",
       "--json                 print the report as JSON",
     ],
     load: () => import("./stream.ts"),

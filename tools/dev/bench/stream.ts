@@ -25,6 +25,10 @@
  *
  * `--repeat N` (default 3) runs each budget configuration N times from a cold cache, interleaved,
  * and keeps the fastest; `--lookahead N` (default top-k) adds a row with that lookahead.
+ * `--baseline TREE` runs the defaults configuration with another source tree's engine too (e.g.
+ * an export of main: `git archive main | tar -x -C TREE` and a node_modules link), alternating
+ * with this tree's in every repeat, each with its own replay, and reports this tree's tok/s over
+ * the baseline's.
  * `--model DIR` runs an existing container instead (e.g. a real-width `synth` + `pack`, or a Kimi
  * K3-shaped one from `synth --arch kimi_k3`); `--no-resident` skips the whole-model run, which is
  * also skipped when the whole model does not fit in the arena or in RAM (compute time is then the
@@ -63,6 +67,7 @@ import {
 } from "./cgroup.ts";
 import { parseChildOutput, type StreamJob, type StreamRun as ChildRun } from "./stream_child.ts";
 import type { ReplayRoofline } from "./replay_roofline.ts";
+import { PHASES, type PhaseTime } from "../../../engine/stream/timeline.ts";
 
 const CHILD = fileURLToPath(new URL("./stream_child.ts", import.meta.url));
 
@@ -98,6 +103,11 @@ export interface StreamBenchOptions {
   ab?: boolean;
   /** Where the packed model is cached (default $SLUICE_CACHE or /tmp/sluice-bench). */
   cacheDir?: string;
+  /**
+   * Another source tree of sluice (e.g. main's): its engine runs the defaults configuration too,
+   * alternating with this tree's in the same repeats, each replayed.
+   */
+  baseline?: string;
   /** Progress lines on stderr. */
   log?: (line: string) => void;
 }
@@ -163,6 +173,8 @@ export interface StreamBenchResult {
   page_cache_dropped: boolean;
   load_average: number;
   runs: StreamRun[];
+  /** The GB/s the splits' disk times are taken at (the fastest replay's, else the probe's). */
+  split_gbps: number;
   /** Per run (same order as `runs`): compute and disk ms per token and their overlap. */
   splits: TokenSplit[];
   roofline_tok_s: number;
@@ -171,6 +183,9 @@ export interface StreamBenchResult {
   replays: ReplayRoofline[];
   /** The fastest replay's tok/s: the roofline of the engine's own access pattern. */
   replay_roofline_tok_s: number;
+  /** With `--baseline`: the other source tree, and its defaults runs' replays. */
+  baseline: string | null;
+  baseline_replays: ReplayRoofline[];
   /** Disk time per token at the measured bandwidth (ms). */
   disk_ms_per_token: number;
   /** Per-token compute time from the resident run (NaN when skipped), and from the budget run
@@ -179,6 +194,8 @@ export interface StreamBenchResult {
   compute_ms_per_token_by_subtraction: number;
   targets: StreamTarget[];
   identical_tokens: boolean;
+  /** Runs whose ids differ from the best defaults run's, with their ids. */
+  differing_runs: string[];
   notes: string[];
 }
 
@@ -269,8 +286,8 @@ type Cap = MemoryCgroup | null;
  * Runs `job` in a child process (inside `cap` when given: the child joins the cgroup before the
  * engine allocates anything) and returns its runs, each with the cgroup's peak when capped.
  */
-export async function runChild(job: StreamJob, cap: Cap): Promise<StreamRun[]> {
-  const args = ["run", "-A", CHILD, JSON.stringify(job)];
+export async function runChild(job: StreamJob, cap: Cap, child = CHILD): Promise<StreamRun[]> {
+  const args = ["run", "-A", child, JSON.stringify(job)];
   const [cmd, argv] = cap ? cgroupCommand(cap, Deno.execPath(), args) : [Deno.execPath(), args];
   if (cap) resetCgroupPeak(cap);
   const out = await new Deno.Command(cmd, { args: argv, stdout: "piped", stderr: "piped" })
@@ -336,8 +353,10 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
   // that noise from other processes hits every configuration alike. The best repeat is kept.
   const DEFAULTS = "budget, defaults", NO_AHEAD = "budget, read-ahead off";
   const NO_LOOK = "budget, lookahead off", HELD = "budget, lookahead 1, gate held open";
+  const BASELINE = "baseline, defaults";
   const allConfigs: [string, RunOptions, StreamJob["gate"]?][] = [
     [DEFAULTS, { budget }],
+    ...(opts.baseline ? [[BASELINE, { budget }] as [string, RunOptions]] : []),
     [NO_AHEAD, { budget, readaheadDepth: 0, trunkReadahead: false }],
     [NO_LOOK, { budget, lookahead: 0 }],
     [HELD, { budget, lookahead: 1 }, "always"],
@@ -345,8 +364,14 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
   ];
   // --ab: the lookahead's on/off pair alone, so more repeats fit in the same minutes.
   const configs = opts.ab
-    ? allConfigs.filter(([l]) => l === DEFAULTS || l === NO_LOOK)
+    ? allConfigs.filter(([l]) => l === DEFAULTS || l === NO_LOOK || l === BASELINE)
     : allConfigs;
+  const baselineChild = opts.baseline
+    ? join(opts.baseline, "tools", "dev", "bench", "stream_child.ts")
+    : CHILD;
+  if (!existsSync(baselineChild)) {
+    throw new Error(`bench stream: --baseline ${opts.baseline}: no ${baselineChild}`);
+  }
   const cap = opts.cap === undefined ? null : openCap(opts.cap, budget);
   const best = new Map<string, StreamRun>();
   const all: StreamRun[] = [];
@@ -370,8 +395,10 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
       for (const [label, o, gate] of configs) {
         dropped = dropPageCache() && dropped;
         log(`bench stream: run "${label}" (${rep + 1}/${repeat})`);
-        const replay = label === DEFAULTS;
-        (await runChild({ ...job(label, o, 1, false), gate, replay }, cap)).forEach(keep);
+        const replay = label === DEFAULTS || label === BASELINE;
+        const child = label === BASELINE ? baselineChild : CHILD;
+        (await runChild({ ...job(label, o, 1, false), gate, replay, timeline: true }, cap, child))
+          .forEach(keep);
       }
     }
   } finally {
@@ -391,8 +418,15 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     median(all.filter((r) => r.label === label).map((r) => r.tok_s));
 
   const roofline = (gbps * 1e9) / base.bytes_per_token;
-  const replays = all.flatMap((r) => r.replay ? [r.replay] : []);
+  const replaysOf = (label: string) =>
+    all.flatMap((r) => r.label === label && r.replay ? [r.replay] : []);
+  const replays = replaysOf(DEFAULTS);
   const replayTokS = Math.max(...replays.map((r) => r.tok_s));
+  const baseReplays = replaysOf(BASELINE);
+  const baseReplayTokS = Math.max(...baseReplays.map((r) => r.tok_s));
+  // The splits' disk time: the run's bytes at the rate its own reads replayed at (the fastest
+  // replay), the figure the replay roofline uses; the probe's when nothing was replayed.
+  const splitGbps = replays.length ? Math.max(...replays.map((r) => r.gbps)) : gbps;
   const diskMs = (base.bytes_per_token / (gbps * 1e9)) * 1000;
   const computeSub = base.ms_per_token - base.io_wait_ms_per_token;
   const computeMs = resident?.ms_per_token ?? computeSub;
@@ -408,6 +442,24 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
       ? [target(name, best.get(over)!.tok_s / best.get(under)!.tok_s, "(none)", true)]
       : [];
   const onOff = base.tok_s / noLook.tok_s;
+  const baseline = best.get(BASELINE);
+  const vsBaseline: StreamTarget[] = baseline
+    ? [
+      target(
+        "baseline tok/s ÷ its replay roofline, reported",
+        baseline.tok_s / baseReplayTokS,
+        "(none)",
+        true,
+      ),
+      ...reported("defaults ÷ baseline defaults (tok/s), reported", DEFAULTS, BASELINE),
+      target(
+        "defaults ÷ baseline defaults (median tok/s of the repeats), reported",
+        medianOf(DEFAULTS) / medianOf(BASELINE),
+        "(none)",
+        true,
+      ),
+    ]
+    : [];
   const targets: StreamTarget[] = [
     target(
       "tok/s ÷ disk roofline",
@@ -431,8 +483,11 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     ...reported("lookahead, gate held open ÷ off (tok/s), reported", HELD, NO_LOOK),
     target("time/token ÷ max(disk, compute)", overlap, "<= 1.10", overlap <= 1.1),
     ...reported("read-ahead on ÷ off (tok/s), reported", DEFAULTS, NO_AHEAD),
+    ...vsBaseline,
   ];
-  const identical = all.every((r) => r.ids.join() === base.ids.join());
+  const differing = all.filter((r) => r.ids.join() !== base.ids.join())
+    .map((r) => `${r.label}: ${r.ids.join(" ")}`);
+  const identical = differing.length === 0;
   return {
     model: {
       path,
@@ -454,15 +509,19 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     page_cache_dropped: dropped,
     load_average: Deno.loadavg()[0],
     runs,
-    splits: runs.map((r) => tokenSplit(r, gbps)),
+    split_gbps: splitGbps,
+    splits: runs.map((r) => tokenSplit(r, splitGbps)),
     roofline_tok_s: roofline,
     replays,
     replay_roofline_tok_s: replayTokS,
+    baseline: opts.baseline ?? null,
+    baseline_replays: baseReplays,
     disk_ms_per_token: diskMs,
     compute_ms_per_token: computeMs,
     compute_ms_per_token_by_subtraction: computeSub,
     targets,
     identical_tokens: identical,
+    differing_runs: differing,
     notes: [
       "Random routers route near-uniformly: expert hit rates are about the cached share of " +
       "experts, the worst case for caching. Real routers are skewed and hit more.",
@@ -485,6 +544,41 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
 
 const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 const mib = (x: number) => `${(x / 2 ** 20).toFixed(1)} MiB`;
+
+/**
+ * The defaults run's timeline: per phase and per layer, wall and disk-busy ms per token, and where
+ * one side idled while the other worked.
+ */
+function formatTimeline(run: StreamRun | undefined, replayTokS: number): string[] {
+  const t = run?.timeline;
+  if (!t) return [];
+  const ms = (x: number) => x.toFixed(1);
+  const compute = PHASES.filter((p) => p !== "wait");
+  const idle = compute.reduce((n, p) => n + t.phases[p].wallMs - t.phases[p].diskMs, 0);
+  const both = compute.reduce((n, p) => n + t.phases[p].diskMs, 0);
+  const cell = (x: PhaseTime) => `${ms(x.wallMs)} (${ms(x.diskMs)})`;
+  // Before a layer is routed its reads cannot start, only guesses: the disk idle then is lost
+  // whatever the schedule of the experts' reads and compute.
+  const serial = (["mixer", "route", "tail"] as const)
+    .reduce((n, p) => n + t.phases[p].wallMs - t.phases[p].diskMs, 0);
+  const disk = 1000 / replayTokS;
+  return [
+    "",
+    `Timeline of "${run!.label}" (ms per token; in brackets the part of it the disk was busy): ` +
+    `the CPU worked while the disk idled ${ms(idle)} ms, both worked ${ms(both)} ms, the CPU ` +
+    `waited for reads ${ms(t.phases.wait.wallMs)} ms (${t.waits} waits, ${t.waitsWithReady} ` +
+    `while another of the layer's experts was ready). The disk idled ${ms(serial)} ms in ` +
+    `mixers, routing and the tail, where a layer's reads cannot have started (guesses aside): ` +
+    `with all else overlapped, tok/s ÷ replay roofline could reach at most ${
+      (disk / (disk + serial)).toFixed(2)
+    } (the replay's ${ms(disk)} ms ÷ (that + ${ms(serial)} ms)).`,
+    "",
+    `| layer | ${PHASES.join(" | ")} |`,
+    `|---|${PHASES.map(() => "---").join("|")}|`,
+    ...t.layers.map((l, i) => `| ${i} | ${PHASES.map((p) => cell(l[p])).join(" | ")} |`),
+    `| all | ${PHASES.map((p) => cell(t.phases[p])).join(" | ")} |`,
+  ];
+}
 
 /** The human-readable report. */
 export function formatStreamReport(r: StreamBenchResult): string {
@@ -519,8 +613,8 @@ export function formatStreamReport(r: StreamBenchResult): string {
     ),
     "",
     `Per token: compute = ms/token less io wait; disk = read/token at ${
-      r.disk_gbps.toFixed(2)
-    } GB/s; overlap = the share of that disk time not waited for.`,
+      r.split_gbps.toFixed(2)
+    } GB/s (the run's own reads replayed); overlap = the share of that disk time not waited for.`,
     "",
     "| run | compute ms/token | disk ms/token | io wait ms/token | overlap | limit |",
     "|---|---|---|---|---|---|",
@@ -545,6 +639,23 @@ export function formatStreamReport(r: StreamBenchResult): string {
       r.replays.map((x) => `${x.ordered_tok_s.toFixed(2)} at ${x.ordered_gbps.toFixed(2)}`)
         .join(", ")
     }`,
+    ...(r.baseline
+      ? [
+        `baseline ${r.baseline}: its defaults run's reads replayed the same way ${
+          r.baseline_replays.map((x) => `${x.tok_s.toFixed(2)} tok/s at ${x.gbps.toFixed(2)} GB/s`)
+            .join(", ")
+        }`,
+      ]
+      : []),
+    ...formatTimeline(
+      r.runs.find((x) => x.label === "budget, defaults"),
+      r.replay_roofline_tok_s,
+    ),
+    // A baseline tree keeps a timeline only when its engine has one.
+    ...formatTimeline(
+      r.runs.find((x) => x.label === "baseline, defaults"),
+      Math.max(...r.baseline_replays.map((x) => x.tok_s)),
+    ),
     "",
     "| ratio | value | target | |",
     "|---|---|---|---|",
@@ -554,7 +665,14 @@ export function formatStreamReport(r: StreamBenchResult): string {
       } |`
     ),
     "",
-    `greedy tokens identical across runs: ${r.identical_tokens ? "yes" : "NO"}`,
+    `greedy tokens identical across runs: ${
+      r.identical_tokens
+        ? "yes"
+        : `NO; the defaults decoded ${
+          r.runs.find((x) => x.label === "budget, defaults")?.ids
+            .join(" ")
+        }, these differ: ${r.differing_runs.join("; ")}`
+    }`,
     ...r.notes.map((n) => `note: ${n}`),
   ];
   return lines.join("\n");
@@ -574,6 +692,7 @@ export async function main(args: string[]): Promise<void> {
       model: { type: "string" },
       cap: { type: "string" },
       ab: { type: "boolean", default: false },
+      baseline: { type: "string" },
       "no-resident": { type: "boolean", default: false },
       json: { type: "boolean", default: false },
     },
@@ -600,6 +719,7 @@ export async function main(args: string[]): Promise<void> {
     resident: !values["no-resident"],
     cap: values.cap === undefined ? undefined : parseSize(values.cap),
     ab: values.ab,
+    baseline: values.baseline,
   });
   if (values.json) console.log(JSON.stringify(result, null, 2));
   else console.log(formatStreamReport(result));

@@ -12,6 +12,7 @@ import { argmax } from "../../../engine/sampler.ts";
 import type { SpeculationGate } from "../../../engine/stream/lookahead.ts";
 import { peakRss } from "../../../engine/stats.ts";
 import { ReadLog } from "../../../io/read_log.ts";
+import type { TimelineTotals } from "../../../engine/stream/timeline.ts";
 import { type ReplayRoofline, replayRoofline } from "./replay_roofline.ts";
 
 /** The decode measurements of one run. */
@@ -47,6 +48,8 @@ export interface StreamRun {
   ids: number[];
   /** With `StreamJob.replay`: this run's own reads replayed with no compute right after it. */
   replay?: ReplayRoofline;
+  /** With `StreamJob.timeline`: where the decode's time went, in milliseconds per token. */
+  timeline?: TimelineTotals;
 }
 
 /** What one child process runs. */
@@ -64,6 +67,8 @@ export interface StreamJob {
   warm: boolean;
   /** Log the (single) pass's reads and replay them after it (tools/dev/bench/replay_roofline.ts). */
   replay?: boolean;
+  /** Keep the engine's timeline (engine/stream/timeline.ts) over the decode steps. */
+  timeline?: boolean;
 }
 
 interface Counters {
@@ -103,12 +108,15 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
   }
   const a = counters(m);
   const ids: number[] = [];
+  const timeline = m.transformer.timeline;
   const t0 = performance.now();
+  timeline?.reset();
   for (let n = 0; n < tokens; n++) {
     const id = argmax(logits);
     ids.push(id);
     logits = m.forward([id], prompt.length + n);
   }
+  timeline?.mark("tail", -1);
   const ms = performance.now() - t0;
   const b = counters(m);
   const bytes = b.expertBytes - a.expertBytes + b.trunkBytes - a.trunkBytes;
@@ -135,13 +143,34 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     expert_slots: m.plan.expertSlots,
     peak_rss_bytes: peakRss(),
     ids,
+    ...(timeline ? { timeline: perToken(timeline.totals, tokens) } : {}),
   };
+}
+
+/** `t` with every time divided by `tokens`. */
+function perToken(t: TimelineTotals, tokens: number): TimelineTotals {
+  const scale = (p: TimelineTotals["phases"]) => {
+    for (const v of Object.values(p)) {
+      v.wallMs /= tokens;
+      v.diskMs /= tokens;
+    }
+    return p;
+  };
+  scale(t.phases);
+  t.layers.forEach(scale);
+  return t;
 }
 
 /** Opens the model of `job`, decodes its passes (and replays their reads if asked), closes it. */
 export async function runJob(job: StreamJob): Promise<StreamRun[]> {
   const readLog = job.replay ? new ReadLog() : undefined;
-  const m = await Model.open(job.path, { quiet: true, hotList: false, ...job.opts, readLog });
+  const m = await Model.open(job.path, {
+    quiet: true,
+    hotList: false,
+    ...job.opts,
+    readLog,
+    timeline: job.timeline,
+  });
   try {
     if (job.gate && m.observers.lookahead) m.observers.lookahead.gate.mode = job.gate;
     if (job.warm) decode(m, job.label, job.prompt, job.tokens);
