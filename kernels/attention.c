@@ -114,25 +114,148 @@ static inline void weighted_value_sum2(const float *pa, const float *pb, const f
   }
 }
 
-/* s[t] = dot(k_t, q) for T consecutive keys k_stride floats apart (dot4 and dot1 agree per key). */
-static inline void key_scores(const float *k, size_t k_stride, const float *q, int head_dim, int T,
-                              float *s) {
-  int t = 0;
-  for (; t + 4 <= T; t += 4) dot4_f32(k + (size_t)t * k_stride, k_stride, q, head_dim, s + t, 1);
-  for (; t < T; t++) s[t] = dot1_f32(k + (size_t)t * k_stride, q, head_dim);
+/*
+ * Value sums of three heads of one kv head sharing each load of v (12 accumulators, 4 value
+ * vectors and 3 weights live: 19 > 16 registers only if V8 keeps the splats, which it re-reads).
+ * A head's lanes see weighted_value_sum's operations, so grouping never changes a result.
+ */
+static inline void weighted_value_sum3(const float *pa, const float *pb, const float *pc,
+                                       const float *v, size_t v_stride, int T, int dim, float *oa,
+                                       float *ob, float *oc, float alpha_a, float alpha_b,
+                                       float alpha_c) {
+  v128_t aa = wasm_f32x4_splat(alpha_a), ab = wasm_f32x4_splat(alpha_b);
+  v128_t ac = wasm_f32x4_splat(alpha_c);
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    v128_t a0 = wasm_f32x4_mul(wasm_v128_load(oa + d), aa);
+    v128_t a1 = wasm_f32x4_mul(wasm_v128_load(oa + d + 4), aa);
+    v128_t a2 = wasm_f32x4_mul(wasm_v128_load(oa + d + 8), aa);
+    v128_t a3 = wasm_f32x4_mul(wasm_v128_load(oa + d + 12), aa);
+    v128_t b0 = wasm_f32x4_mul(wasm_v128_load(ob + d), ab);
+    v128_t b1 = wasm_f32x4_mul(wasm_v128_load(ob + d + 4), ab);
+    v128_t b2 = wasm_f32x4_mul(wasm_v128_load(ob + d + 8), ab);
+    v128_t b3 = wasm_f32x4_mul(wasm_v128_load(ob + d + 12), ab);
+    v128_t c0 = wasm_f32x4_mul(wasm_v128_load(oc + d), ac);
+    v128_t c1 = wasm_f32x4_mul(wasm_v128_load(oc + d + 4), ac);
+    v128_t c2 = wasm_f32x4_mul(wasm_v128_load(oc + d + 8), ac);
+    v128_t c3 = wasm_f32x4_mul(wasm_v128_load(oc + d + 12), ac);
+    for (int t = 0; t < T; t++) {
+      const float *vt = v + (size_t)t * v_stride + d;
+      v128_t v0 = wasm_v128_load(vt), v1 = wasm_v128_load(vt + 4);
+      v128_t v2 = wasm_v128_load(vt + 8), v3 = wasm_v128_load(vt + 12);
+      v128_t x = wasm_v128_load32_splat(pa + t);
+      a0 = MADD(x, v0, a0);
+      a1 = MADD(x, v1, a1);
+      a2 = MADD(x, v2, a2);
+      a3 = MADD(x, v3, a3);
+      x = wasm_v128_load32_splat(pb + t);
+      b0 = MADD(x, v0, b0);
+      b1 = MADD(x, v1, b1);
+      b2 = MADD(x, v2, b2);
+      b3 = MADD(x, v3, b3);
+      x = wasm_v128_load32_splat(pc + t);
+      c0 = MADD(x, v0, c0);
+      c1 = MADD(x, v1, c1);
+      c2 = MADD(x, v2, c2);
+      c3 = MADD(x, v3, c3);
+    }
+    wasm_v128_store(oa + d, a0);
+    wasm_v128_store(oa + d + 4, a1);
+    wasm_v128_store(oa + d + 8, a2);
+    wasm_v128_store(oa + d + 12, a3);
+    wasm_v128_store(ob + d, b0);
+    wasm_v128_store(ob + d + 4, b1);
+    wasm_v128_store(ob + d + 8, b2);
+    wasm_v128_store(ob + d + 12, b3);
+    wasm_v128_store(oc + d, c0);
+    wasm_v128_store(oc + d + 4, c1);
+    wasm_v128_store(oc + d + 8, c2);
+    wasm_v128_store(oc + d + 12, c3);
+  }
+  if (d < dim) {
+    weighted_value_sum(pa, v + d, v_stride, T, dim - d, oa + d, alpha_a);
+    weighted_value_sum(pb, v + d, v_stride, T, dim - d, ob + d, alpha_b);
+    weighted_value_sum(pc, v + d, v_stride, T, dim - d, oc + d, alpha_c);
+  }
 }
 
 /*
- * One query head over positions x0 .. x0 + n − 1 (one tile's share), whose keys start at slot a
- * and run `first` slots before the ring wraps to slot 0: the weights e^(s − m') into s (padded to
- * a multiple of 4), the running max *m and sum *l updated; returns e^(m − m'), the factor the
- * output is rescaled by.
+ * Scores of the R keys k[i] against C query heads at q + j*head_dim (j < C), into s[j*ss + i]:
+ * the GEMM's register tile (kernels/gemm.c), keys as the rows. Each (key, head) sum runs in
+ * dot.h's order, as the pass a and pass b chains, so a score is dot1_f32(k, q) bit for bit
+ * whatever keys and heads share its tile. Per step R key vectors and C query vectors are loaded
+ * for R·C multiply-adds, where a row dot loads 2 (dot1) or 1.25 (dot4) per multiply-add.
  */
-static inline float tile_weights(const float *qh, const float *k, int n, int a, int first,
-                                 size_t k_stride, int head_dim, float scale, float *s, float *m,
-                                 float *l) {
-  key_scores(k + (size_t)a * k_stride, k_stride, qh, head_dim, first, s);
-  key_scores(k, k_stride, qh, head_dim, n - first, s + first);
+#define SCORE_STEP(acc, c, R, C)                                                           \
+  do {                                                                                     \
+    v128_t w[R];                                                                           \
+    for (int i = 0; i < R; i++) w[i] = wasm_v128_load(k[i] + (c));                         \
+    for (int j = 0; j < C; j++) {                                                          \
+      v128_t xv = wasm_v128_load(q + j * (size_t)hd + (c));                                \
+      for (int i = 0; i < R; i++) acc[i][j] = MADD(w[i], xv, acc[i][j]);                   \
+    }                                                                                      \
+  } while (0)
+
+#define DEFINE_SCORE_TILE(R, C)                                                            \
+  static inline __attribute__((always_inline)) void score_tile_##R##x##C(                 \
+      const float *const *k, const float *q, int hd, float *s, size_t ss) {                \
+    v128_t a[R][C], b[R][C];                                                               \
+    for (int i = 0; i < R; i++)                                                            \
+      for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);              \
+    int c = 0;                                                                             \
+    for (; c + 8 <= hd; c += 8) SCORE_STEP(a, c, R, C);                                    \
+    if (c + 4 <= hd) SCORE_STEP(a, c, R, C);                                               \
+    for (c = 0; c + 8 <= hd; c += 8) SCORE_STEP(b, c + 4, R, C);                           \
+    c = hd & ~3;                                                                           \
+    if (c < hd) {                                                                          \
+      int m = hd - c;                                                                      \
+      v128_t w[R];                                                                         \
+      for (int i = 0; i < R; i++) w[i] = load_tail_f32(k[i] + c, m);                       \
+      for (int j = 0; j < C; j++) {                                                        \
+        v128_t xv = load_tail_f32(q + j * (size_t)hd + c, m);                              \
+        for (int i = 0; i < R; i++) b[i][j] = MADD(w[i], xv, b[i][j]);                     \
+      }                                                                                    \
+    }                                                                                      \
+    for (int j = 0; j < C; j++)                                                            \
+      for (int i = 0; i < R; i++) s[j * ss + i] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j])); \
+  }
+
+DEFINE_SCORE_TILE(2, 1)
+DEFINE_SCORE_TILE(2, 2)
+DEFINE_SCORE_TILE(2, 3)
+DEFINE_SCORE_TILE(2, 4)
+DEFINE_SCORE_TILE(2, 5)
+DEFINE_SCORE_TILE(2, 6)
+
+/*
+ * Raw scores of n keys (slots a .. a + first − 1, then 0 ..: a ring's wrap) against the C heads at
+ * q, head j's into s + j*ss. Keys go two at a time; an odd last key is paired with itself, its
+ * copy landing in the padding slot s[n] (n < the tile rounded up to 4), which tile_weights fills.
+ * Tiles of 3 keys × 4 heads, 4 × 3 and 3 × 5 were no faster (docs/LEARNED.md).
+ */
+static inline void tile_scores(const float *kc, int n, int a, int first, size_t k_stride,
+                               const float *q, int hd, int C, float *s, size_t ss) {
+#define KEY(t) (kc + (size_t)((t) < first ? a + (t) : (t) - first) * k_stride)
+  for (int t = 0; t < n; t += 2) {
+    const float *k[2] = {KEY(t), KEY(t + 1 < n ? t + 1 : t)};
+    switch (C) {
+      case 6: score_tile_2x6(k, q, hd, s + t, ss); break;
+      case 5: score_tile_2x5(k, q, hd, s + t, ss); break;
+      case 4: score_tile_2x4(k, q, hd, s + t, ss); break;
+      case 3: score_tile_2x3(k, q, hd, s + t, ss); break;
+      case 2: score_tile_2x2(k, q, hd, s + t, ss); break;
+      default: score_tile_2x1(k, q, hd, s + t, ss); break;
+    }
+  }
+#undef KEY
+}
+
+/*
+ * One query head's raw scores s[0 .. n) of one tile (padded to a multiple of 4) turned into the
+ * weights e^(s·scale − m'), its running max *m and sum *l updated; returns e^(m − m'), the factor
+ * the output is rescaled by.
+ */
+static inline float tile_weights(int n, float scale, float *s, float *m, float *l) {
   int n4 = (n + 3) & ~3;
   for (int t = n; t < n4; t++) s[t] = -F32_INF;
   v128_t sc = wasm_f32x4_splat(scale), mv = wasm_f32x4_splat(*m);
@@ -194,29 +317,49 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
       int first = slots > 0 && a + n > slots ? slots - a : n;
       const float *qi = q + (size_t)i * q_stride;
       float *oi = out + (size_t)i * out_stride;
-      for (int h = h0; h < h1; h++) {
-        int g = h / group;
+      /* The heads of one kv head at a time: they share every key and value load. */
+      for (int hs = h0; hs < h1;) {
+        int g = hs / group, he = (g + 1) * group < h1 ? (g + 1) * group : h1;
         const float *kg = kcache + (size_t)g * head_dim, *vg = vcache + (size_t)g * v_head_dim;
-        float *sh = scratch + (size_t)h * per_head;
-        float alpha = tile_weights(qi + (size_t)h * head_dim, kg, n, a, first, k_stride, head_dim,
-                                   scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
-        float *oh = oi + (size_t)h * v_head_dim;
-        if (h + 1 < h1 && (h + 1) / group == g) {
-          /* The next head reads the same kv head: both share each load of the values. */
-          float *sh2 = sh + per_head, *oh2 = oh + v_head_dim;
-          float alpha2 =
-              tile_weights(qi + (size_t)(h + 1) * head_dim, kg, n, a, first, k_stride, head_dim,
-                           scale, sh2, sh2 + tile4 + i, sh2 + tile4 + n_tok + i);
-          weighted_value_sum2(sh, sh2, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh,
-                              oh2, alpha, alpha2);
-          if (n > first)
-            weighted_value_sum2(sh + first, sh2 + first, vg, v_stride, n - first, v_head_dim, oh,
-                                oh2, 1.0f, 1.0f);
-          h++;
-          continue;
+        /* Score tiles of at most 6 heads; 7 or 8 as 4 and the rest. */
+        for (int h = hs; h < he;) {
+          int c = he - h > 6 ? 4 : he - h;
+          tile_scores(kg, n, a, first, k_stride, qi + (size_t)h * head_dim, head_dim, c,
+                      scratch + (size_t)h * per_head, per_head);
+          h += c;
         }
-        weighted_value_sum(sh, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh, alpha);
-        if (n > first) weighted_value_sum(sh + first, vg, v_stride, n - first, v_head_dim, oh, 1.0f);
+        /* Value sums of 3 heads at a time (4 as 2 + 2), each on its own weights. */
+        for (int h = hs; h < he;) {
+          int c = he - h == 4 ? 2 : he - h > 3 ? 3 : he - h;
+          float alpha[3];
+          for (int j = 0; j < c; j++) {
+            float *sh = scratch + (size_t)(h + j) * per_head;
+            alpha[j] = tile_weights(n, scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
+          }
+          float *s0 = scratch + (size_t)h * per_head, *o0 = oi + (size_t)h * v_head_dim;
+          float *s1 = s0 + per_head, *s2 = s1 + per_head;
+          float *o1 = o0 + v_head_dim, *o2 = o1 + v_head_dim;
+          const float *va = vg + (size_t)a * v_stride;
+          /* The tile's keys before a ring's wrap, then those after it (alpha 1 continues). */
+          if (c == 3) {
+            weighted_value_sum3(s0, s1, s2, va, v_stride, first, v_head_dim, o0, o1, o2, alpha[0],
+                                alpha[1], alpha[2]);
+            if (n > first)
+              weighted_value_sum3(s0 + first, s1 + first, s2 + first, vg, v_stride, n - first,
+                                  v_head_dim, o0, o1, o2, 1.0f, 1.0f, 1.0f);
+          } else if (c == 2) {
+            weighted_value_sum2(s0, s1, va, v_stride, first, v_head_dim, o0, o1, alpha[0],
+                                alpha[1]);
+            if (n > first)
+              weighted_value_sum2(s0 + first, s1 + first, vg, v_stride, n - first, v_head_dim, o0,
+                                  o1, 1.0f, 1.0f);
+          } else {
+            weighted_value_sum(s0, va, v_stride, first, v_head_dim, o0, alpha[0]);
+            if (n > first) weighted_value_sum(s0 + first, vg, v_stride, n - first, v_head_dim, o0, 1.0f);
+          }
+          h += c;
+        }
+        hs = he;
       }
     }
   }
