@@ -245,7 +245,8 @@ for (const type of ["f32", "bf16"] as const) {
     const gemm = type === "f32" ? k.gemm_f32 : k.gemm_bf16;
     for (const rows of ROWS) {
       for (const cols of [1, 17, 4097]) {
-        for (const nb of [1, 3, 4]) {
+        // 31 columns of 4097 run as blocks of 12, 12 and 7 (kernels/gemm.c GEMM_BLOCK_FLOATS).
+        for (const nb of [1, 3, 4, 5, 6, 8, 31]) {
           reset();
           const [W, ref] = putMatrix(type, rows, cols, rows + cols);
           const xs = randomF32(nb * cols, nb * 31 + cols);
