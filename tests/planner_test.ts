@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import type { ModelConfig } from "../io/model_config.ts";
 import { type PlanInput, planMemory } from "../engine/planner.ts";
 import { parseBytes } from "../engine/units.ts";
+import { LONG_CONTEXT, prefillChunkOf } from "../engine/run_limits.ts";
 import { loadModelConfig } from "../engine/config.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
 
@@ -65,4 +66,12 @@ Deno.test("sizes parse with binary units", () => {
   assert.equal(parseBytes("1.5GiB"), 1.5 * 2 ** 30);
   assert.equal(parseBytes("4096"), 4096);
   assert.throws(() => parseBytes("lots"), /cannot read "lots" as a size/);
+});
+
+Deno.test("prefill chunk: 128 by default, 512 from a context of LONG_CONTEXT, a given one kept", () => {
+  assert.equal(prefillChunkOf(undefined), 128);
+  assert.equal(prefillChunkOf(undefined, LONG_CONTEXT - 1), 128);
+  assert.equal(prefillChunkOf(undefined, LONG_CONTEXT), 512);
+  assert.equal(prefillChunkOf(64, 32768), 64);
+  assert.throws(() => prefillChunkOf(513, 32768), /1\.\.512/);
 });
