@@ -226,17 +226,30 @@ DEFINE_SCORE_TILE(2, 3)
 DEFINE_SCORE_TILE(2, 4)
 DEFINE_SCORE_TILE(2, 5)
 DEFINE_SCORE_TILE(2, 6)
+DEFINE_SCORE_TILE(4, 1)
+DEFINE_SCORE_TILE(4, 2)
+DEFINE_SCORE_TILE(4, 3)
 
 /*
  * Raw scores of n keys (slots a .. a + first − 1, then 0 ..: a ring's wrap) against the C heads at
- * q, head j's into s + j*ss. Keys go two at a time; an odd last key is paired with itself, its
- * copy landing in the padding slot s[n] (n < the tile rounded up to 4), which tile_weights fills.
- * Tiles of 3 keys × 4 heads, 4 × 3 and 3 × 5 were no faster (docs/LEARNED.md).
+ * q, head j's into s + j*ss. Up to 3 heads take keys four at a time (four key streams: a decode
+ * query reads its keys from memory, and 2-key tiles of 4 heads ran its attention 10–20% slower
+ * than the per-head 4-key dots before them), then two at a time; an odd last key is paired with
+ * itself, its copy landing in the padding slot s[n] (n < the tile rounded up to 4), which
+ * tile_weights fills. Tiles of 3 keys × 4 heads and 3 × 5 were no faster (docs/LEARNED.md).
  */
 static inline void tile_scores(const float *kc, int n, int a, int first, size_t k_stride,
                                const float *q, int hd, int C, float *s, size_t ss) {
 #define KEY(t) (kc + (size_t)((t) < first ? a + (t) : (t) - first) * k_stride)
-  for (int t = 0; t < n; t += 2) {
+  int t = 0;
+  if (C <= 3)
+    for (; t + 4 <= n; t += 4) {
+      const float *k[4] = {KEY(t), KEY(t + 1), KEY(t + 2), KEY(t + 3)};
+      if (C == 3) score_tile_4x3(k, q, hd, s + t, ss);
+      else if (C == 2) score_tile_4x2(k, q, hd, s + t, ss);
+      else score_tile_4x1(k, q, hd, s + t, ss);
+    }
+  for (; t < n; t += 2) {
     const float *k[2] = {KEY(t), KEY(t + 1 < n ? t + 1 : t)};
     switch (C) {
       case 6: score_tile_2x6(k, q, hd, s + t, ss); break;
@@ -321,9 +334,9 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
       for (int hs = h0; hs < h1;) {
         int g = hs / group, he = (g + 1) * group < h1 ? (g + 1) * group : h1;
         const float *kg = kcache + (size_t)g * head_dim, *vg = vcache + (size_t)g * v_head_dim;
-        /* Score tiles of at most 6 heads; 7 or 8 as 4 and the rest. */
+        /* Score tiles of 3 heads (4 as 2 + 2), as the value sums take them. */
         for (int h = hs; h < he;) {
-          int c = he - h > 6 ? 4 : he - h;
+          int c = he - h > 3 ? (he - h == 4 ? 2 : 3) : he - h;
           tile_scores(kg, n, a, first, k_stride, qi + (size_t)h * head_dim, head_dim, c,
                       scratch + (size_t)h * per_head, per_head);
           h += c;

@@ -624,8 +624,8 @@ function attentionCases(): AttentionCase[] {
       keys: {},
       kIsV: true,
     },
-    // Kv heads of 8, 7 and 5 query heads (score tiles 4 + 4, 4 + 3, 5; value sums 3 + 3 + 2,
-    // 3 + 2 + 2, 3 + 2), odd tiles so pairs of keys end on a single one, a head size of 4k + 1.
+    // Kv heads of 8, 7 and 5 query heads (heads in tiles of 3 + 3 + 2, 3 + 2 + 2, 3 + 2), tiles
+    // of 7 and 5 keys so 4-key and 2-key score tiles end on a single key, a head size of 4k + 1.
     { s: shape(16, 2, 21), tile: 7, pos0: 4, tokens: 6, keys: {} },
     { s: shape(14, 2, 12), tile: 5, pos0: 0, tokens: 9, keys: { window: 5, slots: 13 } },
     { s: shape(10, 2, 33), tile: 64, pos0: 58, tokens: 11, keys: {} },
