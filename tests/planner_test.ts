@@ -54,6 +54,31 @@ Deno.test("a budget below the floor is refused with the floor in the message", (
   );
 });
 
+Deno.test("a context that outgrows the budget is refused with the longest one it holds", () => {
+  const short = planMemory(input, { ctx: 128, maxBatch: 8 });
+  // Room for the short context's floor but not the long one's: the KV cache is what is short.
+  const budget = Math.ceil((short.floor + 1) / 65536) * 65536;
+  let message = "";
+  try {
+    planMemory(input, { ctx: 65536, maxBatch: 8, budget });
+  } catch (e) {
+    message = (e as Error).message;
+  }
+  const m = message.match(
+    /KV cache .* at a context of 65536.*this budget holds a context of at most (\d+) \(-c \1\)/,
+  );
+  assert.ok(m, message);
+  const most = Number(m[1]);
+  assert.ok(most >= 128 && most < 65536);
+  planMemory(input, { ctx: most, maxBatch: 8, budget });
+  assert.throws(() => planMemory(input, { ctx: most + 1, maxBatch: 8, budget }), /below the floor/);
+  // Below even a one-position context's floor, no context would do: no such hint.
+  assert.throws(
+    () => planMemory(input, { ctx: 65536, maxBatch: 8, budget: 65536 }),
+    (e: Error) => /below the floor/.test(e.message) && !/holds a context/.test(e.message),
+  );
+});
+
 Deno.test("the lookahead's resident routers are part of the fixed bytes", () => {
   const off = planMemory(input, { ctx: 128, maxBatch: 8 });
   const on = planMemory(input, { ctx: 128, maxBatch: 8, lookahead: true });
