@@ -30,8 +30,7 @@
 /*
  * out[d] = out[d]·alpha, then out[d] = p[t]·v_t[d] + out[d] (relaxed madd, as the dots) for t in
  * order, for every d; alpha = 1 continues a sum exactly, so two calls over consecutive segments
- * equal one. weighted_value_sum2 does the same for two heads of one kv head, sharing each load of
- * v; a head's lanes see the same operations in either, so pairing never changes a result.
+ * equal one.
  */
 static inline void weighted_value_sum(const float *p, const float *v, size_t v_stride, int T,
                                       int dim, float *out, float alpha) {
@@ -70,113 +69,41 @@ static inline void weighted_value_sum(const float *p, const float *v, size_t v_s
   }
 }
 
-static inline void weighted_value_sum2(const float *pa, const float *pb, const float *v,
-                                       size_t v_stride, int T, int dim, float *oa, float *ob,
-                                       float alpha_a, float alpha_b) {
-  v128_t aa = wasm_f32x4_splat(alpha_a), ab = wasm_f32x4_splat(alpha_b);
-  int d = 0;
-  for (; d + 16 <= dim; d += 16) {
-    v128_t a0 = wasm_f32x4_mul(wasm_v128_load(oa + d), aa);
-    v128_t a1 = wasm_f32x4_mul(wasm_v128_load(oa + d + 4), aa);
-    v128_t a2 = wasm_f32x4_mul(wasm_v128_load(oa + d + 8), aa);
-    v128_t a3 = wasm_f32x4_mul(wasm_v128_load(oa + d + 12), aa);
-    v128_t b0 = wasm_f32x4_mul(wasm_v128_load(ob + d), ab);
-    v128_t b1 = wasm_f32x4_mul(wasm_v128_load(ob + d + 4), ab);
-    v128_t b2 = wasm_f32x4_mul(wasm_v128_load(ob + d + 8), ab);
-    v128_t b3 = wasm_f32x4_mul(wasm_v128_load(ob + d + 12), ab);
-    for (int t = 0; t < T; t++) {
-      const float *vt = v + (size_t)t * v_stride + d;
-      v128_t x = wasm_f32x4_splat(pa[t]), y = wasm_f32x4_splat(pb[t]);
-      v128_t v0 = wasm_v128_load(vt), v1 = wasm_v128_load(vt + 4);
-      a0 = MADD(x, v0, a0);
-      b0 = MADD(y, v0, b0);
-      a1 = MADD(x, v1, a1);
-      b1 = MADD(y, v1, b1);
-      v128_t v2 = wasm_v128_load(vt + 8), v3 = wasm_v128_load(vt + 12);
-      a2 = MADD(x, v2, a2);
-      b2 = MADD(y, v2, b2);
-      a3 = MADD(x, v3, a3);
-      b3 = MADD(y, v3, b3);
-    }
-    wasm_v128_store(oa + d, a0);
-    wasm_v128_store(oa + d + 4, a1);
-    wasm_v128_store(oa + d + 8, a2);
-    wasm_v128_store(oa + d + 12, a3);
-    wasm_v128_store(ob + d, b0);
-    wasm_v128_store(ob + d + 4, b1);
-    wasm_v128_store(ob + d + 8, b2);
-    wasm_v128_store(ob + d + 12, b3);
-  }
-  /* The rest of the dims (fewer than 16) one head at a time, as weighted_value_sum does them. */
-  if (d < dim) {
-    weighted_value_sum(pa, v + d, v_stride, T, dim - d, oa + d, alpha_a);
-    weighted_value_sum(pb, v + d, v_stride, T, dim - d, ob + d, alpha_b);
-  }
-}
-
 /*
- * Value sums of three heads of one kv head sharing each load of v (12 accumulators, 4 value
- * vectors and 3 weights live: 19 > 16 registers only if V8 keeps the splats, which it re-reads).
+ * The value sums of H (1..3) heads of one kv head, p[h] their weights, o[h] their outputs and
+ * alpha[h] their rescale factors, sharing each load of v (16 dims: H·4 accumulators and 4 value
+ * vectors live); the dims after the last block of 16 go head by head through weighted_value_sum.
  * A head's lanes see weighted_value_sum's operations, so grouping never changes a result.
  */
-static inline void weighted_value_sum3(const float *pa, const float *pb, const float *pc,
-                                       const float *v, size_t v_stride, int T, int dim, float *oa,
-                                       float *ob, float *oc, float alpha_a, float alpha_b,
-                                       float alpha_c) {
-  v128_t aa = wasm_f32x4_splat(alpha_a), ab = wasm_f32x4_splat(alpha_b);
-  v128_t ac = wasm_f32x4_splat(alpha_c);
+static inline __attribute__((always_inline)) void value_sums(int H, const float *const *p,
+                                                             const float *v, size_t v_stride,
+                                                             int T, int dim, float *const *o,
+                                                             const float *alpha) {
   int d = 0;
   for (; d + 16 <= dim; d += 16) {
-    v128_t a0 = wasm_f32x4_mul(wasm_v128_load(oa + d), aa);
-    v128_t a1 = wasm_f32x4_mul(wasm_v128_load(oa + d + 4), aa);
-    v128_t a2 = wasm_f32x4_mul(wasm_v128_load(oa + d + 8), aa);
-    v128_t a3 = wasm_f32x4_mul(wasm_v128_load(oa + d + 12), aa);
-    v128_t b0 = wasm_f32x4_mul(wasm_v128_load(ob + d), ab);
-    v128_t b1 = wasm_f32x4_mul(wasm_v128_load(ob + d + 4), ab);
-    v128_t b2 = wasm_f32x4_mul(wasm_v128_load(ob + d + 8), ab);
-    v128_t b3 = wasm_f32x4_mul(wasm_v128_load(ob + d + 12), ab);
-    v128_t c0 = wasm_f32x4_mul(wasm_v128_load(oc + d), ac);
-    v128_t c1 = wasm_f32x4_mul(wasm_v128_load(oc + d + 4), ac);
-    v128_t c2 = wasm_f32x4_mul(wasm_v128_load(oc + d + 8), ac);
-    v128_t c3 = wasm_f32x4_mul(wasm_v128_load(oc + d + 12), ac);
+    v128_t acc[3][4];
+    for (int h = 0; h < H; h++) {
+      v128_t a4 = wasm_f32x4_splat(alpha[h]);
+      for (int j = 0; j < 4; j++) acc[h][j] = wasm_f32x4_mul(wasm_v128_load(o[h] + d + 4 * j), a4);
+    }
     for (int t = 0; t < T; t++) {
       const float *vt = v + (size_t)t * v_stride + d;
       v128_t v0 = wasm_v128_load(vt), v1 = wasm_v128_load(vt + 4);
       v128_t v2 = wasm_v128_load(vt + 8), v3 = wasm_v128_load(vt + 12);
-      v128_t x = wasm_v128_load32_splat(pa + t);
-      a0 = MADD(x, v0, a0);
-      a1 = MADD(x, v1, a1);
-      a2 = MADD(x, v2, a2);
-      a3 = MADD(x, v3, a3);
-      x = wasm_v128_load32_splat(pb + t);
-      b0 = MADD(x, v0, b0);
-      b1 = MADD(x, v1, b1);
-      b2 = MADD(x, v2, b2);
-      b3 = MADD(x, v3, b3);
-      x = wasm_v128_load32_splat(pc + t);
-      c0 = MADD(x, v0, c0);
-      c1 = MADD(x, v1, c1);
-      c2 = MADD(x, v2, c2);
-      c3 = MADD(x, v3, c3);
+      for (int h = 0; h < H; h++) {
+        v128_t x = wasm_v128_load32_splat(p[h] + t);
+        acc[h][0] = MADD(x, v0, acc[h][0]);
+        acc[h][1] = MADD(x, v1, acc[h][1]);
+        acc[h][2] = MADD(x, v2, acc[h][2]);
+        acc[h][3] = MADD(x, v3, acc[h][3]);
+      }
     }
-    wasm_v128_store(oa + d, a0);
-    wasm_v128_store(oa + d + 4, a1);
-    wasm_v128_store(oa + d + 8, a2);
-    wasm_v128_store(oa + d + 12, a3);
-    wasm_v128_store(ob + d, b0);
-    wasm_v128_store(ob + d + 4, b1);
-    wasm_v128_store(ob + d + 8, b2);
-    wasm_v128_store(ob + d + 12, b3);
-    wasm_v128_store(oc + d, c0);
-    wasm_v128_store(oc + d + 4, c1);
-    wasm_v128_store(oc + d + 8, c2);
-    wasm_v128_store(oc + d + 12, c3);
+    for (int h = 0; h < H; h++)
+      for (int j = 0; j < 4; j++) wasm_v128_store(o[h] + d + 4 * j, acc[h][j]);
   }
-  if (d < dim) {
-    weighted_value_sum(pa, v + d, v_stride, T, dim - d, oa + d, alpha_a);
-    weighted_value_sum(pb, v + d, v_stride, T, dim - d, ob + d, alpha_b);
-    weighted_value_sum(pc, v + d, v_stride, T, dim - d, oc + d, alpha_c);
-  }
+  if (d < dim)
+    for (int h = 0; h < H; h++)
+      weighted_value_sum(p[h], v + d, v_stride, T, dim - d, o[h] + d, alpha[h]);
 }
 
 /*
@@ -334,41 +261,35 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
       for (int hs = h0; hs < h1;) {
         int g = hs / group, he = (g + 1) * group < h1 ? (g + 1) * group : h1;
         const float *kg = kcache + (size_t)g * head_dim, *vg = vcache + (size_t)g * v_head_dim;
-        /* Score tiles of 3 heads (4 as 2 + 2), as the value sums take them. */
+        /* Heads in threes (4 as 2 + 2): scores, weights, then the value sums on their weights. */
         for (int h = hs; h < he;) {
           int c = he - h > 3 ? (he - h == 4 ? 2 : 3) : he - h;
           tile_scores(kg, n, a, first, k_stride, qi + (size_t)h * head_dim, head_dim, c,
                       scratch + (size_t)h * per_head, per_head);
-          h += c;
-        }
-        /* Value sums of 3 heads at a time (4 as 2 + 2), each on its own weights. */
-        for (int h = hs; h < he;) {
-          int c = he - h == 4 ? 2 : he - h > 3 ? 3 : he - h;
-          float alpha[3];
+          float alpha[3], one[3] = {1.0f, 1.0f, 1.0f}, *o[3];
+          const float *p[3], *p2[3];
           for (int j = 0; j < c; j++) {
             float *sh = scratch + (size_t)(h + j) * per_head;
             alpha[j] = tile_weights(n, scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
+            p[j] = sh;
+            p2[j] = sh + first;
+            o[j] = oi + (size_t)(h + j) * v_head_dim;
           }
-          float *s0 = scratch + (size_t)h * per_head, *o0 = oi + (size_t)h * v_head_dim;
-          float *s1 = s0 + per_head, *s2 = s1 + per_head;
-          float *o1 = o0 + v_head_dim, *o2 = o1 + v_head_dim;
           const float *va = vg + (size_t)a * v_stride;
           /* The tile's keys before a ring's wrap, then those after it (alpha 1 continues). */
-          if (c == 3) {
-            weighted_value_sum3(s0, s1, s2, va, v_stride, first, v_head_dim, o0, o1, o2, alpha[0],
-                                alpha[1], alpha[2]);
-            if (n > first)
-              weighted_value_sum3(s0 + first, s1 + first, s2 + first, vg, v_stride, n - first,
-                                  v_head_dim, o0, o1, o2, 1.0f, 1.0f, 1.0f);
-          } else if (c == 2) {
-            weighted_value_sum2(s0, s1, va, v_stride, first, v_head_dim, o0, o1, alpha[0],
-                                alpha[1]);
-            if (n > first)
-              weighted_value_sum2(s0 + first, s1 + first, vg, v_stride, n - first, v_head_dim, o0,
-                                  o1, 1.0f, 1.0f);
-          } else {
-            weighted_value_sum(s0, va, v_stride, first, v_head_dim, o0, alpha[0]);
-            if (n > first) weighted_value_sum(s0 + first, vg, v_stride, n - first, v_head_dim, o0, 1.0f);
+          switch (c) {
+            case 3:
+              value_sums(3, p, va, v_stride, first, v_head_dim, o, alpha);
+              if (n > first) value_sums(3, p2, vg, v_stride, n - first, v_head_dim, o, one);
+              break;
+            case 2:
+              value_sums(2, p, va, v_stride, first, v_head_dim, o, alpha);
+              if (n > first) value_sums(2, p2, vg, v_stride, n - first, v_head_dim, o, one);
+              break;
+            default:
+              value_sums(1, p, va, v_stride, first, v_head_dim, o, alpha);
+              if (n > first) value_sums(1, p2, vg, v_stride, n - first, v_head_dim, o, one);
+              break;
           }
           h += c;
         }
