@@ -84,6 +84,7 @@ export const BENCHES: Record<string, BenchEntry> = {
       "--prompt N        prompt tokens (default 8192)",
       "--chunk N         prefill chunk (default: the engine's)",
       "--at P,P,...      only the chunks starting at these positions",
+      "--budget SIZE     arena budget (default: the whole model); over it experts stream",
       "--threads N       compute threads (default: all cores)",
       "--json            print the report as JSON",
     ],

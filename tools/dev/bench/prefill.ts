@@ -10,10 +10,13 @@
  */
 import { Model } from "../../../engine/model.ts";
 import { Ops } from "../../../engine/ops.ts";
+import { peakRss } from "../../../engine/stats.ts";
+import { formatBytes, parseBytes } from "../../../engine/units.ts";
 
 const HELP = `usage: deno task bench prefill --model X.sluice [--prompt N] [--chunk N] [--at P,...]
-  [--threads N] [--json]
-  --model X.sluice  the container to prefill with (resident: budget = the whole model)
+  [--budget SIZE] [--threads N] [--json]
+  --model X.sluice  the container to prefill with
+  --budget SIZE     arena budget (default: the whole model resident); over it experts stream
   --prompt N        prompt tokens (default 8192); the context is N + 16
   --chunk N         prefill chunk (default: the engine's)
   --at P,P,...      only the chunks starting at these positions (multiples of the chunk)
@@ -68,7 +71,9 @@ export async function main(args: string[]): Promise<void> {
   const n = Number(flag(args, "--prompt") ?? 8192);
   const chunkArg = flag(args, "--chunk");
   const threads = flag(args, "--threads");
+  const budget = flag(args, "--budget");
   const m = await Model.open(model, {
+    budget: budget ? parseBytes(budget) : undefined,
     ctx: n + 16,
     prefillChunk: chunkArg ? Number(chunkArg) : undefined,
     threads: threads ? Number(threads) : undefined,
@@ -107,6 +112,9 @@ export async function main(args: string[]): Promise<void> {
     prompt: n,
     chunk,
     threads: m.pool.threads,
+    arena_bytes: m.plan.arenaBytes,
+    kv_bytes: m.plan.kvBytes,
+    peak_rss_bytes: peakRss(),
     chunks: perChunk.length,
     tokens,
     total_ms: total,
@@ -123,6 +131,10 @@ export async function main(args: string[]): Promise<void> {
     } s, ${report.tok_s.toFixed(1)} tok/s (${report.threads} threads, load ${
       report.load_average.map((x) => x.toFixed(1)).join(" ")
     })`,
+  );
+  console.log(
+    `  arena ${formatBytes(report.arena_bytes)} (KV cache ${formatBytes(report.kv_bytes)}), ` +
+      `peak RSS ${formatBytes(report.peak_rss_bytes)}`,
   );
   for (const [kind, e] of kernels) {
     console.log(
