@@ -48,7 +48,10 @@ export interface RunOptions {
   ctx?: number;
   /** Compute threads including the main thread (default: all cores). */
   threads?: number;
-  /** Most prompt tokens per forward call (chunked prefill; default 128, at most 512). */
+  /**
+   * Most prompt tokens per forward call (chunked prefill; default 128, or 512 at a context of
+   * 8192 or more; at most 512).
+   */
   prefillChunk?: number;
   /**
    * Sequences that can run together, each with its own KV cache or recurrent state in the arena
@@ -328,7 +331,7 @@ export function planRun(
   lookaheadWeighing: LookaheadWeighing | null;
 } {
   const ctx = Math.min(opts.ctx ?? 4096, container.config.maxPositions);
-  const prefillChunk = prefillChunkOf(opts.prefillChunk);
+  const prefillChunk = prefillChunkOf(opts.prefillChunk, ctx);
   const input = planInput(container, opts.mtp);
   const sequences = opts.parallel === "auto"
     ? defaultParallel(input, { budget: opts.budget, ctx, maxBatch: prefillChunk })

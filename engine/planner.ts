@@ -144,6 +144,21 @@ export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mt
     KERNEL_RESERVED_BYTES + CTL_BYTES;
 }
 
+/**
+ * Where the budget would hold a shorter context than `ctx` asks for, the longest one (floors grow
+ * with the context), as the tail of a below-the-floor refusal; else nothing.
+ */
+function contextHint(budget: number, ctx: number, floorAt: (ctx: number) => number): string {
+  if (ctx <= 1 || floorAt(1) > budget) return "";
+  let lo = 1, hi = ctx - 1;
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    if (floorAt(mid) <= budget) lo = mid;
+    else hi = mid - 1;
+  }
+  return `; the context is what does not fit: this budget holds a context of at most ${lo} (-c ${lo})`;
+}
+
 /** Splits `opts.budget` (or the whole model) into the sizes the engine allocates. */
 export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const { cfg, layerBytes, expertStride, totalExperts } = input;
@@ -155,17 +170,23 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     );
   }
   const mtp = input.mtp ?? false;
-  const kvBytes = sequences * kvCacheBytes(cfg, opts.ctx, opts.maxBatch, mtp);
-  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch, mtp).layerStateBytes;
-  const scratch = scratchBytes(cfg, opts.ctx, opts.maxBatch, mtp) +
-    (input.quantBytes?.(opts.maxBatch) ?? 0);
-  const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
-  const fixedBytes = input.globalsBytes + kvBytes + scratch + routers;
   const topK = cfg.moe?.topK ?? 0;
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
   const maxLayer = Math.max(0, ...layerBytes);
-  const floor = alignUp(fixedBytes + maxLayer + minExperts * expertStride, 65536);
+  const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
+  // What stays resident at a context of `ctx`: the KV cache and the RoPE tables grow with it.
+  const residentAt = (ctx: number) => {
+    const kv = sequences * kvCacheBytes(cfg, ctx, opts.maxBatch, mtp);
+    const scratch = scratchBytes(cfg, ctx, opts.maxBatch, mtp) +
+      (input.quantBytes?.(opts.maxBatch) ?? 0);
+    return { kv, scratch, fixed: input.globalsBytes + kv + scratch + routers };
+  };
+  const floorAt = (ctx: number) =>
+    alignUp(residentAt(ctx).fixed + maxLayer + minExperts * expertStride, 65536);
+  const { kv: kvBytes, scratch, fixed: fixedBytes } = residentAt(opts.ctx);
+  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch, mtp).layerStateBytes;
+  const floor = floorAt(opts.ctx);
   const wholeModelBytes = fixedBytes + trunkAll + totalExperts * expertStride;
   // The arena is made of 64 KiB wasm pages: a budget is honoured to the page.
   const budget = opts.budget !== undefined
@@ -174,8 +195,10 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   if (budget < floor) {
     throw new Error(
       `budget ${formatBytes(opts.budget ?? budget)} is below the floor of ${formatBytes(floor)} ` +
-        `(resident ${formatBytes(fixedBytes)} + one trunk slot ${formatBytes(maxLayer)} + ` +
-        `${minExperts} expert records of ${formatBytes(expertStride)})`,
+        `(resident ${formatBytes(fixedBytes)}: KV cache ${formatBytes(kvBytes)} at a context of ` +
+        `${opts.ctx}, scratch ${formatBytes(scratch)} for ${opts.maxBatch}-token passes; + one ` +
+        `trunk slot ${formatBytes(maxLayer)} + ${minExperts} expert records of ` +
+        `${formatBytes(expertStride)})` + contextHint(budget, opts.ctx, floorAt),
     );
   }
   const forTrunk = budget - fixedBytes - minExperts * expertStride;

@@ -16,6 +16,16 @@ export const MAX_PREFILL_CHUNK = 512;
  */
 export const DEFAULT_PREFILL_CHUNK = 128;
 
+/**
+ * Contexts of at least this many positions prefill {@link MAX_PREFILL_CHUNK} tokens per pass by
+ * default: a long prompt's experts then see ~4× the tokens per GEMM and every weight is read once
+ * per 512 tokens (1.2–1.3× the prefill tok/s of 128-token chunks at Qwen3-30B-A3B's width,
+ * docs/PERFORMANCE.md), for activation buffers that are small beside such a context's KV cache
+ * (84 against 32 MiB at that width). Shorter contexts keep 128, so interactive and served runs
+ * keep their smaller passes.
+ */
+export const LONG_CONTEXT = 8192;
+
 /** Largest context the KV cache may be sized for (positions). */
 export const MAX_CONTEXT = 1 << 24;
 
@@ -26,9 +36,12 @@ function wholeNumber(v: number, what: string, min: number, max: number): number 
   return v;
 }
 
-/** Checks `prefillChunk` (`--prefill-chunk`) and returns it or the default. */
-export function prefillChunkOf(v: number | undefined): number {
-  if (v === undefined) return DEFAULT_PREFILL_CHUNK;
+/**
+ * Checks `prefillChunk` (`--prefill-chunk`) and returns it or the default for a context of `ctx`
+ * positions.
+ */
+export function prefillChunkOf(v: number | undefined, ctx = 0): number {
+  if (v === undefined) return ctx >= LONG_CONTEXT ? MAX_PREFILL_CHUNK : DEFAULT_PREFILL_CHUNK;
   return wholeNumber(v, "--prefill-chunk", 1, MAX_PREFILL_CHUNK);
 }
 

@@ -245,7 +245,8 @@ for (const type of ["f32", "bf16"] as const) {
     const gemm = type === "f32" ? k.gemm_f32 : k.gemm_bf16;
     for (const rows of ROWS) {
       for (const cols of [1, 17, 4097]) {
-        for (const nb of [1, 3, 4]) {
+        // 31 columns of 4097 run as blocks of 12, 12 and 7 (kernels/gemm.c GEMM_BLOCK_FLOATS).
+        for (const nb of [1, 3, 4, 5, 6, 8, 31]) {
           reset();
           const [W, ref] = putMatrix(type, rows, cols, rows + cols);
           const xs = randomF32(nb * cols, nb * 31 + cols);
@@ -623,6 +624,11 @@ function attentionCases(): AttentionCase[] {
       keys: {},
       kIsV: true,
     },
+    // Kv heads of 8, 7 and 5 query heads (heads in tiles of 3 + 3 + 2, 3 + 2 + 2, 3 + 2), tiles
+    // of 7 and 5 keys so 4-key and 2-key score tiles end on a single key, a head size of 4k + 1.
+    { s: shape(16, 2, 21), tile: 7, pos0: 4, tokens: 6, keys: {} },
+    { s: shape(14, 2, 12), tile: 5, pos0: 0, tokens: 9, keys: { window: 5, slots: 13 } },
+    { s: shape(10, 2, 33), tile: 64, pos0: 58, tokens: 11, keys: {} },
   ];
 }
 

@@ -13,6 +13,7 @@ import {
   weighLookahead,
 } from "../engine/planner.ts";
 import { parseBytes } from "../engine/units.ts";
+import { LONG_CONTEXT, prefillChunkOf } from "../engine/run_limits.ts";
 import { loadModelConfig } from "../engine/config.ts";
 import { fixtureDir, HAVE_FIXTURES } from "./fixtures.ts";
 
@@ -57,6 +58,31 @@ Deno.test("a budget below the floor is refused with the floor in the message", (
   assert.throws(
     () => planMemory(input, { ctx: 128, maxBatch: 8, budget: p.floor - 1 }),
     /is below the floor of .*KiB|is below the floor of .*MiB/,
+  );
+});
+
+Deno.test("a context that outgrows the budget is refused with the longest one it holds", () => {
+  const short = planMemory(input, { ctx: 128, maxBatch: 8 });
+  // Room for the short context's floor but not the long one's: the KV cache is what is short.
+  const budget = Math.ceil((short.floor + 1) / 65536) * 65536;
+  let message = "";
+  try {
+    planMemory(input, { ctx: 65536, maxBatch: 8, budget });
+  } catch (e) {
+    message = (e as Error).message;
+  }
+  const m = message.match(
+    /KV cache .* at a context of 65536.*this budget holds a context of at most (\d+) \(-c \1\)/,
+  );
+  assert.ok(m, message);
+  const most = Number(m[1]);
+  assert.ok(most >= 128 && most < 65536);
+  planMemory(input, { ctx: most, maxBatch: 8, budget });
+  assert.throws(() => planMemory(input, { ctx: most + 1, maxBatch: 8, budget }), /below the floor/);
+  // Below even a one-position context's floor, no context would do: no such hint.
+  assert.throws(
+    () => planMemory(input, { ctx: 65536, maxBatch: 8, budget: 65536 }),
+    (e: Error) => /below the floor/.test(e.message) && !/holds a context/.test(e.message),
   );
 });
 
@@ -131,4 +157,12 @@ Deno.test("sizes parse with binary units", () => {
   assert.equal(parseBytes("1.5GiB"), 1.5 * 2 ** 30);
   assert.equal(parseBytes("4096"), 4096);
   assert.throws(() => parseBytes("lots"), /cannot read "lots" as a size/);
+});
+
+Deno.test("prefill chunk: 128 by default, 512 from a context of LONG_CONTEXT, a given one kept", () => {
+  assert.equal(prefillChunkOf(undefined), 128);
+  assert.equal(prefillChunkOf(undefined, LONG_CONTEXT - 1), 128);
+  assert.equal(prefillChunkOf(undefined, LONG_CONTEXT), 512);
+  assert.equal(prefillChunkOf(64, 32768), 64);
+  assert.throws(() => prefillChunkOf(513, 32768), /1\.\.512/);
 });

@@ -30,7 +30,8 @@ Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 409
 ${BUDGET_HELP}
   -m, --model PATH      the container
   -c, --ctx N           context length for the KV cache (default min(model, 4096); also --ctx-size)
-  --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)
+  --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128, 512 at -c 8192 or
+                        more; also --batch-size)
   --parallel N|auto     sequences decoding together, each with its own KV cache, as serve
                         --parallel (default 1; auto: what serve picks for the budget; also -np)
   --spec mtp            plan the multi-token-prediction layer generate --spec mtp runs (its

@@ -27,7 +27,8 @@ export const RUN_HELP = `${BUDGET_HELP}
   --readahead-depth N   expert reads kept in flight after routing (default 32)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
   --expert-slots N      cap the expert cache at N records
-  --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128; also --batch-size)
+  --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128, 512 at -c 8192 or
+                        more; also --batch-size)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
   --io direct|buffered|fallback   reader (default direct: O_DIRECT through the C shim)
   --verify              check the CRC32 of each expert record and trunk region as it is read

@@ -78,6 +78,20 @@ export const BENCHES: Record<string, BenchEntry> = {
     ],
     load: () => import("./pack.ts"),
   },
+  prefill: {
+    summary: "where a long prompt's prefill spends its time, per kernel call kind (matmuls by " +
+      "weight shape, attention, norms) and the rest",
+    options: [
+      "--model X.sluice  the container (resident)",
+      "--prompt N        prompt tokens (default 8192)",
+      "--chunk N         prefill chunk (default: the engine's)",
+      "--at P,P,...      only the chunks starting at these positions",
+      "--budget SIZE     arena budget (default: the whole model); over it experts stream",
+      "--threads N       compute threads (default: all cores)",
+      "--json            print the report as JSON",
+    ],
+    load: () => import("./prefill.ts"),
+  },
   compare: {
     summary: "sluice vs llama.cpp (node-llama-cpp, installed on demand) in RAM, over a cgroup " +
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
