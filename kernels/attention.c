@@ -30,7 +30,8 @@
 /*
  * out[d] = out[d]·alpha, then out[d] = p[t]·v_t[d] + out[d] (relaxed madd, as the dots) for t in
  * order, for every d; alpha = 1 continues a sum exactly, so two calls over consecutive segments
- * equal one.
+ * equal one. weighted_value_sum2 does the same for two heads of one kv head, sharing each load of
+ * v; a head's lanes see the same operations in either, so pairing never changes a result.
  */
 static inline void weighted_value_sum(const float *p, const float *v, size_t v_stride, int T,
                                       int dim, float *out, float alpha) {
@@ -69,133 +70,69 @@ static inline void weighted_value_sum(const float *p, const float *v, size_t v_s
   }
 }
 
-/*
- * The value sums of H (1..3) heads of one kv head, p[h] their weights, o[h] their outputs and
- * alpha[h] their rescale factors, sharing each load of v (16 dims: H·4 accumulators and 4 value
- * vectors live); the dims after the last block of 16 go head by head through weighted_value_sum.
- * A head's lanes see weighted_value_sum's operations, so grouping never changes a result.
- */
-static inline __attribute__((always_inline)) void value_sums(int H, const float *const *p,
-                                                             const float *v, size_t v_stride,
-                                                             int T, int dim, float *const *o,
-                                                             const float *alpha) {
+static inline void weighted_value_sum2(const float *pa, const float *pb, const float *v,
+                                       size_t v_stride, int T, int dim, float *oa, float *ob,
+                                       float alpha_a, float alpha_b) {
+  v128_t aa = wasm_f32x4_splat(alpha_a), ab = wasm_f32x4_splat(alpha_b);
   int d = 0;
   for (; d + 16 <= dim; d += 16) {
-    v128_t acc[3][4];
-    for (int h = 0; h < H; h++) {
-      v128_t a4 = wasm_f32x4_splat(alpha[h]);
-      for (int j = 0; j < 4; j++) acc[h][j] = wasm_f32x4_mul(wasm_v128_load(o[h] + d + 4 * j), a4);
-    }
+    v128_t a0 = wasm_f32x4_mul(wasm_v128_load(oa + d), aa);
+    v128_t a1 = wasm_f32x4_mul(wasm_v128_load(oa + d + 4), aa);
+    v128_t a2 = wasm_f32x4_mul(wasm_v128_load(oa + d + 8), aa);
+    v128_t a3 = wasm_f32x4_mul(wasm_v128_load(oa + d + 12), aa);
+    v128_t b0 = wasm_f32x4_mul(wasm_v128_load(ob + d), ab);
+    v128_t b1 = wasm_f32x4_mul(wasm_v128_load(ob + d + 4), ab);
+    v128_t b2 = wasm_f32x4_mul(wasm_v128_load(ob + d + 8), ab);
+    v128_t b3 = wasm_f32x4_mul(wasm_v128_load(ob + d + 12), ab);
     for (int t = 0; t < T; t++) {
       const float *vt = v + (size_t)t * v_stride + d;
+      v128_t x = wasm_f32x4_splat(pa[t]), y = wasm_f32x4_splat(pb[t]);
       v128_t v0 = wasm_v128_load(vt), v1 = wasm_v128_load(vt + 4);
+      a0 = MADD(x, v0, a0);
+      b0 = MADD(y, v0, b0);
+      a1 = MADD(x, v1, a1);
+      b1 = MADD(y, v1, b1);
       v128_t v2 = wasm_v128_load(vt + 8), v3 = wasm_v128_load(vt + 12);
-      for (int h = 0; h < H; h++) {
-        v128_t x = wasm_v128_load32_splat(p[h] + t);
-        acc[h][0] = MADD(x, v0, acc[h][0]);
-        acc[h][1] = MADD(x, v1, acc[h][1]);
-        acc[h][2] = MADD(x, v2, acc[h][2]);
-        acc[h][3] = MADD(x, v3, acc[h][3]);
-      }
+      a2 = MADD(x, v2, a2);
+      b2 = MADD(y, v2, b2);
+      a3 = MADD(x, v3, a3);
+      b3 = MADD(y, v3, b3);
     }
-    for (int h = 0; h < H; h++)
-      for (int j = 0; j < 4; j++) wasm_v128_store(o[h] + d + 4 * j, acc[h][j]);
+    wasm_v128_store(oa + d, a0);
+    wasm_v128_store(oa + d + 4, a1);
+    wasm_v128_store(oa + d + 8, a2);
+    wasm_v128_store(oa + d + 12, a3);
+    wasm_v128_store(ob + d, b0);
+    wasm_v128_store(ob + d + 4, b1);
+    wasm_v128_store(ob + d + 8, b2);
+    wasm_v128_store(ob + d + 12, b3);
   }
-  if (d < dim)
-    for (int h = 0; h < H; h++)
-      weighted_value_sum(p[h], v + d, v_stride, T, dim - d, o[h] + d, alpha[h]);
+  /* The rest of the dims (fewer than 16) one head at a time, as weighted_value_sum does them. */
+  if (d < dim) {
+    weighted_value_sum(pa, v + d, v_stride, T, dim - d, oa + d, alpha_a);
+    weighted_value_sum(pb, v + d, v_stride, T, dim - d, ob + d, alpha_b);
+  }
 }
 
-/*
- * Scores of the R keys k[i] against C query heads at q + j*head_dim (j < C), into s[j*ss + i]:
- * the GEMM's register tile (kernels/gemm.c), keys as the rows. Each (key, head) sum runs in
- * dot.h's order, as the pass a and pass b chains, so a score is dot1_f32(k, q) bit for bit
- * whatever keys and heads share its tile. Per step R key vectors and C query vectors are loaded
- * for R·C multiply-adds, where a row dot loads 2 (dot1) or 1.25 (dot4) per multiply-add.
- */
-#define SCORE_STEP(acc, c, R, C)                                                           \
-  do {                                                                                     \
-    v128_t w[R];                                                                           \
-    for (int i = 0; i < R; i++) w[i] = wasm_v128_load(k[i] + (c));                         \
-    for (int j = 0; j < C; j++) {                                                          \
-      v128_t xv = wasm_v128_load(q + j * (size_t)hd + (c));                                \
-      for (int i = 0; i < R; i++) acc[i][j] = MADD(w[i], xv, acc[i][j]);                   \
-    }                                                                                      \
-  } while (0)
-
-#define DEFINE_SCORE_TILE(R, C)                                                            \
-  static inline __attribute__((always_inline)) void score_tile_##R##x##C(                 \
-      const float *const *k, const float *q, int hd, float *s, size_t ss) {                \
-    v128_t a[R][C], b[R][C];                                                               \
-    for (int i = 0; i < R; i++)                                                            \
-      for (int j = 0; j < C; j++) a[i][j] = b[i][j] = wasm_f32x4_splat(0.0f);              \
-    int c = 0;                                                                             \
-    for (; c + 8 <= hd; c += 8) SCORE_STEP(a, c, R, C);                                    \
-    if (c + 4 <= hd) SCORE_STEP(a, c, R, C);                                               \
-    for (c = 0; c + 8 <= hd; c += 8) SCORE_STEP(b, c + 4, R, C);                           \
-    c = hd & ~3;                                                                           \
-    if (c < hd) {                                                                          \
-      int m = hd - c;                                                                      \
-      v128_t w[R];                                                                         \
-      for (int i = 0; i < R; i++) w[i] = load_tail_f32(k[i] + c, m);                       \
-      for (int j = 0; j < C; j++) {                                                        \
-        v128_t xv = load_tail_f32(q + j * (size_t)hd + c, m);                              \
-        for (int i = 0; i < R; i++) b[i][j] = MADD(w[i], xv, b[i][j]);                     \
-      }                                                                                    \
-    }                                                                                      \
-    for (int j = 0; j < C; j++)                                                            \
-      for (int i = 0; i < R; i++) s[j * ss + i] = hsum_f32x4(wasm_f32x4_add(a[i][j], b[i][j])); \
-  }
-
-DEFINE_SCORE_TILE(2, 1)
-DEFINE_SCORE_TILE(2, 2)
-DEFINE_SCORE_TILE(2, 3)
-DEFINE_SCORE_TILE(2, 4)
-DEFINE_SCORE_TILE(2, 5)
-DEFINE_SCORE_TILE(2, 6)
-DEFINE_SCORE_TILE(4, 1)
-DEFINE_SCORE_TILE(4, 2)
-DEFINE_SCORE_TILE(4, 3)
-
-/*
- * Raw scores of n keys (slots a .. a + first − 1, then 0 ..: a ring's wrap) against the C heads at
- * q, head j's into s + j*ss. Up to 3 heads take keys four at a time (four key streams: a decode
- * query reads its keys from memory, and 2-key tiles of 4 heads ran its attention 10–20% slower
- * than the per-head 4-key dots before them), then two at a time; an odd last key is paired with
- * itself, its copy landing in the padding slot s[n] (n < the tile rounded up to 4), which
- * tile_weights fills. Tiles of 3 keys × 4 heads and 3 × 5 were no faster (docs/LEARNED.md).
- */
-static inline void tile_scores(const float *kc, int n, int a, int first, size_t k_stride,
-                               const float *q, int hd, int C, float *s, size_t ss) {
-#define KEY(t) (kc + (size_t)((t) < first ? a + (t) : (t) - first) * k_stride)
+/* s[t] = dot(k_t, q) for T consecutive keys k_stride floats apart (dot4 and dot1 agree per key). */
+static inline void key_scores(const float *k, size_t k_stride, const float *q, int head_dim, int T,
+                              float *s) {
   int t = 0;
-  if (C <= 3)
-    for (; t + 4 <= n; t += 4) {
-      const float *k[4] = {KEY(t), KEY(t + 1), KEY(t + 2), KEY(t + 3)};
-      if (C == 3) score_tile_4x3(k, q, hd, s + t, ss);
-      else if (C == 2) score_tile_4x2(k, q, hd, s + t, ss);
-      else score_tile_4x1(k, q, hd, s + t, ss);
-    }
-  for (; t < n; t += 2) {
-    const float *k[2] = {KEY(t), KEY(t + 1 < n ? t + 1 : t)};
-    switch (C) {
-      case 6: score_tile_2x6(k, q, hd, s + t, ss); break;
-      case 5: score_tile_2x5(k, q, hd, s + t, ss); break;
-      case 4: score_tile_2x4(k, q, hd, s + t, ss); break;
-      case 3: score_tile_2x3(k, q, hd, s + t, ss); break;
-      case 2: score_tile_2x2(k, q, hd, s + t, ss); break;
-      default: score_tile_2x1(k, q, hd, s + t, ss); break;
-    }
-  }
-#undef KEY
+  for (; t + 4 <= T; t += 4) dot4_f32(k + (size_t)t * k_stride, k_stride, q, head_dim, s + t, 1);
+  for (; t < T; t++) s[t] = dot1_f32(k + (size_t)t * k_stride, q, head_dim);
 }
 
 /*
- * One query head's raw scores s[0 .. n) of one tile (padded to a multiple of 4) turned into the
- * weights e^(s·scale − m'), its running max *m and sum *l updated; returns e^(m − m'), the factor
- * the output is rescaled by.
+ * One query head over positions x0 .. x0 + n − 1 (one tile's share), whose keys start at slot a
+ * and run `first` slots before the ring wraps to slot 0: the weights e^(s − m') into s (padded to
+ * a multiple of 4), the running max *m and sum *l updated; returns e^(m − m'), the factor the
+ * output is rescaled by.
  */
-static inline float tile_weights(int n, float scale, float *s, float *m, float *l) {
+static inline float tile_weights(const float *qh, const float *k, int n, int a, int first,
+                                 size_t k_stride, int head_dim, float scale, float *s, float *m,
+                                 float *l) {
+  key_scores(k + (size_t)a * k_stride, k_stride, qh, head_dim, first, s);
+  key_scores(k, k_stride, qh, head_dim, n - first, s + first);
   int n4 = (n + 3) & ~3;
   for (int t = n; t < n4; t++) s[t] = -F32_INF;
   v128_t sc = wasm_f32x4_splat(scale), mv = wasm_f32x4_splat(*m);
@@ -257,43 +194,29 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
       int first = slots > 0 && a + n > slots ? slots - a : n;
       const float *qi = q + (size_t)i * q_stride;
       float *oi = out + (size_t)i * out_stride;
-      /* The heads of one kv head at a time: they share every key and value load. */
-      for (int hs = h0; hs < h1;) {
-        int g = hs / group, he = (g + 1) * group < h1 ? (g + 1) * group : h1;
+      for (int h = h0; h < h1; h++) {
+        int g = h / group;
         const float *kg = kcache + (size_t)g * head_dim, *vg = vcache + (size_t)g * v_head_dim;
-        /* Heads in threes (4 as 2 + 2): scores, weights, then the value sums on their weights. */
-        for (int h = hs; h < he;) {
-          int c = he - h > 3 ? (he - h == 4 ? 2 : 3) : he - h;
-          tile_scores(kg, n, a, first, k_stride, qi + (size_t)h * head_dim, head_dim, c,
-                      scratch + (size_t)h * per_head, per_head);
-          float alpha[3], one[3] = {1.0f, 1.0f, 1.0f}, *o[3];
-          const float *p[3], *p2[3];
-          for (int j = 0; j < c; j++) {
-            float *sh = scratch + (size_t)(h + j) * per_head;
-            alpha[j] = tile_weights(n, scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
-            p[j] = sh;
-            p2[j] = sh + first;
-            o[j] = oi + (size_t)(h + j) * v_head_dim;
-          }
-          const float *va = vg + (size_t)a * v_stride;
-          /* The tile's keys before a ring's wrap, then those after it (alpha 1 continues). */
-          switch (c) {
-            case 3:
-              value_sums(3, p, va, v_stride, first, v_head_dim, o, alpha);
-              if (n > first) value_sums(3, p2, vg, v_stride, n - first, v_head_dim, o, one);
-              break;
-            case 2:
-              value_sums(2, p, va, v_stride, first, v_head_dim, o, alpha);
-              if (n > first) value_sums(2, p2, vg, v_stride, n - first, v_head_dim, o, one);
-              break;
-            default:
-              value_sums(1, p, va, v_stride, first, v_head_dim, o, alpha);
-              if (n > first) value_sums(1, p2, vg, v_stride, n - first, v_head_dim, o, one);
-              break;
-          }
-          h += c;
+        float *sh = scratch + (size_t)h * per_head;
+        float alpha = tile_weights(qi + (size_t)h * head_dim, kg, n, a, first, k_stride, head_dim,
+                                   scale, sh, sh + tile4 + i, sh + tile4 + n_tok + i);
+        float *oh = oi + (size_t)h * v_head_dim;
+        if (h + 1 < h1 && (h + 1) / group == g) {
+          /* The next head reads the same kv head: both share each load of the values. */
+          float *sh2 = sh + per_head, *oh2 = oh + v_head_dim;
+          float alpha2 =
+              tile_weights(qi + (size_t)(h + 1) * head_dim, kg, n, a, first, k_stride, head_dim,
+                           scale, sh2, sh2 + tile4 + i, sh2 + tile4 + n_tok + i);
+          weighted_value_sum2(sh, sh2, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh,
+                              oh2, alpha, alpha2);
+          if (n > first)
+            weighted_value_sum2(sh + first, sh2 + first, vg, v_stride, n - first, v_head_dim, oh,
+                                oh2, 1.0f, 1.0f);
+          h++;
+          continue;
         }
-        hs = he;
+        weighted_value_sum(sh, vg + (size_t)a * v_stride, v_stride, first, v_head_dim, oh, alpha);
+        if (n > first) weighted_value_sum(sh + first, vg, v_stride, n - first, v_head_dim, oh, 1.0f);
       }
     }
   }

@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { parseArgs } from "node:util";
 import { Model } from "../../../engine/model.ts";
 import { Ops } from "../../../engine/ops.ts";
 import { peakRss } from "../../../engine/stats.ts";
@@ -58,29 +59,43 @@ function instrument(prof: Profile): () => void {
   return () => saved.forEach(([name, fn]) => proto[name] = fn);
 }
 
-function flag(args: string[], name: string): string | undefined {
-  const i = args.indexOf(name);
-  return i >= 0 ? args[i + 1] : undefined;
+/** A whole number ≥ `min` from flag `name`, or an error naming the flag. */
+function count(name: string, value: string | undefined, min: number): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!(Number.isInteger(n) && n >= min)) {
+    throw new Error(`--${name} expects a whole number ≥ ${min}, got "${value}"`);
+  }
+  return n;
 }
 
 /** Runs the bench with its command-line arguments. */
 export async function main(args: string[]): Promise<void> {
-  if (args.includes("--help") || args.includes("-h")) return console.log(HELP);
-  const model = flag(args, "--model");
-  if (!model) throw new Error("bench prefill: --model X.sluice is required\n" + HELP);
-  const n = Number(flag(args, "--prompt") ?? 8192);
-  const chunkArg = flag(args, "--chunk");
-  const threads = flag(args, "--threads");
-  const budget = flag(args, "--budget");
-  const m = await Model.open(model, {
-    budget: budget ? parseBytes(budget) : undefined,
+  const { values: v } = parseArgs({
+    args,
+    options: {
+      model: { type: "string" },
+      budget: { type: "string" },
+      prompt: { type: "string" },
+      chunk: { type: "string" },
+      at: { type: "string" },
+      threads: { type: "string" },
+      json: { type: "boolean", default: false },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  });
+  if (v.help) return console.log(HELP);
+  if (!v.model) throw new Error("--model X.sluice is required\n" + HELP);
+  const n = count("prompt", v.prompt, 1) ?? 8192;
+  const m = await Model.open(v.model, {
+    budget: v.budget ? parseBytes(v.budget) : undefined,
     ctx: n + 16,
-    prefillChunk: chunkArg ? Number(chunkArg) : undefined,
-    threads: threads ? Number(threads) : undefined,
+    prefillChunk: count("chunk", v.chunk, 1),
+    threads: count("threads", v.threads, 1),
     quiet: true,
   });
   const chunk = m.prefillChunk;
-  const at = flag(args, "--at")?.split(",").map(Number) ??
+  const at = v.at?.split(",").map((p) => count("at", p, 0) as number) ??
     Array.from({ length: Math.ceil(n / chunk) }, (_, i) => i * chunk);
   const prof: Profile = new Map();
   const perChunk: { pos: number; ms: number }[] = [];
@@ -108,7 +123,7 @@ export async function main(args: string[]): Promise<void> {
   const kernels = [...prof.entries()].sort((a, b) => b[1].ms - a[1].ms);
   const inKernels = kernels.reduce((s, [, e]) => s + e.ms, 0);
   const report = {
-    model,
+    model: v.model,
     prompt: n,
     chunk,
     threads: m.pool.threads,
@@ -124,7 +139,7 @@ export async function main(args: string[]): Promise<void> {
     rest_ms: total - inKernels,
     per_chunk: perChunk,
   };
-  if (args.includes("--json")) return console.log(JSON.stringify(report));
+  if (v.json) return console.log(JSON.stringify(report));
   console.log(
     `prefill ${tokens} tokens in ${perChunk.length} chunks of ${chunk}: ${
       (total / 1000).toFixed(2)
