@@ -217,15 +217,27 @@ export function openReader(memory: WebAssembly.Memory, opts: ReaderOptions = {})
   });
 }
 
+/** Runs `fn`; a failed read is rethrown with `what` (the layer or expert it was for) in front. */
+function naming<T>(what: string, fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    throw new Error(`${what}: ${(e as Error).message}`);
+  }
+}
+
 /**
  * Waits for `tickets`; a failed read is rethrown with `what` (the layer or expert it was for) in
  * front of the reader's message, which names the file and offset. The tickets not reached stay
  * in flight for the owner's abandon().
  */
 export function waitAll(reader: BlockReader, tickets: ReadTicket[], what: string): void {
-  try {
+  naming(what, () => {
     for (const t of tickets) reader.wait(t);
-  } catch (e) {
-    throw new Error(`${what}: ${(e as Error).message}`);
-  }
+  });
+}
+
+/** Whether every one of `tickets` has landed, without waiting; a failed read throws as in waitAll. */
+export function pollAll(reader: BlockReader, tickets: ReadTicket[], what: string): boolean {
+  return naming(what, () => tickets.every((t) => reader.poll(t)));
 }

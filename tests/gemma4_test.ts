@@ -273,9 +273,18 @@ Deno.test({
       assert.equal(small[l], 1024 * 2 * 32 * 4, `full layer ${l}`);
       assert.equal(large[l], 4 * small[l]);
     }
-    // `plan` lists every layer's state: the sliding layers' rings the same at any context.
+    // `plan` lists every layer's state: the sliding layers' rings the same at any context. A ring
+    // also holds a pass's rows, so the chunk is fixed (by default it grows at -c 8192).
     const lines = async (ctx: number) => {
-      const run = await runSluice(["plan", "-m", path, "-c", String(ctx)]);
+      const run = await runSluice([
+        "plan",
+        "-m",
+        path,
+        "-c",
+        String(ctx),
+        "--prefill-chunk",
+        "128",
+      ]);
       assert.equal(run.code, 0, run.stderr);
       return run.stdout.split("\n").filter((l) => l.startsWith("layer "));
     };

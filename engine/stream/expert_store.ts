@@ -16,6 +16,7 @@ import { type ExpertCache, expertKey } from "./expert_cache.ts";
 import {
   type BlockReader,
   type DiskStats,
+  pollAll,
   ReadPriority,
   type ReadTicket,
   waitAll,
@@ -374,7 +375,7 @@ export class ExpertStore implements ExpertSource {
     const key = this.#key(layer, expert);
     if (!this.#held.has(key) || this.#misses.has(key)) return false;
     const f = this.#inflight.get(key);
-    return !f || f.tickets.every((t) => this.#reader.poll(t));
+    return !f || pollAll(this.#reader, f.tickets, `expert ${f.expert} of layer ${f.layer}`);
   }
 
   release(layer: number, expert: number): void {
