@@ -11,8 +11,8 @@ import { join } from "node:path";
 import { synthCheckpoint, type SynthOverrides } from "../tools/synth.ts";
 import { tempDir } from "./fixtures.ts";
 
-/** tiny-deepseek-v4's sizes with a 64-wide indexer head. */
-export const DEEPSEEK4_GGUF_DIMS: SynthOverrides = {
+/** tiny-deepseek-v4-fp8's sizes, for the synthesiser (README "config.json"). */
+export const DEEPSEEK4_FIXTURE_DIMS: SynthOverrides = {
   hidden: 64,
   layers: 6,
   experts: 16,
@@ -27,12 +27,15 @@ export const DEEPSEEK4_GGUF_DIMS: SynthOverrides = {
   oLoraRank: 16,
   window: 16,
   indexHeads: 32,
-  indexHeadDim: 64,
+  indexHeadDim: 16,
   indexTopK: 4,
   hashLayers: 3,
   hcMult: 4,
   maxPositions: 1048576,
 };
+
+/** tiny-deepseek-v4's sizes with a 64-wide indexer head. */
+export const DEEPSEEK4_GGUF_DIMS: SynthOverrides = { ...DEEPSEEK4_FIXTURE_DIMS, indexHeadDim: 64 };
 
 let made: Promise<string> | null = null;
 

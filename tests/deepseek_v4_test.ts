@@ -19,7 +19,8 @@ import { hfExpertName } from "../engine/tensor_names.ts";
 import { decodeDtypeToF32, readF32 } from "../io/checkpoint_weights.ts";
 import { readExpertRecord } from "../io/container.ts";
 import { type Checkpoint, openCheckpoint } from "../io/safetensors.ts";
-import { synthCheckpoint, type SynthOverrides, synthShape, synthTensors } from "../tools/synth.ts";
+import { synthCheckpoint, synthShape, synthTensors } from "../tools/synth.ts";
+import { DEEPSEEK4_FIXTURE_DIMS } from "./deepseek4_synth.ts";
 import {
   assertNearReference,
   checkPromptCache,
@@ -306,29 +307,6 @@ Deno.test({
   },
 });
 
-/** tiny-deepseek-v4-fp8's sizes, for the synthesiser (README "config.json"). */
-const FIXTURE_DIMS: SynthOverrides = {
-  hidden: 64,
-  layers: 6,
-  experts: 16,
-  topK: 4,
-  expertInter: 32,
-  vocab: 512,
-  heads: 4,
-  headDim: 32,
-  ropeDim: 8,
-  qLoraRank: 32,
-  oGroups: 2,
-  oLoraRank: 16,
-  window: 16,
-  indexHeads: 32,
-  indexHeadDim: 16,
-  indexTopK: 4,
-  hashLayers: 3,
-  hcMult: 4,
-  maxPositions: 1048576,
-};
-
 Deno.test({
   name: "synth deepseek_v4 at the fixture's sizes: tiny-deepseek-v4-fp8's names, dtypes, shapes",
   ignore: !hasFixture(V4_FP8),
@@ -338,7 +316,7 @@ Deno.test({
       arch: "deepseek_v4",
       out,
       size: 1e6,
-      overrides: FIXTURE_DIMS,
+      overrides: DEEPSEEK4_FIXTURE_DIMS,
       progress: "off",
       log: () => {},
     });
