@@ -93,6 +93,8 @@ interface Draft {
 /** Something that proposes tokens to follow `history`. */
 interface Drafter {
   draft(history: readonly number[], k: number): Draft;
+  /** Told whether the next pass runs without drafts (true) or with them. */
+  idle?(idle: boolean): void;
 }
 
 /** Prompt lookup: the tokens after the latest earlier occurrence of the context's last n-gram. */
@@ -174,7 +176,8 @@ function greedyDraft(logits: Float32Array, hist: readonly number[], o: SamplerOp
 
 /**
  * The model's multi-token-prediction layer as a drafter (engine/transformer.ts runs it beside
- * every pass, so its cache holds every settled position): the first draft reads the main
+ * every pass, so its cache holds every settled position, except while the gate has drafting
+ * shut): the first draft reads the main
  * hidden state of the position before the pending token and the pending token, each next one
  * the hidden state the step before returns and the draft before. Drafts are the (penalised)
  * argmax, a one-hot q even when sampling, so the target's tokens are those of plain decoding at
@@ -207,6 +210,10 @@ class MtpDrafter implements Drafter {
       hidden = step.hidden;
     }
     return { tokens, q: null };
+  }
+
+  idle(idle: boolean): void {
+    this.#model.transformer.mtpIdle(this.#seq, idle);
   }
 }
 
@@ -504,6 +511,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
     return yield* rounds();
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
+    drafter?.idle?.(false);
   }
   async function* rounds(): AsyncGenerator<DecodedToken, DecodeEnd> {
     while (generated < s.maxTokens) {
@@ -518,6 +526,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
       );
       const wants = drafter !== null && room > 0 && gate.drafting;
       if (drafter !== null && room > 0 && !wants) counters.gated++;
+      drafter?.idle?.(!wants);
       const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
       const nd = draft.tokens.length;
       if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));

@@ -115,6 +115,9 @@ export class Transformer {
   /** Per sequence: passes that ran rows on its state. */
   #writes: number[];
   #mtp: MtpState | null = null;
+  /** Sequences whose MTP cache is not kept up while their drafting is shut off. */
+  #mtpIdle = new Set<number>();
+  #mtpCacheRows = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -326,6 +329,11 @@ export class Transformer {
     return this.#mtp !== null;
   }
 
+  /** Rows the MTP layer has run to keep its cache (drafting steps aside). */
+  get mtpCacheRows(): number {
+    return this.#mtpCacheRows;
+  }
+
   /**
    * The main pass's hidden state at position `pos` of sequence `seq` after the final norm (what
    * the LM head reads, and what the MTP layer was trained on), when its last pass ran that
@@ -349,7 +357,8 @@ export class Transformer {
     const m = this.#mtp!, d = this.cfg.hiddenSize;
     const before = this.mtpHidden(r.seq, r.pos - 1);
     const n = r.tokens.length - 1 + (before ? 1 : 0);
-    if (n > 0) {
+    if (n > 0 && !this.#mtpIdle.has(r.seq)) {
+      this.#mtpCacheRows += n;
       const hidden = new Float32Array(n * d);
       if (before) hidden.set(before);
       hidden.set(rows.subarray(0, (r.tokens.length - 1) * d), before ? d : 0);
@@ -357,6 +366,16 @@ export class Transformer {
       this.#mtpRun(r.seq, hidden, tokens, before ? r.pos - 1 : r.pos);
     }
     m.last[r.seq] = { pos: r.pos, rows };
+  }
+
+  /**
+   * Stops (`idle` true) or resumes keeping sequence `seq`'s MTP cache beside its passes: while
+   * drafting does not pay the layer costs a pass for nothing. Positions passed while idle keep
+   * stale cache rows, which can only lower later drafts' acceptance, never change a token.
+   */
+  mtpIdle(seq: number, idle: boolean): void {
+    if (idle) this.#mtpIdle.add(seq);
+    else this.#mtpIdle.delete(seq);
   }
 
   /**

@@ -302,3 +302,49 @@ Deno.test({
     assert.ok(layers.length > 0 && layers.every((l) => l >= 1 && l < 4), `${new Set(layers)}`);
   },
 });
+
+Deno.test({
+  name: "an idle MTP layer keeps no cache rows, and drafting shut by the gate leaves it idle",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const plain = await Model.open(path, OPTS);
+    const m = await Model.open(path, { ...OPTS, mtp: true });
+    try {
+      const t = m.transformer, ids = [...ONCE_UPON_A_TIME];
+      assert.deepEqual(m.forward(ids, 0), plain.forward(ids, 0));
+      // Position p needs the token at p + 1: a prompt of n fills n − 1 rows.
+      assert.equal(t.mtpCacheRows, ids.length - 1);
+      t.mtpIdle(0, true);
+      for (let p = ids.length; p < ids.length + 4; p++) {
+        assert.deepEqual(m.forward([p % 300], p), plain.forward([p % 300], p));
+      }
+      assert.equal(t.mtpCacheRows, ids.length - 1, "idle: no rows run");
+      t.mtpIdle(0, false);
+      m.forward([7], ids.length + 4);
+      assert.equal(t.mtpCacheRows, ids.length, "resumed: the row before the pass");
+      assert.ok(t.mtpHidden(0, ids.length + 4) !== null, "drafts can start again at once");
+    } finally {
+      plain.close();
+      m.close();
+    }
+    // Through the decode loop with the gate deciding: the tokens stay plain decoding's, and the
+    // passes it ran without drafts kept no MTP rows.
+    const s = await Session.open(path, { ...OPTS, spec: { mtp: true } });
+    const p = await Session.open(path, OPTS);
+    try {
+      const prompt = s.tokenize(PROMPT_TEXT);
+      const want = [], got = [];
+      for await (const x of p.generate(prompt, { ignoreEos: true, maxTokens: 96 })) want.push(x.id);
+      for await (const x of s.generate(prompt, { ignoreEos: true, maxTokens: 96 })) got.push(x.id);
+      assert.deepEqual(got, want);
+      // A pass with drafts keeps its rows (the pending token and each draft); one without, none.
+      const c = s.timings.decode;
+      const kept = prompt.length - 1 + (c.passes - c.gated) + c.drafted;
+      assert.ok(s.model.transformer.mtpCacheRows <= kept, `${JSON.stringify(c)}`);
+    } finally {
+      s.close();
+      p.close();
+    }
+  },
+});
