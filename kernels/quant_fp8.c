@@ -20,7 +20,7 @@
 #include "quant.h"
 
 /* Widest column group of gemm_fp8b128, and the rows it takes through all groups at once. */
-#define FP8_GN_MAX 64
+#define FP8_GN_MAX 16
 #define FP8_RB 32
 
 #define F32_2P120 0x7b800000
@@ -211,10 +211,9 @@ void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, 
 
 /*
  * Row w against the C batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
- * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all C columns:
- * the decode, not the multiply, bounds this loop, so a wide C pays even though V8 then keeps
- * some sums on its stack (C = 64 is 3.6x C = 4 at 128 columns, docs/PERFORMANCE.md). Returns
- * whether the row holds a NaN code.
+ * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all C columns.
+ * C = 16 holds 32 sums, more than V8's registers, yet beats C = 4 by 1.2x; C = 32 and 64 spill
+ * too much (docs/PERFORMANCE.md). Returns whether the row holds a NaN code.
  */
 static inline __attribute__((always_inline)) int
 fp8_row_tile(const uint8_t *w, const float *s, const float *X, int cols, float *Y, size_t rows,
@@ -269,13 +268,13 @@ fp8_gemm_groups(const uint8_t *W, const float *S, const float *X, float *Y, int 
 }
 
 /* Each width's loops compiled once, C a constant. */
-static void fp8_gemm_64(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
-                        int cols, int b0, int groups, int r0, int r1) {
-  fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 64);
-}
 static void fp8_gemm_16(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
                         int cols, int b0, int groups, int r0, int r1) {
   fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 16);
+}
+static void fp8_gemm_8(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
+                       int cols, int b0, int groups, int r0, int r1) {
+  fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 8);
 }
 static void fp8_gemm_4(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
                        int cols, int b0, int groups, int r0, int r1) {
@@ -285,7 +284,7 @@ static void fp8_gemm_4(const uint8_t *W, const float *S, const float *X, float *
 /*
  * Y[b*rows + r] = sum_c w[r, c] * X[b*cols + c] for the nb columns of X and r in [r0, r1): every
  * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output). Columns
- * go 64, then 16, then 4 at a time through fp8_row_tile; the last nb % 4 through the matvec,
+ * go 16, then 8, then 4 at a time through fp8_row_tile; the last nb % 4 through the matvec,
  * which is faster per column than a tile of 1-3 (its four rows share each load of x).
  */
 KEXPORT("gemm_fp8b128")
@@ -294,10 +293,10 @@ void gemm_fp8b128(const uint8_t *W, const float *S, const float *X, float *Y, in
   if (r1 > rows) r1 = rows;
   int r = r0 < 0 ? 0 : r0, b = 0;
   if (r >= r1) return;
-  fp8_gemm_64(W, S, X, Y, rows, cols, b, nb / 64, r, r1);
-  b += nb / 64 * 64;
-  fp8_gemm_16(W, S, X, Y, rows, cols, b, (nb - b) / 16, r, r1);
-  b += (nb - b) / 16 * 16;
+  fp8_gemm_16(W, S, X, Y, rows, cols, b, nb / 16, r, r1);
+  b += nb / 16 * 16;
+  fp8_gemm_8(W, S, X, Y, rows, cols, b, (nb - b) / 8, r, r1);
+  b += (nb - b) / 8 * 8;
   fp8_gemm_4(W, S, X, Y, rows, cols, b, (nb - b) / 4, r, r1);
   for (b += (nb - b) / 4 * 4; b < nb; b++)
     matvec_fp8b128(W, S, X + (size_t)b * (size_t)cols, Y + (size_t)b * rows, rows, cols, r0, r1);
