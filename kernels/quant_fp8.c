@@ -19,6 +19,9 @@
  */
 #include "quant.h"
 
+/* Widest column group of gemm_fp8b128. */
+#define FP8_GN_MAX 16
+
 #define F32_2P120 0x7b800000
 
 /* One e4m3fn code as f32; the scalar twin of the vector decoder below, bit for bit. */
@@ -206,64 +209,91 @@ void matvec_fp8b128(const uint8_t *W, const float *S, const float *x, float *y, 
 }
 
 /*
- * Row w against the 4 batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
- * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all 4 columns;
- * 8 columns at a time keep 2 weight vectors and 4 sums live. Returns whether the row holds a NaN
- * code.
+ * Row w against the C batch columns at X (cols floats apart), each sum as fp8_dot4 forms it, to
+ * Y[j * rows]. Every 8 codes are decoded once (2^120 on the weights) and used for all C columns.
+ * C = 16 holds 32 sums, more than V8's registers, yet beats C = 4 by 1.2x; C = 32 and 64 spill
+ * too much (docs/PERFORMANCE.md). Returns whether the row holds a NaN code.
  */
-static int fp8_row_tile(const uint8_t *w, const float *s, const float *X, int cols, float *Y,
-                        size_t rows) {
-  enum { C = 4 };
+static inline __attribute__((always_inline)) int
+fp8_row_tile(const uint8_t *w, const float *s, const float *X, int cols, float *Y, size_t rows,
+             const int C) {
   fp8_consts k = fp8_consts_make(X);
-  v128_t z = k.zero, top = z, acc[4], p[4];
+  v128_t z = k.zero, top = z, acc[FP8_GN_MAX], p[FP8_GN_MAX];
   int nan = 0;
-  for (int j = 0; j < C; j++) acc[j] = z;
+  _Pragma("clang loop unroll(full)") for (int j = 0; j < C; j++) acc[j] = z;
   for (int c0 = 0, cb = 0; c0 < cols; c0 += 128, cb++) {
     int c1 = cols - c0 < 128 ? cols : c0 + 128, cv = c0 + ((c1 - c0) & ~15);
-    for (int j = 0; j < C; j++) p[j] = z;
+    _Pragma("clang loop unroll(full)") for (int j = 0; j < C; j++) p[j] = z;
     for (int c = c0; c < cv; c += 8) {
       v128_t v = wasm_v128_load64_zero(w + c), f0, f1;
       top = wasm_u8x16_max(top, wasm_v128_or(v, k.top));
       FP8_HALF(k, v, 0, f0, f1);
       f0 = wasm_f32x4_mul(f0, k.rebias);
       f1 = wasm_f32x4_mul(f1, k.rebias);
-      for (int j = 0; j < C; j++) {
+      _Pragma("clang loop unroll(full)") for (int j = 0; j < C; j++) {
         const float *x = X + (size_t)j * cols + c;
         p[j] = wasm_f32x4_relaxed_madd(f0, wasm_v128_load(x), p[j]);
         p[j] = wasm_f32x4_relaxed_madd(f1, wasm_v128_load(x + 4), p[j]);
       }
     }
     v128_t sc = wasm_f32x4_splat(s[cb]);
-    for (int j = 0; j < C; j++) {
+    _Pragma("clang loop unroll(full)") for (int j = 0; j < C; j++) {
       if (cv < c1) p[j] = fp8_tail(p[j], w, X + (size_t)j * cols, cv, c1, &nan);
       acc[j] = wasm_f32x4_relaxed_madd(p[j], sc, acc[j]);
     }
   }
-  for (int j = 0; j < C; j++) Y[j * rows] = hsum_f32x4(acc[j]);
+  _Pragma("clang loop unroll(full)") for (int j = 0; j < C; j++) Y[j * rows] = hsum_f32x4(acc[j]);
   return nan || wasm_v128_any_true(wasm_i8x16_eq(top, wasm_i8x16_splat(-1)));
 }
 
 /*
+ * Columns [b0, b0 + C * groups) of the gemm below, rows [r0, r1) through each group in turn (the
+ * group's x stays in cache; blocking the rows as well measured no faster).
+ */
+static inline __attribute__((always_inline)) void
+fp8_gemm_groups(const uint8_t *W, const float *S, const float *X, float *Y, int rows, int cols,
+                int b0, int groups, int r0, int r1, const int C) {
+  size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
+  for (int b = b0; b < b0 + C * groups; b += C)
+    for (int r = r0; r < r1; r++) {
+      float *y = Y + (size_t)b * rows + r;
+      if (fp8_row_tile(W + (size_t)r * n, S + (size_t)(r / 128) * nsb, X + (size_t)b * n, cols, y,
+                       (size_t)rows, C))
+        for (int j = 0; j < C; j++) y[(size_t)j * rows] = __builtin_nanf("");
+    }
+}
+
+/* Each width's loops compiled once, C a constant. */
+static void fp8_gemm_16(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
+                        int cols, int b0, int groups, int r0, int r1) {
+  fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 16);
+}
+static void fp8_gemm_8(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
+                       int cols, int b0, int groups, int r0, int r1) {
+  fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 8);
+}
+static void fp8_gemm_4(const uint8_t *W, const float *S, const float *X, float *Y, int rows,
+                       int cols, int b0, int groups, int r0, int r1) {
+  fp8_gemm_groups(W, S, X, Y, rows, cols, b0, groups, r0, r1, 4);
+}
+
+/*
  * Y[b*rows + r] = sum_c w[r, c] * X[b*cols + c] for the nb columns of X and r in [r0, r1): every
- * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output). Groups of
- * 4 columns decode each row once for the 4; the last nb % 4 columns go through the matvec, which
- * is faster per column than a tile of 1-3 (its four rows share each load of x).
+ * column equal to matvec_fp8b128 of it, bit for bit (so batching never changes output). Columns
+ * go 16, then 8, then 4 at a time through fp8_row_tile; the last nb % 4 through the matvec,
+ * which is faster per column than a tile of 1-3 (its four rows share each load of x).
  */
 KEXPORT("gemm_fp8b128")
 void gemm_fp8b128(const uint8_t *W, const float *S, const float *X, float *Y, int rows, int cols,
                   int nb, int r0, int r1) {
   if (r1 > rows) r1 = rows;
-  size_t n = (size_t)cols, nsb = (size_t)(cols + 127) / 128;
-  int full = nb - nb % 4;
-  for (int r = r0 < 0 ? 0 : r0; r < r1 && full; r++) {
-    const uint8_t *w = W + (size_t)r * n;
-    const float *s = S + (size_t)(r / 128) * nsb;
-    int nan = 0;
-    for (int b = 0; b < full; b += 4)
-      nan |= fp8_row_tile(w, s, X + (size_t)b * n, cols, Y + (size_t)b * rows + r, rows);
-    if (nan)
-      for (int b = 0; b < full; b++) Y[(size_t)b * rows + r] = __builtin_nanf("");
-  }
-  for (int b = full; b < nb; b++)
-    matvec_fp8b128(W, S, X + (size_t)b * n, Y + (size_t)b * rows, rows, cols, r0, r1);
+  int r = r0 < 0 ? 0 : r0, b = 0;
+  if (r >= r1) return;
+  fp8_gemm_16(W, S, X, Y, rows, cols, b, nb / 16, r, r1);
+  b += nb / 16 * 16;
+  fp8_gemm_8(W, S, X, Y, rows, cols, b, (nb - b) / 8, r, r1);
+  b += (nb - b) / 8 * 8;
+  fp8_gemm_4(W, S, X, Y, rows, cols, b, (nb - b) / 4, r, r1);
+  for (b += (nb - b) / 4 * 4; b < nb; b++)
+    matvec_fp8b128(W, S, X + (size_t)b * (size_t)cols, Y + (size_t)b * rows, rows, cols, r0, r1);
 }

@@ -599,7 +599,7 @@ Deno.test("matvec_fp8b128 matches the reference, all codes, partial blocks", () 
   assert.ok(Number.isFinite(got[0]) && Number.isNaN(got[1]) && Number.isNaN(got[2]), `${got}`);
 });
 
-Deno.test("gemm_fp8b128 gives matvec_fp8b128's bits per column; x past 2^8 changes no bits", () => {
+Deno.test("gemm_fp8b128 gives matvec_fp8b128's bits per column at every column grouping; x past 2^8 changes no bits", () => {
   const rand = rng(14);
   const bits = (p: bigint, n: number) => new Uint32Array(memory.buffer, Number(p), n).slice();
   for (const [rows, cols] of [[1, 7], [5, 300], [9, 4096 + 32], [130, 172]]) {
@@ -612,7 +612,8 @@ Deno.test("gemm_fp8b128 gives matvec_fp8b128's bits per column; x past 2^8 chang
       () => 2 ** Math.floor(rand() * 8 - 12) * (1 + rand()),
     );
     const [W, S] = [put(codes), put(scales)];
-    for (const nb of [1, 2, 3, 4, 5, 7, 9]) {
+    // Every path: the matvec alone, groups of 4, 8 and 16 columns, and their mixes.
+    for (const nb of [1, 2, 3, 4, 5, 7, 9, 12, 17, 29, 33, 64, 129]) {
       const x = gaussian(nb * cols, rand);
       const X = put(x), Y = alloc(nb * rows * 4);
       const cut = Math.min(rows, 3);

@@ -24,6 +24,7 @@ import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "../../../io/dram_probe.ts";
 import { kdaBenchInputs, type KdaRow, timeKdaKernels } from "./kda.ts";
+import { type GemmPoint, timeGemm } from "./gemm.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -117,6 +118,8 @@ export interface KernelBenchReport {
   /** True when a GEMV streamed faster than the DRAM read: the ceiling was measured under load. */
   dram_suspect: boolean;
   gemv: GemvRow[];
+  /** `gemm_fp8b128` against `gemm_bf16` (and the baseline's) at 128 columns (gemm.ts). */
+  gemm: GemmPoint[];
   /** KDA's decode recurrence and short conv at Kimi-Linear-48B's shape (tools/dev/bench/kda.ts). */
   kda: KdaRow[];
   f32_gemv_gbps: number;
@@ -609,6 +612,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
   };
   const paired: PairedPoint[] = [];
   const vsBaseline: BaselinePoint[] = [];
+  const gemm: GemmPoint[] = [];
   for (const t of threads) {
     const pool = await Pool.create(arena, module, t);
     try {
@@ -648,18 +652,23 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
         paired.push(pair);
         log(`${name} / bf16 ${pr}x${pc} ${t} thread(s), alternating: ${pair.ratio.toFixed(2)}`);
       }
-      if (baseModule) {
-        const base = await Pool.create(arena, baseModule, t);
-        try {
-          for (const name of ["bf16", ...PAIRED_FORMATS.map((p) => p.name)]) {
-            const region = { off: regionOff, bytes: sizes.region };
-            const p = timeBaseline(pool, base, name, pr, pc, region, scratch, 2);
-            vsBaseline.push(p);
-            log(`${name} this build / baseline ${t} thread(s): ${p.ratio.toFixed(2)}`);
-          }
-        } finally {
-          base.close();
+      const base = baseModule ? await Pool.create(arena, baseModule, t) : null;
+      try {
+        const region = { off: regionOff, bytes: sizes.region };
+        for (const name of base ? ["bf16", ...PAIRED_FORMATS.map((p) => p.name)] : []) {
+          const p = timeBaseline(pool, base!, name, pr, pc, region, scratch, 2);
+          vsBaseline.push(p);
+          log(`${name} this build / baseline ${t} thread(s): ${p.ratio.toFixed(2)}`);
         }
+        const g = timeGemm(arena, pool, base, region);
+        gemm.push(g);
+        log(
+          `gemm_fp8b128 / gemm_bf16 ${g.rows}x${g.cols}x${g.columns} ${t} thread(s), ` +
+            `alternating: ${g.fp8_over_bf16.toFixed(2)}` +
+            (g.fp8_over_baseline === null ? "" : `, / baseline ${g.fp8_over_baseline.toFixed(2)}`),
+        );
+      } finally {
+        base?.close();
       }
       const k = timeKdaKernels(
         arena,
@@ -767,6 +776,7 @@ export async function runKernelBench(opts: KernelBenchOptions): Promise<KernelBe
     dram_read_gbps: dramGbps,
     dram_suspect: dramSuspect,
     gemv,
+    gemm,
     kda,
     f32_gemv_gbps: f32Gbps,
     bf16_gemv_gbps: bf16Gbps,
@@ -854,6 +864,20 @@ export function formatKernelReport(r: KernelBenchReport): string {
           `${fmt2(p.baseline_gweights_per_s)} | ${fmt2(p.ratio)} |`,
       );
     }
+  }
+  out.push(
+    "",
+    "| batched, alternating | shape × columns | threads | fp8 Gw/s | bf16 Gw/s | fp8 ÷ bf16 | " +
+      "baseline fp8 Gw/s | fp8 ÷ baseline |",
+  );
+  out.push("|---|---|---:|---:|---:|---:|---:|---:|");
+  for (const g of r.gemm) {
+    out.push(
+      `| \`gemm_fp8b128\` vs \`gemm_bf16\` | ${g.rows}×${g.cols} × ${g.columns} | ${g.threads} | ` +
+        `${fmt2(g.fp8_gweights_per_s)} | ${fmt2(g.bf16_gweights_per_s)} | ` +
+        `${fmt2(g.fp8_over_bf16)} | ${fmt2(g.baseline_fp8_gweights_per_s)} | ` +
+        `${fmt2(g.fp8_over_baseline)} |`,
+    );
   }
   out.push("");
   out.push(
