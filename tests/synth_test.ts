@@ -26,6 +26,8 @@ import {
   synthShape,
 } from "../tools/synth.ts";
 
+const DEMO_MODEL_URL = new URL("../tools/demo_model.ts", import.meta.url).href;
+
 const FLAME = fileURLToPath(new URL("../../shared/traces/flame-moe-290m", import.meta.url));
 const QUIET = { progress: "off" as const, log: () => {} };
 
@@ -452,25 +454,25 @@ Deno.test("synth: bad input is refused with a message naming it", async () => {
 Deno.test(
   "demo model: created once in $SLUICE_CACHE, small, reused",
   withTemp(async (dir) => {
-    const before = Deno.env.get("SLUICE_CACHE");
-    Deno.env.set("SLUICE_CACHE", dir);
-    try {
-      const [p1, p2] = await Promise.all([demoModelPath(true), demoModelPath(true)]);
-      assert.equal(p1, p2);
-      assert.ok(p1.startsWith(dir));
-      let bytes = 0;
-      for (const f of Deno.readDirSync(p1)) bytes += statSync(join(p1, f.name)).size;
-      assert.ok(bytes <= 30e6, `${bytes} bytes`);
-      assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), [p1.slice(dir.length + 1)]);
-      // A rebuild starts in a new folder beside the container: the cache folder would change.
-      const first = statSync(dir).mtimeMs;
-      assert.equal(await demoModelPath(true), p1);
-      assert.equal(statSync(dir).mtimeMs, first, "the second call reuses the container");
-      const cfg = loadModelConfig(p1);
-      assert.equal(cfg.modelType, "mixtral");
-    } finally {
-      if (before === undefined) Deno.env.delete("SLUICE_CACHE");
-      else Deno.env.set("SLUICE_CACHE", before);
-    }
+    // The cache folder comes from $SLUICE_CACHE, read in a process of its own: setting it here
+    // would move the demo builds of tests running beside this one into a folder this test deletes.
+    const probe = await new Deno.Command(Deno.execPath(), {
+      args: ["eval", `import { cacheDir } from "${DEMO_MODEL_URL}"; console.log(cacheDir());`],
+      env: { SLUICE_CACHE: dir },
+    }).output();
+    assert.equal(new TextDecoder().decode(probe.stdout).trim(), dir);
+    const [p1, p2] = await Promise.all([demoModelPath(true, dir), demoModelPath(true, dir)]);
+    assert.equal(p1, p2);
+    assert.ok(p1.startsWith(dir));
+    let bytes = 0;
+    for (const f of Deno.readDirSync(p1)) bytes += statSync(join(p1, f.name)).size;
+    assert.ok(bytes <= 30e6, `${bytes} bytes`);
+    assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), [p1.slice(dir.length + 1)]);
+    // A rebuild starts in a new folder beside the container: the cache folder would change.
+    const first = statSync(dir).mtimeMs;
+    assert.equal(await demoModelPath(true, dir), p1);
+    assert.equal(statSync(dir).mtimeMs, first, "the second call reuses the container");
+    const cfg = loadModelConfig(p1);
+    assert.equal(cfg.modelType, "mixtral");
   }),
 );
