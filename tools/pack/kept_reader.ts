@@ -36,12 +36,20 @@ export class KeptReader {
     return this.#reader.kind;
   }
 
-  /** Reads `ckpt` into `memory`, the staging memory whose kernel `scan` is. */
-  constructor(ckpt: Checkpoint, memory: WebAssembly.Memory, scan: FiniteScan) {
+  /**
+   * Reads `ckpt` into `memory`, the staging memory whose kernel `scan` is; on the pack's thread
+   * through node:fs with `forceFallback` (as `SLUICE_IO=fallback` asks).
+   */
+  constructor(
+    ckpt: Checkpoint,
+    memory: WebAssembly.Memory,
+    scan: FiniteScan,
+    forceFallback = false,
+  ) {
     this.#ckpt = ckpt;
     this.#memory = memory;
     this.#scan = scan;
-    const opts = { threads: THREADS, direct: false, quiet: true };
+    const opts = { threads: THREADS, direct: false, quiet: true, forceFallback };
     const reader = openReader(memory, opts);
     if (reader.kind === "shim-direct") {
       reader.close();
