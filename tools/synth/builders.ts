@@ -24,6 +24,17 @@ export function linear(
   };
 }
 
+/** The token embedding [vocab, hidden], standard normal. */
+export function embedding(name: string, d: SynthDims, dt: SynthElemType): SynthTensor {
+  return {
+    name,
+    shape: [d.vocab, d.hidden],
+    dtype: dt,
+    init: { kind: "normal", mean: 0, std: 1 },
+    layer: -1,
+  };
+}
+
 /** An RMSNorm weight: 1 + 0.05·n. */
 export function norm(name: string, n: number, dt: SynthElemType, l: number): SynthTensor {
   return { name, shape: [n], dtype: dt, init: { kind: "normal", mean: 1, std: 0.05 }, layer: l };
@@ -82,13 +93,7 @@ export function globalTensors(
   dt: SynthElemType,
 ): { head: SynthTensor[]; tail: SynthTensor[] } {
   return {
-    head: [{
-      name: "model.embed_tokens.weight",
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [embedding("model.embed_tokens.weight", d, dt)],
     tail: [
       norm("model.norm.weight", d.hidden, dt, -1),
       linear("lm_head.weight", d.vocab, d.hidden, dt, -1),

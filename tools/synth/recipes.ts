@@ -9,7 +9,16 @@
  */
 
 import { SYNTH_BOS_ID, SYNTH_EOS_ID } from "./tokenizer.ts";
-import { globalTensors, glu, gqaAttention, linear, norm, PROJ, router } from "./builders.ts";
+import {
+  embedding,
+  globalTensors,
+  glu,
+  gqaAttention,
+  linear,
+  norm,
+  PROJ,
+  router,
+} from "./builders.ts";
 import { clamp } from "./numbers.ts";
 import {
   SYNTH_ARCHS,
@@ -772,13 +781,7 @@ const KIMI_K3: Recipe = {
   isMoe: (d, l) => l >= d.firstDense,
   minLayers: (d) => d.firstDense + 1,
   globals: (d, dt) => ({
-    head: [{
-      name: `${K3}embed_tokens.weight`,
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [embedding(`${K3}embed_tokens.weight`, d, dt)],
     tail: [
       norm(`${K3}norm.weight`, d.hidden, dt, -1),
       norm(`${K3}output_attn_res_norm.weight`, d.hidden, dt, -1),
@@ -1195,13 +1198,7 @@ const DEEPSEEK_V4: Recipe = {
   isMoe: () => true,
   minLayers: () => 4,
   globals: (d, dt) => ({
-    head: [{
-      name: "embed.weight",
-      shape: [d.vocab, d.hidden],
-      dtype: dt,
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [embedding("embed.weight", d, dt)],
     tail: [
       norm("norm.weight", d.hidden, dt, -1),
       ...hyperTensors("hc_head_", d.hcMult, d.hcMult, d.hidden, -1),
@@ -1447,13 +1444,7 @@ const GLM5_NEXT: Recipe = {
   isMoe: (d, l) => l >= d.firstDense,
   minLayers: () => 2,
   globals: (d, dt) => ({
-    head: [{
-      name: `${G5N}embed_tokens.weight`,
-      shape: [d.vocab, d.hidden],
-      dtype: g5nFloat(dt),
-      init: { kind: "normal", mean: 0, std: 1 },
-      layer: -1,
-    }],
+    head: [embedding(`${G5N}embed_tokens.weight`, d, g5nFloat(dt))],
     tail: [
       norm(`${G5N}norm.weight`, d.hidden, g5nFloat(dt), -1),
       linear("lm_head.weight", d.vocab, d.hidden, g5nFloat(dt), -1),
