@@ -14,6 +14,9 @@ import type { GenerateOptions } from "../engine/session.ts";
 import { Session } from "../engine/session.ts";
 import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
+/** Three sequences; a small prefill chunk makes prompts run over several passes beside decode rows. */
+const BATCH_OPTS = { quiet: true, ctx: 64, prefillChunk: 6, parallel: 3, hotList: false };
+
 /** One fixture of each family (llama, mixtral, qwen3_moe, glm4_moe, gpt_oss, deepseek_v3/kimi_k2,
  * kimi_linear, kimi_k3, qwen3_5_moe, qwen3_next, gemma4, minimax_m2, deepseek_v4, glm_moe_dsa). */
 const FAMILIES = [
@@ -58,14 +61,7 @@ for (const name of FAMILIES) {
     name: `batch: ${name}: each sequence's tokens are its tokens alone, whatever shares its passes`,
     ignore: !hasFixture(name),
     fn: async () => {
-      // A small prefill chunk makes prompts run over several passes beside decode rows.
-      const session = await Session.open(await packedFixture(name), {
-        quiet: true,
-        ctx: 64,
-        prefillChunk: 6,
-        parallel: 3,
-        hotList: false,
-      });
+      const session = await Session.open(await packedFixture(name), BATCH_OPTS);
       try {
         const vocab = session.model.cfg.vocabSize;
         const requests = REQUESTS.map((r) => ({ ...r, prompt: r.prompt.map((id) => id % vocab) }));
@@ -153,13 +149,7 @@ Deno.test({
   name: "batch: a cancelled or refused generation leaves the others running to their own tokens",
   ignore: !hasFixture("stories260k-moe"),
   fn: async () => {
-    const session = await Session.open(await packedFixture("stories260k-moe"), {
-      quiet: true,
-      ctx: 64,
-      prefillChunk: 6,
-      parallel: 3,
-      hotList: false,
-    });
+    const session = await Session.open(await packedFixture("stories260k-moe"), BATCH_OPTS);
     try {
       const { prompt, opts } = REQUESTS[1];
       const alone = await ids(session.generate(prompt, { ...opts, ignoreEos: true }));
