@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { bestAlternating } from "./alternate.ts";
 import type { Arena } from "../../../engine/arena.ts";
 import type { Pool } from "../../../engine/pool.ts";
 
@@ -66,12 +67,11 @@ export function timeGemm(
     }
     return work / best / 1e9;
   };
-  let f = 0, b = 0, old = 0;
-  for (let i = 0; i < ROUNDS; i++) {
-    f = Math.max(f, rate(pool, "gemm_fp8b128", fp8));
-    b = Math.max(b, rate(pool, "gemm_bf16", bf16));
-    if (base) old = Math.max(old, rate(base, "gemm_fp8b128", fp8));
-  }
+  const [f, b, old] = bestAlternating(ROUNDS, [
+    () => rate(pool, "gemm_fp8b128", fp8),
+    () => rate(pool, "gemm_bf16", bf16),
+    ...base ? [() => rate(base, "gemm_fp8b128", fp8)] : [],
+  ]);
   return {
     threads: pool.threads,
     rows: ROWS,

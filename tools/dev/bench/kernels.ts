@@ -21,6 +21,7 @@ import { defaultThreads, type Job, MIN_PARALLEL_WORK, Pool } from "../../../engi
 import { ROW_BLOCK } from "../../../engine/pool_protocol.ts";
 import { loadKernelModule, type Ptr } from "../../../wasm/mod.ts";
 import { q8Bytes, vq3rLutFloats } from "../../../wasm/quant_kernels.ts";
+import { bestAlternating } from "./alternate.ts";
 import { benchDisk, type DiskBenchResult } from "./disk.ts";
 import { type DramResult, measureDramNative } from "../../../io/dram_probe.ts";
 import { kdaBenchInputs, type KdaRow, timeKdaKernels } from "./kda.ts";
@@ -377,7 +378,7 @@ function timeFormat(
   };
 }
 
-/** Rounds of alternating bf16 / format timings in {@link timePaired}. */
+/** Rounds of alternating timings in {@link timePaired} and {@link timeBaseline}. */
 const PAIRED_ROUNDS = 3;
 
 /** bf16 and the format `name` at one shape, timed in alternation; the best of each. */
@@ -391,14 +392,10 @@ function timePaired(
   passes: number,
 ): PairedPoint {
   const [bf16, f] = ["bf16", name].map((n) => BENCH_FORMATS.find((f) => f.name === n)!);
-  let b = 0, v = 0;
-  for (let i = 0; i < PAIRED_ROUNDS; i++) {
-    b = Math.max(
-      b,
-      timeFormat(pool, bf16, rows, cols, region, scratch, passes).point.gweights_per_s,
-    );
-    v = Math.max(v, timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s);
-  }
+  const [b, v] = bestAlternating(PAIRED_ROUNDS, [
+    () => timeFormat(pool, bf16, rows, cols, region, scratch, passes).point.gweights_per_s,
+    () => timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s,
+  ]);
   return {
     format: name,
     threads: pool.threads,
@@ -420,11 +417,10 @@ function timeBaseline(
   passes: number,
 ): BaselinePoint {
   const f = BENCH_FORMATS.find((f) => f.name === name)!;
-  let v = 0, b = 0;
-  for (let i = 0; i < PAIRED_ROUNDS; i++) {
-    b = Math.max(b, timeFormat(base, f, rows, cols, region, scratch, passes).point.gweights_per_s);
-    v = Math.max(v, timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s);
-  }
+  const [b, v] = bestAlternating(PAIRED_ROUNDS, [
+    () => timeFormat(base, f, rows, cols, region, scratch, passes).point.gweights_per_s,
+    () => timeFormat(pool, f, rows, cols, region, scratch, passes).point.gweights_per_s,
+  ]);
   return {
     format: name,
     threads: pool.threads,
