@@ -10,6 +10,7 @@
  */
 import { parseArgs } from "node:util";
 import { Model } from "../../../engine/model.ts";
+import { Args } from "../../cli/args.ts";
 import { Ops } from "../../../engine/ops.ts";
 import { peakRss } from "../../../engine/stats.ts";
 import { formatBytes, parseBytes } from "../../../engine/units.ts";
@@ -59,16 +60,6 @@ function instrument(prof: Profile): () => void {
   return () => saved.forEach(([name, fn]) => proto[name] = fn);
 }
 
-/** A whole number ≥ `min` from flag `name`, or an error naming the flag. */
-function count(name: string, value: string | undefined, min: number): number | undefined {
-  if (value === undefined) return undefined;
-  const n = Number(value);
-  if (!(Number.isInteger(n) && n >= min)) {
-    throw new Error(`--${name} expects a whole number ≥ ${min}, got "${value}"`);
-  }
-  return n;
-}
-
 /** Runs the bench with its command-line arguments. */
 export async function main(args: string[]): Promise<void> {
   const { values: v } = parseArgs({
@@ -86,16 +77,17 @@ export async function main(args: string[]): Promise<void> {
   });
   if (v.help) return console.log(HELP);
   if (!v.model) throw new Error("--model X.sluice is required\n" + HELP);
-  const n = count("prompt", v.prompt, 1) ?? 8192;
+  const a = new Args("bench prefill", v, []);
+  const n = a.int("prompt", 1) ?? 8192;
   const m = await Model.open(v.model, {
     budget: v.budget ? parseBytes(v.budget) : undefined,
     ctx: n + 16,
-    prefillChunk: count("chunk", v.chunk, 1),
-    threads: count("threads", v.threads, 1),
+    prefillChunk: a.int("chunk", 1),
+    threads: a.int("threads", 1),
     quiet: true,
   });
   const chunk = m.prefillChunk;
-  const at = v.at?.split(",").map((p) => count("at", p, 0) as number) ??
+  const at = v.at?.split(",").map((p) => new Args("bench prefill", { at: p }, []).int("at")!) ??
     Array.from({ length: Math.ceil(n / chunk) }, (_, i) => i * chunk);
   const prof: Profile = new Map();
   const perChunk: { pos: number; ms: number }[] = [];
