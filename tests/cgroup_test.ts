@@ -14,6 +14,7 @@ import {
   type MemoryCgroup,
   removeCgroup,
 } from "../tools/dev/bench/cgroup.ts";
+import { denoEval } from "./fixtures.ts";
 
 const MiB = 2 ** 20;
 const PREFIX = "sluice-cgroup-test";
@@ -34,10 +35,9 @@ Deno.test({
       const cg = createCgroup("${PREFIX}", ${128 * MiB});
       console.log(JSON.stringify(cg));
       if (typeof cg !== "string") removeCgroup(cg);`;
-    const out = await new Deno.Command(Deno.execPath(), { args: ["eval", code], stdin: "null" })
-      .output();
-    assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-    const other = JSON.parse(new TextDecoder().decode(out.stdout)) as MemoryCgroup | string;
+    const out = await denoEval(code);
+    assert.equal(out.code, 0, out.stderr);
+    const other = JSON.parse(out.stdout) as MemoryCgroup | string;
     assert.notEqual(typeof other, "string", String(other));
     assert.notEqual((other as MemoryCgroup).dir, cg.dir);
     // The other bench's limit did not land on this one.

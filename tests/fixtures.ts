@@ -63,6 +63,17 @@ export interface SluiceRun {
 }
 
 /**
+ * Runs `code` by `deno eval` in a process of its own, with `env` added to this one's: for what
+ * reads the environment, which belongs to the whole test process while test files run side by side.
+ */
+export async function denoEval(code: string, env: Record<string, string> = {}): Promise<SluiceRun> {
+  const out = await new Deno.Command(Deno.execPath(), { args: ["eval", code], env, stdin: "null" })
+    .output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/**
  * Runs `deno run -A mod.ts ...args` as a user would, with `stdin` as its input (else none); a
  * run that hangs is killed after `timeoutMs` (and fails on its exit code).
  */

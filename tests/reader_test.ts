@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { type BlockReader, openReader, type ReaderOptions, type ReadTicket } from "../io/reader.ts";
 import { shimUnavailable } from "../io/shim.ts";
+import { denoEval } from "./fixtures.ts";
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -203,11 +204,8 @@ try {
   console.log(e.message);
 }`;
   const run = async (io: string) => {
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: ["eval", code],
-      env: { SLUICE_IO: io },
-    }).output();
-    return new TextDecoder().decode(out.stdout).trim() + new TextDecoder().decode(out.stderr);
+    const out = await denoEval(code, { SLUICE_IO: io });
+    return out.stdout.trim() + out.stderr;
   };
   assert.equal(await run("fallback"), "fallback");
   assert.match(await run("bogus"), /^SLUICE_IO=bogus: expected one of fallback, buffered, direct/);

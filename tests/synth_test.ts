@@ -25,6 +25,7 @@ import {
   type SynthOverrides,
   synthShape,
 } from "../tools/synth.ts";
+import { denoEval } from "./fixtures.ts";
 
 const DEMO_MODEL_URL = new URL("../tools/demo_model.ts", import.meta.url).href;
 
@@ -456,11 +457,11 @@ Deno.test(
   withTemp(async (dir) => {
     // The cache folder comes from $SLUICE_CACHE, read in a process of its own: setting it here
     // would move the demo builds of tests running beside this one into a folder this test deletes.
-    const probe = await new Deno.Command(Deno.execPath(), {
-      args: ["eval", `import { cacheDir } from "${DEMO_MODEL_URL}"; console.log(cacheDir());`],
-      env: { SLUICE_CACHE: dir },
-    }).output();
-    assert.equal(new TextDecoder().decode(probe.stdout).trim(), dir);
+    const probe = await denoEval(
+      `import { cacheDir } from "${DEMO_MODEL_URL}"; console.log(cacheDir());`,
+      { SLUICE_CACHE: dir },
+    );
+    assert.equal(probe.stdout.trim(), dir);
     const [p1, p2] = await Promise.all([demoModelPath(true, dir), demoModelPath(true, dir)]);
     assert.equal(p1, p2);
     assert.ok(p1.startsWith(dir));
