@@ -1,13 +1,16 @@
 import assert from "node:assert/strict";
 import "./shared_guard.ts";
 import {
+  batchEvents,
   ENGINE_POLICY,
   jsonReport,
   SIM_POLICIES,
   type SimMode,
   type SimPolicy,
   simulate,
+  simulateBatch,
   slotsPerLayer,
+  uniformTwin,
 } from "../tools/dev/sim.ts";
 import { renderLineChart } from "../tools/dev/svg_chart.ts";
 import { readTrace, readTraceMeta, type TraceEvent, traceShape, TraceWriter } from "../io/trace.ts";
@@ -199,6 +202,47 @@ Deno.test("--json rows: one per (mode, capacity), every policy plus engine and b
     const own = simulate(events, ENGINE_POLICY, row.capacity, row.mode, { shape }).hitRate;
     assert.equal(row.hit_rates.engine, own);
     assert.ok(row.hit_rates.belady >= row.hit_rates.engine);
+  }
+});
+
+Deno.test("batch: pass p holds token p of each stretch, one event per layer with the union", () => {
+  const events = randomTrace(5, 30, 3, 16, 2);
+  assert.deepEqual(batchEvents(events, 1), events);
+  const merged = batchEvents(events, 3);
+  assert.equal(merged.length, 10 * 3);
+  for (const m of merged) {
+    const union = new Set<number>();
+    for (let s = 0; s < 3; s++) {
+      const src = events.find((e) => e.token === s * 10 + m.token && e.layer === m.layer)!;
+      for (const x of src.experts) union.add(x);
+    }
+    assert.deepEqual(new Set(m.experts), union);
+    assert.equal(m.experts.length, union.size);
+  }
+  assert.throws(() => batchEvents(events, 31), /30 tokens cannot make 31 sequences/);
+});
+
+Deno.test("batch: identical sequences share every read; uniform routing matches the closed form", () => {
+  const same: TraceEvent[] = [];
+  for (let s = 0; s < 4; s++) {
+    for (let t = 0; t < 25; t++) {
+      for (let l = 0; l < 2; l++) {
+        same.push({ token: s * 25 + t, layer: l, experts: [t % 7, 7 + (t % 5)] });
+      }
+    }
+  }
+  const shape = { nLayers: 2, nExperts: 16 };
+  const one = simulateBatch(same, 1, 1, "per-layer", { shape });
+  const four = simulateBatch(same, 4, 1, "per-layer", { shape });
+  assert.equal(four.distinct, 2);
+  assert.equal(one.readsPerToken / four.readsPerToken, 4);
+  // n sequences routing k of E uniformly reach E(1 - (1 - k/E)^n) distinct experts per layer.
+  const twin = uniformTwin(randomTrace(6, 2048, 8, 64, 6), 64, 3);
+  for (const n of [2, 4, 8]) {
+    const d =
+      simulateBatch(twin, n, 1, "per-layer", { shape: { nLayers: 8, nExperts: 64 } }).distinct;
+    const expect = 64 * (1 - (1 - 6 / 64) ** n);
+    assert.ok(Math.abs(d / expect - 1) < 0.02, `n=${n}: ${d} vs ${expect}`);
   }
 });
 

@@ -23,6 +23,7 @@
  */
 
 import { parseArgs } from "node:util";
+import { seededUniform } from "../../engine/sampler.ts";
 import { CACHE_POLICIES, ExpertCache } from "../../engine/stream/expert_cache.ts";
 import {
   readTrace,
@@ -280,6 +281,89 @@ export function simulate(
   };
 }
 
+/**
+ * The trace replayed as `n` sequences decoding together, one token each per pass, as `serve
+ * --parallel n` runs them: the tokens are cut into `n` contiguous stretches (one per sequence) and
+ * pass p takes token p of every stretch. Per layer the batch's experts are requested once, as one
+ * event holding their union in first-routed order. Passes stop at the shortest stretch; (token,
+ * layer) pairs missing from any stretch's token leave that layer's event out of the pass.
+ */
+export function batchEvents(events: TraceEvent[], n: number): TraceEvent[] {
+  if (!Number.isInteger(n) || n < 1) throw new Error(`batch must be a whole number ≥ 1, got ${n}`);
+  const byToken = new Map<number, TraceEvent[]>();
+  for (const e of events) {
+    let list = byToken.get(e.token);
+    if (!list) byToken.set(e.token, list = []);
+    list.push(e);
+  }
+  const tokens = [...byToken.keys()];
+  const stretch = Math.floor(tokens.length / n);
+  if (stretch === 0) throw new Error(`${tokens.length} tokens cannot make ${n} sequences`);
+  const out: TraceEvent[] = [];
+  for (let p = 0; p < stretch; p++) {
+    const layers = new Map<number, { experts: Set<number>; seen: number }>();
+    for (let s = 0; s < n; s++) {
+      for (const e of byToken.get(tokens[s * stretch + p])!) {
+        let u = layers.get(e.layer);
+        if (!u) layers.set(e.layer, u = { experts: new Set(), seen: 0 });
+        u.seen++;
+        for (const x of e.experts) u.experts.add(x);
+      }
+    }
+    for (const [layer, u] of [...layers].sort((a, b) => a[0] - b[0])) {
+      if (u.seen === n) out.push({ token: p, layer, experts: [...u.experts] });
+    }
+  }
+  return out;
+}
+
+/**
+ * The same (token, layer) pairs with each event's experts replaced by as many distinct ids drawn
+ * uniformly at random (seeded): what routing with no preference between experts would read.
+ */
+export function uniformTwin(events: TraceEvent[], nExperts: number, seed = 1): TraceEvent[] {
+  const u = seededUniform(seed);
+  return events.map((e) => {
+    const set = new Set<number>();
+    while (set.size < e.experts.length) set.add(Math.floor(u() * nExperts));
+    return { token: e.token, layer: e.layer, experts: [...set] };
+  });
+}
+
+/** One batch size of {@link simulateBatch}. */
+export interface BatchResult {
+  batch: number;
+  /** Tokens decoded: passes × batch. */
+  tokens: number;
+  /** Mean distinct experts a pass requests per layer. */
+  distinct: number;
+  /** Expert records read (cache misses) per token decoded. */
+  readsPerToken: number;
+}
+
+/**
+ * Expert reads per decoded token when `batch` sequences share each pass, through the engine's
+ * cache policy with `capacity` slots per layer in `mode`.
+ */
+export function simulateBatch(
+  events: TraceEvent[],
+  batch: number,
+  capacity: number,
+  mode: SimMode,
+  opts: SimOptions = {},
+): BatchResult {
+  const shape = opts.shape ?? traceShape(events);
+  const merged = batchEvents(events, batch);
+  const r = simulate(merged, ENGINE_POLICY, capacity, mode, { ...opts, shape });
+  const passes = new Set(merged.map((e) => e.token)).size;
+  return {
+    batch,
+    tokens: passes * batch,
+    distinct: merged.length ? r.accesses / merged.length : 0,
+    readsPerToken: passes ? (r.accesses - r.hits) / (passes * batch) : 0,
+  };
+}
+
 /** Slots per layer for a CLI capacity: below 1 = fraction of a layer's experts. */
 export function slotsPerLayer(capacity: number, nExperts: number): number {
   return capacity < 1 ? capacity * nExperts : capacity;
@@ -300,7 +384,11 @@ engine has, plus Belady's offline optimum, and prints hit rates.
   --json             {"rows": [{"mode", "capacity", "hit_rates": {engine, belady, ...}}]}
   --svg PATH         hit-rate chart
   --sample N, --seed N  replay N sampled tokens (seeded)
-  --aging N, --keep-counts, --half-life N   LFU/decay parameters`;
+  --aging N, --keep-counts, --half-life N   LFU/decay parameters
+  --batch a,b,c      instead: n sequences decoding together (contiguous stretches of the trace,
+                     one token each per pass, each layer's union read once), engine policy:
+                     expert reads per token and the gain over one sequence, beside the same
+                     replay with uniformly random routing`;
 
 /** Exits with the usage text and a one-line reason on a bad command line. */
 function usageError(why: string): never {
@@ -326,6 +414,7 @@ function main(args: string[]): void {
         aging: { type: "string" },
         "keep-counts": { type: "boolean", default: false },
         "half-life": { type: "string" },
+        batch: { type: "string" },
         help: { type: "boolean", short: "h", default: false },
       },
     });
@@ -362,6 +451,20 @@ function main(args: string[]): void {
     keepCounts: values["keep-counts"],
     halfLife: int(values["half-life"]),
   };
+  if (values.batch) {
+    const sizes = values.batch.split(",").map((s) => {
+      const v = Number(s);
+      if (!Number.isInteger(v) || v < 1) {
+        throw new Error(`--batch: "${s}" is not a whole number ≥ 1`);
+      }
+      return v;
+    });
+    const rows = batchRows(events, shape, sizes, caps, modes, opts);
+    if (values.json) {
+      console.log(JSON.stringify({ trace: values.trace, shape, batch_rows: rows }, null, 1));
+    } else printBatchTable(values.trace, meta, shape, rows);
+    return;
+  }
   const results: SimResult[] = [];
   for (const mode of modes) {
     for (const cap of caps) {
@@ -432,6 +535,71 @@ export function jsonReport(
     if (r.policy === ENGINE_POLICY) row.hit_rates.engine = r.hitRate;
   }
   return { trace, shape, rows: [...rows.values()] };
+}
+
+/** One (mode, capacity, batch) row of `--batch`: the trace's replay and its uniform twin's. */
+export interface BatchRow {
+  mode: SimMode;
+  /** Slots per layer as asked. */
+  capacity: number;
+  trace: BatchResult & { gain: number };
+  uniform: BatchResult & { gain: number };
+}
+
+/** `--batch` rows; the gain is reads per token at batch 1 over reads per token at the batch. */
+export function batchRows(
+  events: TraceEvent[],
+  shape: TraceShape,
+  sizes: number[],
+  caps: number[],
+  modes: SimMode[],
+  opts: SimOptions,
+): BatchRow[] {
+  const twin = uniformTwin(events, shape.nExperts, opts.seed);
+  const rows: BatchRow[] = [];
+  for (const mode of modes) {
+    for (const cap of caps) {
+      const slots = slotsPerLayer(cap, shape.nExperts);
+      const run = (ev: TraceEvent[]) => {
+        const one = simulateBatch(ev, 1, slots, mode, { ...opts, shape }).readsPerToken;
+        return sizes.map((n) => {
+          const r = simulateBatch(ev, n, slots, mode, { ...opts, shape });
+          return { ...r, gain: r.readsPerToken ? one / r.readsPerToken : 0 };
+        });
+      };
+      const a = run(events), b = run(twin);
+      for (let i = 0; i < sizes.length; i++) {
+        rows.push({ mode, capacity: cap, trace: a[i], uniform: b[i] });
+      }
+    }
+  }
+  return rows;
+}
+
+function printBatchTable(
+  path: string,
+  meta: TraceMeta | null,
+  shape: TraceShape,
+  rows: BatchRow[],
+): void {
+  console.log(
+    `${path}: ${meta?.model ?? "?"}; ${shape.nLayers} layers × ${shape.nExperts} experts, ` +
+      `top-${meta?.top_k ?? "?"}; batched decoding through the ${ENGINE_POLICY} cache`,
+  );
+  console.log(
+    "mode       slots/layer  batch  │ trace: distinct  reads/token  gain │ uniform: distinct  reads/token  gain",
+  );
+  for (const r of rows) {
+    const cell = (x: BatchResult & { gain: number }) =>
+      `${x.distinct.toFixed(2).padStart(8)}  ${x.readsPerToken.toFixed(3).padStart(11)}  ` +
+      `${x.gain.toFixed(2).padStart(5)}×`;
+    console.log(
+      `${r.mode.padEnd(10)} ${String(r.capacity).padStart(11)}  ${
+        String(r.trace.batch).padStart(5)
+      }  │ ` +
+        `${cell(r.trace)}       │ ${cell(r.uniform)}`,
+    );
+  }
 }
 
 function printTable(
