@@ -49,21 +49,16 @@ Deno.test("colour: --color wins over NO_COLOR, --no-color and NO_COLOR turn it o
   const args = (values: Record<string, boolean>) => new Args("generate", values, []);
   const tty = { isTerminal: () => true };
   const pipe = { isTerminal: () => false };
-  const saved = Deno.env.get("NO_COLOR");
-  try {
-    Deno.env.delete("NO_COLOR");
-    assert.equal(colorOn(args({}), tty), true);
-    assert.equal(colorOn(args({}), pipe), false);
-    assert.equal(colorOn(args({ color: true }), pipe), true);
-    assert.equal(colorOn(args({ "no-color": true }), tty), false);
-    Deno.env.set("NO_COLOR", "1");
-    assert.equal(colorOn(args({}), tty), false);
-    assert.equal(colorOn(args({ color: true }), tty), true);
-    assert.throws(() => colorOn(args({ color: true, "no-color": true }), tty), /not both/);
-  } finally {
-    if (saved === undefined) Deno.env.delete("NO_COLOR");
-    else Deno.env.set("NO_COLOR", saved);
-  }
+  // NO_COLOR is passed rather than set: test files share one process, and a neighbour's output
+  // must not lose its colour while this runs.
+  assert.equal(colorOn(args({}), tty, undefined), true);
+  assert.equal(colorOn(args({}), tty, ""), true);
+  assert.equal(colorOn(args({}), pipe, undefined), false);
+  assert.equal(colorOn(args({ color: true }), pipe, undefined), true);
+  assert.equal(colorOn(args({ "no-color": true }), tty, undefined), false);
+  assert.equal(colorOn(args({}), tty, "1"), false);
+  assert.equal(colorOn(args({ color: true }), tty, "1"), true);
+  assert.throws(() => colorOn(args({ color: true, "no-color": true }), tty), /not both/);
 });
 
 Deno.test("generate: load line, colour on request, and the context-full notice and stop reason", async () => {

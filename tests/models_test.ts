@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { cpSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { modelsDir, resolveModel, storePath } from "../tools/cli/models.ts";
+import { resolveModel, storePath } from "../tools/cli/models.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { synthCheckpoint } from "../tools/synth.ts";
 import { tempDir } from "./fixtures.ts";
@@ -69,38 +69,37 @@ Deno.test("-m org/repo not in the store: refused without a terminal, asked on on
     r.stderr,
     /someorg\/some-model is not in the model store \(.*\): run `sluice pull someorg\/some-model` first/,
   );
-  const saved = Deno.env.get("SLUICE_MODELS");
-  Deno.env.set("SLUICE_MODELS", store);
-  try {
-    const demo = await demoModelPath(true);
-    const asked: string[] = [];
-    const pulled: string[] = [];
-    const pull = (spec: string, out: string) => {
-      pulled.push(spec);
-      cpSync(demo, out, { recursive: true });
-      return Promise.resolve();
-    };
-    await assert.rejects(
-      resolveModel("someorg/some-model", { interactive: true, ask: (q) => !asked.push(q), pull }),
-      /someorg\/some-model: not pulled/,
-    );
-    assert.deepEqual(pulled, []);
-    const got = await resolveModel("someorg/some-model@main", {
+  // The store is passed, not set in $SLUICE_MODELS: test files share one process.
+  const demo = await demoModelPath(true);
+  const asked: string[] = [];
+  const pulled: string[] = [];
+  const pull = (spec: string, out: string) => {
+    pulled.push(spec);
+    cpSync(demo, out, { recursive: true });
+    return Promise.resolve();
+  };
+  await assert.rejects(
+    resolveModel("someorg/some-model", {
       interactive: true,
-      ask: (q) => asked.push(q) > 0,
+      ask: (q) => !asked.push(q),
       pull,
-    });
-    assert.equal(got, join(store, "someorg", "some-model.sluice"));
-    assert.deepEqual(pulled, ["someorg/some-model@main"]);
-    assert.match(asked[0], /Pull it from the Hugging Face Hub and pack it\?/);
-    // Now it is there: found by name, nothing asked.
-    assert.equal(await resolveModel("someorg/some-model", { interactive: true }), got);
-    assert.equal(modelsDir(), store);
-    assert.throws(() => storePath("../evil"), /not a model name/);
-  } finally {
-    if (saved === undefined) Deno.env.delete("SLUICE_MODELS");
-    else Deno.env.set("SLUICE_MODELS", saved);
-  }
+      store,
+    }),
+    /someorg\/some-model: not pulled/,
+  );
+  assert.deepEqual(pulled, []);
+  const got = await resolveModel("someorg/some-model@main", {
+    interactive: true,
+    ask: (q) => asked.push(q) > 0,
+    pull,
+    store,
+  });
+  assert.equal(got, join(store, "someorg", "some-model.sluice"));
+  assert.deepEqual(pulled, ["someorg/some-model@main"]);
+  assert.match(asked[0], /Pull it from the Hugging Face Hub and pack it\?/);
+  // Now it is there: found by name, nothing asked.
+  assert.equal(await resolveModel("someorg/some-model", { interactive: true, store }), got);
+  assert.throws(() => storePath("../evil", store), /not a model name/);
 });
 
 Deno.test("a checkpoint folder or a GGUF file given to -m says what to run instead", async () => {

@@ -21,13 +21,20 @@ export const COLOR_HELP =
   `  --color, -co          colour even when not on a terminal or when NO_COLOR is set
   --no-color            no colour (also the environment variable NO_COLOR)`;
 
-/** Whether output to `stream` is coloured: --color wins, then --no-color and NO_COLOR, then TTY. */
-export function colorOn(a: Args, stream: { isTerminal(): boolean }): boolean {
+/**
+ * Whether output to `stream` is coloured: --color wins, then --no-color and NO_COLOR (`noColor`,
+ * the environment's unless given), then TTY.
+ */
+export function colorOn(
+  a: Args,
+  stream: { isTerminal(): boolean },
+  noColor = Deno.env.get("NO_COLOR"),
+): boolean {
   if (a.bool("color") && a.bool("no-color")) {
     throw new Error("give --color or --no-color, not both");
   }
   if (a.bool("color")) return true;
-  if (a.bool("no-color") || (Deno.env.get("NO_COLOR") ?? "") !== "") return false;
+  if (a.bool("no-color") || (noColor ?? "") !== "") return false;
   return stream.isTerminal();
 }
 

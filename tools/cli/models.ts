@@ -32,17 +32,16 @@ export function modelsDir(): string {
 const HUB_ID = /^[A-Za-z0-9][\w.-]*\/[\w.-]+(@[\w./-]+)?$/;
 
 /** The store's path for a model name (a Hub id keeps its org as a folder; no revision). */
-export function storePath(name: string): string {
+export function storePath(name: string, root = modelsDir()): string {
   const base = name.replace(/@.*$/, "").replace(/\.sluice$/, "");
   if (!/^[\w.-]+(\/[\w.-]+)?$/.test(base) || base.split("/").some((p) => /^\.+$/.test(p))) {
     throw new Error(`"${name}" is not a model name (letters, digits, . _ - and one "/")`);
   }
-  return join(modelsDir(), `${base}.sluice`);
+  return join(root, `${base}.sluice`);
 }
 
 /** The containers of the store: name (path below the store, without `.sluice`) → path. */
-export function storeModels(): Map<string, string> {
-  const root = modelsDir();
+export function storeModels(root = modelsDir()): Map<string, string> {
   const out = new Map<string, string>();
   const scan = (dir: string, prefix: string, depth: number) => {
     let entries: Deno.DirEntry[];
@@ -112,33 +111,40 @@ export type Puller = (spec: string, out: string) => Promise<void>;
 /**
  * The container `-m` names: a path that exists, else a model of the store. A Hub id the store
  * lacks is pulled into it when the user agrees on a terminal (`interactive`); otherwise, and for
- * any other unknown name, an error says what to run.
+ * any other unknown name, an error says what to run. `store` is the store's folder
+ * ({@link modelsDir} unless given).
  */
 export async function resolveModel(
   given: string,
-  opts: { interactive?: boolean; ask?: (question: string) => boolean; pull?: Puller } = {},
+  opts: {
+    interactive?: boolean;
+    ask?: (question: string) => boolean;
+    pull?: Puller;
+    store?: string;
+  } = {},
 ): Promise<string> {
+  const root = opts.store ?? modelsDir();
   if (existsSync(given)) {
     if (existsSync(join(given, "manifest.json"))) return given;
     const why = notAContainer(given);
     if (why) throw new Error(why);
     return given;
   }
-  const stored = storeModels();
+  const stored = storeModels(root);
   const name = given.replace(/\.sluice$/, "");
   const hit = stored.get(name) ?? stored.get(name.replace(/@.*$/, ""));
   if (hit) return hit;
   if (HUB_ID.test(given)) {
-    const out = storePath(given);
+    const out = storePath(given, root);
     const interactive = opts.interactive ?? (Deno.stdin.isTerminal() && Deno.stderr.isTerminal());
     if (!interactive) {
       throw new Error(
-        `${given} is not in the model store (${modelsDir()}): run \`sluice pull ${given}\` ` +
+        `${given} is not in the model store (${root}): run \`sluice pull ${given}\` ` +
           "first (deno run -A mod.ts pull ...), or give a container's path",
       );
     }
     const ask = opts.ask ?? askTerminal;
-    if (!ask(`${given} is not in ${modelsDir()}. Pull it from the Hugging Face Hub and pack it?`)) {
+    if (!ask(`${given} is not in ${root}. Pull it from the Hugging Face Hub and pack it?`)) {
       throw new Error(`${given}: not pulled`);
     }
     mkdirSync(dirname(out), { recursive: true });
@@ -147,7 +153,7 @@ export async function resolveModel(
     return out;
   }
   throw new Error(
-    `${given}: no such file or folder, and no model of that name in ${modelsDir()}` +
+    `${given}: no such file or folder, and no model of that name in ${root}` +
       `${didYouMean(name, [...stored.keys()])} (\`sluice list\` shows the store)`,
   );
 }
