@@ -17,16 +17,11 @@
 import type { Arena } from "../arena.ts";
 import type { TensorSpec } from "../../io/manifest.ts";
 import type { GatedDeltaNetConfig, LayerTensor, ModelConfig } from "../../io/model_config.ts";
-import { kdaForgetGate, type RecurrentRun, RecurrentStates } from "./kda.ts";
+import { kdaForgetGate } from "./kda.ts";
+import { RecurrentMixer, type RecurrentRun, RecurrentStates } from "./recurrent.ts";
 import type { Ops } from "../ops.ts";
 import type { LayerWeights } from "../weights.ts";
-import {
-  type CacheRegion,
-  type Mixer,
-  type MixerPart,
-  type SequenceSpan,
-  type StateRegion,
-} from "./mixer.ts";
+import type { MixerPart } from "./mixer.ts";
 import { regionBytes } from "./scratch.ts";
 
 /** Channels of the conv: q and k of every key head, v of every value head. */
@@ -92,11 +87,11 @@ interface LayerState {
 }
 
 /** The Gated DeltaNet layers of one model: their state and the scratch of one call. */
-export class GatedDeltaNet implements Mixer {
+export class GatedDeltaNet extends RecurrentMixer<LayerState> {
   #ops: Ops;
   #cfg: ModelConfig;
   #g: GatedDeltaNetConfig;
-  #states: RecurrentStates<LayerState>;
+  protected override readonly states: RecurrentStates<LayerState>;
   #rawQkvz: number;
   #rawBa: number;
   #pre: number;
@@ -114,13 +109,14 @@ export class GatedDeltaNet implements Mixer {
     maxBatch: number,
     sequences: number,
   ) {
+    super();
     const g = cfg.gdn;
     if (!g) throw new Error(`${cfg.modelType}: Gated DeltaNet needs the gdn config`);
     this.#ops = ops;
     this.#cfg = cfg;
     this.#g = g;
     const sizes = gdnLayerStateBytes(g);
-    this.#states = new RecurrentStates(
+    this.states = new RecurrentStates(
       "Gated DeltaNet",
       "gdn state + conv window",
       arena,
@@ -132,30 +128,6 @@ export class GatedDeltaNet implements Mixer {
     );
     [this.#rawQkvz, this.#rawBa, this.#pre, this.#post, this.#z, this.#beta, this.#decay, this.#o] =
       gdnScratchFloats(g).map(([what, floats]) => arena.alloc(what, maxBatch * floats * 4));
-  }
-
-  select(seq: number): void {
-    this.#states.select(seq);
-  }
-
-  /** None: the state does not grow with the positions. */
-  cacheRegions(): CacheRegion[] {
-    return [];
-  }
-
-  /** Each layer's state and conv window, in layer order. */
-  stateRegions(): StateRegion[] {
-    return this.#states.stateRegions();
-  }
-
-  /** Declares the states (written back by a saved session) to be at position `pos`. */
-  resumeAt(pos: number): void {
-    this.#states.resumeAt(pos);
-  }
-
-  /** Refuses a position the states cannot continue from, before any layer runs. */
-  begin(pos: number): void {
-    this.#states.check(pos);
   }
 
   /**
@@ -184,28 +156,12 @@ export class GatedDeltaNet implements Mixer {
     }
   }
 
-  /** out = out_proj(GatedDeltaNet(h)) for `nb` tokens at positions pos.. of layer `layer`. */
-  forward(layer: number, lw: LayerWeights, h: number, out: number, nb: number, pos: number): void {
-    this.#forward(lw, h, out, this.#states.runs(layer, [{ n: nb, pos }], (st) => this.#zero(st)));
-  }
-
-  /**
-   * out = out_proj(GatedDeltaNet(h)) for the rows of several sequences, each on its own state:
-   * the projections, gates, norm and out_proj over all rows at once, the short conv and the
-   * recurrence per sequence (the same bits as each sequence alone).
-   */
-  forwardSpans(
-    layer: number,
+  protected override run(
     lw: LayerWeights,
     h: number,
     out: number,
-    spans: readonly SequenceSpan[],
+    runs: RecurrentRun<LayerState>[],
   ): void {
-    this.#forward(lw, h, out, this.#states.runs(layer, spans, (st) => this.#zero(st)));
-  }
-
-  /** The rows of `runs`, one after another in h and out, each on its own state. */
-  #forward(lw: LayerWeights, h: number, out: number, runs: RecurrentRun<LayerState>[]): void {
     const ops = this.#ops;
     const g = this.#g;
     const Hk = g.numKeyHeads, Hv = g.numValueHeads, dk = g.keyHeadDim, dv = g.valueHeadDim;
@@ -277,7 +233,7 @@ export class GatedDeltaNet implements Mixer {
     ops.matmul({ w: lw.get("wo"), x: this.#z, y: out, nb });
   }
 
-  #zero(st: LayerState): void {
+  protected override zero(st: LayerState): void {
     const sizes = gdnLayerStateBytes(this.#g);
     this.#ops.f32(st.state, (sizes.state + sizes.conv) / 4).fill(0);
   }
