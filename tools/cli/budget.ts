@@ -6,7 +6,7 @@
  */
 import { existsSync, readFileSync } from "node:fs";
 import { totalmem } from "node:os";
-import { parseBytes } from "../../engine/units.ts";
+import { formatBytes, parseBytes } from "../../engine/units.ts";
 
 /** Named budgets, in bytes. */
 export const PRESETS: Record<string, number> = {
@@ -88,4 +88,38 @@ export function budgetFromArgs(budget?: string, preset?: string): number | undef
     );
   }
   return bytes;
+}
+
+/**
+ * Bytes a memory cgroup charges the process beyond its arena: the runtime (V8's heaps, the
+ * kernels, the pool worker; the Deno binary's code is shared and mostly charged elsewhere), about
+ * 26 MiB in tests/memory_test.ts, and the tokenizer's tables, measured in a fresh process at
+ * 0.7–0.86 KiB per vocabulary entry (26 MiB at 32,000 entries, 101 at 151,936, 189 at 262,144);
+ * rounded up.
+ */
+export function beyondArenaBytes(vocabSize: number): { runtime: number; tokenizer: number } {
+  return { runtime: 32 * 2 ** 20, tokenizer: 8 * 2 ** 20 + vocabSize * 850 };
+}
+
+/**
+ * A warning when an arena of `arenaBytes` plus what the process needs beyond it
+ * ({@link beyondArenaBytes}) would pass the memory limit `limit` (the cgroup's unless given),
+ * naming the largest budget that leaves room; null when it fits or nothing limits it.
+ */
+export function memoryLimitWarning(
+  arenaBytes: number,
+  vocabSize: number,
+  limit: number | null = cgroupLimit(),
+): string | null {
+  if (limit === null) return null;
+  const { runtime, tokenizer } = beyondArenaBytes(vocabSize);
+  if (arenaBytes + runtime + tokenizer <= limit) return null;
+  const room = limit - runtime - tokenizer;
+  return `the arena (${formatBytes(arenaBytes)}) and what the process needs beyond it ` +
+    `(about ${formatBytes(runtime)} for the runtime and ${formatBytes(tokenizer)} for a ` +
+    `tokenizer of ${vocabSize} entries) pass this cgroup's memory limit of ` +
+    `${formatBytes(limit)}, so the kernel may kill the run; ` +
+    (room > 0
+      ? `--budget ${Math.floor(room / 2 ** 20)}M or less leaves room`
+      : "the limit leaves no room for an arena");
 }

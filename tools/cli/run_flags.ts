@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { RunOptions } from "../../engine/model.ts";
+import { planRun, type RunOptions } from "../../engine/model.ts";
 import { checkContext, crcSampleOf, prefillChunkOf } from "../../engine/run_limits.ts";
 import { type GenerateOptions, Session, type SessionOptions } from "../../engine/session.ts";
 import { openContainer } from "../../engine/container.ts";
@@ -13,7 +13,7 @@ import { autoBudget } from "./modes.ts";
 import { CACHE_POLICIES } from "../../engine/stream/expert_cache.ts";
 import { checkTracePath } from "../../io/trace.ts";
 import { type Args, BUDGET_FLAGS, CTX_FLAG, type Flags, GPU_HABIT_FLAGS } from "./args.ts";
-import { BUDGET_HELP, budgetFromArgs } from "./budget.ts";
+import { BUDGET_HELP, budgetFromArgs, memoryLimitWarning } from "./budget.ts";
 import { resolveModel } from "./models.ts";
 import { colorOn, loadProgress } from "./feedback.ts";
 
@@ -149,9 +149,18 @@ export async function sessionSpec(
   quiet: boolean,
 ): Promise<{ path: string; options: SessionOptions }> {
   const path = await modelPath(a, quiet);
+  const c = openContainer(path);
   if (a.str("preset") === "auto" && run.budget !== undefined) {
-    run = { ...run, budget: autoBudget(openContainer(path), run, run.budget) };
+    run = { ...run, budget: autoBudget(c, run, run.budget) };
   }
+  let arena: number | null = null;
+  try {
+    arena = planRun(c, run).plan.arenaBytes;
+  } catch {
+    // A budget below the floor: opening the session says so, naming what does not fit.
+  }
+  const warning = arena === null ? null : memoryLimitWarning(arena, c.config.vocabSize);
+  if (warning) console.error(`warning: ${warning}`);
   return { path, options: run };
 }
 
