@@ -219,6 +219,16 @@ Deno.test({
           }),
           (e: unknown) => e instanceof Anthropic.BadRequestError && /image/.test(e.message),
         );
+        await assert.rejects(
+          client.messages.create({
+            model: "m",
+            messages: [{ role: "user", content: [{ text: "hi" } as Anthropic.TextBlockParam] }],
+            max_tokens: 5,
+          }),
+          (e: unknown) =>
+            e instanceof Anthropic.BadRequestError &&
+            /content\[0\]\.type: expected .*text.*it is missing/.test(e.message),
+        );
         const wrongKey = new Anthropic({ apiKey: "wrong", baseURL: server.url, maxRetries: 0 });
         await assert.rejects(
           wrongKey.messages.create({ model: "m", messages, max_tokens: 5 }),

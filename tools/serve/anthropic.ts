@@ -15,6 +15,7 @@ import type { MaskStats } from "./grammar.ts";
 import { ApiError, type CompletionRequest } from "./openai.ts";
 import type { ToolChoice } from "./chat_request.ts";
 import type { ToolSpec } from "./tool_calls/mod.ts";
+import { got } from "./quote.ts";
 
 type Json = Record<string, unknown>;
 
@@ -113,7 +114,11 @@ function chatMessages(m: unknown, i: number): ChatMessage[] {
         });
         return;
     }
-    throw bad(`${q}.type`, `"${String(b.type)}" blocks are not supported`);
+    throw bad(
+      `${q}.type`,
+      'expected "text", "thinking", "redacted_thinking", "tool_use" or "tool_result", ' +
+        got(b.type),
+    );
   });
   if (text || calls.length > 0 || reasoning || out.length === 0) {
     out.push({
