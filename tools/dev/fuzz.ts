@@ -3,7 +3,7 @@
  * every parser of untrusted input (tools/dev/fuzz/targets.ts). Each input must either parse or be
  * rejected with a plain `Error` whose message names what is wrong; anything else is a finding:
  * - crash: a TypeError, RangeError, stack overflow or non-Error throw escaping the parser;
- * - hang: one input taking more than a second;
+ * - hang: one input taking more than a second, three times running;
  * - allocation: resident memory growing by more than 1 GiB over the run;
  * - unhelpful: a rejection message leaking "undefined", "NaN" or "[object Object]".
  * Findings are written to `<work>/findings/` (the input bytes) so they can become regression
@@ -36,6 +36,19 @@ export interface FuzzReport {
 }
 
 const HANG_MS = 1000;
+/** Reruns of an input slower than its limit before it counts as a hang. */
+const HANG_RETRIES = 2;
+
+/** Milliseconds one more run of `input` takes, whatever it throws (the first run judged that). */
+async function timeOnce(target: FuzzTarget, input: Uint8Array): Promise<number> {
+  const t0 = performance.now();
+  try {
+    await target.run(input);
+  } catch {
+    // Judged on the first run.
+  }
+  return performance.now() - t0;
+}
 const ALLOC_LIMIT = 2 ** 30;
 const UNHELPFUL = /\bundefined\b|\bNaN\b|\[object Object\]/;
 
@@ -93,9 +106,15 @@ export async function fuzzTarget(
         }
       }
     }
-    const ms = performance.now() - t0;
+    let ms = performance.now() - t0;
+    const limit = target.hangMs ?? HANG_MS;
+    // A loaded machine or a collection can stall any one run: an input is a hang only when it is
+    // slow every time, and its fastest time is reported.
+    for (let again = 0; again < HANG_RETRIES && ms > limit; again++) {
+      ms = Math.min(ms, await timeOnce(target, input));
+    }
     report.slowestMs = Math.max(report.slowestMs, ms);
-    if (ms > (target.hangMs ?? HANG_MS)) {
+    if (ms > limit) {
       note({ kind: "hang", message: `${ms.toFixed(0)} ms for one input`, input });
     }
     report.inputs++;
