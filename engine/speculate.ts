@@ -38,6 +38,7 @@ import {
   seededUniform,
 } from "./sampler.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
+import type { MtpMode } from "./transformer.ts";
 
 /** How to speculate; absent fields take their defaults. */
 export interface SpecOptions {
@@ -93,8 +94,13 @@ interface Draft {
 /** Something that proposes tokens to follow `history`. */
 interface Drafter {
   draft(history: readonly number[], k: number): Draft;
-  /** Told whether the next pass runs without drafts (true) or with them. */
-  idle?(idle: boolean): void;
+  /** Drafts of the first pass (default: the most); the length then adapts to what is kept. */
+  readonly startLength?: number;
+  /**
+   * Told what the next pass wants of it: drafts ("run"), none while the gate measures plain steps
+   * ("idle"), or none while the gate holds drafting off ("off").
+   */
+  mode?(mode: MtpMode): void;
 }
 
 /** Prompt lookup: the tokens after the latest earlier occurrence of the context's last n-gram. */
@@ -184,6 +190,12 @@ function greedyDraft(logits: Float32Array, hist: readonly number[], o: SamplerOp
  * the same seed.
  */
 class MtpDrafter implements Drafter {
+  /**
+   * One step is what the layer was trained for (DeepSeek-V3 §2.2; vLLM drafts one by default);
+   * chained steps are earned by kept drafts. A first pass of one draft also makes a probe of a
+   * layer that does not pay cheap: a verify pass of two rows, not draftMax + 1.
+   */
+  readonly startLength = 1;
   #model: Model;
   #seq: number;
   #opts: SamplerOptions;
@@ -212,8 +224,8 @@ class MtpDrafter implements Drafter {
     return { tokens, q: null };
   }
 
-  idle(idle: boolean): void {
-    this.#model.transformer.mtpIdle(this.#seq, idle);
+  mode(mode: MtpMode): void {
+    this.#model.transformer.mtpMode(this.#seq, mode);
   }
 }
 
@@ -231,7 +243,10 @@ class NgramDrafter implements Drafter {
 /**
  * Decides per step whether to draft, from measured milliseconds per emitted token with and
  * without drafts: probe, measure plain steps, then keep drafting while it is faster or back off
- * (doubling) while it is not.
+ * (doubling) while it is not. A stretch of drafting steps that kept no draft at all cannot have
+ * paid, whatever the clock says (a pass with drafts costs at least a plain one), so it backs off
+ * at once: noisy timings on a loaded machine cannot keep a useless drafter going. A backoff is
+ * long enough that the probe before it costs at most {@link SpecGate.PROBE_SHARE} of the time.
  */
 export class SpecGate {
   static readonly PROBE = 4;
@@ -239,6 +254,12 @@ export class SpecGate {
   static readonly KEEP = 32;
   static readonly MIN_BACKOFF = 32;
   static readonly MAX_BACKOFF = 1024;
+  /**
+   * Most of the time a stretch of drafting that did not pay may have cost, as a share of the
+   * plain steps of the backoff after it: a probe costing 20 plain steps' time is followed by
+   * 1000 plain steps, so probing keeps a drafter that does not pay above 0.98× of plain decoding.
+   */
+  static readonly PROBE_SHARE = 0.02;
   readonly adaptive: boolean;
   #spec = NaN;
   #plain = NaN;
@@ -247,6 +268,10 @@ export class SpecGate {
   #phase: SpecGate["phase"] = "measure";
   #left: number = SpecGate.MEASURE;
   #backoff: number = SpecGate.MIN_BACKOFF;
+  /** Drafts kept in the current stretch (probe or keep), its time and its tokens. */
+  #kept = 0;
+  #stretchMs = 0;
+  #stretchTokens = 0;
 
   constructor(adaptive: boolean) {
     this.adaptive = adaptive;
@@ -263,8 +288,18 @@ export class SpecGate {
     const ema = (old: number, x: number) => (Number.isNaN(old) ? x : 0.7 * old + 0.3 * x);
     if (drafted) this.#spec = ema(this.#spec, ms / tokens);
     else this.#plain = ema(this.#plain, ms / tokens);
+    if (drafted) {
+      // A drafting step emits its kept drafts and the target's token after them.
+      this.#kept += tokens - 1;
+      this.#stretchMs += ms;
+      this.#stretchTokens += tokens;
+    }
     if (!this.adaptive || drafted !== this.drafting || --this.#left > 0) return;
-    if (this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))) {
+    if (drafted && this.#kept === 0) {
+      this.#off();
+    } else if (
+      this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))
+    ) {
       this.#enter("measure", SpecGate.MEASURE);
     } else if (this.#phase === "off" || Number.isNaN(this.#spec)) {
       this.#enter("probe", SpecGate.PROBE);
@@ -272,14 +307,30 @@ export class SpecGate {
       this.#enter("keep", SpecGate.KEEP);
       this.#backoff = SpecGate.MIN_BACKOFF;
     } else {
-      this.#enter("off", this.#backoff);
-      this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
+      this.#off();
     }
+  }
+
+  /**
+   * Drafting did not pay: off for the backoff (doubling each time), or longer where the stretch
+   * cost more than plain steps would have: long enough that it costs at most PROBE_SHARE of the
+   * time until the next probe (a drafter with a costly probe, such as an MTP layer whose room
+   * the expert cache lends, is probed rarely).
+   */
+  #off(): void {
+    const excess = this.#stretchMs - this.#stretchTokens * this.#plain;
+    const byCost = excess > 0 ? Math.ceil(excess / (SpecGate.PROBE_SHARE * this.#plain)) : 0;
+    const steps = Math.min(Math.max(this.#backoff, byCost), SpecGate.MAX_BACKOFF);
+    this.#enter("off", steps);
+    this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
   }
 
   #enter(phase: SpecGate["phase"], steps: number): void {
     this.#phase = phase;
     this.#left = steps;
+    this.#kept = 0;
+    this.#stretchMs = 0;
+    this.#stretchTokens = 0;
   }
 
   /** The gate's phase: plain steps measured, drafts probed, kept, or off for a backoff. */
@@ -503,7 +554,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   const uniform = seededUniform((sampler.seed ^ 0xbb67ae85) >>> 0);
   // Draft length: one more after a fully kept draft, the kept run plus one after a rejection,
   // so rejected drafts cost little where the drafter is often wrong.
-  let length = s.spec?.draftMax ?? 0;
+  let length = Math.min(drafter?.startLength ?? Infinity, s.spec?.draftMax ?? 0);
   // The router lookahead predicts for every token of a verify pass while this loop runs.
   const lookahead = model.observers.lookahead;
   if (lookahead) lookahead.predictBatch = length + 1;
@@ -511,7 +562,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
     return yield* rounds();
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
-    drafter?.idle?.(false);
+    drafter?.mode?.("run");
   }
   async function* rounds(): AsyncGenerator<DecodedToken, DecodeEnd> {
     while (generated < s.maxTokens) {
@@ -526,7 +577,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
       );
       const wants = drafter !== null && room > 0 && gate.drafting;
       if (drafter !== null && room > 0 && !wants) counters.gated++;
-      drafter?.idle?.(!wants);
+      drafter?.mode?.(wants ? "run" : gate.phase === "off" ? "off" : "idle");
       const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
       const nd = draft.tokens.length;
       if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));

@@ -54,11 +54,28 @@ export interface TransformerParts {
   maxCtx: number;
   /** Sequences whose mixer state the arena holds (default 1). */
   sequences?: number;
-  /** Run the first MTP layer beside every pass, so it can draft (`--spec mtp`). */
-  mtp?: boolean;
+  /** Run the first MTP layer beside every pass, in this room, so it can draft (`--spec mtp`). */
+  mtp?: MtpRoom;
   /** Marks where each pass's time goes (engine/stream/timeline.ts); off when absent. */
   timeline?: Timeline;
 }
+
+/**
+ * Where the MTP layer's state, scratch and weights live: room the expert cache lends while the
+ * layer drafts and takes back while it does not (engine/model.ts), or resident room.
+ */
+export interface MtpRoom {
+  /**
+   * Takes the room: a view of it for the layer's mixer state and buffers (zero-filled), and the
+   * layer's weights, read into its end.
+   */
+  take(): { arena: Arena; weights: LayerWeights };
+  /** Gives the room back between passes; false when it stays (resident room). */
+  give(): boolean;
+}
+
+/** What a sequence's drafting wants of the MTP layer (engine/speculate.ts's gate). */
+export type MtpMode = "run" | "idle" | "off";
 
 /** One step of the MTP layer: the draft logits and the hidden state the next step reads. */
 export interface MtpStep {
@@ -67,14 +84,22 @@ export interface MtpStep {
   hidden: Float32Array;
 }
 
-/** The MTP layer's mixers and buffers, and per sequence the hidden rows of its last pass. */
-interface MtpState {
-  layer: number;
+/** The MTP layer's mixers, buffers and weights in its room, while the room is taken. */
+interface MtpHeld {
   mixers: LayerMixers;
   /** The hidden states the MTP layer reads (maxBatch rows). */
   hidden: number;
   /** Per row [normed embedding; normed hidden state] (maxBatch rows of 2 × hidden). */
   cat: number;
+  lw: LayerWeights;
+}
+
+/** The MTP layer, its room, and per sequence the hidden rows of its last pass. */
+interface MtpState {
+  layer: number;
+  room: MtpRoom;
+  /** What lives in the room while it is taken; null while it is given back. */
+  held: MtpHeld | null;
   /** Per sequence: the main pass's hidden rows after the final norm, from position `pos`. */
   last: ({ pos: number; rows: Float32Array } | null)[];
 }
@@ -115,9 +140,10 @@ export class Transformer {
   /** Per sequence: passes that ran rows on its state. */
   #writes: number[];
   #mtp: MtpState | null = null;
-  /** Sequences whose MTP cache is not kept up while their drafting is shut off. */
-  #mtpIdle = new Set<number>();
+  /** What each sequence's drafting wants of the MTP layer; absent: "run". */
+  #mtpMode = new Map<number, MtpMode>();
   #mtpCacheRows = 0;
+  #mtpTakes = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -137,12 +163,10 @@ export class Transformer {
       if (cfg.residual) {
         throw new Error(`${cfg.modelType}: MTP drafts need a plain residual stream`);
       }
-      const [hidden, cat] = mtpRegions(cfg, maxBatch);
       this.#mtp = {
         layer,
-        mixers: new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length, [layer]),
-        hidden: arena.alloc("mtp hidden", hidden),
-        cat: arena.alloc("mtp embedding and hidden", cat),
+        room: p.mtp,
+        held: null,
         last: new Array(this.#writes.length).fill(null),
       };
     }
@@ -334,6 +358,42 @@ export class Transformer {
     return this.#mtpCacheRows;
   }
 
+  /** Times the MTP layer took its room (and read its weights). */
+  get mtpTakes(): number {
+    return this.#mtpTakes;
+  }
+
+  /** Whether the MTP layer holds its room now. */
+  get mtpHeld(): boolean {
+    return this.#mtp?.held != null;
+  }
+
+  /** The MTP layer's mixers, buffers and weights, its room taken first when it was given back. */
+  #mtpHold(): MtpHeld {
+    const m = this.#mtp!;
+    if (m.held) return m.held;
+    const { cfg, ops } = this.#p;
+    const { arena, weights } = m.room.take();
+    this.#mtpTakes++;
+    const [hidden, cat] = mtpRegions(cfg, this.#p.maxBatch);
+    const mixers = new LayerMixers(
+      ops,
+      arena,
+      cfg,
+      this.#p.maxBatch,
+      this.#p.maxCtx,
+      this.#writes.length,
+      [m.layer],
+    );
+    m.held = {
+      mixers,
+      hidden: arena.alloc("mtp hidden", hidden),
+      cat: arena.alloc("mtp embedding and hidden", cat),
+      lw: weights,
+    };
+    return m.held;
+  }
+
   /**
    * The main pass's hidden state at position `pos` of sequence `seq` after the final norm (what
    * the LM head reads, and what the MTP layer was trained on), when its last pass ran that
@@ -357,7 +417,7 @@ export class Transformer {
     const m = this.#mtp!, d = this.cfg.hiddenSize;
     const before = this.mtpHidden(r.seq, r.pos - 1);
     const n = r.tokens.length - 1 + (before ? 1 : 0);
-    if (n > 0 && !this.#mtpIdle.has(r.seq)) {
+    if (n > 0 && (this.#mtpMode.get(r.seq) ?? "run") === "run") {
       this.#mtpCacheRows += n;
       const hidden = new Float32Array(n * d);
       if (before) hidden.set(before);
@@ -369,13 +429,23 @@ export class Transformer {
   }
 
   /**
-   * Stops (`idle` true) or resumes keeping sequence `seq`'s MTP cache beside its passes: while
-   * drafting does not pay the layer costs a pass for nothing. Positions passed while idle keep
-   * stale cache rows, which can only lower later drafts' acceptance, never change a token.
+   * Says what sequence `seq`'s drafting wants of the MTP layer: "run" keeps its cache beside its
+   * passes; "idle" (the gate measuring plain steps) stops that, since the layer would cost a pass
+   * for nothing; "off" (the gate holding drafting off for a while) also gives the layer's room
+   * back to the expert cache once no sequence runs the layer, so a layer that does not pay takes
+   * no room from the main model. Positions passed while idle keep stale cache rows, and a room
+   * taken again starts with zero rows: both can only lower later drafts' acceptance, never change
+   * a token.
    */
-  mtpIdle(seq: number, idle: boolean): void {
-    if (idle) this.#mtpIdle.add(seq);
-    else this.#mtpIdle.delete(seq);
+  mtpMode(seq: number, mode: MtpMode): void {
+    if (mode === "run") this.#mtpMode.delete(seq);
+    else this.#mtpMode.set(seq, mode);
+    const m = this.#mtp;
+    if (!m?.held || mode !== "off") return;
+    for (let s = 0; s < this.#writes.length; s++) {
+      if ((this.#mtpMode.get(s) ?? "run") === "run") return;
+    }
+    if (m.room.give()) m.held = null;
   }
 
   /**
@@ -401,32 +471,28 @@ export class Transformer {
     pos: number,
     logits = false,
   ): MtpStep | null {
-    const { cfg, arena, ops, trunk, globals } = this.#p;
+    const { cfg, arena, ops, globals } = this.#p;
     const m = this.#mtp!, d = cfg.hiddenSize, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
     const nb = tokens.length;
     const stream = this.#stream, h = this.#h, tmp = this.#tmp;
-    m.mixers.select(seq);
-    m.mixers.begin(pos, nb);
-    const lw = trunk.acquire(m.layer);
-    try {
-      embedRows(arena, globals.embed, tokens, tmp);
-      if (pos === 0) ops.f32(tmp, d).fill(0);
-      ops.rmsnorm(tmp, lw.get("mtp_enorm").ptr, h, d, nb, eps, unit);
-      ops.f32(m.hidden, nb * d).set(hidden);
-      ops.rmsnorm(m.hidden, lw.get("mtp_hnorm").ptr, tmp, d, nb, eps, unit);
-      for (let r = 0; r < nb; r++) {
-        ops.copy(m.cat + 2 * r * d * 4, h + r * d * 4, d);
-        ops.copy(m.cat + (2 * r + 1) * d * 4, tmp + r * d * 4, d);
-      }
-      ops.matmul({ w: lw.get("mtp_proj"), x: m.cat, y: stream.x, nb });
-      stream.start(nb);
-      const positions = tokens.map((_, i) => pos + i);
-      this.#layer(m.layer, lw, m.mixers, [{ seq, n: nb, pos }], positions, tokens);
-      if (!logits) return null;
-      ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
-      return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
-    } finally {
-      trunk.release(m.layer);
+    const held = this.#mtpHold(), lw = held.lw;
+    held.mixers.select(seq);
+    held.mixers.begin(pos, nb);
+    embedRows(arena, globals.embed, tokens, tmp);
+    if (pos === 0) ops.f32(tmp, d).fill(0);
+    ops.rmsnorm(tmp, lw.get("mtp_enorm").ptr, h, d, nb, eps, unit);
+    ops.f32(held.hidden, nb * d).set(hidden);
+    ops.rmsnorm(held.hidden, lw.get("mtp_hnorm").ptr, tmp, d, nb, eps, unit);
+    for (let r = 0; r < nb; r++) {
+      ops.copy(held.cat + 2 * r * d * 4, h + r * d * 4, d);
+      ops.copy(held.cat + (2 * r + 1) * d * 4, tmp + r * d * 4, d);
     }
+    ops.matmul({ w: lw.get("mtp_proj"), x: held.cat, y: stream.x, nb });
+    stream.start(nb);
+    const positions = tokens.map((_, i) => pos + i);
+    this.#layer(m.layer, lw, held.mixers, [{ seq, n: nb, pos }], positions, tokens);
+    if (!logits) return null;
+    ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
+    return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
   }
 }
