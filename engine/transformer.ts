@@ -407,6 +407,67 @@ export class Transformer {
   }
 
   /**
+   * What a prompt cache or saved session keeps of sequence `seq`'s MTP layer for positions
+   * 0..n−1: each of its cache regions' rows (views into the arena; the row of n − 1 is rewritten
+   * by the next pass before anything reads it), then the main hidden state at n − 1 that the
+   * next pass's first MTP row reads. Null while the room is given back or that hidden state is
+   * not at hand: there is nothing worth keeping.
+   */
+  mtpSnapshot(seq: number, n: number): { rowBytes: number[]; parts: Uint8Array[] } | null {
+    const held = this.#mtp?.held, hidden = this.mtpHidden(seq, n - 1);
+    if (!held || !hidden) return null;
+    held.mixers.select(seq);
+    const regions = held.mixers.cacheRegions();
+    return {
+      rowBytes: regions.map((r) => r.rowBytes),
+      parts: [
+        ...regions.map((r) => this.#p.arena.u8(r.offset, n * r.rowBytes)),
+        new Uint8Array(hidden.buffer, hidden.byteOffset, hidden.byteLength),
+      ],
+    };
+  }
+
+  /**
+   * Sequence `seq`'s KV cache was written back to its first `n` positions (a prompt cache or
+   * session): with `snapshot` (the bytes of an {@link mtpSnapshot} of `stored` ≥ n positions
+   * with regions of `rowBytes`), the MTP layer's rows are written back too, its room taken, and
+   * where n = stored the next pass continues its cache as a cold run would; without one (or of
+   * another layout) its rows are left stale. Returns whether the rows were restored.
+   */
+  mtpRestore(
+    seq: number,
+    snapshot: { rowBytes: number[]; bytes: Uint8Array } | null,
+    stored: number,
+    n: number,
+  ): boolean {
+    const m = this.#mtp;
+    if (!m) return false;
+    // The hidden rows of the sequence's last pass belong to what ran before the restore.
+    m.last[seq] = null;
+    if (!snapshot || n < 1) return false;
+    const held = this.#mtpHold();
+    held.mixers.select(seq);
+    const regions = held.mixers.cacheRegions(), d = this.cfg.hiddenSize;
+    const { rowBytes, bytes } = snapshot;
+    const size = rowBytes.reduce((a, r) => a + stored * r, 0) + d * 4;
+    const same = regions.length === rowBytes.length &&
+      regions.every((r, i) => r.rowBytes === rowBytes[i]);
+    if (!same || bytes.length !== size) return false;
+    let at = 0;
+    for (const r of regions) {
+      this.#p.arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
+      at += stored * r.rowBytes;
+    }
+    if (n === stored) {
+      // A copy (the bytes may be a view into a file's buffer, at any alignment).
+      const rows = new Float32Array(d);
+      new Uint8Array(rows.buffer).set(bytes.subarray(at, at + d * 4));
+      m.last[seq] = { pos: n - 1, rows };
+    }
+    return true;
+  }
+
+  /**
    * Fills the MTP layer's cache for the positions a pass of sequence `r.seq` settled: position p
    * reads the main hidden state at p and the token at p + 1 (DeepSeek-V3 tech report §2.2), so
    * this pass's rows give every position before its last, and the previous pass's last row the

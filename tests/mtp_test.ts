@@ -15,7 +15,9 @@ import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
+import { PrefixCache } from "../engine/prefix_cache.ts";
 import { Session } from "../engine/session.ts";
+import { loadSession, mtpSaved, saveSession } from "../engine/session_state.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
@@ -414,5 +416,64 @@ Deno.test({
     // Holding the room (the layer running beside every pass) reads several records a token more
     // on this budget: the check above can fail.
     assert.ok(run.late > plain.late + steps * off.stride, `run: late ${run.late}; ${what}`);
+  },
+});
+
+Deno.test({
+  name:
+    "a saved session and the prompt cache keep the MTP layer's rows: after a restore they and the drafts are a cold run's",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    // Held open, so the layer keeps its room and rows throughout.
+    const open = () => Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+    const generate = async (s: Session, prompt: number[], maxTokens: number) => {
+      const ids: number[] = [];
+      for await (const t of s.generate(prompt, { ignoreEos: true, maxTokens })) ids.push(t.id);
+      const { drafted, accepted } = s.timings.decode;
+      return { ids, drafted, accepted };
+    };
+    /** The MTP layer's rows and the hidden state it reads next, for the cached positions. */
+    const rows = (s: Session) => {
+      const snap = mtpSaved(s, s.cachedTokens.length);
+      assert.ok(snap, "the MTP layer keeps rows");
+      return snap.bytes;
+    };
+    const first = [...ONCE_UPON_A_TIME];
+    const file = `${tempDir()}/mtp.session`;
+    const cold = await open(), warm = await open(), resumed = await open();
+    try {
+      // Cold: two turns on one session.
+      const a = await generate(cold, first, 12);
+      const second = [...first, ...a.ids, 403, 407];
+      const coldTurn = await generate(cold, second, 16);
+      // Saved after the first turn, loaded into a fresh session, then the second turn.
+      await generate(warm, first, 12);
+      saveSession(warm, file);
+      loadSession(resumed, file);
+      assert.deepEqual(rows(resumed), rows(warm), "the rows as saved");
+      const resumedTurn = await generate(resumed, second, 16);
+      assert.deepEqual(resumedTurn, coldTurn);
+      assert.deepEqual(rows(resumed), rows(cold), "the rows after the turn: a cold run's");
+      // The prompt cache: another owner's request displaces the live cache, whose rows are
+      // saved and written back for the first owner's next turn.
+      const cache = new PrefixCache(warm, { ownerBytes: 2 ** 24 });
+      warm.resetCache();
+      cache.prepare("a", first);
+      await generate(warm, first, 12);
+      cache.finish();
+      cache.prepare("b", [1, 9, 9, 9]);
+      await generate(warm, [1, 9, 9, 9], 8);
+      cache.finish();
+      cache.prepare("a", second);
+      assert.equal(warm.cachedTokens.length, first.length + 11, "a's prefix written back");
+      const cachedTurn = await generate(warm, second, 16);
+      assert.deepEqual(cachedTurn, coldTurn);
+      assert.deepEqual(rows(warm), rows(cold), "the rows after the turn: a cold run's");
+    } finally {
+      cold.close();
+      warm.close();
+      resumed.close();
+    }
   },
 });
