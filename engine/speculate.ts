@@ -98,9 +98,9 @@ interface Drafter {
   readonly startLength?: number;
   /**
    * Told what the next pass wants of it: drafts ("run"), none while the gate measures plain steps
-   * ("idle"), or none while the gate holds drafting off ("off").
+   * ("idle"), or none while the gate holds drafting off ("off"); null when the generation ends.
    */
-  mode?(mode: MtpMode): void;
+  mode?(mode: MtpMode | null): void;
 }
 
 /** Prompt lookup: the tokens after the latest earlier occurrence of the context's last n-gram. */
@@ -224,7 +224,7 @@ class MtpDrafter implements Drafter {
     return { tokens, q: null };
   }
 
-  mode(mode: MtpMode): void {
+  mode(mode: MtpMode | null): void {
     this.#model.transformer.mtpMode(this.#seq, mode);
   }
 }
@@ -429,6 +429,14 @@ export class Speculation {
   }
 
   /**
+   * Whether each sequence of a batch can draft on its own: prompt lookup keeps nothing, and the
+   * MTP layer keeps a cache per sequence; a draft model keeps one cache.
+   */
+  get perSequence(): boolean {
+    return this.#draftModel === null;
+  }
+
+  /**
    * Forgets what the draft model's KV cache holds, so the next generation drafts from position 0
    * rather than after whatever prefix it shares with the last one (another user's, in a server).
    */
@@ -562,7 +570,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
     return yield* rounds();
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
-    drafter?.mode?.("run");
+    drafter?.mode?.(null);
   }
   async function* rounds(): AsyncGenerator<DecodedToken, DecodeEnd> {
     while (generated < s.maxTokens) {

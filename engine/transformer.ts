@@ -140,7 +140,10 @@ export class Transformer {
   /** Per sequence: passes that ran rows on its state. */
   #writes: number[];
   #mtp: MtpState | null = null;
-  /** What each sequence's drafting wants of the MTP layer; absent: "run". */
+  /**
+   * What each generation's drafting wants of the MTP layer, by sequence; a sequence without one
+   * (reading a prompt, or not generating) keeps its rows but does not hold the room.
+   */
   #mtpMode = new Map<number, MtpMode>();
   #mtpCacheRows = 0;
   #mtpTakes = 0;
@@ -493,19 +496,18 @@ export class Transformer {
    * Says what sequence `seq`'s drafting wants of the MTP layer: "run" keeps its cache beside its
    * passes; "idle" (the gate measuring plain steps) stops that, since the layer would cost a pass
    * for nothing; "off" (the gate holding drafting off for a while) also gives the layer's room
-   * back to the expert cache once no sequence runs the layer, so a layer that does not pay takes
-   * no room from the main model. Positions passed while idle keep stale cache rows, and a room
-   * taken again starts with zero rows: both can only lower later drafts' acceptance, never change
-   * a token.
+   * back to the expert cache once no generation drafts, so a layer that does not pay takes no
+   * room from the main model; null (its generation ended) keeps its rows beside later passes
+   * (the next prompt's) without holding the room. Positions passed while idle keep stale cache
+   * rows, and a room taken again starts with zero rows: both can only lower later drafts'
+   * acceptance, never change a token.
    */
-  mtpMode(seq: number, mode: MtpMode): void {
-    if (mode === "run") this.#mtpMode.delete(seq);
+  mtpMode(seq: number, mode: MtpMode | null): void {
+    if (mode === null) this.#mtpMode.delete(seq);
     else this.#mtpMode.set(seq, mode);
     const m = this.#mtp;
     if (!m?.held || mode !== "off") return;
-    for (let s = 0; s < this.#writes.length; s++) {
-      if ((this.#mtpMode.get(s) ?? "run") === "run") return;
-    }
+    if ([...this.#mtpMode.values()].includes("run")) return;
     if (m.room.give()) m.held = null;
   }
 

@@ -15,8 +15,9 @@ import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
+import { Batch } from "../engine/batch.ts";
 import { PrefixCache } from "../engine/prefix_cache.ts";
-import { Session } from "../engine/session.ts";
+import { type GenerateOptions, Session } from "../engine/session.ts";
 import { loadSession, mtpSaved, saveSession } from "../engine/session_state.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
@@ -477,3 +478,56 @@ Deno.test({
     }
   },
 });
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name:
+      `--parallel 3: each batched sequence drafts with the MTP layer, its tokens its own alone: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const opts = { ...OPTS, ctx: 64, prefillChunk: 8, hotList: false };
+      const requests: [number[], GenerateOptions][] = [
+        [[1, 403, 407, 261, 378], { maxTokens: 12 }],
+        [[1, 378, 261, 407, 403, 299, 304, 277, 375], { maxTokens: 10, temperature: 0.9, seed: 7 }],
+        [[1, 299, 460], { maxTokens: 9, temperature: 1.1, topP: 0.9, seed: 12345 }],
+      ];
+      const plain = await Session.open(path, opts);
+      const alone: number[][] = [];
+      try {
+        for (const [prompt, o] of requests) {
+          plain.resetCache();
+          const ids = [];
+          for await (const t of plain.generate(prompt, { ...o, ignoreEos: true })) ids.push(t.id);
+          alone.push(ids);
+        }
+      } finally {
+        plain.close();
+      }
+      const session = await Session.open(path, {
+        ...opts,
+        parallel: 3,
+        spec: { mtp: true, adaptive: false },
+      });
+      try {
+        const batch = new Batch(session);
+        const seqs = requests.map(() => batch.reserve()!);
+        const got = await Promise.all(requests.map(async ([prompt, o], i) => {
+          const ids = [];
+          for await (const t of batch.generate(seqs[i], prompt, { ...o, ignoreEos: true })) {
+            ids.push(t.id);
+          }
+          return ids;
+        }));
+        assert.deepEqual(got, alone);
+        for (const seq of seqs) {
+          const d = batch.timings(seq).decode;
+          assert.ok(d.drafted > 0, `sequence ${seq}: ${JSON.stringify(d)}`);
+        }
+        assert.ok(batch.totals.sequences > batch.totals.passes, "passes held several sequences");
+      } finally {
+        session.close();
+      }
+    },
+  });
+}
