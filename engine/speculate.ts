@@ -96,6 +96,8 @@ interface Drafter {
   draft(history: readonly number[], k: number): Draft;
   /** Drafts of the first pass (default: the most); the length then adapts to what is kept. */
   readonly startLength?: number;
+  /** The gate probes before it measures plain steps (see SpecGate). */
+  readonly probeFirst?: boolean;
   /**
    * Told what the next pass wants of it: drafts ("run"), none while the gate measures plain steps
    * ("idle"), or none while the gate holds drafting off ("off"); null when the generation ends.
@@ -196,6 +198,13 @@ class MtpDrafter implements Drafter {
    * layer that does not pay cheap: a verify pass of two rows, not draftMax + 1.
    */
   readonly startLength = 1;
+  /**
+   * Right after the prompt its rows are complete and its room is held: probing first uses both,
+   * and a layer that does not pay gives the room back four steps in, not eight (plain steps
+   * measured with the room lent are not plain decoding's anyway; the probe is judged again
+   * against the plain steps after it).
+   */
+  readonly probeFirst = true;
   #model: Model;
   #seq: number;
   #opts: SamplerOptions;
@@ -272,9 +281,18 @@ export class SpecGate {
   #kept = 0;
   #stretchMs = 0;
   #stretchTokens = 0;
+  /** The last stretch that did not pay (its time and tokens), and the steps it is off for. */
+  #lost = { ms: 0, tokens: 0 };
+  #offSteps = 0;
 
-  constructor(adaptive: boolean) {
+  /**
+   * A gate that drafts always unless `adaptive`; with `probeFirst` it probes before measuring
+   * plain steps (a drafter whose state is freshest, and whose room is held, right after the
+   * prompt: the MTP layer).
+   */
+  constructor(adaptive: boolean, probeFirst = false) {
     this.adaptive = adaptive;
+    if (probeFirst) this.#enter("probe", SpecGate.PROBE);
   }
 
   /** Whether the next step should draft. */
@@ -295,7 +313,13 @@ export class SpecGate {
       this.#stretchTokens += tokens;
     }
     if (!this.adaptive || drafted !== this.drafting || --this.#left > 0) return;
-    if (drafted && this.#kept === 0) {
+    // The stretch's cost judged again against plain steps measured since (the first ones, before
+    // any probe, read a cold cache and make a probe look cheap): off longer if it was dearer.
+    const owed = this.#phase === "off" ? this.#byCost(this.#lost) - this.#offSteps : 0;
+    if (owed > 0) {
+      this.#left = owed;
+      this.#offSteps += owed;
+    } else if (drafted && this.#kept === 0) {
       this.#off();
     } else if (
       this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))
@@ -318,11 +342,24 @@ export class SpecGate {
    * the expert cache lends, is probed rarely).
    */
   #off(): void {
-    const excess = this.#stretchMs - this.#stretchTokens * this.#plain;
-    const byCost = excess > 0 ? Math.ceil(excess / (SpecGate.PROBE_SHARE * this.#plain)) : 0;
-    const steps = Math.min(Math.max(this.#backoff, byCost), SpecGate.MAX_BACKOFF);
+    this.#lost = { ms: this.#stretchMs, tokens: this.#stretchTokens };
+    const steps = Math.max(this.#backoff, this.#byCost(this.#lost));
     this.#enter("off", steps);
+    this.#offSteps = steps;
     this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
+  }
+
+  /**
+   * Plain steps after a stretch of `ms` for `tokens` for it to cost at most PROBE_SHARE of the
+   * time, at the plain time per token measured now (at most MAX_BACKOFF).
+   */
+  #byCost(stretch: { ms: number; tokens: number }): number {
+    const excess = stretch.ms - stretch.tokens * this.#plain;
+    if (!(excess > 0)) return 0;
+    return Math.min(
+      Math.ceil(excess / (SpecGate.PROBE_SHARE * this.#plain)),
+      SpecGate.MAX_BACKOFF,
+    );
   }
 
   #enter(phase: SpecGate["phase"], steps: number): void {
@@ -554,7 +591,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   let generated = 1;
   const vocab = model.cfg.vocabSize;
   const drafter = s.spec?.drafter(s.sampling, sampler.seed, s.seq) ?? null;
-  const gate = new SpecGate(s.spec?.adaptive ?? true);
+  const gate = new SpecGate(s.spec?.adaptive ?? true, drafter?.probeFirst);
   // A copy of each recurrent state (outside the arena) only when drafts will be verified.
   const states = drafter ? model.transformer.stateRegions(s.seq) : [];
   const saved = states.map((r) => new Uint8Array(r.bytes));

@@ -64,6 +64,17 @@ Deno.test("the gate keeps drafting while it measures faster and backs off while 
   // plain steps (capped at 1024): probes after 4 steps and 1024 later.
   const costly = draftedShare(10, 2000, 1);
   assert.ok(costly > 0 && costly <= (2 * SpecGate.PROBE) / 2000, `${costly}`);
+  // The plain steps before the first probe read a cold cache (10 ms, as the probe's steps): the
+  // probe looks free, but judged again against the warm plain steps after it (1 ms), it cost
+  // 36 ms, so the gate stays off rather than probing again after 32 steps.
+  const gate = new SpecGate(true);
+  let probes = 0;
+  for (let i = 0; i < 600; i++) {
+    const d = gate.drafting;
+    probes += d ? 1 : 0;
+    gate.record(d, d || i < SpecGate.MEASURE ? 10 : 1, 1);
+  }
+  assert.equal(probes, SpecGate.PROBE);
   // Held open, it always drafts.
   const open = new SpecGate(false);
   open.record(true, 100, 1);
