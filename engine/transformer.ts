@@ -26,7 +26,7 @@ import type { CacheRegion, StateRegion } from "./parts/mixer.ts";
 import type { SequenceSpan } from "./parts/mixer.ts";
 import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
-import { LOGIT_ROWS, mtpRegions, skeletonRegions } from "./run_state.ts";
+import { LOGIT_ROWS, mtpRegions, mtpRows, skeletonRegions } from "./run_state.ts";
 import type { TensorRef } from "./tensor.ts";
 import type { Timeline } from "./stream/timeline.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
@@ -87,9 +87,9 @@ export interface MtpStep {
 /** The MTP layer's mixers, buffers and weights in its room, while the room is taken. */
 interface MtpHeld {
   mixers: LayerMixers;
-  /** The hidden states the MTP layer reads (maxBatch rows). */
+  /** The hidden states the MTP layer reads (mtpRows rows). */
   hidden: number;
-  /** Per row [normed embedding; normed hidden state] (maxBatch rows of 2 × hidden). */
+  /** Per row [normed embedding; normed hidden state] (mtpRows rows of 2 × hidden). */
   cat: number;
   lw: LayerWeights;
 }
@@ -378,12 +378,13 @@ export class Transformer {
     const { cfg, ops } = this.#p;
     const { arena, weights } = m.room.take();
     this.#mtpTakes++;
-    const [hidden, cat] = mtpRegions(cfg, this.#p.maxBatch);
+    const rows = mtpRows(this.#p.maxBatch);
+    const [hidden, cat] = mtpRegions(cfg, rows);
     const mixers = new LayerMixers(
       ops,
       arena,
       cfg,
-      this.#p.maxBatch,
+      rows,
       this.#p.maxCtx,
       this.#writes.length,
       [m.layer],
@@ -487,7 +488,11 @@ export class Transformer {
       if (before) hidden.set(before);
       hidden.set(rows.subarray(0, (r.tokens.length - 1) * d), before ? d : 0);
       const tokens = before ? r.tokens : r.tokens.slice(1);
-      this.#mtpRun(r.seq, hidden, tokens, before ? r.pos - 1 : r.pos);
+      const pos = before ? r.pos - 1 : r.pos, step = mtpRows(this.#p.maxBatch);
+      for (let i = 0; i < n; i += step) {
+        const k = Math.min(step, n - i);
+        this.#mtpRun(r.seq, hidden.subarray(i * d, (i + k) * d), tokens.slice(i, i + k), pos + i);
+      }
     }
     m.last[r.seq] = { pos: r.pos, rows };
   }

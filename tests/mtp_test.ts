@@ -13,6 +13,7 @@ import { PAGE } from "../engine/arena.ts";
 import { openContainer } from "../engine/container.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
+import { MTP_ROWS } from "../engine/run_state.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
 import { Batch } from "../engine/batch.ts";
@@ -538,3 +539,29 @@ for (const name of MTP_FIXTURES) {
     },
   });
 }
+
+Deno.test({
+  name:
+    "the MTP layer's rows of a long prompt pass (run in pieces of MTP_ROWS) are those of running it token by token",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const prompt = Array.from({ length: 2 * MTP_ROWS + 7 }, (_, i) => (i * 37 + 1) % 256);
+    const [whole, single] = [await open(), await open()];
+    async function open() {
+      return await Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+    }
+    try {
+      whole.model.forward(prompt, 0);
+      prompt.forEach((t, p) => single.model.forward([t], p));
+      whole.adoptCache(prompt);
+      single.adoptCache(prompt);
+      const [a, b] = [mtpSaved(whole, prompt.length), mtpSaved(single, prompt.length)];
+      assert.ok(a && b);
+      assert.deepEqual(a.bytes, b.bytes);
+    } finally {
+      whole.close();
+      single.close();
+    }
+  },
+});
