@@ -26,19 +26,38 @@ export interface ArenaRegion {
 export class Arena {
   /** The shared memory every worker instantiates the kernels on. */
   readonly memory: WebAssembly.Memory;
-  /** Total bytes of the memory. */
+  /** Total bytes of the memory (of a lent view: the end of its room). */
   readonly capacity: number;
   readonly regions: ArenaRegion[] = [];
   #top: number;
 
   /**
    * Creates an arena of `bytes` in all (rounded up to 64 KiB pages), the kernels' reserved low
-   * region included, so a memory plan's total is exactly what the process commits.
+   * region included, so a memory plan's total is exactly what the process commits; with `lent`,
+   * a view of `bytes` of that memory from its offset (see {@link within}).
    */
-  constructor(bytes: number) {
+  constructor(bytes: number, lent?: { memory: WebAssembly.Memory; offset: number }) {
+    if (lent) {
+      this.capacity = lent.offset + bytes;
+      this.memory = lent.memory;
+      this.#top = lent.offset;
+      return;
+    }
     this.capacity = alignUp(Math.max(bytes, KERNEL_RESERVED_BYTES + PAGE), 65536);
     this.memory = createArenaMemory(this.capacity);
     this.#top = alignUp(KERNEL_RESERVED_BYTES, PAGE);
+  }
+
+  /**
+   * A bump allocator over `bytes` of this arena's memory from `offset` (page-aligned), for room
+   * that is not always the caller's (the MTP layer's, lent by the expert cache): it allocates
+   * from `offset` up, and its regions are not zero-filled.
+   */
+  within(offset: number, bytes: number): Arena {
+    if (offset % PAGE !== 0 || offset + bytes > this.capacity) {
+      throw new Error(`arena: cannot lend [${offset}, ${offset + bytes}) of ${this.capacity}`);
+    }
+    return new Arena(bytes, { memory: this.memory, offset });
   }
 
   /** Bytes handed out so far, including the reserved low region. */
@@ -51,7 +70,10 @@ export class Arena {
     return this.capacity - this.#top;
   }
 
-  /** Allocates `bytes` (rounded up to `align`) at an `align`-aligned offset; zero-filled. */
+  /**
+   * Allocates `bytes` (rounded up to `align`) at an `align`-aligned offset; zero-filled (in a
+   * lent view: as the lender left it).
+   */
   alloc(name: string, bytes: number, align = PAGE): number {
     const offset = alignUp(this.#top, align);
     const size = alignUp(Math.max(bytes, 1), align);

@@ -76,8 +76,10 @@ export class Batch {
       timings: emptyTimings(),
       forward: (tokens, pos, allLogits, signal) =>
         this.#request(seq, tokens, pos, allLogits ?? false, signal),
-      // The drafter keeps one cache of its own: drafts only while one sequence is all there is.
-      speculate: this.capacity === 1,
+      // A draft model keeps one cache of its own: it drafts only while one sequence is all there
+      // is; prompt lookup and the MTP layer (a cache per sequence) draft on every sequence, each
+      // verify pass one request of the batch's pass.
+      speculate: this.capacity === 1 || (session.speculation?.perSequence ?? false),
     }));
   }
 

@@ -17,7 +17,8 @@ import { logReads, type ReadLog } from "../io/read_log.ts";
 import { Timeline } from "./stream/timeline.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
-import { Arena } from "./arena.ts";
+import { Arena, PAGE } from "./arena.ts";
+import { alignUp } from "../io/format.ts";
 import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
@@ -36,7 +37,7 @@ import { formatBytes } from "./units.ts";
 import { defaultThreads, Pool } from "./pool.ts";
 import { checkContext, crcSampleOf, prefillChunkOf, threadsOf } from "./run_limits.ts";
 import { type ExpertSource, tensorRef } from "./weights.ts";
-import { type GlobalWeights, type SequenceRows, Transformer } from "./transformer.ts";
+import { type GlobalWeights, type MtpRoom, type SequenceRows, Transformer } from "./transformer.ts";
 
 export { DEFAULT_CRC_SAMPLE } from "./run_limits.ts";
 
@@ -184,9 +185,10 @@ export class Model {
     const cfg = container.config;
     if (opts.mtp) checkMtp(path, container);
     const { plan, lookahead, ctx, prefillChunk } = planRun(container, opts);
-    // With MTP drafts, the drafting MTP layer's run and bank follow the main layers'.
+    // With MTP drafts, the drafting MTP layer's bank follows the main layers' (its run is read
+    // into its room, mtpRoom).
     const m = container.manifest, extra = opts.mtp ? MTP_DRAFT_LAYERS : 0;
-    const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+    const runs = m.trunk.layers;
     const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []];
     const arena = new Arena(plan.arenaBytes);
     loadCodebooks(container, arena);
@@ -235,7 +237,17 @@ export class Model {
         maxBatch: prefillChunk,
         maxCtx: ctx,
         sequences: plan.sequences,
-        mtp: opts.mtp,
+        mtp: opts.mtp
+          ? mtpRoom(
+            arena,
+            trunk,
+            m.mtp!.layers[extra - 1],
+            runs.length,
+            plan,
+            experts,
+            cfg.moe?.topK ?? 1,
+          )
+          : undefined,
         timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
@@ -385,6 +397,43 @@ export function checkMtp(path: string, container: Container): void {
         `stream) are not supported; use --spec ngram or --draft`,
     );
   }
+}
+
+/**
+ * The MTP layer's room (engine/transformer.ts MtpRoom): with experts, the top
+ * `plan.mtpLoanSlots` expert slots, lent while the layer drafts and taken back while it does not,
+ * so that drafting that does not pay costs the main model no cache room (at least `keep` slots
+ * stay, one token's experts; the planner leaves 2 × top_k); without experts, resident room.
+ * Its state and buffers come first, its trunk run (re-read on every take) last.
+ */
+function mtpRoom(
+  arena: Arena,
+  trunk: TrunkRing,
+  run: LayerRun,
+  layer: number,
+  plan: MemoryPlan,
+  experts: ExpertStore | null,
+  keep: number,
+): MtpRoom {
+  const state = plan.mtpRoomBytes - alignUp(run.bytes, PAGE);
+  const open = (offset: number) => {
+    arena.u8(offset, state).fill(0);
+    return {
+      arena: arena.within(offset, state),
+      weights: trunk.readInto(layer, run, offset + state),
+    };
+  };
+  if (!experts || plan.mtpLoanSlots === 0) {
+    const offset = arena.alloc("mtp layer (state, scratch, run)", plan.mtpRoomBytes);
+    return { take: () => open(offset), give: () => false };
+  }
+  return {
+    take: () => open(experts.lend(plan.mtpLoanSlots, keep)),
+    give: () => {
+      experts.unlend();
+      return true;
+    },
+  };
 }
 
 /** Bytes per read of the globals region, and most such reads in flight. */

@@ -33,18 +33,23 @@ export interface PlanInput {
   routerBytes: number;
   /** Bytes of VQ3R codebooks and prepared (quantised / table) inputs for a prefill chunk. */
   quantBytes?: (maxBatch: number) => number;
-  /** The MTP layers run (`--spec mtp`): their runs, banks, state and scratch are charged. */
+  /**
+   * The MTP layer runs (`--spec mtp`): its bank joins the expert cache, and its state, scratch
+   * and run (`mtpRunBytes`) are room the cache lends it while it drafts ({@link MemoryPlan}).
+   */
   mtp?: boolean;
+  /** Bytes of the drafting MTP layer's trunk run (with `mtp`). */
+  mtpRunBytes?: number;
 }
 
 /**
  * The planner's view of an opened container; with `mtp`, the drafting MTP layer's run and bank
- * too (they follow the main layers' in the trunk ring and the expert store).
+ * too (its bank follows the main layers' in the expert store).
  */
 export function planInput(c: Container, mtp = false): PlanInput {
   const m = c.manifest;
   const extra = mtp ? MTP_DRAFT_LAYERS : 0;
-  const runs = [...m.trunk.layers, ...m.mtp?.layers.slice(0, extra) ?? []];
+  const runs = m.trunk.layers;
   const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []].filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
@@ -61,6 +66,7 @@ export function planInput(c: Container, mtp = false): PlanInput {
     routerBytes,
     quantBytes: (maxBatch) => quantArenaBytes(c, maxBatch),
     mtp,
+    mtpRunBytes: mtp ? m.mtp?.layers[MTP_DRAFT_LAYERS - 1]?.bytes ?? 0 : undefined,
   };
 }
 
@@ -97,7 +103,7 @@ export interface MemoryPlan {
   /** The smallest budget that runs: fixed + one ring slot + 2 × top_k expert records. */
   floor: number;
   pinned: number;
-  /** Trunk runs planned: every layer's, the MTP layers' last when they run. */
+  /** Trunk runs planned: every main layer's (the MTP layer's is in its room). */
   trunkLayers: number;
   ringSlots: number;
   ringSlotBytes: number;
@@ -114,14 +120,37 @@ export interface MemoryPlan {
   wholeModelBytes: number;
   /** Fraction of layer visits served by pinned layers: pinned / layers. */
   trunkHitRate: number;
+  /**
+   * Bytes of the MTP layer's room (`--spec mtp`: every sequence's MTP state, its scratch and its
+   * trunk run), 0 without. It is not resident: while the MTP layer drafts, the expert cache lends
+   * it its top `mtpLoanSlots` slots, and takes them back while the gate holds drafting off, so
+   * a layer that does not pay takes no room from the main model (a model without experts keeps
+   * the room resident instead, in fixedBytes).
+   */
+  mtpRoomBytes: number;
+  /** Expert slots lent as the MTP layer's room while it drafts. */
+  mtpLoanSlots: number;
 }
 
 /**
- * Bytes of every layer's mixer state (KV cache, latent rows or recurrent state) at `ctx`, the
- * MTP layers' with `mtp`.
+ * Bytes of the room the drafting MTP layer uses at `ctx`: `sequences` copies of its state, its
+ * scratch (engine/run_state.ts) and its trunk run of `runBytes`, each page-rounded as allocated.
  */
-export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mtp = false): number {
-  return runStateSizes(cfg, ctx, maxBatch, mtp).layerStateBytes.reduce(
+export function mtpRoomBytes(
+  cfg: ModelConfig,
+  ctx: number,
+  maxBatch: number,
+  sequences: number,
+  runBytes: number,
+): number {
+  const s = runStateSizes(cfg, ctx, maxBatch, true);
+  const state = s.layerStateBytes.slice(cfg.numLayers).reduce((a, b) => a + alignUp(b, PAGE), 0);
+  return sequences * state + s.scratch.mtp + alignUp(runBytes, PAGE);
+}
+
+/** Bytes of every main layer's mixer state (KV cache, latent rows or recurrent state) at `ctx`. */
+export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  return runStateSizes(cfg, ctx, maxBatch).layerStateBytes.reduce(
     (s, b) => s + alignUp(b, PAGE),
     0,
   );
@@ -135,12 +164,12 @@ export function kvCacheBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mt
 const SLACK_PAGES = 32;
 
 /**
- * Bytes of the run state's scratch (every part's, the MTP layers' with `mtp`), the kernels'
- * reserved region and control.
+ * Bytes of the run state's scratch (every part's but the MTP layer's, which is in its room), the
+ * kernels' reserved region and control.
  */
-export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number, mtp = false): number {
-  const s = runStateSizes(cfg, ctx, maxBatch, mtp).scratch;
-  return s.skeleton + s.residual + s.mixers + s.feedForward + s.mtp + SLACK_PAGES * PAGE +
+export function scratchBytes(cfg: ModelConfig, ctx: number, maxBatch: number): number {
+  const s = runStateSizes(cfg, ctx, maxBatch).scratch;
+  return s.skeleton + s.residual + s.mixers + s.feedForward + SLACK_PAGES * PAGE +
     KERNEL_RESERVED_BYTES + CTL_BYTES;
 }
 
@@ -175,19 +204,25 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
   const maxLayer = Math.max(0, ...layerBytes);
   const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
+  // The MTP layer's room, lent by the expert cache (in whole slots), or resident without one.
+  const roomAt = (ctx: number) =>
+    mtp ? mtpRoomBytes(cfg, ctx, opts.maxBatch, sequences, input.mtpRunBytes ?? 0) : 0;
+  const loanAt = (ctx: number) => expertStride > 0 ? Math.ceil(roomAt(ctx) / expertStride) : 0;
   // What stays resident at a context of `ctx`: the KV cache and the RoPE tables grow with it.
   const residentAt = (ctx: number) => {
-    const kv = sequences * kvCacheBytes(cfg, ctx, opts.maxBatch, mtp);
-    const scratch = scratchBytes(cfg, ctx, opts.maxBatch, mtp) +
+    const kv = sequences * kvCacheBytes(cfg, ctx, opts.maxBatch);
+    const scratch = scratchBytes(cfg, ctx, opts.maxBatch) +
       (input.quantBytes?.(opts.maxBatch) ?? 0);
-    return { kv, scratch, fixed: input.globalsBytes + kv + scratch + routers };
+    const room = expertStride > 0 ? 0 : roomAt(ctx);
+    return { kv, scratch, fixed: input.globalsBytes + kv + scratch + routers + room };
   };
   const floorAt = (ctx: number) =>
-    alignUp(residentAt(ctx).fixed + maxLayer + minExperts * expertStride, 65536);
+    alignUp(residentAt(ctx).fixed + maxLayer + (minExperts + loanAt(ctx)) * expertStride, 65536);
   const { kv: kvBytes, scratch, fixed: fixedBytes } = residentAt(opts.ctx);
-  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch, mtp).layerStateBytes;
+  const layerStateBytes = runStateSizes(cfg, opts.ctx, opts.maxBatch).layerStateBytes;
   const floor = floorAt(opts.ctx);
-  const wholeModelBytes = fixedBytes + trunkAll + totalExperts * expertStride;
+  const loan = loanAt(opts.ctx);
+  const wholeModelBytes = fixedBytes + trunkAll + (totalExperts + loan) * expertStride;
   // The arena is made of 64 KiB wasm pages: a budget is honoured to the page.
   const budget = opts.budget !== undefined
     ? Math.floor(opts.budget / 65536) * 65536
@@ -201,34 +236,45 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
         `${formatBytes(expertStride)})` + contextHint(budget, opts.ctx, floorAt),
     );
   }
-  const forTrunk = budget - fixedBytes - minExperts * expertStride;
   const wanted = opts.ringSlots ?? 2;
-  let pinned = 0, ringSlots = 0, ringSlotBytes = 0;
-  if (trunkAll <= forTrunk) {
-    pinned = layerBytes.length;
-  } else {
-    // Pin the longest prefix whose pinned bytes plus the ring (sized for the largest remaining
-    // layer) fit: the slot size depends on the prefix, so search the prefix, not the slot.
-    for (const slots of [wanted, 1]) {
-      let prefix = 0;
-      for (let n = 0; n < layerBytes.length; n++) {
-        prefix += n > 0 ? layerBytes[n - 1] : 0;
-        const slotBytes = Math.max(...layerBytes.slice(n));
-        if (prefix + Math.min(slots, layerBytes.length - n) * slotBytes <= forTrunk) {
-          pinned = n;
-          ringSlots = Math.min(slots, layerBytes.length - n);
-          ringSlotBytes = slotBytes;
+  const trunkIn = (forTrunk: number) => {
+    let pinned = 0, ringSlots = 0, ringSlotBytes = 0;
+    if (trunkAll <= forTrunk) {
+      pinned = layerBytes.length;
+    } else {
+      // Pin the longest prefix whose pinned bytes plus the ring (sized for the largest remaining
+      // layer) fit: the slot size depends on the prefix, so search the prefix, not the slot.
+      for (const slots of [wanted, 1]) {
+        let prefix = 0;
+        for (let n = 0; n < layerBytes.length; n++) {
+          prefix += n > 0 ? layerBytes[n - 1] : 0;
+          const slotBytes = Math.max(...layerBytes.slice(n));
+          if (prefix + Math.min(slots, layerBytes.length - n) * slotBytes <= forTrunk) {
+            pinned = n;
+            ringSlots = Math.min(slots, layerBytes.length - n);
+            ringSlotBytes = slotBytes;
+          }
         }
+        if (ringSlots > 0) break;
       }
-      if (ringSlots > 0) break;
     }
+    const bytes = layerBytes.slice(0, pinned).reduce((a, b) => a + b, 0) +
+      ringSlots * ringSlotBytes;
+    return { pinned, ringSlots, ringSlotBytes, bytes };
+  };
+  // The trunk as without the MTP layer; only where what is left cannot lend its room as well
+  // as keep 2 × top_k records does the MTP layer's loan come out of the trunk.
+  let trunk = trunkIn(budget - fixedBytes - minExperts * expertStride);
+  if (budget - fixedBytes - trunk.bytes < (minExperts + loan) * expertStride) {
+    trunk = trunkIn(budget - fixedBytes - (minExperts + loan) * expertStride);
   }
-  const trunkBytes = layerBytes.slice(0, pinned).reduce((a, b) => a + b, 0) +
-    ringSlots * ringSlotBytes;
+  const { pinned, ringSlots, ringSlotBytes, bytes: trunkBytes } = trunk;
   const left = budget - fixedBytes - trunkBytes;
-  let expertSlots = expertStride > 0 ? Math.min(totalExperts, Math.floor(left / expertStride)) : 0;
+  let expertSlots = expertStride > 0
+    ? Math.min(totalExperts + loan, Math.floor(left / expertStride))
+    : 0;
   if (opts.expertSlots !== undefined) {
-    expertSlots = Math.max(minExperts, Math.min(expertSlots, opts.expertSlots));
+    expertSlots = Math.max(minExperts + loan, Math.min(expertSlots, opts.expertSlots));
   }
   const expertBytes = expertSlots * expertStride;
   const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
@@ -252,6 +298,8 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     workingSetBytes: trunkAll + moeLayers * topK * expertStride,
     wholeModelBytes,
     trunkHitRate: layerBytes.length ? pinned / layerBytes.length : 1,
+    mtpRoomBytes: roomAt(opts.ctx),
+    mtpLoanSlots: loan,
   };
 }
 
@@ -333,7 +381,7 @@ export const MAX_DEFAULT_PARALLEL = 4;
  * would shrink is what saves reads too.
  */
 export function defaultParallel(input: PlanInput, opts: PlanOptions): number {
-  const one = kvCacheBytes(input.cfg, opts.ctx, opts.maxBatch, input.mtp);
+  const one = kvCacheBytes(input.cfg, opts.ctx, opts.maxBatch);
   const budget = opts.budget ?? planMemory(input, { ...opts, sequences: 1 }).wholeModelBytes;
   for (let n = Math.min(MAX_DEFAULT_PARALLEL, opts.maxBatch); n > 1; n--) {
     if ((n - 1) * one > budget / 8) continue;

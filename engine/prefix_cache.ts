@@ -13,7 +13,7 @@
  *
  * @module
  */
-import { cacheParts, writeCacheParts } from "./session_state.ts";
+import { cacheParts, concat, type MtpSaved, mtpSaved, writeCacheParts } from "./session_state.ts";
 import { commonPrefix, type Session } from "./session.ts";
 
 /** One saved prefix: its tokens and a copy of their cache contents. */
@@ -21,6 +21,8 @@ interface Saved {
   owner: string;
   tokens: number[];
   bytes: Uint8Array;
+  /** The MTP layer's rows (`--spec mtp`), where it kept them. */
+  mtp: MtpSaved | null;
   /** When it was last saved or reused (a counter), for LRU eviction. */
   used: number;
 }
@@ -64,7 +66,7 @@ export class PrefixCache {
 
   /** Bytes of all saved prefixes. */
   get bytes(): number {
-    return this.#saved.reduce((s, e) => s + e.bytes.length, 0);
+    return this.#saved.reduce((s, e) => s + size(e), 0);
   }
 
   /** Number of saved prefixes (the live cache not counted). */
@@ -123,7 +125,7 @@ export class PrefixCache {
     }
     if (live.length > 0 && (best !== null || !liveOwn || use < live.length)) this.#saveLive(seq);
     if (best) {
-      writeCacheParts(s, best.bytes, best.tokens.length, use, seq);
+      writeCacheParts(s, best.bytes, best.tokens.length, use, seq, best.mtp);
       s.adoptCache(best.tokens.slice(0, use), seq);
       best.used = ++this.#clock;
       // The live cache holds all of it now and is saved again when displaced.
@@ -151,23 +153,23 @@ export class PrefixCache {
     // Nothing new when a saved prefix already holds these tokens (and maybe more).
     if (mine().some((e) => commonPrefix(e.tokens, tokens, tokens.length) === tokens.length)) return;
     const parts = cacheParts(this.#session, tokens.length, seq);
-    const size = parts.reduce((n, p) => n + p.length, 0);
-    if (size > this.#ownerBytes) return;
+    const mtp = mtpSaved(this.#session, tokens.length, seq);
+    const bytes = parts.reduce((n, p) => n + p.length, 0) + (mtp?.bytes.length ?? 0);
+    if (bytes > this.#ownerBytes) return;
     const drop = (e: Saved) => this.#saved.splice(this.#saved.indexOf(e), 1);
     // A saved prefix of these tokens is superseded.
     for (const e of mine()) {
       if (commonPrefix(e.tokens, tokens, e.tokens.length) === e.tokens.length) drop(e);
     }
-    const used = () => mine().reduce((n, e) => n + e.bytes.length, 0);
-    while (mine().length >= this.#perOwner || used() + size > this.#ownerBytes) {
+    const used = () => mine().reduce((n, e) => n + size(e), 0);
+    while (mine().length >= this.#perOwner || used() + bytes > this.#ownerBytes) {
       drop(mine().reduce((a, b) => (a.used <= b.used ? a : b)));
     }
-    const bytes = new Uint8Array(size);
-    let at = 0;
-    for (const p of parts) {
-      bytes.set(p, at);
-      at += p.length;
-    }
-    this.#saved.push({ owner, tokens, bytes, used: ++this.#clock });
+    this.#saved.push({ owner, tokens, bytes: concat(parts), mtp, used: ++this.#clock });
   }
+}
+
+/** Bytes a saved prefix holds. */
+function size(e: Saved): number {
+  return e.bytes.length + (e.mtp?.bytes.length ?? 0);
 }

@@ -28,6 +28,17 @@ export function skeletonRegions(cfg: ModelConfig, maxBatch: number): [number, nu
 }
 
 /**
+ * Most rows the MTP layer runs at once: a pass's catch-up runs in pieces of this many, so its
+ * scratch (and its room, lent by the expert cache) does not grow with the prefill chunk.
+ */
+export const MTP_ROWS = 16;
+
+/** Rows the MTP layer's buffers and state are sized for, with passes of up to `maxBatch` rows. */
+export function mtpRows(maxBatch: number): number {
+  return Math.min(maxBatch, MTP_ROWS);
+}
+
+/**
  * Bytes of the MTP drafter's own buffers (engine/transformer.ts), in allocation order: the
  * hidden states it reads, and each row's [normed embedding; normed hidden state].
  */
@@ -52,10 +63,11 @@ export function runStateSizes(
   mtp = false,
 ): RunStateSizes {
   const extra = mtp ? mtpDraftLayerIds(cfg) : [];
+  const rows = mtpRows(maxBatch);
   return {
     layerStateBytes: [
       ...mixerStateBytes(cfg, ctx, maxBatch),
-      ...mixerStateBytes(cfg, ctx, maxBatch, extra),
+      ...mixerStateBytes(cfg, ctx, rows, extra),
     ],
     scratch: {
       skeleton: regionBytes(...skeletonRegions(cfg, maxBatch)),
@@ -63,7 +75,7 @@ export function runStateSizes(
       mixers: mixerScratchBytes(cfg, ctx, maxBatch),
       feedForward: feedForwardScratchBytes(cfg, maxBatch),
       mtp: extra.length
-        ? mixerScratchBytes(cfg, ctx, maxBatch, extra) + regionBytes(...mtpRegions(cfg, maxBatch))
+        ? mixerScratchBytes(cfg, ctx, rows, extra) + regionBytes(...mtpRegions(cfg, rows))
         : 0,
     },
   };

@@ -7,7 +7,8 @@
  *
  * Layout: the magic `SLUICE-SESSION-1` (16 bytes), the header length (u32 LE), the header (UTF-8
  * JSON), the cache rows region after region (positions 0..n−1 of each), each recurrent state
- * whole, the CRC-32 (u32 LE).
+ * whole, with `--spec mtp` (header `mtp`) the MTP layer's rows and the main hidden state at n − 1
+ * (engine/transformer.ts mtpSnapshot), the CRC-32 (u32 LE).
  *
  * @module
  */
@@ -39,6 +40,11 @@ export interface SessionHeader {
   rowBytes: number[];
   /** Bytes of each recurrent state (KDA), saved whole after the rows. */
   stateBytes: number[];
+  /**
+   * The MTP layer's cache rows (bytes per position of each region) and the hidden state its
+   * next row reads, saved after the states; absent when the session kept none.
+   */
+  mtp?: { rowBytes: number[]; hiddenBytes: number };
   /** The caller's own state (JSON), returned by {@link loadSession} as it was saved. */
   app: unknown;
 }
@@ -61,10 +67,38 @@ export function cacheParts(session: Session, n: number, seq = 0): Uint8Array[] {
   ];
 }
 
+/** An MTP layer's snapshot as kept: its regions' bytes per position and the bytes. */
+export interface MtpSaved {
+  rowBytes: number[];
+  bytes: Uint8Array;
+}
+
+/**
+ * A copy of what sequence `seq`'s MTP layer keeps for positions 0..n−1 (engine/transformer.ts
+ * mtpSnapshot), or null when it keeps nothing (no `--spec mtp`, or its room given back).
+ */
+export function mtpSaved(session: Session, n: number, seq = 0): MtpSaved | null {
+  const snap = session.model.transformer.mtpSnapshot(seq, n);
+  return snap && { rowBytes: snap.rowBytes, bytes: concat(snap.parts) };
+}
+
+/** The parts one after another, in one copy. */
+export function concat(parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
 /**
  * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into sequence `seq`,
  * keeping the first `n` ≤ `stored` positions of each region, and declares the recurrent states
- * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model).
+ * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model); the
+ * MTP layer's rows from `mtp` where kept (else they are left stale: drafts may be kept less often,
+ * tokens never change).
  */
 export function writeCacheParts(
   session: Session,
@@ -72,6 +106,7 @@ export function writeCacheParts(
   stored: number,
   n: number,
   seq = 0,
+  mtp: MtpSaved | null = null,
 ): void {
   const { arena, transformer } = session.model;
   let at = 0;
@@ -84,6 +119,7 @@ export function writeCacheParts(
     at += s.bytes;
   }
   transformer.resumeAt(n, seq);
+  transformer.mtpRestore(seq, mtp, stored, n);
 }
 
 /** What kind of thing `info` is, for messages about a path that is not a regular file. */
@@ -150,12 +186,16 @@ export function saveSession(
   const regions = session.model.transformer.cacheRegions();
   const states = session.model.transformer.stateRegions();
   const tokens = [...session.cachedTokens];
+  const mtp = tokens.length > 0 ? mtpSaved(session, tokens.length) : null;
   const header: SessionHeader = {
     container: basename(session.model.container.dir),
     manifestSha256: manifestSha256(session),
     tokens,
     rowBytes: regions.map((r) => r.rowBytes),
     stateBytes: states.map((s) => s.bytes),
+    ...(mtp
+      ? { mtp: { rowBytes: mtp.rowBytes, hiddenBytes: session.model.cfg.hiddenSize * 4 } }
+      : {}),
     app,
   };
   const json = new TextEncoder().encode(JSON.stringify(header));
@@ -182,6 +222,7 @@ export function saveSession(
     put(len);
     put(json);
     for (const part of cacheParts(session, tokens.length)) put(part);
+    if (mtp) put(mtp.bytes);
     const tail = new Uint8Array(4);
     new DataView(tail.buffer).setUint32(0, crc, true);
     writeSync(fd, tail);
@@ -238,13 +279,27 @@ export function readSessionFile(path: string): { header: SessionHeader; rows: Ui
       `${path}: the session header lacks manifestSha256, tokens, rowBytes or stateBytes`,
     );
   }
+  const mtp = header.mtp;
+  if (
+    mtp !== undefined &&
+    !(mtp && Array.isArray(mtp.rowBytes) && mtp.rowBytes.every(Number.isInteger) &&
+      Number.isInteger(mtp.hiddenBytes))
+  ) {
+    throw new Error(`${path}: the session header's mtp lacks rowBytes or hiddenBytes`);
+  }
   const rows = bytes.subarray(hEnd, bytes.length - 4);
   const expected = header.rowBytes.reduce((s, r) => s + r * header.tokens.length, 0) +
-    header.stateBytes.reduce((s, b) => s + b, 0);
+    header.stateBytes.reduce((s, b) => s + b, 0) + mtpBytes(header);
   if (rows.length !== expected) {
     throw new Error(`${path}: ${rows.length} bytes of cache rows, the header implies ${expected}`);
   }
   return { header, rows };
+}
+
+/** Bytes of the MTP layer's part of a session file with `header`. */
+function mtpBytes(header: SessionHeader): number {
+  const m = header.mtp;
+  return m ? m.rowBytes.reduce((s, r) => s + r * header.tokens.length, 0) + m.hiddenBytes : 0;
 }
 
 /**
@@ -284,7 +339,11 @@ export function loadSession(session: Session, path: string): SessionHeader {
         `(open the model with a larger --ctx)`,
     );
   }
-  writeCacheParts(session, rows, n, n);
+  // The MTP layer's rows, where the file keeps them, come last (a model run without --spec mtp
+  // skips them).
+  const main = rows.length - mtpBytes(header);
+  const mtp = header.mtp ? { rowBytes: header.mtp.rowBytes, bytes: rows.subarray(main) } : null;
+  writeCacheParts(session, rows.subarray(0, main), n, n, 0, mtp);
   session.adoptCache(header.tokens);
   return header;
 }

@@ -38,6 +38,7 @@ import {
   seededUniform,
 } from "./sampler.ts";
 import { loadTokenizer, type Tokenizer } from "./tokenizer.ts";
+import type { MtpMode } from "./transformer.ts";
 
 /** How to speculate; absent fields take their defaults. */
 export interface SpecOptions {
@@ -93,8 +94,15 @@ interface Draft {
 /** Something that proposes tokens to follow `history`. */
 interface Drafter {
   draft(history: readonly number[], k: number): Draft;
-  /** Told whether the next pass runs without drafts (true) or with them. */
-  idle?(idle: boolean): void;
+  /** Drafts of the first pass (default: the most); the length then adapts to what is kept. */
+  readonly startLength?: number;
+  /** The gate probes before it measures plain steps (see SpecGate). */
+  readonly probeFirst?: boolean;
+  /**
+   * Told what the next pass wants of it: drafts ("run"), none while the gate measures plain steps
+   * ("idle"), or none while the gate holds drafting off ("off"); null when the generation ends.
+   */
+  mode?(mode: MtpMode | null): void;
 }
 
 /** Prompt lookup: the tokens after the latest earlier occurrence of the context's last n-gram. */
@@ -184,6 +192,19 @@ function greedyDraft(logits: Float32Array, hist: readonly number[], o: SamplerOp
  * the same seed.
  */
 class MtpDrafter implements Drafter {
+  /**
+   * One step is what the layer was trained for (DeepSeek-V3 §2.2; vLLM drafts one by default);
+   * chained steps are earned by kept drafts. A first pass of one draft also makes a probe of a
+   * layer that does not pay cheap: a verify pass of two rows, not draftMax + 1.
+   */
+  readonly startLength = 1;
+  /**
+   * Right after the prompt its rows are complete and its room is held: probing first uses both,
+   * and a layer that does not pay gives the room back four steps in, not eight (plain steps
+   * measured with the room lent are not plain decoding's anyway; the probe is judged again
+   * against the plain steps after it).
+   */
+  readonly probeFirst = true;
   #model: Model;
   #seq: number;
   #opts: SamplerOptions;
@@ -212,8 +233,8 @@ class MtpDrafter implements Drafter {
     return { tokens, q: null };
   }
 
-  idle(idle: boolean): void {
-    this.#model.transformer.mtpIdle(this.#seq, idle);
+  mode(mode: MtpMode | null): void {
+    this.#model.transformer.mtpMode(this.#seq, mode);
   }
 }
 
@@ -231,7 +252,10 @@ class NgramDrafter implements Drafter {
 /**
  * Decides per step whether to draft, from measured milliseconds per emitted token with and
  * without drafts: probe, measure plain steps, then keep drafting while it is faster or back off
- * (doubling) while it is not.
+ * (doubling) while it is not. A stretch of drafting steps that kept no draft at all cannot have
+ * paid, whatever the clock says (a pass with drafts costs at least a plain one), so it backs off
+ * at once: noisy timings on a loaded machine cannot keep a useless drafter going. A backoff is
+ * long enough that the probe before it costs at most {@link SpecGate.PROBE_SHARE} of the time.
  */
 export class SpecGate {
   static readonly PROBE = 4;
@@ -239,6 +263,12 @@ export class SpecGate {
   static readonly KEEP = 32;
   static readonly MIN_BACKOFF = 32;
   static readonly MAX_BACKOFF = 1024;
+  /**
+   * Most of the time a stretch of drafting that did not pay may have cost, as a share of the
+   * plain steps of the backoff after it: a probe costing 20 plain steps' time is followed by
+   * 1000 plain steps, so probing keeps a drafter that does not pay above 0.98× of plain decoding.
+   */
+  static readonly PROBE_SHARE = 0.02;
   readonly adaptive: boolean;
   #spec = NaN;
   #plain = NaN;
@@ -247,9 +277,22 @@ export class SpecGate {
   #phase: SpecGate["phase"] = "measure";
   #left: number = SpecGate.MEASURE;
   #backoff: number = SpecGate.MIN_BACKOFF;
+  /** Drafts kept in the current stretch (probe or keep), its time and its tokens. */
+  #kept = 0;
+  #stretchMs = 0;
+  #stretchTokens = 0;
+  /** The last stretch that did not pay (its time and tokens), and the steps it is off for. */
+  #lost = { ms: 0, tokens: 0 };
+  #offSteps = 0;
 
-  constructor(adaptive: boolean) {
+  /**
+   * A gate that drafts always unless `adaptive`; with `probeFirst` it probes before measuring
+   * plain steps (a drafter whose state is freshest, and whose room is held, right after the
+   * prompt: the MTP layer).
+   */
+  constructor(adaptive: boolean, probeFirst = false) {
     this.adaptive = adaptive;
+    if (probeFirst) this.#enter("probe", SpecGate.PROBE);
   }
 
   /** Whether the next step should draft. */
@@ -263,8 +306,24 @@ export class SpecGate {
     const ema = (old: number, x: number) => (Number.isNaN(old) ? x : 0.7 * old + 0.3 * x);
     if (drafted) this.#spec = ema(this.#spec, ms / tokens);
     else this.#plain = ema(this.#plain, ms / tokens);
+    if (drafted) {
+      // A drafting step emits its kept drafts and the target's token after them.
+      this.#kept += tokens - 1;
+      this.#stretchMs += ms;
+      this.#stretchTokens += tokens;
+    }
     if (!this.adaptive || drafted !== this.drafting || --this.#left > 0) return;
-    if (this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))) {
+    // The stretch's cost judged again against plain steps measured since (the first ones, before
+    // any probe, read a cold cache and make a probe look cheap): off longer if it was dearer.
+    const owed = this.#phase === "off" ? this.#byCost(this.#lost) - this.#offSteps : 0;
+    if (owed > 0) {
+      this.#left = owed;
+      this.#offSteps += owed;
+    } else if (drafted && this.#kept === 0) {
+      this.#off();
+    } else if (
+      this.#phase === "keep" || (this.#phase === "probe" && Number.isNaN(this.#plain))
+    ) {
       this.#enter("measure", SpecGate.MEASURE);
     } else if (this.#phase === "off" || Number.isNaN(this.#spec)) {
       this.#enter("probe", SpecGate.PROBE);
@@ -272,14 +331,43 @@ export class SpecGate {
       this.#enter("keep", SpecGate.KEEP);
       this.#backoff = SpecGate.MIN_BACKOFF;
     } else {
-      this.#enter("off", this.#backoff);
-      this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
+      this.#off();
     }
+  }
+
+  /**
+   * Drafting did not pay: off for the backoff (doubling each time), or longer where the stretch
+   * cost more than plain steps would have: long enough that it costs at most PROBE_SHARE of the
+   * time until the next probe (a drafter with a costly probe, such as an MTP layer whose room
+   * the expert cache lends, is probed rarely).
+   */
+  #off(): void {
+    this.#lost = { ms: this.#stretchMs, tokens: this.#stretchTokens };
+    const steps = Math.max(this.#backoff, this.#byCost(this.#lost));
+    this.#enter("off", steps);
+    this.#offSteps = steps;
+    this.#backoff = Math.min(2 * this.#backoff, SpecGate.MAX_BACKOFF);
+  }
+
+  /**
+   * Plain steps after a stretch of `ms` for `tokens` for it to cost at most PROBE_SHARE of the
+   * time, at the plain time per token measured now (at most MAX_BACKOFF).
+   */
+  #byCost(stretch: { ms: number; tokens: number }): number {
+    const excess = stretch.ms - stretch.tokens * this.#plain;
+    if (!(excess > 0)) return 0;
+    return Math.min(
+      Math.ceil(excess / (SpecGate.PROBE_SHARE * this.#plain)),
+      SpecGate.MAX_BACKOFF,
+    );
   }
 
   #enter(phase: SpecGate["phase"], steps: number): void {
     this.#phase = phase;
     this.#left = steps;
+    this.#kept = 0;
+    this.#stretchMs = 0;
+    this.#stretchTokens = 0;
   }
 
   /** The gate's phase: plain steps measured, drafts probed, kept, or off for a backoff. */
@@ -375,6 +463,14 @@ export class Speculation {
     return this.#draftModel
       ? new ModelDrafter(this.#draftModel, this.#draftCached, opts, seed)
       : new NgramDrafter(this.#ngram);
+  }
+
+  /**
+   * Whether each sequence of a batch can draft on its own: prompt lookup keeps nothing, and the
+   * MTP layer keeps a cache per sequence; a draft model keeps one cache.
+   */
+  get perSequence(): boolean {
+    return this.#draftModel === null;
   }
 
   /**
@@ -495,7 +591,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   let generated = 1;
   const vocab = model.cfg.vocabSize;
   const drafter = s.spec?.drafter(s.sampling, sampler.seed, s.seq) ?? null;
-  const gate = new SpecGate(s.spec?.adaptive ?? true);
+  const gate = new SpecGate(s.spec?.adaptive ?? true, drafter?.probeFirst);
   // A copy of each recurrent state (outside the arena) only when drafts will be verified.
   const states = drafter ? model.transformer.stateRegions(s.seq) : [];
   const saved = states.map((r) => new Uint8Array(r.bytes));
@@ -503,7 +599,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
   const uniform = seededUniform((sampler.seed ^ 0xbb67ae85) >>> 0);
   // Draft length: one more after a fully kept draft, the kept run plus one after a rejection,
   // so rejected drafts cost little where the drafter is often wrong.
-  let length = s.spec?.draftMax ?? 0;
+  let length = Math.min(drafter?.startLength ?? Infinity, s.spec?.draftMax ?? 0);
   // The router lookahead predicts for every token of a verify pass while this loop runs.
   const lookahead = model.observers.lookahead;
   if (lookahead) lookahead.predictBatch = length + 1;
@@ -511,7 +607,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
     return yield* rounds();
   } finally {
     if (lookahead) lookahead.predictBatch = 1;
-    drafter?.idle?.(false);
+    drafter?.mode?.(null);
   }
   async function* rounds(): AsyncGenerator<DecodedToken, DecodeEnd> {
     while (generated < s.maxTokens) {
@@ -526,7 +622,7 @@ export async function* decode(s: DecodeSetup): AsyncGenerator<DecodedToken, Deco
       );
       const wants = drafter !== null && room > 0 && gate.drafting;
       if (drafter !== null && room > 0 && !wants) counters.gated++;
-      drafter?.idle?.(!wants);
+      drafter?.mode?.(wants ? "run" : gate.phase === "off" ? "off" : "idle");
       const draft = wants ? drafter.draft(history, room) : { tokens: [], q: null };
       const nd = draft.tokens.length;
       if (nd > 0) states.forEach((r, i) => saved[i].set(model.arena.u8(r.offset, r.bytes)));

@@ -26,7 +26,7 @@ import type { CacheRegion, StateRegion } from "./parts/mixer.ts";
 import type { SequenceSpan } from "./parts/mixer.ts";
 import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
-import { LOGIT_ROWS, mtpRegions, skeletonRegions } from "./run_state.ts";
+import { LOGIT_ROWS, mtpRegions, mtpRows, skeletonRegions } from "./run_state.ts";
 import type { TensorRef } from "./tensor.ts";
 import type { Timeline } from "./stream/timeline.ts";
 import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
@@ -54,11 +54,28 @@ export interface TransformerParts {
   maxCtx: number;
   /** Sequences whose mixer state the arena holds (default 1). */
   sequences?: number;
-  /** Run the first MTP layer beside every pass, so it can draft (`--spec mtp`). */
-  mtp?: boolean;
+  /** Run the first MTP layer beside every pass, in this room, so it can draft (`--spec mtp`). */
+  mtp?: MtpRoom;
   /** Marks where each pass's time goes (engine/stream/timeline.ts); off when absent. */
   timeline?: Timeline;
 }
+
+/**
+ * Where the MTP layer's state, scratch and weights live: room the expert cache lends while the
+ * layer drafts and takes back while it does not (engine/model.ts), or resident room.
+ */
+export interface MtpRoom {
+  /**
+   * Takes the room: a view of it for the layer's mixer state and buffers (zero-filled), and the
+   * layer's weights, read into its end.
+   */
+  take(): { arena: Arena; weights: LayerWeights };
+  /** Gives the room back between passes; false when it stays (resident room). */
+  give(): boolean;
+}
+
+/** What a sequence's drafting wants of the MTP layer (engine/speculate.ts's gate). */
+export type MtpMode = "run" | "idle" | "off";
 
 /** One step of the MTP layer: the draft logits and the hidden state the next step reads. */
 export interface MtpStep {
@@ -67,14 +84,22 @@ export interface MtpStep {
   hidden: Float32Array;
 }
 
-/** The MTP layer's mixers and buffers, and per sequence the hidden rows of its last pass. */
+/** The MTP layer's mixers, buffers and weights in its room, while the room is taken. */
+interface MtpHeld {
+  mixers: LayerMixers;
+  /** The hidden states the MTP layer reads (mtpRows rows). */
+  hidden: number;
+  /** Per row [normed embedding; normed hidden state] (mtpRows rows of 2 × hidden). */
+  cat: number;
+  lw: LayerWeights;
+}
+
+/** The MTP layer, its room, and per sequence the hidden rows of its last pass. */
 interface MtpState {
   layer: number;
-  mixers: LayerMixers;
-  /** The hidden states the MTP layer reads (maxBatch rows). */
-  hidden: number;
-  /** Per row [normed embedding; normed hidden state] (maxBatch rows of 2 × hidden). */
-  cat: number;
+  room: MtpRoom;
+  /** What lives in the room while it is taken; null while it is given back. */
+  held: MtpHeld | null;
   /** Per sequence: the main pass's hidden rows after the final norm, from position `pos`. */
   last: ({ pos: number; rows: Float32Array } | null)[];
 }
@@ -115,9 +140,13 @@ export class Transformer {
   /** Per sequence: passes that ran rows on its state. */
   #writes: number[];
   #mtp: MtpState | null = null;
-  /** Sequences whose MTP cache is not kept up while their drafting is shut off. */
-  #mtpIdle = new Set<number>();
+  /**
+   * What each generation's drafting wants of the MTP layer, by sequence; a sequence without one
+   * (reading a prompt, or not generating) keeps its rows but does not hold the room.
+   */
+  #mtpMode = new Map<number, MtpMode>();
   #mtpCacheRows = 0;
+  #mtpTakes = 0;
 
   constructor(p: TransformerParts) {
     this.#p = p;
@@ -137,12 +166,10 @@ export class Transformer {
       if (cfg.residual) {
         throw new Error(`${cfg.modelType}: MTP drafts need a plain residual stream`);
       }
-      const [hidden, cat] = mtpRegions(cfg, maxBatch);
       this.#mtp = {
         layer,
-        mixers: new LayerMixers(ops, arena, cfg, maxBatch, p.maxCtx, this.#writes.length, [layer]),
-        hidden: arena.alloc("mtp hidden", hidden),
-        cat: arena.alloc("mtp embedding and hidden", cat),
+        room: p.mtp,
+        held: null,
         last: new Array(this.#writes.length).fill(null),
       };
     }
@@ -334,6 +361,43 @@ export class Transformer {
     return this.#mtpCacheRows;
   }
 
+  /** Times the MTP layer took its room (and read its weights). */
+  get mtpTakes(): number {
+    return this.#mtpTakes;
+  }
+
+  /** Whether the MTP layer holds its room now. */
+  get mtpHeld(): boolean {
+    return this.#mtp?.held != null;
+  }
+
+  /** The MTP layer's mixers, buffers and weights, its room taken first when it was given back. */
+  #mtpHold(): MtpHeld {
+    const m = this.#mtp!;
+    if (m.held) return m.held;
+    const { cfg, ops } = this.#p;
+    const { arena, weights } = m.room.take();
+    this.#mtpTakes++;
+    const rows = mtpRows(this.#p.maxBatch);
+    const [hidden, cat] = mtpRegions(cfg, rows);
+    const mixers = new LayerMixers(
+      ops,
+      arena,
+      cfg,
+      rows,
+      this.#p.maxCtx,
+      this.#writes.length,
+      [m.layer],
+    );
+    m.held = {
+      mixers,
+      hidden: arena.alloc("mtp hidden", hidden),
+      cat: arena.alloc("mtp embedding and hidden", cat),
+      lw: weights,
+    };
+    return m.held;
+  }
+
   /**
    * The main pass's hidden state at position `pos` of sequence `seq` after the final norm (what
    * the LM head reads, and what the MTP layer was trained on), when its last pass ran that
@@ -347,6 +411,67 @@ export class Transformer {
   }
 
   /**
+   * What a prompt cache or saved session keeps of sequence `seq`'s MTP layer for positions
+   * 0..n−1: each of its cache regions' rows (views into the arena; the row of n − 1 is rewritten
+   * by the next pass before anything reads it), then the main hidden state at n − 1 that the
+   * next pass's first MTP row reads. Null while the room is given back or that hidden state is
+   * not at hand: there is nothing worth keeping.
+   */
+  mtpSnapshot(seq: number, n: number): { rowBytes: number[]; parts: Uint8Array[] } | null {
+    const held = this.#mtp?.held, hidden = this.mtpHidden(seq, n - 1);
+    if (!held || !hidden) return null;
+    held.mixers.select(seq);
+    const regions = held.mixers.cacheRegions();
+    return {
+      rowBytes: regions.map((r) => r.rowBytes),
+      parts: [
+        ...regions.map((r) => this.#p.arena.u8(r.offset, n * r.rowBytes)),
+        new Uint8Array(hidden.buffer, hidden.byteOffset, hidden.byteLength),
+      ],
+    };
+  }
+
+  /**
+   * Sequence `seq`'s KV cache was written back to its first `n` positions (a prompt cache or
+   * session): with `snapshot` (the bytes of an {@link mtpSnapshot} of `stored` ≥ n positions
+   * with regions of `rowBytes`), the MTP layer's rows are written back too, its room taken, and
+   * where n = stored the next pass continues its cache as a cold run would; without one (or of
+   * another layout) its rows are left stale. Returns whether the rows were restored.
+   */
+  mtpRestore(
+    seq: number,
+    snapshot: { rowBytes: number[]; bytes: Uint8Array } | null,
+    stored: number,
+    n: number,
+  ): boolean {
+    const m = this.#mtp;
+    if (!m) return false;
+    // The hidden rows of the sequence's last pass belong to what ran before the restore.
+    m.last[seq] = null;
+    if (!snapshot || n < 1) return false;
+    const held = this.#mtpHold();
+    held.mixers.select(seq);
+    const regions = held.mixers.cacheRegions(), d = this.cfg.hiddenSize;
+    const { rowBytes, bytes } = snapshot;
+    const size = rowBytes.reduce((a, r) => a + stored * r, 0) + d * 4;
+    const same = regions.length === rowBytes.length &&
+      regions.every((r, i) => r.rowBytes === rowBytes[i]);
+    if (!same || bytes.length !== size) return false;
+    let at = 0;
+    for (const r of regions) {
+      this.#p.arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
+      at += stored * r.rowBytes;
+    }
+    if (n === stored) {
+      // A copy (the bytes may be a view into a file's buffer, at any alignment).
+      const rows = new Float32Array(d);
+      new Uint8Array(rows.buffer).set(bytes.subarray(at, at + d * 4));
+      m.last[seq] = { pos: n - 1, rows };
+    }
+    return true;
+  }
+
+  /**
    * Fills the MTP layer's cache for the positions a pass of sequence `r.seq` settled: position p
    * reads the main hidden state at p and the token at p + 1 (DeepSeek-V3 tech report §2.2), so
    * this pass's rows give every position before its last, and the previous pass's last row the
@@ -357,25 +482,38 @@ export class Transformer {
     const m = this.#mtp!, d = this.cfg.hiddenSize;
     const before = this.mtpHidden(r.seq, r.pos - 1);
     const n = r.tokens.length - 1 + (before ? 1 : 0);
-    if (n > 0 && !this.#mtpIdle.has(r.seq)) {
+    if (n > 0 && (this.#mtpMode.get(r.seq) ?? "run") === "run") {
       this.#mtpCacheRows += n;
       const hidden = new Float32Array(n * d);
       if (before) hidden.set(before);
       hidden.set(rows.subarray(0, (r.tokens.length - 1) * d), before ? d : 0);
       const tokens = before ? r.tokens : r.tokens.slice(1);
-      this.#mtpRun(r.seq, hidden, tokens, before ? r.pos - 1 : r.pos);
+      const pos = before ? r.pos - 1 : r.pos, step = mtpRows(this.#p.maxBatch);
+      for (let i = 0; i < n; i += step) {
+        const k = Math.min(step, n - i);
+        this.#mtpRun(r.seq, hidden.subarray(i * d, (i + k) * d), tokens.slice(i, i + k), pos + i);
+      }
     }
     m.last[r.seq] = { pos: r.pos, rows };
   }
 
   /**
-   * Stops (`idle` true) or resumes keeping sequence `seq`'s MTP cache beside its passes: while
-   * drafting does not pay the layer costs a pass for nothing. Positions passed while idle keep
-   * stale cache rows, which can only lower later drafts' acceptance, never change a token.
+   * Says what sequence `seq`'s drafting wants of the MTP layer: "run" keeps its cache beside its
+   * passes; "idle" (the gate measuring plain steps) stops that, since the layer would cost a pass
+   * for nothing; "off" (the gate holding drafting off for a while) also gives the layer's room
+   * back to the expert cache once no generation drafts, so a layer that does not pay takes no
+   * room from the main model; null (its generation ended) keeps its rows beside later passes
+   * (the next prompt's) without holding the room. Positions passed while idle keep stale cache
+   * rows, and a room taken again starts with zero rows: both can only lower later drafts'
+   * acceptance, never change a token.
    */
-  mtpIdle(seq: number, idle: boolean): void {
-    if (idle) this.#mtpIdle.add(seq);
-    else this.#mtpIdle.delete(seq);
+  mtpMode(seq: number, mode: MtpMode | null): void {
+    if (mode === null) this.#mtpMode.delete(seq);
+    else this.#mtpMode.set(seq, mode);
+    const m = this.#mtp;
+    if (!m?.held || mode !== "off") return;
+    if ([...this.#mtpMode.values()].includes("run")) return;
+    if (m.room.give()) m.held = null;
   }
 
   /**
@@ -401,32 +539,28 @@ export class Transformer {
     pos: number,
     logits = false,
   ): MtpStep | null {
-    const { cfg, arena, ops, trunk, globals } = this.#p;
+    const { cfg, arena, ops, globals } = this.#p;
     const m = this.#mtp!, d = cfg.hiddenSize, eps = cfg.rmsNormEps, unit = cfg.normUnitOffset;
     const nb = tokens.length;
     const stream = this.#stream, h = this.#h, tmp = this.#tmp;
-    m.mixers.select(seq);
-    m.mixers.begin(pos, nb);
-    const lw = trunk.acquire(m.layer);
-    try {
-      embedRows(arena, globals.embed, tokens, tmp);
-      if (pos === 0) ops.f32(tmp, d).fill(0);
-      ops.rmsnorm(tmp, lw.get("mtp_enorm").ptr, h, d, nb, eps, unit);
-      ops.f32(m.hidden, nb * d).set(hidden);
-      ops.rmsnorm(m.hidden, lw.get("mtp_hnorm").ptr, tmp, d, nb, eps, unit);
-      for (let r = 0; r < nb; r++) {
-        ops.copy(m.cat + 2 * r * d * 4, h + r * d * 4, d);
-        ops.copy(m.cat + (2 * r + 1) * d * 4, tmp + r * d * 4, d);
-      }
-      ops.matmul({ w: lw.get("mtp_proj"), x: m.cat, y: stream.x, nb });
-      stream.start(nb);
-      const positions = tokens.map((_, i) => pos + i);
-      this.#layer(m.layer, lw, m.mixers, [{ seq, n: nb, pos }], positions, tokens);
-      if (!logits) return null;
-      ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
-      return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
-    } finally {
-      trunk.release(m.layer);
+    const held = this.#mtpHold(), lw = held.lw;
+    held.mixers.select(seq);
+    held.mixers.begin(pos, nb);
+    embedRows(arena, globals.embed, tokens, tmp);
+    if (pos === 0) ops.f32(tmp, d).fill(0);
+    ops.rmsnorm(tmp, lw.get("mtp_enorm").ptr, h, d, nb, eps, unit);
+    ops.f32(held.hidden, nb * d).set(hidden);
+    ops.rmsnorm(held.hidden, lw.get("mtp_hnorm").ptr, tmp, d, nb, eps, unit);
+    for (let r = 0; r < nb; r++) {
+      ops.copy(held.cat + 2 * r * d * 4, h + r * d * 4, d);
+      ops.copy(held.cat + (2 * r + 1) * d * 4, tmp + r * d * 4, d);
     }
+    ops.matmul({ w: lw.get("mtp_proj"), x: held.cat, y: stream.x, nb });
+    stream.start(nb);
+    const positions = tokens.map((_, i) => pos + i);
+    this.#layer(m.layer, lw, held.mixers, [{ seq, n: nb, pos }], positions, tokens);
+    if (!logits) return null;
+    ops.rmsnorm(stream.output(nb - 1, nb), lw.get("mtp_head_norm").ptr, h, d, 1, eps, unit);
+    return { hidden: ops.f32(h, d).slice(), logits: this.#head(1) };
   }
 }

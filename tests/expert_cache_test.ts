@@ -328,3 +328,34 @@ Deno.test("constructor rejects bad options", () => {
   assert.throws(() => new ExpertCache({ slots: 2, policy: "lfru", sample: 0 }), /sample/);
   assert.throws(() => new ExpertCache({ slots: 2, policy: "decay", halfLife: 0 }), /halfLife/);
 });
+
+Deno.test("lent slots hold no record until they come back, and come back empty", () => {
+  for (const policy of ["lfru", "lru", "decay"] as const) {
+    const c = new ExpertCache({ slots: 6, policy });
+    for (let k = 0; k < 6; k++) c.access(k);
+    c.withdraw(4, 2);
+    assert.equal(c.usable, 2);
+    // Keys in slots 2..5 were dropped; slots 0 and 1 kept theirs.
+    assert.deepEqual([0, 1, 2, 3, 4, 5].map((k) => c.has(k)), [
+      true,
+      true,
+      false,
+      false,
+      false,
+      false,
+    ]);
+    // A stream of misses only ever lands in the two slots left.
+    for (let k = 10; k < 40; k++) assert.ok(c.access(k).slot < 2, policy);
+    assert.throws(() => c.acquire([50, 51, 52]), /slots are unpinned/);
+    assert.throws(() => c.withdraw(1, 1), /already lent/);
+    c.restore();
+    assert.equal(c.usable, 6);
+    const slots = new Set([60, 61, 62, 63].map((k) => c.access(k).slot));
+    assert.deepEqual([...slots].sort(), [2, 3, 4, 5], `${policy}: the free slots first`);
+  }
+  const c = new ExpertCache({ slots: 4, policy: "lru" });
+  c.access(1);
+  c.pin(1);
+  assert.throws(() => c.withdraw(4, 0), /slot 0 is pinned/);
+  assert.throws(() => c.withdraw(3, 2), /cannot lend 3 of 4 slots/);
+});

@@ -13,9 +13,13 @@ import { PAGE } from "../engine/arena.ts";
 import { openContainer } from "../engine/container.ts";
 import { referenceWeightsFromCheckpoint } from "../engine/float_weights.ts";
 import { Model } from "../engine/model.ts";
+import { MTP_ROWS } from "../engine/run_state.ts";
 import { ReferenceModel } from "../engine/reference/forward.ts";
 import { argmax } from "../engine/sampler.ts";
-import { Session } from "../engine/session.ts";
+import { Batch } from "../engine/batch.ts";
+import { PrefixCache } from "../engine/prefix_cache.ts";
+import { type GenerateOptions, Session } from "../engine/session.ts";
+import { loadSession, mtpSaved, saveSession } from "../engine/session_state.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
@@ -136,10 +140,16 @@ Deno.test({
       // The fixture README's count: 126,448 parameters in the MTP layer, none of the model's.
       assert.equal(inspectContainer(path).mtp?.params, 126448);
       assert.equal(inspectContainer(path).params.total, 456944);
-      // The plan charges the MTP layer's run, experts and cache only when it runs.
+      // The plan has the MTP layer's run, experts and cache only when it runs: its bank in the
+      // expert cache, the rest in room the cache lends it (whole slots), nothing resident.
       const [off, on] = [model.plan, withMtp.plan];
-      assert.ok(on.wholeModelBytes - off.wholeModelBytes >= m.mtp!.layers[0].bytes);
-      assert.ok(on.kvBytes > off.kvBytes && on.totalExperts === off.totalExperts + 16);
+      assert.equal(off.mtpRoomBytes, 0);
+      assert.ok(on.mtpRoomBytes > m.mtp!.layers[0].bytes + on.layerStateBytes[0]);
+      const stride = Math.max(...m.experts.map((b) => b?.stride ?? 0));
+      assert.equal(on.mtpLoanSlots, Math.ceil(on.mtpRoomBytes / stride));
+      assert.equal(on.fixedBytes, off.fixedBytes);
+      assert.equal(on.totalExperts, off.totalExperts + 16);
+      assert.equal(on.wholeModelBytes - off.wholeModelBytes, (16 + on.mtpLoanSlots) * stride);
     } finally {
       model.close();
       withMtp.close();
@@ -315,15 +325,20 @@ Deno.test({
       assert.deepEqual(m.forward(ids, 0), plain.forward(ids, 0));
       // Position p needs the token at p + 1: a prompt of n fills n − 1 rows.
       assert.equal(t.mtpCacheRows, ids.length - 1);
-      t.mtpIdle(0, true);
+      t.mtpMode(0, "idle");
       for (let p = ids.length; p < ids.length + 4; p++) {
         assert.deepEqual(m.forward([p % 300], p), plain.forward([p % 300], p));
       }
       assert.equal(t.mtpCacheRows, ids.length - 1, "idle: no rows run");
-      t.mtpIdle(0, false);
+      assert.deepEqual([t.mtpHeld, t.mtpTakes], [true, 1], "idle: the room stays");
+      t.mtpMode(0, "off");
+      assert.equal(t.mtpHeld, false, "off: the room is given back");
+      m.forward([5], ids.length + 3);
+      t.mtpMode(0, "run");
       m.forward([7], ids.length + 4);
       assert.equal(t.mtpCacheRows, ids.length, "resumed: the row before the pass");
       assert.ok(t.mtpHidden(0, ids.length + 4) !== null, "drafts can start again at once");
+      assert.deepEqual([t.mtpHeld, t.mtpTakes], [true, 2], "run: the room is taken again");
     } finally {
       plain.close();
       m.close();
@@ -345,6 +360,208 @@ Deno.test({
     } finally {
       s.close();
       p.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "with its drafting off, the MTP layer's room goes back to the expert cache: bytes read per token as without --spec mtp",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    // The spec bench's budget: a quarter of the way from the floor to the whole model, where
+    // the MTP layer's room is most of the expert cache.
+    const probe = await Model.open(path, { ...OPTS, mtp: true });
+    const { floor, wholeModelBytes } = probe.plan;
+    probe.close();
+    const budget = floor + 0.25 * (wholeModelBytes - floor);
+    const steps = 96;
+    /** Greedy tokens after the prompt, and what the engine read for them (experts and trunk). */
+    const decode = async (mode: "plain" | "off" | "run") => {
+      // No router lookahead: its guesses read as the disk allows, which no count can predict.
+      const m = await Model.open(path, {
+        ...OPTS,
+        budget,
+        lookahead: 0,
+        hotList: false,
+        mtp: mode !== "plain",
+      });
+      try {
+        const ids = [...ONCE_UPON_A_TIME];
+        let logits = m.forward(ids, 0);
+        if (mode !== "plain") m.transformer.mtpMode(0, mode);
+        const read = () => m.experts!.stats.bytesRead + m.trunk.stats.bytes;
+        const bytes: number[] = [], n0 = ids.length;
+        for (let p = n0; p < n0 + steps; p++) {
+          const before = read();
+          ids.push(argmax(logits));
+          logits = m.forward([ids[p]], p);
+          bytes.push(read() - before);
+        }
+        const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+        const stride = Math.max(...m.container.manifest.experts.map((b) => b?.stride ?? 0));
+        return {
+          ids,
+          bytes: sum(bytes),
+          late: sum(bytes.slice(steps / 2)),
+          stride,
+          slots: m.plan.expertSlots * stride,
+        };
+      } finally {
+        m.close();
+      }
+    };
+    const plain = await decode("plain"), off = await decode("off"), run = await decode("run");
+    assert.deepEqual(off.ids, plain.ids);
+    assert.deepEqual(run.ids, plain.ids);
+    // The lent slots come back empty and the others were filled by a prefill with fewer slots:
+    // at most one refill of the cache separates the two, and the first tokens pay it.
+    const what = `plain ${plain.bytes} (late ${plain.late}), off ${off.bytes} (late ${off.late})`;
+    assert.ok(off.bytes <= plain.bytes + off.slots, what);
+    // After it the caches differ only by eviction choices (LFRU draws a sample): the second half
+    // reads within 4 records (0.08 a token) of plain decoding.
+    assert.ok(Math.abs(off.late - plain.late) <= 4 * off.stride, what);
+    // Holding the room (the layer running beside every pass) reads several records a token more
+    // on this budget: the check above can fail.
+    assert.ok(run.late > plain.late + steps * off.stride, `run: late ${run.late}; ${what}`);
+  },
+});
+
+Deno.test({
+  name:
+    "a saved session and the prompt cache keep the MTP layer's rows: after a restore they and the drafts are a cold run's",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    // Held open, so the layer keeps its room and rows throughout.
+    const open = () => Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+    const generate = async (s: Session, prompt: number[], maxTokens: number) => {
+      const ids: number[] = [];
+      for await (const t of s.generate(prompt, { ignoreEos: true, maxTokens })) ids.push(t.id);
+      const { drafted, accepted } = s.timings.decode;
+      return { ids, drafted, accepted };
+    };
+    /** The MTP layer's rows and the hidden state it reads next, for the cached positions. */
+    const rows = (s: Session) => {
+      const snap = mtpSaved(s, s.cachedTokens.length);
+      assert.ok(snap, "the MTP layer keeps rows");
+      return snap.bytes;
+    };
+    const first = [...ONCE_UPON_A_TIME];
+    const file = `${tempDir()}/mtp.session`;
+    const cold = await open(), warm = await open(), resumed = await open();
+    try {
+      // Cold: two turns on one session.
+      const a = await generate(cold, first, 12);
+      const second = [...first, ...a.ids, 403, 407];
+      const coldTurn = await generate(cold, second, 16);
+      // Saved after the first turn, loaded into a fresh session, then the second turn.
+      await generate(warm, first, 12);
+      saveSession(warm, file);
+      loadSession(resumed, file);
+      assert.deepEqual(rows(resumed), rows(warm), "the rows as saved");
+      const resumedTurn = await generate(resumed, second, 16);
+      assert.deepEqual(resumedTurn, coldTurn);
+      assert.deepEqual(rows(resumed), rows(cold), "the rows after the turn: a cold run's");
+      // The prompt cache: another owner's request displaces the live cache, whose rows are
+      // saved and written back for the first owner's next turn.
+      const cache = new PrefixCache(warm, { ownerBytes: 2 ** 24 });
+      warm.resetCache();
+      cache.prepare("a", first);
+      await generate(warm, first, 12);
+      cache.finish();
+      cache.prepare("b", [1, 9, 9, 9]);
+      await generate(warm, [1, 9, 9, 9], 8);
+      cache.finish();
+      cache.prepare("a", second);
+      assert.equal(warm.cachedTokens.length, first.length + 11, "a's prefix written back");
+      const cachedTurn = await generate(warm, second, 16);
+      assert.deepEqual(cachedTurn, coldTurn);
+      assert.deepEqual(rows(warm), rows(cold), "the rows after the turn: a cold run's");
+    } finally {
+      cold.close();
+      warm.close();
+      resumed.close();
+    }
+  },
+});
+
+for (const name of MTP_FIXTURES) {
+  Deno.test({
+    name:
+      `--parallel 3: each batched sequence drafts with the MTP layer, its tokens its own alone: ${name}`,
+    ignore: !hasFixture(name),
+    fn: async () => {
+      const path = await packedFixture(name);
+      const opts = { ...OPTS, ctx: 64, prefillChunk: 8, hotList: false };
+      const requests: [number[], GenerateOptions][] = [
+        [[1, 403, 407, 261, 378], { maxTokens: 12 }],
+        [[1, 378, 261, 407, 403, 299, 304, 277, 375], { maxTokens: 10, temperature: 0.9, seed: 7 }],
+        [[1, 299, 460], { maxTokens: 9, temperature: 1.1, topP: 0.9, seed: 12345 }],
+      ];
+      const plain = await Session.open(path, opts);
+      const alone: number[][] = [];
+      try {
+        for (const [prompt, o] of requests) {
+          plain.resetCache();
+          const ids = [];
+          for await (const t of plain.generate(prompt, { ...o, ignoreEos: true })) ids.push(t.id);
+          alone.push(ids);
+        }
+      } finally {
+        plain.close();
+      }
+      const session = await Session.open(path, {
+        ...opts,
+        parallel: 3,
+        spec: { mtp: true, adaptive: false },
+      });
+      try {
+        const batch = new Batch(session);
+        const seqs = requests.map(() => batch.reserve()!);
+        const got = await Promise.all(requests.map(async ([prompt, o], i) => {
+          const ids = [];
+          for await (const t of batch.generate(seqs[i], prompt, { ...o, ignoreEos: true })) {
+            ids.push(t.id);
+          }
+          return ids;
+        }));
+        assert.deepEqual(got, alone);
+        for (const seq of seqs) {
+          const d = batch.timings(seq).decode;
+          assert.ok(d.drafted > 0, `sequence ${seq}: ${JSON.stringify(d)}`);
+        }
+        assert.ok(batch.totals.sequences > batch.totals.passes, "passes held several sequences");
+      } finally {
+        session.close();
+      }
+    },
+  });
+}
+
+Deno.test({
+  name:
+    "the MTP layer's rows of a long prompt pass (run in pieces of MTP_ROWS) are those of running it token by token",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const prompt = Array.from({ length: 2 * MTP_ROWS + 7 }, (_, i) => (i * 37 + 1) % 256);
+    const [whole, single] = [await open(), await open()];
+    async function open() {
+      return await Session.open(path, { ...OPTS, spec: { mtp: true, adaptive: false } });
+    }
+    try {
+      whole.model.forward(prompt, 0);
+      prompt.forEach((t, p) => single.model.forward([t], p));
+      whole.adoptCache(prompt);
+      single.adoptCache(prompt);
+      const [a, b] = [mtpSaved(whole, prompt.length), mtpSaved(single, prompt.length)];
+      assert.ok(a && b);
+      assert.deepEqual(a.bytes, b.bytes);
+    } finally {
+      whole.close();
+      single.close();
     }
   },
 });

@@ -38,14 +38,17 @@ Deno.test("prompt lookup drafts the continuation of the latest earlier match", (
   assert.throws(() => parseSpec("ngram:0"), /--spec/);
 });
 
-/** Share of `steps` decode steps the gate drafts when a drafted step costs `specMs` per token. */
-function draftedShare(specMs: number, steps: number): number {
+/**
+ * Share of `steps` decode steps the gate drafts when a drafted step costs `specMs` per token and
+ * emits `tokens` (one draft kept by default); a plain step costs 1 ms.
+ */
+function draftedShare(specMs: number, steps: number, tokens = 2): number {
   const gate = new SpecGate(true);
   let drafted = 0;
   for (let i = 0; i < steps; i++) {
     const d = gate.drafting;
     drafted += d ? 1 : 0;
-    gate.record(d, d ? specMs * 2 : 1, d ? 2 : 1);
+    gate.record(d, d ? specMs * tokens : 1, d ? tokens : 1);
   }
   return drafted / steps;
 }
@@ -53,6 +56,25 @@ function draftedShare(specMs: number, steps: number): number {
 Deno.test("the gate keeps drafting while it measures faster and backs off while it is slower", () => {
   assert.ok(draftedShare(0.5, 2000) > 0.85, "drafting at half the time per token");
   assert.ok(draftedShare(1.5, 2000) < 0.03, "drafting at 1.5x the time per token");
+  // Nothing kept: off whatever the clock says (here drafting looks twice as fast), the backoff
+  // doubling from 32: probes after 4 plain steps, then 32, 64, ..., 1024 steps apart.
+  const never = draftedShare(0.5, 2000, 1);
+  assert.ok(never > 0 && never <= (7 * SpecGate.PROBE) / 2000, `${never}`);
+  // A probe costing 9 ms more than plain per step (36 in all) is followed by at least 36 / 0.02
+  // plain steps (capped at 1024): probes after 4 steps and 1024 later.
+  const costly = draftedShare(10, 2000, 1);
+  assert.ok(costly > 0 && costly <= (2 * SpecGate.PROBE) / 2000, `${costly}`);
+  // The plain steps before the first probe read a cold cache (10 ms, as the probe's steps): the
+  // probe looks free, but judged again against the warm plain steps after it (1 ms), it cost
+  // 36 ms, so the gate stays off rather than probing again after 32 steps.
+  const gate = new SpecGate(true);
+  let probes = 0;
+  for (let i = 0; i < 600; i++) {
+    const d = gate.drafting;
+    probes += d ? 1 : 0;
+    gate.record(d, d || i < SpecGate.MEASURE ? 10 : 1, 1);
+  }
+  assert.equal(probes, SpecGate.PROBE);
   // Held open, it always drafts.
   const open = new SpecGate(false);
   open.record(true, 100, 1);

@@ -147,6 +147,8 @@ export class ExpertCache {
   #demand = 0;
   /** Number of slots whose record has at least one pin. */
   #pinnedSlots = 0;
+  /** Top slots lent out ({@link withdraw}): held as pinned, so no record enters them. */
+  #lent = 0;
   #rng: number;
 
   /** Creates an empty cache of `opts.slots` slots. */
@@ -335,6 +337,60 @@ export class ExpertCache {
     this.#keyOfSlot[slot] = FREE;
     this.#free.push(slot);
     return true;
+  }
+
+  /** Slots records may use: all but those lent out. */
+  get usable(): number {
+    return this.slots - this.#lent;
+  }
+
+  /** Slots lent out by {@link withdraw}. */
+  get lent(): number {
+    return this.#lent;
+  }
+
+  /**
+   * Lends the top `n` slots out (their room serves something else for a while: the MTP layer's
+   * state and weights), dropping their records as evictions; no record enters them until
+   * {@link restore}. Throws when one of them is pinned, or when fewer than `keep` would remain.
+   */
+  withdraw(n: number, keep: number): void {
+    if (this.#lent > 0) throw new Error("ExpertCache.withdraw: slots are already lent out");
+    if (!Number.isInteger(n) || n < 0 || this.slots - n < keep) {
+      throw new Error(
+        `ExpertCache.withdraw: cannot lend ${n} of ${this.slots} slots, keeping ${keep}`,
+      );
+    }
+    const first = this.slots - n;
+    for (let s = first; s < this.slots; s++) {
+      if (this.#pins[s] > 0) throw new Error(`ExpertCache.withdraw: slot ${s} is pinned`);
+    }
+    for (let s = first; s < this.slots; s++) {
+      const key = this.#keyOfSlot[s];
+      if (key !== FREE) {
+        if (this.keepCounts || this.policy === "decay") this.#history.set(key, this.#count[s]);
+        this.#slotOfKey.delete(key);
+        this.#unlink(s);
+        this.#keyOfSlot[s] = FREE;
+        this.stats.evictions++;
+      }
+      this.#pins[s] = 1;
+    }
+    const free = this.#free.filter((s) => s < first);
+    this.#free.length = 0;
+    this.#free.push(...free);
+    this.#pinnedSlots += n;
+    this.#lent = n;
+  }
+
+  /** Takes back the slots {@link withdraw} lent out, empty. */
+  restore(): void {
+    for (let s = this.slots - 1; s >= this.slots - this.#lent; s--) {
+      this.#pins[s] = 0;
+      this.#free.push(s);
+    }
+    this.#pinnedSlots -= this.#lent;
+    this.#lent = 0;
   }
 
   /**

@@ -247,7 +247,7 @@ export class ExpertStore implements ExpertSource {
 
   /** Most experts one hint may name: every one of them is pinned until released. */
   get groupSize(): number {
-    return this.cache.slots;
+    return this.cache.usable;
   }
 
   hint(layer: number, ids: readonly number[]): void {
@@ -257,7 +257,7 @@ export class ExpertStore implements ExpertSource {
     for (const k of keys) if (this.#inflight.get(k)?.partial) this.#land(k);
     const landed = this.#settleGuesses(layer, new Set(keys));
     // Speculative reads hold pins; land them if the demand group would not fit beside them.
-    if (this.cache.slots - this.#pinned() < keys.length) this.drain();
+    if (this.cache.usable - this.#pinned() < keys.length) this.drain();
     const accesses = this.cache.acquire(keys);
     accesses.forEach((a, i) => {
       if (a.prefetched) {
@@ -457,6 +457,22 @@ export class ExpertStore implements ExpertSource {
       if (this.#inflight.size >= WARM_BATCH) drain();
     }
     drain();
+  }
+
+  /**
+   * Lends the top `n` slots' room out between passes (see ExpertCache.withdraw), at least `keep`
+   * slots staying for records; reads in flight land first. Returns the room's arena offset.
+   */
+  lend(n: number, keep: number): number {
+    if (this.#held.size > 0) throw new Error("expert store: cannot lend slots during a pass");
+    this.drain();
+    this.cache.withdraw(n, keep);
+    return this.#slotOffset(this.cache.slots - n);
+  }
+
+  /** Takes back the room {@link lend} lent out; its slots come back empty. */
+  unlend(): void {
+    this.cache.restore();
   }
 
   /** Zeroes the store's counters (after loading, so they count the run only). */

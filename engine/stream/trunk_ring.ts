@@ -91,8 +91,12 @@ export class TrunkRing implements TrunkSource {
     }
   }
 
-  #readRun(layer: number, offset: number, priority: ReadPriority): ReadTicket[] {
-    const run = this.#runs[layer];
+  #readRun(
+    layer: number,
+    offset: number,
+    priority: ReadPriority,
+    run = this.#runs[layer],
+  ): ReadTicket[] {
     const tickets: ReadTicket[] = [];
     for (let o = 0; o < run.bytes; o += REQUEST_BYTES) {
       const len = Math.min(REQUEST_BYTES, run.bytes - o);
@@ -158,6 +162,22 @@ export class TrunkRing implements TrunkSource {
   release(layer: number): void {
     const slot = this.#slots.find((s) => s.layer === layer);
     if (slot) slot.inUse = false;
+  }
+
+  /**
+   * Reads `run`, layer `layer`'s, which the ring does not hold (the MTP layer's), into arena room
+   * at `offset` that the caller owns, waits for it, and binds it.
+   */
+  readInto(layer: number, run: LayerRun, offset: number): LayerWeights {
+    const t0 = performance.now();
+    waitAll(
+      this.#reader,
+      this.#readRun(layer, offset, ReadPriority.DEMAND, run),
+      `trunk layer ${layer}`,
+    );
+    this.stats.waitMs += performance.now() - t0;
+    this.plan.check?.(layer, offset);
+    return bindLayer(layer, run, offset);
   }
 
   /** Zeroes the counters (after loading, so they count the run only). */

@@ -35,7 +35,7 @@ ${BUDGET_HELP}
   --parallel N|auto     sequences decoding together, each with its own KV cache, as serve
                         --parallel (default 1; auto: what serve picks for the budget; also -np)
   --spec mtp            plan the multi-token-prediction layer generate --spec mtp runs (its
-                        trunk run, experts, KV cache and scratch)
+                        experts; its KV cache, scratch and run in expert slots lent while it drafts)
   --json                print the plan as JSON
 `;
 
@@ -93,7 +93,9 @@ floor          ${formatBytes(floor)}  (resident ${formatBytes(plan.fixedBytes)}:
     formatBytes(plan.kvBytes)
   } at ctx ${ctx}${plan.sequences > 1 ? ` for ${plan.sequences} sequences` : ""}, scratch ${
     formatBytes(plan.scratchBytes)
-  }; + one ring slot + ${Math.min(2 * (cfg.moe?.topK ?? 0), plan.totalExperts)} expert records)
+  }; + one ring slot + ${Math.min(2 * (cfg.moe?.topK ?? 0), plan.totalExperts)} expert records${
+    plan.mtpLoanSlots > 0 ? ` + ${plan.mtpLoanSlots} to lend the MTP layer` : ""
+  })
 working set    ${formatBytes(plan.workingSetBytes)} per token
 whole model    ${formatBytes(plan.wholeModelBytes)}
 recommended    ${formatBytes(recommended)}
@@ -105,6 +107,17 @@ expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${
     formatBytes(plan.expertBytes)
   })${lookahead > 0 ? `; routers resident for the lookahead` : ""}
 arena          ${formatBytes(plan.arenaBytes)}`);
+  if (plan.mtpRoomBytes > 0) {
+    // --spec mtp: the MTP layer's state, scratch and run, lent by the expert cache while it drafts.
+    console.log(
+      `mtp layer      ${formatBytes(plan.mtpRoomBytes)} (state, scratch, its run)${
+        plan.mtpLoanSlots > 0
+          ? `: the expert cache lends it ${plan.mtpLoanSlots} slots while it drafts, and takes ` +
+            `them back while the gate holds drafting off`
+          : ", resident"
+      }`,
+    );
+  }
   const w = lookaheadWeighing;
   if (w) {
     // The default lookahead's routers against what they displace, per token (engine/planner.ts).

@@ -60,7 +60,8 @@ Server:
   -np, --parallel N     requests that generate at once, their passes batched so each expert
                         is read once per pass for all of them; each holds its own KV cache
                         (default auto: up to 4, as the budget has room, see plan --parallel;
-                        1 with --spec or --draft, whose drafts run only for a lone sequence)
+                        1 with --draft, whose drafts run only for a lone sequence; --spec
+                        drafts on every sequence)
   --queue N             requests that may wait behind the running ones (default 8); more get 429
   --max-body SIZE       largest request body, e.g. 512K, 16M (default 4M); a body must
                         arrive within 60 s
@@ -132,7 +133,7 @@ export async function serveCommand(args: string[]): Promise<number> {
   const specOptions = specFromArgs(a);
   const run = {
     ...runOptionsFromArgs(a),
-    parallel: parallelFromArgs(a) ?? (specOptions ? 1 : "auto" as const),
+    parallel: parallelFromArgs(a) ?? (specOptions?.draft !== undefined ? 1 : "auto" as const),
     spec: specOptions,
   };
   const spec = { ...await sessionSpec(a, run, quiet), chatTemplate: a.str("chat-template") };
