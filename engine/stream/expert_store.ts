@@ -62,6 +62,11 @@ export interface ExpertStoreOptions {
     file: string,
     fileOffset: number,
   ) => void;
+  /**
+   * The cache's last this many slots are not in the store's region: they are lent room
+   * (engine/kv_lending.ts) placed by {@link ExpertStore.lend}, retired until then.
+   */
+  lentSlots?: number;
 }
 
 /** Counters for the stats block. */
@@ -91,7 +96,8 @@ export class ExpertStore implements ExpertSource {
   };
   #reader: BlockReader;
   #banks: (BankFiles | null)[];
-  #slotBase: number;
+  /** Arena offset of each cache slot's record. */
+  #offsets: number[];
   #stride: number;
   #numExperts: number;
   #opts: ExpertStoreOptions;
@@ -141,12 +147,55 @@ export class ExpertStore implements ExpertSource {
     if (!any) throw new Error("expert store: the model has no MoE layers");
     this.#stride = Math.max(...banks.filter((b) => b).map((b) => b!.bank.stride));
     this.#numExperts = any.bank.count;
-    // One arena slot of one record stride per cache slot.
-    const slots = cache.slots;
-    this.#slotBase = arena.alloc(
-      `expert slots (${slots} × ${this.#stride} B)`,
-      slots * this.#stride,
-    );
+    // One arena slot of one record stride per cache slot but the lent ones.
+    const slots = cache.slots - (opts.lentSlots ?? 0);
+    const base = arena.alloc(`expert slots (${slots} × ${this.#stride} B)`, slots * this.#stride);
+    this.#offsets = Array.from({ length: slots }, (_, s) => base + s * this.#stride);
+    for (let s = slots; s < cache.slots; s++) cache.retire(s);
+  }
+
+  /** Record bytes one slot holds: the largest stride of the banks. */
+  get stride(): number {
+    return this.#stride;
+  }
+
+  /**
+   * Places the lent slots (the cache's last `offsets.length`) at these arena offsets, each
+   * {@link stride} bytes of room that something else owns and lends; they stay retired until
+   * {@link restore}d.
+   */
+  lend(offsets: readonly number[]): void {
+    const first = this.cache.slots - (this.#opts.lentSlots ?? 0);
+    if (offsets.length !== this.cache.slots - first || this.#offsets.length !== first) {
+      throw new Error(
+        `expert store: ${offsets.length} lent slots placed, expected ${this.#opts.lentSlots ?? 0}`,
+      );
+    }
+    this.#offsets.push(...offsets);
+  }
+
+  /**
+   * Takes slot `slot` out of the cache because its room is wanted back: a read still landing in
+   * it is waited for first, and its record is evicted. Called between passes, when no record is
+   * in use; one that is (acquired and not released) is a bug and throws.
+   */
+  reclaim(slot: number): void {
+    const key = this.cache.keyAt(slot);
+    if (key !== null) {
+      if (this.#held.has(key)) {
+        throw new Error(`expert store: slot ${slot} is reclaimed while its record is in use`);
+      }
+      this.#land(key);
+    }
+    this.cache.retire(slot);
+  }
+
+  /** Puts a reclaimed (or not yet used) lent slot back in the cache, empty. */
+  restore(slot: number): void {
+    if (this.#offsets[slot] === undefined) {
+      throw new Error(`expert store: slot ${slot} is not placed`);
+    }
+    this.cache.restore(slot);
   }
 
   #key(layer: number, expert: number): number {
@@ -154,7 +203,7 @@ export class ExpertStore implements ExpertSource {
   }
 
   #slotOffset(slot: number): number {
-    return this.#slotBase + slot * this.#stride;
+    return this.#offsets[slot];
   }
 
   #location(
@@ -247,7 +296,7 @@ export class ExpertStore implements ExpertSource {
 
   /** Most experts one hint may name: every one of them is pinned until released. */
   get groupSize(): number {
-    return this.cache.slots;
+    return this.cache.capacity;
   }
 
   hint(layer: number, ids: readonly number[]): void {
@@ -257,7 +306,7 @@ export class ExpertStore implements ExpertSource {
     for (const k of keys) if (this.#inflight.get(k)?.partial) this.#land(k);
     const landed = this.#settleGuesses(layer, new Set(keys));
     // Speculative reads hold pins; land them if the demand group would not fit beside them.
-    if (this.cache.slots - this.#pinned() < keys.length) this.drain();
+    if (this.cache.capacity - this.#pinned() < keys.length) this.drain();
     const accesses = this.cache.acquire(keys);
     accesses.forEach((a, i) => {
       if (a.prefetched) {
