@@ -16,6 +16,7 @@ import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../
 import { logReads, type ReadLog } from "../io/read_log.ts";
 import { Timeline } from "./stream/timeline.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
+import { KvLender, lendableSlots, pickLent } from "./kv_lending.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena } from "./arena.ts";
 import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
@@ -70,8 +71,13 @@ export interface RunOptions {
   ringSlots?: number;
   /** Read the next unpinned trunk layer while the current one computes (default true). */
   trunkReadahead?: boolean;
-  /** Cap on expert slots (tests, benchmarks). */
+  /** Cap on expert slots (tests, benchmarks); the cache then borrows nothing. */
   expertSlots?: number;
+  /**
+   * Lend the KV cache's unwritten rows to the expert cache while contexts are short (default
+   * true; engine/kv_lending.ts).
+   */
+  lendKv?: boolean;
   /** Check each expert record's CRC32 and each trunk region's CRC32 as it lands. */
   verify?: boolean;
   /**
@@ -127,6 +133,8 @@ export class Model {
   readonly trunk: TrunkRing;
   /** Null for dense models. */
   readonly experts: ExpertStore | null;
+  /** What the KV cache lends the expert cache; null when it lends nothing. */
+  readonly lender: KvLender | null;
   readonly prefillChunk: number;
   /** Positions the KV cache holds. */
   readonly maxContext: number;
@@ -145,6 +153,7 @@ export class Model {
     reader: BlockReader;
     trunk: TrunkRing;
     experts: ExpertStore | null;
+    lender: KvLender | null;
     transformer: Transformer;
     prefillChunk: number;
     maxContext: number;
@@ -160,6 +169,7 @@ export class Model {
     this.reader = init.reader;
     this.trunk = init.trunk;
     this.experts = init.experts;
+    this.lender = init.lender;
     this.transformer = init.transformer;
     this.prefillChunk = init.prefillChunk;
     this.maxContext = init.maxContext;
@@ -214,16 +224,13 @@ export class Model {
         landed,
       });
       const experts = plan.totalExperts > 0
-        ? openExpertStore(arena, reader, container, banks, plan.expertSlots, opts, sample)
+        ? openExpertStore(arena, reader, container, banks, plan, opts, sample)
         : null;
       const ops = new Ops(arena, pool);
       const observers = new RunObservers(container, opts);
-      if (experts) {
-        experts.warm(warm, landed);
-        if (lookahead > 0) {
-          const routers = residentRouters(arena, container);
-          observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
-        }
+      if (experts && lookahead > 0) {
+        const routers = residentRouters(arena, container);
+        observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
       }
       const transformer = new Transformer({
         cfg,
@@ -239,6 +246,8 @@ export class Model {
         timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
+      const lender = experts && plan.lentSlots > 0 ? lendKv(transformer, experts, plan) : null;
+      experts?.warm(warm, landed);
       if (!opts.quiet) console.error(planLine(plan));
       const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);
@@ -252,6 +261,7 @@ export class Model {
         reader,
         trunk,
         experts,
+        lender,
         transformer,
         prefillChunk,
         maxContext: ctx,
@@ -344,6 +354,7 @@ export function planRun(
       sequences,
       ringSlots: opts.ringSlots,
       expertSlots: opts.expertSlots,
+      lendKv: opts.lendKv,
       lookahead: lookahead > 0,
     });
   let lookahead = opts.lookahead ?? 0;
@@ -450,7 +461,7 @@ function openExpertStore(
   reader: BlockReader,
   container: Container,
   banks: (ExpertBank | null)[],
-  slots: number,
+  plan: MemoryPlan,
   opts: RunOptions,
   crcSample: number,
 ): ExpertStore {
@@ -462,8 +473,12 @@ function openExpertStore(
       : [container.expertBankPath(bank.layer)];
     return { bank, paths, handles: paths.map((p) => reader.open(p)) };
   });
-  const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
+  const cache = new ExpertCache({
+    slots: plan.expertSlots + plan.lentSlots,
+    policy: opts.cache ?? CACHE_POLICIES[0],
+  });
   return new ExpertStore(arena, reader, files, cache, {
+    lentSlots: plan.lentSlots,
     readaheadDepth: opts.readaheadDepth ?? DEFAULT_READAHEAD_DEPTH,
     check: (layer, expert, slot, file, fileOffset) => {
       const bank = banks[layer]!;
@@ -481,9 +496,33 @@ function openExpertStore(
 }
 
 /**
+ * Places the plan's lent slots in the unwritten tops of every sequence's position-indexed caches
+ * (the ones the context reaches last) and lends them all: nothing is written yet. Each pass then
+ * reserves its rows first (Transformer.reserveRows).
+ */
+function lendKv(transformer: Transformer, experts: ExpertStore, plan: MemoryPlan): KvLender {
+  const room = Array.from({ length: plan.sequences }, (_, seq) =>
+    lendableSlots(
+      transformer.cacheRegions(seq).flatMap((r) =>
+        r.rows === undefined ? [] : [{ offset: r.offset, rows: r.rows, rowBytes: r.rowBytes }]
+      ),
+      experts.stride,
+      seq,
+    )).flat();
+  const lent = pickLent(room, plan.lentSlots);
+  experts.lend(lent.map((s) => s.offset));
+  const lender = new KvLender(experts, lent, plan.expertSlots);
+  for (let seq = 0; seq < plan.sequences; seq++) lender.reserve(seq, 0);
+  lender.resetStats();
+  transformer.reserveRows = (seq, end) => lender.reserve(seq, end);
+  return lender;
+}
+
+/**
  * The experts warmed before the first token, in order: hot-list experts first, then, when every
  * record fits, all of them in file order, as an in-RAM engine loads its model, so decode never
- * waits for a first use. Entries naming no record are dropped; at most the cache's slots.
+ * waits for a first use. Entries naming no record are dropped; at most the cache's slots, the
+ * lent ones included.
  */
 function warmList(
   container: Container,
@@ -497,7 +536,7 @@ function warmList(
   const seen = new Set<string>();
   const list: [number, number][] = [];
   for (const [layer, expert] of [...(hot ? hottest(hot) : []), ...all]) {
-    if (list.length >= plan.expertSlots) break;
+    if (list.length >= plan.expertSlots + plan.lentSlots) break;
     const key = `${layer}:${expert}`;
     if (!banks[layer] || expert >= banks[layer]!.count || seen.has(key)) continue;
     seen.add(key);
@@ -555,7 +594,8 @@ function planLine(p: MemoryPlan): string {
     `(trunk hit rate ${
       (100 * p.trunkHitRate).toFixed(1)
     }%); expert cache ${p.expertSlots} records ` +
-    `(${formatBytes(p.expertBytes)})`;
+    `(${formatBytes(p.expertBytes)})` +
+    (p.lentSlots > 0 ? ` + ${p.lentSlots} lent by the KV cache while the context is short` : "");
 }
 
 /** The expert source of a dense model: asking it for an expert is a bug. */
