@@ -25,7 +25,7 @@ import { ExpertCache } from "../engine/stream/expert_cache.ts";
 import { ExpertStore } from "../engine/stream/expert_store.ts";
 import type { ExpertBank } from "../io/manifest_schema.ts";
 import type { BlockReader, ReadTicket } from "../io/reader.ts";
-import { hasFixture, packedFixture } from "./fixtures.ts";
+import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 Deno.test("kv lending: slots sit page-aligned at the tops of runs, the last reached first", () => {
   // Two runs of 100 rows of 100 bytes (10,000 bytes each) from offset 4096: pages end at 12288
@@ -318,5 +318,58 @@ Deno.test({
     assert.ok(on.capacity[n - 2] < on.capacity[0], `capacity never shrank: ${on.capacity}`);
     assert.ok(on.capacity[n - 1] > on.capacity[n - 2], `nothing came back: ${on.capacity}`);
     assert.ok(on.restored > 0);
+  },
+});
+
+Deno.test({
+  name:
+    "kv lending: plan shows the KV cache and what it lends; the stats show the cache at the end",
+  ignore: !hasFixture("tiny-glm4-moe"),
+  fn: async () => {
+    const path = await packedFixture("tiny-glm4-moe");
+    const plan = await runSluice(["plan", "-m", path, "-c", "2048", "--budget", "4.6M"]);
+    assert.equal(plan.code, 0, plan.stderr);
+    assert.match(plan.stdout, /KV 2\.00 MiB at ctx 2048/);
+    const lent = /lent by KV +(\d+) more records \(.* of the KV cache's 2\.00 MiB\)/.exec(
+      plan.stdout,
+    );
+    assert.ok(lent, plan.stdout);
+    const json = await runSluice(["plan", "-m", path, "-c", "2048", "--budget", "4.6M", "--json"]);
+    const p = JSON.parse(json.stdout);
+    assert.equal(p.lentSlots, Number(lent[1]));
+    const off = await runSluice([
+      "plan",
+      "-m",
+      path,
+      "-c",
+      "2048",
+      "--budget",
+      "4.6M",
+      "--no-kv-lend",
+    ]);
+    assert.match(off.stdout, /expert cache +\d+ of \d+ records/);
+    assert.doesNotMatch(off.stdout, /lent by KV/);
+    // A 1,000-token prompt reaches four growth blocks: the stats show what was taken back.
+    const prompt = "hello world ".repeat(170);
+    const gen = await runSluice([
+      "generate",
+      "-m",
+      path,
+      "-c",
+      "2048",
+      "--budget",
+      "4.6M",
+      "-n",
+      "4",
+      "--json",
+      "-p",
+      prompt,
+    ]);
+    assert.equal(gen.code, 0, gen.stderr);
+    const s = JSON.parse(gen.stdout).stats;
+    assert.ok(s.prompt_tokens > 3 * GROWTH_ROWS, `${s.prompt_tokens} prompt tokens`);
+    assert.ok(s.kv_reclaimed_slots > 0);
+    assert.equal(s.expert_cache_slots, p.expertSlots + s.expert_cache_lent);
+    assert.equal(s.expert_cache_lent, p.lentSlots - s.kv_reclaimed_slots);
   },
 });
