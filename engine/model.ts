@@ -180,8 +180,8 @@ export class Model {
 
   /**
    * Opens the container at `path` under the memory plan `opts` asks for, in named steps: plan,
-   * arena and workers, resident globals, trunk ring, expert store, attention, warm-up and
-   * lookahead, forward pass.
+   * arena and workers, resident globals, trunk ring, expert store, lookahead, forward pass (its
+   * attention state), the KV cache's unwritten rows lent to the expert cache, warm-up.
    */
   static async open(path: string, opts: RunOptions = {}): Promise<Model> {
     // Run options that size things are refused before anything is read or allocated.
