@@ -16,6 +16,7 @@ import { type BlockReader, openReader, ReadPriority, type ReadTicket } from "../
 import { logReads, type ReadLog } from "../io/read_log.ts";
 import { Timeline } from "./stream/timeline.ts";
 import { TrunkRing } from "./stream/trunk_ring.ts";
+import { KvLender, lendableSlots, pickLent } from "./kv_lending.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { Arena, PAGE } from "./arena.ts";
 import { alignUp } from "../io/format.ts";
@@ -71,8 +72,13 @@ export interface RunOptions {
   ringSlots?: number;
   /** Read the next unpinned trunk layer while the current one computes (default true). */
   trunkReadahead?: boolean;
-  /** Cap on expert slots (tests, benchmarks). */
+  /** Cap on expert slots (tests, benchmarks); the cache then borrows nothing. */
   expertSlots?: number;
+  /**
+   * Lend the KV cache's unwritten rows to the expert cache while contexts are short (default
+   * true; engine/kv_lending.ts).
+   */
+  lendKv?: boolean;
   /** Check each expert record's CRC32 and each trunk region's CRC32 as it lands. */
   verify?: boolean;
   /**
@@ -128,6 +134,8 @@ export class Model {
   readonly trunk: TrunkRing;
   /** Null for dense models. */
   readonly experts: ExpertStore | null;
+  /** What the KV cache lends the expert cache; null when it lends nothing. */
+  readonly lender: KvLender | null;
   readonly prefillChunk: number;
   /** Positions the KV cache holds. */
   readonly maxContext: number;
@@ -146,6 +154,7 @@ export class Model {
     reader: BlockReader;
     trunk: TrunkRing;
     experts: ExpertStore | null;
+    lender: KvLender | null;
     transformer: Transformer;
     prefillChunk: number;
     maxContext: number;
@@ -161,6 +170,7 @@ export class Model {
     this.reader = init.reader;
     this.trunk = init.trunk;
     this.experts = init.experts;
+    this.lender = init.lender;
     this.transformer = init.transformer;
     this.prefillChunk = init.prefillChunk;
     this.maxContext = init.maxContext;
@@ -171,8 +181,8 @@ export class Model {
 
   /**
    * Opens the container at `path` under the memory plan `opts` asks for, in named steps: plan,
-   * arena and workers, resident globals, trunk ring, expert store, attention, warm-up and
-   * lookahead, forward pass.
+   * arena and workers, resident globals, trunk ring, expert store, lookahead, forward pass (its
+   * attention state), the KV cache's unwritten rows lent to the expert cache, warm-up.
    */
   static async open(path: string, opts: RunOptions = {}): Promise<Model> {
     // Run options that size things are refused before anything is read or allocated.
@@ -216,16 +226,13 @@ export class Model {
         landed,
       });
       const experts = plan.totalExperts > 0
-        ? openExpertStore(arena, reader, container, banks, plan.expertSlots, opts, sample)
+        ? openExpertStore(arena, reader, container, banks, plan, opts, sample)
         : null;
       const ops = new Ops(arena, pool);
       const observers = new RunObservers(container, opts);
-      if (experts) {
-        experts.warm(warm, landed);
-        if (lookahead > 0) {
-          const routers = residentRouters(arena, container);
-          observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
-        }
+      if (experts && lookahead > 0) {
+        const routers = residentRouters(arena, container);
+        observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
       }
       const transformer = new Transformer({
         cfg,
@@ -251,6 +258,8 @@ export class Model {
         timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
+      const lender = experts && plan.lentSlots > 0 ? lendKv(transformer, experts, plan) : null;
+      experts?.warm(warm, landed);
       if (!opts.quiet) console.error(planLine(plan));
       const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);
@@ -264,6 +273,7 @@ export class Model {
         reader,
         trunk,
         experts,
+        lender,
         transformer,
         prefillChunk,
         maxContext: ctx,
@@ -356,6 +366,7 @@ export function planRun(
       sequences,
       ringSlots: opts.ringSlots,
       expertSlots: opts.expertSlots,
+      lendKv: opts.lendKv,
       lookahead: lookahead > 0,
     });
   let lookahead = opts.lookahead ?? 0;
@@ -428,9 +439,9 @@ function mtpRoom(
     return { take: () => open(offset), give: () => false };
   }
   return {
-    take: () => open(experts.lend(plan.mtpLoanSlots, keep)),
+    take: () => open(experts.loan(plan.mtpLoanSlots, keep)),
     give: () => {
-      experts.unlend();
+      experts.repay();
       return true;
     },
   };
@@ -499,7 +510,7 @@ function openExpertStore(
   reader: BlockReader,
   container: Container,
   banks: (ExpertBank | null)[],
-  slots: number,
+  plan: MemoryPlan,
   opts: RunOptions,
   crcSample: number,
 ): ExpertStore {
@@ -511,8 +522,12 @@ function openExpertStore(
       : [container.expertBankPath(bank.layer)];
     return { bank, paths, handles: paths.map((p) => reader.open(p)) };
   });
-  const cache = new ExpertCache({ slots, policy: opts.cache ?? CACHE_POLICIES[0] });
+  const cache = new ExpertCache({
+    slots: plan.expertSlots + plan.lentSlots,
+    policy: opts.cache ?? CACHE_POLICIES[0],
+  });
   return new ExpertStore(arena, reader, files, cache, {
+    lentSlots: plan.lentSlots,
     readaheadDepth: opts.readaheadDepth ?? DEFAULT_READAHEAD_DEPTH,
     check: (layer, expert, slot, file, fileOffset) => {
       const bank = banks[layer]!;
@@ -530,9 +545,33 @@ function openExpertStore(
 }
 
 /**
+ * Places the plan's lent slots in the unwritten tops of every sequence's position-indexed caches
+ * (the ones the context reaches last) and lends them all: nothing is written yet. Each pass then
+ * reserves its rows first (Transformer.reserveRows).
+ */
+function lendKv(transformer: Transformer, experts: ExpertStore, plan: MemoryPlan): KvLender {
+  const room = Array.from({ length: plan.sequences }, (_, seq) =>
+    lendableSlots(
+      transformer.cacheRegions(seq).flatMap((r) =>
+        r.rows === undefined ? [] : [{ offset: r.offset, rows: r.rows, rowBytes: r.rowBytes }]
+      ),
+      experts.stride,
+      seq,
+    )).flat();
+  const lent = pickLent(room, plan.lentSlots);
+  experts.lend(lent.map((s) => s.offset));
+  const lender = new KvLender(experts, lent, plan.expertSlots);
+  for (let seq = 0; seq < plan.sequences; seq++) lender.reserve(seq, 0);
+  lender.resetStats();
+  transformer.reserveRows = (seq, end) => lender.reserve(seq, end);
+  return lender;
+}
+
+/**
  * The experts warmed before the first token, in order: hot-list experts first, then, when every
  * record fits, all of them in file order, as an in-RAM engine loads its model, so decode never
- * waits for a first use. Entries naming no record are dropped; at most the cache's slots.
+ * waits for a first use. Entries naming no record are dropped; at most the cache's slots, the
+ * lent ones included.
  */
 function warmList(
   container: Container,
@@ -546,7 +585,7 @@ function warmList(
   const seen = new Set<string>();
   const list: [number, number][] = [];
   for (const [layer, expert] of [...(hot ? hottest(hot) : []), ...all]) {
-    if (list.length >= plan.expertSlots) break;
+    if (list.length >= plan.expertSlots + plan.lentSlots) break;
     const key = `${layer}:${expert}`;
     if (!banks[layer] || expert >= banks[layer]!.count || seen.has(key)) continue;
     seen.add(key);
@@ -604,7 +643,8 @@ function planLine(p: MemoryPlan): string {
     `(trunk hit rate ${
       (100 * p.trunkHitRate).toFixed(1)
     }%); expert cache ${p.expertSlots} records ` +
-    `(${formatBytes(p.expertBytes)})`;
+    `(${formatBytes(p.expertBytes)})` +
+    (p.lentSlots > 0 ? ` + ${p.lentSlots} lent by the KV cache while the context is short` : "");
 }
 
 /** The expert source of a dense model: asking it for an expert is a bug. */

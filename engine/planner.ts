@@ -15,6 +15,8 @@ import { PAGE } from "./arena.ts";
 import { type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { runStateSizes } from "./run_state.ts";
+import { lendableCount } from "./kv_lending.ts";
+import { mixerRowRuns } from "./parts/mod.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -86,6 +88,11 @@ export interface PlanOptions {
   lookahead?: boolean;
   /** Sequences run together, each with its own mixer state (default 1; engine/batch.ts). */
   sequences?: number;
+  /**
+   * Lend the KV cache's unwritten rows to the expert cache (engine/kv_lending.ts; default on).
+   * Off, or with {@link expertSlots} capping the cache, nothing is lent.
+   */
+  lendKv?: boolean;
 }
 
 /** The outcome: every size the engine allocates. */
@@ -110,6 +117,15 @@ export interface MemoryPlan {
   trunkBytes: number;
   expertSlots: number;
   expertBytes: number;
+  /**
+   * Expert slots lent to the cache at start from the KV cache's unwritten rows (its rows above
+   * the context, engine/kv_lending.ts): the cache holds up to expertSlots + lentSlots records
+   * while contexts are short, expertSlots when every sequence's context is full. Never more than
+   * the records that do not fit in expertSlots.
+   */
+  lentSlots: number;
+  /** Bytes of the lent slots (inside kvBytes, not beside it). */
+  lentBytes: number;
   /** Expert records in the whole model. */
   totalExperts: number;
   /** Bytes the arena gets (≤ budget). */
@@ -277,6 +293,13 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     expertSlots = Math.max(minExperts + loan, Math.min(expertSlots, opts.expertSlots));
   }
   const expertBytes = expertSlots * expertStride;
+  const lentSlots = expertStride > 0 && (opts.lendKv ?? true) && opts.expertSlots === undefined
+    ? Math.min(
+      // Records past every expert (plus the MTP loan's room) would hold nothing.
+      Math.max(0, totalExperts + loan - expertSlots),
+      lendableCount(mixerRowRuns(cfg, opts.ctx, opts.maxBatch), expertStride, sequences),
+    )
+    : 0;
   const moeLayers = cfg.layerKinds.filter((k) => k === "moe").length;
   return {
     budget,
@@ -293,6 +316,8 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
     trunkBytes,
     expertSlots,
     expertBytes,
+    lentSlots,
+    lentBytes: lentSlots * expertStride,
     totalExperts,
     arenaBytes: fixedBytes + trunkBytes + expertBytes,
     workingSetBytes: trunkAll + moeLayers * topK * expertStride,

@@ -109,6 +109,7 @@ export function writeCacheParts(
   mtp: MtpSaved | null = null,
 ): void {
   const { arena, transformer } = session.model;
+  transformer.reserveRows?.(seq, n);
   let at = 0;
   for (const r of transformer.cacheRegions(seq)) {
     arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));

@@ -69,6 +69,12 @@ export interface RunStats {
   expert_misses: number;
   /** expert_hits / (hits + misses); 1 when no expert was used. */
   expert_hit_rate: number;
+  /** Records the expert cache holds now, lent slots included (0 for a dense model). */
+  expert_cache_slots: number;
+  /** Of those, slots lent by the KV cache's unwritten rows (engine/kv_lending.ts). */
+  expert_cache_lent: number;
+  /** Lent slots the KV cache took back as contexts grew, since the model was opened. */
+  kv_reclaimed_slots: number;
   /** Records the lookahead read speculatively. */
   speculative_reads: number;
   /** Speculatively read records that were then used. */
@@ -151,6 +157,9 @@ export function collectStats(model: Model, t: Timings, lookaheadRecall: number |
     expert_hits: hits,
     expert_misses: misses,
     expert_hit_rate: hits + misses > 0 ? hits / (hits + misses) : 1,
+    expert_cache_slots: model.experts?.cache.capacity ?? 0,
+    expert_cache_lent: model.lender?.lent ?? 0,
+    kv_reclaimed_slots: model.lender?.stats.reclaimed ?? 0,
     speculative_reads: store?.speculative ?? 0,
     speculative_used: store?.speculativeUsed ?? 0,
     speculative_cancelled: store?.speculativeCancelled ?? 0,
@@ -202,7 +211,10 @@ export function formatStats(s: RunStats): string {
       : []),
     `experts       ${s.expert_hits} hits, ${s.expert_misses} misses (hit rate ${
       pct(s.expert_hit_rate)
-    })`,
+    }); cache ${s.expert_cache_slots} records` +
+    (s.expert_cache_lent > 0 || s.kv_reclaimed_slots > 0
+      ? ` (${s.expert_cache_lent} lent by the KV cache, ${s.kv_reclaimed_slots} taken back)`
+      : ""),
     `speculative   ${s.speculative_reads} reads, ${s.speculative_used} used, ` +
     `${s.speculative_cancelled} withdrawn` +
     (s.speculative_skipped

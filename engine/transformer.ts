@@ -226,6 +226,13 @@ export class Transformer {
     return this.#p.maxBatch;
   }
 
+  /**
+   * Called before anything writes sequence `seq`'s cache rows below position `end` (each pass,
+   * a restored session): the rows the KV cache lends out are taken back first
+   * (engine/kv_lending.ts). Null when nothing is lent.
+   */
+  reserveRows: ((seq: number, end: number) => void) | null = null;
+
   /** Diagnosis only (engine/finite_check.ts): sees each layer's output `x` of `n` floats. */
   layerProbe: ((layer: number, x: number, n: number) => void) | null = null;
 
@@ -260,6 +267,7 @@ export class Transformer {
       this.#mixers.select(r.seq);
       this.#mixers.begin(r.pos, r.tokens.length);
     }
+    for (const r of batch) this.reserveRows?.(r.seq, r.pos + r.tokens.length);
     this.#calls++;
     for (const s of seqs) this.#writes[s]++;
     const positions = batch.flatMap((r) => r.tokens.map((_, i) => r.pos + i));

@@ -333,8 +333,8 @@ Deno.test("lent slots hold no record until they come back, and come back empty",
   for (const policy of ["lfru", "lru", "decay"] as const) {
     const c = new ExpertCache({ slots: 6, policy });
     for (let k = 0; k < 6; k++) c.access(k);
-    c.withdraw(4, 2);
-    assert.equal(c.usable, 2);
+    for (let slot = 2; slot < 6; slot++) c.retire(slot);
+    assert.equal(c.capacity, 2);
     // Keys in slots 2..5 were dropped; slots 0 and 1 kept theirs.
     assert.deepEqual([0, 1, 2, 3, 4, 5].map((k) => c.has(k)), [
       true,
@@ -347,15 +347,15 @@ Deno.test("lent slots hold no record until they come back, and come back empty",
     // A stream of misses only ever lands in the two slots left.
     for (let k = 10; k < 40; k++) assert.ok(c.access(k).slot < 2, policy);
     assert.throws(() => c.acquire([50, 51, 52]), /slots are unpinned/);
-    assert.throws(() => c.withdraw(1, 1), /already lent/);
-    c.restore();
-    assert.equal(c.usable, 6);
+    assert.throws(() => c.retire(2), /slot 2 is retired/);
+    for (let slot = 2; slot < 6; slot++) c.restore(slot);
+    assert.equal(c.capacity, 6);
     const slots = new Set([60, 61, 62, 63].map((k) => c.access(k).slot));
     assert.deepEqual([...slots].sort(), [2, 3, 4, 5], `${policy}: the free slots first`);
   }
   const c = new ExpertCache({ slots: 4, policy: "lru" });
   c.access(1);
   c.pin(1);
-  assert.throws(() => c.withdraw(4, 0), /slot 0 is pinned/);
-  assert.throws(() => c.withdraw(3, 2), /cannot lend 3 of 4 slots/);
+  assert.throws(() => c.retire(c.slotOf(1)!), /is pinned/);
+  assert.throws(() => c.restore(1), /slot 1 is not retired/);
 });

@@ -322,6 +322,8 @@ Deno.test({
         assert.equal(value("generated_tokens_total"), server.live.totals.generatedTokens);
         assert.ok(value("prompt_cached_tokens_total") > 0);
         assert.ok(value("expert_hits_total") > 0);
+        assert.ok(value("expert_cache_records") > 0);
+        assert.ok(value("expert_cache_records") >= value("expert_cache_lent_records"));
         assert.equal(value("requests_cancelled_total"), 2);
         assert.equal(value("queue_depth"), 0);
         assert.ok(value("resident_memory_bytes") > 0);

@@ -27,6 +27,7 @@ import {
   type Mixer,
   type MixerPart,
   PerSequence,
+  type RowShape,
   type SequenceSpan,
   stateName,
 } from "./mixer.ts";
@@ -42,6 +43,13 @@ export function kvSlots(cfg: ModelConfig, layer: number, ctx: number, maxBatch: 
   return w > 0 ? Math.min(ctx, w + maxBatch - 1) : ctx;
 }
 
+/** Layer `layer`'s keys, then its values: {@link kvSlots} rows each. */
+function gqaRowRuns(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): RowShape[] {
+  const g = layerGeometry(cfg, layer);
+  const run = { rows: kvSlots(cfg, layer, ctx, maxBatch), rowBytes: g.numKvHeads * g.headDim * 4 };
+  return [run, run];
+}
+
 /** Bytes of layer `layer`'s keys and values ({@link kvSlots} positions of each). */
 export function gqaStateBytes(
   cfg: ModelConfig,
@@ -49,8 +57,7 @@ export function gqaStateBytes(
   ctx: number,
   maxBatch: number,
 ): number {
-  const g = layerGeometry(cfg, layer);
-  return kvSlots(cfg, layer, ctx, maxBatch) * 2 * g.numKvHeads * g.headDim * 4;
+  return gqaRowRuns(cfg, layer, ctx, maxBatch).reduce((s, r) => s + r.rows * r.rowBytes, 0);
 }
 
 /**
@@ -159,7 +166,8 @@ export class GqaAttention implements Mixer {
     return this.#layers.flatMap((l) => {
       const g = this.#geometry[l];
       const rowBytes = g.numKvHeads * g.headDim * 4;
-      return [{ offset: k[l], rowBytes }, { offset: v[l], rowBytes }];
+      const rows = this.#slots[l];
+      return [{ offset: k[l], rowBytes, rows }, { offset: v[l], rowBytes, rows }];
     });
   }
 
@@ -330,6 +338,7 @@ export const GQA: MixerPart = {
   name: "gqa",
   shape: gqaShape,
   stateBytes: gqaStateBytes,
+  rowRuns: gqaRowRuns,
   scratchBytes(cfg, layers, ctx, maxBatch) {
     const s = gqaScratch(cfg, layers, maxBatch);
     return s.ropes.reduce((sum, r) => sum + ropeTableBytes(r, ctx), 0) +

@@ -23,6 +23,18 @@ export interface StateRegion {
 export interface CacheRegion {
   offset: number;
   rowBytes: number;
+  /**
+   * Rows it holds, filled from the first up (a ring: position p at row p mod rows), so its rows
+   * above the context are unwritten and lent to the expert cache (engine/kv_lending.ts); absent
+   * where rows do not follow positions so (nothing is lent).
+   */
+  rows?: number;
+}
+
+/** A run of `rows` position-indexed rows of `rowBytes` (see {@link CacheRegion.rows}). */
+export interface RowShape {
+  rows: number;
+  rowBytes: number;
 }
 
 /** One sequence's rows of a batched mixer call: `n` rows at positions pos.. of sequence `seq`. */
@@ -124,6 +136,12 @@ export interface MixerPart {
    * arena region of exactly this size.
    */
   stateBytes(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): number;
+  /**
+   * The position-indexed runs layer `layer`'s state region starts with, back to back: the
+   * {@link CacheRegion}s with `rows` its mixer reports, as the planner sees them before anything
+   * is allocated. Absent: nothing is lent.
+   */
+  rowRuns?(cfg: ModelConfig, layer: number, ctx: number, maxBatch: number): RowShape[];
   /**
    * Bytes of everything else the mixer of `layers` allocates (scratch for calls of `maxBatch`
    * tokens and `ctx` positions, tables, weights it derives once), each region rounded up to the

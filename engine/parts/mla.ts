@@ -35,6 +35,7 @@ import {
   type Mixer,
   type MixerPart,
   PerSequence,
+  type RowShape,
   type SequenceSpan,
   stateName,
 } from "./mixer.ts";
@@ -49,10 +50,16 @@ function indexerRow(cfg: ModelConfig): number {
   return ix ? ix.headDim * (ix.pool ? 3 : 1) : 0;
 }
 
+/** One MLA layer's latent rows, then its indexer rows when it has an indexer: `ctx` of each. */
+function mlaRowRuns(cfg: ModelConfig, _layer: number, ctx: number): RowShape[] {
+  const m = cfg.mla!, ix = indexerRow(cfg);
+  const latent = { rows: ctx, rowBytes: (m.kvLoraRank + m.qkRopeHeadDim) * 4 };
+  return ix ? [latent, { rows: ctx, rowBytes: ix * 4 }] : [latent];
+}
+
 /** Bytes of one MLA layer's latent cache, then its indexer keys and gates, for `ctx` positions. */
-function mlaStateBytes(cfg: ModelConfig, _layer: number, ctx: number): number {
-  const m = cfg.mla!;
-  return ctx * (m.kvLoraRank + m.qkRopeHeadDim + indexerRow(cfg)) * 4;
+function mlaStateBytes(cfg: ModelConfig, layer: number, ctx: number): number {
+  return mlaRowRuns(cfg, layer, ctx).reduce((s, r) => s + r.rows * r.rowBytes, 0);
 }
 
 /** Per-layer absorbed matrices, float32, built on the layer's first visit. */
@@ -194,9 +201,10 @@ export class MlaAttention implements Mixer {
    */
   cacheRegions(): CacheRegion[] {
     const ix = this.#cfg.mla!.indexer;
+    const rows = this.#maxCtx;
     return this.#layers.flatMap((l) => [
-      { offset: this.#cache[l], rowBytes: this.#row * 4 },
-      ...(ix ? [{ offset: this.#indexRows(l), rowBytes: indexerRow(this.#cfg) * 4 }] : []),
+      { offset: this.#cache[l], rowBytes: this.#row * 4, rows },
+      ...(ix ? [{ offset: this.#indexRows(l), rowBytes: indexerRow(this.#cfg) * 4, rows }] : []),
     ]);
   }
 
@@ -520,6 +528,7 @@ export const MLA: MixerPart = {
   name: "mla",
   shape: (cfg, t) => mlaShape(cfg, t),
   stateBytes: mlaStateBytes,
+  rowRuns: mlaRowRuns,
   scratchBytes(cfg, layers, ctx, maxBatch) {
     const m = cfg.mla!;
     const H = cfg.numHeads, f = maxBatch * 4;

@@ -19,7 +19,14 @@ import { CSA } from "./csa.ts";
 import { GDN } from "./gated_deltanet.ts";
 import { GQA } from "./gqa.ts";
 import { KDA } from "./kda.ts";
-import type { CacheRegion, Mixer, MixerPart, SequenceSpan, StateRegion } from "./mixer.ts";
+import type {
+  CacheRegion,
+  Mixer,
+  MixerPart,
+  RowShape,
+  SequenceSpan,
+  StateRegion,
+} from "./mixer.ts";
 import { MLA } from "./mla.ts";
 
 /** Every mixer kind, by name. */
@@ -67,6 +74,14 @@ export function mixerStateBytes(
   layers = mainLayers(cfg),
 ): number[] {
   return layers.map((l) => mixerPartOf(cfg, l).stateBytes(cfg, l, ctx, maxBatch));
+}
+
+/**
+ * Per main layer, the position-indexed runs its state region starts with at `ctx` positions
+ * ({@link MixerPart.rowRuns}; none where the mixer lends nothing).
+ */
+export function mixerRowRuns(cfg: ModelConfig, ctx: number, maxBatch: number): RowShape[][] {
+  return mainLayers(cfg).map((l) => mixerPartOf(cfg, l).rowRuns?.(cfg, l, ctx, maxBatch) ?? []);
 }
 
 /** Bytes of the scratch of every mixer kind `layers` (default: the main layers) run. */

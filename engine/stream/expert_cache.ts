@@ -145,10 +145,11 @@ export class ExpertCache {
   readonly #order: Int32Array;
   #clock = 0;
   #demand = 0;
-  /** Number of slots whose record has at least one pin. */
+  /** Number of slots whose record has at least one pin, retired slots included. */
   #pinnedSlots = 0;
-  /** Top slots lent out ({@link withdraw}): held as pinned, so no record enters them. */
-  #lent = 0;
+  /** Slots taken out of use ({@link retire}): held as pinned, so no victim search picks them. */
+  readonly #retired: Uint8Array;
+  #retiredSlots = 0;
   #rng: number;
 
   /** Creates an empty cache of `opts.slots` slots. */
@@ -186,6 +187,7 @@ export class ExpertCache {
     this.#lastUse = new Float64Array(slots);
     this.#pins = new Int32Array(slots);
     this.#prefetched = new Uint8Array(slots);
+    this.#retired = new Uint8Array(slots);
     this.#prev = new Int32Array(slots).fill(NONE);
     this.#next = new Int32Array(slots).fill(NONE);
     this.#order = new Int32Array(slots);
@@ -198,6 +200,43 @@ export class ExpertCache {
   /** Number of resident records. */
   get size(): number {
     return this.#slotOfKey.size;
+  }
+
+  /** Slots in use: {@link slots} less the retired ones. */
+  get capacity(): number {
+    return this.slots - this.#retiredSlots;
+  }
+
+  /**
+   * Takes `slot` out of use (its room is wanted back, engine/kv_lending.ts): evicts its record,
+   * which must not be pinned, and no admission uses the slot until {@link restore}. Returns the
+   * key evicted, or null.
+   */
+  retire(slot: number): number | null {
+    if (this.#retired[slot]) throw new Error(`ExpertCache.retire: slot ${slot} is retired`);
+    if (this.#pins[slot] > 0) throw new Error(`ExpertCache.retire: slot ${slot} is pinned`);
+    const key = this.keyAt(slot);
+    if (key === null) this.#free.splice(this.#free.indexOf(slot), 1);
+    else {
+      this.#evict(slot);
+      this.stats.evictions++;
+    }
+    this.#retired[slot] = 1;
+    this.#retiredSlots++;
+    // Held as pinned: every check of unpinned room and every victim search then skips it.
+    this.#pins[slot] = 1;
+    this.#pinnedSlots++;
+    return key;
+  }
+
+  /** Puts a retired slot back in use, empty. */
+  restore(slot: number): void {
+    if (!this.#retired[slot]) throw new Error(`ExpertCache.restore: slot ${slot} is not retired`);
+    this.#retired[slot] = 0;
+    this.#retiredSlots--;
+    this.#pins[slot] = 0;
+    this.#pinnedSlots--;
+    this.#free.push(slot);
   }
 
   /** Whether `key` is resident (possibly prefetched and not yet used). */
@@ -339,60 +378,6 @@ export class ExpertCache {
     return true;
   }
 
-  /** Slots records may use: all but those lent out. */
-  get usable(): number {
-    return this.slots - this.#lent;
-  }
-
-  /** Slots lent out by {@link withdraw}. */
-  get lent(): number {
-    return this.#lent;
-  }
-
-  /**
-   * Lends the top `n` slots out (their room serves something else for a while: the MTP layer's
-   * state and weights), dropping their records as evictions; no record enters them until
-   * {@link restore}. Throws when one of them is pinned, or when fewer than `keep` would remain.
-   */
-  withdraw(n: number, keep: number): void {
-    if (this.#lent > 0) throw new Error("ExpertCache.withdraw: slots are already lent out");
-    if (!Number.isInteger(n) || n < 0 || this.slots - n < keep) {
-      throw new Error(
-        `ExpertCache.withdraw: cannot lend ${n} of ${this.slots} slots, keeping ${keep}`,
-      );
-    }
-    const first = this.slots - n;
-    for (let s = first; s < this.slots; s++) {
-      if (this.#pins[s] > 0) throw new Error(`ExpertCache.withdraw: slot ${s} is pinned`);
-    }
-    for (let s = first; s < this.slots; s++) {
-      const key = this.#keyOfSlot[s];
-      if (key !== FREE) {
-        if (this.keepCounts || this.policy === "decay") this.#history.set(key, this.#count[s]);
-        this.#slotOfKey.delete(key);
-        this.#unlink(s);
-        this.#keyOfSlot[s] = FREE;
-        this.stats.evictions++;
-      }
-      this.#pins[s] = 1;
-    }
-    const free = this.#free.filter((s) => s < first);
-    this.#free.length = 0;
-    this.#free.push(...free);
-    this.#pinnedSlots += n;
-    this.#lent = n;
-  }
-
-  /** Takes back the slots {@link withdraw} lent out, empty. */
-  restore(): void {
-    for (let s = this.slots - 1; s >= this.slots - this.#lent; s--) {
-      this.#pins[s] = 0;
-      this.#free.push(s);
-    }
-    this.#pinnedSlots -= this.#lent;
-    this.#lent = 0;
-  }
-
   /**
    * Pre-admits keys (a hot list, hottest first) while free slots remain, with count 1, without
    * touching the stats. Keys already resident are skipped.
@@ -462,12 +447,19 @@ export class ExpertCache {
       ? this.#lowestScore()
       : this.#lfruVictim();
     if (slot === NONE) return null;
+    const evicted = this.#evict(slot);
+    this.stats.evictions++;
+    return { slot, evicted };
+  }
+
+  /** Removes the record of an occupied slot, remembering its count or score; returns its key. */
+  #evict(slot: number): number {
     const evicted = this.#keyOfSlot[slot];
     if (this.keepCounts || this.policy === "decay") this.#history.set(evicted, this.#count[slot]);
     this.#slotOfKey.delete(evicted);
+    this.#keyOfSlot[slot] = FREE;
     this.#unlink(slot);
-    this.stats.evictions++;
-    return { slot, evicted };
+    return evicted;
   }
 
   #oldestUnpinned(): number {

@@ -62,6 +62,11 @@ export interface ExpertStoreOptions {
     file: string,
     fileOffset: number,
   ) => void;
+  /**
+   * The cache's last this many slots are not in the store's region: they are lent room
+   * (engine/kv_lending.ts) placed by {@link ExpertStore.lend}, retired until then.
+   */
+  lentSlots?: number;
 }
 
 /** Counters for the stats block. */
@@ -91,7 +96,12 @@ export class ExpertStore implements ExpertSource {
   };
   #reader: BlockReader;
   #banks: (BankFiles | null)[];
-  #slotBase: number;
+  /** Arena offset of each cache slot's record. */
+  #offsets: number[];
+  /** Slots of the store's own region (the rest are room the KV cache lends). */
+  #ownSlots: number;
+  /** Own slots whose room is lent out by {@link loan}. */
+  #loaned: number[] = [];
   #stride: number;
   #numExperts: number;
   #opts: ExpertStoreOptions;
@@ -141,12 +151,56 @@ export class ExpertStore implements ExpertSource {
     if (!any) throw new Error("expert store: the model has no MoE layers");
     this.#stride = Math.max(...banks.filter((b) => b).map((b) => b!.bank.stride));
     this.#numExperts = any.bank.count;
-    // One arena slot of one record stride per cache slot.
-    const slots = cache.slots;
-    this.#slotBase = arena.alloc(
-      `expert slots (${slots} × ${this.#stride} B)`,
-      slots * this.#stride,
-    );
+    // One arena slot of one record stride per cache slot but the lent ones.
+    const slots = cache.slots - (opts.lentSlots ?? 0);
+    this.#ownSlots = slots;
+    const base = arena.alloc(`expert slots (${slots} × ${this.#stride} B)`, slots * this.#stride);
+    this.#offsets = Array.from({ length: slots }, (_, s) => base + s * this.#stride);
+    for (let s = slots; s < cache.slots; s++) cache.retire(s);
+  }
+
+  /** Record bytes one slot holds: the largest stride of the banks. */
+  get stride(): number {
+    return this.#stride;
+  }
+
+  /**
+   * Places the lent slots (the cache's last `offsets.length`) at these arena offsets, each
+   * {@link stride} bytes of room that something else owns and lends; they stay retired until
+   * {@link restore}d.
+   */
+  lend(offsets: readonly number[]): void {
+    const first = this.cache.slots - (this.#opts.lentSlots ?? 0);
+    if (offsets.length !== this.cache.slots - first || this.#offsets.length !== first) {
+      throw new Error(
+        `expert store: ${offsets.length} lent slots placed, expected ${this.#opts.lentSlots ?? 0}`,
+      );
+    }
+    this.#offsets.push(...offsets);
+  }
+
+  /**
+   * Takes slot `slot` out of the cache because its room is wanted back: a read still landing in
+   * it is waited for first, and its record is evicted. Called between passes, when no record is
+   * in use; one that is (acquired and not released) is a bug and throws.
+   */
+  reclaim(slot: number): void {
+    const key = this.cache.keyAt(slot);
+    if (key !== null) {
+      if (this.#held.has(key)) {
+        throw new Error(`expert store: slot ${slot} is reclaimed while its record is in use`);
+      }
+      this.#land(key);
+    }
+    this.cache.retire(slot);
+  }
+
+  /** Puts a reclaimed (or not yet used) lent slot back in the cache, empty. */
+  restore(slot: number): void {
+    if (this.#offsets[slot] === undefined) {
+      throw new Error(`expert store: slot ${slot} is not placed`);
+    }
+    this.cache.restore(slot);
   }
 
   #key(layer: number, expert: number): number {
@@ -154,7 +208,7 @@ export class ExpertStore implements ExpertSource {
   }
 
   #slotOffset(slot: number): number {
-    return this.#slotBase + slot * this.#stride;
+    return this.#offsets[slot];
   }
 
   #location(
@@ -247,7 +301,7 @@ export class ExpertStore implements ExpertSource {
 
   /** Most experts one hint may name: every one of them is pinned until released. */
   get groupSize(): number {
-    return this.cache.usable;
+    return this.cache.capacity;
   }
 
   hint(layer: number, ids: readonly number[]): void {
@@ -257,7 +311,7 @@ export class ExpertStore implements ExpertSource {
     for (const k of keys) if (this.#inflight.get(k)?.partial) this.#land(k);
     const landed = this.#settleGuesses(layer, new Set(keys));
     // Speculative reads hold pins; land them if the demand group would not fit beside them.
-    if (this.cache.usable - this.#pinned() < keys.length) this.drain();
+    if (this.cache.capacity - this.#pinned() < keys.length) this.drain();
     const accesses = this.cache.acquire(keys);
     accesses.forEach((a, i) => {
       if (a.prefetched) {
@@ -460,19 +514,37 @@ export class ExpertStore implements ExpertSource {
   }
 
   /**
-   * Lends the top `n` slots' room out between passes (see ExpertCache.withdraw), at least `keep`
-   * slots staying for records; reads in flight land first. Returns the room's arena offset.
+   * Lends the room of the top `n` slots of the store's own region between passes (the MTP
+   * layer's state and weights while it drafts), at least `keep` slots staying in use; reads in
+   * flight land first and the slots' records are evicted. Returns the room's arena offset.
    */
-  lend(n: number, keep: number): number {
+  loan(n: number, keep: number): number {
     if (this.#held.size > 0) throw new Error("expert store: cannot lend slots during a pass");
+    if (this.#loaned.length > 0) throw new Error("expert store: slots are already lent out");
+    const own = this.#ownSlots;
+    if (!Number.isInteger(n) || n < 0 || n > own || this.cache.capacity - n < keep) {
+      throw new Error(
+        `expert store: cannot lend ${n} of ${this.cache.capacity} slots, keeping ${keep}`,
+      );
+    }
     this.drain();
-    this.cache.withdraw(n, keep);
-    return this.#slotOffset(this.cache.slots - n);
+    for (let s = own - n; s < own; s++) {
+      const key = this.cache.keyAt(s);
+      if (key !== null && this.cache.isPinned(key)) {
+        throw new Error(`expert store: slot ${s} is pinned and cannot be lent`);
+      }
+    }
+    for (let s = own - n; s < own; s++) {
+      this.cache.retire(s);
+      this.#loaned.push(s);
+    }
+    return this.#slotOffset(own - n);
   }
 
-  /** Takes back the room {@link lend} lent out; its slots come back empty. */
-  unlend(): void {
-    this.cache.restore();
+  /** Takes back the room {@link loan} lent out; its slots come back empty. */
+  repay(): void {
+    for (const s of this.#loaned) this.cache.restore(s);
+    this.#loaned.length = 0;
   }
 
   /** Zeroes the store's counters (after loading, so they count the run only). */

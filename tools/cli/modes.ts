@@ -63,7 +63,9 @@ export function modeLines(model: Model, run: RunOptions): string[] {
   const p = model.plan;
   const layers = c.config.numLayers;
   const ws = workingSetRecords(c);
-  const sets = ws > 0 ? ` = ${(p.expertSlots / ws).toFixed(1)} working sets of ${ws}` : "";
+  const lent = p.lentSlots > 0 ? `, + ${p.lentSlots} lent by the KV cache while it is short` : "";
+  const sets = (ws > 0 ? ` = ${(p.expertSlots / ws).toFixed(1)} working sets of ${ws}` : "") +
+    lent;
   const mode = p.pinned < layers
     ? `trunk streamed too (${p.pinned}/${layers} layers pinned; expert cache ${p.expertSlots} ` +
       `of ${p.totalExperts} records${sets})`

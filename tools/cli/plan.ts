@@ -9,6 +9,7 @@ import { checkMtp, planRun, runFloor } from "../../engine/model.ts";
 import { parseSpec } from "../../engine/speculate.ts";
 import { mixerPartOf } from "../../engine/parts/mod.ts";
 import { formatBytes } from "../../engine/units.ts";
+import { GROWTH_ROWS } from "../../engine/kv_lending.ts";
 import { mixerOf } from "../../io/model_config.ts";
 import {
   BUDGET_FLAGS,
@@ -25,7 +26,7 @@ import { resolveModel } from "./models.ts";
 const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
 
 Usage: deno run -A mod.ts plan -m X.sluice [--budget 6G | --preset auto] [-c 4096] [-np N]
-       [--spec mtp] [--json]
+       [--spec mtp] [--no-kv-lend] [--json]
 
 ${BUDGET_HELP}
   -m, --model PATH      the container
@@ -36,6 +37,7 @@ ${BUDGET_HELP}
                         --parallel (default 1; auto: what serve picks for the budget; also -np)
   --spec mtp            plan the multi-token-prediction layer generate --spec mtp runs (its
                         experts; its KV cache, scratch and run in expert slots lent while it drafts)
+  --no-kv-lend          plan no lending of the KV cache's unwritten rows to the expert cache
   --json                print the plan as JSON
 `;
 
@@ -48,6 +50,7 @@ export async function planCommand(args: string[]): Promise<number> {
     "prefill-chunk": { type: "string", aliases: ["batch-size"] },
     ...PARALLEL_FLAG,
     spec: { type: "string" },
+    "no-kv-lend": { type: "boolean" },
     json: { type: "boolean" },
     ...HELP_FLAG,
   });
@@ -67,6 +70,7 @@ export async function planCommand(args: string[]): Promise<number> {
     prefillChunk: a.int("prefill-chunk"),
     parallel: parallelFromArgs(a),
     mtp: spec === "mtp",
+    lendKv: !a.bool("no-kv-lend"),
   };
   const floor = runFloor(c, opts);
   const { plan, lookahead, ctx, lookaheadWeighing } = planRun(c, {
@@ -105,7 +109,14 @@ trunk          ${plan.pinned}/${plan.trunkLayers} layers pinned, ${plan.ringSlot
   }  (trunk hit rate ${(100 * plan.trunkHitRate).toFixed(1)}%)
 expert cache   ${plan.expertSlots} of ${plan.totalExperts} records (${
     formatBytes(plan.expertBytes)
-  })${lookahead > 0 ? `; routers resident for the lookahead` : ""}
+  })${lookahead > 0 ? `; routers resident for the lookahead` : ""}${
+    plan.lentSlots > 0
+      ? `
+lent by KV     ${plan.lentSlots} more records (${formatBytes(plan.lentBytes)} of the KV cache's ${
+        formatBytes(plan.kvBytes)
+      }) while the context is empty; taken back ${GROWTH_ROWS} rows at a time as it grows`
+      : ""
+  }
 arena          ${formatBytes(plan.arenaBytes)}`);
   if (plan.mtpRoomBytes > 0) {
     // --spec mtp: the MTP layer's state, scratch and run, lent by the expert cache while it drafts.

@@ -26,7 +26,9 @@ export const RUN_HELP = `${BUDGET_HELP}
   --no-readahead        read each expert only when it is needed
   --readahead-depth N   expert reads kept in flight after routing (default 32)
   --ring-slots N        ring slots for unpinned trunk layers (default 2)
-  --expert-slots N      cap the expert cache at N records
+  --expert-slots N      cap the expert cache at N records (it then borrows no KV room)
+  --no-kv-lend          keep the KV cache's unwritten rows empty instead of lending them to
+                        the expert cache while the context is short
   --prefill-chunk N     prompt tokens per forward pass, 1..512 (default 128, 512 at -c 8192 or
                         more; also --batch-size)
   --shards A,B,...      directories holding bank shards (env SLUICE_SHARDS)
@@ -60,6 +62,7 @@ export const RUN_FLAGS: Flags = {
   "readahead-depth": { type: "string" },
   "ring-slots": { type: "string" },
   "expert-slots": { type: "string" },
+  "no-kv-lend": { type: "boolean" },
   "prefill-chunk": { type: "string", aliases: ["batch-size"] },
   shards: { type: "string" },
   io: { type: "string" },
@@ -99,6 +102,7 @@ export function runOptionsFromArgs(a: Args): RunOptions {
     trunkReadahead: !a.bool("no-readahead"),
     ringSlots: a.int("ring-slots"),
     expertSlots: a.int("expert-slots"),
+    lendKv: !a.bool("no-kv-lend"),
     prefillChunk: a.int("prefill-chunk"),
     shards: shards ? shards.split(",").filter((s) => s) : undefined,
     io: a.oneOf("io", ["direct", "buffered", "fallback"]),

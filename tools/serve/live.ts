@@ -230,6 +230,18 @@ export class LiveStats {
     metric("expert_hits_total", "counter", "Expert cache hits.", s.expert_hits);
     metric("expert_misses_total", "counter", "Expert cache misses.", s.expert_misses);
     metric(
+      "expert_cache_records",
+      "gauge",
+      "Records the expert cache holds now, those lent by the KV cache included.",
+      s.expert_cache_slots,
+    );
+    metric(
+      "expert_cache_lent_records",
+      "gauge",
+      "Expert cache records in the KV cache's unwritten rows (taken back as contexts grow).",
+      s.expert_cache_lent,
+    );
+    metric(
       "read_bytes_total",
       "counter",
       "Bytes read from the container after load.",

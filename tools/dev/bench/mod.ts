@@ -92,6 +92,20 @@ export const BENCHES: Record<string, BenchEntry> = {
     ],
     load: () => import("./prefill.ts"),
   },
+  kvlend: {
+    summary: "the KV cache's unwritten rows lent to the expert cache: records, hit rate and " +
+      "bytes read per token with lending off and on, alternating, at a context short of its maximum",
+    options: [
+      "--model X.sluice  the container",
+      "--budget SIZE     arena budget (over the model's size, so experts stream)",
+      "--ctx N           context the KV cache is sized for (default 32768)",
+      "--prompt N        prompt tokens (default 2048)",
+      "--tokens N        greedy decode tokens (default 32)",
+      "--repeat N        runs of each setting, alternating (default 2)",
+      "--json            print the report as JSON",
+    ],
+    load: () => import("./kvlend.ts"),
+  },
   compare: {
     summary: "sluice vs llama.cpp (node-llama-cpp, installed on demand) in RAM, over a cgroup " +
       "memory cap and in prefill, against the DRAM and O_DIRECT rooflines, with targets",
