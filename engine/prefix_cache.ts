@@ -85,9 +85,9 @@ export class PrefixCache {
   /** Tokens of `tokens` that a prompt `ids` can reuse. */
   #usable(tokens: readonly number[], ids: readonly number[]): number {
     const n = commonPrefix(tokens, ids, ids.length - 1);
-    // A recurrent state (KDA) cannot rewind: a prefix serves only a prompt that extends all of it.
-    const recurrent = this.#session.model.transformer.stateRegions().length > 0;
-    return recurrent && n !== tokens.length ? 0 : n;
+    // A recurrent state (KDA) cannot rewind, nor a wrapped ring past its spare rows: such a
+    // prefix serves only a prompt that extends all of it.
+    return this.#session.model.transformer.canResume(n, tokens.length) ? n : 0;
   }
 
   /**

@@ -341,11 +341,12 @@ export class Session {
     const t = lane.timings;
     const t0 = performance.now();
     // The last prompt token always runs: its logits pick the first new token. A recurrent state
-    // (KDA) cannot rewind, so it is reused only when the prompt extends all it holds.
+    // (KDA) cannot rewind, nor a wrapped sliding-window ring past its spare rows: the cache is then
+    // reused only when the prompt extends all it holds.
     const had = this.cachedTokensOf(seq);
     let reuse = commonPrefix(had, ids, ids.length - 1);
+    if (!this.model.transformer.canResume(reuse, had.length, seq)) reuse = 0;
     const recurrent = this.model.transformer.stateRegions(seq).length > 0;
-    if (recurrent && reuse !== had.length) reuse = 0;
     const cached = this.#cached[seq] = had.slice(0, reuse);
     const mark = () => this.#cachedAt[seq] = this.model.transformer.writes(seq);
     t.promptTokens = ids.length;

@@ -23,6 +23,7 @@ import {
   writeSync,
 } from "node:fs";
 import { basename } from "node:path";
+import { heldRows } from "./parts/mixer.ts";
 import { crc32 } from "../io/crc32.ts";
 import type { Session } from "./session.ts";
 
@@ -38,6 +39,11 @@ export interface SessionHeader {
   tokens: number[];
   /** Bytes per position of each cache region, in the engine's order. */
   rowBytes: number[];
+  /**
+   * Rows saved of each region: the tokens, or a sliding window's ring rows once it has wrapped
+   * (saved as the ring holds them). Absent in files that predate rings: the tokens.
+   */
+  rows?: number[];
   /** Bytes of each recurrent state (KDA), saved whole after the rows. */
   stateBytes: number[];
   /**
@@ -62,7 +68,7 @@ export function manifestSha256(session: Session): string {
 export function cacheParts(session: Session, n: number, seq = 0): Uint8Array[] {
   const { arena, transformer } = session.model;
   return [
-    ...transformer.cacheRegions(seq).map((r) => arena.u8(r.offset, n * r.rowBytes)),
+    ...transformer.cacheRegions(seq).map((r) => arena.u8(r.offset, heldRows(r, n) * r.rowBytes)),
     ...transformer.stateRegions(seq).map((s) => arena.u8(s.offset, s.bytes)),
   ];
 }
@@ -95,7 +101,8 @@ export function concat(parts: Uint8Array[]): Uint8Array {
 
 /**
  * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into sequence `seq`,
- * keeping the first `n` ≤ `stored` positions of each region, and declares the recurrent states
+ * keeping the first `n` ≤ `stored` positions of each region (a wrapped ring whole: the caller
+ * checks with Transformer.canResume that `n` is within its reach), and declares the recurrent states
  * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model); the
  * MTP layer's rows from `mtp` where kept (else they are left stale: drafts may be kept less often,
  * tokens never change).
@@ -112,8 +119,10 @@ export function writeCacheParts(
   transformer.reserveRows?.(seq, n);
   let at = 0;
   for (const r of transformer.cacheRegions(seq)) {
-    arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
-    at += stored * r.rowBytes;
+    const held = heldRows(r, stored);
+    const rows = held < stored ? held : n;
+    arena.u8(r.offset, rows * r.rowBytes).set(bytes.subarray(at, at + rows * r.rowBytes));
+    at += held * r.rowBytes;
   }
   for (const s of transformer.stateRegions(seq)) {
     arena.u8(s.offset, s.bytes).set(bytes.subarray(at, at + s.bytes));
@@ -193,6 +202,7 @@ export function saveSession(
     manifestSha256: manifestSha256(session),
     tokens,
     rowBytes: regions.map((r) => r.rowBytes),
+    rows: regions.map((r) => heldRows(r, tokens.length)),
     stateBytes: states.map((s) => s.bytes),
     ...(mtp
       ? { mtp: { rowBytes: mtp.rowBytes, hiddenBytes: session.model.cfg.hiddenSize * 4 } }
@@ -274,10 +284,14 @@ export function readSessionFile(path: string): { header: SessionHeader; rows: Ui
   const ok = header && typeof header.manifestSha256 === "string" &&
     Array.isArray(header.tokens) && header.tokens.every(Number.isInteger) &&
     Array.isArray(header.rowBytes) && header.rowBytes.every(Number.isInteger) &&
-    Array.isArray(header.stateBytes) && header.stateBytes.every(Number.isInteger);
+    Array.isArray(header.stateBytes) && header.stateBytes.every(Number.isInteger) &&
+    (header.rows === undefined ||
+      (Array.isArray(header.rows) && header.rows.length === header.rowBytes.length &&
+        header.rows.every((r) => Number.isInteger(r) && r >= 0 && r <= header.tokens.length)));
   if (!ok) {
     throw new Error(
-      `${path}: the session header lacks manifestSha256, tokens, rowBytes or stateBytes`,
+      `${path}: the session header lacks manifestSha256, tokens, rowBytes or stateBytes, or ` +
+        "its rows do not match them",
     );
   }
   const mtp = header.mtp;
@@ -289,7 +303,8 @@ export function readSessionFile(path: string): { header: SessionHeader; rows: Ui
     throw new Error(`${path}: the session header's mtp lacks rowBytes or hiddenBytes`);
   }
   const rows = bytes.subarray(hEnd, bytes.length - 4);
-  const expected = header.rowBytes.reduce((s, r) => s + r * header.tokens.length, 0) +
+  const saved = header.rows ?? header.rowBytes.map(() => header.tokens.length);
+  const expected = header.rowBytes.reduce((s, r, i) => s + r * saved[i], 0) +
     header.stateBytes.reduce((s, b) => s + b, 0) + mtpBytes(header);
   if (rows.length !== expected) {
     throw new Error(`${path}: ${rows.length} bytes of cache rows, the header implies ${expected}`);
@@ -318,13 +333,6 @@ export function loadSession(session: Session, path: string): SessionHeader {
         `(${own.slice(0, 12)}…)`,
     );
   }
-  const regions = session.model.transformer.cacheRegions();
-  const states = session.model.transformer.stateRegions();
-  const same = regions.length === header.rowBytes.length &&
-    regions.every((r, i) => r.rowBytes === header.rowBytes[i]) &&
-    states.length === header.stateBytes.length &&
-    states.every((s, i) => s.bytes === header.stateBytes[i]);
-  if (!same) throw new Error(`${path}: the cache layout differs from ${dir}'s`);
   const n = header.tokens.length;
   const vocab = session.model.cfg.vocabSize;
   const bad = header.tokens.findIndex((id) => id < 0 || id >= vocab);
@@ -338,6 +346,21 @@ export function loadSession(session: Session, path: string): SessionHeader {
     throw new Error(
       `${path}: the session holds ${n} tokens; this context holds ${session.model.maxContext} ` +
         `(open the model with a larger --ctx)`,
+    );
+  }
+  const regions = session.model.transformer.cacheRegions();
+  const states = session.model.transformer.stateRegions();
+  const same = regions.length === header.rowBytes.length &&
+    regions.every((r, i) => r.rowBytes === header.rowBytes[i]) &&
+    states.length === header.stateBytes.length &&
+    states.every((s, i) => s.bytes === header.stateBytes[i]);
+  if (!same) throw new Error(`${path}: the cache layout differs from ${dir}'s`);
+  // A ring that wrapped was saved as it held its rows: valid only in a ring of the same size.
+  const saved = header.rows ?? header.rowBytes.map(() => n);
+  if (!regions.every((r, i) => heldRows(r, n) === saved[i])) {
+    throw new Error(
+      `${path}: its sliding-window rings were saved with other sizes than ${dir} has now (they ` +
+        "follow --ctx and --prefill-chunk: open the model with the ones it was saved with)",
     );
   }
   // The MTP layer's rows, where the file keeps them, come last (a model run without --spec mtp

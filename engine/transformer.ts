@@ -22,7 +22,7 @@ import type { Arena } from "./arena.ts";
 import { embedRows } from "./embedding.ts";
 import type { Ops } from "./ops.ts";
 import { FeedForward, type MoeObserver } from "./parts/feed_forward.ts";
-import type { CacheRegion, StateRegion } from "./parts/mixer.ts";
+import { type CacheRegion, canResumeAt, type StateRegion } from "./parts/mixer.ts";
 import type { SequenceSpan } from "./parts/mixer.ts";
 import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
@@ -189,6 +189,16 @@ export class Transformer {
   cacheRegions(seq = 0): CacheRegion[] {
     this.#mixers.select(seq);
     return this.#mixers.cacheRegions();
+  }
+
+  /**
+   * Whether sequence `seq`'s caches, holding positions 0..had−1, can continue at position `at`:
+   * always from 0 (all runs again) and at `had`; a recurrent state never rewinds, and a sliding
+   * window's ring only as far as {@link canResumeAt} allows.
+   */
+  canResume(at: number, had: number, seq = 0): boolean {
+    if (at === 0 || at === had) return true;
+    return this.stateRegions(seq).length === 0 && canResumeAt(this.cacheRegions(seq), had, at);
   }
 
   /** Sequence `seq`'s recurrent states (see {@link Mixer.stateRegions}). */

@@ -219,6 +219,62 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "a sliding window's wrapped ring rewinds only over its spare rows (Gemma 4, live and saved)",
+  ignore: !existsSync(fixtureDir("tiny-gemma4-moe")),
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    // tiny-gemma4-moe's sliding layers keep a ring of window 32 + chunk 16 − 1 = 47 rows; the
+    // prompts run far past it, so a rewind of more than 16 positions must recompute everything.
+    const path = await packedFixture("tiny-gemma4-moe");
+    const opts = { quiet: true, ctx: 320, prefillChunk: 16 };
+    const session = await Session.open(path, opts);
+    const ref = await Session.open(path, opts);
+    const cache = new PrefixCache(session, { ownerBytes: 2 ** 26 });
+    const logprobs = async (s: Session, ids: number[]) => {
+      const out: unknown[] = [];
+      for await (const t of s.generate(ids, { maxTokens: 3, temperature: 0, logprobs: 3 })) {
+        out.push(t.logprob);
+      }
+      return out;
+    };
+    try {
+      const story = session.tokenize(
+        "The cat sat on the mat and looked at the moon for a long while. ".repeat(8),
+      );
+      const cached: Record<string, number> = {};
+      const check = async (what: string, owner: string, ids: number[]) => {
+        cache.prepare(owner, ids);
+        const got = await logprobs(session, ids);
+        cache.finish();
+        cached[what] = session.timings.cachedTokens;
+        ref.resetCache();
+        assert.deepEqual(got, await logprobs(ref, ids), what);
+      };
+      const tail = session.tokenize(" Tom went home").slice(1);
+      await check("first", "a", story);
+      // Live cache: 13 positions back (the answer's 3 and 10 of the prompt) are within reach.
+      await check("near", "a", [...story.slice(0, -10), ...tail]);
+      // 40 back is not: it must run cold, not reuse a ring whose rows were overwritten.
+      await check("far", "a", [...story.slice(0, -40), ...tail]);
+      // b displaces a; a's saved prefix is written back, whole and rewound.
+      await check("b", "b", session.tokenize("The little dog said"));
+      await check("saved near", "a", [...story.slice(0, -40), ...tail, ...tail]);
+      await check("b again", "b", session.tokenize("The little dog said"));
+      await check("saved far", "a", [...story.slice(0, -80), ...tail]);
+      assert.ok(cached.near > 32, `near: ${cached.near}`);
+      assert.equal(cached.far, 0);
+      assert.ok(cached["saved near"] > 32, `saved near: ${cached["saved near"]}`);
+      assert.equal(cached["saved far"], 0);
+    } finally {
+      session.close();
+      ref.close();
+    }
+  },
+});
+
+Deno.test({
   name: "PrefixCache: a recurrent model resumes only a prefix its prompt extends whole (KDA)",
   ignore: !existsSync(fixtureDir("tiny-kimi-linear")),
   sanitizeResources: false,

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
 import { Session } from "../engine/session.ts";
-import { loadSession, saveSession } from "../engine/session_state.ts";
+import { loadSession, readSessionFile, saveSession } from "../engine/session_state.ts";
 import { demoModelPath } from "../tools/demo_model.ts";
 import { packedFixture, sharedMissing, tempDir } from "./fixtures.ts";
 
@@ -152,6 +152,49 @@ Deno.test({
       assert.equal(b.cachedTokens.length, 0);
     } finally {
       b.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "a session past a sliding window's ring saves the ring's rows, reloads, and continues as cold",
+  ignore: sharedMissing() !== null,
+  fn: async () => {
+    // tiny-gemma4-moe: sliding layers keep a ring of 32 + 16 − 1 = 47 rows at chunk 16.
+    const model = await packedFixture("tiny-gemma4-moe");
+    const opts = { quiet: true, ctx: 320, prefillChunk: 16 };
+    const path = `${tempDir()}/ring.session`;
+    const a = await Session.open(model, opts);
+    const prompt = a.tokenize("The cat sat on the mat and looked at the moon. ".repeat(10));
+    let held: number;
+    try {
+      await ids(a, prompt, 4);
+      saveSession(a, path);
+      held = a.cachedTokens.length;
+    } finally {
+      a.close();
+    }
+    assert.ok(held > 100);
+    // Ring regions are saved as their 47 rows, the others as every position held.
+    const { header } = readSessionFile(path);
+    assert.deepEqual([...new Set(header.rows)].sort((x, y) => x - y), [47, held]);
+    const b = await Session.open(model, opts);
+    const cold = await Session.open(model, opts);
+    try {
+      loadSession(b, path);
+      const more = [...b.cachedTokens, ...b.tokenize(" and then").slice(1)];
+      assert.deepEqual(await ids(b, more, 6), await ids(cold, more, 6));
+      assert.equal(b.timings.cachedTokens, held);
+    } finally {
+      b.close();
+      cold.close();
+    }
+    const other = await Session.open(model, { ...opts, prefillChunk: 8 });
+    try {
+      assert.throws(() => loadSession(other, path), /rings were saved with other sizes/);
+    } finally {
+      other.close();
     }
   },
 });

@@ -167,7 +167,9 @@ export class GqaAttention implements Mixer {
       const g = this.#geometry[l];
       const rowBytes = g.numKvHeads * g.headDim * 4;
       const rows = this.#slots[l];
-      return [{ offset: k[l], rowBytes, rows }, { offset: v[l], rowBytes, rows }];
+      const w = this.#cfg.attention?.windows[l] ?? 0;
+      const ring = w > 0 ? { window: w } : {};
+      return [{ offset: k[l], rowBytes, rows, ...ring }, { offset: v[l], rowBytes, rows, ...ring }];
     });
   }
 

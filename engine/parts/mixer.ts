@@ -29,6 +29,28 @@ export interface CacheRegion {
    * where rows do not follow positions so (nothing is lent).
    */
   rows?: number;
+  /**
+   * A sliding window's ring: the positions a query reads (p − window + 1 .. p). Once the ring has
+   * wrapped, it keeps rows − window + 1 positions to rewind over (see {@link canResumeAt}).
+   */
+  window?: number;
+}
+
+/** Rows of `r` that positions 0..n−1 fill: n, or a ring's rows once it has wrapped. */
+export function heldRows(r: CacheRegion, n: number): number {
+  return r.rows === undefined ? n : Math.min(n, r.rows);
+}
+
+/**
+ * Whether caches `regions` holding positions 0..had−1 can continue at position `at` ≤ had (the
+ * rows from `at` on written again): a ring that has wrapped has overwritten the rows of its
+ * oldest positions, so a query at `at` finds those it reads only when had − at ≤ rows − window + 1.
+ */
+export function canResumeAt(regions: readonly CacheRegion[], had: number, at: number): boolean {
+  return regions.every((r) =>
+    r.window === undefined || r.rows === undefined || had <= r.rows ||
+    had - at <= r.rows - r.window + 1
+  );
 }
 
 /** A run of `rows` position-indexed rows of `rowBytes` (see {@link CacheRegion.rows}). */
