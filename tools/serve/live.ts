@@ -145,7 +145,7 @@ export class LiveStats {
       history: this.history,
       experts: {
         perLayer: numExperts,
-        slots: m.plan.expertSlots,
+        slots: s.expert_cache_slots,
         hits: s.expert_hits,
         misses: s.expert_misses,
         layers: this.expertUse.map((u, l) =>
