@@ -13,13 +13,14 @@
  * The keys are cut into tiles at multiples of `tile` positions. Per query and tile, in position
  * order: s_x = dot(q, k_x)·scale; m' = max(m, max s); o = o·e^(m−m') + Σ_x e^(s_x−m')·v_x;
  * l = l·e^(m−m') + Σ e^(s_x−m'), starting from m = sink (or −∞), l = 0, o = 0; finally
- * out = o / (l + e^(sink−m)). A query's tiles and their
- * arithmetic depend only on its own position, window and the tile size, so its result is the same
- * bit for bit whether it runs alone (decode) or with other tokens of a prefill chunk, and whatever
- * heads a worker was given. Tiles run outermost, then kv heads, so one kv head's keys and values of
- * a tile stay in cache while every token and query head of it reads them; two query heads of a kv
- * head share each key and value load (a head's sums are formed in the same order either way, so a
- * lone head, as the last of an odd group or of a worker's share, gets the same bits).
+ * out = o / (l + e^(sink−m)), where every e^x below x = −87 is taken as 0 (weight_f32x4). A
+ * query's tiles and their arithmetic depend only on its own position, window and the tile size, so
+ * its result is the same bit for bit whether it runs alone (decode) or with other tokens of a
+ * prefill chunk, and whatever heads a worker was given. Tiles run outermost, then kv heads, so one
+ * kv head's keys and values of a tile stay in cache while every token and query head of it reads
+ * them; two query heads of a kv head share each key and value load (a head's sums are formed in
+ * the same order either way, so a lone head, as the last of an odd group or of a worker's share,
+ * gets the same bits).
  * sinks (NULL for none) holds one logit per query head that joins the denominator only (gpt-oss).
  * A query whose scores are all −∞ gets NaN (no key carries weight); NaN or +∞ scores give NaN.
  * scratch: per query head h, at scratch + h*(tile4 + 2*n_tok) floats (tile4 = tile rounded up to
@@ -195,6 +196,17 @@ static inline __attribute__((always_inline)) void tile_scores(int H, const float
 }
 
 /*
+ * e^x as every weight of the kernel (keys, the rescale factor, a sink) takes it: 0 below x = −87,
+ * where e^x would be subnormal (below 2^−126 ≈ e^−87.3) or 0, so no subnormal is ever formed
+ * (arithmetic on them takes microcode assists on x86: peaked scores made the kernel 1.6–2.4×
+ * slower with them). NaN stays NaN.
+ */
+static inline v128_t weight_f32x4(v128_t x) {
+  v128_t lim = wasm_f32x4_splat(-87.0f);
+  return wasm_v128_andnot(exp_f32x4(wasm_f32x4_max(x, lim)), wasm_f32x4_lt(x, lim));
+}
+
+/*
  * One query head's raw scores s[0 .. n) of one tile (padded to a multiple of 4) turned into the
  * weights e^(s·scale − m'), its running max *m and sum *l updated; returns e^(m − m'), the factor
  * the output is rescaled by.
@@ -211,10 +223,10 @@ static inline float tile_weights(int n, float scale, float *s, float *m, float *
   float mnew = hmax_f32x4(mv);
   /* All −∞ so far: exponents relative to 0 keep e^(−∞ − m) = 0 instead of NaN. */
   float mref = mnew == -F32_INF ? 0.0f : mnew;
-  float alpha = exp_f32(*m - mref);
+  float alpha = lane0(weight_f32x4(wasm_f32x4_splat(*m - mref)));
   v128_t m4 = wasm_f32x4_splat(mref), sum = wasm_f32x4_splat(0.0f);
   for (int t = 0; t < n4; t += 4) {
-    v128_t e = exp_f32x4(wasm_f32x4_sub(wasm_v128_load(s + t), m4));
+    v128_t e = weight_f32x4(wasm_f32x4_sub(wasm_v128_load(s + t), m4));
     wasm_v128_store(s + t, e);
     sum = wasm_f32x4_add(sum, e);
   }
@@ -298,7 +310,7 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
     float *ms = scratch + (size_t)h * per_head + tile4, *ls = ms + n_tok;
     for (int i = 0; i < n_tok; i++) {
       float m = ms[i] == -F32_INF ? 0.0f : ms[i];
-      float l = ls[i] + (sinks ? exp_f32(sinks[h] - m) : 0.0f);
+      float l = ls[i] + (sinks ? lane0(weight_f32x4(wasm_f32x4_splat(sinks[h] - m))) : 0.0f);
       float *o = out + (size_t)i * out_stride + (size_t)h * v_head_dim;
       for (int d = 0; d < v_head_dim; d++) o[d] = o[d] / l;
     }
