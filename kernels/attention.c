@@ -196,14 +196,31 @@ static inline __attribute__((always_inline)) void tile_scores(int H, const float
 }
 
 /*
- * e^x as every weight of the kernel (keys, the rescale factor, a sink) takes it: 0 below x = −87,
- * where e^x would be subnormal (below 2^−126 ≈ e^−87.3) or 0, so no subnormal is ever formed
- * (arithmetic on them takes microcode assists on x86: peaked scores made the kernel 1.6–2.4×
- * slower with them). NaN stays NaN.
+ * e^x as every weight of the kernel (keys, the rescale factor, a sink) takes it, for x <= 0 (a
+ * score less the running max): 0 below x = −87, where e^x would be subnormal (below 2^−126 ≈
+ * e^−87.3) or 0, so no subnormal is ever formed (arithmetic on them takes microcode assists on x86:
+ * peaked scores made the kernel 1.6–2.4× slower with them). In [−87, 0] the exponent n = round(x /
+ * ln 2) is in [−126, 0], so one normal power of two scales the result, and e^r on |r| <= ln 2 / 2
+ * is 1 + r + r²·P(r) with Cephes expf's degree-5 coefficients (within 1 ulp of e^x on 2 million
+ * points of [−87, 0], emulated op by op), 5% faster for the kernel than exp_f32x4's general form.
+ * NaN stays NaN.
  */
 static inline v128_t weight_f32x4(v128_t x) {
-  v128_t lim = wasm_f32x4_splat(-87.0f);
-  return wasm_v128_andnot(exp_f32x4(wasm_f32x4_max(x, lim)), wasm_f32x4_lt(x, lim));
+  v128_t lim = wasm_f32x4_splat(-87.0f), xc = wasm_f32x4_max(x, lim);
+  v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(xc, wasm_f32x4_splat(1.44269504088896341f)));
+  v128_t r = wasm_f32x4_sub(xc, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
+  r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
+  v128_t p = wasm_f32x4_splat(1.9875691500e-4f);
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.3981999507e-3f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(8.3334519073e-3f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(4.1665795894e-2f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.6666665459e-1f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(5.0000001201e-1f));
+  p = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(p, wasm_f32x4_mul(r, r)), r),
+                     wasm_f32x4_splat(1.0f));
+  v128_t sc =
+      wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+  return wasm_v128_andnot(wasm_f32x4_mul(p, sc), wasm_f32x4_lt(x, lim));
 }
 
 /*
