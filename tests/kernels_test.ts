@@ -508,6 +508,8 @@ interface AttentionCase {
   keys: AttentionKeys;
   /** Values are the keys' leading vHeadDim floats (MLA's latent cache). */
   kIsV?: boolean;
+  /** Queries drawn from ±qRange (default 2): large ranges peak the scores. */
+  qRange?: number;
 }
 
 /** Query and output rows are padded so strides differ from the head sizes. */
@@ -635,7 +637,8 @@ function attentionCases(): AttentionCase[] {
 /** A case's queries, keys and values (deterministic). */
 function attentionData(c: AttentionCase, seed: number) {
   const s = c.s, slots = cacheSlots(c);
-  const qs = randomF32(c.tokens * (s.nHeads * s.headDim + Q_PAD), seed, -2, 2);
+  const r = c.qRange ?? 2;
+  const qs = randomF32(c.tokens * (s.nHeads * s.headDim + Q_PAD), seed, -r, r);
   const ks = randomF32(slots * s.kStride, seed + 1, -2, 2);
   const vs = c.kIsV ? ks : randomF32(slots * s.vStride, seed + 2);
   return { qs, ks, vs };
@@ -683,6 +686,90 @@ Deno.test("attention_f32: a query's bits do not depend on the tokens or heads th
     const split = [0, 1, ...(s.nHeads > 3 ? [3] : []), s.nHeads];
     const heads = runAttention(c, qs, ks, vs, 0, c.tokens, split);
     assert.deepEqual(bitsOf(heads), bitsOf(whole), `case ${n}: head split`);
+  });
+});
+
+/**
+ * Shapes of the models sluice runs and odd ones around them: the demo model's 8 heads over 2 of
+ * 32, Qwen3-30B-A3B's 32 over 4 of 128, gpt-oss-like windows in rings with sinks, MQA, MHA, an
+ * MLA-like latent cache, head sizes from 1 to 130, calls that start and end mid-tile.
+ */
+function modelAttentionCases(): AttentionCase[] {
+  const shape = (nHeads: number, nKvHeads: number, headDim: number) => ({
+    nHeads,
+    nKvHeads,
+    headDim,
+    vHeadDim: headDim,
+    kStride: nKvHeads * headDim,
+    vStride: nKvHeads * headDim,
+    scale: 1 / Math.sqrt(headDim),
+  });
+  return [
+    { s: shape(8, 2, 32), tile: 64, pos0: 0, tokens: 70, keys: {} },
+    { s: shape(8, 2, 32), tile: 64, pos0: 61, tokens: 9, keys: {} },
+    { s: shape(8, 2, 32), tile: 64, pos0: 125, tokens: 40, keys: {} },
+    { s: shape(32, 4, 128), tile: 64, pos0: 100, tokens: 30, keys: {} },
+    // Scores hundreds apart: most weights fall below e^−87, which the kernel takes as 0.
+    { s: shape(8, 2, 32), tile: 64, pos0: 50, tokens: 30, keys: {}, qRange: 60 },
+    {
+      s: shape(16, 2, 64),
+      tile: 64,
+      pos0: 90,
+      tokens: 12,
+      keys: { window: 40, slots: 51, sinks: randomF32(16, 5, -2, 2) },
+    },
+    { s: shape(7, 7, 5), tile: 3, pos0: 0, tokens: 11, keys: {} },
+    { s: shape(15, 3, 9), tile: 5, pos0: 7, tokens: 13, keys: {} },
+    { s: shape(12, 2, 1), tile: 4, pos0: 2, tokens: 9, keys: {} },
+    { s: shape(9, 1, 36), tile: 64, pos0: 60, tokens: 10, keys: {} },
+    { s: shape(14, 2, 130), tile: 64, pos0: 3, tokens: 7, keys: {} },
+    {
+      s: { ...shape(6, 1, 40), vHeadDim: 24 },
+      tile: 64,
+      pos0: 66,
+      tokens: 5,
+      keys: {},
+      kIsV: true,
+    },
+  ];
+}
+
+Deno.test("attention_f32 at model shapes: every token equals its one-token, one-head calls bit for bit, however the call is cut", () => {
+  modelAttentionCases().forEach((c, n) => {
+    const { qs, ks, vs } = attentionData(c, 100 + n);
+    const s = c.s, w = s.nHeads * s.vHeadDim, qStride = s.nHeads * s.headDim + Q_PAD;
+    const whole = runAttention(c, qs, ks, vs, 0, c.tokens, [0, s.nHeads]);
+    const eachHead = Array.from({ length: s.nHeads + 1 }, (_, h) => h);
+    for (let i = 0; i < c.tokens; i++) {
+      // The decode path: one token, and here one head per call (no head shares a tile).
+      const one = runAttention(c, qs, ks, vs, i, i + 1, eachHead);
+      const row = whole.subarray(i * w, (i + 1) * w);
+      assert.deepEqual(bitsOf(one), bitsOf(row), `case ${n} token ${i}`);
+      if (i === 0 || i === c.tokens - 1) {
+        const q = qs.subarray(i * qStride, i * qStride + s.nHeads * s.headDim);
+        const want = attentionRef(q, ks, vs, s, c.pos0 + i, c.keys);
+        // A score's rounding grows with the query's range.
+        const tol = 2e-6 * (c.qRange ?? 2) / 2;
+        assertClose(row, want, tol, new Array(w).fill(1), `case ${n} token ${i}`);
+      }
+    }
+    // Prompt chunks cut at seeded random places, each call's heads split at random places.
+    let seed = 7 + n;
+    const next = (m: number) => {
+      seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0;
+      return seed % m;
+    };
+    for (let round = 0; round < 3; round++) {
+      const got = new Float32Array(whole.length);
+      for (let t0 = 0; t0 < c.tokens;) {
+        const t1 = Math.min(c.tokens, t0 + 1 + next(c.tokens));
+        const cuts = [...new Set([0, next(s.nHeads + 1), next(s.nHeads + 1), s.nHeads])]
+          .sort((a, b) => a - b);
+        got.set(runAttention(c, qs, ks, vs, t0, t1, cuts), t0 * w);
+        t0 = t1;
+      }
+      assert.deepEqual(bitsOf(got), bitsOf(whole), `case ${n} round ${round}`);
+    }
   });
 });
 
