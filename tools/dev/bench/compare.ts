@@ -62,7 +62,7 @@ const HELP = `usage: deno task bench compare [options]
   --prompt N         prompt tokens (default 128)
   --tokens N         decode tokens timed in RAM (default 32)
   --over-tokens N    decode tokens timed over the cap (default 16)
-  --max-seconds S    per-run decode time limit (default 120)
+  --max-seconds S    per-run decode time limit, from the first token (default 120)
   --svg PATH         chart (default: compare.svg in the bench cache)
   --skip-over-cap    in-RAM and prefill only
   --container PATH   run this packed model in both regimes instead of synthesising (with --gguf:

@@ -29,7 +29,8 @@ export async function runSluice(job: EngineJob): Promise<EngineRun> {
     }
     const ids: number[] = [];
     let tFirst = 0, tLast = 0, bytesFirst = 0, waitFirst = 0;
-    const deadline = performance.now() + job.maxSeconds * 1000;
+    // The limit is on decode: a long prompt's prefill does not count against it.
+    let deadline = Infinity;
     let stoppedEarly = false;
     for await (
       const tok of session.generate(job.promptIds, {
@@ -42,6 +43,7 @@ export async function runSluice(job: EngineJob): Promise<EngineRun> {
       ids.push(tok.id);
       if (ids.length === 1) {
         tFirst = tLast;
+        deadline = tFirst + job.maxSeconds * 1000;
         const s = session.stats();
         bytesFirst = s.bytes_read;
         waitFirst = s.io_wait_ms;
