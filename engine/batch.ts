@@ -19,6 +19,7 @@
  */
 import { emptyTimings, type GeneratedToken, type GenerateOptions, type Lane } from "./session.ts";
 import type { Session } from "./session.ts";
+import { concat } from "./arrays.ts";
 import type { Timings } from "./stats.ts";
 import { PassInterrupted, type SequenceRows } from "./transformer.ts";
 
@@ -219,7 +220,10 @@ export class Batch {
       r.done += n;
       if (r.allLogits) r.parts.push(out[i]);
       if (r.done < r.tokens.length) return;
-      this.#settle(r, () => r.resolve(r.allLogits ? concat(r.parts) : out[i]));
+      this.#settle(
+        r,
+        () => r.resolve(r.allLogits ? concat(r.parts, (n) => new Float32Array(n)) : out[i]),
+      );
     });
   }
 
@@ -228,16 +232,4 @@ export class Batch {
     this.#pending.splice(this.#pending.indexOf(r), 1);
     answer();
   }
-}
-
-/** The arrays one after another. */
-function concat(parts: Float32Array[]): Float32Array {
-  if (parts.length === 1) return parts[0];
-  const all = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    all.set(p, at);
-    at += p.length;
-  }
-  return all;
 }

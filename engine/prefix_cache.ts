@@ -13,7 +13,13 @@
  *
  * @module
  */
-import { cacheParts, concat, type MtpSaved, mtpSaved, writeCacheParts } from "./session_state.ts";
+import {
+  cacheParts,
+  concatBytes,
+  type MtpSaved,
+  mtpSaved,
+  writeCacheParts,
+} from "./session_state.ts";
 import { commonPrefix, type Session } from "./session.ts";
 
 /** One saved prefix: its tokens and a copy of their cache contents. */
@@ -165,7 +171,7 @@ export class PrefixCache {
     while (mine().length >= this.#perOwner || used() + bytes > this.#ownerBytes) {
       drop(mine().reduce((a, b) => (a.used <= b.used ? a : b)));
     }
-    this.#saved.push({ owner, tokens, bytes: concat(parts), mtp, used: ++this.#clock });
+    this.#saved.push({ owner, tokens, bytes: concatBytes(parts), mtp, used: ++this.#clock });
   }
 }
 

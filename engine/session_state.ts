@@ -23,6 +23,7 @@ import {
   writeSync,
 } from "node:fs";
 import { basename } from "node:path";
+import { concat } from "./arrays.ts";
 import { heldRows } from "./parts/mixer.ts";
 import { crc32 } from "../io/crc32.ts";
 import type { Session } from "./session.ts";
@@ -85,18 +86,12 @@ export interface MtpSaved {
  */
 export function mtpSaved(session: Session, n: number, seq = 0): MtpSaved | null {
   const snap = session.model.transformer.mtpSnapshot(seq, n);
-  return snap && { rowBytes: snap.rowBytes, bytes: concat(snap.parts) };
+  return snap && { rowBytes: snap.rowBytes, bytes: concatBytes(snap.parts) };
 }
 
-/** The parts one after another, in one copy. */
-export function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
+/** The byte parts one after another, in one copy. */
+export function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
+  return concat(parts, (n) => new Uint8Array(n));
 }
 
 /**

@@ -5,6 +5,10 @@
  *
  * @module
  */
+import { concat } from "../../../engine/arrays.ts";
+
+/** The pieces one after another, as a new input. */
+const joined = (...parts: Uint8Array[]) => concat(parts, (n) => new Uint8Array(n));
 
 /** A seeded xorshift32 generator. */
 export class Rng {
@@ -56,16 +60,6 @@ export const HOSTILE_NUMBERS: readonly string[] = [
 const enc = new TextEncoder();
 const dec = new TextDecoder();
 
-function concat(...parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
 /** One random mutation of `input`; `others` are seeds to splice from. */
 export function mutateOnce(rng: Rng, input: Uint8Array, others: readonly Uint8Array[]): Uint8Array {
   const b = input.slice();
@@ -97,7 +91,7 @@ export function mutateOnce(rng: Rng, input: Uint8Array, others: readonly Uint8Ar
       const o = rng.pick(others);
       const from = rng.below(o.length + 1);
       const piece = o.subarray(from, from + rng.below(64));
-      return concat(b.subarray(0, at), piece, b.subarray(at + rng.below(16)));
+      return joined(b.subarray(0, at), piece, b.subarray(at + rng.below(16)));
     }
     case 4: { // a number token becomes an extreme value
       const text = dec.decode(b);
@@ -112,24 +106,24 @@ export function mutateOnce(rng: Rng, input: Uint8Array, others: readonly Uint8Ar
       const depth = rng.pick([100, 1000, 100000]);
       const open = rng.below(2) ? "[" : '{"a":';
       const close = open === "[" ? "]" : "}";
-      return concat(
+      return joined(
         b.subarray(0, at),
         enc.encode(open.repeat(depth) + "1" + close.repeat(depth)),
         b.subarray(at),
       );
     }
     case 6: // invalid UTF-8
-      return concat(
+      return joined(
         b.subarray(0, at),
         new Uint8Array(rng.pick([[0xff], [0xc0, 0x80], [0xed, 0xa0, 0x80], [0xe2, 0x82]])),
         b.subarray(at),
       );
     case 7: { // a duplicated chunk (repeated keys, doubled arrays)
       const len = rng.below(Math.min(256, b.length) + 1);
-      return concat(b.subarray(0, at + len), b.subarray(at, at + len), b.subarray(at + len));
+      return joined(b.subarray(0, at + len), b.subarray(at, at + len), b.subarray(at + len));
     }
     default: { // a deleted chunk
-      return concat(b.subarray(0, at), b.subarray(at + 1 + rng.below(32)));
+      return joined(b.subarray(0, at), b.subarray(at + 1 + rng.below(32)));
     }
   }
 }
