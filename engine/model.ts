@@ -239,6 +239,7 @@ export class Model {
         timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
+      if (observers.lookahead) transformer.passObservers.push(observers.lookahead);
       if (!opts.quiet) console.error(planLine(plan));
       const loadBytes = container.manifest.trunk.globals.region.bytes + trunk.stats.bytes +
         (experts?.stats.bytesRead ?? 0);

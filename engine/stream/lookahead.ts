@@ -6,6 +6,12 @@
  * kept for the stats. Predictions are made and scored every time, but read only while a
  * {@link SpeculationGate} says they pay, from what the store measured they save and cost.
  *
+ * The first MoE layer has no layer before it, and the disk would idle from the last layer's reads
+ * to the first layer's routing of the next token (the tail: final norm, LM head, sampling; then
+ * the first mixer). Two guesses fill that time, each with a gate of its own: during the tail, the
+ * first layer's experts that recent tokens used and the cache no longer holds (recency); and as
+ * soon as the next token is embedded, the first layer's router applied to its embedding.
+ *
  * @module
  */
 import type { Arena } from "../arena.ts";
@@ -42,6 +48,8 @@ export interface SpeculationCosts {
 /** Where predictions go: the expert store's speculative reads. */
 export interface Speculator {
   speculate(layer: number, ids: readonly number[], max: number): number;
+  /** Whether expert `id` of `layer` is cached or being read (a guess of it would read nothing). */
+  holds(layer: number, id: number): boolean;
   /** The measured costs of speculation so far. */
   readonly speculationCosts: SpeculationCosts;
 }
@@ -102,6 +110,8 @@ export class SpeculationGate {
   readonly #precision = new DecayedRatio(0.5);
   readonly #byRank: DecayedRatio[] = [];
   #closedRun = 0;
+  /** Predictions {@link decide} has been asked about. */
+  decisions = 0;
 
   /** Scores one prediction: `routed[k]` says whether its guess of rank k was routed. */
   record(routed: readonly boolean[]): void {
@@ -136,6 +146,7 @@ export class SpeculationGate {
    * prediction in a row kept shut.
    */
   decide(costs: SpeculationCosts, n: number): number {
+    this.decisions++;
     if (this.mode !== "measured") return this.mode === "always" ? n : 0;
     let k = 0;
     while (k < n && this.gain(costs, this.precisionAt(k)) >= 0) k++;
@@ -148,15 +159,31 @@ export class SpeculationGate {
   }
 }
 
-/** Predicts and prefetches the next MoE layer's experts during decode. */
+/** Tokens whose first-layer experts the tail's recency guess draws from. */
+export const RECENT_TOKENS = 4;
+
+/** A prediction waiting for its layer's routes: each row's ranked guesses and the gate to score. */
+interface Pending {
+  gate: SpeculationGate;
+  guesses: number[][];
+}
+
+/**
+ * Predicts and prefetches the next MoE layer's experts during decode, and the first MoE layer's
+ * of the next token (from recent tokens during the tail, from its embedding once it is known).
+ */
 export class Lookahead {
   /**
    * Real routed experts that had been predicted, and all real routed experts, over decode; and
    * predictions the gate kept from being read.
    */
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
-  /** Decides whether predictions are read. */
+  /** Decides whether the next MoE layer's predictions are read. */
   readonly gate = new SpeculationGate();
+  /** The gate of the first MoE layer's guesses from the token's embedding. */
+  readonly embeddingGate = new SpeculationGate();
+  /** The gate of the tail's guesses from the first MoE layer's recent routes. */
+  readonly recentGate = new SpeculationGate();
   /**
    * Where the gate's costs come from: the store's measurements. Tests pin them here, so what the
    * gate decides does not hang on how busy the machine was while the store measured.
@@ -168,8 +195,15 @@ export class Lookahead {
   #target: Speculator;
   #n: number;
   #logits: number;
-  /** Per MoE layer: each predicted row's guesses, scored when that layer routes. */
-  #pending = new Map<number, number[][]>();
+  /** The first MoE layer (−1: none). */
+  #first: number;
+  /** Per MoE layer: the predictions of each predicted row's guesses, scored when it routes. */
+  #pending = new Map<number, Pending[]>();
+  /** The tail's recency guesses, scored by the next pass's first MoE layer. */
+  #recentPending: Pending | null = null;
+  /** The first MoE layer's experts of the last {@link RECENT_TOKENS} predicted passes, newest
+   * last. */
+  #recent: number[][] = [];
   /**
    * Most tokens of one sequence in a pass that get predictions: 1 (decode); a speculative decoder
    * raises it to its verify batch while it decodes.
@@ -191,8 +225,19 @@ export class Lookahead {
     this.#routers = routers;
     this.#target = target;
     this.#n = n;
+    this.#first = cfg.layerKinds.indexOf("moe");
     this.costs = () => target.speculationCosts;
     this.#logits = arena.alloc("lookahead logits", (cfg.moe?.numExperts ?? 1) * 4);
+  }
+
+  /** The gates of every kind of prediction. */
+  get gates(): SpeculationGate[] {
+    return [this.gate, this.embeddingGate, this.recentGate];
+  }
+
+  /** Pins every gate ("always" / "never": tests, benches) or leaves it to the costs. */
+  setMode(mode: SpeculationGate["mode"]): void {
+    for (const g of this.gates) g.mode = mode;
   }
 
   /** Recall so far: share of routed experts that the lookahead had predicted (null before any). */
@@ -214,6 +259,42 @@ export class Lookahead {
       if (n <= this.predictBatch) { for (let i = 0; i < n; i++) this.#rows.push(r0 + i); }
       r0 += n;
     }
+    if (this.#recentPending) {
+      // The tail guessed for one row (the union of the last pass's rows): scored against the
+      // first predicted row of this pass, or not at all.
+      if (this.#rows.length > 0) this.#pending.set(this.#first, [this.#recentPending]);
+      this.#recentPending = null;
+    }
+  }
+
+  /**
+   * The pass's embedding rows `x` are ready (before the first layer runs): the first MoE layer's
+   * router applied to each predicted row's embedding guesses that layer's experts. Routing ranks
+   * the router's logits, which a norm's scale does not reorder: the raw embedding serves.
+   */
+  embedded(x: number, nb: number): void {
+    const rows = this.#rows.filter((r) => r < nb);
+    if (rows.length === 0 || this.#first < 0) return;
+    this.#predict(this.#first, rows, x, this.embeddingGate);
+  }
+
+  /**
+   * The pass's last layer has run: while the final norm and the LM head compute, guesses for the
+   * next token's first MoE layer from the experts recent tokens routed there, most used first,
+   * of those the cache no longer holds.
+   */
+  tail(): void {
+    if (this.#first < 0 || this.#n <= 0 || this.#rows.length === 0) return;
+    const uses = new Map<number, number>();
+    this.#recent.forEach((ids, age) => {
+      // Most uses first; among equals, the most recently used.
+      for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
+    });
+    const guess = [...uses].filter(([e]) => !this.#target.holds(this.#first, e))
+      .sort((a, b) => b[1] - a[1]).slice(0, this.#n).map(([e]) => e);
+    if (guess.length === 0) return;
+    this.#recentPending = { gate: this.recentGate, guesses: [guess] };
+    this.#read(this.#first, [guess], this.recentGate);
   }
 
   /**
@@ -224,20 +305,43 @@ export class Lookahead {
   observe(layer: number, routes: Route[], h: number, nb: number): void {
     const rows = this.#rows.filter((r) => r < nb);
     if (rows.length === 0) return;
-    const predicted = this.#pending.get(layer);
-    if (predicted) {
-      this.#pending.delete(layer);
-      predicted.forEach((guess, i) => {
-        const r = rows[i];
-        const routed = new Set(routes[r].ids);
-        const ranks = guess.map((e) => routed.has(e));
-        this.stats.predictedHits += ranks.filter((hit) => hit).length;
-        this.stats.routed += routes[r].ids.length;
-        this.gate.record(ranks);
-      });
+    this.#score(layer, rows, routes);
+    if (layer === this.#first) {
+      this.#recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
+      if (this.#recent.length > RECENT_TOKENS) this.#recent.shift();
     }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
-    const router = next >= 0 ? this.#routers[next] : null;
+    if (next >= 0) this.#predict(next, rows, h, this.gate);
+  }
+
+  /**
+   * Scores the predictions pending for `layer` against the rows' routes, each with its gate; the
+   * recall counts a routed expert as predicted when any of them guessed it.
+   */
+  #score(layer: number, rows: number[], routes: Route[]): void {
+    const predictions = this.#pending.get(layer);
+    if (!predictions) return;
+    this.#pending.delete(layer);
+    const guessed = new Map<number, Set<number>>();
+    for (const { gate, guesses } of predictions) {
+      guesses.forEach((guess, i) => {
+        const routed = new Set(routes[rows[i]].ids);
+        gate.record(guess.map((e) => routed.has(e)));
+        const all = guessed.get(i) ?? new Set();
+        for (const e of guess) all.add(e);
+        guessed.set(i, all);
+      });
+    }
+    for (const [i, all] of guessed) {
+      const ids = routes[rows[i]].ids;
+      this.stats.predictedHits += ids.filter((e) => all.has(e)).length;
+      this.stats.routed += ids.length;
+    }
+  }
+
+  /** Guesses `layer`'s experts for each row from its input at `h` with that layer's router. */
+  #predict(layer: number, rows: number[], h: number, gate: SpeculationGate): void {
+    const router = this.#routers[layer];
     if (!router || this.#n <= 0) return;
     const moe = this.#cfg.moe!;
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
@@ -250,13 +354,18 @@ export class Lookahead {
       }
       guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, this.#n).ids);
     }
-    this.#pending.set(next, guesses);
-    const read = this.gate.decide(this.costs(), guesses[0].length);
+    this.#pending.set(layer, [...this.#pending.get(layer) ?? [], { gate, guesses }]);
+    this.#read(layer, guesses, gate);
+  }
+
+  /** Reads the union of each row's leading guesses that `gate` says pay. */
+  #read(layer: number, guesses: number[][], gate: SpeculationGate): void {
+    const read = gate.decide(this.costs(), guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
       return;
     }
     const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
-    this.#target.speculate(next, ids, ids.length);
+    this.#target.speculate(layer, ids, ids.length);
   }
 }

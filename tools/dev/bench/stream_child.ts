@@ -172,7 +172,7 @@ export async function runJob(job: StreamJob): Promise<StreamRun[]> {
     timeline: job.timeline,
   });
   try {
-    if (job.gate && m.observers.lookahead) m.observers.lookahead.gate.mode = job.gate;
+    if (job.gate && m.observers.lookahead) m.observers.lookahead.setMode(job.gate);
     if (job.warm) decode(m, job.label, job.prompt, job.tokens);
     const runs = Array.from(
       { length: job.passes },
