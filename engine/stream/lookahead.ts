@@ -9,8 +9,9 @@
  * The first MoE layer has no layer before it, and the disk would idle from the last layer's reads
  * to the first layer's routing of the next token (the tail: final norm, LM head, sampling; then
  * the first mixer). Two guesses fill that time, each with a gate of its own: during the tail, the
- * first layer's experts that recent tokens used and the cache no longer holds (recency); and as
- * soon as the next token is embedded, the first layer's router applied to its embedding.
+ * first layers' experts that recent tokens used and the cache no longer holds (recency), as many
+ * records as the last tail could read; and as soon as the next token is embedded, the first
+ * layer's router applied to its embedding.
  *
  * @module
  */
@@ -182,7 +183,7 @@ export class Lookahead {
   readonly gate = new SpeculationGate();
   /** The gate of the first MoE layer's guesses from the token's embedding. */
   readonly embeddingGate = new SpeculationGate();
-  /** The gate of the tail's guesses from the first MoE layer's recent routes. */
+  /** The gate of the tail's guesses from the first MoE layers' recent routes. */
   readonly recentGate = new SpeculationGate();
   /**
    * Where the gate's costs come from: the store's measurements. Tests pin them here, so what the
@@ -199,11 +200,13 @@ export class Lookahead {
   #first: number;
   /** Per MoE layer: the predictions of each predicted row's guesses, scored when it routes. */
   #pending = new Map<number, Pending[]>();
-  /** The tail's recency guesses, scored by the next pass's first MoE layer. */
-  #recentPending: Pending | null = null;
-  /** The first MoE layer's experts of the last {@link RECENT_TOKENS} predicted passes, newest
-   * last. */
-  #recent: number[][] = [];
+  /** The tail's recency guesses by layer, scored by the next pass. */
+  #recentPending = new Map<number, Pending>();
+  /** Per MoE layer, its experts in the last {@link RECENT_TOKENS} predicted passes, newest last. */
+  #recent = new Map<number, number[][]>();
+  /** When the last tail started (ms), and how long it lasted until the next pass's embedding. */
+  #tailStart = 0;
+  #tailMs = 0;
   /**
    * Most tokens of one sequence in a pass that get predictions: 1 (decode); a speculative decoder
    * raises it to its verify batch while it decodes.
@@ -259,12 +262,12 @@ export class Lookahead {
       if (n <= this.predictBatch) { for (let i = 0; i < n; i++) this.#rows.push(r0 + i); }
       r0 += n;
     }
-    if (this.#recentPending) {
-      // The tail guessed for one row (the union of the last pass's rows): scored against the
-      // first predicted row of this pass, or not at all.
-      if (this.#rows.length > 0) this.#pending.set(this.#first, [this.#recentPending]);
-      this.#recentPending = null;
+    // The tail guessed for one row (the union of the last pass's rows): scored against the
+    // first predicted row of this pass, or not at all.
+    if (this.#rows.length > 0) {
+      for (const [layer, p] of this.#recentPending) this.#pending.set(layer, [p]);
     }
+    this.#recentPending.clear();
   }
 
   /**
@@ -273,6 +276,8 @@ export class Lookahead {
    * the router's logits, which a norm's scale does not reorder: the raw embedding serves.
    */
   embedded(x: number, nb: number): void {
+    if (this.#tailStart > 0) this.#tailMs = performance.now() - this.#tailStart;
+    this.#tailStart = 0;
     const rows = this.#rows.filter((r) => r < nb);
     if (rows.length === 0 || this.#first < 0) return;
     this.#predict(this.#first, rows, x, this.embeddingGate);
@@ -280,21 +285,27 @@ export class Lookahead {
 
   /**
    * The pass's last layer has run: while the final norm and the LM head compute, guesses for the
-   * next token's first MoE layer from the experts recent tokens routed there, most used first,
-   * of those the cache no longer holds.
+   * next token's first MoE layers, in layer order, from the experts recent tokens routed there
+   * (most used first) that the cache no longer holds, until they make as many records as the
+   * last tail lasted (at the measured disk time per record), at least one layer's.
    */
   tail(): void {
+    this.#tailStart = performance.now();
     if (this.#first < 0 || this.#n <= 0 || this.#rows.length === 0) return;
-    const uses = new Map<number, number>();
-    this.#recent.forEach((ids, age) => {
-      // Most uses first; among equals, the most recently used.
-      for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
-    });
-    const guess = [...uses].filter(([e]) => !this.#target.holds(this.#first, e))
-      .sort((a, b) => b[1] - a[1]).slice(0, this.#n).map(([e]) => e);
-    if (guess.length === 0) return;
-    this.#recentPending = { gate: this.recentGate, guesses: [guess] };
-    this.#read(this.#first, [guess], this.recentGate);
+    let room = Math.ceil(this.#tailMs / Math.max(1e-3, this.costs().recordMs));
+    for (const [layer, recent] of this.#recent) {
+      const uses = new Map<number, number>();
+      recent.forEach((ids, age) => {
+        // Most uses first; among equals, the most recently used.
+        for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
+      });
+      const guess = [...uses].filter(([e]) => !this.#target.holds(layer, e))
+        .sort((a, b) => b[1] - a[1]).slice(0, this.#n).map(([e]) => e);
+      if (guess.length === 0) continue;
+      this.#recentPending.set(layer, { gate: this.recentGate, guesses: [guess] });
+      room -= this.#read(layer, [guess], this.recentGate);
+      if (room <= 0) return;
+    }
   }
 
   /**
@@ -306,10 +317,10 @@ export class Lookahead {
     const rows = this.#rows.filter((r) => r < nb);
     if (rows.length === 0) return;
     this.#score(layer, rows, routes);
-    if (layer === this.#first) {
-      this.#recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
-      if (this.#recent.length > RECENT_TOKENS) this.#recent.shift();
-    }
+    const recent = this.#recent.get(layer) ?? [];
+    recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
+    if (recent.length > RECENT_TOKENS) recent.shift();
+    this.#recent.set(layer, recent);
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
     if (next >= 0) this.#predict(next, rows, h, this.gate);
   }
@@ -358,14 +369,14 @@ export class Lookahead {
     this.#read(layer, guesses, gate);
   }
 
-  /** Reads the union of each row's leading guesses that `gate` says pay. */
-  #read(layer: number, guesses: number[][], gate: SpeculationGate): void {
+  /** Reads the union of each row's leading guesses that `gate` says pay; returns the reads. */
+  #read(layer: number, guesses: number[][], gate: SpeculationGate): number {
     const read = gate.decide(this.costs(), guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
-      return;
+      return 0;
     }
     const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
-    this.#target.speculate(layer, ids, ids.length);
+    return this.#target.speculate(layer, ids, ids.length);
   }
 }
