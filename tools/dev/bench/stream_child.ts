@@ -40,6 +40,11 @@ export interface StreamRun {
   /** Lookahead predictions its gate kept from being read (whole run). */
   speculative_skipped: number;
   lookahead_recall: number | null;
+  /**
+   * Each kind of lookahead prediction (the next layer's, the first layer's from the embedding,
+   * the tail's from recent routes): predictions made and the decayed precision of the top guess.
+   */
+  lookahead_gates?: { name: string; predictions: number; precision: number }[];
   trunk_pinned: number;
   expert_slots: number;
   /** Peak resident set size of the process that ran it (VmHWM). */
@@ -139,6 +144,11 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     speculative_cancelled: b.specCancelled - a.specCancelled,
     speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: m.observers.lookahead?.recall ?? null,
+    lookahead_gates: m.observers.lookahead?.gates.map((g, i) => ({
+      name: ["next layer", "embedding", "recent"][i],
+      predictions: g.decisions,
+      precision: g.precisionAt(0),
+    })),
     trunk_pinned: m.plan.pinned,
     expert_slots: m.plan.expertSlots,
     peak_rss_bytes: peakRss(),
