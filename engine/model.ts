@@ -21,6 +21,7 @@ import { Arena } from "./arena.ts";
 import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
+import { embedRows } from "./embedding.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
 import { checkLogits } from "./finite_check.ts";
@@ -222,7 +223,15 @@ export class Model {
         experts.warm(warm, landed);
         if (lookahead > 0) {
           const routers = residentRouters(arena, container);
-          observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
+          observers.lookahead = new Lookahead(
+            ops,
+            arena,
+            cfg,
+            routers,
+            experts,
+            lookahead,
+            (tokens, dst) => embedRows(arena, globals.embed, tokens, dst),
+          );
         }
       }
       const transformer = new Transformer({

@@ -15,6 +15,7 @@ import { PAGE } from "./arena.ts";
 import { type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { quantArenaBytes } from "./quant_matmul.ts";
 import { runStateSizes } from "./run_state.ts";
+import { lookaheadScratchBytes } from "./stream/lookahead.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -174,7 +175,9 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
   const maxLayer = Math.max(0, ...layerBytes);
-  const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
+  const routers = opts.lookahead
+    ? input.routerBytes + cfg.numLayers * 64 + lookaheadScratchBytes(cfg)
+    : 0;
   // What stays resident at a context of `ctx`: the KV cache and the RoPE tables grow with it.
   const residentAt = (ctx: number) => {
     const kv = sequences * kvCacheBytes(cfg, ctx, opts.maxBatch, mtp);

@@ -39,8 +39,8 @@ export type { CacheRegion, MoeObserver, StateRegion };
  * head (the lookahead guesses the next token's first MoE layer there).
  */
 export interface PassObserver {
-  /** `x` holds the pass's `nb` embedding rows (hidden floats each). */
-  embedded(x: number, nb: number): void;
+  /** `x` holds the embedding rows (hidden floats each) of the pass's `tokens`. */
+  embedded(x: number, tokens: readonly number[]): void;
   tail(): void;
 }
 
@@ -255,7 +255,7 @@ export class Transformer {
     embedRows(arena, globals.embed, tokens, stream.x);
     const timeline = this.#p.timeline;
     timeline?.mark("route", 0);
-    for (const o of this.passObservers) o.embedded(stream.x, nb);
+    for (const o of this.passObservers) o.embedded(stream.x, tokens);
     stream.start(nb);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       timeline?.mark("wait", layer);

@@ -103,6 +103,17 @@ Deno.test("gate: each rank has its own precision; the leading ranks that pay are
   assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 7, regret: 1 }, 4), 1);
 });
 
+Deno.test("gate: a floor keeps ranks below it unread even when reads cost nothing", () => {
+  const free = { recordMs: 6, hidden: 1, blockedMs: 0, regret: 0 };
+  const gate = new SpeculationGate(0.5);
+  // Rank 0 right 9 times in 10, rank 1 one in 10, rank 2 two in 3.
+  for (let i = 0; i < 600; i++) gate.record([i % 10 !== 0, i % 10 === 0, i % 3 !== 0]);
+  assert.equal(gate.decide(free, 3), 1, "rank 1 stops the leading ranks that are read");
+  const open = new SpeculationGate();
+  for (let i = 0; i < 600; i++) open.record([i % 10 !== 0, i % 10 === 0, i % 3 !== 0]);
+  assert.equal(open.decide(free, 3), 3, "without the floor free guesses are all read");
+});
+
 Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2", () => {
   assert.equal(new SpeculationGate().decide(START, 1), 1, "a fresh gate reads its first guess");
   const gateOf = (routed: (i: number) => boolean) => {
@@ -164,16 +175,16 @@ Deno.test("guessing every expert (precision 4/64) reads only the leading ranks",
   // 5 MoE layers: layers 1..4 are predicted from 0..3, layer 0 from the embedding (its own gate).
   assert.equal(la.gate.decisions, 8 * 4);
   assert.equal(la.embeddingGate.decisions, 8);
-  const predictions = la.gate.decisions + la.embeddingGate.decisions + la.recentGate.decisions;
-  assert.ok(r.spec < 3 * 64 + 8 * predictions, `${r.spec} reads in ${predictions} predictions`);
+  const predictions = la.gates.reduce((n, g) => n + g.decisions, 0);
+  assert.ok(r.spec < 4 * 64 + 8 * predictions, `${r.spec} reads in ${predictions} predictions`);
 });
 
 Deno.test("costs that never pay leave only the probes: one guess every GATE_PROBE_EVERY", async () => {
   // A guess blocks demand reads for far longer than it could save, at any precision below 1.
   const r = await decodeWith(4, "measured", { ...START, blockedMs: 1e6 });
-  const la = r.la!, gates = [la.gate, la.embeddingGate, la.recentGate];
-  const probes = gates.reduce((n, g) => n + Math.floor(g.decisions / GATE_PROBE_EVERY), 0);
-  const predictions = gates.reduce((n, g) => n + g.decisions, 0);
+  const la = r.la!;
+  const probes = la.gates.reduce((n, g) => n + Math.floor(g.decisions / GATE_PROBE_EVERY), 0);
+  const predictions = la.gates.reduce((n, g) => n + g.decisions, 0);
   assert.equal(la.stats.skipped, predictions - probes);
   assert.ok(r.spec <= probes, `${r.spec} reads in ${probes} probes`);
 });
@@ -190,11 +201,14 @@ Deno.test("logits are bit-identical with the gate forced open, forced shut and m
 
 const MODEL_TS = new URL("../engine/model.ts", import.meta.url).href;
 
-/** How each gate of the child's lookahead decides: the next layer's, the embedding's, the tail's. */
-type GateModes = [SpeculationGate["mode"], SpeculationGate["mode"], SpeculationGate["mode"]];
+/**
+ * How each gate of the child's lookahead decides: the next layer's, the embedding's, the guessed
+ * next token's, the recent routes'.
+ */
+type GateModes = SpeculationGate["mode"][];
 
 /**
- * A child that decodes `path` with `slots` expert slots and the lookahead's gates pinned to `modes` (SLUICE_FAULTS is read
+ * A child that decodes `path` (8 tokens over and over) with `slots` expert slots and the lookahead's gates pinned to `modes` (SLUICE_FAULTS is read
  * once per process), then runs a two-token prompt chunk, which predicts nothing and settles the
  * last token's tail guesses: prints every step's logits and the store's speculative counts.
  */
@@ -205,7 +219,7 @@ const m = await Model.open(${JSON.stringify(path)}, { quiet: true, ctx: 64, expe
 const modes = ${JSON.stringify(modes)};
 m.observers.lookahead?.gates.forEach((g, i) => g.mode = modes[i]);
 const logits = [Array.from(m.forward([1, 403, 407], 0))];
-for (let i = 0; i < 40; i++) logits.push(Array.from(m.forward([(37 * i + 261) % 500], 3 + i)));
+for (let i = 0; i < 40; i++) logits.push(Array.from(m.forward([31 * (i % 8) + 261], 3 + i)));
 logits.push(Array.from(m.forward([286, 298], 43)));
 const s = m.experts.stats;
 m.close();
@@ -218,7 +232,7 @@ async function decodeChild(
   path: string,
   lookahead: number,
   faults: string | null,
-  modes: GateModes = ["always", "always", "always"],
+  modes: GateModes = ["always", "always", "always", "always"],
   slots = 200,
 ) {
   const env: Record<string, string> = { NO_COLOR: "1" };
@@ -261,16 +275,23 @@ Deno.test({
 });
 
 Deno.test({
-  name: "the next token's first-layer guesses (embedding, recency) change no bit and all settle",
+  name: "the next token's first-layer guesses change no bit and all settle",
   ignore: !HAVE_FIXTURES || shimUnavailable(sharedMemory64(1 << 16)) !== null,
   fn: async () => {
     const path = await packedFixture("stories260k-moe64");
     const off = await decodeChild(path, 0, null);
     // Only one kind of guess at a time, each held unstarted until its layer routes: the first
-    // MoE layer's from the token's embedding, then from recent tokens' routes during the tail
-    // (in a cache of 2 tokens' experts, which evicts some of them).
-    for (const modes of [["never", "always", "never"], ["never", "never", "always"]] as const) {
-      const r = await decodeChild(path, 4, "hold@experts-L", [...modes], 40);
+    // MoE layer's from the token's embedding, from the guessed next token's embedding during the
+    // tail (the child's tokens repeat with period 8, so from the ninth on the guess is the right
+    // token), then from recent tokens' routes during the tail (in a cache of 2 tokens' experts,
+    // which evicts some of them).
+    const kinds: GateModes[] = [
+      ["never", "always", "never", "never"],
+      ["never", "never", "always", "never"],
+      ["never", "never", "never", "always"],
+    ];
+    for (const modes of kinds) {
+      const r = await decodeChild(path, 4, "hold@experts-L", modes, 40);
       assertSameLogits(r, off);
       assert.ok(r.spec > 0, `${modes}: guesses were read`);
       assert.ok(

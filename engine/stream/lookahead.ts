@@ -8,14 +8,18 @@
  *
  * The first MoE layer has no layer before it, and the disk would idle from the last layer's reads
  * to the first layer's routing of the next token (the tail: final norm, LM head, sampling; then
- * the first mixer). Two guesses fill that time, each with a gate of its own: during the tail, the
- * first layers' experts that recent tokens used and the cache no longer holds (recency), as many
- * records as the last tail could read; and as soon as the next token is embedded, the first
- * layer's router applied to its embedding.
+ * the first mixer). Guesses fill that time, each kind with a gate of its own. During the tail, as
+ * many records as the last tail could read: the first layer's router applied to the embedding of
+ * the token that followed the last token's latest earlier occurrence (a prompt-lookup guess of
+ * the next token), then the experts recent tokens used in the first layers that the cache no
+ * longer holds (recency). As soon as the next token is embedded, the first layer's router applied
+ * to its embedding. Guesses from an embedding rank all top-k experts, as their reads mostly
+ * queue until the layer routes (then they are promoted or withdrawn, unstarted).
  *
  * @module
  */
-import type { Arena } from "../arena.ts";
+import { type Arena, PAGE } from "../arena.ts";
+import { alignUp } from "../../io/format.ts";
 import type { ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import { type Route, route } from "../routing.ts";
@@ -113,6 +117,12 @@ export class SpeculationGate {
   #closedRun = 0;
   /** Predictions {@link decide} has been asked about. */
   decisions = 0;
+  /** Least precision a rank needs to be read, whatever the costs say (0: none). */
+  readonly floor: number;
+
+  constructor(floor = 0) {
+    this.floor = floor;
+  }
 
   /** Scores one prediction: `routed[k]` says whether its guess of rank k was routed. */
   record(routed: readonly boolean[]): void {
@@ -135,6 +145,11 @@ export class SpeculationGate {
     return this.#byRank[k]?.value ?? 0.5;
   }
 
+  /** Whether a guess of precision `p` is worth reading at `costs`. */
+  #pays(costs: SpeculationCosts, p: number): boolean {
+    return p >= this.floor && this.gain(costs, p) >= 0;
+  }
+
   /** Net disk time a read of a guess of precision `p` saves at `costs` (negative: it loses). */
   gain(costs: SpeculationCosts, p: number): number {
     return p * costs.hidden * costs.recordMs -
@@ -150,7 +165,7 @@ export class SpeculationGate {
     this.decisions++;
     if (this.mode !== "measured") return this.mode === "always" ? n : 0;
     let k = 0;
-    while (k < n && this.gain(costs, this.precisionAt(k)) >= 0) k++;
+    while (k < n && this.#pays(costs, this.precisionAt(k))) k++;
     if (k > 0) {
       this.#closedRun = 0;
       return k;
@@ -160,13 +175,32 @@ export class SpeculationGate {
   }
 }
 
+/** Tokens of one sequence the next-token guess looks back over. */
+export const HISTORY_TOKENS = 256;
+
+/** Bytes the lookahead allocates: the router logits and one embedding row. */
+export function lookaheadScratchBytes(cfg: ModelConfig): number {
+  return alignUp((cfg.moe?.numExperts ?? 1) * 4, PAGE) + alignUp(cfg.hiddenSize * 4, PAGE);
+}
+
 /** Tokens whose first-layer experts the tail's recency guess draws from. */
 export const RECENT_TOKENS = 4;
 
-/** A prediction waiting for its layer's routes: each row's ranked guesses and the gate to score. */
+/**
+ * Least precision of a tail guess that is read. On the 48-layer MXFP4 synth (bench stream, budget
+ * 0.2) the guesses were right about 1 time in 10 and filled the tail's idle disk without raising
+ * tok/s (docs/LEARNED.md).
+ */
+export const RECENT_FLOOR = 0.5;
+
+/**
+ * A prediction waiting for its layer's routes: each row's ranked guesses, the gate to score, and
+ * the reads it started.
+ */
 interface Pending {
   gate: SpeculationGate;
   guesses: number[][];
+  reads: number;
 }
 
 /**
@@ -183,8 +217,15 @@ export class Lookahead {
   readonly gate = new SpeculationGate();
   /** The gate of the first MoE layer's guesses from the token's embedding. */
   readonly embeddingGate = new SpeculationGate();
-  /** The gate of the tail's guesses from the first MoE layers' recent routes. */
-  readonly recentGate = new SpeculationGate();
+  /** The gate of the tail's first-layer guesses from the guessed next token's embedding. */
+  readonly nextTokenGate = new SpeculationGate();
+  /**
+   * The gate of the tail's guesses from the first MoE layers' recent routes. They start at once
+   * (the disk idles in the tail), so a wrong one is never withdrawn: it costs the reader threads'
+   * CPU and a cache slot, which the measured costs do not see, so it reads only ranks right at
+   * least {@link RECENT_FLOOR} of the time.
+   */
+  readonly recentGate = new SpeculationGate(RECENT_FLOOR);
   /**
    * Where the gate's costs come from: the store's measurements. Tests pin them here, so what the
    * gate decides does not hang on how busy the machine was while the store measured.
@@ -196,12 +237,19 @@ export class Lookahead {
   #target: Speculator;
   #n: number;
   #logits: number;
+  /** One embedding row (the guessed next token's). */
+  #row: number;
+  #embed: (tokens: number[], dst: number) => void;
+  /** The tokens of the one sequence the recent passes ran (empty when several ran). */
+  #history: number[] = [];
+  /** The current pass runs one sequence. */
+  #single = false;
   /** The first MoE layer (−1: none). */
   #first: number;
   /** Per MoE layer: the predictions of each predicted row's guesses, scored when it routes. */
   #pending = new Map<number, Pending[]>();
-  /** The tail's recency guesses by layer, scored by the next pass. */
-  #recentPending = new Map<number, Pending>();
+  /** The tail's guesses by layer, scored by the next pass. */
+  #tailPending = new Map<number, Pending[]>();
   /** Per MoE layer, its experts in the last {@link RECENT_TOKENS} predicted passes, newest last. */
   #recent = new Map<number, number[][]>();
   /** When the last tail started (ms), and how long it lasted until the next pass's embedding. */
@@ -222,6 +270,7 @@ export class Lookahead {
     routers: (ResidentRouter | null)[],
     target: Speculator,
     n: number,
+    embed: (tokens: number[], dst: number) => void,
   ) {
     this.#ops = ops;
     this.#cfg = cfg;
@@ -231,11 +280,13 @@ export class Lookahead {
     this.#first = cfg.layerKinds.indexOf("moe");
     this.costs = () => target.speculationCosts;
     this.#logits = arena.alloc("lookahead logits", (cfg.moe?.numExperts ?? 1) * 4);
+    this.#row = arena.alloc("lookahead embedding", cfg.hiddenSize * 4);
+    this.#embed = embed;
   }
 
   /** The gates of every kind of prediction. */
   get gates(): SpeculationGate[] {
-    return [this.gate, this.embeddingGate, this.recentGate];
+    return [this.gate, this.embeddingGate, this.nextTokenGate, this.recentGate];
   }
 
   /** Pins every gate ("always" / "never": tests, benches) or leaves it to the costs. */
@@ -257,6 +308,7 @@ export class Lookahead {
   beginPass(counts: readonly number[]): void {
     this.#pending.clear();
     this.#rows = [];
+    this.#single = counts.length === 1;
     let r0 = 0;
     for (const n of counts) {
       if (n <= this.predictBatch) { for (let i = 0; i < n; i++) this.#rows.push(r0 + i); }
@@ -264,10 +316,8 @@ export class Lookahead {
     }
     // The tail guessed for one row (the union of the last pass's rows): scored against the
     // first predicted row of this pass, or not at all.
-    if (this.#rows.length > 0) {
-      for (const [layer, p] of this.#recentPending) this.#pending.set(layer, [p]);
-    }
-    this.#recentPending.clear();
+    if (this.#rows.length > 0) this.#pending = new Map(this.#tailPending);
+    this.#tailPending.clear();
   }
 
   /**
@@ -275,24 +325,43 @@ export class Lookahead {
    * router applied to each predicted row's embedding guesses that layer's experts. Routing ranks
    * the router's logits, which a norm's scale does not reorder: the raw embedding serves.
    */
-  embedded(x: number, nb: number): void {
+  embedded(x: number, tokens: readonly number[]): void {
     if (this.#tailStart > 0) this.#tailMs = performance.now() - this.#tailStart;
     this.#tailStart = 0;
-    const rows = this.#rows.filter((r) => r < nb);
+    if (this.#single) this.#history.push(...tokens);
+    else this.#history = [];
+    this.#history.splice(0, this.#history.length - HISTORY_TOKENS);
+    const rows = this.#rows.filter((r) => r < tokens.length);
     if (rows.length === 0 || this.#first < 0) return;
-    this.#predict(this.#first, rows, x, this.embeddingGate);
+    this.#pend(this.#pending, this.#first, this.#predict(this.#first, rows, x, this.embeddingGate));
+  }
+
+  /** The token that followed the last token's latest earlier occurrence, if any. */
+  #nextToken(): number | null {
+    const h = this.#history, last = h.length - 1;
+    for (let j = last - 1; j >= 0; j--) if (h[j] === h[last]) return h[j + 1];
+    return null;
   }
 
   /**
    * The pass's last layer has run: while the final norm and the LM head compute, guesses for the
-   * next token's first MoE layers, in layer order, from the experts recent tokens routed there
-   * (most used first) that the cache no longer holds, until they make as many records as the
-   * last tail lasted (at the measured disk time per record), at least one layer's.
+   * next token's first MoE layer from the guessed next token's embedding, then for the first MoE
+   * layers, in layer order, from the experts recent tokens routed there (most used first) that
+   * the cache no longer holds, until they make as many records as the last tail lasted (at the
+   * measured disk time per record), at least one layer's.
    */
   tail(): void {
     this.#tailStart = performance.now();
     if (this.#first < 0 || this.#n <= 0 || this.#rows.length === 0) return;
     let room = Math.ceil(this.#tailMs / Math.max(1e-3, this.costs().recordMs));
+    const next = this.#nextToken();
+    if (next !== null) {
+      this.#embed([next], this.#row);
+      const p = this.#predict(this.#first, [0], this.#row, this.nextTokenGate);
+      this.#pend(this.#tailPending, this.#first, p);
+      room -= p?.reads ?? 0;
+      if (room <= 0) return;
+    }
     for (const [layer, recent] of this.#recent) {
       const uses = new Map<number, number>();
       recent.forEach((ids, age) => {
@@ -302,8 +371,9 @@ export class Lookahead {
       const guess = [...uses].filter(([e]) => !this.#target.holds(layer, e))
         .sort((a, b) => b[1] - a[1]).slice(0, this.#n).map(([e]) => e);
       if (guess.length === 0) continue;
-      this.#recentPending.set(layer, { gate: this.recentGate, guesses: [guess] });
-      room -= this.#read(layer, [guess], this.recentGate);
+      const reads = this.#read(layer, [guess], this.recentGate);
+      this.#pend(this.#tailPending, layer, { gate: this.recentGate, guesses: [guess], reads });
+      room -= reads;
       if (room <= 0) return;
     }
   }
@@ -322,7 +392,12 @@ export class Lookahead {
     if (recent.length > RECENT_TOKENS) recent.shift();
     this.#recent.set(layer, recent);
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
-    if (next >= 0) this.#predict(next, rows, h, this.gate);
+    if (next >= 0) this.#pend(this.#pending, next, this.#predict(next, rows, h, this.gate));
+  }
+
+  /** Adds prediction `p` (if any) to those pending for `layer` in `into`. */
+  #pend(into: Map<number, Pending[]>, layer: number, p: Pending | null): void {
+    if (p) into.set(layer, [...into.get(layer) ?? [], p]);
   }
 
   /**
@@ -350,10 +425,14 @@ export class Lookahead {
     }
   }
 
-  /** Guesses `layer`'s experts for each row from its input at `h` with that layer's router. */
-  #predict(layer: number, rows: number[], h: number, gate: SpeculationGate): void {
+  /**
+   * Guesses `layer`'s experts for each row from its input at `h` with that layer's router, and
+   * reads what `gate` says pays. From an embedding (the first layer) every top-k expert is ranked,
+   * else the lookahead's depth.
+   */
+  #predict(layer: number, rows: number[], h: number, gate: SpeculationGate): Pending | null {
     const router = this.#routers[layer];
-    if (!router || this.#n <= 0) return;
+    if (!router || this.#n <= 0) return null;
     const moe = this.#cfg.moe!;
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guesses: number[][] = [];
@@ -363,10 +442,10 @@ export class Lookahead {
       if (router.logitBias !== undefined) {
         this.#ops.add(this.#logits, router.logitBias, moe.numExperts);
       }
-      guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, this.#n).ids);
+      const ranks = gate === this.gate ? this.#n : Math.max(this.#n, moe.topK);
+      guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, ranks).ids);
     }
-    this.#pending.set(layer, [...this.#pending.get(layer) ?? [], { gate, guesses }]);
-    this.#read(layer, guesses, gate);
+    return { gate, guesses, reads: this.#read(layer, guesses, gate) };
   }
 
   /** Reads the union of each row's leading guesses that `gate` says pay; returns the reads. */

@@ -41,8 +41,9 @@ export interface StreamRun {
   speculative_skipped: number;
   lookahead_recall: number | null;
   /**
-   * Each kind of lookahead prediction (the next layer's, the first layer's from the embedding,
-   * the tail's from recent routes): predictions made and the decayed precision of the top guess.
+   * Each kind of lookahead prediction (the next layer's; the first layer's from the embedding,
+   * from the guessed next token's embedding in the tail, and the tail's from recent routes):
+   * predictions made and the decayed precision of the top guess.
    */
   lookahead_gates?: { name: string; predictions: number; precision: number }[];
   trunk_pinned: number;
@@ -145,7 +146,7 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: m.observers.lookahead?.recall ?? null,
     lookahead_gates: m.observers.lookahead?.gates.map((g, i) => ({
-      name: ["next layer", "embedding", "recent"][i],
+      name: ["next layer", "embedding", "next token", "recent"][i],
       predictions: g.decisions,
       precision: g.precisionAt(0),
     })),
