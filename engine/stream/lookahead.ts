@@ -11,7 +11,7 @@
  * the first mixer). Guesses fill that time, each kind with a gate of its own. During the tail, as
  * many records as the last tail could read: the first layer's router applied to the embedding of
  * the token that followed the last token's latest earlier occurrence (a prompt-lookup guess of
- * the next token), then the experts recent tokens used in the first layers that the cache no
+ * the next token), then the experts recent tokens used in the first layer that the cache no
  * longer holds (recency). As soon as the next token is embedded, the first layer's router applied
  * to its embedding. Guesses from an embedding rank all top-k experts, as their reads mostly
  * queue until the layer routes (then they are promoted or withdrawn, unstarted).
@@ -220,7 +220,7 @@ export class Lookahead {
   /** The gate of the tail's first-layer guesses from the guessed next token's embedding. */
   readonly nextTokenGate = new SpeculationGate();
   /**
-   * The gate of the tail's guesses from the first MoE layers' recent routes. They start at once
+   * The gate of the tail's guesses from the first MoE layer's recent routes. They start at once
    * (the disk idles in the tail), so a wrong one is never withdrawn: it costs the reader threads'
    * CPU and a cache slot, which the measured costs do not see, so it reads only ranks right at
    * least {@link RECENT_FLOOR} of the time.
@@ -250,8 +250,9 @@ export class Lookahead {
   #pending = new Map<number, Pending[]>();
   /** The tail's guesses by layer, scored by the next pass. */
   #tailPending = new Map<number, Pending[]>();
-  /** Per MoE layer, its experts in the last {@link RECENT_TOKENS} predicted passes, newest last. */
-  #recent = new Map<number, number[][]>();
+  /** The first MoE layer's experts in the last {@link RECENT_TOKENS} predicted passes, newest
+   * last. */
+  #recent: number[][] = [];
   /** When the last tail started (ms), and how long it lasted until the next pass's embedding. */
   #tailStart = 0;
   #tailMs = 0;
@@ -345,10 +346,11 @@ export class Lookahead {
 
   /**
    * The pass's last layer has run: while the final norm and the LM head compute, guesses for the
-   * next token's first MoE layer from the guessed next token's embedding, then for the first MoE
-   * layers, in layer order, from the experts recent tokens routed there (most used first) that
-   * the cache no longer holds, until they make as many records as the last tail lasted (at the
-   * measured disk time per record), at least one layer's.
+   * next token's first MoE layer from the guessed next token's embedding, then from the experts
+   * recent tokens routed there (most used first) that the cache no longer holds, up to as many
+   * records as the last tail lasted (at the measured disk time per record). Only the first layer:
+   * the next token's misses in the layers before a deeper one would evict its guesses (an unused
+   * guess is the least recently used record) before they are used.
    */
   tail(): void {
     this.#tailStart = performance.now();
@@ -362,20 +364,16 @@ export class Lookahead {
       room -= p?.reads ?? 0;
       if (room <= 0) return;
     }
-    for (const [layer, recent] of this.#recent) {
-      const uses = new Map<number, number>();
-      recent.forEach((ids, age) => {
-        // Most uses first; among equals, the most recently used.
-        for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
-      });
-      const guess = [...uses].filter(([e]) => !this.#target.holds(layer, e))
-        .sort((a, b) => b[1] - a[1]).slice(0, this.#n).map(([e]) => e);
-      if (guess.length === 0) continue;
-      const reads = this.#read(layer, [guess], this.recentGate);
-      this.#pend(this.#tailPending, layer, { gate: this.recentGate, guesses: [guess], reads });
-      room -= reads;
-      if (room <= 0) return;
-    }
+    const uses = new Map<number, number>();
+    this.#recent.forEach((ids, age) => {
+      // Most uses first; among equals, the most recently used.
+      for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
+    });
+    const guess = [...uses].filter(([e]) => !this.#target.holds(this.#first, e))
+      .sort((a, b) => b[1] - a[1]).slice(0, Math.min(this.#n, room)).map(([e]) => e);
+    if (guess.length === 0) return;
+    const reads = this.#read(this.#first, [guess], this.recentGate);
+    this.#pend(this.#tailPending, this.#first, { gate: this.recentGate, guesses: [guess], reads });
   }
 
   /**
@@ -387,10 +385,10 @@ export class Lookahead {
     const rows = this.#rows.filter((r) => r < nb);
     if (rows.length === 0) return;
     this.#score(layer, rows, routes);
-    const recent = this.#recent.get(layer) ?? [];
-    recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
-    if (recent.length > RECENT_TOKENS) recent.shift();
-    this.#recent.set(layer, recent);
+    if (layer === this.#first) {
+      this.#recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
+      if (this.#recent.length > RECENT_TOKENS) this.#recent.shift();
+    }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
     if (next >= 0) this.#pend(this.#pending, next, this.#predict(next, rows, h, this.gate));
   }
