@@ -187,9 +187,9 @@ export function lookaheadScratchBytes(cfg: ModelConfig): number {
 export const RECENT_TOKENS = 4;
 
 /**
- * Least precision of a tail guess that is read. On the 48-layer MXFP4 synth (bench stream, budget
- * 0.2) the guesses were right about 1 time in 10 and filled the tail's idle disk without raising
- * tok/s (docs/LEARNED.md).
+ * Least precision of a tail recency guess that is read. On the 8-layer bf16 synth (bench stream,
+ * budget 0.25) their top guess was right 5–7% of the time; read anyway they filled the tail's idle
+ * disk without raising tok/s (docs/LEARNED.md).
  */
 export const RECENT_FLOOR = 0.5;
 
