@@ -205,7 +205,8 @@ interface Pending {
 
 /**
  * Predicts and prefetches the next MoE layer's experts during decode, and the first MoE layer's
- * of the next token (from recent tokens during the tail, from its embedding once it is known).
+ * of the next token (during the tail from a guessed next token and from recent tokens, from its
+ * embedding once it is known).
  */
 export class Lookahead {
   /**
@@ -248,7 +249,7 @@ export class Lookahead {
   #first: number;
   /** Per MoE layer: the predictions of each predicted row's guesses, scored when it routes. */
   #pending = new Map<number, Pending[]>();
-  /** The tail's guesses by layer, scored by the next pass. */
+  /** The tail's guesses (for the first MoE layer), scored by the next pass. */
   #tailPending = new Map<number, Pending[]>();
   /** The first MoE layer's experts in the last {@link RECENT_TOKENS} predicted passes, newest
    * last. */
