@@ -23,6 +23,7 @@ import { alignUp } from "../io/format.ts";
 import { type GlobalTensor, type ModelConfig, MTP_DRAFT_LAYERS } from "../io/model_config.ts";
 import { loadCodebooks } from "./codebooks.ts";
 import { Lookahead } from "./stream/lookahead.ts";
+import { embedRows } from "./embedding.ts";
 import { residentRouters, RunObservers } from "./observers.ts";
 import { Ops } from "./ops.ts";
 import { checkLogits } from "./finite_check.ts";
@@ -232,7 +233,15 @@ export class Model {
       const observers = new RunObservers(container, opts);
       if (experts && lookahead > 0) {
         const routers = residentRouters(arena, container);
-        observers.lookahead = new Lookahead(ops, arena, cfg, routers, experts, lookahead);
+        observers.lookahead = new Lookahead(
+          ops,
+          arena,
+          cfg,
+          routers,
+          experts,
+          lookahead,
+          (tokens, dst) => embedRows(arena, globals.embed, tokens, dst),
+        );
       }
       const transformer = new Transformer({
         cfg,
@@ -258,6 +267,7 @@ export class Model {
         timeline: opts.timeline ? new Timeline(() => reader.diskStats()?.busyMs ?? 0) : undefined,
       });
       transformer.moeObservers.push(observers.observe);
+      if (observers.lookahead) transformer.passObservers.push(observers.lookahead);
       const lender = experts && plan.lentSlots > 0 ? lendKv(transformer, experts, plan) : null;
       experts?.warm(warm, landed);
       if (!opts.quiet) console.error(planLine(plan));

@@ -17,6 +17,7 @@ import { quantArenaBytes } from "./quant_matmul.ts";
 import { runStateSizes } from "./run_state.ts";
 import { lendableCount } from "./kv_lending.ts";
 import { mixerRowRuns } from "./parts/mod.ts";
+import { lookaheadScratchBytes } from "./stream/lookahead.ts";
 import { formatBytes } from "./units.ts";
 import { CTL_BYTES } from "./pool_protocol.ts";
 
@@ -219,7 +220,9 @@ export function planMemory(input: PlanInput, opts: PlanOptions): MemoryPlan {
   const minExperts = totalExperts > 0 ? Math.min(totalExperts, 2 * topK) : 0;
   const trunkAll = layerBytes.reduce((a, b) => a + b, 0);
   const maxLayer = Math.max(0, ...layerBytes);
-  const routers = opts.lookahead ? input.routerBytes + cfg.numLayers * 64 + PAGE : 0;
+  const routers = opts.lookahead
+    ? input.routerBytes + cfg.numLayers * 64 + lookaheadScratchBytes(cfg)
+    : 0;
   // The MTP layer's room, lent by the expert cache (in whole slots), or resident without one.
   const roomAt = (ctx: number) =>
     mtp ? mtpRoomBytes(cfg, ctx, opts.maxBatch, sequences, input.mtpRunBytes ?? 0) : 0;

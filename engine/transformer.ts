@@ -33,6 +33,17 @@ import type { ExpertSource, LayerWeights, TrunkSource } from "./weights.ts";
 
 export type { CacheRegion, MoeObserver, StateRegion };
 
+/**
+ * Watches each forward pass at the two moments no layer's routing is known: the embedding rows are
+ * ready before the first layer runs, and the last layer has run before the final norm and the LM
+ * head (the lookahead guesses the next token's first MoE layer there).
+ */
+export interface PassObserver {
+  /** `x` holds the embedding rows (hidden floats each) of the pass's `tokens`. */
+  embedded(x: number, tokens: readonly number[]): void;
+  tail(): void;
+}
+
 /** Weights that stay in the arena for the whole run. */
 export interface GlobalWeights {
   embed: TensorRef;
@@ -180,6 +191,9 @@ export class Transformer {
     return this.#p.timeline;
   }
 
+  /** Observers of each pass's embedding and tail (may be empty). */
+  readonly passObservers: PassObserver[] = [];
+
   /** Observers of MoE routing (may be empty). */
   get moeObservers(): MoeObserver[] {
     return this.#ffn.observers;
@@ -284,8 +298,10 @@ export class Transformer {
     const spans = batch.map((r) => ({ seq: r.seq, n: r.tokens.length, pos: r.pos }));
     const stream = this.#stream, h = this.#h;
     embedRows(arena, globals.embed, tokens, stream.x);
-    stream.start(nb);
     const timeline = this.#p.timeline;
+    timeline?.mark("route", 0);
+    for (const o of this.passObservers) o.embedded(stream.x, tokens);
+    stream.start(nb);
     for (let layer = 0; layer < cfg.numLayers; layer++) {
       timeline?.mark("wait", layer);
       const lw = trunk.acquire(layer);
@@ -296,6 +312,7 @@ export class Transformer {
       if (layer < cfg.numLayers - 1 && stop?.()) throw new PassInterrupted(layer);
     }
     timeline?.mark("tail", -1);
+    for (const o of this.passObservers) o.tail();
     // The rows whose logits are asked for, gathered to the front of h after the final norm.
     const picked: number[] = [];
     let end = 0;

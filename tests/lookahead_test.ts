@@ -103,6 +103,17 @@ Deno.test("gate: each rank has its own precision; the leading ranks that pay are
   assert.equal(gate.decide({ recordMs: 6, hidden: 1, blockedMs: 7, regret: 1 }, 4), 1);
 });
 
+Deno.test("gate: a floor keeps ranks below it unread even when reads cost nothing", () => {
+  const free = { recordMs: 6, hidden: 1, blockedMs: 0, regret: 0 };
+  const gate = new SpeculationGate(0.5);
+  // Rank 0 right 9 times in 10, rank 1 one in 10, rank 2 two in 3.
+  for (let i = 0; i < 600; i++) gate.record([i % 10 !== 0, i % 10 === 0, i % 3 !== 0]);
+  assert.equal(gate.decide(free, 3), 1, "rank 1 stops the leading ranks that are read");
+  const open = new SpeculationGate();
+  for (let i = 0; i < 600; i++) open.record([i % 10 !== 0, i % 10 === 0, i % 3 !== 0]);
+  assert.equal(open.decide(free, 3), 3, "without the floor free guesses are all read");
+});
+
 Deno.test("gate: before any measurement it reads exactly while precision ≥ 1/2", () => {
   assert.equal(new SpeculationGate().decide(START, 1), 1, "a fresh gate reads its first guess");
   const gateOf = (routed: (i: number) => boolean) => {
@@ -142,17 +153,12 @@ async function decodeWith(
   const model = await Model.open(path, { quiet: true, ctx: 64, expertSlots: 80, lookahead });
   try {
     const la = model.observers.lookahead;
-    if (la) la.gate.mode = mode;
+    la?.setMode(mode);
     if (la && costs) la.costs = () => costs;
     const logits: number[][] = [Array.from(model.forward([1, 403, 407], 0))];
     const tokens = [261, 378, 432, 383, 286, 261, 376, 298];
     tokens.forEach((t, i) => logits.push(Array.from(model.forward([t], 3 + i))));
-    return {
-      logits,
-      la,
-      spec: model.experts!.stats.speculative,
-      predictions: tokens.length * 4, // 5 MoE layers: layers 1..4 are predicted from 0..3
-    };
+    return { logits, la, spec: model.experts!.stats.speculative };
   } finally {
     model.close();
   }
@@ -166,14 +172,20 @@ Deno.test("guessing every expert (precision 4/64) reads only the leading ranks",
   // The router's own top guesses are right far more often than its last ones, and only the first
   // prediction (every rank at its starting precision of 1/2) may read all 64.
   assert.ok(la.gate.precisionAt(0) > 0.5 && la.gate.precisionAt(63) < 0.05);
-  assert.ok(r.spec < 64 + 8 * r.predictions, `${r.spec} reads in ${r.predictions} predictions`);
+  // 5 MoE layers: layers 1..4 are predicted from 0..3, layer 0 from the embedding (its own gate).
+  assert.equal(la.gate.decisions, 8 * 4);
+  assert.equal(la.embeddingGate.decisions, 8);
+  const predictions = la.gates.reduce((n, g) => n + g.decisions, 0);
+  assert.ok(r.spec < 4 * 64 + 8 * predictions, `${r.spec} reads in ${predictions} predictions`);
 });
 
 Deno.test("costs that never pay leave only the probes: one guess every GATE_PROBE_EVERY", async () => {
   // A guess blocks demand reads for far longer than it could save, at any precision below 1.
   const r = await decodeWith(4, "measured", { ...START, blockedMs: 1e6 });
-  const probes = Math.floor(r.predictions / GATE_PROBE_EVERY);
-  assert.equal(r.la!.stats.skipped, r.predictions - probes);
+  const la = r.la!;
+  const probes = la.gates.reduce((n, g) => n + Math.floor(g.decisions / GATE_PROBE_EVERY), 0);
+  const predictions = la.gates.reduce((n, g) => n + g.decisions, 0);
+  assert.equal(la.stats.skipped, predictions - probes);
   assert.ok(r.spec <= probes, `${r.spec} reads in ${probes} probes`);
 });
 
@@ -190,16 +202,25 @@ Deno.test("logits are bit-identical with the gate forced open, forced shut and m
 const MODEL_TS = new URL("../engine/model.ts", import.meta.url).href;
 
 /**
- * A child that decodes `path` with lookahead 4 and the gate forced open (SLUICE_FAULTS is read
- * once per process): prints every step's logits and the store's speculative counts.
+ * How each gate of the child's lookahead decides: the next layer's, the embedding's, the guessed
+ * next token's, the recent routes'.
  */
-const DECODE_CHILD = (path: string, lookahead: number) => `
+type GateModes = SpeculationGate["mode"][];
+
+/**
+ * A child that decodes `path` (8 tokens over and over) with `slots` expert slots and the lookahead's gates pinned to `modes` (SLUICE_FAULTS is read
+ * once per process), then runs a two-token prompt chunk, which predicts nothing and settles the
+ * last token's tail guesses: prints every step's logits and the store's speculative counts.
+ */
+const DECODE_CHILD = (path: string, lookahead: number, modes: GateModes, slots: number) => `
 import { Model } from "${MODEL_TS}";
-const m = await Model.open(${JSON.stringify(path)}, { quiet: true, ctx: 64, expertSlots: 200,
+const m = await Model.open(${JSON.stringify(path)}, { quiet: true, ctx: 64, expertSlots: ${slots},
   lookahead: ${lookahead}, io: "direct" });
-if (m.observers.lookahead) m.observers.lookahead.gate.mode = "always";
+const modes = ${JSON.stringify(modes)};
+m.observers.lookahead?.gates.forEach((g, i) => g.mode = modes[i]);
 const logits = [Array.from(m.forward([1, 403, 407], 0))];
-for (let i = 0; i < 40; i++) logits.push(Array.from(m.forward([(37 * i + 261) % 500], 3 + i)));
+for (let i = 0; i < 40; i++) logits.push(Array.from(m.forward([31 * (i % 8) + 261], 3 + i)));
+logits.push(Array.from(m.forward([286, 298], 43)));
 const s = m.experts.stats;
 m.close();
 console.log(JSON.stringify({ logits, used: s.speculativeUsed, cancelled: s.speculativeCancelled,
@@ -207,17 +228,32 @@ console.log(JSON.stringify({ logits, used: s.speculativeUsed, cancelled: s.specu
 Deno.exit(0);
 `;
 
-async function decodeChild(path: string, lookahead: number, faults: string | null) {
+async function decodeChild(
+  path: string,
+  lookahead: number,
+  faults: string | null,
+  modes: GateModes = ["always", "always", "always", "always"],
+  slots = 200,
+) {
   const env: Record<string, string> = { NO_COLOR: "1" };
   if (faults) env.SLUICE_FAULTS = faults;
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["eval", DECODE_CHILD(path, lookahead)],
+    args: ["eval", DECODE_CHILD(path, lookahead, modes, slots)],
     env,
     stdout: "piped",
     stderr: "piped",
   }).output();
   assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
   return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
+}
+
+/** Asserts two children's logits are the same bits, step by step. */
+function assertSameLogits(got: { logits: number[][] }, want: { logits: number[][] }): void {
+  assert.equal(got.logits.length, want.logits.length);
+  // Compared token by token: a whole-run diff of 42 × 512 floats takes minutes to print.
+  got.logits.forEach((l, i) => {
+    assert.ok(l.every((x, j) => Object.is(x, want.logits[i][j])), `logits of step ${i} differ`);
+  });
 }
 
 Deno.test({
@@ -231,13 +267,39 @@ Deno.test({
     // load: each is promoted or withdrawn. With most experts cached, a withdrawn guess left in the
     // cache would be hit (and computed on) before it is evicted.
     const slow = await decodeChild(path, 4, "hold@experts-L");
-    // Compared token by token: a whole-run diff of 41 × 512 floats takes minutes to print.
-    slow.logits.forEach((l: number[], i: number) => {
-      assert.ok(l.every((x, j) => Object.is(x, off.logits[i][j])), `logits of step ${i} differ`);
-    });
+    assertSameLogits(slow, off);
     assert.ok(slow.used > 0, "some guesses were used");
     assert.ok(slow.cancelled > 0, "some wrong guesses were withdrawn before they ran");
     assert.equal(slow.used + slow.cancelled, slow.spec, "every guess was settled unstarted");
+  },
+});
+
+Deno.test({
+  name: "the next token's first-layer guesses change no bit and all settle",
+  ignore: !HAVE_FIXTURES || shimUnavailable(sharedMemory64(1 << 16)) !== null,
+  fn: async () => {
+    const path = await packedFixture("stories260k-moe64");
+    const off = await decodeChild(path, 0, null);
+    // Only one kind of guess at a time, each held unstarted until its layer routes: the first
+    // MoE layer's from the token's embedding, from the guessed next token's embedding during the
+    // tail (the child's tokens repeat with period 8, so from the ninth on the guess is the right
+    // token), then from recent tokens' routes during the tail (in a cache of 2 tokens' experts,
+    // which evicts some of them).
+    const kinds: GateModes[] = [
+      ["never", "always", "never", "never"],
+      ["never", "never", "always", "never"],
+      ["never", "never", "never", "always"],
+    ];
+    for (const modes of kinds) {
+      const r = await decodeChild(path, 4, "hold@experts-L", modes, 40);
+      assertSameLogits(r, off);
+      assert.ok(r.spec > 0, `${modes}: guesses were read`);
+      assert.ok(
+        r.used > 0 && r.cancelled > 0,
+        `${modes}: ${r.used} used, ${r.cancelled} withdrawn`,
+      );
+      assert.equal(r.used + r.cancelled, r.spec, `${modes}: every guess was settled unstarted`);
+    }
   },
 });
 
@@ -252,9 +314,10 @@ Deno.test("a batched pass predicts for each decoding sequence, never for a promp
   });
   try {
     const la = model.observers.lookahead!;
-    la.gate.mode = "always";
-    // 5 MoE layers: layers 1..4 are predicted from 0..3, each guess scored against top-4.
-    const scored = (rows: number) => rows * 4 * 4;
+    la.setMode("always");
+    // 5 MoE layers: layers 1..4 are predicted from 0..3 and layer 0 from the embedding, each
+    // against top-4.
+    const scored = (rows: number) => rows * 5 * 4;
     model.forwardBatch([{ seq: 0, tokens: [1, 403, 407], pos: 0 }]);
     model.forwardBatch([{ seq: 1, tokens: [1, 261, 378], pos: 0 }]);
     assert.equal(la.stats.routed, 0, "prompt chunks predict nothing");

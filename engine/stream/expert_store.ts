@@ -441,6 +441,11 @@ export class ExpertStore implements ExpertSource {
     this.#pump();
   }
 
+  holds(layer: number, expert: number): boolean {
+    const key = this.#key(layer, expert);
+    return this.cache.has(key) || this.#inflight.has(key);
+  }
+
   /**
    * Speculatively reads experts predicted for `layer`. The reads go in the lowest priority class,
    * so the shim starts them only when no demand or read-ahead read is queued: a guess uses disk
@@ -450,8 +455,8 @@ export class ExpertStore implements ExpertSource {
     let started = 0;
     for (const expert of ids) {
       if (started >= max) break;
+      if (this.holds(layer, expert)) continue;
       const key = this.#key(layer, expert);
-      if (this.cache.has(key) || this.#inflight.has(key)) continue;
       const got = this.cache.prefetch(key);
       if (!got) break;
       this.#evictedByGuess.delete(key);

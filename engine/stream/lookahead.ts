@@ -6,9 +6,20 @@
  * kept for the stats. Predictions are made and scored every time, but read only while a
  * {@link SpeculationGate} says they pay, from what the store measured they save and cost.
  *
+ * The first MoE layer has no layer before it, and the disk would idle from the last layer's reads
+ * to the first layer's routing of the next token (the tail: final norm, LM head, sampling; then
+ * the first mixer). Guesses fill that time, each kind with a gate of its own. During the tail, as
+ * many records as the last tail could read: the first layer's router applied to the embedding of
+ * the token that followed the last token's latest earlier occurrence (a prompt-lookup guess of
+ * the next token), then the experts recent tokens used in the first layer that the cache no
+ * longer holds (recency). As soon as the next token is embedded, the first layer's router applied
+ * to its embedding. Guesses from an embedding rank all top-k experts, as their reads mostly
+ * queue until the layer routes (then they are promoted or withdrawn, unstarted).
+ *
  * @module
  */
-import type { Arena } from "../arena.ts";
+import { type Arena, PAGE } from "../arena.ts";
+import { alignUp } from "../../io/format.ts";
 import type { ModelConfig } from "../../io/model_config.ts";
 import type { Ops } from "../ops.ts";
 import { type Route, route } from "../routing.ts";
@@ -42,6 +53,8 @@ export interface SpeculationCosts {
 /** Where predictions go: the expert store's speculative reads. */
 export interface Speculator {
   speculate(layer: number, ids: readonly number[], max: number): number;
+  /** Whether expert `id` of `layer` is cached or being read (a guess of it would read nothing). */
+  holds(layer: number, id: number): boolean;
   /** The measured costs of speculation so far. */
   readonly speculationCosts: SpeculationCosts;
 }
@@ -102,6 +115,14 @@ export class SpeculationGate {
   readonly #precision = new DecayedRatio(0.5);
   readonly #byRank: DecayedRatio[] = [];
   #closedRun = 0;
+  /** Predictions {@link decide} has been asked about. */
+  decisions = 0;
+  /** Least precision a rank needs to be read, whatever the costs say (0: none). */
+  readonly floor: number;
+
+  constructor(floor = 0) {
+    this.floor = floor;
+  }
 
   /** Scores one prediction: `routed[k]` says whether its guess of rank k was routed. */
   record(routed: readonly boolean[]): void {
@@ -124,6 +145,11 @@ export class SpeculationGate {
     return this.#byRank[k]?.value ?? 0.5;
   }
 
+  /** Whether a guess of precision `p` is worth reading at `costs`. */
+  #pays(costs: SpeculationCosts, p: number): boolean {
+    return p >= this.floor && this.gain(costs, p) >= 0;
+  }
+
   /** Net disk time a read of a guess of precision `p` saves at `costs` (negative: it loses). */
   gain(costs: SpeculationCosts, p: number): number {
     return p * costs.hidden * costs.recordMs -
@@ -136,9 +162,10 @@ export class SpeculationGate {
    * prediction in a row kept shut.
    */
   decide(costs: SpeculationCosts, n: number): number {
+    this.decisions++;
     if (this.mode !== "measured") return this.mode === "always" ? n : 0;
     let k = 0;
-    while (k < n && this.gain(costs, this.precisionAt(k)) >= 0) k++;
+    while (k < n && this.#pays(costs, this.precisionAt(k))) k++;
     if (k > 0) {
       this.#closedRun = 0;
       return k;
@@ -148,15 +175,58 @@ export class SpeculationGate {
   }
 }
 
-/** Predicts and prefetches the next MoE layer's experts during decode. */
+/** Tokens of one sequence the next-token guess looks back over. */
+export const HISTORY_TOKENS = 256;
+
+/** Bytes the lookahead allocates: the router logits and one embedding row. */
+export function lookaheadScratchBytes(cfg: ModelConfig): number {
+  return alignUp((cfg.moe?.numExperts ?? 1) * 4, PAGE) + alignUp(cfg.hiddenSize * 4, PAGE);
+}
+
+/** Tokens whose first-layer experts the tail's recency guess draws from. */
+export const RECENT_TOKENS = 4;
+
+/**
+ * Least precision of a tail recency guess that is read. On the 8-layer bf16 synth (bench stream,
+ * budget 0.25) their top guess was right 5–7% of the time; read anyway they filled the tail's idle
+ * disk without raising tok/s (docs/LEARNED.md).
+ */
+export const RECENT_FLOOR = 0.5;
+
+/**
+ * A prediction waiting for its layer's routes: each row's ranked guesses, the gate to score, and
+ * the reads it started.
+ */
+interface Pending {
+  gate: SpeculationGate;
+  guesses: number[][];
+  reads: number;
+}
+
+/**
+ * Predicts and prefetches the next MoE layer's experts during decode, and the first MoE layer's
+ * of the next token (during the tail from a guessed next token and from recent tokens, from its
+ * embedding once it is known).
+ */
 export class Lookahead {
   /**
    * Real routed experts that had been predicted, and all real routed experts, over decode; and
    * predictions the gate kept from being read.
    */
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
-  /** Decides whether predictions are read. */
+  /** Decides whether the next MoE layer's predictions are read. */
   readonly gate = new SpeculationGate();
+  /** The gate of the first MoE layer's guesses from the token's embedding. */
+  readonly embeddingGate = new SpeculationGate();
+  /** The gate of the tail's first-layer guesses from the guessed next token's embedding. */
+  readonly nextTokenGate = new SpeculationGate();
+  /**
+   * The gate of the tail's guesses from the first MoE layer's recent routes. They start at once
+   * (the disk idles in the tail), so a wrong one is never withdrawn: it costs the reader threads'
+   * CPU and a cache slot, which the measured costs do not see, so it reads only ranks right at
+   * least {@link RECENT_FLOOR} of the time.
+   */
+  readonly recentGate = new SpeculationGate(RECENT_FLOOR);
   /**
    * Where the gate's costs come from: the store's measurements. Tests pin them here, so what the
    * gate decides does not hang on how busy the machine was while the store measured.
@@ -168,8 +238,25 @@ export class Lookahead {
   #target: Speculator;
   #n: number;
   #logits: number;
-  /** Per MoE layer: each predicted row's guesses, scored when that layer routes. */
-  #pending = new Map<number, number[][]>();
+  /** One embedding row (the guessed next token's). */
+  #row: number;
+  #embed: (tokens: number[], dst: number) => void;
+  /** The tokens of the one sequence the recent passes ran (empty when several ran). */
+  #history: number[] = [];
+  /** The current pass runs one sequence. */
+  #single = false;
+  /** The first MoE layer (−1: none). */
+  #first: number;
+  /** Per MoE layer: the predictions of each predicted row's guesses, scored when it routes. */
+  #pending = new Map<number, Pending[]>();
+  /** The tail's guesses (for the first MoE layer), scored by the next pass. */
+  #tailPending = new Map<number, Pending[]>();
+  /** The first MoE layer's experts in the last {@link RECENT_TOKENS} predicted passes, newest
+   * last. */
+  #recent: number[][] = [];
+  /** When the last tail started (ms), and how long it lasted until the next pass's embedding. */
+  #tailStart = 0;
+  #tailMs = 0;
   /**
    * Most tokens of one sequence in a pass that get predictions: 1 (decode); a speculative decoder
    * raises it to its verify batch while it decodes.
@@ -185,14 +272,28 @@ export class Lookahead {
     routers: (ResidentRouter | null)[],
     target: Speculator,
     n: number,
+    embed: (tokens: number[], dst: number) => void,
   ) {
     this.#ops = ops;
     this.#cfg = cfg;
     this.#routers = routers;
     this.#target = target;
     this.#n = n;
+    this.#first = cfg.layerKinds.indexOf("moe");
     this.costs = () => target.speculationCosts;
     this.#logits = arena.alloc("lookahead logits", (cfg.moe?.numExperts ?? 1) * 4);
+    this.#row = arena.alloc("lookahead embedding", cfg.hiddenSize * 4);
+    this.#embed = embed;
+  }
+
+  /** The gates of every kind of prediction. */
+  get gates(): SpeculationGate[] {
+    return [this.gate, this.embeddingGate, this.nextTokenGate, this.recentGate];
+  }
+
+  /** Pins every gate ("always" / "never": tests, benches) or leaves it to the costs. */
+  setMode(mode: SpeculationGate["mode"]): void {
+    for (const g of this.gates) g.mode = mode;
   }
 
   /** Recall so far: share of routed experts that the lookahead had predicted (null before any). */
@@ -209,11 +310,71 @@ export class Lookahead {
   beginPass(counts: readonly number[]): void {
     this.#pending.clear();
     this.#rows = [];
+    this.#single = counts.length === 1;
     let r0 = 0;
     for (const n of counts) {
       if (n <= this.predictBatch) { for (let i = 0; i < n; i++) this.#rows.push(r0 + i); }
       r0 += n;
     }
+    // The tail guessed for one row (the union of the last pass's rows): scored against the
+    // first predicted row of this pass, or not at all.
+    if (this.#rows.length > 0) this.#pending = new Map(this.#tailPending);
+    this.#tailPending.clear();
+  }
+
+  /**
+   * The pass's embedding rows `x` are ready (before the first layer runs): the first MoE layer's
+   * router applied to each predicted row's embedding guesses that layer's experts. Routing ranks
+   * the router's logits, which a norm's scale does not reorder: the raw embedding serves.
+   */
+  embedded(x: number, tokens: readonly number[]): void {
+    if (this.#tailStart > 0) this.#tailMs = performance.now() - this.#tailStart;
+    this.#tailStart = 0;
+    if (this.#single) this.#history.push(...tokens);
+    else this.#history = [];
+    this.#history.splice(0, this.#history.length - HISTORY_TOKENS);
+    const rows = this.#rows.filter((r) => r < tokens.length);
+    if (rows.length === 0 || this.#first < 0) return;
+    this.#pend(this.#pending, this.#first, this.#predict(this.#first, rows, x, this.embeddingGate));
+  }
+
+  /** The token that followed the last token's latest earlier occurrence, if any. */
+  #nextToken(): number | null {
+    const h = this.#history, last = h.length - 1;
+    for (let j = last - 1; j >= 0; j--) if (h[j] === h[last]) return h[j + 1];
+    return null;
+  }
+
+  /**
+   * The pass's last layer has run: while the final norm and the LM head compute, guesses for the
+   * next token's first MoE layer from the guessed next token's embedding, then from the experts
+   * recent tokens routed there (most used first) that the cache no longer holds, up to as many
+   * records as the last tail lasted (at the measured disk time per record). Only the first layer:
+   * the next token's misses in the layers before a deeper one would evict its guesses (an unused
+   * guess is the least recently used record) before they are used.
+   */
+  tail(): void {
+    this.#tailStart = performance.now();
+    if (this.#first < 0 || this.#n <= 0 || this.#rows.length === 0) return;
+    let room = Math.ceil(this.#tailMs / Math.max(1e-3, this.costs().recordMs));
+    const next = this.#nextToken();
+    if (next !== null) {
+      this.#embed([next], this.#row);
+      const p = this.#predict(this.#first, [0], this.#row, this.nextTokenGate);
+      this.#pend(this.#tailPending, this.#first, p);
+      room -= p?.reads ?? 0;
+      if (room <= 0) return;
+    }
+    const uses = new Map<number, number>();
+    this.#recent.forEach((ids, age) => {
+      // Most uses first; among equals, the most recently used.
+      for (const e of ids) uses.set(e, (uses.get(e) ?? 0) + 1 + age / RECENT_TOKENS ** 2);
+    });
+    const guess = [...uses].filter(([e]) => !this.#target.holds(this.#first, e))
+      .sort((a, b) => b[1] - a[1]).slice(0, Math.min(this.#n, room)).map(([e]) => e);
+    if (guess.length === 0) return;
+    const reads = this.#read(this.#first, [guess], this.recentGate);
+    this.#pend(this.#tailPending, this.#first, { gate: this.recentGate, guesses: [guess], reads });
   }
 
   /**
@@ -224,21 +385,53 @@ export class Lookahead {
   observe(layer: number, routes: Route[], h: number, nb: number): void {
     const rows = this.#rows.filter((r) => r < nb);
     if (rows.length === 0) return;
-    const predicted = this.#pending.get(layer);
-    if (predicted) {
-      this.#pending.delete(layer);
-      predicted.forEach((guess, i) => {
-        const r = rows[i];
-        const routed = new Set(routes[r].ids);
-        const ranks = guess.map((e) => routed.has(e));
-        this.stats.predictedHits += ranks.filter((hit) => hit).length;
-        this.stats.routed += routes[r].ids.length;
-        this.gate.record(ranks);
-      });
+    this.#score(layer, rows, routes);
+    if (layer === this.#first) {
+      this.#recent.push([...new Set(rows.flatMap((r) => routes[r].ids))]);
+      if (this.#recent.length > RECENT_TOKENS) this.#recent.shift();
     }
     const next = this.#cfg.layerKinds.indexOf("moe", layer + 1);
-    const router = next >= 0 ? this.#routers[next] : null;
-    if (!router || this.#n <= 0) return;
+    if (next >= 0) this.#pend(this.#pending, next, this.#predict(next, rows, h, this.gate));
+  }
+
+  /** Adds prediction `p` (if any) to those pending for `layer` in `into`. */
+  #pend(into: Map<number, Pending[]>, layer: number, p: Pending | null): void {
+    if (p) into.set(layer, [...into.get(layer) ?? [], p]);
+  }
+
+  /**
+   * Scores the predictions pending for `layer` against the rows' routes, each with its gate; the
+   * recall counts a routed expert as predicted when any of them guessed it.
+   */
+  #score(layer: number, rows: number[], routes: Route[]): void {
+    const predictions = this.#pending.get(layer);
+    if (!predictions) return;
+    this.#pending.delete(layer);
+    const guessed = new Map<number, Set<number>>();
+    for (const { gate, guesses } of predictions) {
+      guesses.forEach((guess, i) => {
+        const routed = new Set(routes[rows[i]].ids);
+        gate.record(guess.map((e) => routed.has(e)));
+        const all = guessed.get(i) ?? new Set();
+        for (const e of guess) all.add(e);
+        guessed.set(i, all);
+      });
+    }
+    for (const [i, all] of guessed) {
+      const ids = routes[rows[i]].ids;
+      this.stats.predictedHits += ids.filter((e) => all.has(e)).length;
+      this.stats.routed += ids.length;
+    }
+  }
+
+  /**
+   * Guesses `layer`'s experts for each row from its input at `h` with that layer's router, and
+   * reads what `gate` says pays. From an embedding (the first layer) every top-k expert is ranked,
+   * else the lookahead's depth.
+   */
+  #predict(layer: number, rows: number[], h: number, gate: SpeculationGate): Pending | null {
+    const router = this.#routers[layer];
+    if (!router || this.#n <= 0) return null;
     const moe = this.#cfg.moe!;
     const bias = router.bias !== undefined ? this.#ops.f32(router.bias, moe.numExperts) : undefined;
     const guesses: number[][] = [];
@@ -248,15 +441,20 @@ export class Lookahead {
       if (router.logitBias !== undefined) {
         this.#ops.add(this.#logits, router.logitBias, moe.numExperts);
       }
-      guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, this.#n).ids);
+      const ranks = gate === this.gate ? this.#n : Math.max(this.#n, moe.topK);
+      guesses.push(route(moe, this.#ops.f32(this.#logits, moe.numExperts), bias, ranks).ids);
     }
-    this.#pending.set(next, guesses);
-    const read = this.gate.decide(this.costs(), guesses[0].length);
+    return { gate, guesses, reads: this.#read(layer, guesses, gate) };
+  }
+
+  /** Reads the union of each row's leading guesses that `gate` says pay; returns the reads. */
+  #read(layer: number, guesses: number[][], gate: SpeculationGate): number {
+    const read = gate.decide(this.costs(), guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
-      return;
+      return 0;
     }
     const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
-    this.#target.speculate(next, ids, ids.length);
+    return this.#target.speculate(layer, ids, ids.length);
   }
 }

@@ -577,6 +577,15 @@ function formatTimeline(run: StreamRun | undefined, replayTokS: number): string[
     `|---|${PHASES.map(() => "---").join("|")}|`,
     ...t.layers.map((l, i) => `| ${i} | ${PHASES.map((p) => cell(l[p])).join(" | ")} |`),
     `| all | ${PHASES.map((p) => cell(t.phases[p])).join(" | ")} |`,
+    ...(run!.lookahead_gates
+      ? [
+        "",
+        `Lookahead predictions (whole run; precision of the top guess): ${
+          run!.lookahead_gates.map((g) => `${g.name} ${g.predictions} (${pct(g.precision)})`)
+            .join(", ")
+        }`,
+      ]
+      : []),
   ];
 }
 

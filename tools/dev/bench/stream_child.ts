@@ -40,6 +40,12 @@ export interface StreamRun {
   /** Lookahead predictions its gate kept from being read (whole run). */
   speculative_skipped: number;
   lookahead_recall: number | null;
+  /**
+   * Each kind of lookahead prediction (the next layer's; the first layer's from the embedding,
+   * from the guessed next token's embedding in the tail, and the tail's from recent routes):
+   * predictions made and the decayed precision of the top guess.
+   */
+  lookahead_gates?: { name: string; predictions: number; precision: number }[];
   trunk_pinned: number;
   expert_slots: number;
   /** Peak resident set size of the process that ran it (VmHWM). */
@@ -139,6 +145,11 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
     speculative_cancelled: b.specCancelled - a.specCancelled,
     speculative_skipped: m.observers.lookahead?.stats.skipped ?? 0,
     lookahead_recall: m.observers.lookahead?.recall ?? null,
+    lookahead_gates: m.observers.lookahead?.gates.map((g, i) => ({
+      name: ["next layer", "embedding", "next token", "recent"][i],
+      predictions: g.decisions,
+      precision: g.precisionAt(0),
+    })),
     trunk_pinned: m.plan.pinned,
     expert_slots: m.plan.expertSlots,
     peak_rss_bytes: peakRss(),
@@ -172,7 +183,7 @@ export async function runJob(job: StreamJob): Promise<StreamRun[]> {
     timeline: job.timeline,
   });
   try {
-    if (job.gate && m.observers.lookahead) m.observers.lookahead.gate.mode = job.gate;
+    if (job.gate && m.observers.lookahead) m.observers.lookahead.setMode(job.gate);
     if (job.warm) decode(m, job.label, job.prompt, job.tokens);
     const runs = Array.from(
       { length: job.passes },
