@@ -51,13 +51,16 @@ Deno.test("colour: --color wins over NO_COLOR, --no-color and NO_COLOR turn it o
   const pipe = { isTerminal: () => false };
   // NO_COLOR is passed rather than set: test files share one process, and a neighbour's output
   // must not lose its colour while this runs.
-  assert.equal(colorOn(args({}), tty, undefined), true);
-  assert.equal(colorOn(args({}), tty, ""), true);
-  assert.equal(colorOn(args({}), pipe, undefined), false);
-  assert.equal(colorOn(args({ color: true }), pipe, undefined), true);
-  assert.equal(colorOn(args({ "no-color": true }), tty, undefined), false);
-  assert.equal(colorOn(args({}), tty, "1"), false);
-  assert.equal(colorOn(args({ color: true }), tty, "1"), true);
+  const env = (value?: string) => ({
+    get: (name: string) => name === "NO_COLOR" ? value : undefined,
+  });
+  assert.equal(colorOn(args({}), tty, env()), true);
+  assert.equal(colorOn(args({}), tty, env("")), true);
+  assert.equal(colorOn(args({}), pipe, env()), false);
+  assert.equal(colorOn(args({ color: true }), pipe, env()), true);
+  assert.equal(colorOn(args({ "no-color": true }), tty, env()), false);
+  assert.equal(colorOn(args({}), tty, env("1")), false);
+  assert.equal(colorOn(args({ color: true }), tty, env("1")), true);
   assert.throws(() => colorOn(args({ color: true, "no-color": true }), tty), /not both/);
 });
 

@@ -100,6 +100,8 @@ export class ExpertStore implements ExpertSource {
   #offsets: number[];
   /** Slots of the store's own region (the rest are room the KV cache lends). */
   #ownSlots: number;
+  /** Bytes of each read request in flight (a withdrawn one is taken off bytesRead). */
+  readonly #ticketBytes = new WeakMap<ReadTicket, number>();
   /** Own slots whose room is lent out by {@link loan}. */
   #loaned: number[] = [];
   #stride: number;
@@ -244,7 +246,9 @@ export class ExpertStore implements ExpertSource {
     const tickets: ReadTicket[] = [];
     for (let o = 0; o < bytes; o += REQUEST_BYTES) {
       const len = Math.min(REQUEST_BYTES, bytes - o);
-      tickets.push(this.#reader.submit(handle, slot + o, len, offset + o, priority));
+      const t = this.#reader.submit(handle, slot + o, len, offset + o, priority);
+      this.#ticketBytes.set(t, len);
+      tickets.push(t);
     }
     return tickets;
   }
@@ -357,6 +361,10 @@ export class ExpertStore implements ExpertSource {
       }
       const left = f.tickets.filter((t) => !this.#reader.cancel(t));
       if (left.length === f.tickets.length) continue;
+      // Withdrawn requests never reach the disk: bytesRead counts what is read.
+      for (const t of f.tickets) {
+        if (!left.includes(t)) this.stats.bytesRead -= this.#ticketBytes.get(t)!;
+      }
       this.stats.speculativeCancelled++;
       f.tickets = left;
       f.partial = true;

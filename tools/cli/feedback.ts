@@ -22,19 +22,19 @@ export const COLOR_HELP =
   --no-color            no colour (also the environment variable NO_COLOR)`;
 
 /**
- * Whether output to `stream` is coloured: --color wins, then --no-color and NO_COLOR (`noColor`,
- * the environment's unless given), then TTY.
+ * Whether output to `stream` is coloured: --color wins, then --no-color and NO_COLOR (read from
+ * `env`, the process's unless given), then TTY.
  */
 export function colorOn(
   a: Args,
   stream: { isTerminal(): boolean },
-  noColor = Deno.env.get("NO_COLOR"),
+  env: { get(name: string): string | undefined } = Deno.env,
 ): boolean {
   if (a.bool("color") && a.bool("no-color")) {
     throw new Error("give --color or --no-color, not both");
   }
   if (a.bool("color")) return true;
-  if (a.bool("no-color") || (noColor ?? "") !== "") return false;
+  if (a.bool("no-color") || (env.get("NO_COLOR") ?? "") !== "") return false;
   return stream.isTerminal();
 }
 
