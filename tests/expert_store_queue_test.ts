@@ -8,46 +8,7 @@ import { Arena } from "../engine/arena.ts";
 import { ExpertCache } from "../engine/stream/expert_cache.ts";
 import { ExpertStore, REQUEST_BYTES } from "../engine/stream/expert_store.ts";
 import type { ExpertBank } from "../io/manifest_schema.ts";
-import type { BlockReader, ReadTicket } from "../io/reader.ts";
-
-/** A reader whose reads complete only when waited on: what is queued stays queued. */
-class HeldReader implements BlockReader {
-  readonly kind = "fallback";
-  readonly threads = 1;
-  #next = 0;
-  readonly pending = new Set<number>();
-  most = 0;
-  open(): number {
-    return 0;
-  }
-  size(): number {
-    return 1 << 40;
-  }
-  submit(): ReadTicket {
-    const id = this.#next++;
-    this.pending.add(id);
-    this.most = Math.max(this.most, this.pending.size);
-    return { id };
-  }
-  wait(t: ReadTicket): void {
-    this.pending.delete(t.id);
-  }
-  poll(t: ReadTicket): boolean {
-    return !this.pending.has(t.id);
-  }
-  reprioritize(): boolean {
-    return false;
-  }
-  cancel(): boolean {
-    return false;
-  }
-  diskStats(): null {
-    return null;
-  }
-  read(): void {}
-  closeFile(): void {}
-  close(): void {}
-}
+import { HeldReader } from "./held_reader.ts";
 
 Deno.test("a hint queues at most the store's bound of requests, and every expert lands", () => {
   const perRecord = 32, experts = 12;

@@ -24,7 +24,7 @@ import { argmax } from "../engine/sampler.ts";
 import { ExpertCache } from "../engine/stream/expert_cache.ts";
 import { ExpertStore } from "../engine/stream/expert_store.ts";
 import type { ExpertBank } from "../io/manifest_schema.ts";
-import type { BlockReader, ReadTicket } from "../io/reader.ts";
+import { HeldReader } from "./held_reader.ts";
 import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 Deno.test("kv lending: slots sit page-aligned at the tops of runs, the last reached first", () => {
@@ -70,56 +70,6 @@ Deno.test("kv lending: a retired slot is never admitted into, and restore gives 
   assert.equal(c.access(99).slot, slot, "the restored slot is the free one");
 });
 
-/**
- * A reader whose reads land (write 0xAB over their destination) only when waited on or polled
- * after {@link release}: a read in flight stays in flight, as a slow disk's would.
- */
-class LateReader implements BlockReader {
-  readonly kind = "fallback";
-  readonly threads = 1;
-  #next = 0;
-  #free = false;
-  readonly pending = new Map<number, [number, number]>();
-  readonly submitted: [number, number][] = [];
-  constructor(readonly arena: Arena) {}
-  release(): void {
-    this.#free = true;
-  }
-  open(): number {
-    return 0;
-  }
-  size(): number {
-    return 1 << 40;
-  }
-  submit(_h: number, at: number, length: number): ReadTicket {
-    const id = this.#next++;
-    this.pending.set(id, [at, length]);
-    this.submitted.push([at, length]);
-    return { id };
-  }
-  wait(t: ReadTicket): void {
-    const r = this.pending.get(t.id);
-    if (r) this.arena.u8(r[0], r[1]).fill(0xab);
-    this.pending.delete(t.id);
-  }
-  poll(t: ReadTicket): boolean {
-    if (this.#free) this.wait(t);
-    return !this.pending.has(t.id);
-  }
-  reprioritize(): boolean {
-    return false;
-  }
-  cancel(): boolean {
-    return false;
-  }
-  diskStats(): null {
-    return null;
-  }
-  read(): void {}
-  closeFile(): void {}
-  close(): void {}
-}
-
 Deno.test("kv lending: a read landing in a slot the KV cache takes back lands before the rows are written", () => {
   const experts = 16, rowBytes = 16, rows = 4 * GROWTH_ROWS;
   const entry = { dtype: "bf16" as const, shape: [8, 8], offset: 0, bytes: 128 };
@@ -133,7 +83,7 @@ Deno.test("kv lending: a read landing in a slot the KV cache takes back lands be
   } as unknown as ExpertBank;
   const arena = new Arena(4 << 20);
   const kv = arena.alloc("kv cache", rows * rowBytes);
-  const reader = new LateReader(arena);
+  const reader = new HeldReader(arena);
   const run = [{ offset: kv, rows, rowBytes }];
   const lent = pickLent(lendableSlots(run, PAGE), 100);
   assert.equal(lent.length, 4);
