@@ -8,7 +8,10 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { beyondArenaBytes, memoryLimitWarning } from "../tools/cli/budget.ts";
 import { writeSynthTokenizer } from "../tools/synth/tokenizer.ts";
-import { denoEval, tempDir } from "./fixtures.ts";
+import { openContainer } from "../engine/container.ts";
+import { formatBytes } from "../engine/units.ts";
+import { demoModelPath } from "../tools/demo_model.ts";
+import { denoEval, runSluice, tempDir } from "./fixtures.ts";
 
 const MiB = 2 ** 20, GiB = 2 ** 30;
 
@@ -46,4 +49,20 @@ Deno.test("memory limit: the tokenizer estimate covers what loading one takes", 
   const { tokenizer } = beyondArenaBytes(entries);
   // It must take something (else the measure is broken) and no more than the estimate.
   assert.ok(grew > tokenizer / 4 && grew <= tokenizer, `grew ${grew}, estimate ${tokenizer}`);
+});
+
+Deno.test("plan names what the process needs beyond the arena, and the least a cgroup must hold", async () => {
+  const model = await demoModelPath(true);
+  const r = await runSluice(["plan", "-m", model, "--budget", "16M"]);
+  assert.equal(r.code, 0, r.stderr);
+  const vocab = openContainer(model).config.vocabSize;
+  const { runtime, tokenizer } = beyondArenaBytes(vocab);
+  const arena = JSON.parse(
+    (await runSluice(["plan", "-m", model, "--budget", "16M", "--json"])).stdout,
+  ).arenaBytes;
+  const line = r.stdout.split("\n").find((l) => l.startsWith("beyond arena"));
+  assert.ok(line, r.stdout);
+  assert.ok(line.includes(`about ${formatBytes(runtime + tokenizer)}`), line);
+  assert.ok(line.includes(`tokenizer of ${vocab} entries`), line);
+  assert.ok(line.endsWith(`at least ${formatBytes(arena + runtime + tokenizer)}`), line);
 });

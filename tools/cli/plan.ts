@@ -20,7 +20,13 @@ import {
   parallelFromArgs,
   parseCommandArgs,
 } from "./args.ts";
-import { BUDGET_HELP, budgetFromArgs, recommendedBudget } from "./budget.ts";
+import {
+  beyondArenaBytes,
+  BUDGET_HELP,
+  budgetFromArgs,
+  memoryLimitWarning,
+  recommendedBudget,
+} from "./budget.ts";
 import { resolveModel } from "./models.ts";
 
 const HELP = `sluice plan — the memory plan of a container, as generate, chat and serve plan it
@@ -157,5 +163,13 @@ arena          ${formatBytes(plan.arenaBytes)}`);
       );
     }
   }
+  const beyond = beyondArenaBytes(cfg.vocabSize);
+  console.log(
+    `beyond arena   about ${formatBytes(beyond.runtime + beyond.tokenizer)} (runtime, and the ` +
+      `tokenizer of ${cfg.vocabSize} entries): a cgroup or container needs at least ` +
+      formatBytes(plan.arenaBytes + beyond.runtime + beyond.tokenizer),
+  );
+  const warning = memoryLimitWarning(plan.arenaBytes, cfg.vocabSize);
+  if (warning) console.log(`warning: ${warning}`);
   return 0;
 }
