@@ -4,7 +4,8 @@
  * a child that died (the cgroup's OOM kill, an error) is reported by configuration and cause.
  */
 import assert from "node:assert/strict";
-import { median, runChild, tokenSplit } from "../tools/dev/bench/stream.ts";
+import { median } from "../tools/dev/bench/alternate.ts";
+import { runChild, tokenSplit } from "../tools/dev/bench/stream.ts";
 import { parseChildOutput, runJob, type StreamJob } from "../tools/dev/bench/stream_child.ts";
 import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 

@@ -11,3 +11,9 @@ export function bestAlternating(rounds: number, runs: (() => number)[]): number[
   for (let i = 0; i < rounds; i++) runs.forEach((run, k) => best[k] = Math.max(best[k], run()));
   return best;
 }
+
+/** The median of `xs` (NaN when empty): what a bench keeps of its interleaved repeats. */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b), n = s.length;
+  return n === 0 ? NaN : n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}

@@ -16,7 +16,7 @@ import { openContainer } from "../../../engine/container.ts";
 import { demoModelPath } from "../../demo_model.ts";
 import { demoBudget } from "../../demo.ts";
 import { packed, SHARED } from "./spec.ts";
-import { median } from "./stream.ts";
+import { median } from "./alternate.ts";
 
 const MOD = fileURLToPath(new URL("../../../mod.ts", import.meta.url));
 

@@ -12,6 +12,7 @@ import { Model } from "../../../engine/model.ts";
 import { argmax } from "../../../engine/sampler.ts";
 import { formatBytes, parseBytes } from "../../../engine/units.ts";
 import { Args } from "../../cli/args.ts";
+import { median } from "./alternate.ts";
 
 const HELP = `usage: deno task bench kvlend --model X.sluice --budget SIZE [--ctx N] [--prompt N]
   [--tokens N] [--repeat N] [--json]
@@ -87,12 +88,6 @@ async function run(
   } finally {
     m.close();
   }
-}
-
-/** The median of `xs`. */
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** Runs the bench with its command-line arguments. */

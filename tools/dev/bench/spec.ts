@@ -31,6 +31,7 @@ import { dropPageCache } from "../../../io/disk_probe.ts";
 import { packCheckpoint } from "../../pack.ts";
 import { parseSize } from "../../synth.ts";
 import { cgroupCommand, createCgroup, type MemoryCgroup, removeCgroup } from "./cgroup.ts";
+import { median } from "./alternate.ts";
 
 const MOD = fileURLToPath(new URL("../../../mod.ts", import.meta.url));
 /** The shared fixtures folder (../shared/models beside the repo). */
@@ -89,11 +90,6 @@ async function generate(args: string[], cap: MemoryCgroup | null): Promise<Child
   }
   const j = JSON.parse(text.split("\n").at(-1)!);
   return { prompt: j.prompt_ids, ids: j.generated_ids, stats: j.stats };
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[s.length >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** Runs the bench with command-line `args`. */

@@ -56,6 +56,7 @@ import { REQUEST_BYTES } from "../../../engine/stream/expert_store.ts";
 import { packCheckpoint } from "../../pack.ts";
 import { parseSize, synthCheckpoint } from "../../synth.ts";
 import { benchDisk } from "./disk.ts";
+import { median } from "./alternate.ts";
 import { dropPageCache } from "../../../io/disk_probe.ts";
 import {
   cgroupCommand,
@@ -271,12 +272,6 @@ export function recordReadGbps(path: string, count: number, inFlight = 2): numbe
 /** A fixed prompt of ordinary token ids (the BOS id is not needed by a synthetic model). */
 export function fixedPrompt(vocab: number): number[] {
   return Array.from({ length: 8 }, (_, i) => (1000 + 37 * i) % vocab);
-}
-
-/** The median of `xs` (NaN when empty). */
-export function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b), n = s.length;
-  return n === 0 ? NaN : n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
 /** The cgroup the runs go in under `--cap`, or null. */
