@@ -25,7 +25,7 @@ import { ExpertCache } from "../engine/stream/expert_cache.ts";
 import { ExpertStore } from "../engine/stream/expert_store.ts";
 import type { ExpertBank } from "../io/manifest_schema.ts";
 import { HeldReader } from "./held_reader.ts";
-import { hasFixture, packedFixture, runSluice } from "./fixtures.ts";
+import { budgetAboveFloor, hasFixture, packedFixture, runSluice } from "./fixtures.ts";
 
 Deno.test("kv lending: slots sit page-aligned at the tops of runs, the last reached first", () => {
   // Two runs of 100 rows of 100 bytes (10,000 bytes each) from offset 4096: pages end at 12288
@@ -212,9 +212,7 @@ Deno.test({
   ignore: !hasFixture("tiny-gpt-oss"),
   fn: async () => {
     const path = await packedFixture("tiny-gpt-oss");
-    const probe = await Model.open(path, { quiet: true, ctx: CTX, hotList: false });
-    const { floor } = probe.plan;
-    probe.close();
+    const floor = await budgetAboveFloor(path, 0, { ctx: CTX });
     const model = await Model.open(path, { quiet: true, ctx: CTX, hotList: false, budget: floor });
     try {
       const plan = model.plan;
@@ -241,9 +239,7 @@ Deno.test({
   fn: async () => {
     const path = await packedFixture("tiny-glm4-moe");
     const opts = { quiet: true, ctx: 1024, hotList: false, parallel: 2, prefillChunk: 64 } as const;
-    const probe = await Model.open(path, opts);
-    const budget = probe.plan.floor;
-    probe.close();
+    const budget = await budgetAboveFloor(path, 0, opts);
     const passes = async (lendKv: boolean) => {
       const m = await Model.open(path, { ...opts, budget, lendKv });
       const vocab = m.cfg.vocabSize, chunk = m.prefillChunk / 2;

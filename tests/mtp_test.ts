@@ -23,6 +23,7 @@ import { loadSession, mtpSaved, saveSession } from "../engine/session_state.ts";
 import { inspectContainer } from "../tools/inspect.ts";
 import { packCheckpoint } from "../tools/pack.ts";
 import {
+  budgetAboveFloor,
   fixtureDir,
   hasFixture,
   maxRelDiff,
@@ -263,9 +264,7 @@ for (const name of MTP_FIXTURES) {
     ignore: !hasFixture(name),
     fn: async () => {
       const path = await packedFixture(name);
-      const probe = await Model.open(path, { ...OPTS, hotList: false, lookahead: 0, mtp: true });
-      const floor = probe.plan.floor;
-      probe.close();
+      const floor = await budgetAboveFloor(path, 0, { ...OPTS, lookahead: 0, mtp: true });
       for (const budget of [undefined, floor]) {
         const m = await Model.open(path, {
           ...OPTS,
