@@ -24,7 +24,7 @@ import {
 } from "node:fs";
 import { basename } from "node:path";
 import { concat } from "./arrays.ts";
-import { heldRows } from "./parts/mixer.ts";
+import { heldRows, regionRows, writeRegionRows } from "./parts/mixer.ts";
 import { crc32 } from "../io/crc32.ts";
 import type { Session } from "./session.ts";
 
@@ -69,7 +69,7 @@ export function manifestSha256(session: Session): string {
 export function cacheParts(session: Session, n: number, seq = 0): Uint8Array[] {
   const { arena, transformer } = session.model;
   return [
-    ...transformer.cacheRegions(seq).map((r) => arena.u8(r.offset, heldRows(r, n) * r.rowBytes)),
+    ...regionRows(arena, transformer.cacheRegions(seq), n),
     ...transformer.stateRegions(seq).map((s) => arena.u8(s.offset, s.bytes)),
   ];
 }
@@ -96,8 +96,8 @@ export function concatBytes(parts: readonly Uint8Array[]): Uint8Array {
 
 /**
  * Writes `bytes` (laid out as {@link cacheParts} of `stored` positions) back into sequence `seq`,
- * keeping the first `n` ≤ `stored` positions of each region (a wrapped ring whole: the caller
- * checks with Transformer.canResume that `n` is within its reach), and declares the recurrent states
+ * keeping the first `n` ≤ `stored` positions of each region (see writeRegionRows; the caller checks
+ * with Transformer.canResume that `n` is within a ring's reach), and declares the recurrent states
  * to be at position `n` (they are whole, so only n = stored is exact for a recurrent model); the
  * MTP layer's rows from `mtp` where kept (else they are left stale: drafts may be kept less often,
  * tokens never change).
@@ -112,13 +112,7 @@ export function writeCacheParts(
 ): void {
   const { arena, transformer } = session.model;
   transformer.reserveRows?.(seq, n);
-  let at = 0;
-  for (const r of transformer.cacheRegions(seq)) {
-    const held = heldRows(r, stored);
-    const rows = held < stored ? held : n;
-    arena.u8(r.offset, rows * r.rowBytes).set(bytes.subarray(at, at + rows * r.rowBytes));
-    at += held * r.rowBytes;
-  }
+  let at = writeRegionRows(arena, transformer.cacheRegions(seq), bytes, stored, n);
   for (const s of transformer.stateRegions(seq)) {
     arena.u8(s.offset, s.bytes).set(bytes.subarray(at, at + s.bytes));
     at += s.bytes;

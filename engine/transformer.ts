@@ -22,7 +22,14 @@ import type { Arena } from "./arena.ts";
 import { embedRows } from "./embedding.ts";
 import type { Ops } from "./ops.ts";
 import { FeedForward, type MoeObserver } from "./parts/feed_forward.ts";
-import { type CacheRegion, canResumeAt, type StateRegion } from "./parts/mixer.ts";
+import {
+  type CacheRegion,
+  canResumeAt,
+  heldRows,
+  regionRows,
+  type StateRegion,
+  writeRegionRows,
+} from "./parts/mixer.ts";
 import type { SequenceSpan } from "./parts/mixer.ts";
 import { LayerMixers } from "./parts/mod.ts";
 import { residualPartOf, type ResidualStream } from "./parts/residual.ts";
@@ -460,7 +467,7 @@ export class Transformer {
     return {
       rowBytes: regions.map((r) => r.rowBytes),
       parts: [
-        ...regions.map((r) => this.#p.arena.u8(r.offset, n * r.rowBytes)),
+        ...regionRows(this.#p.arena, regions, n),
         new Uint8Array(hidden.buffer, hidden.byteOffset, hidden.byteLength),
       ],
     };
@@ -488,15 +495,11 @@ export class Transformer {
     held.mixers.select(seq);
     const regions = held.mixers.cacheRegions(), d = this.cfg.hiddenSize;
     const { rowBytes, bytes } = snapshot;
-    const size = rowBytes.reduce((a, r) => a + stored * r, 0) + d * 4;
+    const size = regions.reduce((a, r) => a + heldRows(r, stored) * r.rowBytes, 0) + d * 4;
     const same = regions.length === rowBytes.length &&
       regions.every((r, i) => r.rowBytes === rowBytes[i]);
     if (!same || bytes.length !== size) return false;
-    let at = 0;
-    for (const r of regions) {
-      this.#p.arena.u8(r.offset, n * r.rowBytes).set(bytes.subarray(at, at + n * r.rowBytes));
-      at += stored * r.rowBytes;
-    }
+    const at = writeRegionRows(this.#p.arena, regions, bytes, stored, n);
     if (n === stored) {
       // A copy (the bytes may be a view into a file's buffer, at any alignment).
       const rows = new Float32Array(d);

@@ -41,6 +41,33 @@ export function heldRows(r: CacheRegion, n: number): number {
   return r.rows === undefined ? n : Math.min(n, r.rows);
 }
 
+/** Views of the rows that positions 0..n−1 fill in each of `regions`, in order. */
+export function regionRows(arena: Arena, regions: readonly CacheRegion[], n: number): Uint8Array[] {
+  return regions.map((r) => arena.u8(r.offset, heldRows(r, n) * r.rowBytes));
+}
+
+/**
+ * Writes back into `regions` what {@link regionRows} took of `stored` positions (one region after
+ * another in `bytes`), keeping the first `n` ≤ `stored` positions of each (a wrapped ring whole:
+ * the caller checks with {@link canResumeAt} that `n` is within its reach). Returns the bytes read.
+ */
+export function writeRegionRows(
+  arena: Arena,
+  regions: readonly CacheRegion[],
+  bytes: Uint8Array,
+  stored: number,
+  n: number,
+): number {
+  let at = 0;
+  for (const r of regions) {
+    const held = heldRows(r, stored);
+    const rows = held < stored ? held : n;
+    arena.u8(r.offset, rows * r.rowBytes).set(bytes.subarray(at, at + rows * r.rowBytes));
+    at += held * r.rowBytes;
+  }
+  return at;
+}
+
 /**
  * Whether caches `regions` holding positions 0..had−1 can continue at position `at` ≤ had (the
  * rows from `at` on written again): a ring that has wrapped has overwritten the rows of its
