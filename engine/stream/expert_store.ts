@@ -100,8 +100,6 @@ export class ExpertStore implements ExpertSource {
   #offsets: number[];
   /** Slots of the store's own region (the rest are room the KV cache lends). */
   #ownSlots: number;
-  /** Bytes of each read request in flight (a withdrawn one is taken off bytesRead). */
-  readonly #ticketBytes = new WeakMap<ReadTicket, number>();
   /** Own slots whose room is lent out by {@link loan}. */
   #loaned: number[] = [];
   #stride: number;
@@ -172,7 +170,7 @@ export class ExpertStore implements ExpertSource {
    * {@link restore}d.
    */
   lend(offsets: readonly number[]): void {
-    const first = this.cache.slots - (this.#opts.lentSlots ?? 0);
+    const first = this.#ownSlots;
     if (offsets.length !== this.cache.slots - first || this.#offsets.length !== first) {
       throw new Error(
         `expert store: ${offsets.length} lent slots placed, expected ${this.#opts.lentSlots ?? 0}`,
@@ -246,9 +244,7 @@ export class ExpertStore implements ExpertSource {
     const tickets: ReadTicket[] = [];
     for (let o = 0; o < bytes; o += REQUEST_BYTES) {
       const len = Math.min(REQUEST_BYTES, bytes - o);
-      const t = this.#reader.submit(handle, slot + o, len, offset + o, priority);
-      this.#ticketBytes.set(t, len);
-      tickets.push(t);
+      tickets.push(this.#reader.submit(handle, slot + o, len, offset + o, priority));
     }
     return tickets;
   }
@@ -361,10 +357,14 @@ export class ExpertStore implements ExpertSource {
       }
       const left = f.tickets.filter((t) => !this.#reader.cancel(t));
       if (left.length === f.tickets.length) continue;
-      // Withdrawn requests never reach the disk: bytesRead counts what is read.
-      for (const t of f.tickets) {
-        if (!left.includes(t)) this.stats.bytesRead -= this.#ticketBytes.get(t)!;
-      }
+      // Withdrawn requests never reach the disk: bytesRead counts what is read. Request i of a
+      // record is REQUEST_BYTES long but the last, which holds the rest of the stride.
+      const stride = this.#banks[f.layer]!.bank.stride;
+      f.tickets.forEach((t, i) => {
+        if (!left.includes(t)) {
+          this.stats.bytesRead -= Math.min(REQUEST_BYTES, stride - i * REQUEST_BYTES);
+        }
+      });
       this.stats.speculativeCancelled++;
       f.tickets = left;
       f.partial = true;
