@@ -52,7 +52,6 @@ export interface PlanInput {
 export function planInput(c: Container, mtp = false): PlanInput {
   const m = c.manifest;
   const extra = mtp ? MTP_DRAFT_LAYERS : 0;
-  const runs = m.trunk.layers;
   const banks = [...m.experts, ...m.mtp?.experts.slice(0, extra) ?? []].filter((b) => b !== null);
   let routerBytes = 0;
   for (const run of m.trunk.layers) {
@@ -63,7 +62,7 @@ export function planInput(c: Container, mtp = false): PlanInput {
   return {
     cfg: c.config,
     globalsBytes: m.trunk.globals.region.bytes,
-    layerBytes: runs.map((l) => l.bytes),
+    layerBytes: m.trunk.layers.map((l) => l.bytes),
     expertStride: Math.max(0, ...banks.map((b) => b.stride)),
     totalExperts: banks.reduce((a, b) => a + b.count, 0),
     routerBytes,
