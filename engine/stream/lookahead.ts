@@ -178,9 +178,15 @@ export class SpeculationGate {
 /** Tokens of one sequence the next-token guess looks back over. */
 export const HISTORY_TOKENS = 256;
 
-/** Bytes the lookahead allocates: the router logits and one embedding row. */
+/** The lookahead's buffers: the router logits and one embedding row, in bytes. */
+function lookaheadScratch(cfg: ModelConfig): { logits: number; row: number } {
+  return { logits: (cfg.moe?.numExperts ?? 1) * 4, row: cfg.hiddenSize * 4 };
+}
+
+/** Bytes the lookahead allocates ({@link lookaheadScratch}, each page-aligned as allocated). */
 export function lookaheadScratchBytes(cfg: ModelConfig): number {
-  return alignUp((cfg.moe?.numExperts ?? 1) * 4, PAGE) + alignUp(cfg.hiddenSize * 4, PAGE);
+  const s = lookaheadScratch(cfg);
+  return alignUp(s.logits, PAGE) + alignUp(s.row, PAGE);
 }
 
 /** Tokens whose first-layer experts the tail's recency guess draws from. */
@@ -281,8 +287,9 @@ export class Lookahead {
     this.#n = n;
     this.#first = cfg.layerKinds.indexOf("moe");
     this.costs = () => target.speculationCosts;
-    this.#logits = arena.alloc("lookahead logits", (cfg.moe?.numExperts ?? 1) * 4);
-    this.#row = arena.alloc("lookahead embedding", cfg.hiddenSize * 4);
+    const scratch = lookaheadScratch(cfg);
+    this.#logits = arena.alloc("lookahead logits", scratch.logits);
+    this.#row = arena.alloc("lookahead embedding", scratch.row);
     this.#embed = embed;
   }
 
