@@ -94,11 +94,11 @@ export function budgetFromArgs(budget?: string, preset?: string): number | undef
  * Bytes a memory cgroup charges the process beyond its arena: the runtime (V8's heaps, the
  * kernels, the pool worker; the Deno binary's code is shared and mostly charged elsewhere), about
  * 26 MiB in tests/memory_test.ts, and the tokenizer's tables, measured in a fresh process at
- * 0.7–0.86 KiB per vocabulary entry (26 MiB at 32,000 entries, 101 at 151,936, 189 at 262,144);
- * rounded up.
+ * 0.7–0.98 KiB per vocabulary entry (26 MiB at 32,000 entries, 54–61 at 65,536, 101 at 151,936,
+ * 189 at 262,144); rounded up to 8 MiB + 1 KiB per entry.
  */
 export function beyondArenaBytes(vocabSize: number): { runtime: number; tokenizer: number } {
-  return { runtime: 32 * 2 ** 20, tokenizer: 8 * 2 ** 20 + vocabSize * 850 };
+  return { runtime: 32 * 2 ** 20, tokenizer: 8 * 2 ** 20 + vocabSize * 1024 };
 }
 
 /**
