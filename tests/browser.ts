@@ -246,3 +246,33 @@ export function countColour(
   }
   return n;
 }
+
+/**
+ * Pixels inside the rectangle that are colour `rgb` blended over `bg` with at least `share` of
+ * `rgb` (within `tol` of that blend): an anti-aliased line of width 1.5 covers few pixels in its
+ * exact colour, and how many depends on its slope and where it falls on the pixel grid.
+ */
+export function countBlend(
+  img: Image,
+  rgb: [number, number, number],
+  bg: [number, number, number],
+  rect: { x: number; y: number; w: number; h: number },
+  share = 0.6,
+  tol = 12,
+): number {
+  const d = rgb.map((c, k) => c - bg[k]);
+  const dd = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+  let n = 0;
+  const x1 = Math.min(img.width, Math.ceil(rect.x + rect.w));
+  const y1 = Math.min(img.height, Math.ceil(rect.y + rect.h));
+  for (let y = Math.max(0, Math.floor(rect.y)); y < y1; y++) {
+    for (let x = Math.max(0, Math.floor(rect.x)); x < x1; x++) {
+      const i = (y * img.width + x) * 4;
+      const p = [0, 1, 2].map((k) => img.rgba[i + k] - bg[k]);
+      const t = (p[0] * d[0] + p[1] * d[1] + p[2] * d[2]) / dd;
+      const off = [0, 1, 2].reduce((s, k) => s + Math.abs(p[k] - t * d[k]), 0);
+      if (t >= share && off <= tol) n++;
+    }
+  }
+  return n;
+}
