@@ -533,6 +533,7 @@ function runAttention(
   t0: number,
   t1: number,
   splits: number[],
+  rowHeads = 1,
 ): Float32Array {
   reset();
   const s = c.s, n = t1 - t0, qStride = s.nHeads * s.headDim + Q_PAD;
@@ -566,6 +567,7 @@ function runAttention(
       sinks,
       c.tile,
       scratch,
+      rowHeads,
       splits[i],
       splits[i + 1],
     );
@@ -686,6 +688,10 @@ Deno.test("attention_f32: a query's bits do not depend on the tokens or heads th
     const split = [0, 1, ...(s.nHeads > 3 ? [3] : []), s.nHeads];
     const heads = runAttention(c, qs, ks, vs, 0, c.tokens, split);
     assert.deepEqual(bitsOf(heads), bitsOf(whole), `case ${n}: head split`);
+    // Rows of a kv head's heads, as the pool splits them: [h0, h1) counts rows.
+    const group = s.nHeads / s.nKvHeads;
+    const rows = runAttention(c, qs, ks, vs, 0, c.tokens, [0, 1, s.nKvHeads], group);
+    assert.deepEqual(bitsOf(rows), bitsOf(whole), `case ${n}: rows of ${group} heads`);
   });
 });
 
