@@ -76,8 +76,8 @@ export const ATTENTION_JOBS = 8;
  * Query heads per row the pool splits an attention job into: the fewest for which every claim
  * (chunkRows rows) holds whole kv heads and every thread gets one, so a kv head's keys and values
  * are read once by one thread, not once by each claim of part of its heads (32 / 4 heads, 8k
- * context, one thread: claims of 4 heads → 8 took decode's attention from 9.3 to 6.3–6.8 ms and a
- * 16-token job's from 72.6–73.4 to 67.4–69.4). 1 when no such split exists (a single kv head).
+ * context, one thread: claims of 4 heads → 8 took decode's attention from 8.8–9.3 to 6.3–6.5 ms and a
+ * 16-token job's from 72.6–73.4 to 68.2–69.4). 1 when no such split exists (a single kv head).
  */
 export function attentionRowHeads(nHeads: number, nKvHeads: number, threads: number): number {
   const group = nHeads / nKvHeads;
