@@ -523,7 +523,7 @@ function cacheSlots(c: AttentionCase): number {
 /**
  * attention_f32 over tokens [t0, t1) of case c (all its queries in qs, rows of nHeads·headDim +
  * Q_PAD), heads split at `splits`; returns (t1 − t0) rows of nHeads·vHeadDim floats. The scratch
- * starts as NaN: nothing may be read before it is written.
+ * and the output start as NaN: nothing may be read before it is written.
  */
 function runAttention(
   c: AttentionCase,
@@ -541,7 +541,8 @@ function runAttention(
   const q = putF32(qs.subarray(t0 * qStride)), kc = putF32(ks);
   const vc = c.kIsV ? kc : putF32(vs);
   const sinks = c.keys.sinks ? putF32(c.keys.sinks) : 0n;
-  const out = alloc(n * oStride * 4);
+  // NaN, not what an earlier call left at the same offset: a head no call computed shows.
+  const out = putF32(new Float32Array(n * oStride).fill(NaN));
   const scratch = putF32(
     new Float32Array(s.nHeads * (Math.ceil(c.tile / 4) * 4 + 2 * n)).fill(NaN),
   );
