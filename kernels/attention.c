@@ -23,6 +23,7 @@
  * gets the same bits).
  * sinks (NULL for none) holds one logit per query head that joins the denominator only (gpt-oss).
  * A query whose scores are all −∞ gets NaN (no key carries weight); NaN or +∞ scores give NaN.
+ * [h0, h1) are rows of row_heads query heads (1: heads h0 .. h1 − 1).
  * scratch: per query head h, at scratch + h*(tile4 + 2*n_tok) floats (tile4 = tile rounded up to
  * 4): the tile's scores, then the running max and sum of each token; heads never share scratch, so
  * workers given disjoint heads never collide.
@@ -257,10 +258,15 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
                    float *out, int out_stride, int n_tok, int pos0, int window, int slots,
                    int n_heads, int n_kv_heads, int head_dim, int v_head_dim, int k_stride,
                    int v_stride, float scale, const float *sinks, int tile, float *scratch,
-                   int h0, int h1) {
+                   int row_heads, int h0, int h1) {
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_tok <= 0 || pos0 < 0 || window < 0 ||
-      slots < 0 || tile <= 0)
+      slots < 0 || tile <= 0 || row_heads <= 0 || row_heads > n_heads)
     return;
+  /* [h0, h1) counts rows of row_heads heads: the pool splits rows, and rows of whole kv heads
+   * leave each kv head's keys and values to one thread. */
+  if (h1 > n_heads) h1 = n_heads;
+  h0 *= row_heads;
+  h1 *= row_heads;
   int group = n_heads / n_kv_heads, tile4 = (tile + 3) & ~3, per_head = tile4 + 2 * n_tok;
   int last = pos0 + n_tok - 1;
   int lo = window > 0 && pos0 - window + 1 > 0 ? pos0 - window + 1 : 0;

@@ -523,7 +523,7 @@ function cacheSlots(c: AttentionCase): number {
 /**
  * attention_f32 over tokens [t0, t1) of case c (all its queries in qs, rows of nHeads·headDim +
  * Q_PAD), heads split at `splits`; returns (t1 − t0) rows of nHeads·vHeadDim floats. The scratch
- * starts as NaN: nothing may be read before it is written.
+ * and the output start as NaN: nothing may be read before it is written.
  */
 function runAttention(
   c: AttentionCase,
@@ -533,6 +533,7 @@ function runAttention(
   t0: number,
   t1: number,
   splits: number[],
+  rowHeads = 1,
 ): Float32Array {
   reset();
   const s = c.s, n = t1 - t0, qStride = s.nHeads * s.headDim + Q_PAD;
@@ -540,7 +541,8 @@ function runAttention(
   const q = putF32(qs.subarray(t0 * qStride)), kc = putF32(ks);
   const vc = c.kIsV ? kc : putF32(vs);
   const sinks = c.keys.sinks ? putF32(c.keys.sinks) : 0n;
-  const out = alloc(n * oStride * 4);
+  // NaN, not what an earlier call left at the same offset: a head no call computed shows.
+  const out = putF32(new Float32Array(n * oStride).fill(NaN));
   const scratch = putF32(
     new Float32Array(s.nHeads * (Math.ceil(c.tile / 4) * 4 + 2 * n)).fill(NaN),
   );
@@ -566,6 +568,7 @@ function runAttention(
       sinks,
       c.tile,
       scratch,
+      rowHeads,
       splits[i],
       splits[i + 1],
     );
@@ -686,6 +689,10 @@ Deno.test("attention_f32: a query's bits do not depend on the tokens or heads th
     const split = [0, 1, ...(s.nHeads > 3 ? [3] : []), s.nHeads];
     const heads = runAttention(c, qs, ks, vs, 0, c.tokens, split);
     assert.deepEqual(bitsOf(heads), bitsOf(whole), `case ${n}: head split`);
+    // Rows of a kv head's heads, as the pool splits them: [h0, h1) counts rows.
+    const group = s.nHeads / s.nKvHeads;
+    const rows = runAttention(c, qs, ks, vs, 0, c.tokens, [0, 1, s.nKvHeads], group);
+    assert.deepEqual(bitsOf(rows), bitsOf(whole), `case ${n}: rows of ${group} heads`);
   });
 });
 

@@ -4,6 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { Arena, PAGE } from "../engine/arena.ts";
+import { attentionRowHeads } from "../engine/ops.ts";
 import { Pool } from "../engine/pool.ts";
 import { chunkRows } from "../engine/pool_protocol.ts";
 import { openReader } from "../io/reader.ts";
@@ -29,6 +30,23 @@ Deno.test("claimed chunks are whole 4-row blocks, about 8 per thread", () => {
       assert.ok(Math.ceil(rows / c) <= threads * 8, `rows ${rows}, ${threads} threads: chunk ${c}`);
     }
   }
+});
+
+Deno.test("attention claims hold whole kv heads where every thread can get one", () => {
+  // Qwen3-30B-A3B's 32 / 4 heads on 2 threads: rows of 2 heads, claims of 4 rows = one kv head.
+  assert.equal(attentionRowHeads(32, 4, 2), 2);
+  for (const [nHeads, nKv] of [[32, 4], [8, 2], [16, 2], [64, 8], [14, 2], [12, 4], [16, 1]]) {
+    for (const threads of [1, 2, 3, 4]) {
+      const u = attentionRowHeads(nHeads, nKv, threads), group = nHeads / nKv;
+      const rows = nHeads / u, chunk = chunkRows(rows, threads);
+      assert.ok(Number.isInteger(rows), `${nHeads}/${nKv}, ${threads} threads: rows of ${u}`);
+      if (u === 1) continue;
+      assert.equal((chunk * u) % group, 0, `${nHeads}/${nKv}, ${threads} threads: a kv head cut`);
+      assert.ok(Math.ceil(rows / chunk) >= threads, `${nHeads}/${nKv}: a thread left idle`);
+    }
+  }
+  // One kv head: its heads stay split one by one, or one thread would take the whole job.
+  assert.equal(attentionRowHeads(16, 1, 2), 1);
 });
 
 Deno.test("gemv through pools of 1, 2 and 3 threads gives identical rows", async () => {

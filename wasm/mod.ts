@@ -220,7 +220,8 @@ export interface Kernels {
    * g·vHeadDim), g = h / (nHeads / nKvHeads). Tiles start at multiples of `tile` positions; a
    * query's result depends only on its position, window and the tile. `sinks` (0 for none) holds
    * one logit per query head that joins the denominator only (gpt-oss). `scratch` holds
-   * nHeads·(⌈tile/4⌉·4 + 2·nTok) floats.
+   * nHeads·(⌈tile/4⌉·4 + 2·nTok) floats. [h0, h1) counts rows of `rowHeads` query heads (1: heads),
+   * so a pool that splits rows never cuts a kv head's heads apart when rowHeads divides them.
    */
   attention_f32(
     q: Ptr,
@@ -243,6 +244,7 @@ export interface Kernels {
     sinks: Ptr,
     tile: number,
     scratch: Ptr,
+    rowHeads: number,
     h0: number,
     h1: number,
   ): void;
