@@ -117,6 +117,9 @@ export class SpeculationGate {
   #closedRun = 0;
   /** Predictions {@link decide} has been asked about. */
   decisions = 0;
+  /** Over the whole run, per rank: guesses scored, and those routed (not decayed: the bench's
+   * evidence of how precise each rank is). */
+  readonly ranks: { n: number; hits: number }[] = [];
   /** Least precision a rank needs to be read, whatever the costs say (0: none). */
   readonly floor: number;
 
@@ -129,6 +132,9 @@ export class SpeculationGate {
     let hits = 0;
     routed.forEach((hit, k) => {
       if (hit) hits++;
+      this.ranks[k] ??= { n: 0, hits: 0 };
+      this.ranks[k].n++;
+      if (hit) this.ranks[k].hits++;
       this.#byRank[k] ??= new DecayedRatio(0.5);
       this.#byRank[k].add(hit ? 1 : 0, 1);
     });
