@@ -390,7 +390,9 @@ export function planRun(
       lookaheadWeighing = weighLookahead(input, plan, withIt, defaultLookahead(withIt));
       if (lookaheadWeighing.on) {
         plan = withIt;
-        lookahead = lookaheadWeighing.guesses;
+        // Weighed at one guess, the top rank's; run ranking every top-k expert, of which the
+        // gate reads the leading ranks precise enough (NEXT_LAYER_FLOOR) and worth their cost.
+        lookahead = Math.max(lookaheadWeighing.guesses, container.config.moe?.topK ?? 0);
       }
     } catch {
       // A budget at the floor has no room for the resident routers: no lookahead then.

@@ -42,6 +42,19 @@ const MAX_AHEAD_REQUESTS = 128;
 /** Largest single read request of a record (a multiple of 4 KiB). */
 export const REQUEST_BYTES = 2 << 20;
 
+/**
+ * Largest single request of a guess (a multiple of 4 KiB). A guess's requests run only while no
+ * demand read is queued or running, but one that has started runs to its end: when the layer
+ * routes, the demand reads wait behind the guesses' running requests, up to one per reader
+ * thread. Smaller requests bound that wait; the rest of a wrong guess is withdrawn unstarted.
+ */
+export const GUESS_REQUEST_BYTES = 512 << 10;
+
+/** The request size of reads of `priority`: a guess's, or any other record read's. */
+function requestBytes(priority: ReadPriority): number {
+  return priority === ReadPriority.SPECULATIVE ? GUESS_REQUEST_BYTES : REQUEST_BYTES;
+}
+
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
 export interface BankFiles {
   bank: ExpertBank;
@@ -231,8 +244,9 @@ export class ExpertStore implements ExpertSource {
   }
 
   /**
-   * Submits one record as requests of at most {@link REQUEST_BYTES}, so both reader threads work
-   * on it and its matvecs can start sooner than a single large read would allow.
+   * Submits one record as requests of at most {@link REQUEST_BYTES} (a guess's of
+   * {@link GUESS_REQUEST_BYTES}), so the reader threads work on it together and its matvecs can
+   * start sooner than a single large read would allow.
    */
   #readRecord(
     handle: number,
@@ -242,8 +256,9 @@ export class ExpertStore implements ExpertSource {
     priority: ReadPriority,
   ): ReadTicket[] {
     const tickets: ReadTicket[] = [];
-    for (let o = 0; o < bytes; o += REQUEST_BYTES) {
-      const len = Math.min(REQUEST_BYTES, bytes - o);
+    const request = requestBytes(priority);
+    for (let o = 0; o < bytes; o += request) {
+      const len = Math.min(request, bytes - o);
       tickets.push(this.#reader.submit(handle, slot + o, len, offset + o, priority));
     }
     return tickets;
@@ -358,12 +373,10 @@ export class ExpertStore implements ExpertSource {
       const left = f.tickets.filter((t) => !this.#reader.cancel(t));
       if (left.length === f.tickets.length) continue;
       // Withdrawn requests never reach the disk: bytesRead counts what is read. Request i of a
-      // record is REQUEST_BYTES long but the last, which holds the rest of the stride.
-      const stride = this.#banks[f.layer]!.bank.stride;
+      // guess is GUESS_REQUEST_BYTES long but the last, which holds the rest of the stride.
+      const stride = this.#banks[f.layer]!.bank.stride, request = GUESS_REQUEST_BYTES;
       f.tickets.forEach((t, i) => {
-        if (!left.includes(t)) {
-          this.stats.bytesRead -= Math.min(REQUEST_BYTES, stride - i * REQUEST_BYTES);
-        }
+        if (!left.includes(t)) this.stats.bytesRead -= Math.min(request, stride - i * request);
       });
       this.stats.speculativeCancelled++;
       f.tickets = left;

@@ -195,6 +195,16 @@ export function lookaheadScratchBytes(cfg: ModelConfig): number {
   return alignUp(s.logits, PAGE) + alignUp(s.row, PAGE);
 }
 
+/**
+ * Least precision of a rank of the next layer's guesses that is read. A guess its layer does not
+ * use is withdrawn only if it has not started; on a disk that idles for longer than the guesses
+ * take (a compute-bound run) every one is read, so a rank is read only if it is right at least as
+ * often as wrong: each read then saves at least the bytes it wastes. On the 48-layer MXFP4 synth
+ * (bench stream, budget 0.2) ranks 1-8 were right 98, 94, 90, 88, 76, 70, 59, 48% of the time,
+ * and reading all 8 read 30% more bytes per token (docs/PERFORMANCE.md).
+ */
+export const NEXT_LAYER_FLOOR = 0.5;
+
 /** Tokens whose first-layer experts the tail's recency guess draws from. */
 export const RECENT_TOKENS = 4;
 
@@ -226,8 +236,8 @@ export class Lookahead {
    * predictions the gate kept from being read.
    */
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
-  /** Decides whether the next MoE layer's predictions are read. */
-  readonly gate = new SpeculationGate();
+  /** Decides whether the next MoE layer's predictions are read, and how many of their ranks. */
+  readonly gate = new SpeculationGate(NEXT_LAYER_FLOOR);
   /** The gate of the first MoE layer's guesses from the token's embedding. */
   readonly embeddingGate = new SpeculationGate();
   /** The gate of the tail's first-layer guesses from the guessed next token's embedding. */
