@@ -628,10 +628,11 @@ function loadMeter(
 }
 
 /**
- * The lookahead when none is asked for: one predicted expert per MoE layer while experts stream,
- * none when they all fit. Measured by `bench stream` (docs/PERFORMANCE.md): one guess fills the
- * disk's idle time during attention with 86% precision (1.19× tok/s); top-k guesses read 25% more
- * bytes and lost.
+ * The guesses per MoE layer the default lookahead is weighed at: one (the top rank's) while
+ * experts stream, none when they all fit. When it is on it runs at top-k, and its gate reads the
+ * leading ranks precise enough and worth their cost (engine/stream/lookahead.ts): before guesses
+ * were withdrawn and gated per rank, top-k guesses read 25% more bytes and lost
+ * (docs/PERFORMANCE.md).
  */
 function defaultLookahead(plan: MemoryPlan): number {
   return plan.totalExperts > 0 && plan.expertSlots < plan.totalExperts ? 1 : 0;

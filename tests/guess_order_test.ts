@@ -34,7 +34,13 @@ class SteppedReader implements BlockReader {
     return 1 << 40;
   }
   submit(handle: number, _at: number, length: number, fileOffset: number, p = 0): ReadTicket {
-    this.requests.push({ handle, fileOffset, length, priority: p as ReadPriority, state: "queued" });
+    this.requests.push({
+      handle,
+      fileOffset,
+      length,
+      priority: p as ReadPriority,
+      state: "queued",
+    });
     return { id: this.requests.length - 1 };
   }
   /** Starts the next queued request as the shim would: most urgent class first, oldest first. */

@@ -139,6 +139,9 @@ export class ExpertStore implements ExpertSource {
   #hidden = new DecayedRatio(1);
   #blockedRecords = new DecayedRatio(1);
   #regret = new DecayedRatio(0);
+  /** Wait per hinted layer (ms), and the wait counter at the last hint. */
+  #layerWait = new DecayedRatio(0);
+  #waitAtHint = 0;
   #lastDisk: DiskStats | null = null;
   #lastGuesses = 0;
   /** Records evicted to admit a guess and not read again since, with the cache's eviction count
@@ -320,6 +323,8 @@ export class ExpertStore implements ExpertSource {
   }
 
   hint(layer: number, ids: readonly number[]): void {
+    this.#layerWait.add(this.stats.waitMs - this.#waitAtHint, 1);
+    this.#waitAtHint = this.stats.waitMs;
     this.#reap();
     const keys = ids.map((e) => this.#key(layer, e));
     // A withdrawn guess still landing holds no record: land and drop it before it is asked for.
@@ -410,6 +415,7 @@ export class ExpertStore implements ExpertSource {
       hidden: this.#hidden.value,
       blockedMs: this.#blockedRecords.value * recordMs(),
       regret: this.#regret.value,
+      waitMs: this.#layerWait.value,
     };
   }
 
@@ -584,6 +590,7 @@ export class ExpertStore implements ExpertSource {
       waitMs: 0,
     });
     this.#lastGuesses = 0;
+    this.#waitAtHint = 0;
   }
 
   /** Waits for every read in flight and checks what landed. */

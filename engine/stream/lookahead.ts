@@ -48,6 +48,13 @@ export interface SpeculationCosts {
   blockedMs: number;
   /** Share of records evicted to make room for a guess that a demand access missed afterwards. */
   regret: number;
+  /**
+   * What a MoE layer waited for its records lately (ms): guesses can hide at most that, so a
+   * prediction reads at most one guess more than the records that wait would read in (absent: no
+   * bound). In a compute-bound run the disk idles long enough for every ranked guess, but reading
+   * them costs compute time (the reader threads, on few cores) and bytes for no wait saved.
+   */
+  waitMs?: number;
 }
 
 /** Where predictions go: the expert store's speculative reads. */
@@ -204,6 +211,15 @@ export function lookaheadScratchBytes(cfg: ModelConfig): number {
  * and reading all 8 read 30% more bytes per token (docs/PERFORMANCE.md).
  */
 export const NEXT_LAYER_FLOOR = 0.5;
+
+/**
+ * Reads one prediction of the next layer may start at `costs`: one, plus as many records as the
+ * layers' recent wait for reads would read in (see {@link SpeculationCosts.waitMs}).
+ */
+export function guessRoom(costs: SpeculationCosts): number {
+  if (costs.waitMs === undefined) return Infinity;
+  return 1 + Math.floor(costs.waitMs / Math.max(1e-3, costs.recordMs));
+}
 
 /** Tokens whose first-layer experts the tail's recency guess draws from. */
 export const RECENT_TOKENS = 4;
@@ -470,14 +486,20 @@ export class Lookahead {
     return { gate, guesses, reads: this.#read(layer, guesses, gate) };
   }
 
-  /** Reads the union of each row's leading guesses that `gate` says pay; returns the reads. */
+  /**
+   * Reads the union of each row's leading guesses that `gate` says pay, in rank order and
+   * skipping those already held; the next layer's at most {@link guessRoom} per row. Returns the
+   * reads.
+   */
   #read(layer: number, guesses: number[][], gate: SpeculationGate): number {
-    const read = gate.decide(this.costs(), guesses[0].length);
+    const costs = this.costs();
+    const read = gate.decide(costs, guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
       return 0;
     }
     const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
-    return this.#target.speculate(layer, ids, ids.length);
+    const max = gate === this.gate ? guesses.length * guessRoom(costs) : ids.length;
+    return this.#target.speculate(layer, ids, max);
   }
 }
