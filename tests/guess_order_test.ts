@@ -130,6 +130,17 @@ Deno.test("guesses queue in rank order behind the demand reads, in guess-sized r
   assert.deepEqual(started.slice(demand), guesses);
 });
 
+Deno.test("a bounded prediction reads its best-ranked guesses not already held", () => {
+  const { store: s, reader } = store();
+  s.hint(1, [9]);
+  s.acquire(1, 9);
+  s.release(1, 9);
+  const before = reader.requests.length;
+  assert.equal(s.speculate(1, [9, 3, 7], 1), 1);
+  const read = reader.requests.slice(before);
+  assert.deepEqual([...new Set(read.map(expertAt))], [3], "9 is cached: the one read is 3");
+});
+
 Deno.test("when the layer routes, wrong guesses are withdrawn and right ones promoted", () => {
   const { store: s, reader } = store();
   s.hint(0, [2]);
