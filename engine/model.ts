@@ -390,9 +390,7 @@ export function planRun(
       lookaheadWeighing = weighLookahead(input, plan, withIt, defaultLookahead(withIt));
       if (lookaheadWeighing.on) {
         plan = withIt;
-        // Weighed at one guess, the top rank's; run ranking every top-k expert, of which the
-        // gate reads the leading ranks precise enough (NEXT_LAYER_FLOOR) and worth their cost.
-        lookahead = Math.max(lookaheadWeighing.guesses, container.config.moe?.topK ?? 0);
+        lookahead = lookaheadWeighing.guesses;
       }
     } catch {
       // A budget at the floor has no room for the resident routers: no lookahead then.
@@ -628,11 +626,12 @@ function loadMeter(
 }
 
 /**
- * The guesses per MoE layer the default lookahead is weighed at: one (the top rank's) while
- * experts stream, none when they all fit. When it is on it runs at top-k, and its gate reads the
- * leading ranks precise enough and worth their cost (engine/stream/lookahead.ts): before guesses
- * were withdrawn and gated per rank, top-k guesses read 25% more bytes and lost
- * (docs/PERFORMANCE.md).
+ * The lookahead when none is asked for: one predicted expert per MoE layer while experts stream,
+ * none when they all fit. Measured by `bench stream` (docs/PERFORMANCE.md): one guess fills the
+ * disk's idle time during attention with 86% precision (1.19× tok/s); top-k guesses read 25% more
+ * bytes and lost. Ranking all top-k with the gate's per-rank floor and `guessRoom`'s bound
+ * read 3% more bytes and hid half the wait, yet ran 0.86–0.88× (median) at full depth on a loaded
+ * 2-core machine: its compute time per token rose by more than the wait it hid (docs/LEARNED.md).
  */
 function defaultLookahead(plan: MemoryPlan): number {
   return plan.totalExperts > 0 && plan.expertSlots < plan.totalExperts ? 1 : 0;

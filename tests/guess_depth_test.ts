@@ -1,6 +1,6 @@
 /**
- * The default lookahead ranks every top-k expert of the next layer and reads the leading ranks
- * its gate allows, each guess in several GUESS_REQUEST_BYTES requests (this model's records are
+ * A lookahead at top-k ranks every routed expert of the next layer and reads the leading ranks
+ * its gate allows (here all: the gate is held open), each guess in several GUESS_REQUEST_BYTES requests (this model's records are
  * 1.5 of them), so a guess its layer does not use may be withdrawn with some of its requests
  * already read. Output must not move: the logits of every placement, with the guesses' reads held
  * until their layer routes (all settle unstarted), delayed (some settle half read) or left to the
@@ -72,11 +72,15 @@ Deno.test({
     const off = await decode(path, { expertSlots: 12, lookahead: 0 }, null);
     assert.ok(off.stride > GUESS_REQUEST_BYTES && off.stride < 2 * GUESS_REQUEST_BYTES);
     const placements: [string, Record<string, unknown>, string | null][] = [
-      ["12 slots, guesses held until routed", { expertSlots: 12 }, "hold@experts-L"],
-      ["12 slots, expert reads delayed", { expertSlots: 12 }, "delay=3@experts-L"],
-      ["6 slots, 1 reader thread, delayed", { expertSlots: 6, ioThreads: 1 }, "delay=2@experts-L"],
-      ["30 slots, read-ahead depth 1", { expertSlots: 30, readaheadDepth: 1 }, null],
-      ["12 slots, 1 compute thread", { expertSlots: 12, threads: 1 }, null],
+      ["12 slots, guesses held until routed", { expertSlots: 12, lookahead: 4 }, "hold@experts-L"],
+      ["12 slots, expert reads delayed", { expertSlots: 12, lookahead: 4 }, "delay=3@experts-L"],
+      [
+        "6 slots, 1 reader thread, delayed",
+        { expertSlots: 6, ioThreads: 1, lookahead: 4 },
+        "delay=2@experts-L",
+      ],
+      ["30 slots, read-ahead depth 1", { expertSlots: 30, readaheadDepth: 1, lookahead: 4 }, null],
+      ["12 slots, 1 compute thread", { expertSlots: 12, threads: 1, lookahead: 4 }, null],
     ];
     for (const [what, opts, faults] of placements) {
       const r = await decode(path, opts, faults);
@@ -85,7 +89,7 @@ Deno.test({
         assert.ok(l.every((x, j) => Object.is(x, off.logits[i][j])), `${what}: step ${i} differs`)
       );
       assert.ok(r.spec > 0, `${what}: no guess was read`);
-      assert.equal(r.ranks, 4, `${what}: the default lookahead ranks every top-k expert`);
+      assert.equal(r.ranks, 4, `${what}: every top-k expert is ranked`);
       if (faults?.startsWith("hold")) {
         assert.ok(
           r.cancelled > 0 && r.used > 0,
