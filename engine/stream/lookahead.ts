@@ -51,8 +51,8 @@ export interface SpeculationCosts {
   /**
    * What a MoE layer waited for its records lately (ms): guesses can hide at most that, so a
    * prediction reads at most one guess more than the records that wait would read in (absent: no
-   * bound). In a compute-bound run the disk idles long enough for every ranked guess, but reading
-   * them costs compute time (the reader threads, on few cores) and bytes for no wait saved.
+   * bound). In a compute-bound run the disk idles long enough for every ranked guess, and reading
+   * them all read 24% more bytes while the run's compute time rose (docs/LEARNED.md).
    */
   waitMs?: number;
 }
@@ -208,7 +208,7 @@ export function lookaheadScratchBytes(cfg: ModelConfig): number {
  * take (a compute-bound run) every one is read, so a rank is read only if it is right at least as
  * often as wrong: each read then saves at least the bytes it wastes. On the 48-layer MXFP4 synth
  * (bench stream, budget 0.2) ranks 1-8 were right 98, 94, 90, 88, 76, 70, 59, 48% of the time,
- * and reading all 8 read 30% more bytes per token (docs/PERFORMANCE.md).
+ * and reading every rank read 24–30% more bytes per token (docs/PERFORMANCE.md).
  */
 export const NEXT_LAYER_FLOOR = 0.5;
 
