@@ -629,7 +629,9 @@ function loadMeter(
  * The lookahead when none is asked for: one predicted expert per MoE layer while experts stream,
  * none when they all fit. Measured by `bench stream` (docs/PERFORMANCE.md): one guess fills the
  * disk's idle time during attention with 86% precision (1.19× tok/s); top-k guesses read 25% more
- * bytes and lost.
+ * bytes and lost. Ranking all top-k with the gate's per-rank floor and `guessRoom`'s bound
+ * read 3% more bytes and hid half the wait, yet ran 0.86–0.88× (median) at full depth on a loaded
+ * 2-core machine: its compute time per token rose by more than the wait it hid (docs/LEARNED.md).
  */
 function defaultLookahead(plan: MemoryPlan): number {
   return plan.totalExperts > 0 && plan.expertSlots < plan.totalExperts ? 1 : 0;

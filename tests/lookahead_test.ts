@@ -10,6 +10,7 @@ import { Model } from "../engine/model.ts";
 import {
   GATE_PROBE_EVERY,
   GATE_WINDOW,
+  guessRoom,
   type SpeculationCosts,
   SpeculationGate,
 } from "../engine/stream/lookahead.ts";
@@ -187,6 +188,28 @@ Deno.test("costs that never pay leave only the probes: one guess every GATE_PROB
   const predictions = la.gates.reduce((n, g) => n + g.decisions, 0);
   assert.equal(la.stats.skipped, predictions - probes);
   assert.ok(r.spec <= probes, `${r.spec} reads in ${probes} probes`);
+});
+
+Deno.test("guess room: one guess, plus the records the layers' wait would read in", () => {
+  assert.equal(guessRoom(START), Infinity, "no wait measured: no bound");
+  assert.equal(guessRoom({ ...START, waitMs: 0 }), 1);
+  assert.equal(guessRoom({ ...START, waitMs: 8.9 }), 1);
+  assert.equal(guessRoom({ ...START, waitMs: 27 }), 4);
+});
+
+Deno.test("the next layer's guesses read no more than the room, held ones skipped", async () => {
+  // Every rank held open: with no wait each prediction of the next layer starts one read, with a
+  // long wait up to all four; the embedding's guesses are not bounded by it.
+  const tight = await decodeWith(4, "always", { ...START, waitMs: 0 });
+  const wide = await decodeWith(4, "always", { ...START, waitMs: 1e6 });
+  const la = tight.la!;
+  const embedding = 4 * la.embeddingGate.decisions;
+  assert.ok(tight.spec <= la.gate.decisions + embedding, `${tight.spec} reads`);
+  assert.ok(
+    tight.spec < wide.spec,
+    `${tight.spec} reads with no wait, ${wide.spec} with a long one`,
+  );
+  assert.deepEqual(tight.logits, wide.logits);
 });
 
 Deno.test("logits are bit-identical with the gate forced open, forced shut and measured", async () => {

@@ -42,6 +42,19 @@ const MAX_AHEAD_REQUESTS = 128;
 /** Largest single read request of a record (a multiple of 4 KiB). */
 export const REQUEST_BYTES = 2 << 20;
 
+/**
+ * Largest single request of a guess (a multiple of 4 KiB). A guess's requests run only while no
+ * demand read is queued or running, but one that has started runs to its end: when the layer
+ * routes, the demand reads wait behind the guesses' running requests, up to one per reader
+ * thread. Smaller requests bound that wait; the rest of a wrong guess is withdrawn unstarted.
+ */
+export const GUESS_REQUEST_BYTES = 512 << 10;
+
+/** The request size of reads of `priority`: a guess's, or any other record read's. */
+function requestBytes(priority: ReadPriority): number {
+  return priority === ReadPriority.SPECULATIVE ? GUESS_REQUEST_BYTES : REQUEST_BYTES;
+}
+
 /** Where a layer's bank is open: the reader handle of each shard and how experts map to them. */
 export interface BankFiles {
   bank: ExpertBank;
@@ -126,6 +139,9 @@ export class ExpertStore implements ExpertSource {
   #hidden = new DecayedRatio(1);
   #blockedRecords = new DecayedRatio(1);
   #regret = new DecayedRatio(0);
+  /** Wait per hinted layer (ms), and the wait counter at the last hint. */
+  #layerWait = new DecayedRatio(0);
+  #waitAtHint = 0;
   #lastDisk: DiskStats | null = null;
   #lastGuesses = 0;
   /** Records evicted to admit a guess and not read again since, with the cache's eviction count
@@ -231,8 +247,9 @@ export class ExpertStore implements ExpertSource {
   }
 
   /**
-   * Submits one record as requests of at most {@link REQUEST_BYTES}, so both reader threads work
-   * on it and its matvecs can start sooner than a single large read would allow.
+   * Submits one record as requests of at most {@link REQUEST_BYTES} (a guess's of
+   * {@link GUESS_REQUEST_BYTES}), so the reader threads work on it together and its matvecs can
+   * start sooner than a single large read would allow.
    */
   #readRecord(
     handle: number,
@@ -242,8 +259,9 @@ export class ExpertStore implements ExpertSource {
     priority: ReadPriority,
   ): ReadTicket[] {
     const tickets: ReadTicket[] = [];
-    for (let o = 0; o < bytes; o += REQUEST_BYTES) {
-      const len = Math.min(REQUEST_BYTES, bytes - o);
+    const request = requestBytes(priority);
+    for (let o = 0; o < bytes; o += request) {
+      const len = Math.min(request, bytes - o);
       tickets.push(this.#reader.submit(handle, slot + o, len, offset + o, priority));
     }
     return tickets;
@@ -305,6 +323,8 @@ export class ExpertStore implements ExpertSource {
   }
 
   hint(layer: number, ids: readonly number[]): void {
+    this.#layerWait.add(this.stats.waitMs - this.#waitAtHint, 1);
+    this.#waitAtHint = this.stats.waitMs;
     this.#reap();
     const keys = ids.map((e) => this.#key(layer, e));
     // A withdrawn guess still landing holds no record: land and drop it before it is asked for.
@@ -358,12 +378,10 @@ export class ExpertStore implements ExpertSource {
       const left = f.tickets.filter((t) => !this.#reader.cancel(t));
       if (left.length === f.tickets.length) continue;
       // Withdrawn requests never reach the disk: bytesRead counts what is read. Request i of a
-      // record is REQUEST_BYTES long but the last, which holds the rest of the stride.
-      const stride = this.#banks[f.layer]!.bank.stride;
+      // guess is GUESS_REQUEST_BYTES long but the last, which holds the rest of the stride.
+      const stride = this.#banks[f.layer]!.bank.stride, request = GUESS_REQUEST_BYTES;
       f.tickets.forEach((t, i) => {
-        if (!left.includes(t)) {
-          this.stats.bytesRead -= Math.min(REQUEST_BYTES, stride - i * REQUEST_BYTES);
-        }
+        if (!left.includes(t)) this.stats.bytesRead -= Math.min(request, stride - i * request);
       });
       this.stats.speculativeCancelled++;
       f.tickets = left;
@@ -397,6 +415,7 @@ export class ExpertStore implements ExpertSource {
       hidden: this.#hidden.value,
       blockedMs: this.#blockedRecords.value * recordMs(),
       regret: this.#regret.value,
+      waitMs: this.#layerWait.value,
     };
   }
 
@@ -571,6 +590,7 @@ export class ExpertStore implements ExpertSource {
       waitMs: 0,
     });
     this.#lastGuesses = 0;
+    this.#waitAtHint = 0;
   }
 
   /** Waits for every read in flight and checks what landed. */

@@ -48,6 +48,13 @@ export interface SpeculationCosts {
   blockedMs: number;
   /** Share of records evicted to make room for a guess that a demand access missed afterwards. */
   regret: number;
+  /**
+   * What a MoE layer waited for its records lately (ms): guesses can hide at most that, so a
+   * prediction reads at most one guess more than the records that wait would read in (absent: no
+   * bound). In a compute-bound run the disk idles long enough for every ranked guess, and reading
+   * them all read 24% more bytes while the run's compute time rose (docs/LEARNED.md).
+   */
+  waitMs?: number;
 }
 
 /** Where predictions go: the expert store's speculative reads. */
@@ -117,6 +124,9 @@ export class SpeculationGate {
   #closedRun = 0;
   /** Predictions {@link decide} has been asked about. */
   decisions = 0;
+  /** Over the whole run, per rank: guesses scored, and those routed (not decayed: the bench's
+   * evidence of how precise each rank is). */
+  readonly ranks: { n: number; hits: number }[] = [];
   /** Least precision a rank needs to be read, whatever the costs say (0: none). */
   readonly floor: number;
 
@@ -129,6 +139,9 @@ export class SpeculationGate {
     let hits = 0;
     routed.forEach((hit, k) => {
       if (hit) hits++;
+      this.ranks[k] ??= { n: 0, hits: 0 };
+      this.ranks[k].n++;
+      if (hit) this.ranks[k].hits++;
       this.#byRank[k] ??= new DecayedRatio(0.5);
       this.#byRank[k].add(hit ? 1 : 0, 1);
     });
@@ -189,6 +202,25 @@ export function lookaheadScratchBytes(cfg: ModelConfig): number {
   return alignUp(s.logits, PAGE) + alignUp(s.row, PAGE);
 }
 
+/**
+ * Least precision of a rank of the next layer's guesses that is read. A guess its layer does not
+ * use is withdrawn only if it has not started; on a disk that idles for longer than the guesses
+ * take (a compute-bound run) every one is read, so a rank is read only if it is right at least as
+ * often as wrong: each read then saves at least the bytes it wastes. On the 48-layer MXFP4 synth
+ * (bench stream, budget 0.2) ranks 1-8 were right 98, 94, 90, 88, 76, 70, 59, 48% of the time,
+ * and reading every rank read 24–30% more bytes per token (docs/PERFORMANCE.md).
+ */
+export const NEXT_LAYER_FLOOR = 0.5;
+
+/**
+ * Reads one prediction of the next layer may start at `costs`: one, plus as many records as the
+ * layers' recent wait for reads would read in (see {@link SpeculationCosts.waitMs}).
+ */
+export function guessRoom(costs: SpeculationCosts): number {
+  if (costs.waitMs === undefined) return Infinity;
+  return 1 + Math.floor(costs.waitMs / Math.max(1e-3, costs.recordMs));
+}
+
 /** Tokens whose first-layer experts the tail's recency guess draws from. */
 export const RECENT_TOKENS = 4;
 
@@ -220,8 +252,8 @@ export class Lookahead {
    * predictions the gate kept from being read.
    */
   readonly stats = { predictedHits: 0, routed: 0, skipped: 0 };
-  /** Decides whether the next MoE layer's predictions are read. */
-  readonly gate = new SpeculationGate();
+  /** Decides whether the next MoE layer's predictions are read, and how many of their ranks. */
+  readonly gate = new SpeculationGate(NEXT_LAYER_FLOOR);
   /** The gate of the first MoE layer's guesses from the token's embedding. */
   readonly embeddingGate = new SpeculationGate();
   /** The gate of the tail's first-layer guesses from the guessed next token's embedding. */
@@ -454,14 +486,20 @@ export class Lookahead {
     return { gate, guesses, reads: this.#read(layer, guesses, gate) };
   }
 
-  /** Reads the union of each row's leading guesses that `gate` says pay; returns the reads. */
+  /**
+   * Reads the union of each row's leading guesses that `gate` says pay, in rank order and
+   * skipping those already held; the next layer's at most {@link guessRoom} per row. Returns the
+   * reads.
+   */
   #read(layer: number, guesses: number[][], gate: SpeculationGate): number {
-    const read = gate.decide(this.costs(), guesses[0].length);
+    const costs = this.costs();
+    const read = gate.decide(costs, guesses[0].length);
     if (read <= 0) {
       this.stats.skipped++;
       return 0;
     }
     const ids = [...new Set(guesses.flatMap((g) => g.slice(0, read)))];
-    return this.#target.speculate(layer, ids, ids.length);
+    const max = gate === this.gate ? guesses.length * guessRoom(costs) : ids.length;
+    return this.#target.speculate(layer, ids, max);
   }
 }

@@ -581,6 +581,21 @@ function formatTimeline(run: StreamRun | undefined, replayTokS: number): string[
         }`,
       ]
       : []),
+    ...(run!.lookahead_ranks?.length
+      ? [
+        `Next-layer guesses by rank (whole run; routed ÷ scored): ${
+          run!.lookahead_ranks.map((r, k) => `${k + 1}: ${pct(r.precision)} of ${r.n}`).join(", ")
+        }`,
+      ]
+      : []),
+    ...(run!.disk_blocked_ms_per_token != null
+      ? [
+        `Disk busy ${ms(run!.disk_busy_ms_per_token ?? 0)} ms per token, of it disk time guesses ` +
+        `held while a demand or read-ahead read was queued or running ${
+          ms(run!.disk_blocked_ms_per_token)
+        } ms.`,
+      ]
+      : []),
   ];
 }
 

@@ -46,6 +46,11 @@ export interface StreamRun {
    * predictions made and the decayed precision of the top guess.
    */
   lookahead_gates?: { name: string; predictions: number; precision: number }[];
+  /** The next layer's guesses over the whole run, by rank: guesses scored and the share routed. */
+  lookahead_ranks?: { n: number; precision: number }[];
+  /** Disk busy (a read running) and disk time guesses held from urgent reads, ms per token. */
+  disk_busy_ms_per_token?: number | null;
+  disk_blocked_ms_per_token?: number | null;
   trunk_pinned: number;
   expert_slots: number;
   /** Peak resident set size of the process that ran it (VmHWM). */
@@ -112,7 +117,7 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
   for (let p = 0; p < prompt.length; p += m.prefillChunk) {
     logits = m.forward(prompt.slice(p, p + m.prefillChunk), p);
   }
-  const a = counters(m);
+  const a = counters(m), diskA = m.reader.diskStats();
   const ids: number[] = [];
   const timeline = m.transformer.timeline;
   const t0 = performance.now();
@@ -124,7 +129,7 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
   }
   timeline?.mark("tail", -1);
   const ms = performance.now() - t0;
-  const b = counters(m);
+  const b = counters(m), diskB = m.reader.diskStats();
   const bytes = b.expertBytes - a.expertBytes + b.trunkBytes - a.trunkBytes;
   const hits = b.hits - a.hits, misses = b.misses - a.misses;
   const wait = b.waitMs - a.waitMs;
@@ -150,6 +155,12 @@ export function decode(m: Model, label: string, prompt: number[], tokens: number
       predictions: g.decisions,
       precision: g.precisionAt(0),
     })),
+    lookahead_ranks: m.observers.lookahead?.gate.ranks.map((r) => ({
+      n: r.n,
+      precision: r.n > 0 ? r.hits / r.n : 0,
+    })),
+    disk_busy_ms_per_token: diskA && diskB ? (diskB.busyMs - diskA.busyMs) / tokens : null,
+    disk_blocked_ms_per_token: diskA && diskB ? (diskB.blockedMs - diskA.blockedMs) / tokens : null,
     trunk_pinned: m.plan.pinned,
     expert_slots: m.plan.expertSlots,
     peak_rss_bytes: peakRss(),
