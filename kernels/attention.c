@@ -260,11 +260,11 @@ void attention_f32(const float *q, int q_stride, const float *kcache, const floa
                    int v_stride, float scale, const float *sinks, int tile, float *scratch,
                    int row_heads, int h0, int h1) {
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_tok <= 0 || pos0 < 0 || window < 0 ||
-      slots < 0 || tile <= 0 || row_heads <= 0 || row_heads > n_heads)
+      slots < 0 || tile <= 0 || row_heads <= 0 || n_heads % row_heads != 0)
     return;
   /* [h0, h1) counts rows of row_heads heads: the pool splits rows, and rows of whole kv heads
    * leave each kv head's keys and values to one thread. */
-  if (h1 > n_heads) h1 = n_heads;
+  if (h1 > n_heads / row_heads) h1 = n_heads / row_heads;
   h0 *= row_heads;
   h1 *= row_heads;
   int group = n_heads / n_kv_heads, tile4 = (tile + 3) & ~3, per_head = tile4 + 2 * n_tok;
