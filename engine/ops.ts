@@ -27,6 +27,19 @@ export interface Matmul {
   scratch?: number;
 }
 
+/** One gated MLP of {@link Ops.gatedMlps}: y = down(silu(gate · x) · (up · x)), through g and u. */
+export interface GatedMlp {
+  gate: TensorRef;
+  up: TensorRef;
+  down: TensorRef;
+  /** The input vector, and room for gate's and up's outputs (gate.rows floats each). */
+  x: number;
+  g: number;
+  u: number;
+  /** The output, down.rows floats. */
+  y: number;
+}
+
 /** Attention geometry shared by every token of a call. */
 export interface AttentionShape {
   nHeads: number;
@@ -151,6 +164,32 @@ export class Ops {
       work += m.w.rows * m.w.cols * m.nb;
     }
     this.#dispatch(jobs, work);
+  }
+
+  /**
+   * Gated SiLU MLPs of one vector each in one dispatch: every gate and up, then every g = silu(g) ·
+   * u, then every down, each group starting once the one before it is computed, with no return to
+   * the main thread in between (the same kernels, so the same bits, as {@link matmul} and
+   * {@link siluMul} one after another). Their weights take f32 input.
+   */
+  gatedMlps(list: readonly GatedMlp[]): void {
+    const up: Job[] = [], act: Job[] = [], down: Job[] = [];
+    let work = 0;
+    for (const m of list) {
+      up.push(...matmulJobs(m.gate, m.x, m.g, 1), ...matmulJobs(m.up, m.x, m.u, 1));
+      const n = m.gate.rows;
+      act.push({ kernel: "silu_mul_range_f32", args: [BigInt(m.g), BigInt(m.u), n], rows: n });
+      down.push(...matmulJobs(m.down, m.g, m.y, 1));
+      work += (m.gate.rows + m.up.rows) * m.gate.cols + m.down.rows * m.down.cols;
+    }
+    if (list.length === 0) return;
+    act[0] = { ...act[0], after: true };
+    down[0] = { ...down[0], after: true };
+    const jobs = [...up, ...act, ...down];
+    if (jobs.length > MAX_JOBS) {
+      throw new Error(`gatedMlps: ${list.length} MLPs need more than ${MAX_JOBS} jobs`);
+    }
+    this.pool.run(jobs, work);
   }
 
   #dispatch(jobs: Job[], work: number): void {

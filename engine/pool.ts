@@ -14,6 +14,7 @@ import {
   CTL,
   CTL_BYTES,
   CTL_HEADER_BYTES,
+  JOB_HEADER,
   JOB_SLOTS,
   MAX_JOB_ARGS,
   MAX_JOBS,
@@ -28,6 +29,11 @@ export interface Job {
   args: (number | bigint)[];
   /** Rows to split. */
   rows: number;
+  /**
+   * The job (and every job after it) may read outputs of the jobs before it in its dispatch: its
+   * rows start only once all of theirs are computed, with no return to the main thread between.
+   */
+  after?: boolean;
 }
 
 /** Dispatches whose total work (rows × cols summed) is below this run on the main thread alone. */
@@ -118,14 +124,15 @@ export class Pool {
 
   /**
    * Runs `jobs` in order, each split by rows over all threads, and returns when all are done.
-   * Jobs in one dispatch must not depend on each other's outputs.
+   * A job reads the outputs of earlier jobs of the dispatch only when marked `after`.
    */
   run(jobs: Job[], work: number): void {
     if (this.#closed) throw new Error("pool: used after close()");
     if (jobs.length > MAX_JOBS) throw new Error(`pool: ${jobs.length} jobs > ${MAX_JOBS}`);
     const table = this.#jobs;
+    let before = 0;
     for (let j = 0; j < jobs.length; j++) {
-      const { kernel, args, rows } = jobs[j];
+      const { kernel, args, rows, after } = jobs[j];
       const id = this.#ids.get(kernel);
       if (id === undefined) throw new Error(`pool: no kernel named ${kernel}`);
       if (args.length > MAX_JOB_ARGS) throw new Error(`pool: ${kernel} has too many args`);
@@ -135,13 +142,15 @@ export class Pool {
         const a = args[i];
         if (typeof a === "bigint") {
           mask |= 1 << i;
-          table[base + 4 + i] = Number(a);
-        } else table[base + 4 + i] = a;
+          table[base + JOB_HEADER + i] = Number(a);
+        } else table[base + JOB_HEADER + i] = a;
       }
       table[base] = id;
       table[base + 1] = args.length;
       table[base + 2] = rows;
       table[base + 3] = mask;
+      table[base + 4] = after ? before : 0;
+      before += rows;
     }
     if (this.#workers.length === 0 || work < MIN_PARALLEL_WORK) {
       this.counts.serial++;
@@ -153,9 +162,18 @@ export class Pool {
     for (let j = 0; j < jobs.length; j++) w[CTL.CLAIM + j] = 0;
     Atomics.store(w, CTL.NJOBS, jobs.length);
     Atomics.store(w, CTL.DONE, 0);
+    Atomics.store(w, CTL.FINISHED, 0);
     Atomics.add(w, CTL.GEN, 1);
     Atomics.notify(w, CTL.GEN);
-    runJobs(this.#fns, table, jobs.length, w, this.threads);
+    try {
+      runJobs(this.#fns, table, jobs.length, w, this.threads);
+    } catch (e) {
+      // Workers waiting for this thread's rows (jobs run `after`) stop on the flag.
+      Atomics.store(w, CTL.ERROR, 1);
+      this.#awaitWorkers();
+      Atomics.store(w, CTL.ERROR, 0);
+      throw e;
+    }
     this.#awaitWorkers();
     if (Atomics.load(w, CTL.ERROR) !== 0) {
       Atomics.store(w, CTL.ERROR, 0);

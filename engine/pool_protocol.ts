@@ -21,13 +21,20 @@ export const CTL = {
   NJOBS: 3,
   /** Set by a worker whose kernel threw; the main thread reports it. */
   ERROR: 4,
+  /** Rows of the current dispatch computed so far, over all its jobs (for jobs run `after`). */
+  FINISHED: 5,
   /** First of the per-job claim counters (next chunk to hand out). */
   CLAIM: 16,
 } as const;
-/** Float64 slots per job: kernel id, arg count, rows, BigInt mask, then the args. */
-export const JOB_SLOTS = 32;
+/**
+ * Float64 slots of a job's header: kernel id, arg count, rows, BigInt mask, and the rows of all
+ * earlier jobs that must be computed before its own start (0: none; see {@link runJobs}).
+ */
+export const JOB_HEADER = 5;
 /** Most args one job can carry (the row range is appended by the pool). */
-export const MAX_JOB_ARGS = JOB_SLOTS - 4;
+export const MAX_JOB_ARGS = 28;
+/** Float64 slots per job: the header, then the args. */
+export const JOB_SLOTS = JOB_HEADER + MAX_JOB_ARGS;
 /** Most jobs one dispatch can carry. */
 export const MAX_JOBS = 64;
 /** Bytes of the header (flags and claim counters) before the job table. */
@@ -55,15 +62,37 @@ function jobArgs(jobs: Float64Array, j: number): (number | bigint)[] {
   const mask = jobs[base + 3];
   const args: (number | bigint)[] = new Array(nargs + 2);
   for (let i = 0; i < nargs; i++) {
-    const v = jobs[base + 4 + i];
+    const v = jobs[base + JOB_HEADER + i];
     args[i] = (mask >>> i) & 1 ? BigInt(v) : v;
   }
   return args;
 }
 
+/** Spins before a thread waiting for earlier jobs' rows sleeps in short timed waits. */
+const AFTER_SPIN = 4000;
+
+/**
+ * Waits until `rows` rows of the dispatch are computed (a job run `after` the earlier ones); false
+ * when a thread's kernel threw instead, so those rows never will be.
+ */
+function awaitFinished(words: Int32Array, rows: number): boolean {
+  let spins = 0;
+  for (;;) {
+    const done = Atomics.load(words, CTL.FINISHED);
+    if (done >= rows) return true;
+    if (Atomics.load(words, CTL.ERROR) !== 0) return false;
+    // A preempted thread holds a chunk: then sleep in short waits rather than spin away its core.
+    if (spins++ >= AFTER_SPIN) Atomics.wait(words, CTL.FINISHED, done, 0.05);
+  }
+}
+
 /**
  * Runs the published jobs in order. Alone (`words` null), each job runs whole; in a pool, the
- * thread claims chunks of each job's rows from the job's counter in `words` until none are left.
+ * thread claims chunks of each job's rows from the job's counter in `words` until none are left,
+ * and counts the rows it computed in `CTL.FINISHED`. A job whose header names earlier rows (it
+ * reads earlier jobs' outputs) starts only once that many rows are computed: a thread that
+ * reaches it has claimed every chunk before it, so it waits only for chunks other threads are
+ * running.
  */
 export function runJobs(
   fns: ((...a: (number | bigint)[]) => unknown)[],
@@ -83,13 +112,17 @@ export function runJobs(
       fn(...args);
       continue;
     }
+    const after = jobs[j * JOB_SLOTS + 4];
+    if (after > 0 && !awaitFinished(words, after)) return;
     const chunk = chunkRows(rows, threads);
     for (;;) {
       const r0 = Atomics.add(words, CTL.CLAIM + j, 1) * chunk;
       if (r0 >= rows) break;
+      const r1 = Math.min(rows, r0 + chunk);
       args[n - 2] = r0;
-      args[n - 1] = Math.min(rows, r0 + chunk);
+      args[n - 1] = r1;
       fn(...args);
+      Atomics.add(words, CTL.FINISHED, r1 - r0);
     }
   }
 }
