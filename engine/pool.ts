@@ -159,23 +159,26 @@ export class Pool {
     }
     this.counts.parallel++;
     const w = this.#words;
+    this.#quiesce();
     for (let j = 0; j < jobs.length; j++) w[CTL.CLAIM + j] = 0;
     Atomics.store(w, CTL.NJOBS, jobs.length);
-    Atomics.store(w, CTL.DONE, 0);
     Atomics.store(w, CTL.FINISHED, 0);
+    Atomics.store(w, CTL.TOTAL, before);
     Atomics.add(w, CTL.GEN, 1);
+    Atomics.store(w, CTL.OPEN, 1);
     Atomics.notify(w, CTL.GEN);
     try {
       runJobs(this.#fns, table, jobs.length, w, this.threads);
     } catch (e) {
       // Workers waiting for this thread's rows (jobs run `after`) stop on the flag.
       Atomics.store(w, CTL.ERROR, 1);
-      this.#awaitWorkers();
+      this.#quiesce();
       Atomics.store(w, CTL.ERROR, 0);
       throw e;
     }
-    this.#awaitWorkers();
+    this.#awaitRows(before);
     if (Atomics.load(w, CTL.ERROR) !== 0) {
+      this.#quiesce();
       Atomics.store(w, CTL.ERROR, 0);
       // Rerun on this thread so the kernel's own exception, with its stack, is what the caller sees.
       runJobs(this.#fns, table, jobs.length, null, 1);
@@ -183,15 +186,26 @@ export class Pool {
     }
   }
 
-  #awaitWorkers(): void {
+  /** Waits until all `total` rows of the dispatch are computed, or a worker's kernel threw. */
+  #awaitRows(total: number): void {
     const w = this.#words;
-    const n = this.#workers.length;
     let spins = 0;
     for (;;) {
-      const done = Atomics.load(w, CTL.DONE);
-      if (done >= n) return;
+      const done = Atomics.load(w, CTL.FINISHED);
+      if (done >= total || Atomics.load(w, CTL.ERROR) !== 0) return;
       if (spins++ < 4000) continue;
-      Atomics.wait(w, CTL.DONE, done, 50);
+      // A worker's kernel that throws sets ERROR without finishing its rows: wake to look.
+      Atomics.wait(w, CTL.FINISHED, done, 50);
+    }
+  }
+
+  /** Closes the dispatch to late workers and waits for those inside it to leave. */
+  #quiesce(): void {
+    const w = this.#words;
+    Atomics.store(w, CTL.OPEN, 0);
+    let spins = 0;
+    while (Atomics.load(w, CTL.ACTIVE) !== 0) {
+      if (spins++ >= 4000) Atomics.wait(w, CTL.ACTIVE, Atomics.load(w, CTL.ACTIVE), 1);
     }
   }
 
@@ -201,11 +215,16 @@ export class Pool {
     this.#closed = true;
     if (this.#workers.length === 0) return;
     const w = this.#words;
+    this.#quiesce();
     Atomics.store(w, CTL.STOP, 1);
     Atomics.store(w, CTL.DONE, 0);
     Atomics.add(w, CTL.GEN, 1);
+    Atomics.store(w, CTL.OPEN, 1);
     Atomics.notify(w, CTL.GEN);
-    this.#awaitWorkers();
+    const n = this.#workers.length;
+    for (let done = Atomics.load(w, CTL.DONE); done < n; done = Atomics.load(w, CTL.DONE)) {
+      Atomics.wait(w, CTL.DONE, done, 50);
+    }
     for (const worker of this.#workers) worker.terminate();
   }
 }

@@ -6,6 +6,12 @@
  * (the machine is shared) does not hold up the others. Which thread computes a row never
  * changes its value: kernels compute each row the same way whatever range they are given.
  *
+ * A dispatch is over when all its rows are computed (`FINISHED` reaches `TOTAL`), not when every
+ * worker has checked in: a worker that the kernel scheduler kept off a core (the disk reader's
+ * threads share the cores) joins late or not at all, and the main thread does not wait for it.
+ * Workers join only while the dispatch is `OPEN` and count themselves in `ACTIVE`; the main
+ * thread closes the dispatch and waits for `ACTIVE` to fall to 0 before it writes the next one.
+ *
  * @module
  */
 
@@ -13,7 +19,7 @@
 export const CTL = {
   /** Incremented by the main thread to publish a dispatch. */
   GEN: 0,
-  /** Workers that finished the current dispatch. */
+  /** Workers that saw the stop request and are exiting. */
   DONE: 1,
   /** Set to 1 to make workers exit at the next dispatch. */
   STOP: 2,
@@ -21,8 +27,14 @@ export const CTL = {
   NJOBS: 3,
   /** Set by a worker whose kernel threw; the main thread reports it. */
   ERROR: 4,
-  /** Rows of the current dispatch computed so far, over all its jobs (for jobs run `after`). */
+  /** Rows of the current dispatch computed so far, over all its jobs. */
   FINISHED: 5,
+  /** 1 while workers may join the published dispatch; 0 while the main thread writes one. */
+  OPEN: 6,
+  /** Workers inside a dispatch (joined and not yet left). */
+  ACTIVE: 7,
+  /** Rows of the current dispatch over all its jobs: it is over when FINISHED reaches this. */
+  TOTAL: 8,
   /** First of the per-job claim counters (next chunk to hand out). */
   CLAIM: 16,
 } as const;
@@ -122,7 +134,8 @@ export function runJobs(
       args[n - 2] = r0;
       args[n - 1] = r1;
       fn(...args);
-      Atomics.add(words, CTL.FINISHED, r1 - r0);
+      const done = Atomics.add(words, CTL.FINISHED, r1 - r0) + r1 - r0;
+      if (done === Atomics.load(words, CTL.TOTAL)) Atomics.notify(words, CTL.FINISHED);
     }
   }
 }
