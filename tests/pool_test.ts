@@ -9,6 +9,10 @@ import { chunkRows } from "../engine/pool_protocol.ts";
 import { openReader } from "../io/reader.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { gemvRef } from "./scalar_kernels.ts";
+import { Ops } from "../engine/ops.ts";
+import type { TensorRef } from "../engine/tensor.ts";
+import { quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
+import { f32ToBf16Bytes } from "../engine/quant/plain.ts";
 
 Deno.test("arena hands out aligned, disjoint regions and refuses to overflow", () => {
   const arena = new Arena(4 << 20);
@@ -96,5 +100,135 @@ Deno.test("kernels and O_DIRECT reads work above 4 GiB of arena (wasm64)", async
     reader.close();
     pool.close();
     Deno.removeSync(dir, { recursive: true });
+  }
+});
+
+/** A pool of `threads` on a fresh arena, with a bump allocator that copies arrays in. */
+async function poolWith(threads: number, bytes = 16 << 20) {
+  const arena = new Arena(bytes);
+  const pool = await Pool.create(arena, await loadKernelModule(), threads);
+  const put = (a: Float32Array | Uint8Array) => {
+    const off = arena.alloc("t", a.byteLength, 64);
+    new Uint8Array(arena.memory.buffer, off, a.byteLength).set(
+      new Uint8Array(a.buffer, a.byteOffset, a.byteLength),
+    );
+    return off;
+  };
+  return { arena, pool, ops: new Ops(arena, pool), put };
+}
+
+Deno.test("jobs marked after read the outputs of the jobs before them, whatever the threads", async () => {
+  // y1 = A·x, y2 = B·y1, y3 = C·y2 in one dispatch: a stale y1 or y2 changes y3.
+  const n = 384;
+  const mats = [0.37, 0.23, 0.41].map((f) =>
+    Float32Array.from({ length: n * n }, (_, i) => Math.sin(i * f) / 16)
+  );
+  const x = Float32Array.from({ length: n }, (_, i) => Math.cos(i * 0.11));
+  let want: Float32Array | null = null;
+  for (const threads of [1, 2, 3, 4]) {
+    const { arena, pool, put } = await poolWith(threads);
+    try {
+      const [a, b, c] = mats.map(put), xo = put(x);
+      const ys = [1, 2, 3].map(() => arena.alloc("y", n * 4));
+      const job = (w: number, from: number, to: number, after: boolean) => ({
+        kernel: "gemv_f32",
+        args: [BigInt(w), BigInt(from), BigInt(to), n, n],
+        rows: n,
+        after,
+      });
+      for (let rep = 0; rep < 40; rep++) {
+        for (const y of ys) arena.f32(y, n).fill(0);
+        pool.run([
+          job(a, xo, ys[0], false),
+          job(b, ys[0], ys[1], true),
+          job(c, ys[1], ys[2], true),
+        ], 1 << 20);
+        const got = arena.f32(ys[2], n).slice();
+        want ??= got;
+        assert.deepEqual(got, want, `${threads} threads, repeat ${rep}`);
+      }
+      if (threads > 1) assert.ok(pool.counts.parallel > 0);
+    } finally {
+      pool.close();
+    }
+  }
+});
+
+Deno.test("gated MLPs in one dispatch give the bits of matmul, SiLU, matmul", async () => {
+  const inter = 96, d = 256;
+  const rand = (len: number, f: number) =>
+    Float32Array.from({ length: len }, (_, i) => Math.sin(i * f + f) * 0.5);
+  for (const threads of [1, 2, 3]) {
+    const { arena, ops, pool, put } = await poolWith(threads);
+    try {
+      // Each MLP in the shipped MXFP4 (exact kernel), bf16 and f32, three of them in one call.
+      const weights = (dtype: string, rows: number, cols: number, f: number): TensorRef => {
+        const w = rand(rows * cols, f);
+        if (dtype === "mxfp4") {
+          const m = quantizeMxfp4(w, rows, cols);
+          return { dtype, rows, cols, ptr: put(m.blocks), scale: put(m.scales), exact: true };
+        }
+        const data = dtype === "bf16" ? f32ToBf16Bytes(w) : w;
+        return { dtype, rows, cols, ptr: put(data) };
+      };
+      const mlps = ["mxfp4", "bf16", "f32"].map((dtype, i) => ({
+        gate: weights(dtype, inter, d, 0.3 + i),
+        up: weights(dtype, inter, d, 0.7 + i),
+        down: weights(dtype, d, inter, 1.1 + i),
+        x: put(rand(d, 0.05 + i)),
+        g: arena.alloc("g", inter * 4),
+        u: arena.alloc("u", inter * 4),
+        y: arena.alloc("y", d * 4),
+      }));
+      const want = mlps.map((m) => {
+        ops.matmul({ w: m.gate, x: m.x, y: m.g, nb: 1 }, { w: m.up, x: m.x, y: m.u, nb: 1 });
+        ops.siluMul(m.g, m.u, inter);
+        ops.matmul({ w: m.down, x: m.g, y: m.y, nb: 1 });
+        return new Uint32Array(arena.memory.buffer, m.y, d).slice();
+      });
+      for (let rep = 0; rep < 20; rep++) {
+        for (const m of mlps) arena.f32(m.g, inter).fill(0);
+        ops.gatedMlps(mlps);
+        mlps.forEach((m, i) =>
+          assert.deepEqual(new Uint32Array(arena.memory.buffer, m.y, d), want[i], `${threads}`)
+        );
+      }
+      if (threads > 1) assert.ok(pool.counts.parallel > 0);
+    } finally {
+      pool.close();
+    }
+  }
+});
+
+Deno.test("a kernel that fails inside a chain of jobs run after each other neither hangs the pool nor breaks it", async () => {
+  const { arena, pool, put } = await poolWith(2);
+  try {
+    const n = 256;
+    const w = put(Float32Array.from({ length: n * n }, (_, i) => Math.sin(i)));
+    const x = put(new Float32Array(n).fill(1));
+    const y = arena.alloc("y", n * 4), z = arena.alloc("z", n * 4);
+    const gemv = (from: bigint, to: number, after: boolean) => ({
+      kernel: "gemv_f32",
+      args: [BigInt(w), from, BigInt(to), n, n],
+      rows: n,
+      after,
+    });
+    // The second job reads past the end of memory: the trap must surface, the third never wait.
+    const past = BigInt(arena.memory.buffer.byteLength);
+    for (let rep = 0; rep < 5; rep++) {
+      assert.throws(() =>
+        pool.run(
+          [gemv(BigInt(x), y, false), gemv(past, z, true), gemv(BigInt(y), z, true)],
+          1 << 20,
+        )
+      );
+    }
+    pool.run([gemv(BigInt(x), y, false), gemv(BigInt(y), z, true)], 1 << 20);
+    const ref = gemvRef({ type: "f32", data: arena.f32(w, n * n).slice() }, arena.f32(y, n), n, n);
+    arena.f32(z, n).forEach((v, r) =>
+      assert.ok(Math.abs(v - ref[r]) <= 1e-3 * Math.abs(ref[r]) + 1e-3)
+    );
+  } finally {
+    pool.close();
   }
 });
