@@ -116,6 +116,9 @@ export function runJobs(
   for (let j = 0; j < njobs; j++) {
     const fn = fns[jobs[j * JOB_SLOTS]];
     const rows = jobs[j * JOB_SLOTS + 2];
+    // A thread that arrives late finds every chunk handed out: skip building the arguments.
+    const chunk = words ? chunkRows(rows, threads) : rows;
+    if (words && Atomics.load(words, CTL.CLAIM + j) * chunk >= rows) continue;
     const args = jobArgs(jobs, j);
     const n = args.length;
     if (!words) {
@@ -126,7 +129,6 @@ export function runJobs(
     }
     const after = jobs[j * JOB_SLOTS + 4];
     if (after > 0 && !awaitFinished(words, after)) return;
-    const chunk = chunkRows(rows, threads);
     for (;;) {
       const r0 = Atomics.add(words, CTL.CLAIM + j, 1) * chunk;
       if (r0 >= rows) break;
