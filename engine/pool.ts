@@ -56,6 +56,8 @@ export class Pool {
   readonly counts = { parallel: 0, serial: 0 };
   #words: Int32Array;
   #jobs: Float64Array;
+  /** The job table of dispatches that run on the main thread alone. */
+  #serialJobs = new Float64Array(MAX_JOBS * JOB_SLOTS);
   #ids: Map<string, number>;
   #fns: KernelFn[];
   #workers: Worker[];
@@ -129,7 +131,11 @@ export class Pool {
   run(jobs: Job[], work: number): void {
     if (this.#closed) throw new Error("pool: used after close()");
     if (jobs.length > MAX_JOBS) throw new Error(`pool: ${jobs.length} jobs > ${MAX_JOBS}`);
-    const table = this.#jobs;
+    const serial = this.#workers.length === 0 || work < MIN_PARALLEL_WORK;
+    // A worker that joined the last dispatch late may still read the shared table: close it to
+    // them before writing. Serial dispatches use a table of their own, which no worker reads.
+    if (!serial) this.#quiesce();
+    const table = serial ? this.#serialJobs : this.#jobs;
     let before = 0;
     for (let j = 0; j < jobs.length; j++) {
       const { kernel, args, rows, after } = jobs[j];
@@ -152,14 +158,13 @@ export class Pool {
       table[base + 4] = after ? before : 0;
       before += rows;
     }
-    if (this.#workers.length === 0 || work < MIN_PARALLEL_WORK) {
+    if (serial) {
       this.counts.serial++;
       runJobs(this.#fns, table, jobs.length, null, 1);
       return;
     }
     this.counts.parallel++;
     const w = this.#words;
-    this.#quiesce();
     for (let j = 0; j < jobs.length; j++) w[CTL.CLAIM + j] = 0;
     Atomics.store(w, CTL.NJOBS, jobs.length);
     Atomics.store(w, CTL.FINISHED, 0);
@@ -172,14 +177,12 @@ export class Pool {
     } catch (e) {
       // Workers waiting for this thread's rows (jobs run `after`) stop on the flag.
       Atomics.store(w, CTL.ERROR, 1);
-      this.#quiesce();
-      Atomics.store(w, CTL.ERROR, 0);
+      this.#abandon();
       throw e;
     }
     this.#awaitRows(before);
     if (Atomics.load(w, CTL.ERROR) !== 0) {
-      this.#quiesce();
-      Atomics.store(w, CTL.ERROR, 0);
+      this.#abandon();
       // Rerun on this thread so the kernel's own exception, with its stack, is what the caller sees.
       runJobs(this.#fns, table, jobs.length, null, 1);
       throw new Error("pool: a worker failed but the rerun on the main thread succeeded");
@@ -197,6 +200,18 @@ export class Pool {
       // A worker's kernel that throws sets ERROR without finishing its rows: wake to look.
       Atomics.wait(w, CTL.FINISHED, done, 50);
     }
+  }
+
+  /**
+   * After a kernel threw: waits for the workers inside the dispatch to leave, then reopens it
+   * with no jobs, so a worker that comes late runs nothing (and none waits on a closed one).
+   */
+  #abandon(): void {
+    const w = this.#words;
+    this.#quiesce();
+    Atomics.store(w, CTL.ERROR, 0);
+    Atomics.store(w, CTL.NJOBS, 0);
+    Atomics.store(w, CTL.OPEN, 1);
   }
 
   /** Closes the dispatch to late workers and waits for those inside it to leave. */

@@ -35,14 +35,15 @@ scope.onmessage = async (ev: MessageEvent<Init>) => {
     let spins = 0;
     while (Atomics.load(words, CTL.GEN) === seen && spins < SPIN) spins++;
     if (Atomics.load(words, CTL.GEN) === seen) Atomics.wait(words, CTL.GEN, seen);
-    // Join only an open dispatch: while it is closed the main thread is writing the next one (or
-    // gave up on a failed one), and GEN, read after OPEN, names the one to wait past. Once in
-    // ACTIVE, the main thread cannot close the open dispatch and write another under this worker.
+    // Join only an open dispatch: while it is closed the main thread is writing the next one
+    // (a few microseconds), so look again without giving up on it. Once counted in ACTIVE with
+    // the dispatch open, the main thread cannot close it and write another under this worker, so
+    // GEN, read after OPEN, names the dispatch this worker runs.
+    if (Atomics.load(words, CTL.OPEN) === 0) continue;
     Atomics.add(words, CTL.ACTIVE, 1);
-    const open = Atomics.load(words, CTL.OPEN) === 1;
-    seen = Atomics.load(words, CTL.GEN);
     let stop = false;
-    if (open) {
+    if (Atomics.load(words, CTL.OPEN) === 1) {
+      seen = Atomics.load(words, CTL.GEN);
       stop = Atomics.load(words, CTL.STOP) === 1;
       if (!stop) {
         try {

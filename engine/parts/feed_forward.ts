@@ -240,12 +240,7 @@ export class FeedForward {
     const prep = compact ? this.#prepFor(ew) : null;
     const pick = (w: ExpertWeights["gate"]) => {
       if (!prep || inputFormOf(w) === "f32") return undefined;
-      const key = preparedKey(w);
-      let all = shared.get(key);
-      if (!all) {
-        all = prep.shared.prepare(w, h, nb)!;
-        shared.set(key, all);
-      }
+      const all = this.#batchPrep(prep.shared, w, h, nb, shared);
       return tokens.map((t) => all[t]);
     };
     const x = this.#gathered;
@@ -272,13 +267,33 @@ export class FeedForward {
     if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
   }
 
+  /** The prepared inputs of `w` for every token of the batch `h`, made once per key in `shared`. */
+  #batchPrep(
+    prep: InputPrep,
+    w: ExpertWeights["gate"],
+    h: number,
+    nb: number,
+    shared: Map<string, number[]>,
+  ): number[] {
+    const key = preparedKey(w);
+    let all = shared.get(key);
+    if (!all) {
+      all = prep.prepare(w, h, nb)!;
+      shared.set(key, all);
+    }
+    return all;
+  }
+
   /**
    * Whether `ew` on one token can run as one pool dispatch ({@link Ops.gatedMlps}): a plain SiLU
-   * gate, no biases, and weights that take f32 input (nothing to prepare between its matmuls).
+   * gate, no biases, gate and up reading one input form and down reading f32 or Q8 (which the
+   * activation's job makes).
    */
   #fusable(ew: ExpertWeights): boolean {
+    const [g, u, d] = [ew.gate, ew.up, ew.down].map(inputFormOf);
     return !ew.biases && this.#plainSilu() && this.#cfg.moe?.clampedSwiglu === undefined &&
-      [ew.gate, ew.up, ew.down].every((w) => inputFormOf(w) === "f32");
+      (g === "f32" || g === "q8") && preparedKey(ew.gate) === preparedKey(ew.up) &&
+      (d === "f32" || d === "q8");
   }
 
   /** The gate is SiLU as {@link Ops.gatedMlps} computes it (not SiTU, GeGLU or a limited SwiGLU). */
@@ -303,32 +318,45 @@ export class FeedForward {
     // #gate and #up hold maxBatch rows of the widest FFN: room for that many experts' one row.
     const most = Math.min(MAX_FUSED_EXPERTS, this.#maxBatch);
     let fused: GatedMlp[] = [];
+    this.#prep?.local.reset();
+    const flush = () => {
+      ops.gatedMlps(fused);
+      fused = [];
+      // The downs' Q8 inputs of the next dispatch go where these were.
+      this.#prep?.local.reset();
+    };
     for (const { e, ew } of acquired) {
       const slots = users.get(e)!;
       if (slots.length === 1 && this.#fusable(ew)) {
-        const s = slots[0], i = fused.length, inter = ew.gate.rows;
+        const s = slots[0], t = Math.floor(s / topK), i = fused.length, inter = ew.gate.rows;
+        const prep = inputFormOf(ew.gate) === "q8" || inputFormOf(ew.down) === "q8"
+          ? this.#prepFor(ew)
+          : null;
         fused.push({
           gate: ew.gate,
           up: ew.up,
           down: ew.down,
-          x: input + Math.floor(s / topK) * d * 4,
+          x: input + t * d * 4,
           g: this.#gate + i * inter * 4,
           u: this.#up + i * inter * 4,
           y: this.#expertOut + s * d * 4,
+          ...(inputFormOf(ew.gate) === "q8"
+            ? { xq: this.#batchPrep(prep!.shared, ew.gate, input, nb, shared)[t] }
+            : {}),
+          ...(inputFormOf(ew.down) === "q8" ? { gq: prep!.local.reserve(ew.down, 1) } : {}),
         });
-        if (fused.length === most) {
-          ops.gatedMlps(fused);
-          fused = [];
-        }
+        if (fused.length === most) flush();
         continue;
       }
+      // #expertMlp reuses the downs' Q8 scratch: run what is pending first.
+      if (fused.length > 0) flush();
       slots.forEach((s, i) =>
         ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / topK) * d * 4, d)
       );
       this.#expertMlp(ew, input, nb, slots.map((s) => Math.floor(s / topK)), shared);
       slots.forEach((s, i) => ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d));
     }
-    ops.gatedMlps(fused);
+    if (fused.length > 0) flush();
   }
 
   /**
