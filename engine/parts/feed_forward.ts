@@ -290,7 +290,7 @@ export class FeedForward {
    * activation's job makes).
    */
   #fusable(ew: ExpertWeights): boolean {
-    const [g, u, d] = [ew.gate, ew.up, ew.down].map(inputFormOf);
+    const [g, d] = [ew.gate, ew.down].map(inputFormOf);
     return !ew.biases && this.#plainSilu() && this.#cfg.moe?.clampedSwiglu === undefined &&
       (g === "f32" || g === "q8") && preparedKey(ew.gate) === preparedKey(ew.up) &&
       (d === "f32" || d === "q8");
