@@ -8,7 +8,7 @@
 import type { Arena } from "./arena.ts";
 import type { Job, Pool } from "./pool.ts";
 import { chunkRows, MAX_JOBS } from "./pool_protocol.ts";
-import { exactBatchJob, matmulJobs, type TensorRef } from "./tensor.ts";
+import { exactBatchJob, inputFormOf, matmulJobs, type TensorRef } from "./tensor.ts";
 
 type Fn = (...a: (number | bigint)[]) => number;
 
@@ -25,6 +25,23 @@ export interface Matmul {
    * batch through a decoded copy (shipped MXFP4, INT4) put it; without it they run per vector.
    */
   scratch?: number;
+}
+
+/** One gated MLP of {@link Ops.gatedMlps}: y = down(silu(gate · x) · (up · x)), through g and u. */
+export interface GatedMlp {
+  gate: TensorRef;
+  up: TensorRef;
+  down: TensorRef;
+  /** The input vector, and room for gate's and up's outputs (gate.rows floats each). */
+  x: number;
+  g: number;
+  u: number;
+  /** The prepared form of x that gate and up read, when their format reads one (Q8). */
+  xq?: number;
+  /** Room for the Q8 form of the activation, when down reads Q8: made in the same dispatch. */
+  gq?: number;
+  /** The output, down.rows floats. */
+  y: number;
 }
 
 /** Attention geometry shared by every token of a call. */
@@ -168,6 +185,41 @@ export class Ops {
       work += m.w.rows * m.w.cols * m.nb;
     }
     this.#dispatch(jobs, work);
+  }
+
+  /**
+   * Gated SiLU MLPs of one vector each in one dispatch: every gate and up, then every g = silu(g) ·
+   * u (and its Q8 form for a down that reads one), then every down, each group starting once the
+   * one before it is computed, with no return to the main thread in between (the same kernels, so
+   * the same bits, as {@link matmul}, {@link siluMul} and quantize_act_q8 one after another).
+   */
+  gatedMlps(list: readonly GatedMlp[]): void {
+    const up: Job[] = [], act: Job[] = [], down: Job[] = [];
+    let work = 0;
+    for (const m of list) {
+      const xq = m.xq === undefined ? undefined : [m.xq];
+      up.push(...matmulJobs(m.gate, m.x, m.g, 1, xq), ...matmulJobs(m.up, m.x, m.u, 1, xq));
+      const n = m.gate.rows, form = inputFormOf(m.down);
+      if (form !== (m.gq === undefined ? "f32" : "q8")) {
+        throw new Error(`gatedMlps: a down of ${m.down.dtype} reads ${form} input`);
+      }
+      const [g, u] = [BigInt(m.g), BigInt(m.u)];
+      act.push(
+        m.gq === undefined
+          ? { kernel: "silu_mul_range_f32", args: [g, u, n], rows: n }
+          : { kernel: "silu_mul_q8_range", args: [g, u, BigInt(m.gq), n], rows: n / 32 },
+      );
+      down.push(...matmulJobs(m.down, m.g, m.y, 1, m.gq === undefined ? undefined : [m.gq]));
+      work += (m.gate.rows + m.up.rows) * m.gate.cols + m.down.rows * m.down.cols;
+    }
+    if (list.length === 0) return;
+    act[0] = { ...act[0], after: true };
+    down[0] = { ...down[0], after: true };
+    const jobs = [...up, ...act, ...down];
+    if (jobs.length > MAX_JOBS) {
+      throw new Error(`gatedMlps: ${list.length} MLPs need more than ${MAX_JOBS} jobs`);
+    }
+    this.pool.run(jobs, work);
   }
 
   #dispatch(jobs: Job[], work: number): void {

@@ -14,6 +14,7 @@ import {
   CTL,
   CTL_BYTES,
   CTL_HEADER_BYTES,
+  JOB_HEADER,
   JOB_SLOTS,
   MAX_JOB_ARGS,
   MAX_JOBS,
@@ -28,6 +29,11 @@ export interface Job {
   args: (number | bigint)[];
   /** Rows to split. */
   rows: number;
+  /**
+   * The job (and every job after it) may read outputs of the jobs before it in its dispatch: its
+   * rows start only once all of theirs are computed, with no return to the main thread between.
+   */
+  after?: boolean;
 }
 
 /** Dispatches whose total work (rows × cols summed) is below this run on the main thread alone. */
@@ -50,6 +56,8 @@ export class Pool {
   readonly counts = { parallel: 0, serial: 0 };
   #words: Int32Array;
   #jobs: Float64Array;
+  /** The job table of dispatches that run on the main thread alone. */
+  #serialJobs = new Float64Array(MAX_JOBS * JOB_SLOTS);
   #ids: Map<string, number>;
   #fns: KernelFn[];
   #workers: Worker[];
@@ -118,14 +126,19 @@ export class Pool {
 
   /**
    * Runs `jobs` in order, each split by rows over all threads, and returns when all are done.
-   * Jobs in one dispatch must not depend on each other's outputs.
+   * A job reads the outputs of earlier jobs of the dispatch only when marked `after`.
    */
   run(jobs: Job[], work: number): void {
     if (this.#closed) throw new Error("pool: used after close()");
     if (jobs.length > MAX_JOBS) throw new Error(`pool: ${jobs.length} jobs > ${MAX_JOBS}`);
-    const table = this.#jobs;
+    const serial = this.#workers.length === 0 || work < MIN_PARALLEL_WORK;
+    // A worker that joined the last dispatch late may still read the shared table: close it to
+    // them before writing. Serial dispatches use a table of their own, which no worker reads.
+    if (!serial) this.#quiesce();
+    const table = serial ? this.#serialJobs : this.#jobs;
+    let before = 0;
     for (let j = 0; j < jobs.length; j++) {
-      const { kernel, args, rows } = jobs[j];
+      const { kernel, args, rows, after } = jobs[j];
       const id = this.#ids.get(kernel);
       if (id === undefined) throw new Error(`pool: no kernel named ${kernel}`);
       if (args.length > MAX_JOB_ARGS) throw new Error(`pool: ${kernel} has too many args`);
@@ -135,15 +148,17 @@ export class Pool {
         const a = args[i];
         if (typeof a === "bigint") {
           mask |= 1 << i;
-          table[base + 4 + i] = Number(a);
-        } else table[base + 4 + i] = a;
+          table[base + JOB_HEADER + i] = Number(a);
+        } else table[base + JOB_HEADER + i] = a;
       }
       table[base] = id;
       table[base + 1] = args.length;
       table[base + 2] = rows;
       table[base + 3] = mask;
+      table[base + 4] = after ? before : 0;
+      before += rows;
     }
-    if (this.#workers.length === 0 || work < MIN_PARALLEL_WORK) {
+    if (serial) {
       this.counts.serial++;
       runJobs(this.#fns, table, jobs.length, null, 1);
       return;
@@ -152,28 +167,60 @@ export class Pool {
     const w = this.#words;
     for (let j = 0; j < jobs.length; j++) w[CTL.CLAIM + j] = 0;
     Atomics.store(w, CTL.NJOBS, jobs.length);
-    Atomics.store(w, CTL.DONE, 0);
+    Atomics.store(w, CTL.FINISHED, 0);
+    Atomics.store(w, CTL.TOTAL, before);
     Atomics.add(w, CTL.GEN, 1);
+    Atomics.store(w, CTL.OPEN, 1);
     Atomics.notify(w, CTL.GEN);
-    runJobs(this.#fns, table, jobs.length, w, this.threads);
-    this.#awaitWorkers();
+    try {
+      runJobs(this.#fns, table, jobs.length, w, this.threads);
+    } catch (e) {
+      // Workers waiting for this thread's rows (jobs run `after`) stop on the flag.
+      Atomics.store(w, CTL.ERROR, 1);
+      this.#abandon();
+      throw e;
+    }
+    this.#awaitRows(before);
     if (Atomics.load(w, CTL.ERROR) !== 0) {
-      Atomics.store(w, CTL.ERROR, 0);
+      this.#abandon();
       // Rerun on this thread so the kernel's own exception, with its stack, is what the caller sees.
       runJobs(this.#fns, table, jobs.length, null, 1);
       throw new Error("pool: a worker failed but the rerun on the main thread succeeded");
     }
   }
 
-  #awaitWorkers(): void {
+  /** Waits until all `total` rows of the dispatch are computed, or a worker's kernel threw. */
+  #awaitRows(total: number): void {
     const w = this.#words;
-    const n = this.#workers.length;
     let spins = 0;
     for (;;) {
-      const done = Atomics.load(w, CTL.DONE);
-      if (done >= n) return;
+      const done = Atomics.load(w, CTL.FINISHED);
+      if (done >= total || Atomics.load(w, CTL.ERROR) !== 0) return;
       if (spins++ < 4000) continue;
-      Atomics.wait(w, CTL.DONE, done, 50);
+      // A worker's kernel that throws sets ERROR without finishing its rows: wake to look.
+      Atomics.wait(w, CTL.FINISHED, done, 50);
+    }
+  }
+
+  /**
+   * After a kernel threw: waits for the workers inside the dispatch to leave, then reopens it
+   * with no jobs, so a worker that comes late runs nothing (and none waits on a closed one).
+   */
+  #abandon(): void {
+    const w = this.#words;
+    this.#quiesce();
+    Atomics.store(w, CTL.ERROR, 0);
+    Atomics.store(w, CTL.NJOBS, 0);
+    Atomics.store(w, CTL.OPEN, 1);
+  }
+
+  /** Closes the dispatch to late workers and waits for those inside it to leave. */
+  #quiesce(): void {
+    const w = this.#words;
+    Atomics.store(w, CTL.OPEN, 0);
+    let spins = 0;
+    while (Atomics.load(w, CTL.ACTIVE) !== 0) {
+      if (spins++ >= 4000) Atomics.wait(w, CTL.ACTIVE, Atomics.load(w, CTL.ACTIVE), 1);
     }
   }
 
@@ -183,11 +230,16 @@ export class Pool {
     this.#closed = true;
     if (this.#workers.length === 0) return;
     const w = this.#words;
+    this.#quiesce();
     Atomics.store(w, CTL.STOP, 1);
     Atomics.store(w, CTL.DONE, 0);
     Atomics.add(w, CTL.GEN, 1);
+    Atomics.store(w, CTL.OPEN, 1);
     Atomics.notify(w, CTL.GEN);
-    this.#awaitWorkers();
+    const n = this.#workers.length;
+    for (let done = Atomics.load(w, CTL.DONE); done < n; done = Atomics.load(w, CTL.DONE)) {
+      Atomics.wait(w, CTL.DONE, done, 50);
+    }
     for (const worker of this.#workers) worker.terminate();
   }
 }

@@ -35,19 +35,32 @@ scope.onmessage = async (ev: MessageEvent<Init>) => {
     let spins = 0;
     while (Atomics.load(words, CTL.GEN) === seen && spins < SPIN) spins++;
     if (Atomics.load(words, CTL.GEN) === seen) Atomics.wait(words, CTL.GEN, seen);
-    seen = Atomics.load(words, CTL.GEN);
-    const stop = Atomics.load(words, CTL.STOP) === 1;
-    if (!stop) {
-      try {
-        runJobs(fns, jobs, Atomics.load(words, CTL.NJOBS), words, participants);
-      } catch (e) {
-        Atomics.store(words, CTL.ERROR, 1);
-        scope.postMessage({ error: String(e) });
+    // Join only an open dispatch: while it is closed the main thread is writing the next one
+    // (a few microseconds), so look again without giving up on it. Once counted in ACTIVE with
+    // the dispatch open, the main thread cannot close it and write another under this worker, so
+    // GEN, read after OPEN, names the dispatch this worker runs.
+    if (Atomics.load(words, CTL.OPEN) === 0) continue;
+    Atomics.add(words, CTL.ACTIVE, 1);
+    let stop = false;
+    if (Atomics.load(words, CTL.OPEN) === 1) {
+      seen = Atomics.load(words, CTL.GEN);
+      stop = Atomics.load(words, CTL.STOP) === 1;
+      if (!stop) {
+        try {
+          runJobs(fns, jobs, Atomics.load(words, CTL.NJOBS), words, participants);
+        } catch (e) {
+          Atomics.store(words, CTL.ERROR, 1);
+          Atomics.notify(words, CTL.FINISHED);
+          scope.postMessage({ error: String(e) });
+        }
       }
     }
-    Atomics.add(words, CTL.DONE, 1);
-    Atomics.notify(words, CTL.DONE);
-    if (stop) break;
+    if (Atomics.sub(words, CTL.ACTIVE, 1) === 1) Atomics.notify(words, CTL.ACTIVE);
+    if (stop) {
+      Atomics.add(words, CTL.DONE, 1);
+      Atomics.notify(words, CTL.DONE);
+      break;
+    }
   }
   scope.close();
 };

@@ -145,6 +145,23 @@ export class InputPrep {
     this.#padBytes = padBytes;
   }
 
+  /**
+   * Room for `nb` prepared input vectors of `w`, one after another, left for a kernel to fill
+   * (the first one's arena offset).
+   */
+  reserve(w: TensorRef, nb: number): number {
+    const size = preparedBytes(w);
+    if (this.#top + nb * size > this.bytes) {
+      throw new Error(
+        `prepared-input scratch of ${this.bytes} bytes cannot hold ${nb} × ${size} more bytes ` +
+          `for ${w.dtype} [${w.rows}, ${w.cols}]: the memory plan is wrong`,
+      );
+    }
+    const dst = this.offset + this.#top;
+    this.#top += nb * size;
+    return dst;
+  }
+
   /** Frees every prepared vector. */
   reset(): void {
     this.#top = 0;
@@ -157,17 +174,10 @@ export class InputPrep {
   prepare(w: TensorRef, x: number, nb: number): number[] | undefined {
     const form = inputFormOf(w);
     if (form === "f32") return undefined;
-    const size = preparedBytes(w);
-    if (this.#top + nb * size > this.bytes) {
-      throw new Error(
-        `prepared-input scratch of ${this.bytes} bytes cannot hold ${nb} × ${size} more bytes ` +
-          `for ${w.dtype} [${w.rows}, ${w.cols}]: the memory plan is wrong`,
-      );
-    }
+    const first = this.reserve(w, nb);
     const out: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const dst = this.offset + this.#top;
-      this.#top += size;
+      const dst = first + b * preparedBytes(w);
       const xb = x + b * w.cols * 4;
       if (form === "q8") {
         this.#k.quantize_act_q8(BigInt(xb), BigInt(dst), w.cols);

@@ -15,6 +15,17 @@ void silu_mul_f32(float *g, const float *u, int n) {
 }
 
 /*
+ * silu_mul_f32 on elements [r0, r1) of n, a pool job's share (the bits of each element do not
+ * depend on where a call starts).
+ */
+KEXPORT("silu_mul_range_f32")
+void silu_mul_range_f32(float *g, const float *u, int n, int r0, int r1) {
+  if (r1 > n) r1 = n;
+  if (r0 < 0) r0 = 0;
+  if (r0 < r1) silu_mul_f32(g + r0, u + r0, r1 - r0);
+}
+
+/*
  * PyTorch's tanh GELU times the up projection (Gemma's GeGLU):
  * 0.5 · g · (1 + tanh(sqrt(2/pi) · (g + 0.044715 · g³))) · u. For |g| past ~1e13, g³ is ±Inf and
  * tanh ±1, which gives g or −0 as the exact GELU does.

@@ -8,12 +8,11 @@
  * x[0..cols) -> Q8 blocks at xq (cols a multiple of 32). Per block: scale = max|x| / 127,
  * q = round-half-even(x * (127 / max|x|)); an all-zero block gets scale 0 and q = 0.
  */
-KEXPORT("quantize_act_q8")
-void quantize_act_q8(const float *x, int8_t *xq, int cols) {
+static void quantize_q8_blocks(const float *x, int8_t *xq, int cols, int b0, int b1) {
   int nb = cols / 32;
   float *scales = (float *)(xq + cols);
   int32_t *sums = (int32_t *)(xq + cols + 4 * nb);
-  for (int b = 0; b < nb; b++) {
+  for (int b = b0; b < b1; b++) {
     const float *p = x + 32 * b;
     v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
     v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
@@ -44,6 +43,28 @@ void quantize_act_q8(const float *x, int8_t *xq, int cols) {
     wasm_v128_store(o + 16, wasm_i8x16_shuffle(a, c, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25,
                                                27, 29, 31));
   }
+}
+
+KEXPORT("quantize_act_q8")
+void quantize_act_q8(const float *x, int8_t *xq, int cols) {
+  quantize_q8_blocks(x, xq, cols, 0, cols / 32);
+}
+
+void silu_mul_f32(float *g, const float *u, int n);
+
+/*
+ * A gated MLP's activation and its down projection's Q8 input in one pool job: g = silu(g) · u
+ * on blocks [b0, b1) of 32 floats, then those blocks of g quantised into xq as quantize_act_q8
+ * lays them out (the same bits: both are per element and per block).
+ */
+KEXPORT("silu_mul_q8_range")
+void silu_mul_q8_range(float *g, const float *u, int8_t *xq, int cols, int b0, int b1) {
+  int nb = cols / 32;
+  if (b1 > nb) b1 = nb;
+  if (b0 < 0) b0 = 0;
+  if (b0 >= b1) return;
+  silu_mul_f32(g + 32 * b0, u + 32 * b0, 32 * (b1 - b0));
+  quantize_q8_blocks(g, xq, cols, b0, b1);
 }
 
 /* Sixteen int8 weights as four f32 vectors. */

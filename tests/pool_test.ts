@@ -10,6 +10,11 @@ import { chunkRows } from "../engine/pool_protocol.ts";
 import { openReader } from "../io/reader.ts";
 import { loadKernelModule } from "../wasm/mod.ts";
 import { gemvRef } from "./scalar_kernels.ts";
+import { Ops } from "../engine/ops.ts";
+import type { TensorRef } from "../engine/tensor.ts";
+import { quantizeMxfp4 } from "../engine/quant/mxfp4.ts";
+import { f32ToBf16Bytes } from "../engine/quant/plain.ts";
+import { q8Bytes } from "../wasm/quant_kernels.ts";
 
 Deno.test("arena hands out aligned, disjoint regions and refuses to overflow", () => {
   const arena = new Arena(4 << 20);
@@ -114,5 +119,189 @@ Deno.test("kernels and O_DIRECT reads work above 4 GiB of arena (wasm64)", async
     reader.close();
     pool.close();
     Deno.removeSync(dir, { recursive: true });
+  }
+});
+
+/** A pool of `threads` on a fresh arena, with a bump allocator that copies arrays in. */
+async function poolWith(threads: number, bytes = 16 << 20) {
+  const arena = new Arena(bytes);
+  const pool = await Pool.create(arena, await loadKernelModule(), threads);
+  const put = (a: Float32Array | Uint8Array) => {
+    const off = arena.alloc("t", a.byteLength, 64);
+    new Uint8Array(arena.memory.buffer, off, a.byteLength).set(
+      new Uint8Array(a.buffer, a.byteOffset, a.byteLength),
+    );
+    return off;
+  };
+  return { arena, pool, ops: new Ops(arena, pool), put };
+}
+
+Deno.test("jobs marked after read the outputs of the jobs before them, whatever the threads", async () => {
+  // y1 = A·x, y2 = B·y1, y3 = C·y2 in one dispatch: a stale y1 or y2 changes y3.
+  const n = 384;
+  const mats = [0.37, 0.23, 0.41].map((f) =>
+    Float32Array.from({ length: n * n }, (_, i) => Math.sin(i * f) / 16)
+  );
+  const x = Float32Array.from({ length: n }, (_, i) => Math.cos(i * 0.11));
+  let want: Float32Array | null = null;
+  for (const threads of [1, 2, 3, 4]) {
+    const { arena, pool, put } = await poolWith(threads);
+    try {
+      const [a, b, c] = mats.map(put), xo = put(x);
+      const ys = [1, 2, 3].map(() => arena.alloc("y", n * 4));
+      const job = (w: number, from: number, to: number, after: boolean) => ({
+        kernel: "gemv_f32",
+        args: [BigInt(w), BigInt(from), BigInt(to), n, n],
+        rows: n,
+        after,
+      });
+      for (let rep = 0; rep < 40; rep++) {
+        for (const y of ys) arena.f32(y, n).fill(0);
+        pool.run([
+          job(a, xo, ys[0], false),
+          job(b, ys[0], ys[1], true),
+          job(c, ys[1], ys[2], true),
+        ], 1 << 20);
+        const got = arena.f32(ys[2], n).slice();
+        want ??= got;
+        assert.deepEqual(got, want, `${threads} threads, repeat ${rep}`);
+      }
+      if (threads > 1) assert.ok(pool.counts.parallel > 0);
+    } finally {
+      pool.close();
+    }
+  }
+});
+
+Deno.test("gated MLPs in one dispatch give the bits of matmul, SiLU, (Q8,) matmul", async () => {
+  const inter = 96, d = 256;
+  const rand = (len: number, f: number) =>
+    Float32Array.from({ length: len }, (_, i) => Math.sin(i * f + f) * 0.5);
+  for (const threads of [1, 2, 3]) {
+    const { arena, ops, pool, put } = await poolWith(threads);
+    try {
+      // MLPs in MXFP4 as shipped (the exact kernel, f32 input) and as packed (Q8 input), bf16
+      // and f32, all in one call.
+      const weights = (kind: string, rows: number, cols: number, f: number): TensorRef => {
+        const w = rand(rows * cols, f);
+        const dtype = kind.startsWith("mxfp4") ? "mxfp4" : kind;
+        if (dtype === "mxfp4") {
+          const m = quantizeMxfp4(w, rows, cols);
+          const exact = kind === "mxfp4 exact";
+          return { dtype, rows, cols, ptr: put(m.blocks), scale: put(m.scales), exact };
+        }
+        const data = dtype === "bf16" ? f32ToBf16Bytes(w) : w;
+        return { dtype, rows, cols, ptr: put(data) };
+      };
+      const k = pool.exports;
+      const mlps = ["mxfp4 exact", "mxfp4", "bf16", "f32"].map((kind, i) => {
+        const x = put(rand(d, 0.05 + i));
+        const q8 = kind === "mxfp4";
+        const xq = q8 ? arena.alloc("xq", q8Bytes(d), 64) : undefined;
+        if (xq !== undefined) k.quantize_act_q8(BigInt(x), BigInt(xq), d);
+        return {
+          gate: weights(kind, inter, d, 0.3 + i),
+          up: weights(kind, inter, d, 0.7 + i),
+          down: weights(kind, d, inter, 1.1 + i),
+          x,
+          g: arena.alloc("g", inter * 4),
+          u: arena.alloc("u", inter * 4),
+          y: arena.alloc("y", d * 4),
+          xq,
+          gq: q8 ? arena.alloc("gq", q8Bytes(inter), 64) : undefined,
+        };
+      });
+      const want = mlps.map((m) => {
+        const xq = m.xq === undefined ? undefined : [m.xq];
+        ops.matmul({ w: m.gate, x: m.x, y: m.g, nb: 1, prep: xq }, {
+          w: m.up,
+          x: m.x,
+          y: m.u,
+          nb: 1,
+          prep: xq,
+        });
+        ops.siluMul(m.g, m.u, inter);
+        if (m.gq !== undefined) k.quantize_act_q8(BigInt(m.g), BigInt(m.gq), inter);
+        const gq = m.gq === undefined ? undefined : [m.gq];
+        ops.matmul({ w: m.down, x: m.g, y: m.y, nb: 1, prep: gq });
+        return new Uint32Array(arena.memory.buffer, m.y, d).slice();
+      });
+      for (let rep = 0; rep < 20; rep++) {
+        for (const m of mlps) {
+          arena.f32(m.g, inter).fill(0);
+          if (m.gq !== undefined) new Uint8Array(arena.memory.buffer, m.gq, q8Bytes(inter)).fill(0);
+        }
+        ops.gatedMlps(mlps);
+        mlps.forEach((m, i) =>
+          assert.deepEqual(new Uint32Array(arena.memory.buffer, m.y, d), want[i], `${threads}`)
+        );
+      }
+      if (threads > 1) assert.ok(pool.counts.parallel > 0);
+    } finally {
+      pool.close();
+    }
+  }
+});
+
+Deno.test("a kernel that fails inside a chain of jobs run after each other neither hangs the pool nor breaks it", async () => {
+  const { arena, pool, put } = await poolWith(2);
+  try {
+    const n = 256;
+    const w = put(Float32Array.from({ length: n * n }, (_, i) => Math.sin(i)));
+    const x = put(new Float32Array(n).fill(1));
+    const y = arena.alloc("y", n * 4), z = arena.alloc("z", n * 4);
+    const gemv = (from: bigint, to: number, after: boolean) => ({
+      kernel: "gemv_f32",
+      args: [BigInt(w), from, BigInt(to), n, n],
+      rows: n,
+      after,
+    });
+    // The second job reads past the end of memory: the trap must surface, the third never wait.
+    const past = BigInt(arena.memory.buffer.byteLength);
+    for (let rep = 0; rep < 5; rep++) {
+      assert.throws(() =>
+        pool.run(
+          [gemv(BigInt(x), y, false), gemv(past, z, true), gemv(BigInt(y), z, true)],
+          1 << 20,
+        )
+      );
+    }
+    pool.run([gemv(BigInt(x), y, false), gemv(BigInt(y), z, true)], 1 << 20);
+    const ref = gemvRef({ type: "f32", data: arena.f32(w, n * n).slice() }, arena.f32(y, n), n, n);
+    arena.f32(z, n).forEach((v, r) =>
+      assert.ok(Math.abs(v - ref[r]) <= 1e-3 * Math.abs(ref[r]) + 1e-3)
+    );
+  } finally {
+    pool.close();
+  }
+});
+
+Deno.test("a worker that joins a dispatch late never runs the next one's jobs twice", async () => {
+  // A one-row dispatch forced onto the workers is done by the main thread before they wake, so
+  // they join it late; an in-place job run right after it on the main thread alone must then
+  // apply once (a worker that ran part of it again would square silu on those rows).
+  const { arena, pool, put } = await poolWith(3);
+  try {
+    const n = 4096;
+    const g = arena.alloc("g", n * 4), u = put(new Float32Array(n).fill(2));
+    const w = put(new Float32Array(4).fill(1)), x = put(new Float32Array(4).fill(1));
+    const y = arena.alloc("y", 16);
+    const silu = { kernel: "silu_mul_range_f32", args: [BigInt(g), BigInt(u), n], rows: n };
+    const once = 2 / (1 + Math.exp(-1));
+    for (let rep = 0; rep < 300; rep++) {
+      arena.f32(g, n).fill(1);
+      pool.run(
+        [{ kernel: "gemv_f32", args: [BigInt(w), BigInt(x), BigInt(y), 4, 4], rows: 4 }],
+        1 << 20,
+      );
+      pool.run([silu], 1);
+      const got = arena.f32(g, n);
+      for (let i = 0; i < n; i++) {
+        if (Math.abs(got[i] - once) > 1e-6) assert.fail(`repeat ${rep}: element ${i} is ${got[i]}`);
+      }
+    }
+    assert.ok(pool.counts.parallel >= 300 && pool.counts.serial >= 300);
+  } finally {
+    pool.close();
   }
 });

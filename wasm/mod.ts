@@ -86,6 +86,8 @@ export interface Kernels {
   softmax_f32(x: Ptr, n: number): void;
   /** g[i] = silu(g[i])·u[i]. */
   silu_mul_f32(g: Ptr, u: Ptr, n: number): void;
+  /** silu_mul_f32 on elements [r0, r1) of n (a pool job). */
+  silu_mul_range_f32(g: Ptr, u: Ptr, n: number, r0: number, r1: number): void;
   /** g[i] = gelu_tanh(g[i])·u[i] (PyTorch's tanh-approximated GELU; Gemma's GeGLU). */
   gelu_tanh_mul_f32(g: Ptr, u: Ptr, n: number): void;
   /** x[i] = cap·tanh(x[i]/cap) in place (a logit soft cap). */
@@ -316,6 +318,7 @@ export const KERNEL_NAMES: readonly (keyof Kernels)[] = [
   "rope_f32",
   "softmax_f32",
   "silu_mul_f32",
+  "silu_mul_range_f32",
   "gelu_tanh_mul_f32",
   "softcap_f32",
   "sigmoid_f32",

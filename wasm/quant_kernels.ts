@@ -34,6 +34,8 @@ export type ExactBatchKernel = (
 export interface QuantKernels {
   /** x f32 [cols] → Q8 blocks at xq (q8Bytes(cols) bytes); cols a multiple of 32. */
   quantize_act_q8(x: Ptr, xq: Ptr, cols: number): void;
+  /** g = silu(g)·u, then g quantised into xq as quantize_act_q8 does, on 32-blocks [b0, b1). */
+  silu_mul_q8_range(g: Ptr, u: Ptr, xq: Ptr, cols: number, b0: number, b1: number): void;
   /** y[r] = Σ_c W[r,c]·x[c]: W MXFP4 [rows, cols/2] bytes, S E8M0 [rows, cols/32], xq Q8 of x. */
   matvec_mxfp4(
     W: Ptr,
@@ -174,6 +176,7 @@ export interface QuantKernels {
 /** Names of the functions in {@link QuantKernels}. */
 export const QUANT_KERNEL_NAMES: readonly (keyof QuantKernels)[] = [
   "quantize_act_q8",
+  "silu_mul_q8_range",
   "matvec_mxfp4",
   "matvec_mxfp4_exact",
   "gemm_mxfp4_exact",

@@ -22,13 +22,14 @@ import {
   type LayerTensor,
   type ModelConfig,
 } from "../../io/model_config.ts";
-import type { Ops } from "../ops.ts";
+import type { GatedMlp, Ops } from "../ops.ts";
 import { expertPrepSizes, InputPrep, preparedKey } from "../quant_matmul.ts";
 import { inputFormOf } from "../tensor.ts";
 import { type Route, route } from "../routing.ts";
 import type { Timeline } from "../stream/timeline.ts";
 import type { ExpertSource, ExpertWeights, LayerWeights } from "../weights.ts";
 import { regionBytes } from "./scratch.ts";
+import { MAX_JOBS } from "../pool_protocol.ts";
 
 /**
  * Watches the MoE layers: called once per MoE layer and forward call when the layer's experts are
@@ -43,6 +44,9 @@ export type MoeObserver = (
   nb: number,
   positions: readonly number[],
 ) => void;
+
+/** Most experts of one token that run in one dispatch: 4 jobs each (gate, up, activation, down). */
+const MAX_FUSED_EXPERTS = Math.floor(MAX_JOBS / 4);
 
 /** Rows of the widest gate/up of any FFN of the model: dense, routed expert or shared experts. */
 function ffnRows(cfg: ModelConfig): number {
@@ -174,6 +178,9 @@ export class FeedForward {
         : (weights as ExpertWeights)[m];
     const g = w("gate"), u = w("up"), down = w("down");
     const ops = this.#ops;
+    if (nb === 1 && this.#plainSilu() && [g, u, down].every((m) => inputFormOf(m) === "f32")) {
+      return ops.gatedMlps([{ gate: g, up: u, down, x: h, g: this.#gate, u: this.#up, y: out }]);
+    }
     ops.matmul({ w: g, x: h, y: this.#gate, nb }, { w: u, x: h, y: this.#up, nb });
     this.#activate(this.#gate, this.#up, nb * g.rows);
     ops.matmul({ w: down, x: this.#gate, y: out, nb });
@@ -233,12 +240,7 @@ export class FeedForward {
     const prep = compact ? this.#prepFor(ew) : null;
     const pick = (w: ExpertWeights["gate"]) => {
       if (!prep || inputFormOf(w) === "f32") return undefined;
-      const key = preparedKey(w);
-      let all = shared.get(key);
-      if (!all) {
-        all = prep.shared.prepare(w, h, nb)!;
-        shared.set(key, all);
-      }
+      const all = this.#batchPrep(prep.shared, w, h, nb, shared);
       return tokens.map((t) => all[t]);
     };
     const x = this.#gathered;
@@ -263,6 +265,98 @@ export class FeedForward {
     // The down projection may overwrite the gathered inputs: gate and up have consumed them.
     ops.matmul({ w: ew.down, x: this.#gate, y: x, nb: n, prep: downPrep, scratch: slot0 });
     if (b) { for (let t = 0; t < n; t++) ops.add(x + t * d * 4, b.down, d); }
+  }
+
+  /** The prepared inputs of `w` for every token of the batch `h`, made once per key in `shared`. */
+  #batchPrep(
+    prep: InputPrep,
+    w: ExpertWeights["gate"],
+    h: number,
+    nb: number,
+    shared: Map<string, number[]>,
+  ): number[] {
+    const key = preparedKey(w);
+    let all = shared.get(key);
+    if (!all) {
+      all = prep.prepare(w, h, nb)!;
+      shared.set(key, all);
+    }
+    return all;
+  }
+
+  /**
+   * Whether `ew` on one token can run as one pool dispatch ({@link Ops.gatedMlps}): a plain SiLU
+   * gate, no biases, gate and up reading one input form and down reading f32 or Q8 (which the
+   * activation's job makes).
+   */
+  #fusable(ew: ExpertWeights): boolean {
+    const [g, d] = [ew.gate, ew.down].map(inputFormOf);
+    return !ew.biases && this.#plainSilu() && this.#cfg.moe?.clampedSwiglu === undefined &&
+      (g === "f32" || g === "q8") && preparedKey(ew.gate) === preparedKey(ew.up) &&
+      (d === "f32" || d === "q8");
+  }
+
+  /** The gate is SiLU as {@link Ops.gatedMlps} computes it (not SiTU, GeGLU or a limited SwiGLU). */
+  #plainSilu(): boolean {
+    return this.#cfg.glu === undefined && this.#cfg.moe?.swigluLimit === undefined;
+  }
+
+  /**
+   * The acquired experts on their tokens (`users`' slots), writing each slot's row of
+   * #expertOut. Experts of one token each that {@link #fusable} allows run together, a dispatch
+   * for all of them (gate/up, activation and down with no return to the main thread); the rest
+   * one by one through #expertMlp.
+   */
+  #computeExperts(
+    acquired: { e: number; ew: ExpertWeights }[],
+    users: Map<number, number[]>,
+    input: number,
+    nb: number,
+    shared: Map<string, number[]>,
+  ): void {
+    const ops = this.#ops, topK = this.#cfg.moe!.topK, d = expertWidth(this.#cfg);
+    // #gate and #up hold maxBatch rows of the widest FFN: room for that many experts' one row.
+    const most = Math.min(MAX_FUSED_EXPERTS, this.#maxBatch);
+    let fused: GatedMlp[] = [];
+    this.#prep?.local.reset();
+    const flush = () => {
+      ops.gatedMlps(fused);
+      fused = [];
+      // The downs' Q8 inputs of the next dispatch go where these were.
+      this.#prep?.local.reset();
+    };
+    for (const { e, ew } of acquired) {
+      const slots = users.get(e)!;
+      if (slots.length === 1 && this.#fusable(ew)) {
+        const s = slots[0], t = Math.floor(s / topK), i = fused.length, inter = ew.gate.rows;
+        const prep = inputFormOf(ew.gate) === "q8" || inputFormOf(ew.down) === "q8"
+          ? this.#prepFor(ew)
+          : null;
+        fused.push({
+          gate: ew.gate,
+          up: ew.up,
+          down: ew.down,
+          x: input + t * d * 4,
+          g: this.#gate + i * inter * 4,
+          u: this.#up + i * inter * 4,
+          y: this.#expertOut + s * d * 4,
+          ...(inputFormOf(ew.gate) === "q8"
+            ? { xq: this.#batchPrep(prep!.shared, ew.gate, input, nb, shared)[t] }
+            : {}),
+          ...(inputFormOf(ew.down) === "q8" ? { gq: prep!.local.reserve(ew.down, 1) } : {}),
+        });
+        if (fused.length === most) flush();
+        continue;
+      }
+      // #expertMlp reuses the downs' Q8 scratch: run what is pending first.
+      if (fused.length > 0) flush();
+      slots.forEach((s, i) =>
+        ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / topK) * d * 4, d)
+      );
+      this.#expertMlp(ew, input, nb, slots.map((s) => Math.floor(s / topK)), shared);
+      slots.forEach((s, i) => ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d));
+    }
+    if (fused.length > 0) flush();
   }
 
   /**
@@ -379,34 +473,36 @@ export class FeedForward {
         if (latent) ops.matmul({ w: lw.get("latent_down"), x: h, y: input, nb });
       }
       timeline?.mark("expert", layer);
-      // Experts compute as their records land: one already resident first, else the first left
-      // in routing order, whose read was queued first. Each writes only its own rows of
-      // #expertOut and the sum below runs in routing order, so the order changes no bit.
+      // Experts compute as their records land: those already resident first, together, else the
+      // first left in routing order, whose read was queued first. Each writes only its own rows
+      // of #expertOut and the sum below runs in routing order, so the order changes no bit.
       const left = [...ids];
       while (left.length > 0) {
-        const next = left.findIndex((o) => experts.ready(layer, o));
+        const landed = left.filter((o) => experts.ready(layer, o));
         // Nothing landed yet: the shared experts need no read, so they fill the wait.
-        if (next < 0 && !sharedDone) {
+        if (landed.length === 0 && !sharedDone) {
           sharedDone = true;
           this.#mlp(lw, h, this.#sharedOut, nb, "shared");
           continue;
         }
-        const [e] = left.splice(Math.max(0, next), 1);
-        const slots = users.get(e)!;
-        if (timeline && !experts.ready(layer, e)) {
-          timeline.countWait(left.some((o) => experts.ready(layer, o)));
+        const batch = landed.length > 0 ? landed : [left[0]];
+        if (timeline && landed.length === 0) {
+          timeline.countWait(false);
           timeline.mark("wait", layer);
         }
-        const ew = experts.acquire(layer, e);
+        const acquired = batch.map((e) => ({ e, ew: experts.acquire(layer, e) }));
+        // Records that landed during that wait join the batch.
+        if (landed.length === 0) {
+          for (const o of left) {
+            if (o !== batch[0] && experts.ready(layer, o)) {
+              acquired.push({ e: o, ew: experts.acquire(layer, o) });
+            }
+          }
+        }
         timeline?.mark("expert", layer);
-        slots.forEach((s, i) =>
-          ops.copy(this.#gathered + i * d * 4, input + Math.floor(s / moe.topK) * d * 4, d)
-        );
-        this.#expertMlp(ew, input, nb, slots.map((s) => Math.floor(s / moe.topK)), shared);
-        slots.forEach((s, i) =>
-          ops.copy(this.#expertOut + s * d * 4, this.#gathered + i * d * 4, d)
-        );
-        experts.release(layer, e);
+        for (const { e } of acquired) left.splice(left.indexOf(e), 1);
+        this.#computeExperts(acquired, users, input, nb, shared);
+        for (const { e } of acquired) experts.release(layer, e);
       }
     }
     // Sum in routing order, whatever order the experts arrived in.
