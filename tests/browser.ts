@@ -226,25 +226,40 @@ export function decodePng(png: Uint8Array): Image {
   return { width, height, rgba };
 }
 
-/** Pixels within `tol` of colour `rgb` inside the rectangle (x, y, w, h). */
-export function countColour(
-  img: Image,
-  rgb: [number, number, number],
-  rect: { x: number; y: number; w: number; h: number },
-  tol = 12,
-): number {
+/** A rectangle of the page, in CSS pixels (the screenshots are taken at scale 1). */
+export interface Rect {
+  x: number;
+  y: number;
+  w: number;
+  h: number;
+}
+
+/** Pixels inside the rectangle (clipped to the image) whose red, green and blue pass `keep`. */
+function countPixels(img: Image, rect: Rect, keep: (r: number, g: number, b: number) => boolean) {
   let n = 0;
   const x1 = Math.min(img.width, Math.ceil(rect.x + rect.w));
   const y1 = Math.min(img.height, Math.ceil(rect.y + rect.h));
   for (let y = Math.max(0, Math.floor(rect.y)); y < y1; y++) {
     for (let x = Math.max(0, Math.floor(rect.x)); x < x1; x++) {
       const i = (y * img.width + x) * 4;
-      const d = Math.abs(img.rgba[i] - rgb[0]) + Math.abs(img.rgba[i + 1] - rgb[1]) +
-        Math.abs(img.rgba[i + 2] - rgb[2]);
-      if (d <= tol) n++;
+      if (keep(img.rgba[i], img.rgba[i + 1], img.rgba[i + 2])) n++;
     }
   }
   return n;
+}
+
+/** Pixels within `tol` of colour `rgb` inside the rectangle (x, y, w, h). */
+export function countColour(
+  img: Image,
+  rgb: [number, number, number],
+  rect: Rect,
+  tol = 12,
+): number {
+  return countPixels(
+    img,
+    rect,
+    (r, g, b) => Math.abs(r - rgb[0]) + Math.abs(g - rgb[1]) + Math.abs(b - rgb[2]) <= tol,
+  );
 }
 
 /**
@@ -256,23 +271,16 @@ export function countBlend(
   img: Image,
   rgb: [number, number, number],
   bg: [number, number, number],
-  rect: { x: number; y: number; w: number; h: number },
+  rect: Rect,
   share = 0.6,
   tol = 12,
 ): number {
   const d = rgb.map((c, k) => c - bg[k]);
   const dd = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-  let n = 0;
-  const x1 = Math.min(img.width, Math.ceil(rect.x + rect.w));
-  const y1 = Math.min(img.height, Math.ceil(rect.y + rect.h));
-  for (let y = Math.max(0, Math.floor(rect.y)); y < y1; y++) {
-    for (let x = Math.max(0, Math.floor(rect.x)); x < x1; x++) {
-      const i = (y * img.width + x) * 4;
-      const p = [0, 1, 2].map((k) => img.rgba[i + k] - bg[k]);
-      const t = (p[0] * d[0] + p[1] * d[1] + p[2] * d[2]) / dd;
-      const off = [0, 1, 2].reduce((s, k) => s + Math.abs(p[k] - t * d[k]), 0);
-      if (t >= share && off <= tol) n++;
-    }
-  }
-  return n;
+  return countPixels(img, rect, (r, g, b) => {
+    const p = [r - bg[0], g - bg[1], b - bg[2]];
+    const t = (p[0] * d[0] + p[1] * d[1] + p[2] * d[2]) / dd;
+    const off = Math.abs(p[0] - t * d[0]) + Math.abs(p[1] - t * d[1]) + Math.abs(p[2] - t * d[2]);
+    return t >= share && off <= tol;
+  });
 }

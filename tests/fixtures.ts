@@ -74,6 +74,19 @@ export async function denoEval(code: string, env: Record<string, string> = {}): 
 }
 
 /**
+ * Runs `code` as {@link denoEval} does and parses its last line of output as JSON; a child that
+ * fails throws with its stderr. For children that report what they measured as one JSON line.
+ */
+export async function evalJson<T = Record<string, unknown>>(
+  code: string,
+  env: Record<string, string> = {},
+): Promise<T> {
+  const out = await denoEval(code, env);
+  if (out.code !== 0) throw new Error(`child exited ${out.code}: ${out.stderr}`);
+  return JSON.parse(out.stdout.trim().split("\n").pop()!);
+}
+
+/**
  * Runs `deno run -A mod.ts ...args` as a user would, with `stdin` as its input (else none); a
  * run that hangs is killed after `timeoutMs` (and fails on its exit code).
  */

@@ -12,7 +12,7 @@ import { synthCheckpoint } from "../tools/synth.ts";
 import { GUESS_REQUEST_BYTES } from "../engine/stream/expert_store.ts";
 import { sharedMemory64 } from "../wasm/mod.ts";
 import { shimUnavailable } from "../io/shim.ts";
-import { tempDir } from "./fixtures.ts";
+import { evalJson, tempDir } from "./fixtures.ts";
 
 const MODEL_TS = new URL("../engine/model.ts", import.meta.url).href;
 
@@ -51,17 +51,20 @@ m.close();
 Deno.exit(0);
 `;
 
+/** What the child prints: its logits per step and the expert store's guess counters. */
+interface GuessRun {
+  logits: number[][];
+  ranks: number;
+  spec: number;
+  used: number;
+  cancelled: number;
+  stride: number;
+}
+
 async function decode(path: string, opts: Record<string, unknown>, faults: string | null) {
   const env: Record<string, string> = { NO_COLOR: "1" };
   if (faults) env.SLUICE_FAULTS = faults;
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["eval", CHILD(path, opts)],
-    env,
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-  return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
+  return await evalJson<GuessRun>(CHILD(path, opts), env);
 }
 
 Deno.test({

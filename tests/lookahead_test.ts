@@ -16,7 +16,7 @@ import {
 } from "../engine/stream/lookahead.ts";
 import { sharedMemory64 } from "../wasm/mod.ts";
 import { shimUnavailable } from "../io/shim.ts";
-import { HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
+import { evalJson, HAVE_FIXTURES, packedFixture } from "./fixtures.ts";
 
 /** The store's starting costs: a whole record blocked per guess, all of it hidden, no regret. */
 const START: SpeculationCosts = { recordMs: 9, hidden: 1, blockedMs: 9, regret: 0 };
@@ -251,6 +251,14 @@ console.log(JSON.stringify({ logits, used: s.speculativeUsed, cancelled: s.specu
 Deno.exit(0);
 `;
 
+/** What the decode child prints: its logits per step and the speculative read counters. */
+interface DecodeRun {
+  logits: number[][];
+  used: number;
+  cancelled: number;
+  spec: number;
+}
+
 async function decodeChild(
   path: string,
   lookahead: number,
@@ -260,14 +268,7 @@ async function decodeChild(
 ) {
   const env: Record<string, string> = { NO_COLOR: "1" };
   if (faults) env.SLUICE_FAULTS = faults;
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["eval", DECODE_CHILD(path, lookahead, modes, slots)],
-    env,
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-  return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").pop()!);
+  return await evalJson<DecodeRun>(DECODE_CHILD(path, lookahead, modes, slots), env);
 }
 
 /** Asserts two children's logits are the same bits, step by step. */
