@@ -174,10 +174,10 @@ export class InputPrep {
   prepare(w: TensorRef, x: number, nb: number): number[] | undefined {
     const form = inputFormOf(w);
     if (form === "f32") return undefined;
-    const first = this.reserve(w, nb);
+    const first = this.reserve(w, nb), size = preparedBytes(w);
     const out: number[] = [];
     for (let b = 0; b < nb; b++) {
-      const dst = first + b * preparedBytes(w);
+      const dst = first + b * size;
       const xb = x + b * w.cols * 4;
       if (form === "q8") {
         this.#k.quantize_act_q8(BigInt(xb), BigInt(dst), w.cols);

@@ -378,8 +378,9 @@ export class ExpertStore implements ExpertSource {
       const left = f.tickets.filter((t) => !this.#reader.cancel(t));
       if (left.length === f.tickets.length) continue;
       // Withdrawn requests never reach the disk: bytesRead counts what is read. Request i of a
-      // guess is GUESS_REQUEST_BYTES long but the last, which holds the rest of the stride.
-      const stride = this.#banks[f.layer]!.bank.stride, request = GUESS_REQUEST_BYTES;
+      // guess was submitted at the guesses' request size but the last, which holds the rest.
+      const stride = this.#banks[f.layer]!.bank.stride;
+      const request = requestBytes(ReadPriority.SPECULATIVE);
       f.tickets.forEach((t, i) => {
         if (!left.includes(t)) this.stats.bytesRead -= Math.min(request, stride - i * request);
       });

@@ -422,7 +422,8 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
   // The splits' disk time: the run's bytes at the rate its own reads replayed at (the fastest
   // replay), the figure the replay roofline uses; the probe's when nothing was replayed.
   const splitGbps = replays.length ? Math.max(...replays.map((r) => r.gbps)) : gbps;
-  const baseSplit = tokenSplit(base, splitGbps);
+  const splits = runs.map((r) => tokenSplit(r, splitGbps));
+  const baseSplit = splits[runs.indexOf(base)];
   const diskMs = (base.bytes_per_token / (gbps * 1e9)) * 1000;
   const computeSub = base.ms_per_token - base.io_wait_ms_per_token;
   const computeMs = resident?.ms_per_token ?? computeSub;
@@ -513,7 +514,7 @@ export async function benchStream(opts: StreamBenchOptions): Promise<StreamBench
     load_average: Deno.loadavg()[0],
     runs,
     split_gbps: splitGbps,
-    splits: runs.map((r) => tokenSplit(r, splitGbps)),
+    splits,
     roofline_tok_s: roofline,
     replays,
     replay_roofline_tok_s: replayTokS,
